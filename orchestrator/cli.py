@@ -1,0 +1,56 @@
+"""Command-line entry point: ``orchestrate``.
+
+Each command group lives in its own module under :mod:`orchestrator.commands` and exposes
+``register(subparsers)``; a handler takes the parsed arguments and returns an exit code.
+The CLI catches :class:`~orchestrator.errors.OrchestratorError` only, prints its message and exits
+with its code; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from orchestrator import __version__
+from orchestrator.errors import OrchestratorError
+
+#: Modules under orchestrator.commands, each adding its subcommands, in --help order.
+COMMAND_MODULES = ("sweep", "images", "hosts", "maintenance")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="orchestrate",
+        description="Run GPU benchmark experiment matrices: locally, in Docker, over SSH, on Slurm.",
+    )
+    parser.add_argument("--version", action="version", version=f"orchestrate {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"orchestrator.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"orchestrator.commands.{name}":
+                continue  # command group not present in this build
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except OrchestratorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

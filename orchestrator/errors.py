@@ -1,0 +1,64 @@
+"""One small exception hierarchy.
+
+Everything a user can cause (a bad file, a missing engine, an image that fails to build) is an
+:class:`OrchestratorError`; the CLI prints its message and exits non-zero without a traceback.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class OrchestratorError(Exception):
+    """Root of every error the CLI reports as a clean message."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found in a user file: where it is and what is wrong."""
+
+    file: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}: {self.field}" if self.field else self.file
+        return f"{where}: {self.message}"
+
+
+class ConfigError(OrchestratorError):
+    """A user file (matrix, hosts, template variables) is invalid. Lists every problem at once."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[Problem] | str, *, file: str = "", field: str = ""):
+        if isinstance(problems, str):
+            problems = [Problem(file, field, problems)]
+        self.problems = list(problems)
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        if len(self.problems) == 1:
+            return str(self.problems[0])
+        lines = [f"{len(self.problems)} problems:"]
+        lines += [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+class BuildError(OrchestratorError):
+    """An image failed to render or build."""
+
+
+class LaunchError(OrchestratorError):
+    """A cell could not be started at all (as opposed to a cell that ran and failed)."""
+
+
+class BackendUnavailable(OrchestratorError):
+    """The chosen backend cannot run on this machine (no engine, no sshd, no Slurm)."""
+
+
+class HostError(OrchestratorError):
+    """A lab host is unreachable, refused, or its host key is not trusted."""
