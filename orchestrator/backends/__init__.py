@@ -1,0 +1,43 @@
+"""Backends: where and how a cell's workload runs.
+
+Backends are looked up by name; each lives in its own module and is imported only when used,
+so planning a matrix never imports the Docker SDK or paramiko.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from orchestrator.backends.base import Backend
+
+#: name -> "module:Class"
+_REGISTRY: dict[str, str] = {
+    "process": "orchestrator.backends.process:ProcessBackend",
+    "docker": "orchestrator.backends.docker:DockerBackend",
+    "ssh": "orchestrator.backends.ssh:SshDockerBackend",
+}
+
+
+def backend_names() -> list[str]:
+    """Names of the backends this build ships (present modules only)."""
+    names = []
+    for name, target in _REGISTRY.items():
+        module = target.partition(":")[0]
+        if importlib.util.find_spec(module) is not None:
+            names.append(name)
+    return names
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The backend class for ``name``; an unknown name is a :class:`ConfigError`."""
+    if name not in backend_names():
+        raise ConfigError(
+            f"unknown backend {name!r}; known: {', '.join(backend_names())}", field="--backend"
+        )
+    module, _, cls = _REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module), cls)

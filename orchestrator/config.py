@@ -1,0 +1,257 @@
+"""The matrix file: typed models, loading and validation.
+
+A matrix file is TOML with these tables (see README, "Matrix files"):
+
+``[matrix]``
+    name, description, repeats, backend, timeout_s, one_cell_per_host.
+``[workload]``
+    defaults for every cell parameter (:class:`CellParams`).
+``[axes]``
+    parameter -> list of values; the cells are their cartesian product.
+``[[zip]]``
+    parameters whose values vary together (one combined axis).
+``[[exclude]]`` / ``[[include]]``
+    partial assignments to drop / extra cells to add.
+``[hardware.NAME]``
+    what a ``hardware`` value means (:class:`HardwareProfile`).
+
+Validation reports every problem at once with the file and the field path.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    model_validator,
+)
+
+from orchestrator.errors import ConfigError, Problem
+
+# --- cell parameters -------------------------------------------------------------------------
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)]
+Precision = Literal["fp32", "amp", "bf16"]
+Mode = Literal["train", "infer"]
+CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune"]
+Profiler = Literal["none", "torch", "nsys", "ncu"]
+
+#: Parameters the orchestrator consumes itself; every other one is passed to the workload.
+ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus"})
+
+
+class StrictModel(BaseModel):
+    """Base of every user-file model: unknown keys are errors, values are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CellParams(StrictModel):
+    """Every parameter of one cell. Axes, zips, includes and [workload] defaults set these."""
+
+    hardware: Name = Field(description="Hardware profile name (a [hardware.NAME] table).")
+    gpus: PositiveInt = Field(1, description="Accelerators (or CPU worker processes) per cell.")
+    batch_size: PositiveInt = Field(64, description="Batch size per GPU / rank.")
+    precision: Precision = Field("fp32", description="fp32, amp (fp16 autocast) or bf16.")
+    mode: Mode = Field("train", description="train or infer.")
+    arch: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")] = Field(
+        "resnet50", description="torchvision classification model name."
+    )
+    image_size: Annotated[int, Field(ge=16, le=4096)] = Field(224, description="Input size, px.")
+    warmup: NonNegativeInt = Field(20, description="Warmup iterations, excluded from metrics.")
+    iterations: PositiveInt = Field(100, description="Measured iterations.")
+    data: Annotated[str, Field(min_length=1)] = Field(
+        "synthetic",
+        description="'synthetic' or an ImageFolder dataset path (as the runner sees it).",
+    )
+    channels_last: bool = Field(True, description="Use the channels-last memory format.")
+    compile: CompileMode = Field("none", description="torch.compile mode, or none.")
+    cuda_graphs: bool = Field(False, description="Capture the step in a CUDA graph.")
+    pretrained: bool = Field(False, description="Load weights from the checkpoint dir (infer).")
+    num_classes: PositiveInt = Field(1000, description="Classifier classes.")
+    workers: NonNegativeInt = Field(4, description="Data loader workers (real data).")
+    seed: NonNegativeInt = Field(0, description="Random seed.")
+    profiler: Profiler = Field("none", description="Per-cell profiler: none, torch, nsys, ncu.")
+
+    def workload_params(self) -> dict[str, Any]:
+        """The parameters the workload receives as command-line flags."""
+        return {k: v for k, v in self.model_dump().items() if k not in ORCHESTRATOR_PARAMS}
+
+
+PARAM_NAMES: tuple[str, ...] = tuple(CellParams.model_fields)
+
+
+def _param_type(name: str) -> Any:
+    info = CellParams.model_fields[name]
+    return Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+
+
+def _derived(name: str, wrap) -> type[BaseModel]:
+    fields = {p: (wrap(_param_type(p)), None) for p in PARAM_NAMES}
+    return create_model(name, __base__=StrictModel, **fields)
+
+
+#: ``[workload]`` and each ``[[include]]``: any subset of the parameters.
+PartialParams = _derived("PartialParams", lambda t: t | None)
+#: ``[axes]`` and each ``[[zip]]``: parameter -> non-empty list of values.
+AxisValues = _derived(
+    "AxisValues", lambda t: Annotated[list[t], Field(min_length=1)] | None  # type: ignore[valid-type]
+)
+#: ``[[exclude]]``: parameter -> a value or a list of values (any of them matches).
+ExcludeRule = _derived("ExcludeRule", lambda t: t | list[t] | None)  # type: ignore[valid-type]
+
+
+# --- hardware profiles -----------------------------------------------------------------------
+
+
+class Mount(StrictModel):
+    """A bind mount into the container (a dataset at /imagenet, checkpoints at the hub cache)."""
+
+    source: Annotated[str, Field(min_length=1)]
+    target: Annotated[str, Field(pattern=r"^/")]
+    read_only: bool = True
+
+
+class ContainerOptions(StrictModel):
+    """How the container is started (Docker / Singularity backends)."""
+
+    ipc: Literal["host", "private", "shareable"] = "host"
+    shm_size: Annotated[str, Field(pattern=r"^[0-9]+[bkmgBKMG]?$")] = "8g"
+    privileged: bool = False
+    mounts: list[Mount] = []
+    devices: list[str] = Field([], description="Extra device nodes, e.g. /dev/accel for Gaudi.")
+    cap_add: list[str] = []
+    memlock: int = Field(-1, description="memlock ulimit; -1 is unlimited.")
+    stack: int = Field(67108864, description="stack ulimit, bytes.")
+    mem_limit: str | None = Field(None, description="Container memory limit, e.g. '16g'.")
+    network: str | None = Field(None, description="Docker network mode, e.g. 'host'.")
+    runtime: str | None = Field(None, description="OCI runtime, e.g. 'habana'.")
+
+
+class BitfusionOptions(StrictModel):
+    """``bitfusion run -n GPUS -p PARTIAL [-l SERVERS] -- <workload>``."""
+
+    partial: Annotated[float, Field(gt=0, le=1)] = 1.0
+    servers: list[str] = []
+    extra_args: list[str] = []
+
+
+class HardwareProfile(StrictModel):
+    """What a ``hardware`` value means: device, image, wrapper, container options, placement."""
+
+    description: str = ""
+    device: Literal["cuda", "hpu", "cpu"]
+    image: str | None = Field(None, description="Image template name (images/NAME).")
+    image_vars: dict[str, Any] = {}
+    wrapper: Literal["none", "bitfusion"] = "none"
+    bitfusion: BitfusionOptions = BitfusionOptions()
+    container: ContainerOptions = ContainerOptions()
+    env: dict[str, str] = {}
+    backend: str | None = Field(None, description="Backend for this profile (overrides [matrix]).")
+    hosts: list[str] = Field([], description="Hosts (inventory names) allowed to run it.")
+    gpu_ids: list[NonNegativeInt] | None = Field(
+        None, description="Local GPU ids to use (default: all visible)."
+    )
+    multi_node: bool = False
+    checkpoint_dir: str | None = Field(
+        None, description="Where pretrained weights are (the torch hub cache as mounted)."
+    )
+
+    @model_validator(mode="after")
+    def _wrapper_needs_cuda(self) -> HardwareProfile:
+        if self.wrapper == "bitfusion" and self.device != "cuda":
+            raise ValueError("wrapper 'bitfusion' needs device = 'cuda'")
+        return self
+
+
+# --- the matrix file -------------------------------------------------------------------------
+
+
+class MatrixSettings(StrictModel):
+    name: Name | None = Field(None, description="Defaults to the file name without .toml.")
+    description: str = ""
+    repeats: PositiveInt = 1
+    backend: str = "process"
+    timeout_s: Annotated[float, Field(gt=0)] = Field(1800, description="Per-cell timeout.")
+    one_cell_per_host: bool = Field(False, description="Never run two cells on a host at once.")
+    retries: NonNegativeInt = Field(1, description="Retries of a cell whose host was lost.")
+
+
+class MatrixFile(StrictModel):
+    """The whole file, as written (before expansion)."""
+
+    matrix: MatrixSettings = MatrixSettings()
+    workload: PartialParams = PartialParams()  # type: ignore[valid-type]
+    axes: AxisValues = AxisValues()  # type: ignore[valid-type]
+    zip: list[AxisValues] = []  # type: ignore[valid-type]
+    include: list[PartialParams] = []  # type: ignore[valid-type]
+    exclude: list[ExcludeRule] = []  # type: ignore[valid-type]
+    hardware: dict[Name, HardwareProfile] = {}
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a matrix file, for editors (``orchestrate schema``)."""
+    schema = MatrixFile.model_json_schema()
+    schema["title"] = "orchestrate matrix file"
+    return schema
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def problems_from_validation(file: str, exc: ValidationError) -> list[Problem]:
+    """Turn pydantic's errors into :class:`Problem` values with readable field paths."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; `orchestrate schema` lists the keys)"
+        elif "input" in err and err["type"] not in ("missing",) and not isinstance(
+            err["input"], dict | list
+        ):
+            msg = f"{msg} (got {err['input']!r})"
+        problems.append(Problem(file, _field_path(loc), msg))
+    return problems
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML file; a missing or malformed file is a :class:`ConfigError`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"no such file (looked at {path.resolve()})", file=str(path)) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"malformed TOML: {exc}", file=str(path)) from None
+
+
+def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any]]:
+    """Validate a matrix file's structure and types. Returns the model and the raw TOML."""
+    raw = read_toml(path)
+    try:
+        return MatrixFile.model_validate(raw), raw
+    except ValidationError as exc:
+        raise ConfigError(problems_from_validation(str(path), exc)) from None

@@ -1,0 +1,405 @@
+"""Matrix expansion: a validated matrix file becomes frozen :class:`Cell` values.
+
+The rules, in order:
+
+1. Every cell starts from :class:`~orchestrator.config.CellParams` defaults, overlaid by
+   ``[workload]``.
+2. ``[axes]`` (in file order) and each ``[[zip]]`` group (values taken together, index by index)
+   are the dimensions; the cells are their cartesian product.
+3. ``[[exclude]]`` drops every product cell that matches all of a rule's keys (a list in a rule
+   matches any of its values). A rule that matches nothing is an error: it is almost always a typo.
+4. ``[[include]]`` adds one cell per entry (``[workload]`` defaults for what it leaves out);
+   a duplicate of an existing cell is dropped.
+5. ``repeats`` copies every cell; repeat *k* of all cells runs before repeat *k+1* of any, so slow
+   drift of a machine (thermals, a noisy neighbour) spreads over the whole matrix, not one cell.
+
+Ids are stable and readable (``v100-g4-bs256-amp-r1``): hardware, then the parameters that vary in
+the matrix, then the repeat. The content hash covers the parameters and the hardware profile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from orchestrator.config import (
+    PARAM_NAMES,
+    CellParams,
+    HardwareProfile,
+    MatrixFile,
+    MatrixSettings,
+    _param_type,
+    parse_matrix_file,
+)
+from orchestrator.errors import ConfigError, Problem
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One container launch: a full parameter assignment and one repeat of it."""
+
+    id: str
+    group: str
+    repeat: int
+    params: CellParams
+    hash: str
+
+    @property
+    def hardware(self) -> str:
+        return self.params.hardware
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "group": self.group,
+            "repeat": self.repeat,
+            "hash": self.hash,
+            "params": self.params.model_dump(),
+        }
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A loaded, validated and expanded matrix."""
+
+    name: str
+    path: Path
+    settings: MatrixSettings
+    profiles: dict[str, HardwareProfile]
+    cells: tuple[Cell, ...]
+    varying: tuple[str, ...]
+    source_text: str = field(repr=False, default="")
+
+    def profile(self, cell: Cell) -> HardwareProfile:
+        return self.profiles[cell.hardware]
+
+    def with_cells(self, cells: Iterable[Cell]) -> Matrix:
+        return Matrix(
+            self.name, self.path, self.settings, self.profiles, tuple(cells), self.varying,
+            self.source_text,
+        )
+
+
+# --- expansion -------------------------------------------------------------------------------
+
+
+def _set_keys(model: Any) -> dict[str, Any]:
+    """The keys a partial model (axes, zip, include, exclude) actually sets, in file order."""
+    return {k: getattr(model, k) for k in model.model_fields_set if getattr(model, k) is not None}
+
+
+def _ordered(keys: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, Any]:
+    order = list(raw) if isinstance(raw, dict) else []
+    return dict(sorted(keys.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 999))
+
+
+def _dimensions(
+    mf: MatrixFile, raw: dict[str, Any], file: str
+) -> tuple[list[list[dict[str, Any]]], list[Problem]]:
+    problems: list[Problem] = []
+    dims: list[list[dict[str, Any]]] = []
+    axes = _ordered(_set_keys(mf.axes), raw.get("axes"))
+    for key, values in axes.items():
+        dims.append([{key: v} for v in values])
+    seen = set(axes)
+    raw_zips = raw.get("zip") if isinstance(raw.get("zip"), list) else []
+    for i, group in enumerate(mf.zip):
+        raw_group = raw_zips[i] if i < len(raw_zips) else None
+        values = _ordered(_set_keys(group), raw_group)
+        if not values:
+            problems.append(Problem(file, f"zip[{i}]", "empty: give at least one parameter"))
+            continue
+        lengths = {k: len(v) for k, v in values.items()}
+        if len(set(lengths.values())) > 1:
+            problems.append(Problem(
+                file, f"zip[{i}]", f"lists must have the same length, got {lengths}"
+            ))
+            continue
+        for key in values:
+            if key in seen:
+                problems.append(Problem(
+                    file, f"zip[{i}].{key}",
+                    "already varied by [axes] or another zip; a parameter belongs to one of them",
+                ))
+        seen.update(values)
+        n = next(iter(lengths.values()))
+        dims.append([{k: v[j] for k, v in values.items()} for j in range(n)])
+    return dims, problems
+
+
+def _matches(rule: dict[str, Any], assignment: dict[str, Any]) -> bool:
+    for key, wanted in rule.items():
+        value = assignment.get(key)
+        if isinstance(wanted, list) and not isinstance(value, list):
+            if value not in wanted:
+                return False
+        elif value != wanted:
+            return False
+    return True
+
+
+def expand_assignments(
+    mf: MatrixFile, raw: dict[str, Any], file: str
+) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """Expand axes/zip/exclude/include into full parameter assignments (no repeats yet)."""
+    defaults = {
+        name: info.default for name, info in CellParams.model_fields.items()
+        if not info.is_required()
+    }
+    defaults.update(_set_keys(mf.workload))
+    dims, problems = _dimensions(mf, raw, file)
+
+    rules = [_set_keys(rule) for rule in mf.exclude]
+    used = [False] * len(rules)
+    out: list[dict[str, Any]] = []
+    for combo in itertools.product(*dims):
+        assignment = dict(defaults)
+        for part in combo:
+            assignment.update(part)
+        hit = [i for i, rule in enumerate(rules) if rule and _matches(rule, assignment)]
+        for i in hit:
+            used[i] = True
+        if not hit:
+            out.append(assignment)
+    for i, rule in enumerate(rules):
+        if not rule:
+            problems.append(Problem(file, f"exclude[{i}]", "empty rule: it would drop every cell"))
+        elif not used[i]:
+            problems.append(Problem(
+                file, f"exclude[{i}]",
+                f"matches no cell ({_fmt(rule)}); check the values against [axes]",
+            ))
+    for entry in mf.include:
+        out.append({**defaults, **_set_keys(entry)})
+
+    unique: dict[str, dict[str, Any]] = {}
+    for assignment in out:
+        unique.setdefault(json.dumps(assignment, sort_keys=True), assignment)
+    return list(unique.values()), problems
+
+
+def _fmt(rule: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {v!r}" for k, v in rule.items())
+
+
+# --- ids and hashes --------------------------------------------------------------------------
+
+_ABBREV = {
+    "image_size": "px", "warmup": "w", "iterations": "it", "num_classes": "nc", "workers": "wk",
+    "seed": "seed",
+}
+
+
+def _slug(value: Any) -> str:
+    return re.sub(r"[^a-z0-9.]+", "_", str(value).lower()).strip("_") or "x"
+
+
+def _id_parts(params: dict[str, Any], varying: Sequence[str]) -> list[str]:
+    parts = [_slug(params["hardware"])]
+    for key in ("arch", "mode"):
+        if key in varying:
+            parts.append(_slug(params[key]))
+    parts += [f"g{params['gpus']}", f"bs{params['batch_size']}", params["precision"]]
+    for key in PARAM_NAMES:
+        if key not in varying or key in ("hardware", "arch", "mode", "gpus", "batch_size",
+                                         "precision"):
+            continue
+        value = params[key]
+        if isinstance(value, bool):
+            parts.append(key.replace("_", "") if value else f"no{key.replace('_', '')}")
+        elif key in _ABBREV:
+            parts.append(f"{_ABBREV[key]}{value}")
+        else:
+            parts.append(f"{key.replace('_', '')}-{_slug(value)}")
+    return parts
+
+
+def content_hash(params: CellParams, profile: HardwareProfile) -> str:
+    """A short hash of everything that defines a cell's run (not its repeat)."""
+    blob = json.dumps(
+        {"params": params.model_dump(), "profile": profile.model_dump()}, sort_keys=True
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def make_cells(
+    assignments: list[CellParams], profiles: dict[str, HardwareProfile], repeats: int
+) -> tuple[list[Cell], tuple[str, ...]]:
+    """Give every assignment a stable id and hash, then copy it ``repeats`` times."""
+    dumped = [a.model_dump() for a in assignments]
+    varying = tuple(k for k in PARAM_NAMES if len({json.dumps(d[k]) for d in dumped}) > 1)
+    groups: list[tuple[str, CellParams, str]] = []
+    seen: dict[str, int] = {}
+    for params, d in zip(assignments, dumped, strict=True):
+        digest = content_hash(params, profiles[params.hardware])
+        group = "-".join(_id_parts(d, varying))
+        seen[group] = seen.get(group, 0) + 1
+        groups.append((group, params, digest))
+    groups = [(g if seen[g] == 1 else f"{g}-{h[:6]}", p, h) for g, p, h in groups]
+    cells = [
+        Cell(id=f"{g}-r{r}", group=g, repeat=r, params=p, hash=h)
+        for r in range(1, repeats + 1)
+        for g, p, h in groups
+    ]
+    return cells, varying
+
+
+# --- semantic checks -------------------------------------------------------------------------
+
+
+def _check_profiles(mf: MatrixFile, file: str) -> list[Problem]:
+    from orchestrator.backends import backend_names
+
+    problems = []
+    known_backends = backend_names()
+    if mf.matrix.backend not in known_backends:
+        problems.append(Problem(
+            file, "matrix.backend",
+            f"unknown backend {mf.matrix.backend!r}; known: {', '.join(known_backends)}",
+        ))
+    for name, profile in mf.hardware.items():
+        where = f"hardware.{name}"
+        if profile.backend is not None and profile.backend not in known_backends:
+            problems.append(Problem(
+                file, f"{where}.backend",
+                f"unknown backend {profile.backend!r}; known: {', '.join(known_backends)}",
+            ))
+        if profile.image is not None:
+            problems += _check_image(file, where, profile)
+    return problems
+
+
+def _check_image(file: str, where: str, profile: HardwareProfile) -> list[Problem]:
+    from orchestrator import images
+
+    names = images.template_names()
+    if profile.image not in names:
+        return [Problem(
+            file, f"{where}.image",
+            f"unknown image template {profile.image!r}; known: {', '.join(names)}",
+        )]
+    return [
+        Problem(file, f"{where}.image_vars", message)
+        for message in images.check_vars(profile.image, profile.image_vars)
+    ]
+
+
+def _check_hardware_values(
+    mf: MatrixFile, raw: dict[str, Any], file: str, assignments: list[dict[str, Any]]
+) -> list[Problem]:
+    known = sorted(mf.hardware)
+    hint = f"defined profiles: {', '.join(known)}" if known else "no [hardware.NAME] table defined"
+    problems = []
+    places: list[tuple[str, Any]] = []
+    if mf.workload.hardware is not None:
+        places.append(("workload.hardware", mf.workload.hardware))
+    for i, v in enumerate(mf.axes.hardware or []):
+        places.append((f"axes.hardware[{i}]", v))
+    for z, group in enumerate(mf.zip):
+        for i, v in enumerate(group.hardware or []):
+            places.append((f"zip[{z}].hardware[{i}]", v))
+    for i, entry in enumerate(mf.include):
+        if entry.hardware is not None:
+            places.append((f"include[{i}].hardware", entry.hardware))
+    for path, value in places:
+        if value not in mf.hardware:
+            problems.append(Problem(file, path, f"unknown hardware profile {value!r}; {hint}"))
+    if any("hardware" not in a for a in assignments):
+        problems.append(Problem(
+            file, "workload.hardware",
+            "some cells have no hardware: set [workload] hardware or a [axes] hardware list",
+        ))
+    return problems
+
+
+# --- entry points ----------------------------------------------------------------------------
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Load, validate and expand a matrix file. Raises :class:`ConfigError` with every problem."""
+    path = Path(path)
+    file = str(path)
+    mf, raw = parse_matrix_file(path)
+    problems = _check_profiles(mf, file)
+    assignments, expand_problems = expand_assignments(mf, raw, file)
+    problems += expand_problems
+    problems += _check_hardware_values(mf, raw, file, assignments)
+    if not assignments and not expand_problems:
+        problems.append(Problem(file, "axes", "the matrix expands to no cell"))
+    if problems:
+        raise ConfigError(problems)
+
+    params = []
+    for assignment in assignments:
+        try:
+            params.append(CellParams.model_validate(assignment))
+        except ValidationError as exc:  # pragma: no cover - types were checked field by field
+            raise ConfigError(f"invalid cell {assignment}: {exc}", file=file) from None
+    cells, varying = make_cells(params, mf.hardware, mf.matrix.repeats)
+    return Matrix(
+        name=mf.matrix.name or path.stem,
+        path=path,
+        settings=mf.matrix,
+        profiles=dict(mf.hardware),
+        cells=tuple(cells),
+        varying=varying,
+        source_text=path.read_text(encoding="utf-8"),
+    )
+
+
+def parse_only(only: Sequence[str]) -> dict[str, list[Any]]:
+    """Parse ``--only KEY=VALUE`` filters (a key repeated means any of its values)."""
+    wanted: dict[str, list[Any]] = {}
+    problems = []
+    for item in only:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            problems.append(Problem("--only", item, "expected KEY=VALUE, e.g. --only gpus=1"))
+            continue
+        if key == "repeat":
+            value: Any = text
+        elif key not in PARAM_NAMES:
+            problems.append(Problem(
+                "--only", key, f"unknown parameter; known: repeat, {', '.join(PARAM_NAMES)}"
+            ))
+            continue
+        else:
+            try:
+                value = TypeAdapter(_param_type(key)).validate_strings(text.strip())
+            except ValidationError as exc:
+                msg = exc.errors(include_url=False)[0]["msg"]
+                problems.append(Problem("--only", item, msg))
+                continue
+        wanted.setdefault(key, []).append(value)
+    if problems:
+        raise ConfigError(problems)
+    return wanted
+
+
+def filter_cells(matrix: Matrix, only: Sequence[str]) -> Matrix:
+    """Keep the cells matching every ``--only`` filter. Matching nothing is an error."""
+    if not only:
+        return matrix
+    wanted = parse_only(only)
+
+    def keep(cell: Cell) -> bool:
+        values = {**cell.params.model_dump(), "repeat": str(cell.repeat)}
+        return all(str(values[k]) in map(str, vs) for k, vs in wanted.items())
+
+    cells = [c for c in matrix.cells if keep(c)]
+    if not cells:
+        raise ConfigError(
+            f"--only {' '.join(only)} matches no cell of {matrix.name}; "
+            "`orchestrate plan` lists the cells",
+            file=str(matrix.path),
+        )
+    return matrix.with_cells(cells)

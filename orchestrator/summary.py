@@ -1,0 +1,167 @@
+"""Summaries of a run, built only from what is on disk.
+
+One row per cell group (a cell without its repeat): the median over the repeats that ended ok,
+the spread (min..max), and where the matrix has a ``gpus`` axis, speedup and scaling efficiency
+against the 1-GPU group with otherwise equal parameters.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tabulate import tabulate
+
+from orchestrator.results import CellResult, RunPaths, Status, read_json
+
+
+def throughput_key(mode: str, kind: str = "total_ips") -> str:
+    """The DLLogger metric name for a mode: ``train.total_ips`` or ``val.total_ips``."""
+    return f"{'train' if mode == 'train' else 'val'}.{kind}"
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [float(v) for v in values if isinstance(v, int | float)]
+    return statistics.median(vals) if vals else None
+
+
+@dataclass
+class GroupRow:
+    """The summary of one cell group."""
+
+    group: str
+    params: dict[str, Any]
+    runs: int = 0
+    ok: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    ips: float | None = None
+    ips_min: float | None = None
+    ips_max: float | None = None
+    compute_ips: float | None = None
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    loss: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+
+    def csv_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"group": self.group, **self.params}
+        row.update(
+            runs=self.runs, ok=self.ok,
+            statuses=";".join(f"{k}={v}" for k, v in sorted(self.statuses.items())),
+            images_per_s=self.ips, images_per_s_min=self.ips_min, images_per_s_max=self.ips_max,
+            compute_images_per_s=self.compute_ips, latency_p50_ms=self.latency_p50_ms,
+            latency_p99_ms=self.latency_p99_ms, loss=self.loss, speedup=self.speedup,
+            efficiency=self.efficiency,
+        )
+        return row
+
+
+def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
+    """Group results by cell group (plan order) and compute medians, speedup, efficiency."""
+    rows: dict[str, GroupRow] = {}
+    for res in results:
+        row = rows.setdefault(res.group, GroupRow(res.group, dict(res.params)))
+        row.runs += 1
+        row.statuses[res.status.value] = row.statuses.get(res.status.value, 0) + 1
+    for row in rows.values():
+        ok = [r for r in results if r.group == row.group and r.status is Status.OK]
+        row.ok = len(ok)
+        mode = row.params.get("mode", "train")
+        ips = [r.metrics.get(throughput_key(mode)) for r in ok]
+        ips = [float(v) for v in ips if isinstance(v, int | float)]
+        if ips:
+            row.ips, row.ips_min, row.ips_max = statistics.median(ips), min(ips), max(ips)
+        row.compute_ips = _median(r.metrics.get(throughput_key(mode, "compute_ips")) for r in ok)
+        if mode != "train":
+            for pct, attr in ((50, "latency_p50_ms"), (99, "latency_p99_ms")):
+                sec = _median(r.metrics.get(f"val.compute_latency_at{pct}") for r in ok)
+                setattr(row, attr, None if sec is None else sec * 1000.0)
+        else:
+            row.loss = _median(r.metrics.get("train.loss") for r in ok)
+    _scaling(list(rows.values()))
+    return list(rows.values())
+
+
+def _scaling(rows: list[GroupRow]) -> None:
+    """Speedup and efficiency vs the 1-GPU row with otherwise equal parameters."""
+    if len({r.params.get("gpus") for r in rows}) < 2:
+        return
+
+    def key(row: GroupRow) -> str:
+        return repr(sorted((k, v) for k, v in row.params.items() if k != "gpus"))
+
+    base = {key(r): r for r in rows if r.params.get("gpus") == 1 and r.ips}
+    for row in rows:
+        ref = base.get(key(row))
+        if ref and row.ips and ref.ips:
+            row.speedup = row.ips / ref.ips
+            row.efficiency = row.speedup / row.params["gpus"]
+
+
+def varying_params(rows: Sequence[GroupRow], plan_varying: Sequence[str] = ()) -> list[str]:
+    """Parameters shown as table columns: hardware, then those that differ between rows."""
+    keys = list(rows[0].params) if rows else []
+    varying = [k for k in keys if len({repr(r.params.get(k)) for r in rows}) > 1]
+    shown = ["hardware"] + [k for k in keys if k != "hardware" and (k in varying or k in
+                                                                      plan_varying)]
+    return shown
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "" if value is None else f"{value:,.{digits}f}"
+
+
+def render_table(rows: Sequence[GroupRow], plan_varying: Sequence[str] = ()) -> str:
+    """The human table (tabulate): one row per group."""
+    if not rows:
+        return "(no results)"
+    cols = varying_params(rows, plan_varying)
+    infer = any(r.params.get("mode") == "infer" for r in rows)
+    scaling = any(r.speedup is not None for r in rows)
+    headers = [*cols, "ok", "images/s (median)", "min..max"]
+    if scaling:
+        headers += ["speedup", "efficiency"]
+    if infer:
+        headers += ["p50 ms", "p99 ms"]
+    table = []
+    for r in rows:
+        line = [r.params.get(c, "") for c in cols]
+        line += [f"{r.ok}/{r.runs}", _fmt(r.ips),
+                 f"{_fmt(r.ips_min)}..{_fmt(r.ips_max)}" if r.ips is not None else ""]
+        if scaling:
+            line += [_fmt(r.speedup, 2), "" if r.efficiency is None else f"{r.efficiency:.0%}"]
+        if infer:
+            line += [_fmt(r.latency_p50_ms, 2), _fmt(r.latency_p99_ms, 2)]
+        table.append(line)
+    return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def render_csv(rows: Sequence[GroupRow]) -> str:
+    out = io.StringIO()
+    dicts = [r.csv_row() for r in rows]
+    fields: list[str] = []
+    for d in dicts:
+        fields += [k for k in d if k not in fields]
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for d in dicts:
+        writer.writerow({k: "" if v is None else v for k, v in d.items()})
+    return out.getvalue()
+
+
+def write_summary(paths: RunPaths) -> tuple[list[GroupRow], str]:
+    """Summarize a run folder from disk; write summary.csv and summary.txt; return the table."""
+    results = paths.results()
+    rows = summarize(results)
+    plan_varying: list[str] = []
+    if paths.plan.exists():
+        plan_varying = read_json(paths.plan).get("varying", [])
+    table = render_table(rows, plan_varying)
+    paths.summary_csv.write_text(render_csv(rows), encoding="utf-8")
+    paths.summary_txt.write_text(table + "\n", encoding="utf-8")
+    return rows, table

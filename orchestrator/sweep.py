@@ -1,0 +1,226 @@
+"""The sweep pipeline, top to bottom.
+
+``load -> expand -> filter -> pick backend -> prepare (build images) -> run cells -> summarize``
+
+Each step is a plain function. Running cells: a cell starts as soon as the backend can place it
+(:meth:`~orchestrator.backends.base.Backend.allocate`); every cell runs in a worker thread so the
+main thread stays free to notice Ctrl-C / SIGTERM, cancel what runs and record what did not.
+Expected failures are results; one bad cell never stops the sweep.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator import __version__
+from orchestrator.backends import backend_class
+from orchestrator.backends.base import Allocation, Backend, RunOptions, git_revision
+from orchestrator.matrix import Cell, Matrix
+from orchestrator.results import CellResult, RunPaths, Status, write_json
+from orchestrator.summary import GroupRow, write_summary
+
+
+class SweepEvents(Protocol):
+    """What a sweep reports as it goes (the CLI renders it; tests may record it)."""
+
+    def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None: ...
+    def log(self, message: str) -> None: ...
+    def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
+    def cell_output(self, cell_id: str, line: str) -> None: ...
+    def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
+
+
+class NullEvents:
+    """Report nothing."""
+
+    def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None: ...
+    def log(self, message: str) -> None: ...
+    def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
+    def cell_output(self, cell_id: str, line: str) -> None: ...
+    def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
+
+
+@dataclass
+class SweepOutcome:
+    paths: RunPaths
+    results: list[CellResult]
+    rows: list[GroupRow]
+    table: str
+    interrupted: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.interrupted and all(r.status is Status.OK for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return 0 if self.ok else 1
+
+
+def backend_for(matrix: Matrix, override: str | None) -> str:
+    """The backend name: --backend, else [matrix] backend."""
+    return override or matrix.settings.backend
+
+
+def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
+    return {
+        "matrix": matrix.name,
+        "source": str(matrix.path),
+        "backend": backend,
+        "repeats": matrix.settings.repeats,
+        "varying": list(matrix.varying),
+        "cells": [c.to_json() for c in matrix.cells],
+    }
+
+
+def run_sweep(
+    matrix: Matrix,
+    *,
+    backend_name: str | None = None,
+    results_root: Path = Path("results"),
+    events: SweepEvents | None = None,
+    cancel: threading.Event | None = None,
+) -> SweepOutcome:
+    """Run every cell of ``matrix`` and write the run folder. Returns the outcome."""
+    events = events or NullEvents()
+    name = backend_for(matrix, backend_name)
+    cls = backend_class(name)
+    cls.check_available()
+    paths = RunPaths.create(results_root, matrix.name)
+    paths.matrix_file.write_text(matrix.source_text, encoding="utf-8")
+    write_json(paths.plan, plan_json(matrix, name))
+    started = time.time()
+    run_meta: dict[str, Any] = {
+        "run_id": paths.run_id, "matrix": matrix.name, "backend": name,
+        "started_at": started, "finished_at": None, "orchestrate_version": __version__,
+        "git_revision": git_revision(), "python": sys.version.split()[0],
+        "controller_host": platform.node(), "argv": sys.argv,
+    }
+    write_json(paths.run_meta, run_meta)
+
+    options = RunOptions(
+        timeout_s=matrix.settings.timeout_s,
+        output_hook=events.cell_output,
+        cancel=cancel or threading.Event(),
+    )
+    backend = cls(matrix, paths, options)
+    cells = list(matrix.cells)
+    events.sweep_started(paths, cells)
+    interrupted = False
+    try:
+        backend.prepare(cells, on_log=events.log)
+        results = run_cells(backend, cells, events, retries=matrix.settings.retries)
+    except KeyboardInterrupt:
+        options.cancel.set()
+        interrupted = True
+        results = []
+    finally:
+        backend.close()
+    interrupted = interrupted or options.cancel.is_set()
+    results = _record_unrun(paths, cells, results)
+    rows, table = write_summary(paths)
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status.value] = counts.get(r.status.value, 0) + 1
+    run_meta.update(finished_at=time.time(), counts=counts, interrupted=interrupted)
+    write_json(paths.run_meta, run_meta)
+    return SweepOutcome(paths, results, rows, table, interrupted, counts)
+
+
+def run_cells(
+    backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0
+) -> list[CellResult]:
+    """Start each cell as soon as the backend can place it; collect every result."""
+    results: list[CellResult] = []
+    pending: deque[tuple[Cell, int]] = deque()
+    for cell in cells:
+        reason = backend.unplaceable(cell)
+        if reason:
+            res = _unrun_result(cell, Status.UNPLACEABLE, reason)
+            write_json(backend.paths.cell_result(cell.id), res.to_json())
+            results.append(res)
+            events.cell_finished(cell, res)
+        else:
+            pending.append((cell, 1))
+    running: dict[Future[CellResult], tuple[Cell, Allocation, int]] = {}
+    cancel = backend.options.cancel
+    with ThreadPoolExecutor(max_workers=max(1, len(cells)), thread_name_prefix="cell") as pool:
+        try:
+            while (pending or running) and not cancel.is_set():
+                for item in list(pending):
+                    cell, attempt = item
+                    allocation = backend.allocate(cell)
+                    if allocation is None:
+                        continue
+                    pending.remove(item)
+                    events.cell_started(cell, allocation)
+                    fut = pool.submit(backend.run_cell, cell, allocation, attempt)
+                    running[fut] = (cell, allocation, attempt)
+                if not running:
+                    raise RuntimeError("no cell can start and none is running")  # a bug
+                done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    cell, allocation, attempt = running.pop(fut)
+                    backend.release(cell, allocation)
+                    res = _result_of(fut, cell, attempt)
+                    if res.status is Status.HOST_LOST and attempt <= retries:
+                        events.log(f"{cell.id}: {res.reason}; retrying (attempt {attempt + 1})")
+                        pending.appendleft((cell, attempt + 1))
+                        continue
+                    results.append(res)
+                    events.cell_finished(cell, res)
+        except KeyboardInterrupt:
+            cancel.set()
+        # Cancelled: running cells see the flag, kill their workload and report.
+        for fut, (cell, allocation, attempt) in list(running.items()):
+            res = _result_of(fut, cell, attempt, wait_s=60.0)
+            backend.release(cell, allocation)
+            results.append(res)
+            events.cell_finished(cell, res)
+    return results
+
+
+def _result_of(fut: Future[CellResult], cell: Cell, attempt: int, wait_s: float | None = None
+               ) -> CellResult:
+    try:
+        return fut.result(timeout=wait_s)
+    except Exception as exc:  # an error starting the cell: a failed result, the sweep goes on
+        from orchestrator.errors import OrchestratorError
+
+        reason = str(exc) if isinstance(exc, OrchestratorError) else f"{type(exc).__name__}: {exc}"
+        res = _unrun_result(cell, Status.FAILED, reason)
+        res.attempts = attempt
+        return res
+
+
+def _unrun_result(cell: Cell, status: Status, reason: str) -> CellResult:
+    return CellResult(
+        cell_id=cell.id, group=cell.group, repeat=cell.repeat, status=status, reason=reason,
+        params=cell.params.model_dump(), attempts=0,
+    )
+
+
+def _record_unrun(paths: RunPaths, cells: list[Cell], results: list[CellResult]
+                  ) -> list[CellResult]:
+    """Cells that never ran (interrupted sweep) get a cancelled result on disk too."""
+    by_id = {r.cell_id: r for r in results}
+    out = []
+    for cell in cells:
+        res = by_id.get(cell.id)
+        if res is None:
+            res = _unrun_result(cell, Status.CANCELLED, "not started: the sweep was interrupted")
+        if not paths.cell_result(cell.id).exists():
+            write_json(paths.cell_result(cell.id), res.to_json())
+        out.append(res)
+    return out

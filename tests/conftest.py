@@ -1,0 +1,33 @@
+"""Shared fixtures. Docker and SSH fixtures live in their own plugin modules."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CPU_PROFILE = """
+[hardware.cpu]
+device = "cpu"
+"""
+
+
+@pytest.fixture
+def write_matrix(tmp_path: Path) -> Callable[..., Path]:
+    """Write a matrix file from TOML text (dedented); adds a cpu profile unless told not to."""
+
+    def write(text: str, name: str = "m.toml", cpu_profile: bool = True) -> Path:
+        body = textwrap.dedent(text)
+        if cpu_profile and "[hardware.cpu]" not in body:
+            body += CPU_PROFILE
+        path = tmp_path / name
+        path.write_text(body, encoding="utf-8")
+        return path
+
+    return write

@@ -1,0 +1,324 @@
+"""Matrix expansion and validation: axes, zip, exclude, include, repeats, ids, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.matrix import filter_cells, load_matrix, parse_only
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_matrix(path)
+    return [str(p) for p in info.value.problems]
+
+
+def test_product_of_axes_in_file_order(write_matrix):
+    m = load_matrix(write_matrix("""
+        [axes]
+        hardware = ["cpu"]
+        gpus = [1, 2]
+        precision = ["fp32", "amp"]
+    """))
+    assert [c.id for c in m.cells] == [
+        "cpu-g1-bs64-fp32-r1", "cpu-g1-bs64-amp-r1", "cpu-g2-bs64-fp32-r1", "cpu-g2-bs64-amp-r1",
+    ]
+    assert m.varying == ("gpus", "precision")
+
+
+def test_workload_defaults_apply_to_every_cell(write_matrix):
+    m = load_matrix(write_matrix("""
+        [workload]
+        hardware = "cpu"
+        batch_size = 7
+        iterations = 3
+        [axes]
+        arch = ["resnet18", "resnet50"]
+    """))
+    assert {c.params.batch_size for c in m.cells} == {7}
+    assert {c.params.iterations for c in m.cells} == {3}
+    assert [c.id for c in m.cells] == ["cpu-resnet18-g1-bs7-fp32-r1", "cpu-resnet50-g1-bs7-fp32-r1"]
+
+
+def test_zip_varies_values_together(write_matrix):
+    m = load_matrix(write_matrix("""
+        [workload]
+        hardware = "cpu"
+        [axes]
+        precision = ["fp32", "bf16"]
+        [[zip]]
+        arch = ["resnet50", "resnext101_32x4d"]
+        batch_size = [256, 128]
+    """))
+    pairs = {(c.params.arch, c.params.batch_size) for c in m.cells}
+    assert pairs == {("resnet50", 256), ("resnext101_32x4d", 128)}
+    assert len(m.cells) == 4
+
+
+def test_exclude_drops_matching_cells_and_lists_match_any(write_matrix):
+    m = load_matrix(write_matrix("""
+        [workload]
+        hardware = "cpu"
+        [axes]
+        gpus = [1, 2, 4]
+        precision = ["fp32", "amp"]
+        [[exclude]]
+        gpus = [2, 4]
+        precision = "fp32"
+    """))
+    got = {(c.params.gpus, c.params.precision) for c in m.cells}
+    assert got == {(1, "fp32"), (1, "amp"), (2, "amp"), (4, "amp")}
+
+
+def test_include_adds_cells_with_defaults_and_drops_duplicates(write_matrix):
+    m = load_matrix(write_matrix("""
+        [workload]
+        hardware = "cpu"
+        mode = "train"
+        [axes]
+        batch_size = [32]
+        [[include]]
+        mode = "infer"
+        batch_size = 1
+        [[include]]
+        batch_size = 32
+    """))
+    got = [(c.params.mode, c.params.batch_size) for c in m.cells]
+    assert got == [("train", 32), ("infer", 1)]
+
+
+def test_repeats_run_round_robin(write_matrix):
+    m = load_matrix(write_matrix("""
+        [matrix]
+        repeats = 3
+        [axes]
+        hardware = ["cpu"]
+        batch_size = [1, 2]
+    """))
+    assert [(c.params.batch_size, c.repeat) for c in m.cells] == [
+        (1, 1), (2, 1), (1, 2), (2, 2), (1, 3), (2, 3),
+    ]
+    assert len({c.id for c in m.cells}) == 6
+    assert len({c.group for c in m.cells}) == 2
+    # repeats of a configuration share its content hash
+    assert len({c.hash for c in m.cells}) == 2
+
+
+def test_ids_and_hashes_are_stable_and_hash_follows_the_profile(write_matrix, tmp_path):
+    text = """
+        [axes]
+        hardware = ["cpu"]
+        gpus = [1, 2]
+    """
+    a = load_matrix(write_matrix(text, name="a.toml"))
+    b = load_matrix(write_matrix(text, name="b.toml"))
+    assert [(c.id, c.hash) for c in a.cells] == [(c.id, c.hash) for c in b.cells]
+    c = load_matrix(write_matrix(text + '\n[hardware.cpu]\ndevice = "cpu"\nenv = {X = "1"}\n',
+                                 name="c.toml", cpu_profile=False))
+    assert [x.id for x in c.cells] == [x.id for x in a.cells]
+    assert {x.hash for x in c.cells}.isdisjoint({x.hash for x in a.cells})
+
+
+def test_colliding_ids_get_a_hash_suffix(write_matrix):
+    m = load_matrix(write_matrix("""
+        [workload]
+        hardware = "cpu"
+        [axes]
+        data = ["/data/a b", "/data/a_b"]
+    """))
+    ids = [c.id for c in m.cells]
+    assert len(set(ids)) == 2
+    assert all(i.startswith("cpu-g1-bs64-fp32-data-data_a_b-") for i in ids)
+
+
+@pytest.mark.parametrize("name,cells,example", [
+    ("v100_scaling", 40, "v100-g4-bs128-amp-r1"),
+    ("bitfusion_vs_native", 36, "v100_bitfusion-resnet50-infer-g1-bs1-amp-r3"),
+    ("gaudi", 24, "gaudi-g8-bs256-bf16-compile-default-r2"),
+    ("cpu_smoke", 8, "cpu-resnet18-g1-bs16-bf16-r1"),
+])
+def test_shipped_matrices(name, cells, example):
+    m = load_matrix(ROOT / "matrices" / f"{name}.toml")
+    assert m.name == name
+    assert len(m.cells) == cells
+    assert example in {c.id for c in m.cells}
+
+
+def test_v100_scaling_expresses_the_experiment():
+    m = load_matrix(ROOT / "matrices" / "v100_scaling.toml")
+    assert {c.params.gpus for c in m.cells} == {1, 2, 4, 8}
+    assert {c.params.precision for c in m.cells} == {"fp32", "amp"}
+    assert {(c.params.batch_size, c.params.warmup, c.params.iterations) for c in m.cells} == {
+        (128, 20, 100)}
+    assert {c.repeat for c in m.cells} == {1, 2, 3, 4, 5}
+
+
+# --- errors: every problem at once, with file and field ---------------------------------------
+
+
+def test_type_and_range_errors_are_all_reported(write_matrix):
+    path = write_matrix("""
+        [matrix]
+        repeats = 0
+        [workload]
+        batch_size = -1
+        [axes]
+        hardware = ["cpu"]
+        gpus = [1, 0]
+        precision = ["fp32", "fp8"]
+        bogus = [1]
+    """)
+    got = problems(path)
+    assert len(got) == 5
+    text = "\n".join(got)
+    assert f"{path}: matrix.repeats: Input should be greater than 0" in text
+    assert "workload.batch_size: Input should be greater than 0 (got -1)" in text
+    assert "axes.gpus[1]: Input should be greater than 0 (got 0)" in text
+    assert "axes.precision[1]" in text and "'fp8'" in text
+    assert "axes.bogus: unknown key" in text
+
+
+def test_malformed_toml(write_matrix):
+    path = write_matrix("[axes\nhardware = 1\n")
+    (msg,) = problems(path)
+    assert msg.startswith(f"{path}: malformed TOML") and "line 1" in msg
+
+
+def test_missing_file(tmp_path):
+    (msg,) = problems(tmp_path / "nope.toml")
+    assert "no such file" in msg
+
+
+def test_unknown_hardware_profile(write_matrix):
+    got = problems(write_matrix("""
+        [axes]
+        hardware = ["cpu", "v100"]
+        [[include]]
+        hardware = "h100"
+    """))
+    assert any("axes.hardware[1]: unknown hardware profile 'v100'; defined profiles: cpu" in p
+               for p in got)
+    assert any("include[0].hardware: unknown hardware profile 'h100'" in p for p in got)
+
+
+def test_hardware_must_be_set(write_matrix):
+    got = problems(write_matrix("""
+        [axes]
+        gpus = [1]
+    """))
+    assert any("workload.hardware" in p and "no hardware" in p for p in got)
+
+
+def test_exclude_matching_nothing_is_an_error(write_matrix):
+    got = problems(write_matrix("""
+        [axes]
+        hardware = ["cpu"]
+        gpus = [1, 2]
+        [[exclude]]
+        gpus = 3
+    """))
+    assert got == [f"{got[0].split(':')[0]}: exclude[0]: matches no cell (gpus = 3); "
+                   "check the values against [axes]"]
+
+
+def test_matrix_that_expands_to_nothing(write_matrix):
+    got = problems(write_matrix("""
+        [axes]
+        hardware = ["cpu"]
+        [[exclude]]
+        hardware = "cpu"
+    """))
+    assert any("expands to no cell" in p for p in got)
+
+
+def test_zip_errors(write_matrix):
+    got = problems(write_matrix("""
+        [axes]
+        hardware = ["cpu"]
+        arch = ["resnet18"]
+        [[zip]]
+        arch = ["resnet50", "resnet18"]
+        batch_size = [1]
+    """))
+    assert any("zip[0]: lists must have the same length" in p for p in got)
+    got = problems(write_matrix("""
+        [axes]
+        hardware = ["cpu"]
+        arch = ["resnet18"]
+        [[zip]]
+        arch = ["resnet50"]
+        batch_size = [1]
+    """, name="b.toml"))
+    assert any("zip[0].arch: already varied" in p for p in got)
+
+
+def test_profile_errors(write_matrix):
+    got = problems(write_matrix("""
+        [matrix]
+        backend = "kubernetes"
+        [axes]
+        hardware = ["bf"]
+        [hardware.bf]
+        device = "cpu"
+        wrapper = "bitfusion"
+        [hardware.gpu]
+        device = "tpu"
+    """))
+    text = "\n".join(got)
+    assert "hardware.bf: wrapper 'bitfusion' needs device = 'cuda'" in text
+    assert "hardware.gpu.device" in text
+
+
+def test_unknown_backend(write_matrix):
+    got = problems(write_matrix("""
+        [matrix]
+        backend = "kubernetes"
+        [axes]
+        hardware = ["cpu"]
+    """))
+    assert any("matrix.backend: unknown backend 'kubernetes'" in p for p in got)
+
+
+def test_empty_axis_list_is_rejected(write_matrix):
+    got = problems(write_matrix("""
+        [axes]
+        hardware = ["cpu"]
+        gpus = []
+    """))
+    assert any("axes.gpus" in p for p in got)
+
+
+# --- --only -------------------------------------------------------------------------------------
+
+
+def test_only_filters(write_matrix):
+    m = load_matrix(write_matrix("""
+        [matrix]
+        repeats = 2
+        [axes]
+        hardware = ["cpu"]
+        gpus = [1, 2, 4]
+        precision = ["fp32", "amp"]
+    """))
+    f = filter_cells(m, ["gpus=1", "gpus=4", "precision=amp", "repeat=2"])
+    assert [c.id for c in f.cells] == ["cpu-g1-bs64-amp-r2", "cpu-g4-bs64-amp-r2"]
+
+
+def test_only_errors(write_matrix):
+    m = load_matrix(write_matrix("""
+        [axes]
+        hardware = ["cpu"]
+    """))
+    with pytest.raises(ConfigError, match="unknown parameter"):
+        parse_only(["gpu=1"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        parse_only(["gpus"])
+    with pytest.raises(ConfigError, match="valid integer"):
+        parse_only(["gpus=two"])
+    with pytest.raises(ConfigError, match="matches no cell"):
+        filter_cells(m, ["gpus=8"])
