@@ -1,0 +1,29 @@
+# The two commands of the README:
+#   make smoke   create .venv (orchestrator + workload deps) and run matrices/cpu_smoke.toml
+#   make test    create .venv and run the test suite
+# Integration tests need a Docker engine and sshd; .ci/run installs and starts them.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: venv smoke test lint clean-venv
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[workload,dev]'
+	touch $@
+
+smoke: venv
+	$(BIN)/orchestrate matrix matrices/cpu_smoke.toml
+
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check orchestrator workload tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)

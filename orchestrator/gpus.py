@@ -1,0 +1,189 @@
+"""GPU and host discovery: what a lab host has (Docker, NVIDIA GPUs or Gaudi, driver, CUDA).
+
+The parsers are pure functions over the text ``nvidia-smi`` and ``hl-smi`` print; :func:`discover`
+runs those tools over SSH (anything with ``run(argv, timeout)`` and ``name`` will do, so tests can
+pass a fake). A tool that is missing or fails yields ``None`` / no GPUs, never an exception; an
+unreachable host yields ``HostFacts(reachable=False, reason=...)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from orchestrator.errors import HostError
+from orchestrator.ssh import CommandResult, RemoteTimeout
+
+log = logging.getLogger(__name__)
+
+NVIDIA_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,name,memory.total,driver_version",
+    "--format=csv,noheader,nounits",
+]
+NVIDIA_SUMMARY = ["nvidia-smi"]
+HL_QUERY = ["hl-smi", "-Q", "index,name,memory.total,driver_version", "-f", "csv,noheader"]
+DOCKER_VERSION = ["docker", "version", "--format", "{{.Server.Version}}"]
+
+_NA = {"", "[n/a]", "n/a", "[not supported]", "[unknown error]"}
+_DRIVER = re.compile(r"Driver Version:\s*([0-9A-Za-z][0-9A-Za-z.\-]*)")
+_CUDA = re.compile(r"CUDA Version:\s*([0-9]+(?:\.[0-9]+)*)")
+_MEMORY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(MiB|MB|GiB|GB)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One accelerator as the vendor tool reports it."""
+
+    index: int
+    model: str
+    memory_mib: int | None
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What :func:`discover` learned about one host."""
+
+    name: str
+    reachable: bool
+    reason: str = ""
+    docker_version: str | None = None
+    gpus: tuple[GpuInfo, ...] = ()
+    driver: str | None = None
+    cuda: str | None = None
+    accelerator: str | None = None  # "nvidia", "gaudi" or None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def gpu_ids(self) -> list[int]:
+        """Indices of the discovered GPUs."""
+        return [g.index for g in self.gpus]
+
+
+class CommandRunner(Protocol):
+    """What :func:`discover` needs from a host (:class:`orchestrator.ssh.SshHost` fits)."""
+
+    name: str
+
+    def run(self, argv: list[str], timeout: float | None = None) -> CommandResult: ...
+
+
+def _parse_memory(value: str) -> int | None:
+    if value.strip().lower() in _NA:
+        return None
+    match = _MEMORY.match(value)
+    if not match:
+        return None
+    number, unit = float(match.group(1)), (match.group(2) or "MiB").lower()
+    if unit in ("gib", "gb"):
+        number *= 1024
+    return int(round(number))
+
+
+def _csv_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.strip()]
+
+
+def parse_gpu_csv(text: str) -> tuple[list[GpuInfo], str | None]:
+    """Parse ``index, name, memory.total, driver_version`` CSV rows (no header).
+
+    Works for ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` and
+    ``hl-smi -Q ... -f csv,noheader`` alike: memory may carry a unit (``98304 MiB``).
+    Returns the GPUs in index order and the driver version (None if no row had one).
+    Rows that do not parse are skipped with a debug log line.
+    """
+    gpus: list[GpuInfo] = []
+    driver: str | None = None
+    for row in _csv_rows(text):
+        if len(row) < 3 or not row[0].isdigit():
+            log.debug("skipping GPU row %r", row)
+            continue
+        gpus.append(GpuInfo(index=int(row[0]), model=row[1], memory_mib=_parse_memory(row[2])))
+        if len(row) >= 4 and row[3].lower() not in _NA:
+            driver = driver or row[3]
+    gpus.sort(key=lambda g: g.index)
+    return gpus, driver
+
+
+def parse_nvidia_smi_query(text: str) -> tuple[list[GpuInfo], str | None]:
+    """GPUs and driver version from ``nvidia-smi --query-gpu`` CSV (:data:`NVIDIA_QUERY`)."""
+    return parse_gpu_csv(text)
+
+
+def parse_hl_smi_query(text: str) -> tuple[list[GpuInfo], str | None]:
+    """Gaudi devices and driver version from ``hl-smi -Q ... -f csv,noheader``."""
+    return parse_gpu_csv(text)
+
+
+def parse_smi_header(text: str) -> tuple[str | None, str | None]:
+    """``(driver, cuda)`` from the banner of plain ``nvidia-smi`` (or ``hl-smi``: cuda None)."""
+    driver = _DRIVER.search(text)
+    cuda = _CUDA.search(text)
+    return (driver.group(1) if driver else None, cuda.group(1) if cuda else None)
+
+
+def _try(host: CommandRunner, argv: list[str], timeout: float, notes: list[str]) -> str | None:
+    """stdout of ``argv`` if it ran and exited 0, else None (with a note saying why)."""
+    try:
+        code, out, err = host.run(argv, timeout=timeout)
+    except RemoteTimeout:
+        notes.append(f"{argv[0]}: timed out after {timeout}s")
+        return None
+    if code == 127:
+        return None  # not installed: normal on hosts without that hardware
+    if code != 0:
+        first = (err.strip() or out.strip()).splitlines()
+        notes.append(f"{argv[0]}: exit {code}" + (f": {first[0][:120]}" if first else ""))
+        return None
+    return out
+
+
+def probe(host: CommandRunner, timeout: float = 30.0) -> HostFacts:
+    """Run the discovery commands on an already reachable ``host`` (HostError propagates)."""
+    notes: list[str] = []
+    docker = _try(host, DOCKER_VERSION, timeout, notes)
+    docker_version = (docker.strip() or None) if docker is not None else None
+    query = _try(host, NVIDIA_QUERY, timeout, notes)
+    gpus, driver = parse_nvidia_smi_query(query) if query is not None else ([], None)
+    if gpus:
+        banner = _try(host, NVIDIA_SUMMARY, timeout, notes) or ""
+        banner_driver, cuda = parse_smi_header(banner)
+        return HostFacts(
+            name=host.name,
+            reachable=True,
+            gpus=tuple(gpus),
+            driver=driver or banner_driver,
+            cuda=cuda,
+            accelerator="nvidia",
+            notes=tuple(notes),
+            docker_version=docker_version,
+        )
+    hl = _try(host, HL_QUERY, timeout, notes)
+    devices, hl_driver = parse_hl_smi_query(hl) if hl is not None else ([], None)
+    if devices:
+        return HostFacts(
+            name=host.name,
+            reachable=True,
+            gpus=tuple(devices),
+            driver=hl_driver,
+            accelerator="gaudi",
+            notes=tuple(notes),
+            docker_version=docker_version,
+        )
+    return HostFacts(
+        name=host.name, reachable=True, docker_version=docker_version, notes=tuple(notes)
+    )
+
+
+def discover(host: CommandRunner, timeout: float = 30.0) -> HostFacts:
+    """Connect (if the host has ``connect()``) and probe; unreachable -> ``reachable=False``."""
+    try:
+        connect = getattr(host, "connect", None)
+        if connect is not None:
+            connect()
+        return probe(host, timeout)
+    except HostError as exc:
+        log.info("host %s unreachable: %s", host.name, exc)
+        return HostFacts(name=host.name, reachable=False, reason=str(exc))

@@ -1,0 +1,289 @@
+"""Lab host inventory: a TOML file listing the machines a sweep may run on.
+
+Example (see ``hosts/example.toml``)::
+
+    [options]
+    connect_timeout = 10
+    trust_on_first_use = false
+
+    [[hosts]]
+    name = "dgx-a"
+    address = "10.0.0.11"
+    user = "bench"
+    key_file = "~/.ssh/id_ed25519"
+    tags = ["a100", "a100-80g"]
+    gpus = [0, 1, 2, 3, 4, 5, 6, 7]
+
+Every problem in the file is reported at once as a :class:`~orchestrator.errors.ConfigError`
+naming the file and the field path (``hosts[1].port``). Connection details missing from the
+inventory are taken from ``~/.ssh/config`` (``HostName``, ``Port``, ``User``, ``IdentityFile``);
+values written in the inventory win, as values on the ``ssh`` command line do.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import tomllib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from orchestrator.errors import ConfigError, Problem
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_SSH_CONFIG = "~/.ssh/config"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class HostOptions(_Strict):
+    """Options shared by every host of an inventory (the ``[options]`` table)."""
+
+    connect_timeout: float = Field(10.0, gt=0, description="seconds to open TCP + SSH handshake")
+    command_timeout: float = Field(
+        300.0, gt=0, description="default seconds a short remote command (a probe) may take"
+    )
+    keepalive: int = Field(30, ge=0, description="seconds between SSH keepalives; 0 disables")
+    trust_on_first_use: bool = Field(
+        False, description="accept and record unknown host keys instead of refusing them"
+    )
+    known_hosts: str = Field(DEFAULT_KNOWN_HOSTS, description="known_hosts file to verify against")
+    ssh_config: str | None = Field(
+        DEFAULT_SSH_CONFIG, description="OpenSSH client config to honour; empty string disables"
+    )
+
+
+class HostEntry(_Strict):
+    """One lab machine (a ``[[hosts]]`` table)."""
+
+    name: str = Field(min_length=1, description="short unique name used in tables and results")
+    address: str = Field(min_length=1, description="DNS name, IP, or a Host alias of ssh_config")
+    port: int = Field(22, ge=1, le=65535)
+    user: str | None = Field(None, description="login user; else ssh_config User, else you")
+    key_file: str | None = Field(None, description="private key; relative to the inventory file")
+    agent: bool = Field(True, description="also offer keys held by ssh-agent")
+    tags: list[str] = Field(default_factory=list, description="hardware tags profiles match")
+    gpus: list[int] | None = Field(None, description="GPU ids to use; else discovered")
+    max_concurrent: int | None = Field(None, ge=1, description="most cells at once on this host")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_not_blank(cls, tags: list[str]) -> list[str]:
+        for tag in tags:
+            if not tag.strip():
+                raise ValueError("tags must be non-empty strings")
+        return tags
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_unique(cls, gpus: list[int] | None) -> list[int] | None:
+        if gpus is None:
+            return None
+        if any(g < 0 for g in gpus):
+            raise ValueError("GPU ids must be >= 0")
+        dupes = sorted(g for g, n in Counter(gpus).items() if n > 1)
+        if dupes:
+            raise ValueError(f"GPU ids listed twice: {dupes}")
+        return gpus
+
+    def explicitly_set(self, field: str) -> bool:
+        """Whether ``field`` was written in the inventory (as opposed to defaulted)."""
+        return field in self.model_fields_set
+
+
+class _InventoryFile(_Strict):
+    options: HostOptions = Field(default_factory=HostOptions)
+    hosts: list[HostEntry] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A validated inventory: global options plus hosts in file order."""
+
+    source: Path
+    options: HostOptions
+    hosts: tuple[HostEntry, ...]
+
+    @property
+    def names(self) -> list[str]:
+        """Host names in file order."""
+        return [h.name for h in self.hosts]
+
+    def get(self, name: str) -> HostEntry:
+        """The host called ``name``; :class:`ConfigError` listing known names if absent."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise ConfigError(
+            f"no host named {name!r} (hosts: {', '.join(self.names)})", file=str(self.source)
+        )
+
+    def tagged(self, tag: str) -> list[HostEntry]:
+        """Hosts carrying hardware tag ``tag``."""
+        return [h for h in self.hosts if tag in h.tags]
+
+
+@dataclass(frozen=True)
+class ConnectTarget:
+    """Where and how to connect to one host, after ``~/.ssh/config`` has been applied."""
+
+    name: str
+    hostname: str
+    port: int
+    user: str
+    key_files: tuple[str, ...]
+    allow_agent: bool
+
+    @property
+    def display(self) -> str:
+        """``user@host:port`` for messages."""
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+
+def _loc_to_path(loc: tuple[int | str, ...], raw: dict[str, Any]) -> str:
+    """Render a pydantic error location as ``hosts[1] (name).port``."""
+    parts: list[str] = []
+    node: Any = raw
+    for item in loc:
+        if isinstance(item, int):
+            label = f"[{item}]"
+            try:
+                node = node[item]
+            except (IndexError, KeyError, TypeError):
+                node = None
+            if isinstance(node, dict) and isinstance(node.get("name"), str) and node["name"]:
+                label += f" ({node['name']})"
+            parts.append(label)
+        else:
+            parts.append(("." if parts else "") + str(item))
+            node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts)
+
+
+def _duplicate_names(raw: dict[str, Any], file: str) -> list[Problem]:
+    hosts = raw.get("hosts")
+    if not isinstance(hosts, list):
+        return []
+    seen: dict[str, int] = {}
+    problems = []
+    for i, host in enumerate(hosts):
+        name = host.get("name") if isinstance(host, dict) else None
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            problems.append(
+                Problem(
+                    file,
+                    f"hosts[{i}].name",
+                    f"duplicate host name {name!r} "
+                    f"(first used by hosts[{seen[name]}]); names must be unique",
+                )
+            )
+        else:
+            seen[name] = i
+    return problems
+
+
+def parse_hosts(text: str, source: str | Path = "<hosts>") -> Inventory:
+    """Validate inventory TOML ``text``; ``source`` names the file in error messages."""
+    file = str(source)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", file=file) from None
+    problems = _duplicate_names(raw, file)
+    try:
+        parsed = _InventoryFile.model_validate(raw)
+    except ValidationError as exc:
+        for err in exc.errors():
+            field = _loc_to_path(tuple(err["loc"]), raw)
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (check the spelling; see hosts/example.toml)"
+            problems.append(Problem(file, field, msg))
+        raise ConfigError(problems) from None
+    if problems:
+        raise ConfigError(problems)
+    return Inventory(source=Path(source), options=parsed.options, hosts=tuple(parsed.hosts))
+
+
+def load_hosts(path: str | Path) -> Inventory:
+    """Read and validate the inventory at ``path``; every problem at once as ConfigError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read hosts file: {exc.strerror or exc}", file=str(path)
+        ) from None
+    inventory = parse_hosts(text, path)
+    log.debug("loaded %d hosts from %s", len(inventory.hosts), path)
+    return inventory
+
+
+def _load_ssh_config(path: str | None) -> paramiko.SSHConfig | None:
+    if not path:
+        return None
+    p = Path(path).expanduser()
+    if not p.is_file():
+        return None
+    try:
+        return paramiko.SSHConfig.from_path(str(p))
+    except Exception as exc:  # paramiko raises several types for odd configs
+        raise ConfigError(f"cannot parse ssh config: {exc}", file=str(p)) from None
+
+
+def _resolve_path(value: str, base: Path) -> str:
+    p = Path(value).expanduser()
+    if not p.is_absolute():
+        p = base / p
+    return str(p)
+
+
+def resolve_host(inventory: Inventory, name: str) -> ConnectTarget:
+    """Connection parameters for host ``name``: inventory values, then ssh_config, then defaults.
+
+    Pure apart from reading the ssh config file named in the inventory options.
+    """
+    entry = inventory.get(name)
+    cfg = _load_ssh_config(inventory.options.ssh_config)
+    looked: dict[str, Any] = dict(cfg.lookup(entry.address)) if cfg else {}
+    hostname = str(looked.get("hostname", entry.address))
+    if entry.explicitly_set("port") or "port" not in looked:
+        port = entry.port
+    else:
+        try:
+            port = int(looked["port"])
+        except ValueError:
+            raise ConfigError(
+                f"ssh config Port {looked['port']!r} for {entry.address!r} is not a number",
+                file=str(inventory.options.ssh_config),
+            ) from None
+    user = entry.user or looked.get("user") or getpass.getuser()
+    base = inventory.source.parent
+    if entry.key_file:
+        keys: tuple[str, ...] = (_resolve_path(entry.key_file, base),)
+    else:
+        keys = tuple(str(Path(k).expanduser()) for k in looked.get("identityfile", []))
+    return ConnectTarget(
+        name=entry.name,
+        hostname=hostname,
+        port=port,
+        user=str(user),
+        key_files=keys,
+        allow_agent=entry.agent,
+    )
+
+
+def known_hosts_path(inventory: Inventory) -> Path:
+    """The known_hosts file of ``inventory`` (``~`` expanded, relative to the inventory file)."""
+    return Path(_resolve_path(inventory.options.known_hosts, inventory.source.parent))

@@ -1,0 +1,508 @@
+"""A small paramiko wrapper: connect to a lab host, run commands, stream and kill them.
+
+:class:`SshHost` mirrors a local subprocess the way fabric's ``Remote`` mirrors ``Local``:
+``run(argv)`` is ``subprocess.run`` (exit code, stdout, stderr; a timeout kills the command) and
+``start(argv)`` is ``subprocess.Popen`` (:class:`RemoteProcess`: ``output()``, ``wait()``,
+``kill()``, ``exit_code``).
+
+Safety rules:
+
+* Host keys are verified against known_hosts; an unknown key is refused with a
+  :class:`UnknownHostKey` saying how to trust it, unless ``trust_on_first_use`` is set (then the
+  key is recorded in known_hosts and a warning is logged). A changed key is always refused.
+* Commands are argv lists; every word is ``shlex.quote``-d, so no user string reaches the remote
+  shell unquoted. Environment variables travel as ``env NAME=VALUE`` words, not via ``AcceptEnv``.
+* Every command runs as the leader of its own process group (``setsid``; the remote login shell
+  must be POSIX). Its process-group id is reported on the first line of stdout, which this module
+  strips, so :meth:`RemoteProcess.kill` can signal the whole tree, not only close the channel.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import re
+import select
+import shlex
+import socket
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import NamedTuple
+
+import paramiko
+
+from orchestrator.errors import HostError
+from orchestrator.hosts import ConnectTarget, Inventory, known_hosts_path, resolve_host
+
+log = logging.getLogger(__name__)
+
+_PID_MARKER = b"__orchestrate_pgid__="
+_PID_LINE = re.compile(rb"__orchestrate_pgid__=(\d+)\n")
+_WRAPPER = 'printf "%s%s\\n" "' + _PID_MARKER.decode() + '" "$$"; exec "$@"'
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_CHUNK = 32768
+
+
+class UnknownHostKey(HostError):
+    """The host offered a key that known_hosts does not list (and trust_on_first_use is off)."""
+
+
+class RemoteTimeout(HostError):
+    """A remote command did not finish in time; it was killed. Carries the partial output."""
+
+    def __init__(self, message: str, stdout: str = "", stderr: str = ""):
+        super().__init__(message)
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class CommandResult(NamedTuple):
+    """Outcome of :meth:`SshHost.run`; unpacks as ``(exit_code, stdout, stderr)``."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH-style fingerprint: ``SHA256:<base64 without padding>``."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def build_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """The remote command line for ``argv``: every word quoted, run as a process-group leader.
+
+    The result first prints ``__orchestrate_pgid__=<pid>`` then ``exec``-s the command, so the
+    process-group id is known before any output of the command itself.
+    """
+    if not argv:
+        raise ValueError("argv must not be empty")
+    words = [str(a) for a in argv]
+    if env:
+        bad = [k for k in env if not _ENV_NAME.match(k)]
+        if bad:
+            raise ValueError(f"invalid environment variable names: {bad}")
+        words = ["env", *(f"{k}={v}" for k, v in env.items()), *words]
+    tail = " ".join(shlex.quote(w) for w in ["sh", "-c", _WRAPPER, "orchestrate", *words])
+    # setsid makes the command lead a fresh process group (-w: keep its exit status); sshd already
+    # gives each session its own group, so hosts without setsid still work.
+    return f"if command -v setsid >/dev/null 2>&1; then exec setsid -w {tail}; else exec {tail}; fi"
+
+
+class _RefuseUnknownKey(paramiko.MissingHostKeyPolicy):
+    def __init__(self, target: ConnectTarget, known_hosts: Path):
+        self.target = target
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey):
+        t = self.target
+        raise UnknownHostKey(
+            f"host {t.name} ({t.hostname}:{t.port}) offered an unknown {key.get_name()} host key "
+            f"{fingerprint(key)}; refusing to connect. After checking the fingerprint with the "
+            f"machine's admin, either add it with "
+            f"`ssh-keyscan -p {t.port} -t {key.get_name()} {t.hostname} >> {self.known_hosts}` "
+            f"or set trust_on_first_use = true under [options] of the hosts file "
+            f"(records unknown keys in {self.known_hosts} on first connection)"
+        )
+
+
+class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
+    def __init__(self, target: ConnectTarget, known_hosts: Path):
+        self.target = target
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.known_hosts.exists()
+        with self.known_hosts.open("a", encoding="ascii") as fh:
+            fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        if new:
+            self.known_hosts.chmod(0o600)
+        log.warning(
+            "trust_on_first_use: recorded %s host key %s of %s (%s) in %s",
+            key.get_name(),
+            fingerprint(key),
+            self.target.name,
+            hostname,
+            self.known_hosts,
+        )
+
+
+class RemoteProcess:
+    """A command started by :meth:`SshHost.start`; the remote twin of ``subprocess.Popen``."""
+
+    def __init__(
+        self,
+        host: SshHost,
+        channel: paramiko.Channel,
+        argv: Sequence[str],
+        combine_stderr: bool,
+        marker_timeout: float,
+    ):
+        self.host = host
+        self.argv = list(argv)
+        self.pgid: int | None = None
+        self.killed = False
+        self._channel = channel
+        self._combine = combine_stderr
+        self._out: deque[bytes] = deque()
+        self._head = bytearray()  # stdout before the pgid marker was seen
+        self._err = bytearray()
+        self._await_marker(marker_timeout)
+
+    # -- reading ---------------------------------------------------------------------------
+    def _feed_stdout(self, data: bytes) -> None:
+        if self.pgid is not None or not data:
+            if data:
+                self._out.append(data)
+            return
+        self._head += data
+        match = _PID_LINE.search(self._head)
+        if match:
+            self.pgid = int(match.group(1))
+            before, after = bytes(self._head[: match.start()]), bytes(self._head[match.end() :])
+            self._head.clear()
+            for part in (before, after):
+                if part:
+                    self._out.append(part)
+
+    def _pump(self, wait: float) -> bool:
+        """Read whatever has arrived, waiting up to ``wait`` seconds for something."""
+        ch = self._channel
+        if not (ch.recv_ready() or ch.recv_stderr_ready()) and not self._reading_done():
+            select.select([ch], [], [], wait)
+        got = False
+        while ch.recv_ready():
+            data = ch.recv(_CHUNK)
+            if not data:
+                break
+            self._feed_stdout(data)
+            got = True
+        while ch.recv_stderr_ready():
+            data = ch.recv_stderr(_CHUNK)
+            if not data:
+                break
+            self._err += data
+            got = True
+        return got
+
+    def _reading_done(self) -> bool:
+        ch = self._channel
+        ended = ch.eof_received or ch.closed
+        return ended and not ch.recv_ready() and not ch.recv_stderr_ready()
+
+    def _await_marker(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.pgid is None and not self._reading_done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("%s: no process-group id from %s", self.host.name, self.argv[:1])
+                return
+            self._pump(min(left, 0.2))
+        if self.pgid is None and self._head:  # no marker at all: treat as plain output
+            self._out.append(bytes(self._head))
+            self._head.clear()
+
+    def output(self) -> Iterator[bytes]:
+        """Yield stdout chunks as they arrive (stderr too if started with combine_stderr)."""
+        while True:
+            while self._out:
+                yield self._out.popleft()
+            if self._reading_done():
+                if self._head:
+                    yield bytes(self._head)
+                    self._head.clear()
+                return
+            self._pump(0.2)
+
+    @property
+    def stderr(self) -> bytes:
+        """Stderr received so far (empty when started with combine_stderr)."""
+        return bytes(self._err)
+
+    def read_stdout(self) -> bytes:
+        """Everything on stdout not yet yielded by :meth:`output` (call after :meth:`wait`)."""
+        data = b"".join(self._out) + bytes(self._head)
+        self._out.clear()
+        self._head.clear()
+        return data
+
+    # -- status ----------------------------------------------------------------------------
+    @property
+    def exit_code(self) -> int | None:
+        """Exit status once the command finished; None while it runs; -1 if none was sent."""
+        if not self._channel.exit_status_ready():
+            return None
+        return self._channel.recv_exit_status()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the command to finish (keeping its output); :class:`RemoteTimeout` if not."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        eof_grace: float | None = None
+        while True:
+            if self._channel.exit_status_ready():
+                if self._reading_done():
+                    break
+                # Output may trail the exit status; a background child holding stdout open
+                # must not hold us forever.
+                eof_grace = eof_grace or time.monotonic() + 2.0
+                if time.monotonic() > eof_grace:
+                    break
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise RemoteTimeout(
+                    f"{self.host.name}: {shlex.join(self.argv)} still running after {timeout}s"
+                )
+            self._pump(0.2 if deadline is None else max(0.0, min(0.2, deadline - now)))
+        return self._channel.recv_exit_status()
+
+    def kill(self, grace: float = 2.0) -> None:
+        """Stop the remote command and everything it started, then close the channel.
+
+        Sends SIGTERM to the remote process group, SIGKILL after ``grace`` seconds, and waits for
+        that to be done before closing the channel.
+        """
+        if self.pgid is not None and not self._channel.exit_status_ready():
+            self.killed = True
+            steps = max(1, int(grace / 0.1))
+            g = int(self.pgid)
+            script = (
+                f"kill -TERM -- -{g} 2>/dev/null || exit 0; i=0; "
+                f"while [ $i -lt {steps} ]; do kill -0 -- -{g} 2>/dev/null || exit 0; "
+                f"sleep 0.1; i=$((i+1)); done; kill -KILL -- -{g} 2>/dev/null; exit 0"
+            )
+            try:
+                self.host._exec_raw(script, timeout=grace + 10)
+            except HostError as exc:
+                log.warning("%s: could not kill process group %d: %s", self.host.name, g, exc)
+        elif self.pgid is None and not self._channel.exit_status_ready():
+            self.killed = True
+            log.warning("%s: process group unknown; only closing the channel", self.host.name)
+        # Give the exit status a moment to arrive so exit_code is meaningful.
+        deadline = time.monotonic() + 2.0
+        while not self._channel.exit_status_ready() and time.monotonic() < deadline:
+            self._pump(0.1)
+        self._channel.close()
+
+    def close(self) -> None:
+        """Close the channel (does not stop a running command: use :meth:`kill`)."""
+        self._channel.close()
+
+    def __enter__(self) -> RemoteProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.exit_code is None:
+            self.kill()
+        else:
+            self.close()
+
+
+class SshHost:
+    """One lab host reached over SSH. Connects lazily; use as a context manager to close."""
+
+    def __init__(
+        self,
+        target: ConnectTarget,
+        *,
+        known_hosts: str | Path = "~/.ssh/known_hosts",
+        trust_on_first_use: bool = False,
+        connect_timeout: float = 10.0,
+        command_timeout: float = 300.0,
+        keepalive: int = 30,
+    ):
+        self.target = target
+        self.known_hosts = Path(known_hosts).expanduser()
+        self.trust_on_first_use = trust_on_first_use
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        self.keepalive = keepalive
+        self._client: paramiko.SSHClient | None = None
+
+    @classmethod
+    def from_inventory(cls, inventory: Inventory, name: str) -> SshHost:
+        """The host ``name`` of ``inventory``, with the inventory's global options."""
+        opts = inventory.options
+        return cls(
+            resolve_host(inventory, name),
+            known_hosts=known_hosts_path(inventory),
+            trust_on_first_use=opts.trust_on_first_use,
+            connect_timeout=opts.connect_timeout,
+            command_timeout=opts.command_timeout,
+            keepalive=opts.keepalive,
+        )
+
+    @property
+    def name(self) -> str:
+        """The host's inventory name."""
+        return self.target.name
+
+    @property
+    def connected(self) -> bool:
+        """Whether an SSH transport is open and active."""
+        transport = self._client.get_transport() if self._client else None
+        return bool(transport and transport.is_active())
+
+    # -- connection ------------------------------------------------------------------------
+    def connect(self) -> SshHost:
+        """Open the connection (verifying the host key); :class:`HostError` with the reason."""
+        if self.connected:
+            return self
+        t = self.target
+        client = paramiko.SSHClient()
+        if self.known_hosts.is_file():
+            try:
+                client.load_host_keys(str(self.known_hosts))
+            except (OSError, paramiko.SSHException) as exc:
+                raise HostError(f"cannot read known_hosts {self.known_hosts}: {exc}") from None
+        policy_cls = _TrustOnFirstUse if self.trust_on_first_use else _RefuseUnknownKey
+        client.set_missing_host_key_policy(policy_cls(t, self.known_hosts))
+        where = f"host {t.name} ({t.display})"
+        try:
+            client.connect(
+                t.hostname,
+                port=t.port,
+                username=t.user,
+                key_filename=list(t.key_files) or None,
+                allow_agent=t.allow_agent,
+                look_for_keys=not t.key_files,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+            )
+        except HostError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostError(
+                f"{where}: host key CHANGED: got {exc.key.get_name()} {fingerprint(exc.key)}, "
+                f"known_hosts has {fingerprint(exc.expected_key)}. This may be an attack or a "
+                f"reinstalled machine; if you are sure, remove the old entry with "
+                f"`ssh-keygen -R '{exc.hostname}' -f {self.known_hosts}`"
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            keys = ", ".join(t.key_files) or "default keys"
+            agent = "and ssh-agent" if t.allow_agent else "without ssh-agent"
+            raise HostError(
+                f"{where}: authentication failed ({exc}); tried {keys} {agent}. "
+                f"Check user and key_file in the hosts file"
+            ) from None
+        except paramiko.ssh_exception.NoValidConnectionsError:
+            client.close()
+            raise HostError(f"{where}: unreachable: connection refused") from None
+        except TimeoutError:
+            client.close()
+            raise HostError(
+                f"{where}: unreachable: no answer within {self.connect_timeout}s"
+            ) from None
+        except socket.gaierror as exc:
+            client.close()
+            raise HostError(f"{where}: unreachable: cannot resolve name ({exc})") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            client.close()
+            raise HostError(f"{where}: unreachable: {exc or type(exc).__name__}") from None
+        transport = client.get_transport()
+        if transport is not None and self.keepalive:
+            transport.set_keepalive(self.keepalive)
+        self._client = client
+        log.debug("connected to %s", where)
+        return self
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> SshHost:
+        return self.connect()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _open_channel(self, command: str, combine_stderr: bool = False) -> paramiko.Channel:
+        self.connect()
+        assert self._client is not None
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostError(f"host {self.name}: connection lost")
+        try:
+            channel = transport.open_session(timeout=self.connect_timeout)
+            channel.set_combine_stderr(combine_stderr)
+            channel.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(f"host {self.name}: cannot start command: {exc}") from None
+        return channel
+
+    def _exec_raw(self, script: str, timeout: float) -> int:
+        """Run a trusted, module-built shell snippet and return its exit status."""
+        channel = self._open_channel(script)
+        try:
+            deadline = time.monotonic() + timeout
+            while not channel.exit_status_ready():
+                if time.monotonic() > deadline:
+                    raise HostError(f"host {self.name}: helper command timed out")
+                while channel.recv_ready():
+                    channel.recv(_CHUNK)
+                while channel.recv_stderr_ready():
+                    channel.recv_stderr(_CHUNK)
+                time.sleep(0.05)
+            return channel.recv_exit_status()
+        finally:
+            channel.close()
+
+    # -- commands --------------------------------------------------------------------------
+    def start(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        combine_stderr: bool = False,
+    ) -> RemoteProcess:
+        """Start ``argv`` on the host and return at once; read with ``output()``."""
+        command = build_command(argv, env)
+        channel = self._open_channel(command, combine_stderr)
+        log.debug("%s: started %s", self.name, shlex.join(argv))
+        return RemoteProcess(self, channel, argv, combine_stderr, self.connect_timeout)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        """Run ``argv`` to completion: ``(exit_code, stdout, stderr)``.
+
+        ``timeout`` defaults to the inventory's ``command_timeout``; past it the command (its
+        whole process group) is killed and :class:`RemoteTimeout` is raised with partial output.
+        """
+        limit = self.command_timeout if timeout is None else timeout
+        proc = self.start(argv, env)
+        try:
+            code = proc.wait(limit)
+        except RemoteTimeout:
+            proc.kill()
+            out = proc.read_stdout().decode(errors="replace")
+            err = proc.stderr.decode(errors="replace")
+            raise RemoteTimeout(
+                f"host {self.name}: {shlex.join(argv)} did not finish within {limit}s; killed",
+                out,
+                err,
+            ) from None
+        out = proc.read_stdout().decode(errors="replace")
+        err = proc.stderr.decode(errors="replace")
+        proc.close()
+        return CommandResult(code, out, err)
