@@ -1,4 +1,4 @@
-"""orchestrate: run GPU benchmark experiment matrices in containers, locally, over SSH or on Slurm."""
+"""orchestrate: run GPU benchmark experiment matrices in containers, locally or over SSH."""
 
 from __future__ import annotations
 

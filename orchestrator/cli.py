@@ -23,7 +23,7 @@ COMMAND_MODULES = ("sweep", "images", "hosts", "maintenance")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="orchestrate",
-        description="Run GPU benchmark experiment matrices: locally, in Docker, over SSH, on Slurm.",
+        description="Run GPU benchmark experiment matrices: locally, in Docker, over SSH.",
     )
     parser.add_argument("--version", action="version", version=f"orchestrate {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -184,6 +184,9 @@ class MatrixSettings(StrictModel):
     timeout_s: Annotated[float, Field(gt=0)] = Field(1800, description="Per-cell timeout.")
     one_cell_per_host: bool = Field(False, description="Never run two cells on a host at once.")
     retries: NonNegativeInt = Field(1, description="Retries of a cell whose host was lost.")
+    hosts: str | None = Field(
+        None, description="Hosts inventory (TOML) for the ssh backend, relative to this file."
+    )
 
 
 class MatrixFile(StrictModel):

@@ -73,6 +73,13 @@ def backend_for(matrix: Matrix, override: str | None) -> str:
     return override or matrix.settings.backend
 
 
+def hosts_file_of(matrix: Matrix) -> Path | None:
+    """``[matrix] hosts``, resolved against the matrix file's folder."""
+    if not matrix.settings.hosts:
+        return None
+    return (matrix.path.parent / matrix.settings.hosts).resolve()
+
+
 def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
     return {
         "matrix": matrix.name,
@@ -91,6 +98,7 @@ def run_sweep(
     results_root: Path = Path("results"),
     events: SweepEvents | None = None,
     cancel: threading.Event | None = None,
+    hosts_file: Path | None = None,
 ) -> SweepOutcome:
     """Run every cell of ``matrix`` and write the run folder. Returns the outcome."""
     events = events or NullEvents()
@@ -113,6 +121,7 @@ def run_sweep(
         timeout_s=matrix.settings.timeout_s,
         output_hook=events.cell_output,
         cancel=cancel or threading.Event(),
+        hosts_file=hosts_file or hosts_file_of(matrix),
     )
     backend = cls(matrix, paths, options)
     cells = list(matrix.cells)

@@ -98,6 +98,8 @@ class RunOptions:
     output_hook: OutputHook | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     poll_interval_s: float = 0.2
+    #: Hosts inventory for remote backends (--hosts, else [matrix] hosts).
+    hosts_file: Path | None = None
 
 
 class Backend(ABC):

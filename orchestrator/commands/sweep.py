@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="results root (default: ./results)")
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                    help="run only matching cells (repeatable; same key: any value)")
+    p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
+                   help="hosts inventory for --backend ssh (default: [matrix] hosts)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     p.set_defaults(handler=cmd_matrix)
 
@@ -198,7 +200,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     try:
         with RichEvents() as events:
             outcome = run_sweep(matrix, backend_name=args.backend, results_root=args.results,
-                                events=events, cancel=cancel)
+                                events=events, cancel=cancel, hosts_file=args.hosts)
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(outcome.table)
