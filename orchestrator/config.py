@@ -257,4 +257,30 @@ def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any]]:
     try:
         return MatrixFile.model_validate(raw), raw
     except ValidationError as exc:
-        raise ConfigError(problems_from_validation(str(path), exc)) from None
+        problems = problems_from_validation(str(path), exc)
+        raise ConfigError(problems + raw_reference_problems(raw, str(path), problems)) from None
+
+
+def raw_reference_problems(
+    raw: dict[str, Any], file: str, already: list[Problem]
+) -> list[Problem]:
+    """Unknown hardware names, found on the raw TOML so type errors don't hide them."""
+    profiles = raw.get("hardware")
+    if not isinstance(profiles, dict):
+        return []
+    places: list[tuple[str, Any]] = []
+    workload, axes = raw.get("workload"), raw.get("axes")
+    if isinstance(workload, dict) and "hardware" in workload:
+        places.append(("workload.hardware", workload["hardware"]))
+    if isinstance(axes, dict) and isinstance(axes.get("hardware"), list):
+        places += [(f"axes.hardware[{i}]", v) for i, v in enumerate(axes["hardware"])]
+    for i, entry in enumerate(raw.get("include") or []):
+        if isinstance(entry, dict) and "hardware" in entry:
+            places.append((f"include[{i}].hardware", entry["hardware"]))
+    known = ", ".join(sorted(profiles)) or "none"
+    seen = {p.field for p in already}
+    return [
+        Problem(file, where, f"unknown hardware profile {value!r}; defined profiles: {known}")
+        for where, value in places
+        if isinstance(value, str) and value not in profiles and where not in seen
+    ]

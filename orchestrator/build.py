@@ -1,0 +1,336 @@
+"""Build images from templates, tagged by a content hash of everything that goes in.
+
+The tag of an image is ``orchestrate/<template>:<12 hex>``, a SHA-256 over the template and
+manifest text, the resolved variables, the base image reference and every build-context file
+(path and bytes, ``workload/`` included). The same inputs give the same tag, so
+:func:`ensure_image` builds only when that tag is missing, and any change rebuilds. A template
+with a parent (``bitfusion`` on ``ngc-pytorch``) builds FROM the parent's content-hash tag, so a
+change in the parent changes both tags; :func:`ensure_image` ensures the parent first.
+
+:func:`plan_image` needs no Docker engine (``--dry-run``, sweep planning).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import re
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from orchestrator import images
+from orchestrator.errors import BackendUnavailable, BuildError, ConfigError
+
+log = logging.getLogger(__name__)
+
+TAG_PREFIX = "orchestrate"
+HASH_LENGTH = 12
+LABEL_TEMPLATE = "org.orchestrate.template"
+LABEL_HASH = "org.orchestrate.content-hash"
+LOG_TAIL_LINES = 20
+
+NO_ENGINE_HINT = (
+    "start one with `dockerd >/tmp/dockerd.log 2>&1 &` (or tests/infra/start-dockerd.sh), "
+    "set DOCKER_HOST to a reachable engine, or run without containers: `--backend process`"
+)
+
+_STEP_RE = re.compile(r"^Step (\d+/\d+) : (.*)$")
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """What would be built: template, resolved variables, base image, content-hash tag."""
+
+    template: str
+    values: dict[str, Any]
+    base_image: str
+    tag: str
+    content_hash: str
+    kind: str = "dockerfile"
+    parent: ImagePlan | None = None
+    workload_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """Result of :func:`ensure_image`: the tag, whether it was built now, and how long it took."""
+
+    tag: str
+    built: bool
+    seconds: float
+    parent: BuildOutcome | None = None
+
+
+@dataclass(frozen=True)
+class Release:
+    """One NGC PyTorch container release."""
+
+    name: str
+    cuda: str
+    min_driver: str
+    forward_compat: tuple[str, ...] = ()
+
+    @property
+    def base_tag(self) -> str:
+        """The image tag of this release, e.g. ``24.05-py3``."""
+        return f"{self.name}-py3"
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def plan_image(
+    name: str, values: dict[str, Any] | None = None, *, workload_dir: Path | None = None
+) -> ImagePlan:
+    """Resolve template ``name`` with ``values`` into an :class:`ImagePlan`. Needs no Docker.
+
+    If the template has a parent whose variable is left empty, the parent is planned first (with
+    the forwarded variables) and its content-hash tag becomes this image's base.
+    """
+    template = images.load_template(name)
+    resolved = images.resolve_vars(name, values)
+    parent_plan: ImagePlan | None = None
+    if template.parent and not resolved.get(template.parent.variable):
+        forwarded = {k: resolved[k] for k in template.parent.forward}
+        parent_plan = plan_image(template.parent.template, forwarded, workload_dir=workload_dir)
+        resolved[template.parent.variable] = parent_plan.tag
+    base = images.base_image_ref(name, resolved)
+    files = images.context_files(name, resolved, workload_dir=workload_dir)
+    # File variables are hashed by their bytes (in ``files``) and context name, not host path.
+    digest = content_hash(template, images.template_context(name, resolved), base, files)
+    tag = f"{TAG_PREFIX}/{name}:{digest[:HASH_LENGTH]}"
+    log.debug("planned %s -> %s (base %s)", name, tag, base)
+    return ImagePlan(
+        template=name,
+        values=resolved,
+        base_image=base,
+        tag=tag,
+        content_hash=digest,
+        kind=template.kind,
+        parent=parent_plan,
+        workload_dir=workload_dir,
+    )
+
+
+def content_hash(
+    template: images.Template, values: dict[str, Any], base: str, files: dict[str, bytes]
+) -> str:
+    """SHA-256 hex digest over everything that goes into an image."""
+    h = hashlib.sha256()
+
+    def put(label: str, data: bytes) -> None:
+        h.update(label.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
+
+    put("template-name", template.name.encode())
+    put("manifest", template.manifest_text.encode())
+    put("template", template.text.encode())
+    put("variables", json.dumps(values, sort_keys=True, default=str).encode())
+    put("base", base.encode())
+    for rel, data in sorted(files.items()):
+        put(f"file:{rel}", data)
+    return h.hexdigest()
+
+
+def plan_chain(plan: ImagePlan) -> list[ImagePlan]:
+    """The plan and its parents, outermost parent first (the order to build in)."""
+    chain: list[ImagePlan] = []
+    node: ImagePlan | None = plan
+    while node is not None:
+        chain.append(node)
+        node = node.parent
+    return list(reversed(chain))
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def docker_api(client: Any = None) -> Any:
+    """A low-level ``docker.APIClient`` that answers, or :class:`BackendUnavailable`.
+
+    ``client`` may be an ``APIClient``, a ``DockerClient`` (its ``.api`` is used) or None (from
+    the environment: DOCKER_HOST etc., API version negotiated).
+    """
+    import docker  # imported late: planning and rendering need no Docker SDK at all
+
+    if client is not None:
+        return getattr(client, "api", client)
+    try:
+        api = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+        api.ping()
+    except Exception as exc:  # DockerException, requests' ConnectionError, socket errors
+        raise BackendUnavailable(f"no Docker engine reachable ({exc}); {NO_ENGINE_HINT}") from exc
+    return api
+
+
+def image_exists(api: Any, tag: str) -> bool:
+    """Whether ``tag`` exists in the engine behind ``api``."""
+    import docker
+
+    try:
+        api.inspect_image(tag)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def ensure_image(
+    plan: ImagePlan,
+    client: Any = None,
+    on_log: Callable[[str], None] | None = None,
+) -> BuildOutcome:
+    """Make sure ``plan.tag`` exists locally, building it (parents first) only when missing.
+
+    Build log lines stream to ``on_log``. A failing build raises :class:`BuildError` naming the
+    step and the last log lines; no reachable engine raises :class:`BackendUnavailable`.
+    """
+    if plan.kind != "dockerfile":
+        raise BuildError(
+            f"template {plan.template} is a {plan.kind} definition: render it with "
+            f"`orchestrate images render {plan.template} --out DIR` and build the .sif there "
+            "with `apptainer build` (or `singularity build`)"
+        )
+    api = docker_api(client)
+    parent_outcome = ensure_image(plan.parent, api, on_log) if plan.parent else None
+    start = time.monotonic()
+    if image_exists(api, plan.tag):
+        log.info("image %s is up to date", plan.tag)
+        return BuildOutcome(plan.tag, False, time.monotonic() - start, parent_outcome)
+    with tempfile.TemporaryDirectory(prefix=f"orchestrate-{plan.template}-") as tmp:
+        images.render_context(plan.template, plan.values, tmp, workload_dir=plan.workload_dir)
+        _build(api, plan, tmp, on_log)
+    seconds = time.monotonic() - start
+    log.info("built %s in %.1f s", plan.tag, seconds)
+    return BuildOutcome(plan.tag, True, seconds, parent_outcome)
+
+
+def _build(
+    api: Any, plan: ImagePlan, context_dir: str, on_log: Callable[[str], None] | None
+) -> None:
+    import docker
+
+    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    step = "(before the first step)"
+
+    def emit(line: str) -> None:
+        tail.append(line)
+        log.debug("%s | %s", plan.tag, line)
+        if on_log is not None:
+            on_log(line)
+
+    log.info("building %s from template %s (base %s)", plan.tag, plan.template, plan.base_image)
+    try:
+        stream = api.build(
+            path=context_dir,
+            tag=plan.tag,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+            labels={LABEL_TEMPLATE: plan.template, LABEL_HASH: plan.content_hash},
+        )
+        for chunk in stream:
+            text = chunk.get("stream") or chunk.get("status") or ""
+            for line in text.splitlines():
+                line = line.rstrip()
+                if not line:
+                    continue
+                match = _STEP_RE.match(line)
+                if match:
+                    step = f"step {match.group(1)}: {match.group(2)}"
+                emit(line)
+            if "error" in chunk or "errorDetail" in chunk:
+                detail = chunk.get("errorDetail") or {}
+                message = str(chunk.get("error") or detail.get("message") or "unknown error")
+                emit(message)
+                raise BuildError(_failure_message(plan, step, message, tail))
+    except docker.errors.APIError as exc:
+        raise BuildError(_failure_message(plan, step, exc.explanation or str(exc), tail)) from exc
+    if not image_exists(api, plan.tag):
+        raise BuildError(_failure_message(plan, step, "the engine reported no image", tail))
+
+
+def _failure_message(plan: ImagePlan, step: str, message: str, tail: collections.deque[str]) -> str:
+    lines = [f"building {plan.tag} (template {plan.template}) failed at {step}: {message.strip()}"]
+    if tail:
+        lines.append(f"last {len(tail)} log lines:")
+        lines += [f"  {line}" for line in tail]
+    return "\n".join(lines)
+
+
+def local_tags(client: Any = None) -> dict[str, list[str]]:
+    """Content-hash tags that exist locally, by template name (needs an engine)."""
+    api = docker_api(client)
+    found: dict[str, list[str]] = {}
+    for image in api.images(filters={"label": LABEL_TEMPLATE}):
+        template = (image.get("Labels") or {}).get(LABEL_TEMPLATE, "")
+        for tag in image.get("RepoTags") or []:
+            if tag.startswith(f"{TAG_PREFIX}/"):
+                found.setdefault(template, []).append(tag)
+    return {k: sorted(v) for k, v in sorted(found.items())}
+
+
+# --------------------------------------------------------------------------- NGC releases
+
+_DRIVER_RE = re.compile(r"^\d+(\.\d+){0,2}$")
+
+
+def _driver_key(driver: str) -> tuple[int, ...]:
+    parts = tuple(int(p) for p in driver.split("."))
+    return parts + (0,) * (3 - len(parts))
+
+
+def load_releases() -> list[Release]:
+    """NGC PyTorch releases from ``orchestrator/data/ngc_releases.toml``, oldest first."""
+    text = resources.files("orchestrator").joinpath("data/ngc_releases.toml").read_text("utf-8")
+    raw = tomllib.loads(text)["releases"]
+    releases = [
+        Release(
+            name,
+            spec["cuda"],
+            spec["min_driver"],
+            tuple(spec.get("forward_compat", ())),
+        )
+        for name, spec in raw.items()
+    ]
+    return sorted(releases, key=lambda r: tuple(int(p) for p in r.name.split(".")))
+
+
+def resolve_release(driver: str, *, datacenter: bool = False) -> Release:
+    """The newest NGC PyTorch release whose minimum driver is <= ``driver`` (e.g. "535.129.03").
+
+    With ``datacenter=True``, releases usable through CUDA forward compatibility count too
+    (the driver is at or above a listed version of the same branch). A malformed driver string
+    or one older than every release is a :class:`ConfigError`.
+    """
+    text = driver.strip()
+    if not _DRIVER_RE.match(text):
+        raise ConfigError(
+            f"malformed driver version {driver!r}; expected e.g. 535.129.03 "
+            "(see `nvidia-smi --query-gpu=driver_version --format=csv,noheader`)",
+            file="--driver",
+        )
+    have = _driver_key(text)
+    releases = load_releases()
+    for release in reversed(releases):
+        if have >= _driver_key(release.min_driver):
+            return release
+        if datacenter and any(
+            have[0] == _driver_key(fc)[0] and have >= _driver_key(fc)
+            for fc in release.forward_compat
+        ):
+            return release
+    oldest = releases[0]
+    raise ConfigError(
+        f"driver {text} is older than every known NGC PyTorch release (the oldest, "
+        f"{oldest.name}, needs >= {oldest.min_driver}); upgrade the driver or set base_tag "
+        "explicitly",
+        file="--driver",
+    )

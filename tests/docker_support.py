@@ -1,0 +1,141 @@
+"""Pytest fixtures: a real Docker engine and a locally made base image.
+
+* ``docker_client``: a ``docker.DockerClient`` for the engine (DOCKER_HOST or the local socket).
+  Without a reachable engine the test is skipped with the reason shown, unless ``CI=true``: then
+  it fails, because CI must start dockerd (``tests/infra/start-dockerd.sh``).
+* ``base_image``: the reference of a local stand-in for the NGC base image (Debian bookworm,
+  python3, torch + torchvision), made once per session by ``tests/infra/make-base-image.sh``
+  (a no-op when it exists; CI should run the script before pytest, it takes a few minutes).
+  ``ORCHESTRATE_TEST_BASE_IMAGE`` overrides the name.
+* ``bitfusion_files``: a stand-in Bitfusion client .deb and a dummy CA certificate.
+
+Register with ``pytest_plugins = ["docker_support"]`` (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+INFRA = Path(__file__).resolve().parent / "infra"
+DEFAULT_BASE_IMAGE = "orchestrate-test/base:bookworm-torch2.14.1"
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[object]:
+    """A DockerClient that answers ping; skip (or fail under CI=true) without an engine."""
+    try:
+        import docker
+    except ImportError:  # pragma: no cover - docker is a dependency
+        _unavailable("the docker Python SDK is not installed")
+    try:
+        client = docker.from_env(version="auto")
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "no engine"
+        _unavailable(
+            f"no Docker engine reachable ({type(exc).__name__}: {exc}); "
+            "start one with tests/infra/start-dockerd.sh"
+        )
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client: object) -> str:
+    """A local base image standing in for nvcr.io's (made once; see make-base-image.sh)."""
+    ref = os.environ.get("ORCHESTRATE_TEST_BASE_IMAGE", DEFAULT_BASE_IMAGE)
+    proc = subprocess.run(
+        ["bash", str(INFRA / "make-base-image.sh"), ref],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"make-base-image.sh {ref} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return ref
+
+
+@pytest.fixture(scope="session")
+def bitfusion_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(client .deb, CA certificate) to build the Bitfusion image with.
+
+    The real Bitfusion client is proprietary and cannot be downloaded here, so the .deb is a
+    stand-in built now: package ``bitfusion-client-standin`` providing ``/usr/bin/bitfusion``, a
+    shell script that skips its own options up to ``--`` and runs the rest
+    (``bitfusion run -n 1 -- python3 ...`` runs ``python3 ...`` locally). The certificate is a
+    freshly generated self-signed one (a dummy CA), or fixed placeholder text without openssl.
+    """
+    if not shutil.which("dpkg-deb"):
+        _unavailable("dpkg-deb not found (apt-get install -y dpkg)")
+    root = tmp_path_factory.mktemp("bitfusion")
+    pkg = root / "pkg"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "usr" / "bin").mkdir(parents=True)
+    (pkg / "DEBIAN" / "control").write_text(
+        textwrap.dedent(
+            """\
+            Package: bitfusion-client-standin
+            Version: 0.0.1
+            Architecture: all
+            Maintainer: orchestrate tests <tests@example.invalid>
+            Description: stand-in for the proprietary VMware Bitfusion client (tests only)
+             Runs the command after "--" locally.
+            """
+        )
+    )
+    script = pkg / "usr" / "bin" / "bitfusion"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            #!/bin/sh
+            # Stand-in for the proprietary Bitfusion client: run the command after "--".
+            while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done
+            [ "$#" -gt 0 ] && shift
+            exec "$@"
+            """
+        )
+    )
+    script.chmod(0o755)
+    deb = root / "bitfusion-client-standin_0.0.1_all.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "--build", str(pkg), str(deb)],
+        check=True,
+        capture_output=True,
+    )
+    cert = root / "bitfusion-ca.crt"
+    if shutil.which("openssl"):
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=orchestrate test Bitfusion CA",
+                "-keyout",
+                str(root / "ca.key"),
+                "-out",
+                str(cert),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    else:
+        cert.write_text("-----BEGIN CERTIFICATE-----\nZHVtbXk=\n-----END CERTIFICATE-----\n")
+    return deb, cert

@@ -1,0 +1,389 @@
+"""Image builds: content-hash tags, planning, NGC release resolution, and real Docker builds.
+
+Tests marked ``docker`` talk to a real engine (see tests/docker_support.py); they build on a local
+Debian + torch base image that stands in for nvcr.io's, since no registry is reachable here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from orchestrator import build, cli, images
+from orchestrator.errors import BackendUnavailable, BuildError, ConfigError
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def workload(tmp_path: Path) -> Path:
+    """A private copy of the repository's workload/ (so tests may change it) plus a marker."""
+    target = tmp_path / "workload"
+    shutil.copytree(
+        images.WORKLOAD_DIR, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    (target / "orchestrate_test_marker.py").write_text("MARKER = 'inside'\n")
+    return target
+
+
+@pytest.fixture
+def bitfusion_stub_files(tmp_path: Path) -> dict[str, str]:
+    deb = tmp_path / "client.deb"
+    deb.write_bytes(b"not really a deb")
+    cert = tmp_path / "ca.crt"
+    cert.write_text("dummy")
+    return {"client_deb": str(deb), "ca_cert": str(cert)}
+
+
+# --------------------------------------------------------------------------- planning (no Docker)
+
+
+def test_plan_is_stable_and_tag_has_12_hex(workload: Path) -> None:
+    first = build.plan_image("ngc-pytorch", {}, workload_dir=workload)
+    second = build.plan_image("ngc-pytorch", {}, workload_dir=workload)
+    assert first == second
+    repo, _, digest = first.tag.partition(":")
+    assert repo == "orchestrate/ngc-pytorch"
+    assert len(digest) == 12 and int(digest, 16) >= 0
+    assert first.content_hash.startswith(digest)
+    assert first.base_image == "nvcr.io/nvidia/pytorch:24.05-py3"
+    assert first.values["base_tag"] == "24.05-py3"  # resolved: defaults included
+
+
+def test_tag_changes_with_workload_variables_and_base(workload: Path) -> None:
+    tag = build.plan_image("ngc-pytorch", {}, workload_dir=workload).tag
+    (workload / "orchestrate_test_marker.py").write_text("MARKER = 'changed'\n")
+    changed_file = build.plan_image("ngc-pytorch", {}, workload_dir=workload).tag
+    (workload / "new_module.py").write_text("")
+    added_file = build.plan_image("ngc-pytorch", {}, workload_dir=workload).tag
+    variable = build.plan_image(
+        "ngc-pytorch", {"apt_packages": ["numactl"]}, workload_dir=workload
+    ).tag
+    base = build.plan_image("ngc-pytorch", {"base_tag": "23.10-py3"}, workload_dir=workload).tag
+    assert len({tag, changed_file, added_file, variable, base}) == 5
+
+
+def test_bytecode_caches_do_not_change_the_tag(workload: Path) -> None:
+    tag = build.plan_image("ngc-pytorch", {}, workload_dir=workload).tag
+    (workload / "__pycache__").mkdir(exist_ok=True)
+    (workload / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0\1")
+    assert build.plan_image("ngc-pytorch", {}, workload_dir=workload).tag == tag
+
+
+def test_bitfusion_builds_on_the_ngc_content_hash_tag(
+    workload: Path, bitfusion_stub_files: dict[str, str]
+) -> None:
+    plan = build.plan_image("bitfusion", bitfusion_stub_files, workload_dir=workload)
+    parent = build.plan_image("ngc-pytorch", {}, workload_dir=workload)
+    assert plan.parent == parent
+    assert plan.base_image == parent.tag
+    assert plan.values["parent_image"] == parent.tag
+    assert [p.template for p in build.plan_chain(plan)] == ["ngc-pytorch", "bitfusion"]
+
+    # A change in the parent's inputs changes both tags.
+    other = build.plan_image(
+        "bitfusion", {**bitfusion_stub_files, "base_tag": "23.10-py3"}, workload_dir=workload
+    )
+    assert other.parent is not None and other.parent.tag != parent.tag
+    assert other.tag != plan.tag
+
+    # So does a change in the client package.
+    Path(bitfusion_stub_files["client_deb"]).write_bytes(b"another client")
+    assert build.plan_image("bitfusion", bitfusion_stub_files, workload_dir=workload).tag != (
+        plan.tag
+    )
+
+    # An explicit parent image means no parent plan.
+    pinned = build.plan_image(
+        "bitfusion",
+        {**bitfusion_stub_files, "parent_image": "lab/pytorch:1"},
+        workload_dir=workload,
+    )
+    assert pinned.parent is None and pinned.base_image == "lab/pytorch:1"
+
+
+def test_singularity_is_planned_but_not_built_by_docker(workload: Path) -> None:
+    plan = build.plan_image("singularity", {}, workload_dir=workload)
+    assert plan.kind == "singularity"
+    with pytest.raises(BuildError, match="apptainer build"):
+        build.ensure_image(plan, client=object())
+
+
+def test_no_engine_is_backend_unavailable(
+    workload: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such-docker.sock")
+    plan = build.plan_image("ngc-pytorch", {}, workload_dir=workload)
+    with pytest.raises(BackendUnavailable) as err:
+        build.ensure_image(plan)
+    message = str(err.value)
+    assert "dockerd" in message and "--backend process" in message
+
+
+# --------------------------------------------------------------------------- NGC releases
+
+
+@pytest.mark.parametrize(
+    ("driver", "release"),
+    [
+        ("520.61.05", "22.12"),
+        ("525.147.05", "23.02"),
+        ("535.104.05", "23.10"),
+        ("535.129.03", "23.10"),
+        ("535.86.10", "23.09"),
+        ("545.23.08", "24.02"),
+        ("550.54.15", "24.05"),
+        ("555.42.06", "24.07"),
+        ("560.35.03", "24.10"),
+        ("570.86.15", "24.10"),
+        ("550", "24.02"),  # 550.0.0 is below 550.54.14
+    ],
+)
+def test_resolve_release_picks_newest_supported(driver: str, release: str) -> None:
+    assert build.resolve_release(driver).name == release
+
+
+def test_release_data_is_consistent() -> None:
+    releases = build.load_releases()
+    names = [r.name for r in releases]
+    assert names[0] == "22.12" and names[-1] == "24.10" and "23.05" in names
+    by_name = {r.name: r for r in releases}
+    assert by_name["22.12"].cuda == "11.8.0" and by_name["22.12"].min_driver.startswith("520")
+    assert by_name["23.10"].cuda.startswith("12.2") and by_name["23.10"].min_driver.startswith(
+        "535"
+    )
+    # A newer release never needs an older driver.
+    keys = [build._driver_key(r.min_driver) for r in releases]
+    assert keys == sorted(keys)
+
+
+def test_datacenter_forward_compat() -> None:
+    assert build.resolve_release("535.161.08").name == "23.10"
+    assert build.resolve_release("535.161.08", datacenter=True).name == "24.10"
+    assert build.resolve_release("470.57.02", datacenter=True).name == "24.10"
+    assert build.resolve_release("515.65.01", datacenter=True).name == "22.12"
+
+
+@pytest.mark.parametrize("driver", ["", "abc", "535.x", "5 35", "-1"])
+def test_malformed_driver(driver: str) -> None:
+    with pytest.raises(ConfigError, match="malformed driver version"):
+        build.resolve_release(driver)
+
+
+def test_too_old_driver() -> None:
+    with pytest.raises(ConfigError, match="older than every known NGC PyTorch release"):
+        build.resolve_release("470.82.01")
+
+
+# --------------------------------------------------------------------------- CLI (no Docker)
+
+
+def test_cli_dry_run_resolves_release_from_driver(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["images", "build", "ngc-pytorch", "--driver", "535.129.03", "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "23.10" in out and "CUDA 12.2.2" in out
+    assert "nvcr.io/nvidia/pytorch:23.10-py3" in out
+    assert "orchestrate/ngc-pytorch:" in out
+
+
+def test_cli_driver_and_base_tag_conflict(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(
+        [
+            "images",
+            "build",
+            "ngc-pytorch",
+            "--driver",
+            "550.54.15",
+            "--set",
+            "base_tag=x",
+            "--dry-run",
+        ]
+    )
+    assert code == 2
+    assert "either --driver or --set base_tag" in capsys.readouterr().err
+
+
+def test_cli_unknown_variable_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["images", "build", "ngc-pytorch", "--set", "bse_tag=1", "--dry-run"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "bse_tag" in err and "known: " in err and "Traceback" not in err
+
+
+def test_cli_render_writes_context(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ctx"
+    code = cli.main(["images", "render", "habana", "--set", "lazy_mode=false", "--out", str(out)])
+    assert code == 0
+    assert "PT_HPU_LAZY_MODE=0" in (out / "Dockerfile").read_text()
+    assert (out / "workload").is_dir()
+
+
+def test_cli_list_without_engine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such-docker.sock")
+    assert cli.main(["images", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in images.template_names():
+        assert name in out
+    assert "base_tag" in out and "no Docker engine reachable" in out
+
+
+# --------------------------------------------------------------------------- real Docker builds
+
+
+@pytest.fixture
+def built_tags(docker_client: Any) -> Iterator[list[str]]:
+    """Tags a test builds; removed afterwards so every run builds from scratch."""
+    tags: list[str] = []
+    yield tags
+    for tag in reversed(tags):
+        with contextlib.suppress(docker.errors.ImageNotFound):  # already gone is fine
+            docker_client.images.remove(tag, force=True)
+
+
+def _fresh(docker_client: Any, plan: build.ImagePlan, tags: list[str]) -> None:
+    """Forget any earlier build of ``plan`` (and its parents), and remember to clean up."""
+    for node in build.plan_chain(plan):
+        tags.append(node.tag)
+        with contextlib.suppress(docker.errors.ImageNotFound):  # not there: fine
+            docker_client.images.remove(node.tag, force=True)
+
+
+def _run(docker_client: Any, tag: str, command: list[str]) -> str:
+    output = docker_client.containers.run(tag, command, remove=True, network_disabled=True)
+    return output.decode()
+
+
+@pytest.mark.docker
+def test_build_ngc_pytorch_on_local_base(
+    docker_client: Any, base_image: str, workload: Path, built_tags: list[str]
+) -> None:
+    plan = build.plan_image("ngc-pytorch", {"base_image": base_image}, workload_dir=workload)
+    assert plan.base_image == base_image
+    _fresh(docker_client, plan, built_tags)
+
+    lines: list[str] = []
+    first = build.ensure_image(plan, client=docker_client, on_log=lines.append)
+    assert first.built and first.tag == plan.tag
+    assert any(line.startswith("Step 1/") for line in lines)
+
+    start = time.monotonic()
+    second = build.ensure_image(plan, client=docker_client, on_log=lines.append)
+    assert not second.built and time.monotonic() - start < 5
+
+    image = docker_client.images.get(plan.tag)
+    assert image.labels[build.LABEL_HASH] == plan.content_hash
+    assert plan.tag in build.local_tags(docker_client).get("ngc-pytorch", [])
+
+    out = _run(
+        docker_client,
+        plan.tag,
+        [
+            "python3",
+            "-c",
+            "import workload, workload.orchestrate_test_marker as m; "
+            "print(list(workload.__path__)[0]); print(m.MARKER)",
+        ],
+    )
+    assert out.split() == ["/opt/orchestrate/workload", "inside"]
+
+    # A change in the workload gives a new tag, which is then missing: a rebuild.
+    (workload / "orchestrate_test_marker.py").write_text("MARKER = 'changed'\n")
+    changed = build.plan_image("ngc-pytorch", {"base_image": base_image}, workload_dir=workload)
+    assert changed.tag != plan.tag
+    _fresh(docker_client, changed, built_tags)
+    assert build.ensure_image(changed, client=docker_client).built
+    assert (
+        _run(
+            docker_client,
+            changed.tag,
+            ["python3", "-c", "import workload.orchestrate_test_marker as m; print(m.MARKER)"],
+        ).strip()
+        == "changed"
+    )
+
+
+@pytest.mark.docker
+def test_failing_build_names_the_step(
+    docker_client: Any,
+    base_image: str,
+    workload: Path,
+    built_tags: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = tmp_path / "images"
+    (root / "broken").mkdir(parents=True)
+    (root / "broken" / "template.toml").write_text(
+        'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "{{ base_image }}"\n'
+        '[variables.base_image]\ntype = "str"\ndefault = ""\n'
+    )
+    (root / "broken" / "Dockerfile.j2").write_text(
+        "FROM {{ base }}\nRUN echo preparing\nRUN echo about to fail && exit 3\nRUN echo never\n"
+    )
+    monkeypatch.setattr(images, "IMAGES_DIR", root)
+    plan = build.plan_image("broken", {"base_image": base_image}, workload_dir=workload)
+    _fresh(docker_client, plan, built_tags)
+    with pytest.raises(BuildError) as err:
+        build.ensure_image(plan, client=docker_client)
+    message = str(err.value)
+    # The engine appends the label instructions as extra steps, so the total is not fixed.
+    assert re.search(r"failed at step 3/\d+: RUN echo about to fail && exit 3", message)
+    assert "about to fail" in message.split("last ")[1]  # the log tail is included
+    assert "returned a non-zero code: 3" in message
+
+
+@pytest.mark.docker
+def test_bitfusion_image_on_top_of_ngc(
+    docker_client: Any,
+    base_image: str,
+    workload: Path,
+    built_tags: list[str],
+    bitfusion_files: tuple[Path, Path],
+) -> None:
+    # bitfusion_files: a stand-in client .deb (the real client is proprietary) + a dummy CA.
+    deb, cert = bitfusion_files
+    values = {"base_image": base_image, "client_deb": str(deb), "ca_cert": str(cert)}
+    plan = build.plan_image("bitfusion", values, workload_dir=workload)
+    assert plan.parent is not None and plan.base_image == plan.parent.tag
+    _fresh(docker_client, plan, built_tags)
+
+    outcome = build.ensure_image(plan, client=docker_client)
+    assert outcome.built and outcome.parent is not None and outcome.parent.built
+    again = build.ensure_image(plan, client=docker_client)
+    assert not again.built and again.parent is not None and not again.parent.built
+
+    out = _run(
+        docker_client,
+        plan.tag,
+        [
+            "sh",
+            "-c",
+            "bitfusion run -n 1 -- python3 -c 'import workload.orchestrate_test_marker as m; "
+            "print(m.MARKER)' && cat /etc/bitfusion/tls/ca.crt",
+        ],
+    )
+    assert out.startswith("inside\n")
+    assert cert.read_text().strip() in out
+
+
+def test_file_variables_hash_by_content_not_host_path(
+    workload: Path, bitfusion_stub_files: dict[str, str], tmp_path: Path
+) -> None:
+    plan = build.plan_image("bitfusion", bitfusion_stub_files, workload_dir=workload)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    moved = {}
+    for key, path in bitfusion_stub_files.items():
+        moved[key] = str(shutil.copy(path, elsewhere / Path(path).name))
+    assert build.plan_image("bitfusion", moved, workload_dir=workload).tag == plan.tag

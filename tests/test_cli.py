@@ -1,0 +1,109 @@
+"""The CLI: help, version, plan, validate, schema, dry run, and clear errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import __version__
+from orchestrator.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def orchestrate(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run the real console entry point in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+        cwd=cwd, timeout=120,
+    )
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"orchestrate {__version__}"
+
+
+@pytest.mark.parametrize("command", [
+    [], ["matrix"], ["plan"], ["validate"], ["schema"], ["report"], ["images"],
+    ["images", "render"], ["images", "build"], ["images", "list"], ["hosts", "check"],
+    ["clean"], ["backends"],
+])
+def test_help_for_every_command(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--help"])
+    assert info.value.code == 0
+    assert "usage: orchestrate" in capsys.readouterr().out
+
+
+def test_plan_json_lists_every_cell():
+    proc = orchestrate("plan", "matrices/v100_scaling.toml", "--json")
+    assert proc.returncode == 0, proc.stderr
+    cells = json.loads(proc.stdout)
+    assert len(cells) == 40
+    assert {"id", "params", "hash", "repeat", "group"} <= set(cells[0])
+    assert cells[0]["params"]["batch_size"] == 128
+    assert sorted({c["params"]["gpus"] for c in cells}) == [1, 2, 4, 8]
+
+
+def test_plan_table_and_only(capsys):
+    assert main(["plan", "matrices/v100_scaling.toml", "--only", "gpus=8", "--only",
+                 "precision=amp"]) == 0
+    out = capsys.readouterr().out
+    assert "v100_scaling: 5 cells" in out
+    assert "v100-g8-bs128-amp-r5" in out and "fp32" not in out.split("\n", 2)[2]
+
+
+def test_validate_ok(capsys):
+    assert main(["validate", "matrices/gaudi.toml"]) == 0
+    assert "ok (24 cells)" in capsys.readouterr().out
+
+
+def test_validate_reports_every_problem_exit_2_no_traceback(write_matrix):
+    path = write_matrix("""
+        [matrix]
+        repeats = 0
+        [axes]
+        hardware = ["cpu", "h100"]
+        gpus = [0]
+        batch_size = [-8]
+    """)
+    proc = orchestrate("validate", str(path))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert f"{path}: matrix.repeats" in proc.stderr
+    assert f"{path}: axes.gpus[0]" in proc.stderr
+    assert f"{path}: axes.batch_size[0]" in proc.stderr
+    assert "4 problems" in proc.stderr
+
+
+def test_missing_file_and_bad_backend_are_clean_errors(tmp_path):
+    proc = orchestrate("plan", str(tmp_path / "nope.toml"))
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = orchestrate("matrix", "matrices/cpu_smoke.toml", "--backend", "k8s", "--results",
+                       str(tmp_path))
+    assert proc.returncode == 2 and "unknown backend 'k8s'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_schema_is_json_schema(capsys):
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["title"] == "orchestrate matrix file"
+    assert {"matrix", "workload", "axes", "zip", "include", "exclude", "hardware"} <= set(
+        schema["properties"])
+
+
+def test_dry_run_runs_nothing(tmp_path, capsys):
+    assert main(["matrix", "matrices/cpu_smoke.toml", "--results", str(tmp_path),
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu_smoke: 8 cells" in out and "dry run: would run 8 cells" in out
+    assert list(tmp_path.iterdir()) == []

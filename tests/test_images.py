@@ -1,0 +1,241 @@
+"""Image templates: golden renders, variable checking, --set parsing, build contexts.
+
+Golden files live in tests/golden/<template>-{defaults,overrides}.<ext>; run with
+UPDATE_GOLDEN=1 to rewrite them after an intended template change (then review the diff).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import images
+from orchestrator.errors import BuildError, ConfigError
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+#: The bitfusion template's parent_image default is empty ("use the ngc-pytorch content-hash
+#: tag", resolved by the build plan, not by the pure renderer), so its goldens pin one.
+PARENT = "orchestrate/ngc-pytorch:0123456789ab"
+
+CASES: dict[str, dict[str, dict[str, Any]]] = {
+    "ngc-pytorch": {
+        "defaults": {},
+        "overrides": {
+            "base_image": "registry.lab.example/nvidia/pytorch:23.10-py3",
+            "install_dir": "/srv/bench",
+            "apt_packages": ["numactl", "infiniband-diags"],
+            "pip_packages": ["nvidia-ml-py"],
+        },
+    },
+    "bitfusion": {
+        "defaults": {"parent_image": PARENT},
+        "overrides": {
+            "parent_image": PARENT,
+            "client_deb": "/opt/bitfusion/bitfusion-client-ubuntu2204_5.0.1-2_amd64.deb",
+            "ca_cert": "/etc/pki/bitfusion/ca.pem",
+            "bitfusion_dir": "/etc/bf",
+        },
+    },
+    "habana": {
+        "defaults": {},
+        "overrides": {
+            "synapse_version": "1.17.1",
+            "torch_version": "2.3.1",
+            "lazy_mode": False,
+            "install_dir": "/srv/bench",
+        },
+    },
+    "singularity": {
+        "defaults": {},
+        "overrides": {
+            "bootstrap": "docker-daemon",
+            "base_image": PARENT,
+            "threads": 8,
+        },
+    },
+}
+
+
+def _golden_path(name: str, case: str) -> Path:
+    ext = {"dockerfile": "Dockerfile", "singularity": "def"}[images.load_template(name).kind]
+    return GOLDEN / f"{name}-{case}.{ext}"
+
+
+def test_every_template_has_golden_cases() -> None:
+    assert sorted(CASES) == images.template_names()
+
+
+@pytest.mark.parametrize(
+    ("name", "case"), [(n, c) for n in sorted(CASES) for c in ("defaults", "overrides")]
+)
+def test_render_matches_golden(name: str, case: str) -> None:
+    text = images.render_text(name, CASES[name][case])
+    path = _golden_path(name, case)
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8")
+
+
+def test_overrides_reach_the_output() -> None:
+    text = images.render_text("ngc-pytorch", {"base_tag": "23.10-py3"})
+    assert "FROM nvcr.io/nvidia/pytorch:23.10-py3\n" in text
+    habana = images.render_text("habana", {"synapse_version": "1.17.1", "torch_version": "2.3.1"})
+    assert (
+        "FROM vault.habana.ai/gaudi-docker/1.17.1/ubuntu22.04/habanalabs/"
+        "pytorch-installer-2.3.1:latest" in habana
+    )
+
+
+def test_unknown_template_lists_known_ones() -> None:
+    with pytest.raises(ConfigError) as err:
+        images.load_template("ngc-pytroch")
+    message = str(err.value)
+    assert "unknown image template 'ngc-pytroch'" in message
+    for name in ("bitfusion", "habana", "ngc-pytorch", "singularity"):
+        assert name in message
+
+
+def test_check_vars_reports_unknown_and_wrong_types() -> None:
+    messages = images.check_vars(
+        "ngc-pytorch", {"bse_tag": "23.10-py3", "apt_packages": "git", "base_tag": 23}
+    )
+    assert len(messages) == 3
+    assert messages[0].startswith("unknown template variable 'bse_tag' for ngc-pytorch; known: ")
+    assert "base_tag" in messages[0] and "apt_packages" in messages[0]
+    assert "'apt_packages'" in messages[1] and "expected list of strings" in messages[1]
+    assert "'base_tag'" in messages[2] and "expected str" in messages[2]
+    assert images.check_vars("habana", {"lazy_mode": False}) == []
+    assert images.check_vars("singularity", {"threads": True}) != []  # a bool is not an int
+
+
+def test_render_with_bad_values_raises_config_error_with_every_problem() -> None:
+    with pytest.raises(ConfigError) as err:
+        images.render_text("ngc-pytorch", {"bse_tag": "x", "install_dir": 3})
+    assert len(err.value.problems) == 2
+
+
+def test_coerce_set_parses_by_declared_type() -> None:
+    assert images.coerce_set("singularity", ["threads=4", "bootstrap=docker-daemon"]) == {
+        "threads": 4,
+        "bootstrap": "docker-daemon",
+    }
+    assert images.coerce_set("habana", ["lazy_mode=no"]) == {"lazy_mode": False}
+    assert images.coerce_set("habana", ["lazy_mode=TRUE"]) == {"lazy_mode": True}
+    assert images.coerce_set("ngc-pytorch", ["apt_packages=git, numactl", "pip_packages="]) == {
+        "apt_packages": ["git", "numactl"],
+        "pip_packages": [],
+    }
+    # '=' inside the value is kept
+    assert images.coerce_set("ngc-pytorch", ["base_image=a/b:c=d"]) == {"base_image": "a/b:c=d"}
+
+
+def test_coerce_set_reports_every_problem() -> None:
+    with pytest.raises(ConfigError) as err:
+        images.coerce_set("singularity", ["threads=four", "noequals", "thraeds=2"])
+    text = str(err.value)
+    assert "3 problems" in text
+    assert "expected an integer, got 'four'" in text
+    assert "expected KEY=VALUE" in text
+    assert "unknown template variable for singularity" in text
+
+
+def _write_template(root: Path, name: str, body: str, manifest: str) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "Dockerfile.j2").write_text(body)
+    (root / name / "template.toml").write_text(manifest)
+
+
+def test_strict_undefined_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write_template(
+        tmp_path,
+        "typo",
+        "FROM {{ base }}\nENV X={{ not_declared }}\n",
+        'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "debian:bookworm"\n',
+    )
+    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    with pytest.raises(BuildError) as err:
+        images.render_text("typo")
+    assert "'not_declared' is undefined" in str(err.value)
+    assert "typo" in str(err.value)
+
+
+def test_bad_manifest_reports_every_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write_template(
+        tmp_path,
+        "bad",
+        "FROM x\n",
+        'kind = "rpm"\ntemplate = "nope.j2"\ncolour = 1\n'
+        '[variables.n]\ntype = "int"\ndefault = "3"\n'
+        '[variables.m]\ntype = "float"\ndefault = 1.0\n',
+    )
+    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    with pytest.raises(ConfigError) as err:
+        images.load_template("bad")
+    fields = {p.field for p in err.value.problems}
+    assert fields == {"colour", "kind", "template", "variables.n.default", "variables.m.type"}
+
+
+def test_bitfusion_without_parent_needs_the_plan() -> None:
+    with pytest.raises(BuildError, match="parent_image"):
+        images.render_text("bitfusion")
+
+
+def test_render_context_writes_dockerfile_workload_and_files(tmp_path: Path) -> None:
+    workload = tmp_path / "wl"
+    (workload / "sub").mkdir(parents=True)
+    (workload / "__init__.py").write_text("X = 1\n")
+    (workload / "sub" / "m.py").write_text("Y = 2\n")
+    (workload / "__pycache__").mkdir()
+    (workload / "__pycache__" / "junk.pyc").write_bytes(b"\0")
+    deb = tmp_path / "client.deb"
+    deb.write_bytes(b"deb")
+    cert = tmp_path / "ca.pem"
+    cert.write_text("cert")
+    out = tmp_path / "ctx"
+    rendered = images.render_context(
+        "bitfusion",
+        {"parent_image": PARENT, "client_deb": str(deb), "ca_cert": str(cert)},
+        out,
+        workload_dir=workload,
+    )
+    assert rendered == out / "Dockerfile"
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == [
+        "Dockerfile",
+        "ca.pem",
+        "client.deb",
+        "workload/__init__.py",
+        "workload/sub/m.py",
+    ]
+    text = rendered.read_text()
+    assert "COPY client.deb " in text and "COPY ca.pem " in text
+
+
+def test_render_context_missing_file_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        images.render_context(
+            "bitfusion",
+            {"parent_image": PARENT, "client_deb": str(tmp_path / "nope.deb")},
+            tmp_path / "ctx",
+            workload_dir=tmp_path,
+        )
+    text = str(err.value)
+    assert "client_deb" in text and "nope.deb" in text and "ca_cert" in text
+
+
+def test_singularity_context_is_a_def_file(tmp_path: Path) -> None:
+    (tmp_path / "wl").mkdir()
+    (tmp_path / "wl" / "__init__.py").write_text("")
+    rendered = images.render_context(
+        "singularity", {}, tmp_path / "ctx", workload_dir=tmp_path / "wl"
+    )
+    assert rendered.name == "Singularity.def"
+    assert (tmp_path / "ctx" / "workload" / "__init__.py").exists()

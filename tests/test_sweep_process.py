@@ -1,0 +1,153 @@
+"""Sweeps on the local process backend with the real workload (CPU, tiny models).
+
+Covers: the run folder's layout, real metrics in the table and summary.csv, a crashing cell
+that is recorded with its reason while the sweep goes on, a timeout that kills the whole process
+group, and an interrupt (SIGINT / SIGTERM) that records every cell and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.matrix import load_matrix
+from orchestrator.results import RunPaths, Status
+from orchestrator.sweep import run_sweep
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = """
+[matrix]
+name = "tiny"
+timeout_s = 240
+[workload]
+hardware = "cpu"
+arch = "resnet18"
+image_size = 32
+batch_size = 2
+warmup = 1
+iterations = 2
+workers = 0
+num_classes = 10
+"""
+
+
+def processes_mentioning(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path):
+    path = write_matrix(TINY + """
+        [axes]
+        precision = ["fp32", "bf16"]
+        [[include]]
+        arch = "no_such_model"
+    """)
+    matrix = load_matrix(path)
+    outcome = run_sweep(matrix, results_root=tmp_path / "results")
+    by_id = {r.cell_id: r for r in outcome.results}
+    assert set(by_id) == {c.id for c in matrix.cells}
+
+    ok = [r for r in outcome.results if r.status is Status.OK]
+    assert len(ok) == 2
+    for r in ok:
+        assert r.metrics["train.total_ips"] > 0
+        assert r.metrics["train.compute_ips"] >= r.metrics["train.total_ips"] * 0.5
+        assert len(r.metrics["iteration_times"]) == 2
+        assert r.env["torch_version"].startswith("2.")
+        assert r.provenance["backend"] == "process" and r.provenance["host"]
+        assert r.duration_s and r.duration_s > 0
+
+    (bad,) = [r for r in outcome.results if r.status is not Status.OK]
+    assert bad.status is Status.FAILED
+    assert "no_such_model" in bad.reason and "exit code" in bad.reason
+    assert bad.log_tail, "a failed cell keeps the end of its log"
+    assert outcome.exit_code == 1
+
+    # the run folder is complete and self-describing
+    paths = outcome.paths
+    assert paths.root.parent == tmp_path / "results" / "tiny"
+    for f in ("matrix.toml", "plan.json", "run.json", "summary.csv", "summary.txt"):
+        assert (paths.root / f).is_file(), f
+    run = json.loads(paths.run_meta.read_text())
+    assert run["counts"] == {"ok": 2, "failed": 1} and run["finished_at"]
+    for r in ok:
+        cell = paths.cell_dir(r.cell_id)
+        for f in ("command.json", "log.txt", "metrics.jsonl", "result.json", "iterations.csv"):
+            assert (cell / f).is_file(), f
+        command = json.loads((cell / "command.json").read_text())
+        assert command["argv"][1:3] == ["-m", "workload"]
+        assert "--precision" in command["argv"]
+
+    rows = list(csv.DictReader(paths.summary_csv.open()))
+    assert len(rows) == 3
+    fp32 = next(row for row in rows if row["precision"] == "fp32" and row["arch"] == "resnet18")
+    assert float(fp32["images_per_s"]) == pytest.approx(
+        by_id[f"{fp32['group']}-r1"].metrics["train.total_ips"])
+    assert "images/s (median)" in outcome.table
+
+    # a report rebuilt from disk alone gives the same table
+    from orchestrator.summary import write_summary
+
+    _, table = write_summary(RunPaths(paths.root))
+    assert table == outcome.table
+
+
+def test_timeout_kills_the_cell_and_its_children(write_matrix, tmp_path):
+    path = write_matrix(TINY.replace("timeout_s = 240", "timeout_s = 6").replace(
+        "iterations = 2", "iterations = 1000000") + """
+        [axes]
+        gpus = [2]
+    """)
+    matrix = load_matrix(path)
+    started = time.monotonic()
+    outcome = run_sweep(matrix, results_root=tmp_path)
+    (res,) = outcome.results
+    assert res.status is Status.TIMEOUT
+    assert "timed out after 6 s" in res.reason
+    assert time.monotonic() - started < 60
+    time.sleep(0.5)
+    assert processes_mentioning(str(outcome.paths.root)) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, tmp_path, sig):
+    path = write_matrix(TINY.replace("iterations = 2", "iterations = 1000000") + """
+        [axes]
+        seed = [1, 2, 3]
+    """)
+    results = tmp_path / "results"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "matrix", str(path), "--results", str(results)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    logs: list[Path] = []
+    while time.monotonic() < deadline and not logs:
+        logs = list(results.glob("tiny/*/cells/*/log.txt"))
+        time.sleep(0.2)
+    assert logs, "the first cell never started"
+    time.sleep(2.0)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    (run_dir,) = results.glob("tiny/*")
+    statuses = {p.parent.name: json.loads(p.read_text())["status"]
+                for p in run_dir.glob("cells/*/result.json")}
+    assert len(statuses) == 3 and set(statuses.values()) == {"cancelled"}
+    assert json.loads((run_dir / "run.json").read_text())["interrupted"] is True
+    time.sleep(0.5)
+    assert processes_mentioning(str(run_dir)) == []
+    assert os.path.exists(run_dir / "summary.csv")
