@@ -130,8 +130,11 @@ class ContainerOptions(StrictModel):
     mounts: list[Mount] = []
     devices: list[str] = Field([], description="Extra device nodes, e.g. /dev/accel for Gaudi.")
     cap_add: list[str] = []
-    memlock: int = Field(-1, description="memlock ulimit; -1 is unlimited.")
-    stack: int = Field(67108864, description="stack ulimit, bytes.")
+    ulimits: dict[str, int] = Field(
+        {"memlock": -1, "stack": 67108864},
+        description="ulimits (soft = hard); -1 is unlimited. NVIDIA's recommended defaults; "
+        "a table here replaces them whole.",
+    )
     mem_limit: str | None = Field(None, description="Container memory limit, e.g. '16g'.")
     network: str | None = Field(None, description="Docker network mode, e.g. 'host'.")
     runtime: str | None = Field(None, description="OCI runtime, e.g. 'habana'.")

@@ -72,10 +72,7 @@ def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
         "detach": True,
         "ipc_mode": opts.ipc,
         "shm_size": _size_bytes(opts.shm_size),
-        "ulimits": [
-            Ulimit(name="memlock", soft=opts.memlock, hard=opts.memlock),
-            Ulimit(name="stack", soft=opts.stack, hard=opts.stack),
-        ],
+        "ulimits": [Ulimit(name=k, soft=v, hard=v) for k, v in opts.ulimits.items()],
         "privileged": opts.privileged,
         "mounts": [
             Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
@@ -127,6 +124,12 @@ class DockerExecution(Execution):
             log.warning("waiting for container %s: %s", self.container.short_id, exc)
         finally:
             self._done.set()
+
+    @property
+    def wait_status(self) -> dict[str, Any] | None:
+        """The engine's answer to the wait (``StatusCode``...); None while running or when the
+        wait broke (connection or engine lost)."""
+        return self._status
 
     def output(self) -> Iterator[bytes]:
         yield from self.container.logs(stream=True, follow=True, stdout=True, stderr=True)

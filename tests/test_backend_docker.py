@@ -1,0 +1,255 @@
+"""The Docker backend: container options as built, and sweeps on a real Docker engine.
+
+There is no NVIDIA runtime on these machines, so GPU device requests are checked as built
+(``container_kwargs``) and the containers themselves run on the CPU. The images are built on a
+local stand-in for the NGC base image (tests/infra/make-base-image.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.base import Allocation, RunOptions
+from orchestrator.backends.docker import (
+    CONTAINER_OUT,
+    LABEL_CELL,
+    LABEL_RUN,
+    DockerBackend,
+    container_kwargs,
+)
+from orchestrator.errors import BackendUnavailable
+from orchestrator.matrix import load_matrix
+from orchestrator.results import RunPaths, Status
+from orchestrator.sweep import run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GPU_MATRIX = """
+[matrix]
+backend = "docker"
+[workload]
+hardware = "v100"
+gpus = 2
+precision = "amp"
+[hardware.v100]
+device = "cuda"
+image = "ngc-pytorch"
+container = { shm_size = "16g", mounts = [{ source = "/data/imagenet", target = "/imagenet" }] }
+[hardware.v100-bf]
+device = "cuda"
+image = "bitfusion"
+wrapper = "bitfusion"
+bitfusion = { partial = 0.5, servers = ["10.0.0.1:56001"] }
+[hardware.gaudi]
+device = "hpu"
+image = "habana"
+container = { runtime = "habana", cap_add = ["SYS_NICE"], network = "host", privileged = true }
+"""
+
+
+def backend_for(path: Path, tmp_path: Path) -> DockerBackend:
+    matrix = load_matrix(path)
+    paths = RunPaths.create(tmp_path / "results", matrix.name)
+    backend = DockerBackend(matrix, paths, RunOptions(timeout_s=60))
+    backend.image_tags = {hw: f"orchestrate/test:{hw}" for hw in matrix.profiles}
+    return backend
+
+
+def test_gpu_container_as_built(write_matrix, tmp_path):
+    backend = backend_for(write_matrix(GPU_MATRIX), tmp_path)
+    (cell,) = backend.matrix.cells
+    spec = backend.spec(cell, Allocation(gpu_ids=(2, 5)))
+    kw = container_kwargs(spec)
+
+    (req,) = kw["device_requests"]
+    assert req["Driver"] == "nvidia" and req["DeviceIDs"] == ["2", "5"]
+    assert req["Capabilities"] == [["gpu"]]
+    assert "CUDA_VISIBLE_DEVICES" not in kw["environment"]  # the device request selects GPUs
+    assert kw["ipc_mode"] == "host" and kw["shm_size"] == 16 * 2**30
+    assert {(u["Name"], u["Soft"], u["Hard"]) for u in kw["ulimits"]} == {
+        ("memlock", -1, -1), ("stack", 67108864, 67108864)}
+    assert kw["privileged"] is False
+    mounts = {m["Target"]: m for m in kw["mounts"]}
+    assert mounts["/imagenet"]["Source"] == "/data/imagenet" and mounts["/imagenet"]["ReadOnly"]
+    assert mounts[CONTAINER_OUT]["Source"] == str(backend.paths.cell_dir(cell.id).resolve())
+    assert not mounts[CONTAINER_OUT]["ReadOnly"]
+    assert kw["labels"][LABEL_CELL] == cell.id and kw["labels"][LABEL_RUN] == backend.paths.run_id
+    assert kw["image"] == "orchestrate/test:v100"
+    # two GPUs: torchrun inside the container, the workload's flags as a list (no shell)
+    assert kw["command"][:5] == ["python3", "-m", "torch.distributed.run", "--standalone",
+                                 "--nproc_per_node=2"]
+    assert kw["command"][kw["command"].index("--precision") + 1] == "amp"
+    assert kw["command"][kw["command"].index("--output-dir") + 1] == CONTAINER_OUT
+
+
+def test_bitfusion_and_gaudi_containers_as_built(write_matrix, tmp_path):
+    text = GPU_MATRIX.replace('hardware = "v100"\n', "")
+    text += '[axes]\nhardware = ["v100-bf", "gaudi"]\n'
+    backend = backend_for(write_matrix(text), tmp_path)
+    bf, gaudi = backend.matrix.cells
+    kw = container_kwargs(backend.spec(bf, Allocation()))
+    assert kw["command"][:9] == ["bitfusion", "run", "-n", "2", "-p", "0.5", "-l",
+                                 "10.0.0.1:56001", "--"]
+    assert kw["command"][9:11] == ["python3", "-m"]
+    assert "device_requests" not in kw  # Bitfusion's GPUs are remote
+    kw = container_kwargs(backend.spec(gaudi, Allocation(gpu_ids=(0, 1))))
+    assert kw["runtime"] == "habana" and kw["cap_add"] == ["SYS_NICE"]
+    assert kw["network_mode"] == "host" and kw["privileged"] is True
+    assert kw["environment"]["HABANA_VISIBLE_DEVICES"] == "0,1"
+    assert kw["command"][kw["command"].index("--device") + 1] == "hpu"
+
+
+def test_no_engine_gives_one_clear_message(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(BackendUnavailable, match="no Docker engine reachable.*--backend process"):
+        DockerBackend.check_available()
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "matrix", "matrices/docker_smoke.toml",
+         "--results", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**__import__("os").environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"},
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "no Docker engine reachable" in proc.stderr and "--backend process" in proc.stderr
+
+
+# --- real engine --------------------------------------------------------------------------------
+
+CONTAINER_MATRIX = """
+[matrix]
+name = "dsmoke"
+backend = "docker"
+timeout_s = 240
+[workload]
+hardware = "box"
+arch = "resnet18"
+image_size = 32
+batch_size = 2
+warmup = 1
+iterations = 2
+workers = 0
+num_classes = 10
+[hardware.box]
+device = "cpu"
+image = "ngc-pytorch"
+image_vars = {{ base_image = "{base}" }}
+container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} {extra} }}
+"""
+
+
+def containers_of(client, run_id: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+
+
+@pytest.mark.docker
+def test_sweep_in_containers_builds_once_and_cleans_up(docker_client, base_image, write_matrix,
+                                                       tmp_path):
+    path = write_matrix(CONTAINER_MATRIX.format(base=base_image, extra="") + """
+        [axes]
+        precision = ["fp32", "bf16"]
+        [[include]]
+        arch = "no_such_model"
+    """, cpu_profile=False)
+    logs: list[str] = []
+
+    class Events:
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+        def log(self, message: str) -> None:
+            logs.append(message)
+
+    outcome = run_sweep(load_matrix(path), results_root=tmp_path, events=Events())
+    statuses = {r.cell_id: r.status for r in outcome.results}
+    assert sorted(s.value for s in statuses.values()) == ["failed", "ok", "ok"]
+    ok = [r for r in outcome.results if r.status is Status.OK]
+    for r in ok:
+        assert r.metrics["train.total_ips"] > 0
+        assert r.provenance["backend"] == "docker"
+        assert r.provenance["image"].startswith("orchestrate/ngc-pytorch:")
+        assert r.env["torch_version"].startswith("2.14.1")
+        # the workload wrote its files through the mounted cell folder
+        assert (outcome.paths.cell_dir(r.cell_id) / "iterations.csv").is_file()
+    (bad,) = [r for r in outcome.results if r.status is not Status.OK]
+    assert "no_such_model" in bad.reason
+    assert containers_of(docker_client, outcome.paths.run_id) == []
+    assert len([m for m in logs if m.startswith("image ")]) == 1  # one image for three cells
+
+    # second run: the image is reused, not rebuilt
+    logs.clear()
+    again = run_sweep(load_matrix(path).with_cells(
+        [c for c in load_matrix(path).cells if c.params.arch == "resnet18"][:1]),
+        results_root=tmp_path, events=Events())
+    assert [r.status for r in again.results] == [Status.OK]
+    assert any("up to date" in m for m in logs) and not any("built in" in m for m in logs)
+
+
+@pytest.mark.docker
+def test_oom_and_timeout_become_failed_cells(docker_client, base_image, write_matrix, tmp_path):
+    oom = write_matrix(CONTAINER_MATRIX.format(base=base_image, extra=', mem_limit = "48m"'),
+                       name="oom.toml", cpu_profile=False)
+    outcome = run_sweep(load_matrix(oom), results_root=tmp_path)
+    (res,) = outcome.results
+    assert res.status is Status.OOM, res.reason
+    assert "out-of-memory" in res.reason and "48 MiB" in res.reason
+    assert containers_of(docker_client, outcome.paths.run_id) == []
+
+    slow = write_matrix(
+        CONTAINER_MATRIX.format(base=base_image, extra="").replace("timeout_s = 240",
+                                                                   "timeout_s = 8")
+        .replace("iterations = 2", "iterations = 1000000"),
+        name="slow.toml", cpu_profile=False)
+    outcome = run_sweep(load_matrix(slow), results_root=tmp_path)
+    (res,) = outcome.results
+    assert res.status is Status.TIMEOUT and "timed out after 8 s" in res.reason
+    assert containers_of(docker_client, outcome.paths.run_id) == []
+
+
+@pytest.mark.docker
+def test_interrupt_removes_containers(docker_client, base_image, write_matrix, tmp_path):
+    path = write_matrix(
+        CONTAINER_MATRIX.format(base=base_image, extra="").replace("iterations = 2",
+                                                                   "iterations = 1000000")
+        + '[axes]\nseed = [1, 2]\n', cpu_profile=False)
+    results = tmp_path / "results"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "matrix", str(path), "--results", str(results)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    running = []
+    while time.monotonic() < deadline and not running:
+        running = docker_client.containers.list(filters={"label": "io.orchestrate.matrix=dsmoke"})
+        time.sleep(0.3)
+    assert running, "no container started"
+    run_id = running[0].labels[LABEL_RUN]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert containers_of(docker_client, run_id) == []
+    (run_dir,) = results.glob("dsmoke/*")
+    statuses = [json.loads(p.read_text())["status"] for p in run_dir.glob("cells/*/result.json")]
+    assert sorted(statuses) == ["cancelled", "cancelled"]
+
+
+@pytest.mark.docker
+def test_clean_removes_leftovers_of_a_crashed_run(docker_client, base_image):
+    leftover = docker_client.containers.run(
+        base_image, ["sleep", "300"], detach=True,
+        labels={LABEL_RUN: "crashed-run", "io.orchestrate.matrix": "x", LABEL_CELL: "c"},
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-m", "orchestrator", "clean", "--run",
+                               "crashed-run"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0 and "removed 1 container" in proc.stdout
+        assert containers_of(docker_client, "crashed-run") == []
+    finally:
+        subprocess.run(["docker", "rm", "-f", leftover.id], capture_output=True)
