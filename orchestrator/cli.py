@@ -18,9 +18,18 @@ from orchestrator.errors import OrchestratorError
 
 #: Modules under orchestrator.commands, each adding its subcommands, in --help order.
 COMMAND_MODULES = ("sweep", "images", "hosts", "maintenance")
+#: Which module owns each top-level command: running one imports only its module (fast start-up;
+#: `orchestrate plan` never imports paramiko or jinja2).
+COMMAND_OWNERS = {
+    "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep", "report": "sweep",
+    "images": "images", "hosts": "hosts", "clean": "maintenance", "backends": "maintenance",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv`` naming a known command, only that command's module is loaded."""
+    first = next((a for a in (argv or []) if not a.startswith("-")), None)
+    modules = (COMMAND_OWNERS[first],) if first in COMMAND_OWNERS else COMMAND_MODULES
     parser = argparse.ArgumentParser(
         prog="orchestrate",
         description="Run GPU benchmark experiment matrices: locally, in Docker, over SSH.",
@@ -28,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"orchestrate {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
+    for name in modules:
         try:
             module = importlib.import_module(f"orchestrator.commands.{name}")
         except ModuleNotFoundError as exc:
@@ -40,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)

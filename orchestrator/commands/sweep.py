@@ -8,10 +8,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from orchestrator.backends.base import Allocation
 from orchestrator.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results import CellResult, RunPaths, Status, find_run
+
+if TYPE_CHECKING:
+    from orchestrator.backends.base import Allocation
 
 DEFAULT_RESULTS = Path("results")
 

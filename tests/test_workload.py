@@ -1,0 +1,345 @@
+"""Unit tests of the workload's pure parts and handled errors (in-process, CPU, fast)."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from workload import metrics
+from workload.cli import build_parser, main, parse_args
+from workload.data import ForeverSampler, find_images
+from workload.errors import ConfigError, DataError
+from workload.make_dataset import main as make_dataset_main
+from workload.make_dataset import make_dataset
+from workload.output import Reporter, clean
+from workload.telemetry import Sample, make_sampler, parse_hl_smi_csv, summarize_telemetry
+from workload.timing import HostTimer
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+
+WORKLOAD_DIR = Path(__file__).resolve().parents[1] / "workload"
+
+
+# ---- metrics ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q", [0, 10, 25, 50, 90, 95, 99, 100])
+@pytest.mark.parametrize("n", [1, 2, 5, 10, 101])
+def test_percentile_matches_torch_nearest(q: float, n: int) -> None:
+    values = torch.rand(n, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    expected = torch.quantile(values, q / 100, interpolation="nearest").item()
+    assert metrics.percentile(values.tolist(), q) == pytest.approx(expected)
+
+
+def test_percentile_rejects_bad_input() -> None:
+    with pytest.raises(ValueError):
+        metrics.percentile([], 50)
+    with pytest.raises(ValueError):
+        metrics.percentile([1.0], 101)
+
+
+def test_images_per_second_uses_totals() -> None:
+    # 4 iterations of batch 8: 32 images in 0.1+0.1+0.1+0.5 = 0.8 s -> 40 img/s
+    assert metrics.images_per_second(8, [0.1, 0.1, 0.1, 0.5]) == pytest.approx(40.0)
+    assert metrics.images_per_second(8, []) == 0.0
+
+
+def test_reduce_max_per_step() -> None:
+    assert metrics.reduce_max_per_step([[1.0, 5.0], [2.0, 3.0]]) == [2.0, 5.0]
+    with pytest.raises(ValueError):
+        metrics.reduce_max_per_step([[1.0], [1.0, 2.0]])
+
+
+def test_summarize_keys_and_values() -> None:
+    out = metrics.summarize("val", [0.01, 0.03], [0.1, 0.3], global_batch_size=16)
+    assert out["val.total_ips"] == pytest.approx(32 / 0.44)
+    assert out["val.compute_ips"] == pytest.approx(32 / 0.4)
+    assert out["val.data_time"] == pytest.approx(0.02)
+    assert out["val.compute_time"] == pytest.approx(0.2)
+    for q in (50, 90, 95, 99):
+        assert f"val.compute_latency_at{q}" in out
+        assert f"val.total_latency_at{q}" in out
+    assert out["val.compute_latency_at99"] == pytest.approx(0.3)
+
+
+# ---- command line ----------------------------------------------------------------------------
+
+
+def test_defaults() -> None:
+    a = parse_args([])
+    assert (a.arch, a.mode, a.batch_size, a.precision, a.image_size) == (
+        "resnet50",
+        "train",
+        64,
+        "fp32",
+        224,
+    )
+    assert (a.warmup, a.iterations, a.data, a.compile) == (20, 100, "synthetic", "none")
+    assert a.channels_last is True and a.cuda_graphs is False and a.pretrained is False
+    assert (a.num_classes, a.workers, a.device, a.seed) == (1000, 4, "auto", 0)
+    assert a.telemetry_interval == 0.5 and a.profiler == "none"
+    assert a.output_dir is None and a.checkpoint_dir is None
+
+
+def test_every_contract_flag_parses() -> None:
+    a = parse_args(
+        [
+            "--arch",
+            "vit_b_16",
+            "--mode",
+            "infer",
+            "--batch-size",
+            "8",
+            "--precision",
+            "bf16",
+            "--image-size",
+            "64",
+            "--warmup",
+            "0",
+            "--iterations",
+            "3",
+            "--data",
+            "/d",
+            "--no-channels-last",
+            "--compile",
+            "max-autotune",
+            "--cuda-graphs",
+            "--pretrained",
+            "--num-classes",
+            "10",
+            "--workers",
+            "0",
+            "--device",
+            "hpu",
+            "--seed",
+            "7",
+            "--output-dir",
+            "/o",
+            "--telemetry-interval",
+            "0",
+            "--profiler",
+            "nsys",
+            "--checkpoint-dir",
+            "/c",
+        ]
+    )
+    assert a.channels_last is False and a.cuda_graphs is True and a.pretrained is True
+    assert (a.mode, a.compile, a.device, a.profiler) == ("infer", "max-autotune", "hpu", "nsys")
+    assert parse_args(["--channels-last", "--no-cuda-graphs", "--no-pretrained"]).channels_last
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--precision", "fp8"],
+        ["--batch-size", "0"],
+        ["--mode", "eval"],
+        ["--bogus"],
+        ["--profiler", "torch"],
+        ["--telemetry-interval", "-1"],
+    ],
+)
+def test_bad_command_lines_raise_config_error(argv: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        parse_args(argv)
+
+
+def test_help_mentions_every_flag() -> None:
+    text = build_parser().format_help()
+    for flag in ("--arch", "--checkpoint-dir", "--telemetry-interval", "--no-cuda-graphs"):
+        assert flag in text
+
+
+def _run_main(argv: list[str]) -> tuple[int, list[dict]]:
+    out = io.StringIO()
+    rc = main(argv, stdout=out)
+    return rc, [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_bad_option_prints_json_error() -> None:
+    rc, lines = _run_main(["--precision", "fp8"])
+    assert rc == 2
+    assert lines == [{"type": "error", "kind": "config", "rank": 0, "message": lines[0]["message"]}]
+    assert "fp8" in lines[0]["message"]
+
+
+def test_unknown_arch_error() -> None:
+    rc, lines = _run_main(["--arch", "resnet5o", "--device", "cpu"])
+    assert rc == 2 and len(lines) == 1
+    assert lines[0]["type"] == "error" and lines[0]["kind"] == "arch"
+    assert "resnet5o" in lines[0]["message"] and "resnet50" in lines[0]["message"]
+
+
+def test_missing_pretrained_weights_error(tmp_path: Path) -> None:
+    rc, lines = _run_main(
+        [
+            "--arch",
+            "resnet18",
+            "--mode",
+            "infer",
+            "--device",
+            "cpu",
+            "--pretrained",
+            "--checkpoint-dir",
+            str(tmp_path),
+        ]
+    )
+    assert rc != 0 and len(lines) == 1 and lines[0]["type"] == "error"
+    message = lines[0]["message"]
+    assert str(tmp_path) in message
+    assert "resnet18-f37072fd.pth" in message
+    assert "never downloaded" in message
+
+
+def test_bad_dataset_path_error(tmp_path: Path) -> None:
+    rc, lines = _run_main([*_tiny(), "--data", str(tmp_path / "nope")])
+    assert rc == 2 and lines[-1]["type"] == "error" and lines[-1]["kind"] == "data"
+    assert str(tmp_path / "nope") in lines[-1]["message"]
+
+
+def _tiny() -> list[str]:
+    return [
+        "--arch",
+        "resnet18",
+        "--image-size",
+        "32",
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
+        "--warmup",
+        "0",
+        "--iterations",
+        "1",
+        "--workers",
+        "0",
+    ]
+
+
+def test_in_process_infer_run_is_complete(tmp_path: Path) -> None:
+    rc, lines = _run_main([*_tiny(), "--mode", "infer", "--iterations", "2"])
+    assert rc == 0, lines
+    assert [x["type"] for x in lines] == ["meta", "summary"]
+    assert len(lines[-1]["iteration_times"]) == 2
+    assert lines[-1]["data"]["val.total_ips"] > 0
+
+
+# ---- data ------------------------------------------------------------------------------------
+
+
+def test_find_images_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such directory"):
+        find_images(tmp_path / "missing")
+    with pytest.raises(DataError, match="no class subdirectories"):
+        find_images(tmp_path)
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "x.png").write_bytes(b"")
+    with pytest.raises(DataError, match="no .jpg"):
+        find_images(tmp_path)
+
+
+def test_make_dataset_layout(tmp_path: Path) -> None:
+    assert (
+        make_dataset_main([str(tmp_path), "--classes", "3", "--per-class", "2", "--size", "24"])
+        == 0
+    )
+    files, labels, classes = find_images(tmp_path)
+    assert classes == ["class_000", "class_001", "class_002"]
+    assert len(files) == 6 and labels == [0, 0, 1, 1, 2, 2]
+    from torchvision.io import decode_jpeg, read_file
+
+    image = decode_jpeg(read_file(files[0]))
+    assert image.dtype == torch.uint8 and image.shape[0] == 3
+    assert make_dataset(tmp_path / "b", classes=1, per_class=1, size=16)[0].suffix == ".jpg"
+
+
+def test_forever_sampler() -> None:
+    it = iter(ForeverSampler(3, shuffle=False, seed=0))
+    assert [next(it) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    it = iter(ForeverSampler(3, shuffle=True, seed=0))
+    assert all(0 <= next(it) < 3 for _ in range(5000))
+
+
+# ---- telemetry, timing, output ----------------------------------------------------------------
+
+
+def test_summarize_telemetry_window_and_energy() -> None:
+    samples = [
+        Sample(0.0, 0, 500.0, 90.0, 100.0, 0.0, 1.0),  # before the window: ignored
+        Sample(1.0, 0, 200.0, 60.0, 1500.0, 99.0, 10.0),
+        Sample(1.0, 1, 100.0, 65.0, 1400.0, 98.0, 10.0),
+        Sample(2.0, 0, 220.0, 61.0, 1500.0, 99.0, 12.0, throttled=True),
+        Sample(2.0, 1, 80.0, 62.0, 1400.0, 97.0, 12.0),
+    ]
+    out = summarize_telemetry(samples, start=1.0, end=3.0, images=100)
+    assert out["telemetry.power_mean_w"] == pytest.approx(300.0)  # per instant, summed
+    assert out["telemetry.energy_per_image_j"] == pytest.approx(300.0 * 2.0 / 100)
+    assert out["telemetry.temp_max_c"] == 65.0
+    assert out["telemetry.sm_clock_mean_mhz"] == pytest.approx(1450.0)
+    assert out["telemetry.throttled"] is True
+    assert summarize_telemetry([], 0, 1, 1) == {}
+
+
+def test_parse_hl_smi_csv() -> None:
+    text = "0, 350.5, 45, 97, 20480, 1600\n1, 300, 44, 95, 20000\nN/A, x\n"
+    out = parse_hl_smi_csv(text, 5.0)
+    assert [s.gpu for s in out] == [0, 1]
+    assert out[0].power_w == 350.5 and out[0].sm_clock_mhz == 1600
+    assert math.isnan(out[1].sm_clock_mhz)
+
+
+def test_no_sampler_without_gpu() -> None:
+    assert make_sampler("cpu", 0.5, []) is None
+    assert make_sampler("cuda", 0.0, [None]) is None
+
+
+def test_host_timer_marks() -> None:
+    timer = HostTimer()
+    timer.start()
+    for _ in range(3):
+        timer.ready()
+        timer.end()
+    t = timer.finish()
+    assert len(t.data) == len(t.compute) == len(t.start_wall) == 3
+    assert all(x >= 0 for x in t.data + t.compute)
+    assert t.start_wall == sorted(t.start_wall) and timer.completed(2)
+
+
+def test_reporter_json_lines() -> None:
+    out = io.StringIO()
+    Reporter(out).emit({"type": "iter", "data": {"x": float("nan"), "y": (1, 2)}})
+    Reporter(out, enabled=False).emit({"type": "meta"})
+    assert json.loads(out.getvalue()) == {"type": "iter", "data": {"x": None, "y": [1, 2]}}
+    assert clean(float("inf")) is None
+
+
+# ---- import hygiene --------------------------------------------------------------------------
+
+OPTIONAL = {"pynvml", "habana_frameworks", "nvidia"}
+
+
+def test_workload_imports_only_stdlib_torch_torchvision() -> None:
+    allowed = set(sys.stdlib_module_names) | {"torch", "torchvision", "workload"}
+    for path in WORKLOAD_DIR.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        top_level = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                roots = [node.module.split(".")[0]]
+            else:
+                continue
+            for root in roots:
+                assert root != "orchestrator", f"{path.name} imports orchestrator"
+                if root in OPTIONAL:
+                    assert id(node) not in top_level, f"{path.name}: unguarded import {root}"
+                else:
+                    assert root in allowed, f"{path.name} imports {root}"

@@ -1,0 +1,109 @@
+"""Helpers for the workload tests: run ``python -m workload`` and parse its JSON lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Small and fast on a 2-core CPU: resnet18 at 32 px, batch 4.
+TINY = [
+    "--arch",
+    "resnet18",
+    "--image-size",
+    "32",
+    "--batch-size",
+    "4",
+    "--device",
+    "cpu",
+    "--warmup",
+    "1",
+    "--iterations",
+    "3",
+    "--workers",
+    "0",
+    "--telemetry-interval",
+    "0",
+]
+
+
+@dataclass
+class Result:
+    """A finished run: exit status, parsed stdout lines and stderr."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    lines: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The first line, which must be the meta line."""
+        assert self.lines and self.lines[0]["type"] == "meta", self.describe()
+        return self.lines[0]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The last line, which must be the summary line."""
+        assert self.lines and self.lines[-1]["type"] == "summary", self.describe()
+        return self.lines[-1]
+
+    def describe(self) -> str:
+        """Everything, for assertion messages."""
+        return f"rc={self.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr[-4000:]}"
+
+
+def parse_lines(stdout: str) -> list[dict[str, Any]]:
+    """Every stdout line must be a JSON object with a ``type``."""
+    lines = []
+    for raw in stdout.splitlines():
+        obj = json.loads(raw)
+        assert isinstance(obj, dict) and "type" in obj, raw
+        lines.append(obj)
+    return lines
+
+
+def env() -> dict[str, str]:
+    """Subprocess environment: one intra-op thread each (the runs share 2 cores)."""
+    out = dict(os.environ)
+    out["OMP_NUM_THREADS"] = "1"
+    out["PYTHONPATH"] = str(REPO) + os.pathsep + out.get("PYTHONPATH", "")
+    return out
+
+
+class Launched:
+    """A started ``python -m workload`` (or torchrun) process."""
+
+    def __init__(self, args: list[str], torchrun: int = 0) -> None:
+        prefix = [sys.executable]
+        if torchrun:
+            prefix += [
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                str(torchrun),
+            ]
+        self.proc = subprocess.Popen(
+            [*prefix, "-m", "workload", *args],
+            cwd=REPO,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._result: Result | None = None
+
+    def result(self, timeout: float = 240) -> Result:
+        """Wait for the process and parse its output."""
+        if self._result is None:
+            out, err = self.proc.communicate(timeout=timeout)
+            self._result = Result(self.proc.returncode, out, err)
+            self._result.lines = parse_lines(out)
+        return self._result

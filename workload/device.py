@@ -1,0 +1,225 @@
+"""Device selection, distributed setup and the ``env`` block of the output.
+
+Optional extras are imported only inside guarded functions: ``habana_frameworks.torch``
+(Gaudi / ``hpu``) and ``pynvml`` (driver version).  Without them everything still runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torchvision
+
+from workload.errors import ConfigError, DeviceError
+from workload.telemetry import nvml_device_driver_version
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process sits in a (possibly single-process) run."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        """True when running under torchrun with more than one process."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the only rank that prints metric lines."""
+        return self.rank == 0
+
+
+def dist_from_env(environ: dict[str, str] | None = None) -> Dist:
+    """Read RANK / LOCAL_RANK / WORLD_SIZE / LOCAL_WORLD_SIZE as torchrun sets them."""
+    env = os.environ if environ is None else environ
+    world = int(env.get("WORLD_SIZE", "1"))
+    return Dist(
+        rank=int(env.get("RANK", "0")),
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        world_size=world,
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+    )
+
+
+def habana_available() -> bool:
+    """True when ``habana_frameworks.torch`` imports (registers the ``hpu`` device)."""
+    try:
+        import habana_frameworks.torch.core  # noqa: F401  (optional extra: Gaudi)
+    except Exception:
+        return False
+    return True
+
+
+def resolve_device(requested: str) -> str:
+    """Map ``auto|cuda|cpu|hpu`` to the device type that will run, or raise DeviceError."""
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if habana_available():
+            return "hpu"
+        return "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(
+            "--device cuda was requested but torch.cuda.is_available() is False "
+            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}); check the GPU "
+            "is visible in the container (--gpus / CUDA_VISIBLE_DEVICES) or use --device auto"
+        )
+    if requested == "hpu" and not habana_available():
+        raise DeviceError(
+            "--device hpu was requested but habana_frameworks.torch is not importable; "
+            "run inside a Gaudi (Habana) PyTorch image or use --device auto"
+        )
+    return requested
+
+
+def torch_device(device: str, dist: Dist) -> torch.device:
+    """The torch.device of this rank (and make it current on CUDA)."""
+    if device == "cuda":
+        count = torch.cuda.device_count()
+        index = dist.local_rank % max(count, 1)
+        if dist.local_world_size > count:
+            raise DeviceError(
+                f"{dist.local_world_size} processes per node but only {count} CUDA devices "
+                "are visible; lower --nproc_per_node"
+            )
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if device == "hpu":
+        return torch.device("hpu")
+    return torch.device("cpu")
+
+
+def init_distributed(device: str, dist: Dist) -> None:
+    """Initialise the process group when running under torchrun with several processes."""
+    if not dist.enabled:
+        return
+    backend = {"cuda": "nccl", "hpu": "hccl", "cpu": "gloo"}[device]
+    if device == "hpu":
+        import habana_frameworks.torch.distributed.hccl  # noqa: F401  (optional extra)
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(minutes=10)}
+    if device == "cuda":
+        kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
+    torch.distributed.init_process_group(**kwargs)
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group if one is up."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        with contextlib.suppress(Exception):
+            torch.distributed.destroy_process_group()
+
+
+def resolve_precision(precision: str, device: str, warn: Any) -> str:
+    """The precision that will actually run; ``warn`` is called with a note on a change."""
+    if precision == "amp" and device == "hpu":
+        warn("Gaudi mixed precision is bf16: --precision amp runs as bf16 autocast")
+        return "bf16"
+    if precision == "amp" and device == "cpu":
+        warn("--precision amp (fp16 autocast) is very slow on most CPUs; bf16 is the CPU choice")
+    if precision not in ("fp32", "amp", "bf16"):
+        raise ConfigError(f"unknown --precision {precision!r}; use fp32, amp or bf16")
+    return precision
+
+
+def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """The autocast context for a precision (a no-op for fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.float16 if precision == "amp" else torch.bfloat16
+    return torch.autocast(device_type=device, dtype=dtype)
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif device == "hpu":
+        torch.hpu.synchronize()  # type: ignore[attr-defined]
+
+
+def mark_step(device: str) -> None:
+    """Flush the Gaudi lazy-mode graph (no-op elsewhere and in Gaudi eager mode)."""
+    if device == "hpu":
+        import habana_frameworks.torch.core as htcore  # optional extra: Gaudi
+
+        htcore.mark_step()
+
+
+def cpu_model_name() -> str:
+    """The CPU model from /proc/cpuinfo, else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cuda_uuids(count: int) -> list[str | None]:
+    """UUIDs of CUDA devices ``0..count-1`` in NVML's ``GPU-...`` form (None if unknown)."""
+    out: list[str | None] = []
+    for i in range(count):
+        try:
+            uuid = str(torch.cuda.get_device_properties(i).uuid)
+            out.append(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+        except Exception:
+            out.append(None)
+    return out
+
+
+def environment(device: str, dist: Dist) -> dict[str, Any]:
+    """Facts about the software and hardware that ran (the device-independent part)."""
+    env: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "torchvision_version": torchvision.__version__,
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": None,
+        "device": device,
+        "device_name": None,
+        "driver_version": None,
+        "device_count": 1,
+        "world_size": dist.world_size,
+        "hostname": socket.gethostname(),
+        "python_version": platform.python_version(),
+        "cpu_model": cpu_model_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device == "cuda":
+        env["cudnn_version"] = torch.backends.cudnn.version()
+        env["device_name"] = torch.cuda.get_device_name()
+        env["device_count"] = torch.cuda.device_count()
+        env["driver_version"] = nvml_device_driver_version()
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env["device_memory_mib"] = props.total_memory // 2**20
+        env["compute_capability"] = f"{props.major}.{props.minor}"
+        env["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+        env["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
+    elif device == "hpu":
+        with contextlib.suppress(Exception):
+            env["device_name"] = torch.hpu.get_device_name()  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            env["device_count"] = torch.hpu.device_count()  # type: ignore[attr-defined]
+    else:
+        env["device_name"] = env["cpu_model"]
+    return env
+
+
+def stderr(message: str) -> None:
+    """Write a one-line note to stderr (never stdout, which carries only JSON lines)."""
+    print(f"[workload] {message}", file=sys.stderr, flush=True)

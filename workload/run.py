@@ -1,0 +1,333 @@
+"""The benchmark pipeline: setup -> meta -> warmup -> measure -> reduce -> summary.
+
+See :mod:`workload.metrics` for the metric definitions and :mod:`workload.timing` for how
+iterations are timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from workload import data as data_mod
+from workload.device import (
+    Dist,
+    cuda_uuids,
+    dist_from_env,
+    environment,
+    init_distributed,
+    resolve_device,
+    resolve_precision,
+    synchronize,
+    torch_device,
+)
+from workload.metrics import images_per_second, summarize
+from workload.models import build_model, check_arch
+from workload.output import Reporter, write_iterations_csv, write_json
+from workload.profiling import Profiler
+from workload.steps import Step, build_step, compile_model
+from workload.telemetry import Sampler, make_sampler, summarize_telemetry, write_csv
+from workload.timing import CudaEventTimer, HostTimer, Timings
+
+log = logging.getLogger("workload")
+
+PROGRESS_EVERY = 10
+
+
+def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
+    """Run one benchmark described by ``args``; returns the summary object (rank 0)."""
+    started = time.time()
+    check_arch(args.arch)  # fail fast, before any device or process-group setup
+    dist = dist_from_env()
+    device = resolve_device(args.device)
+    init_distributed(device, dist)
+    dev = torch_device(device, dist)
+    torch.manual_seed(args.seed + dist.rank)
+    if device == "cuda":
+        torch.backends.cudnn.benchmark = True
+    precision = resolve_precision(args.precision, device, log.warning)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    output_dir = Path(args.output_dir) if args.output_dir else None
+    if output_dir is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+
+    batches = _batches(args, dev, memory_format, dist)  # a bad --data fails before the model
+    try:
+        model = build_model(args.arch, args.num_classes, args.pretrained, args.checkpoint_dir)
+        model = model.to(dev, memory_format=memory_format)
+        model = _wrap_ddp(model, device, dev, dist)
+        use_graphs = _want_cuda_graphs(args, device, dist)
+        model = compile_model(model, args.compile, device)
+        step, use_graphs = build_step(
+            model, args.mode, device, precision, use_graphs, next(batches)
+        )
+        env = environment(device, dist) | {
+            "precision": precision,
+            "memory_format": "channels_last" if args.channels_last else "contiguous",
+            "compile": args.compile,
+            "cuda_graphs": use_graphs,
+            "arch": args.arch,
+            "mode": args.mode,
+            "batch_size": args.batch_size,
+            "global_batch_size": args.batch_size * dist.world_size,
+            "image_size": args.image_size,
+            "data": "synthetic" if args.data == "synthetic" else args.data,
+            "decoder": batches.decoder,
+            "num_classes": args.num_classes,
+            "pretrained": args.pretrained,
+            "seed": args.seed,
+            "profiler": args.profiler,
+        }
+        reporter.emit({"type": "meta", "env": env})
+        sampler = None
+        if dist.is_main:
+            sampler = make_sampler(
+                device,
+                args.telemetry_interval,
+                cuda_uuids(dist.local_world_size) if device == "cuda" else [],
+            )
+        if sampler is not None:
+            sampler.start()
+        try:
+            timings, last = _measure(args, step, batches, device, dist, reporter, output_dir)
+        finally:
+            samples = sampler.stop() if sampler is not None else []
+    finally:
+        batches.close()
+    return _report(
+        args, env, dist, device, timings, last, samples, sampler, output_dir, reporter, started
+    )
+
+
+def _batches(
+    args: argparse.Namespace, dev: torch.device, memory_format: torch.memory_format, dist: Dist
+) -> Any:
+    if args.data == "synthetic":
+        return data_mod.SyntheticBatches(
+            args.batch_size,
+            args.image_size,
+            args.num_classes,
+            dev,
+            memory_format,
+            args.seed + dist.rank,
+        )
+    return data_mod.image_folder_batches(
+        args.data,
+        args.batch_size,
+        args.image_size,
+        args.mode == "train",
+        dev,
+        memory_format,
+        args.workers,
+        args.seed + dist.rank,
+        shard=dist.rank,
+        shards=dist.world_size,
+    )
+
+
+def _wrap_ddp(model: nn.Module, device: str, dev: torch.device, dist: Dist) -> nn.Module:
+    """DDP with gradient buckets as views and 25 MB buckets; BN buffers not broadcast."""
+    if not dist.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(
+        model,
+        device_ids=[dev.index] if device == "cuda" else None,
+        gradient_as_bucket_view=True,
+        bucket_cap_mb=25,
+        broadcast_buffers=False,  # per-rank BN statistics: no per-step broadcast
+    )
+
+
+def _want_cuda_graphs(args: argparse.Namespace, device: str, dist: Dist) -> bool:
+    if not args.cuda_graphs:
+        return False
+    if device != "cuda":
+        log.warning("--cuda-graphs needs CUDA; running eagerly on %s", device)
+        return False
+    if dist.enabled:
+        log.warning("--cuda-graphs is not combined with DDP here; running eagerly")
+        return False
+    if args.compile != "none":
+        log.warning(
+            "--cuda-graphs ignored with --compile %s (compile manages graphs itself)", args.compile
+        )
+        return False
+    return True
+
+
+def _timer(device: str) -> CudaEventTimer | HostTimer:
+    if device == "cuda":
+        return CudaEventTimer()
+    if device == "hpu":
+        return HostTimer(sync=lambda: synchronize("hpu"))
+    return HostTimer()
+
+
+class _Progress:
+    """Periodic ``iter`` lines, read without waiting on the device (rank 0 only)."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        timer: Any,
+        reporter: Reporter,
+        global_batch: int,
+        device: str,
+    ) -> None:
+        self.prefix = "train" if args.mode == "train" else "val"
+        self.timer = timer
+        self.reporter = reporter
+        self.global_batch = global_batch
+        self.device = device
+        self.pending: list[tuple[int, torch.Tensor | None]] = []
+
+    def after(self, index: int, out: torch.Tensor) -> None:
+        """Called after measured iteration ``index``; emits whatever has completed."""
+        if not self.reporter.enabled:
+            return
+        if (index + 1) % PROGRESS_EVERY == 0:
+            loss = None
+            if self.prefix == "train":
+                loss = out.detach().float().reshape(-1)[:1]
+                if self.device == "cuda":
+                    host = torch.empty(1, pin_memory=True)
+                    host.copy_(loss, non_blocking=True)
+                    loss = host
+                else:
+                    loss = loss.cpu()
+            self.pending.append((index, loss))
+        self.flush(wait=False)
+
+    def flush(self, wait: bool) -> None:
+        """Emit completed pending lines (all of them with ``wait``)."""
+        while self.pending:
+            index, loss = self.pending[0]
+            if not (wait or self.timer.completed(index)):
+                return
+            self.pending.pop(0)
+            first = max(0, index + 1 - PROGRESS_EVERY)
+            t = self.timer.times(first, index + 1)
+            data = {
+                f"{self.prefix}.total_ips": images_per_second(self.global_batch, t.iteration),
+                f"{self.prefix}.compute_ips": images_per_second(self.global_batch, t.compute),
+            }
+            if loss is not None:
+                data[f"{self.prefix}.loss"] = float(loss[0])
+            self.reporter.emit({"type": "iter", "step": index + 1, "data": data})
+
+
+def _measure(
+    args: argparse.Namespace,
+    step: Step,
+    batches: Any,
+    device: str,
+    dist: Dist,
+    reporter: Reporter,
+    output_dir: Path | None,
+) -> tuple[Timings, torch.Tensor]:
+    """Warmup, then the timed window; returns this rank's timings and the last step output."""
+    out = torch.zeros(1)
+    for _ in range(args.warmup):
+        x, y = next(batches)
+        out = step(x, y)
+    synchronize(device)
+    timer = _timer(device)
+    progress = _Progress(args, timer, reporter, args.batch_size * dist.world_size, device)
+    profiler = Profiler(args.profiler, device, output_dir, dist.rank, args.iterations)
+    profiler.begin()
+    timer.start()
+    for i in range(args.iterations):
+        profiler.iteration_start(i)
+        x, y = next(batches)
+        timer.ready()
+        out = step(x, y)
+        timer.end()
+        profiler.iteration_end(i)
+        progress.after(i, out)
+    timings = timer.finish()
+    profiler.finish()
+    progress.flush(wait=True)
+    return timings, out
+
+
+def _reduce(
+    timings: Timings, last: torch.Tensor, mode: str, device: str, dist: Dist
+) -> tuple[list[float], list[float], list[float], float | None]:
+    """Per-step max over ranks of (data, compute, iteration); mean final loss over ranks."""
+    loss = float(last.detach().float().reshape(-1)[0]) if mode == "train" else None
+    if not dist.enabled:
+        return timings.data, timings.compute, timings.iteration, loss
+    dev = (
+        torch.device("cuda", torch.cuda.current_device())
+        if device == "cuda"
+        else (torch.device(device))
+    )
+    dtype = torch.float32 if device == "hpu" else torch.float64
+    t = torch.tensor([timings.data, timings.compute, timings.iteration], dtype=dtype, device=dev)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    if loss is not None:
+        lt = torch.tensor([loss], dtype=dtype, device=dev)
+        torch.distributed.all_reduce(lt, op=torch.distributed.ReduceOp.SUM)
+        loss = float(lt[0]) / dist.world_size
+    rows = t.cpu().tolist()
+    return rows[0], rows[1], rows[2], loss
+
+
+def _report(
+    args: argparse.Namespace,
+    env: dict[str, Any],
+    dist: Dist,
+    device: str,
+    timings: Timings,
+    last: torch.Tensor,
+    samples: list[Any],
+    sampler: Sampler | None,
+    output_dir: Path | None,
+    reporter: Reporter,
+    started: float,
+) -> dict[str, Any]:
+    data_t, compute_t, iter_t, loss = _reduce(timings, last, args.mode, device, dist)
+    prefix = "train" if args.mode == "train" else "val"
+    gbs = args.batch_size * dist.world_size
+    data: dict[str, Any] = summarize(prefix, data_t, compute_t, gbs, iter_t)
+    if loss is not None:
+        data["train.loss"] = loss
+    data |= {
+        "iterations": args.iterations,
+        "warmup": args.warmup,
+        "world_size": dist.world_size,
+        "global_batch_size": gbs,
+        "duration_s": math.fsum(iter_t),
+        "wall_time_s": time.time() - started,
+    }
+    window_start = timings.start_wall[0]
+    window_end = timings.start_wall[-1] + timings.iteration[-1]
+    if sampler is not None:
+        images = args.batch_size * args.iterations * dist.local_world_size
+        data |= summarize_telemetry(samples, window_start, window_end, images)
+        env = env | {"telemetry": sampler.name}
+    summary = {
+        "type": "summary",
+        "status": "ok",
+        "data": data,
+        "iteration_times": iter_t,
+        "env": env,
+    }
+    if dist.is_main and output_dir is not None:
+        write_iterations_csv(
+            output_dir / "iterations.csv", timings.start_wall, data_t, compute_t, iter_t
+        )
+        if sampler is not None:
+            write_csv(samples, output_dir / "telemetry.csv")
+        write_json(output_dir / "summary.json", summary)
+    reporter.emit(summary)
+    return summary
