@@ -22,6 +22,7 @@ COMMAND_MODULES = ("sweep", "images", "hosts", "maintenance")
 #: `orchestrate plan` never imports paramiko or jinja2).
 COMMAND_OWNERS = {
     "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep", "report": "sweep",
+    "history": "sweep",
     "images": "images", "hosts": "hosts", "clean": "maintenance", "backends": "maintenance",
 }
 

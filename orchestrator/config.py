@@ -190,6 +190,10 @@ class MatrixSettings(StrictModel):
     hosts: str | None = Field(
         None, description="Hosts inventory (TOML) for the ssh backend, relative to this file."
     )
+    baseline: Annotated[str, Field(pattern=r"^[a-z_]+=.+$")] | None = Field(
+        None, description="KEY=VALUE row the table compares against, e.g. 'hardware=v100' "
+        "for Bitfusion/native ratios.",
+    )
 
 
 class MatrixFile(StrictModel):

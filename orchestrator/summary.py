@@ -47,6 +47,7 @@ class GroupRow:
     loss: float | None = None
     speedup: float | None = None
     efficiency: float | None = None
+    ratio: float | None = None  # vs the --baseline row (e.g. Bitfusion / native)
 
     def csv_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"group": self.group, **self.params}
@@ -56,7 +57,7 @@ class GroupRow:
             images_per_s=self.ips, images_per_s_min=self.ips_min, images_per_s_max=self.ips_max,
             compute_images_per_s=self.compute_ips, latency_p50_ms=self.latency_p50_ms,
             latency_p99_ms=self.latency_p99_ms, loss=self.loss, speedup=self.speedup,
-            efficiency=self.efficiency,
+            efficiency=self.efficiency, ratio_vs_baseline=self.ratio,
         )
         return row
 
@@ -103,6 +104,24 @@ def _scaling(rows: list[GroupRow]) -> None:
             row.efficiency = row.speedup / row.params["gpus"]
 
 
+def add_ratios(rows: Sequence[GroupRow], key: str, value: str) -> int:
+    """Ratio of each row's images/s to the row with ``key = value`` and otherwise equal params.
+
+    E.g. ``hardware=v100`` gives Bitfusion/native. Returns how many rows got a ratio.
+    """
+    def others(row: GroupRow) -> str:
+        return repr(sorted((k, v) for k, v in row.params.items() if k != key))
+
+    base = {others(r): r for r in rows if str(r.params.get(key)) == value and r.ips}
+    n = 0
+    for row in rows:
+        ref = base.get(others(row))
+        if ref is not None and row.ips is not None and ref.ips:
+            row.ratio = row.ips / ref.ips
+            n += 1
+    return n
+
+
 def varying_params(rows: Sequence[GroupRow], plan_varying: Sequence[str] = ()) -> list[str]:
     """Parameters shown as table columns: hardware, then those that differ between rows."""
     keys = list(rows[0].params) if rows else []
@@ -116,7 +135,9 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "" if value is None else f"{value:,.{digits}f}"
 
 
-def render_table(rows: Sequence[GroupRow], plan_varying: Sequence[str] = ()) -> str:
+def render_table(
+    rows: Sequence[GroupRow], plan_varying: Sequence[str] = (), baseline: str | None = None
+) -> str:
     """The human table (tabulate): one row per group."""
     if not rows:
         return "(no results)"
@@ -128,6 +149,9 @@ def render_table(rows: Sequence[GroupRow], plan_varying: Sequence[str] = ()) -> 
         headers += ["speedup", "efficiency"]
     if infer:
         headers += ["p50 ms", "p99 ms"]
+    ratios = baseline is not None and any(r.ratio is not None for r in rows)
+    if ratios:
+        headers.append(f"vs {baseline}")
     table = []
     for r in rows:
         line = [r.params.get(c, "") for c in cols]
@@ -137,6 +161,8 @@ def render_table(rows: Sequence[GroupRow], plan_varying: Sequence[str] = ()) -> 
             line += [_fmt(r.speedup, 2), "" if r.efficiency is None else f"{r.efficiency:.0%}"]
         if infer:
             line += [_fmt(r.latency_p50_ms, 2), _fmt(r.latency_p99_ms, 2)]
+        if ratios:
+            line.append("" if r.ratio is None else f"{r.ratio:.2f}x")
         table.append(line)
     return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
 
@@ -154,14 +180,36 @@ def render_csv(rows: Sequence[GroupRow]) -> str:
     return out.getvalue()
 
 
-def write_summary(paths: RunPaths) -> tuple[list[GroupRow], str]:
-    """Summarize a run folder from disk; write summary.csv and summary.txt; return the table."""
+def parse_baseline(text: str | None) -> tuple[str, str] | None:
+    """``KEY=VALUE`` of ``--baseline`` (e.g. ``hardware=v100``)."""
+    if not text:
+        return None
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        from orchestrator.errors import ConfigError
+
+        raise ConfigError("expected KEY=VALUE, e.g. --baseline hardware=v100", field="--baseline")
+    return key.strip(), value.strip()
+
+
+def write_summary(
+    paths: RunPaths, baseline: str | None = None
+) -> tuple[list[GroupRow], str]:
+    """Summarize a run folder from disk; write summary.csv and summary.txt; return the table.
+
+    ``baseline`` (``KEY=VALUE``) adds each row's images/s ratio to the matching baseline row.
+    """
     results = paths.results()
     rows = summarize(results)
     plan_varying: list[str] = []
     if paths.plan.exists():
-        plan_varying = read_json(paths.plan).get("varying", [])
-    table = render_table(rows, plan_varying)
+        plan = read_json(paths.plan)
+        plan_varying = plan.get("varying", [])
+        baseline = baseline or plan.get("baseline")
+    base = parse_baseline(baseline)
+    if base:
+        add_ratios(rows, *base)
+    table = render_table(rows, plan_varying, baseline=baseline)
     paths.summary_csv.write_text(render_csv(rows), encoding="utf-8")
     paths.summary_txt.write_text(table + "\n", encoding="utf-8")
     return rows, table

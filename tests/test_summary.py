@@ -8,7 +8,13 @@ import io
 import pytest
 
 from orchestrator.results import CellResult, RunPaths, Status, write_json
-from orchestrator.summary import render_csv, render_table, summarize, write_summary
+from orchestrator.summary import (
+    add_ratios,
+    render_csv,
+    render_table,
+    summarize,
+    write_summary,
+)
 
 
 def result(gpus: int, repeat: int, ips: float | None, status: Status = Status.OK,
@@ -79,3 +85,53 @@ def test_write_summary_reads_only_the_disk(tmp_path):
     rows, table = write_summary(paths)
     assert len(rows) == 2 and paths.summary_csv.is_file() and paths.summary_txt.is_file()
     assert "180.0" in table and "1.80" in table
+
+
+def test_ratio_vs_baseline_row():
+    def res(hw: str, ips: float) -> CellResult:
+        return CellResult(cell_id=f"{hw}-r1", group=hw, repeat=1, status=Status.OK,
+                          params={"hardware": hw, "mode": "train", "batch_size": 256},
+                          metrics={"train.total_ips": ips})
+
+    rows = summarize([res("v100", 1000.0), res("v100-bitfusion", 850.0)])
+    assert add_ratios(rows, "hardware", "v100") == 2
+    assert [r.ratio for r in rows] == [pytest.approx(1.0), pytest.approx(0.85)]
+    assert "vs hardware=v100" in render_table(rows, baseline="hardware=v100")
+    assert "0.85x" in render_table(rows, baseline="hardware=v100")
+
+
+def write_run(root, run_id: str, ips: dict[int, float]) -> RunPaths:
+    paths = RunPaths.create(root, "nightly", run_id)
+    write_json(paths.plan, {"cells": [], "varying": ["gpus"]})
+    for gpus, value in ips.items():
+        res = result(gpus, 1, value)
+        write_json(paths.cell_result(res.cell_id), res.to_json())
+    return paths
+
+
+def test_history_flags_a_regression_of_the_newest_run(tmp_path):
+    from orchestrator.history import render_history, runs_of, trends
+
+    write_run(tmp_path, "20261101-000000-aaaa", {1: 100.0, 8: 700.0})
+    write_run(tmp_path, "20261102-000000-aaaa", {1: 104.0, 8: 710.0})
+    write_run(tmp_path, "20261103-000000-aaaa", {1: 102.0, 8: 690.0})
+    write_run(tmp_path, "20261104-000000-aaaa", {1: 101.0, 8: 600.0})
+    runs = runs_of(tmp_path, "nightly")
+    assert [r.run_id[:8] for r in runs] == ["20261101", "20261102", "20261103", "20261104"]
+    items = {t.params["gpus"]: t for t in trends(runs, window=5, threshold=0.05)}
+    assert items[1].reference == pytest.approx(102.0) and not items[1].regression
+    assert items[8].reference == pytest.approx(700.0)
+    assert items[8].change == pytest.approx(600 / 700 - 1) and items[8].regression
+    table = render_history(runs[-2:], list(items.values()))
+    assert "REGRESSION" in table and "-14.3%" in table and "20261101" not in table
+
+
+def test_history_cli_exit_code(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    write_run(tmp_path, "20261101-000000-aaaa", {1: 100.0})
+    write_run(tmp_path, "20261102-000000-aaaa", {1: 80.0})
+    assert main(["history", "nightly", "--results", str(tmp_path)]) == 0
+    assert main(["history", "nightly", "--results", str(tmp_path), "--fail-on-regression"]) == 1
+    assert "1 regression(s) beyond 5%" in capsys.readouterr().out
+    assert main(["history", "nope", "--results", str(tmp_path)]) == 2

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.errors import ConfigError
 from orchestrator.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results import CellResult, RunPaths, Status, find_run
 
@@ -53,7 +54,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("matrix", help="matrix name (or a path to its .toml)")
     p.add_argument("--run", help="run id (default: the newest)")
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, metavar="DIR")
+    p.add_argument("--baseline", metavar="KEY=VALUE",
+                   help="add each row's ratio to this row, e.g. hardware=v100 "
+                   "(default: [matrix] baseline)")
     p.set_defaults(handler=cmd_report)
+
+    p = sub.add_parser(
+        "history", help="a matrix across runs: trend per cell group, regressions flagged",
+        description="Median images/s of each cell group in the last runs of a matrix; the "
+        "newest run is compared with the median of the runs before it.",
+    )
+    p.add_argument("matrix", help="matrix name (or a path to its .toml)")
+    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, metavar="DIR")
+    p.add_argument("--last", type=int, default=7, metavar="N", help="runs shown (default 7)")
+    p.add_argument("--window", type=int, default=5, metavar="N",
+                   help="previous runs forming the reference (default 5)")
+    p.add_argument("--threshold", type=float, default=0.05,
+                   help="flag a drop larger than this fraction (default 0.05)")
+    p.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 1 when a regression is flagged (for nightly jobs)")
+    p.set_defaults(handler=cmd_history)
 
 
 # --- plan / validate / schema ----------------------------------------------------------------
@@ -104,9 +124,25 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     name = Path(args.matrix).stem if args.matrix.endswith(".toml") else args.matrix
     paths = find_run(args.results, name, args.run)
-    _, table = write_summary(paths)
+    _, table = write_summary(paths, baseline=args.baseline)
     print(f"{paths.root}\n{table}")
     return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from orchestrator.history import render_history, runs_of, trends
+
+    name = Path(args.matrix).stem if args.matrix.endswith(".toml") else args.matrix
+    runs = runs_of(args.results, name)
+    if not runs:
+        raise ConfigError(f"no runs of {name!r} under {args.results}", field="history")
+    items = trends(runs, args.window, args.threshold)
+    shown_runs = runs[-max(1, args.last):]
+    print(render_history(shown_runs, items))
+    flagged = [t for t in items if t.regression]
+    if flagged:
+        print(f"\n{len(flagged)} regression(s) beyond {args.threshold:.0%} in {runs[-1].run_id}")
+    return 1 if flagged and args.fail_on_regression else 0
 
 
 # --- matrix (the sweep) ----------------------------------------------------------------------
