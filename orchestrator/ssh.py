@@ -464,6 +464,25 @@ class SshHost:
         finally:
             channel.close()
 
+    def open_stream(self, argv: Sequence[str]) -> paramiko.Channel:
+        """A raw channel running ``argv`` (every word quoted), stdin/stdout as a byte stream.
+
+        No process-group wrapper and no marker line: for protocols spoken over the channel
+        itself, such as ``docker system dial-stdio``. :class:`HostError` if it cannot start.
+        """
+        if not argv:
+            raise ValueError("argv must not be empty")
+        return self._open_channel(shlex.join(str(a) for a in argv))
+
+    def sftp(self) -> paramiko.SFTPClient:
+        """An SFTP session on this connection (close it when done)."""
+        self.connect()
+        assert self._client is not None
+        try:
+            return self._client.open_sftp()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(f"host {self.name}: cannot open SFTP: {exc}") from None
+
     # -- commands --------------------------------------------------------------------------
     def start(
         self,

@@ -87,6 +87,7 @@ def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
         "backend": backend,
         "repeats": matrix.settings.repeats,
         "varying": list(matrix.varying),
+        "baseline": matrix.settings.baseline,
         "cells": [c.to_json() for c in matrix.cells],
     }
 
@@ -171,12 +172,26 @@ def run_cells(
                     cell, attempt = item
                     allocation = backend.allocate(cell)
                     if allocation is None:
+                        # Hosts may have been lost since the sweep began.
+                        reason = backend.unplaceable(cell)
+                        if reason:
+                            pending.remove(item)
+                            res = _unrun_result(cell, Status.UNPLACEABLE, reason)
+                            res.attempts = attempt - 1
+                            if attempt > 1:
+                                res.reason = (f"its host was lost (attempt {attempt - 1}) and "
+                                              f"no other can run it: {reason}")
+                            write_json(backend.paths.cell_result(cell.id), res.to_json())
+                            results.append(res)
+                            events.cell_finished(cell, res)
                         continue
                     pending.remove(item)
                     events.cell_started(cell, allocation)
                     fut = pool.submit(backend.run_cell, cell, allocation, attempt)
                     running[fut] = (cell, allocation, attempt)
                 if not running:
+                    if not pending:
+                        break  # the rest became unplaceable
                     raise RuntimeError("no cell can start and none is running")  # a bug
                 done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
                 for fut in done:

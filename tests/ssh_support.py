@@ -112,6 +112,7 @@ class SshdServer:
                     "PermitRootLogin prohibit-password",
                     "PrintMotd no",
                     "LogLevel VERBOSE",
+                    "Subsystem sftp internal-sftp",
                     "",
                 ]
             )

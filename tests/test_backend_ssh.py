@@ -1,0 +1,416 @@
+"""The Docker-over-SSH backend: placement, and sweeps through real sshd "hosts" on loopback.
+
+Every "host" is an sshd on 127.0.0.1 with its own host key and port; behind all of them is this
+machine's one Docker engine, reached through ``docker system dial-stdio`` over our verified SSH
+connections. The GPU ids in the inventories are fake (the cells run on the CPU, so no device
+request is made); they only drive placement. Because the engine is shared, a "lost" host's
+container keeps running on it until the sweep's cleanup through the other host removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ssh_support import SshdFactory, SshdServer
+
+from orchestrator.backends.base import Allocation, RunOptions
+from orchestrator.backends.docker import LABEL_RUN
+from orchestrator.backends.ssh import REMOTE_ROOT, SshDockerBackend, multi_node_argv, rdzv_port
+from orchestrator.errors import ConfigError
+from orchestrator.matrix import Cell, load_matrix
+from orchestrator.results import CellResult, RunPaths, Status
+from orchestrator.ssh import UnknownHostKey
+from orchestrator.sweep import run_sweep
+
+MATRIX = """
+[matrix]
+name = "ssh_test"
+backend = "ssh"
+timeout_s = 240
+retries = 1
+
+[workload]
+hardware = "cpu"
+arch = "resnet18"
+image_size = 32
+batch_size = 2
+warmup = 0
+iterations = 1
+workers = 0
+num_classes = 10
+
+[hardware.cpu]
+device = "cpu"
+image = "ngc-pytorch"
+image_vars = {{ base_image = "{base}" }}
+env = {{ OMP_NUM_THREADS = "1" }}
+# memlock = unlimited (the GPU default) is refused on the project's VMs.
+container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} }}
+{profile_extra}
+"""
+
+
+def write_hosts(tmp_path: Path, servers: list[SshdServer], gpus: list[list[int]],
+                *, known: list[SshdServer] | None = None) -> Path:
+    """An inventory for ``servers`` with fake GPU ids; ``known`` (default all) pre-trusted."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("".join(s.known_hosts_line() for s in (servers if known is None
+                                                                   else known)))
+    path = tmp_path / "hosts.toml"
+    path.write_text(
+        f'[options]\nknown_hosts = "{known_hosts}"\nssh_config = ""\nconnect_timeout = 5\n'
+        + "".join(s.host_toml(extra=f"gpus = {ids}") for s, ids in zip(servers, gpus, strict=True))
+    )
+    return path
+
+
+def write_matrix_file(tmp_path: Path, body: str, *, base: str = "unused:latest",
+                      profile_extra: str = "") -> Path:
+    path = tmp_path / "m.toml"
+    path.write_text(MATRIX.format(base=base, profile_extra=profile_extra) + body)
+    return path
+
+
+class Recorder:
+    """Sweep events, recorded; optional hooks on start and output."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, Allocation, float]] = []
+        self.messages: list[str] = []
+        self.on_started: Callable[[Cell, Allocation], None] | None = None
+        self.on_output: Callable[[str, str], None] | None = None
+
+    def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None: ...
+
+    def log(self, message: str) -> None:
+        self.messages.append(message)
+
+    def cell_started(self, cell: Cell, allocation: Allocation) -> None:
+        self.started.append((cell.id, allocation, time.monotonic()))
+        if self.on_started:
+            self.on_started(cell, allocation)
+
+    def cell_output(self, cell_id: str, line: str) -> None:
+        if self.on_output:
+            self.on_output(cell_id, line)
+
+    def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
+
+
+def run_containers(docker_client: Any, run_id: str) -> list[Any]:
+    return docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+
+
+def kill_host(server: SshdServer) -> None:
+    """Take a "host" off the network: stop its sshd and kill every session it forked."""
+    assert server.proc is not None
+    parents = {server.proc.pid}
+    children: list[int] = []
+    for _ in range(4):  # listener -> connection -> session -> commands
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat_text = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat_text.rsplit(")", 1)[1].split()[1])
+            if ppid in parents and int(entry) not in children:
+                found.append(int(entry))
+        children += found
+        parents = set(found)
+    server.stop()
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# --- no engine needed ----------------------------------------------------------------------------
+
+
+def make_backend(tmp_path: Path, matrix_path: Path, hosts: Path | None) -> SshDockerBackend:
+    matrix = load_matrix(matrix_path)
+    paths = RunPaths.create(tmp_path / "results", matrix.name)
+    return SshDockerBackend(matrix, paths, RunOptions(timeout_s=60, hosts_file=hosts))
+
+
+def fake_inventory(tmp_path: Path, hosts: dict[str, str]) -> Path:
+    path = tmp_path / "hosts.toml"
+    path.write_text("".join(
+        f'[[hosts]]\nname = "{name}"\naddress = "127.0.0.1"\n{extra}\n'
+        for name, extra in hosts.items()))
+    return path
+
+
+def test_missing_inventory_is_a_config_error(tmp_path: Path) -> None:
+    matrix = write_matrix_file(tmp_path, "")
+    with pytest.raises(ConfigError, match="needs a hosts inventory: pass --hosts"):
+        make_backend(tmp_path, matrix, None)
+    with pytest.raises(ConfigError, match="cannot read hosts file"):
+        make_backend(tmp_path, matrix, tmp_path / "nope.toml")
+
+
+def test_profile_hosts_must_exist(tmp_path: Path) -> None:
+    matrix = write_matrix_file(tmp_path, "", profile_extra='hosts = ["a", "zz"]')
+    hosts = fake_inventory(tmp_path, {"a": 'tags = ["cpu"]\ngpus = [0]'})
+    with pytest.raises(ConfigError, match=r"hardware\.cpu\.hosts: no host named 'zz'"):
+        make_backend(tmp_path, matrix, hosts)
+
+
+def test_placement_never_double_books_and_follows_profile_hosts(tmp_path: Path) -> None:
+    matrix = write_matrix_file(tmp_path, "[axes]\nseed = [1, 2, 3, 4]\n",
+                               profile_extra='hosts = ["a", "b"]')
+    hosts = fake_inventory(tmp_path, {
+        "a": "gpus = [0, 1]", "b": "gpus = [3]", "c": 'tags = ["cpu"]\ngpus = [0, 1, 2, 3]'})
+    backend = make_backend(tmp_path, matrix, hosts)
+    cells = backend.matrix.cells
+    assert backend.unplaceable(cells[0]) is None
+    got = [backend.allocate(c) for c in cells]
+    assert got[3] is None  # three GPUs on a and b; c is not in the profile's hosts
+    taken = [(a.host, a.gpu_ids) for a in got[:3] if a is not None]
+    assert sorted(taken) == [("a", (0,)), ("a", (1,)), ("b", (3,))]
+    backend.release(cells[0], got[0])
+    assert backend.allocate(cells[3]) == got[0]
+
+    backend.mark_host_lost("b", "test")
+    backend.mark_host_lost("a", "test")
+    reason = backend.unplaceable(cells[1])
+    assert reason is not None and "every host tagged 'cpu' is lost" in reason
+
+
+def test_cpu_cells_without_gpu_ids_are_capped_by_max_concurrent(tmp_path: Path) -> None:
+    matrix = write_matrix_file(tmp_path, "[axes]\nseed = [1, 2, 3]\n")
+    hosts = fake_inventory(tmp_path, {"a": 'tags = ["cpu"]\nmax_concurrent = 2'})
+    backend = make_backend(tmp_path, matrix, hosts)
+    got = [backend.allocate(c) for c in backend.matrix.cells]
+    assert [a is not None for a in got] == [True, True, False]
+    assert got[0] == Allocation(host="a", gpu_ids=(), hosts=("a",))
+
+
+def test_multi_node_placement_and_command(tmp_path: Path) -> None:
+    matrix = write_matrix_file(tmp_path, "[axes]\ngpus = [2, 4]\n",
+                               profile_extra="multi_node = true")
+    hosts = fake_inventory(tmp_path, {
+        "a": 'tags = ["cpu"]\ngpus = [0, 1]', "b": 'tags = ["cpu"]\ngpus = [0, 1]'})
+    backend = make_backend(tmp_path, matrix, hosts)
+    backend.image_tags["cpu"] = "img:1"
+    two, four = backend.matrix.cells
+    alloc = backend.allocate(four)
+    assert alloc == Allocation(host="a", gpu_ids=(0, 1), hosts=("a", "b"))
+    assert backend.allocate(two) is None  # both hosts held exclusively
+    spec = backend.spec(four, alloc)
+    port = rdzv_port(four.id)
+    assert spec.container is not None and spec.container.network == "host"
+    assert spec.argv[:9] == (
+        "python3", "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=0",
+        "--nproc_per_node=2", "--rdzv_backend=static", f"--rdzv_endpoint=127.0.0.1:{port}",
+        f"--rdzv_id={four.id}")
+    node1 = backend._node_spec(spec, alloc, 1)
+    assert node1.host == "b" and "--node_rank=1" in node1.argv
+    with pytest.raises(Exception, match="torchrun launcher"):
+        multi_node_argv(["python3", "-m", "workload"], 2, 0, 1, "h:1", "id")
+
+
+# --- real sshd hosts, real engine ------------------------------------------------------------
+
+docker_ssh = [pytest.mark.docker, pytest.mark.ssh, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def two_hosts(sshd_factory: SshdFactory) -> tuple[SshdServer, SshdServer]:
+    return sshd_factory("bk-a"), sshd_factory("bk-b")
+
+
+def cell_interval(result_dir: Path) -> tuple[str, tuple[int, ...], float, float]:
+    command = json.loads((result_dir / "command.json").read_text())
+    result = json.loads((result_dir / "result.json").read_text())
+    return command["host"], tuple(command["gpu_ids"]), result["started_at"], result["finished_at"]
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+@pytest.mark.timeout(300)
+def test_sweep_over_two_hosts(
+    tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str
+) -> None:
+    a, b = two_hosts
+    hosts = write_hosts(tmp_path, [a, b], [[0, 1], [0]])
+    matrix = load_matrix(write_matrix_file(
+        tmp_path, '[axes]\nseed = [1, 2, 3]\n[[include]]\narch = "no_such_arch"\nseed = 9\n',
+        base=base_image))
+    events = Recorder()
+    t0 = time.monotonic()
+    outcome = run_sweep(matrix, backend_name="ssh", results_root=tmp_path / "results",
+                        hosts_file=hosts, events=events)
+    took = time.monotonic() - t0
+    by_id = {r.cell_id: r for r in outcome.results}
+    bad = next(c.id for c in matrix.cells if c.params.arch == "no_such_arch")
+    assert by_id.pop(bad).status is Status.FAILED
+    assert {r.status for r in by_id.values()} == {Status.OK}, [r.reason for r in by_id.values()]
+
+    intervals = {}
+    for cell_id, result in by_id.items():
+        cell_dir = outcome.paths.cell_dir(cell_id)
+        assert (cell_dir / "summary.json").is_file()  # copied back over SFTP
+        assert (cell_dir / "iterations.csv").is_file()
+        assert result.metrics and result.provenance["backend"] == "ssh"
+        assert result.provenance["host"] in (a.name, b.name)
+        intervals[cell_id] = cell_interval(cell_dir)
+    # Never two live cells on one (host, GPU); and cells did run at the same time.
+    items = list(intervals.values())
+    overlapping = 0
+    for i, (h1, g1, s1, e1) in enumerate(items):
+        for h2, g2, s2, e2 in items[i + 1:]:
+            if s1 < e2 and s2 < e1:
+                overlapping += 1
+                assert not (h1 == h2 and set(g1) & set(g2)), (items, "double booked")
+    assert overlapping >= 1
+    assert {h for h, *_ in items} == {a.name, b.name}
+    assert len({e[0] for e in events.started}) == 4
+    assert run_containers(docker_client, outcome.paths.run_id) == []
+    assert not Path(REMOTE_ROOT, outcome.paths.run_id).exists()
+    print(f"\nsweep of 4 cells over 2 ssh hosts: {took:.1f} s; cells: "
+          + ", ".join(f"{r.duration_s:.1f}s" for r in outcome.results))
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+@pytest.mark.timeout(300)
+def test_lost_host_mid_sweep_is_retried_elsewhere(
+    tmp_path: Path, sshd_factory: SshdFactory, docker_client: Any, base_image: str
+) -> None:
+    x, y = sshd_factory("lost-x"), sshd_factory("lost-y")
+    hosts = write_hosts(tmp_path, [x, y], [[0], [0]])
+    matrix = load_matrix(write_matrix_file(
+        tmp_path, "[axes]\niterations = [150, 1]\n", base=base_image))
+    long_cell = next(c.id for c in matrix.cells if c.params.iterations == 150)
+    servers = {x.name: x, y.name: y}
+    events = Recorder()
+    where: dict[str, str] = {}
+    killed = threading.Event()
+
+    def started(cell: Cell, allocation: Allocation) -> None:
+        if cell.id == long_cell and not where:
+            where["host"] = allocation.host or ""
+
+    def output(cell_id: str, line: str) -> None:
+        if cell_id == long_cell and line.startswith("{") and not killed.is_set():
+            killed.set()
+            threading.Thread(target=kill_host, args=(servers[where["host"]],)).start()
+
+    events.on_started, events.on_output = started, output
+    outcome = run_sweep(matrix, backend_name="ssh", results_root=tmp_path / "results",
+                        hosts_file=hosts, events=events)
+    assert killed.is_set()
+    by_id = {r.cell_id: r for r in outcome.results}
+    retried = by_id[long_cell]
+    assert retried.status is Status.OK, retried.reason
+    assert retried.attempts == 2
+    other = ({x.name, y.name} - {where["host"]}).pop()
+    assert retried.provenance["host"] == other
+    assert any("retrying (attempt 2)" in m and "stopped answering" in m for m in events.messages)
+    assert [r.status for r in outcome.results] == [Status.OK, Status.OK]
+    assert run_containers(docker_client, outcome.paths.run_id) == []
+    print("\nlost host: " + ", ".join(
+        f"{m}" for m in events.messages if "retrying" in m) + "; durations: "
+        + ", ".join(f"{r.cell_id} {r.duration_s:.1f}s" for r in outcome.results))
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+@pytest.mark.timeout(120)
+def test_unknown_host_key_is_refused(
+    tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any
+) -> None:
+    a, b = two_hosts
+    hosts = write_hosts(tmp_path, [a, b], [[0], [0]], known=[a])
+    matrix = load_matrix(write_matrix_file(tmp_path, ""))
+    with pytest.raises(UnknownHostKey, match=r"host bk-b .* unknown .* host key SHA256:.*"
+                                             r"ssh-keyscan"):
+        run_sweep(matrix, backend_name="ssh", results_root=tmp_path / "results",
+                  hosts_file=hosts)
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+@pytest.mark.timeout(300)
+def test_cancel_kills_and_removes_the_remote_container(
+    tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str
+) -> None:
+    a, _ = two_hosts
+    hosts = write_hosts(tmp_path, [a], [[0]])
+    matrix = load_matrix(write_matrix_file(
+        tmp_path, "[axes]\niterations = [100000]\n", base=base_image))
+    cancel = threading.Event()
+    events = Recorder()
+    seen: dict[str, float] = {}
+
+    def output(cell_id: str, line: str) -> None:
+        if not cancel.is_set():
+            seen["at"] = time.monotonic()
+            cancel.set()
+
+    events.on_output = output
+    outcome = run_sweep(matrix, backend_name="ssh", results_root=tmp_path / "results",
+                        hosts_file=hosts, events=events, cancel=cancel)
+    assert outcome.interrupted
+    (result,) = outcome.results
+    assert result.status is Status.CANCELLED
+    assert time.monotonic() - seen["at"] < 30
+    assert run_containers(docker_client, outcome.paths.run_id) == []
+    assert not Path(REMOTE_ROOT, outcome.paths.run_id).exists()
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+@pytest.mark.timeout(300)
+def test_multi_node_cell_spans_two_hosts(
+    tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str
+) -> None:
+    a, b = two_hosts
+    hosts = write_hosts(tmp_path, [a, b], [[0], [0]])
+    matrix = load_matrix(write_matrix_file(
+        tmp_path, "[axes]\ngpus = [2]\n", base=base_image, profile_extra="multi_node = true"))
+    outcome = run_sweep(matrix, backend_name="ssh", results_root=tmp_path / "results",
+                        hosts_file=hosts)
+    (result,) = outcome.results
+    assert result.status is Status.OK, (result.reason, result.log_tail)
+    assert result.provenance["hosts"] == [a.name, b.name]
+    assert result.metrics["world_size"] == 2
+    cell_dir = outcome.paths.cell_dir(result.cell_id)
+    command = json.loads((cell_dir / "command.json").read_text())
+    assert "--nnodes=2" in command["argv"] and "--node_rank=0" in command["argv"]
+    assert (cell_dir / "summary.json").is_file()
+    assert run_containers(docker_client, outcome.paths.run_id) == []
+
+
+def test_cell_whose_last_host_is_lost_becomes_unplaceable(tmp_path: Path) -> None:
+    """The sweep retries a host_lost cell; with no host left it ends unplaceable, with why."""
+    from orchestrator.sweep import NullEvents, run_cells
+
+    matrix = write_matrix_file(tmp_path, "")
+    backend = make_backend(tmp_path, matrix, fake_inventory(
+        tmp_path, {"a": 'tags = ["cpu"]\ngpus = [0]'}))
+    (cell,) = backend.matrix.cells
+
+    def lost_run(cell: Cell, allocation: Allocation, attempt: int = 1) -> CellResult:
+        backend.mark_host_lost("a", "host a stopped answering")
+        return CellResult(cell_id=cell.id, group=cell.group, repeat=cell.repeat,
+                          status=Status.HOST_LOST, reason="host a stopped answering",
+                          params=cell.params.model_dump(), attempts=attempt)
+
+    backend.run_cell = lost_run  # type: ignore[method-assign]
+    (result,) = run_cells(backend, [cell], NullEvents(), retries=1)
+    assert result.status is Status.UNPLACEABLE
+    assert "its host was lost (attempt 1)" in result.reason
+    assert "every host tagged 'cpu' is lost (a)" in result.reason
