@@ -122,13 +122,21 @@ def add_ratios(rows: Sequence[GroupRow], key: str, value: str) -> int:
     return n
 
 
+#: Column order of tables: the order of cell ids, then the rest in model order.
+_LEADING = ("hardware", "arch", "mode", "gpus", "batch_size", "precision")
+
+
+def column_order(keys: Sequence[str]) -> list[str]:
+    """Parameters in table order: hardware, arch, mode, gpus, batch_size, precision, others."""
+    return [k for k in _LEADING if k in keys] + [k for k in keys if k not in _LEADING]
+
+
 def varying_params(rows: Sequence[GroupRow], plan_varying: Sequence[str] = ()) -> list[str]:
     """Parameters shown as table columns: hardware, then those that differ between rows."""
     keys = list(rows[0].params) if rows else []
-    varying = [k for k in keys if len({repr(r.params.get(k)) for r in rows}) > 1]
-    shown = ["hardware"] + [k for k in keys if k != "hardware" and (k in varying or k in
-                                                                      plan_varying)]
-    return shown
+    varying = {k for k in keys if len({repr(r.params.get(k)) for r in rows}) > 1}
+    return column_order([k for k in keys if k == "hardware" or k in varying
+                         or k in plan_varying])
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:

@@ -86,7 +86,9 @@ def _load(args: argparse.Namespace) -> Matrix:
 def plan_lines(matrix: Matrix) -> list[str]:
     from tabulate import tabulate
 
-    shown = ["hardware", *[k for k in matrix.varying if k != "hardware"]]
+    from orchestrator.summary import column_order
+
+    shown = column_order(["hardware", *[k for k in matrix.varying if k != "hardware"]])
     rows = [[c.id, *[c.params.model_dump()[k] for k in shown], c.repeat, c.hash]
             for c in matrix.cells]
     table = tabulate(rows, headers=["cell", *shown, "repeat", "hash"], tablefmt="simple",
