@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator.backends.base import Allocation, Backend, Execution, ExitInfo
 from orchestrator.errors import BackendUnavailable, ConfigError, LaunchError, Problem
 from orchestrator.launch import LaunchSpec, workload_argv, workload_env
-from orchestrator.matrix import Cell
+from orchestrator.matrix import Cell, Matrix
 
 log = logging.getLogger("orchestrator.backends.docker")
 
@@ -104,6 +104,28 @@ def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
     if spec.workdir:
         kwargs["working_dir"] = spec.workdir
     return kwargs
+
+
+def plan_images(matrix: Matrix, cells: list[Cell], backend: str) -> dict[str, Any]:
+    """The image plan of every hardware profile the cells use (no engine needed).
+
+    A profile without an image template cannot run in a container: a :class:`ConfigError`
+    naming each such profile.
+    """
+    from orchestrator import build
+
+    needed = sorted({c.hardware for c in cells})
+    missing = [h for h in needed if matrix.profiles[h].image is None]
+    if missing:
+        raise ConfigError([
+            Problem(str(matrix.path), f"hardware.{h}.image",
+                    f"the {backend} backend needs an image template for this profile")
+            for h in missing
+        ])
+    return {
+        hw: build.plan_image(matrix.profiles[hw].image, matrix.profiles[hw].image_vars)
+        for hw in needed
+    }
 
 
 class DockerExecution(Execution):
@@ -192,20 +214,9 @@ class DockerBackend(Backend):
         """Build (or find) every image the cells need, once per distinct image."""
         from orchestrator import build
 
-        needed = sorted({c.hardware for c in cells})
-        missing = [h for h in needed if self.matrix.profiles[h].image is None]
-        if missing:
-            raise ConfigError([
-                Problem(str(self.matrix.path), f"hardware.{h}.image",
-                        "the docker backend needs an image template for this profile")
-                for h in missing
-            ])
-        plans: dict[str, Any] = {}
-        for hw in needed:
-            profile = self.matrix.profiles[hw]
-            plan = build.plan_image(profile.image, profile.image_vars)
-            plans.setdefault(plan.tag, plan)
-            self.image_tags[hw] = plan.tag
+        by_profile = plan_images(self.matrix, cells, self.name)
+        self.image_tags = {hw: plan.tag for hw, plan in by_profile.items()}
+        plans = {plan.tag: plan for plan in by_profile.values()}
         for tag, plan in plans.items():
             outcome = build.ensure_image(plan, self.client, on_log)
             if on_log:

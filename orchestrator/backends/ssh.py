@@ -54,6 +54,7 @@ from orchestrator.backends.docker import (
     DockerBackend,
     DockerExecution,
     container_kwargs,
+    plan_images,
     remove_containers,
 )
 from orchestrator.errors import (
@@ -620,20 +621,9 @@ class SshDockerBackend(DockerBackend):
         from orchestrator import build, gpus
 
         say = on_log or (lambda _msg: None)
-        needed = sorted({c.hardware for c in cells})
-        missing = [h for h in needed if self.matrix.profiles[h].image is None]
-        if missing:
-            raise ConfigError([
-                Problem(str(self.matrix.path), f"hardware.{h}.image",
-                        "the ssh backend needs an image template for this profile")
-                for h in missing
-            ])
-        plans: dict[str, Any] = {}
-        for hw in needed:
-            profile = self.matrix.profiles[hw]
-            plan = build.plan_image(profile.image, profile.image_vars)
-            plans[hw] = plan
-            self.image_tags[hw] = plan.tag
+        plans = plan_images(self.matrix, cells, self.name)
+        needed = sorted(plans)
+        self.image_tags = {hw: plan.tag for hw, plan in plans.items()}
         wanted = [h for h in self.inventory.names
                   if self.placement_tags[h] & set(needed) and h not in self._lost]
         discovered: dict[str, list[int]] = {}
