@@ -233,3 +233,19 @@ def test_driver_from_host_without_gpu_is_clear_error(
     inv = load_hosts(write_inventory(tmp_path, [sshd_server]))
     with pytest.raises(HostError, match="reports no GPU driver"):
         driver_from_host(inv, sshd_server.name)
+
+
+@pytest.mark.ssh
+def test_images_build_driver_from_a_host(
+    tmp_path: Path, sshd_server: SshdServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`images build --driver-from HOST` reads the driver over SSH; this host has no GPU."""
+    path = write_inventory(tmp_path, [sshd_server])
+    argv = ["images", "build", "ngc-pytorch", "--dry-run", "--driver-from", sshd_server.name]
+    assert main(argv) == 2
+    assert "--driver-from needs --hosts" in capsys.readouterr().err
+    assert main([*argv, "--hosts", str(path)]) == 1
+    assert "reports no GPU driver" in capsys.readouterr().err
+    assert main([*argv, "--hosts", str(path), "--driver", "535.104.05"]) == 2
+    assert main(["images", "build", "ngc-pytorch", "--dry-run", "--driver", "535.104.05"]) == 0
+    assert "23." in capsys.readouterr().out

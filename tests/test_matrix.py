@@ -322,3 +322,22 @@ def test_only_errors(write_matrix):
         parse_only(["gpus=two"])
     with pytest.raises(ConfigError, match="matches no cell"):
         filter_cells(m, ["gpus=8"])
+
+
+def test_unknown_image_template_and_variables(write_matrix):
+    got = problems(write_matrix("""
+        [axes]
+        hardware = ["a", "b"]
+        [hardware.a]
+        device = "cuda"
+        image = "ngc-pytorhc"
+        [hardware.b]
+        device = "cuda"
+        image = "ngc-pytorch"
+        image_vars = { bse_tag = "23.10-py3", apt_packages = "vim" }
+    """))
+    text = "\n".join(got)
+    assert "hardware.a.image: unknown image template 'ngc-pytorhc'; known: " in text
+    assert "hardware.b.image_vars: unknown template variable 'bse_tag'" in text
+    assert "hardware.b.image_vars:" in text and "apt_packages" in text
+    assert len(got) == 3

@@ -40,6 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="NVIDIA driver of the target hosts: pick the newest NGC release it supports",
     )
     p_build.add_argument(
+        "--driver-from",
+        metavar="HOST",
+        help="read the driver from this inventory host over SSH (needs --hosts)",
+    )
+    p_build.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
+                         help="hosts inventory for --driver-from")
+    p_build.add_argument(
         "--datacenter",
         action="store_true",
         help="with --driver: also allow releases reachable through CUDA forward compatibility",
@@ -65,6 +72,16 @@ def _values(args: argparse.Namespace) -> tuple[dict[str, Any], build.Release | N
     values = images.coerce_set(args.name, args.assignments)
     release = None
     driver = getattr(args, "driver", None)
+    host = getattr(args, "driver_from", None)
+    if host:
+        if driver:
+            raise ConfigError("give either --driver or --driver-from, not both", file="--driver")
+        if not args.hosts:
+            raise ConfigError("--driver-from needs --hosts HOSTS.toml", file="--driver-from")
+        from orchestrator.commands.hosts import driver_from_host
+        from orchestrator.hosts import load_hosts
+
+        driver = driver_from_host(load_hosts(args.hosts), host)
     if driver:
         template = images.load_template(args.name)
         if "base_tag" not in template.variables:
