@@ -148,6 +148,34 @@ class BitfusionOptions(StrictModel):
     extra_args: list[str] = []
 
 
+#: A value that ends up on an ``#SBATCH`` line: one line, no control characters.
+SbatchValue = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class SlurmOptions(StrictModel):
+    """``sbatch`` options of a profile's cells (slurm backend)."""
+
+    partition: SbatchValue | None = None
+    account: SbatchValue | None = None
+    qos: SbatchValue | None = None
+    time_limit: Annotated[str, Field(pattern=r"^[0-9]+(-[0-9]+)?(:[0-9]+){0,2}$")] | None = Field(
+        None, description="--time of every cell (Slurm format, e.g. '02:00:00'); default: "
+        "the per-cell timeout plus 5 minutes.",
+    )
+    cpus_per_task: PositiveInt | None = None
+    cpus_per_gpu: PositiveInt | None = None
+    mem: Annotated[str, Field(pattern=r"^[0-9]+[KMGT]?$")] | None = Field(
+        None, description="--mem per node, e.g. '32G'."
+    )
+    max_jobs: PositiveInt | None = Field(
+        None, description="At most this many of the profile's cells in Slurm at once "
+        "(default: submit every cell; Slurm queues them).",
+    )
+    extra_args: list[SbatchValue] = Field(
+        [], description="More sbatch options, one per #SBATCH line, e.g. '--constraint=a100'."
+    )
+
+
 class HardwareProfile(StrictModel):
     """What a ``hardware`` value means: device, image, wrapper, container options, placement."""
 
@@ -158,6 +186,7 @@ class HardwareProfile(StrictModel):
     wrapper: Literal["none", "bitfusion"] = "none"
     bitfusion: BitfusionOptions = BitfusionOptions()
     container: ContainerOptions = ContainerOptions()
+    slurm: SlurmOptions = SlurmOptions()
     env: dict[str, str] = {}
     backend: str | None = Field(None, description="Backend for this profile (overrides [matrix]).")
     hosts: list[str] = Field([], description="Hosts (inventory names) allowed to run it.")

@@ -20,6 +20,7 @@ _REGISTRY: dict[str, str] = {
     "process": "orchestrator.backends.process:ProcessBackend",
     "docker": "orchestrator.backends.docker:DockerBackend",
     "ssh": "orchestrator.backends.ssh:SshDockerBackend",
+    "slurm": "orchestrator.backends.slurm:SlurmBackend",
 }
 
 

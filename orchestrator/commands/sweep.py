@@ -182,6 +182,8 @@ class RichEvents:
         self.progress.stop()
 
     def _status(self) -> str:
+        if len(self.running) == 1:
+            return next(iter(self.running.values()))
         return " | ".join(f"{cid}: {last}" for cid, last in self.running.items())[:120]
 
     def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None:
@@ -206,12 +208,19 @@ class RichEvents:
             obj = json.loads(line)
         except json.JSONDecodeError:
             return
-        data = obj.get("data", {}) if isinstance(obj, dict) else {}
+        if not isinstance(obj, dict):
+            return
+        data = obj.get("data", {})
         ips = data.get("train.total_ips") or data.get("val.total_ips")
         with self._lock:
-            if cell_id in self.running and isinstance(ips, int | float):
-                self.running[cell_id] = f"{ips:,.1f} img/s"
-                self.progress.update(self.task, status=self._status())
+            if cell_id not in self.running:
+                return
+            if isinstance(ips, int | float):
+                self.running[cell_id] = f"step {obj.get('step', '?')}: {ips:,.1f} img/s"
+            elif obj.get("type") == "meta":
+                env = obj.get("env", {})
+                self.running[cell_id] = f"running on {env.get('device_name') or env.get('device')}"
+            self.progress.update(self.task, status=self._status())
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
         with self._lock:
