@@ -67,6 +67,7 @@ def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path):
         assert len(r.metrics["iteration_times"]) == 2
         assert r.env["torch_version"].startswith("2.")
         assert r.provenance["backend"] == "process" and r.provenance["host"]
+        assert r.provenance["python"] == sys.executable and r.provenance["python_version"]
         assert r.duration_s and r.duration_s > 0
 
     (bad,) = [r for r in outcome.results if r.status is not Status.OK]

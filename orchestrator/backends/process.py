@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from orchestrator.backends.base import PROJECT_ROOT, Allocation, Backend, Execution, ExitInfo
 from orchestrator.errors import BackendUnavailable, LaunchError
@@ -88,6 +89,15 @@ class ProcessBackend(Backend):
             workdir=str(PROJECT_ROOT),
             output_dir=out,
         )
+
+    def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
+        """Adds the Python environment that ran the workload (no image here)."""
+        return {
+            **super().provenance(spec),
+            "python": sys.executable,
+            "python_version": sys.version.split()[0],
+            "venv": sys.prefix if sys.prefix != sys.base_prefix else None,
+        }
 
     def launch(self, spec: LaunchSpec) -> Execution:
         env = {**os.environ, **spec.env}
