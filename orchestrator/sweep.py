@@ -23,8 +23,9 @@ from typing import Any, Protocol
 from orchestrator import __version__
 from orchestrator.backends import backend_class
 from orchestrator.backends.base import Allocation, Backend, RunOptions, git_revision
+from orchestrator.errors import ConfigError
 from orchestrator.matrix import Cell, Matrix
-from orchestrator.results import CellResult, RunPaths, Status, write_json
+from orchestrator.results import CellResult, RunPaths, Status, find_run, read_json, write_json
 from orchestrator.summary import GroupRow, write_summary
 
 
@@ -100,22 +101,35 @@ def run_sweep(
     events: SweepEvents | None = None,
     cancel: threading.Event | None = None,
     hosts_file: Path | None = None,
+    resume: str | None = None,
 ) -> SweepOutcome:
-    """Run every cell of ``matrix`` and write the run folder. Returns the outcome."""
+    """Run every cell of ``matrix`` and write the run folder. Returns the outcome.
+
+    ``resume``: a run id, or ``""`` for the newest run of the matrix: run again, in that run's
+    folder, only the cells that did not end ok (the matrix must not have changed since).
+    """
     events = events or NullEvents()
     name = backend_for(matrix, backend_name)
     cls = backend_class(name)
     cls.check_available()
-    paths = RunPaths.create(results_root, matrix.name)
-    paths.matrix_file.write_text(matrix.source_text, encoding="utf-8")
-    write_json(paths.plan, plan_json(matrix, name))
-    started = time.time()
-    run_meta: dict[str, Any] = {
-        "run_id": paths.run_id, "matrix": matrix.name, "backend": name,
-        "started_at": started, "finished_at": None, "orchestrate_version": __version__,
-        "git_revision": git_revision(), "python": sys.version.split()[0],
-        "controller_host": platform.node(), "argv": sys.argv,
-    }
+    if resume is None:
+        paths = RunPaths.create(results_root, matrix.name)
+        paths.matrix_file.write_text(matrix.source_text, encoding="utf-8")
+        write_json(paths.plan, plan_json(matrix, name))
+        cells = list(matrix.cells)
+        run_meta: dict[str, Any] = {
+            "run_id": paths.run_id, "matrix": matrix.name, "backend": name,
+            "started_at": time.time(), "finished_at": None,
+            "orchestrate_version": __version__, "git_revision": git_revision(),
+            "python": sys.version.split()[0], "controller_host": platform.node(),
+            "argv": sys.argv,
+        }
+    else:
+        paths = find_run(results_root, matrix.name, resume or None)
+        cells = cells_to_resume(paths, matrix)
+        run_meta = read_json(paths.run_meta)
+        run_meta.setdefault("resumed", []).append(
+            {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": name})
     write_json(paths.run_meta, run_meta)
 
     options = RunOptions(
@@ -125,11 +139,11 @@ def run_sweep(
         hosts_file=hosts_file or hosts_file_of(matrix),
     )
     backend = cls(matrix, paths, options)
-    cells = list(matrix.cells)
     events.sweep_started(paths, cells)
     interrupted = False
     try:
-        backend.prepare(cells, on_log=events.log)
+        if cells:
+            backend.prepare(cells, on_log=events.log)
         results = run_cells(backend, cells, events, retries=matrix.settings.retries)
     except KeyboardInterrupt:
         options.cancel.set()
@@ -138,7 +152,8 @@ def run_sweep(
     finally:
         backend.close()
     interrupted = interrupted or options.cancel.is_set()
-    results = _record_unrun(paths, cells, results)
+    _record_unrun(paths, cells, results)
+    results = paths.results()  # every cell of the run, those of earlier attempts included
     rows, table = write_summary(paths)
     counts: dict[str, int] = {}
     for r in results:
@@ -146,6 +161,32 @@ def run_sweep(
     run_meta.update(finished_at=time.time(), counts=counts, interrupted=interrupted)
     write_json(paths.run_meta, run_meta)
     return SweepOutcome(paths, results, rows, table, interrupted, counts)
+
+
+def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
+    """The cells of ``matrix`` that did not end ok in run ``paths``; their old files archived.
+
+    Refuses (ConfigError) when the matrix no longer matches the run's plan: resuming would mix
+    numbers from two different experiments in one table.
+    """
+    planned = {c["id"]: c["hash"] for c in read_json(paths.plan)["cells"]}
+    changed = [c.id for c in matrix.cells if planned.get(c.id) != c.hash]
+    if changed:
+        raise ConfigError(
+            f"the matrix changed since run {paths.run_id} ({len(changed)} cells differ, e.g. "
+            f"{changed[0]}); start a new run instead of --resume", file=str(matrix.path))
+    todo = []
+    for cell in matrix.cells:
+        result = paths.cell_result(cell.id)
+        if result.exists() and read_json(result).get("status") == Status.OK.value:
+            continue
+        cell_dir = paths.cell_dir(cell.id)
+        if cell_dir.exists():
+            archive = paths.root / "superseded" / f"{cell.id}-{int(time.time() * 1000)}"
+            archive.parent.mkdir(exist_ok=True)
+            cell_dir.rename(archive)
+        todo.append(cell)
+    return todo
 
 
 def run_cells(

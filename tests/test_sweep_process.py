@@ -152,3 +152,39 @@ def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, t
     time.sleep(0.5)
     assert processes_mentioning(str(run_dir)) == []
     assert os.path.exists(run_dir / "summary.csv")
+
+
+def test_resume_runs_only_what_did_not_end_ok(write_matrix, tmp_path):
+    import threading
+
+    from orchestrator.errors import ConfigError
+    from orchestrator.sweep import NullEvents
+
+    path = write_matrix(TINY + """
+        [axes]
+        seed = [1, 2, 3]
+    """)
+    matrix = load_matrix(path)
+    cancel = threading.Event()
+
+    class StopAfterFirst(NullEvents):
+        def cell_finished(self, cell, result) -> None:
+            cancel.set()  # as if Ctrl-C came right after the first cell
+
+    first = run_sweep(matrix, results_root=tmp_path, events=StopAfterFirst(), cancel=cancel)
+    assert first.interrupted and first.exit_code == 130
+    assert sorted(r.status.value for r in first.results) == ["cancelled", "cancelled", "ok"]
+    (done,) = [r for r in first.results if r.status is Status.OK]
+
+    again = run_sweep(matrix, results_root=tmp_path, resume="")
+    assert again.paths.root == first.paths.root  # the same run folder
+    assert again.exit_code == 0 and [r.status for r in again.results] == [Status.OK] * 3
+    kept = next(r for r in again.results if r.cell_id == done.cell_id)
+    assert kept.started_at == done.started_at  # the ok cell was not run again
+    assert len(list((first.paths.root / "superseded").iterdir())) == 2  # old attempts kept
+    meta = json.loads(first.paths.run_meta.read_text())
+    assert meta["counts"] == {"ok": 3} and len(meta["resumed"]) == 1
+
+    path.write_text(path.read_text().replace("iterations = 2", "iterations = 3"))
+    with pytest.raises(ConfigError, match="the matrix changed since run"):
+        run_sweep(load_matrix(path), results_root=tmp_path, resume=first.paths.run_id)

@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run only matching cells (repeatable; same key: any value)")
     p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
                    help="hosts inventory for --backend ssh (default: [matrix] hosts)")
+    p.add_argument("--resume", nargs="?", const="", metavar="RUN_ID",
+                   help="re-run, in an earlier run's folder (default: the newest), only the "
+                   "cells that did not end ok")
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     p.set_defaults(handler=cmd_matrix)
 
@@ -250,7 +253,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     try:
         with RichEvents() as events:
             outcome = run_sweep(matrix, backend_name=args.backend, results_root=args.results,
-                                events=events, cancel=cancel, hosts_file=args.hosts)
+                                events=events, cancel=cancel, hosts_file=args.hosts,
+                                resume=args.resume)
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(outcome.table)
