@@ -90,13 +90,14 @@ class CellParams(StrictModel):
 PARAM_NAMES: tuple[str, ...] = tuple(CellParams.model_fields)
 
 
-def _param_type(name: str) -> Any:
+def param_type(name: str) -> Any:
+    """The annotated type of cell parameter ``name`` (with its constraints)."""
     info = CellParams.model_fields[name]
     return Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
 
 
 def _derived(name: str, wrap) -> type[BaseModel]:
-    fields = {p: (wrap(_param_type(p)), None) for p in PARAM_NAMES}
+    fields = {p: (wrap(param_type(p)), None) for p in PARAM_NAMES}
     return create_model(name, __base__=StrictModel, **fields)
 
 

@@ -36,7 +36,7 @@ from orchestrator.config import (
     HardwareProfile,
     MatrixFile,
     MatrixSettings,
-    _param_type,
+    param_type,
     parse_matrix_file,
 )
 from orchestrator.errors import ConfigError, Problem
@@ -374,7 +374,7 @@ def parse_only(only: Sequence[str]) -> dict[str, list[Any]]:
             continue
         else:
             try:
-                value = TypeAdapter(_param_type(key)).validate_strings(text.strip())
+                value = TypeAdapter(param_type(key)).validate_strings(text.strip())
             except ValidationError as exc:
                 msg = exc.errors(include_url=False)[0]["msg"]
                 problems.append(Problem("--only", item, msg))

@@ -14,6 +14,7 @@ An :class:`Execution` is the started cell: a subprocess, a container, a remote c
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -258,8 +259,6 @@ class Backend(ABC):
         lines = parse_metric_lines(text)
         if lines:
             with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
-                import json
-
                 for obj in lines:
                     fh.write(json.dumps(obj) + "\n")
         summary = next((o for o in reversed(lines) if o["type"] == "summary"), None)
