@@ -155,12 +155,29 @@ def run_sweep(
     _record_unrun(paths, cells, results)
     results = paths.results()  # every cell of the run, those of earlier attempts included
     rows, table = write_summary(paths)
+    _plot_if_possible(paths, rows, matrix.name)
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status.value] = counts.get(r.status.value, 0) + 1
     run_meta.update(finished_at=time.time(), counts=counts, interrupted=interrupted)
     write_json(paths.run_meta, run_meta)
     return SweepOutcome(paths, results, rows, table, interrupted, counts)
+
+
+def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
+    """summary.png in the run folder when matplotlib is installed (the ``plots`` extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None or not any(r.ips for r in rows):
+        return
+    from orchestrator.plots import plot_run
+
+    try:
+        plot_run(paths, rows, paths.root / "summary.png", f"{name} {paths.run_id}")
+    except Exception as exc:  # a plot must never cost the results
+        import logging
+
+        logging.getLogger("orchestrator.sweep").warning("summary.png not drawn: %s", exc)
 
 
 def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:

@@ -8,6 +8,7 @@ group, and an interrupt (SIGINT / SIGTERM) that records every cell and leaves no
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import signal
@@ -81,6 +82,8 @@ def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path):
     assert paths.root.parent == tmp_path / "results" / "tiny"
     for f in ("matrix.toml", "plan.json", "run.json", "summary.csv", "summary.txt"):
         assert (paths.root / f).is_file(), f
+    if importlib.util.find_spec("matplotlib"):
+        assert (paths.root / "summary.png").is_file()
     run = json.loads(paths.run_meta.read_text())
     assert run["counts"] == {"ok": 2, "failed": 1} and run["finished_at"]
     for r in ok:

@@ -60,6 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", metavar="KEY=VALUE",
                    help="add each row's ratio to this row, e.g. hardware=v100 "
                    "(default: [matrix] baseline)")
+    p.add_argument("--plot", type=Path, metavar="FILE",
+                   help="also draw it (png/svg/pdf): scaling vs GPUs, or bars per configuration")
     p.set_defaults(handler=cmd_report)
 
     p = sub.add_parser(
@@ -76,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="flag a drop larger than this fraction (default 0.05)")
     p.add_argument("--fail-on-regression", action="store_true",
                    help="exit 1 when a regression is flagged (for nightly jobs)")
+    p.add_argument("--plot", type=Path, metavar="FILE", help="also draw the trend (png/svg/pdf)")
     p.set_defaults(handler=cmd_history)
 
 
@@ -129,8 +132,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     name = Path(args.matrix).stem if args.matrix.endswith(".toml") else args.matrix
     paths = find_run(args.results, name, args.run)
-    _, table = write_summary(paths, baseline=args.baseline)
+    rows, table = write_summary(paths, baseline=args.baseline)
     print(f"{paths.root}\n{table}")
+    if args.plot:
+        from orchestrator.plots import plot_run
+
+        print(f"plot: {plot_run(paths, rows, args.plot, f'{name} {paths.run_id}')}")
     return 0
 
 
@@ -144,6 +151,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     items = trends(runs, args.window, args.threshold)
     shown_runs = runs[-max(1, args.last):]
     print(render_history(shown_runs, items))
+    if args.plot:
+        from orchestrator.plots import plot_history
+
+        print(f"plot: {plot_history(shown_runs, items, args.plot, name)}")
     flagged = [t for t in items if t.regression]
     if flagged:
         print(f"\n{len(flagged)} regression(s) beyond {args.threshold:.0%} in {runs[-1].run_id}")
