@@ -253,3 +253,36 @@ def test_clean_removes_leftovers_of_a_crashed_run(docker_client, base_image):
         assert containers_of(docker_client, "crashed-run") == []
     finally:
         subprocess.run(["docker", "rm", "-f", leftover.id], capture_output=True)
+
+
+def test_dry_run_shows_images_and_resolves_files_next_to_the_matrix(write_matrix, tmp_path,
+                                                                    capsys):
+    from orchestrator.cli import main
+
+    path = write_matrix("""
+        [matrix]
+        backend = "docker"
+        [axes]
+        hardware = ["v100", "v100-bf"]
+        [hardware.v100]
+        device = "cuda"
+        image = "ngc-pytorch"
+        [hardware.v100-bf]
+        device = "cuda"
+        image = "bitfusion"
+        wrapper = "bitfusion"
+        image_vars = { client_deb = "bf/client.deb", ca_cert = "bf/ca.crt" }
+    """)
+    assert main(["matrix", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: hardware.v100-bf.image_vars.client_deb: file " in err
+    assert str(tmp_path / "bf" / "client.deb") in err
+
+    (tmp_path / "bf").mkdir()
+    (tmp_path / "bf" / "client.deb").write_bytes(b"deb")
+    (tmp_path / "bf" / "ca.crt").write_text("cert")
+    assert main(["matrix", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "image for v100: orchestrate/ngc-pytorch:" in out
+    assert "image for v100-bf: orchestrate/bitfusion:" in out
+    assert not (tmp_path / "r").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import Allocation, Backend, Execution, ExitInfo
@@ -122,10 +123,33 @@ def plan_images(matrix: Matrix, cells: list[Cell], backend: str) -> dict[str, An
                     f"the {backend} backend needs an image template for this profile")
             for h in missing
         ])
-    return {
-        hw: build.plan_image(matrix.profiles[hw].image, matrix.profiles[hw].image_vars)
-        for hw in needed
-    }
+    plans = {}
+    for hw in needed:
+        profile = matrix.profiles[hw]
+        try:
+            plans[hw] = build.plan_image(profile.image, profile_image_vars(matrix, hw))
+        except ConfigError as exc:  # say where in the matrix the variable comes from
+            raise ConfigError([
+                Problem(str(matrix.path), f"hardware.{hw}.image_vars.{p.field}", p.message)
+                for p in exc.problems
+            ]) from None
+    return plans
+
+
+def profile_image_vars(matrix: Matrix, hardware: str) -> dict[str, Any]:
+    """A profile's image variables; relative paths of file variables (a client .deb, a CA
+    certificate) are taken relative to the matrix file's folder, not the current directory."""
+    from orchestrator import images
+
+    profile = matrix.profiles[hardware]
+    values = dict(profile.image_vars)
+    for name, var in images.load_template(profile.image).variables.items():
+        value = values.get(name)
+        if var.file and isinstance(value, str) and value:
+            path = Path(value).expanduser()
+            if not path.is_absolute():
+                values[name] = str((matrix.path.parent / path).resolve())
+    return values
 
 
 class DockerExecution(Execution):

@@ -255,9 +255,16 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
     matrix = _load(args)
     if args.dry_run:
+        backend = backend_for(matrix, args.backend)
         print("\n".join(plan_lines(matrix)))
+        if backend in ("docker", "ssh"):
+            from orchestrator.backends.docker import plan_images
+
+            for hw, plan in plan_images(matrix, list(matrix.cells), backend).items():
+                print(f"image for {hw}: {plan.tag} (template {plan.template}, "
+                      f"base {plan.base_image})")
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
-              f"{backend_for(matrix, args.backend)} into {args.results}/{matrix.name}/<run id>/")
+              f"{backend} into {args.results}/{matrix.name}/<run id>/")
         return 0
     cancel = threading.Event()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
