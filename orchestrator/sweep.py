@@ -11,6 +11,7 @@ Expected failures are results; one bad cell never stops the sweep.
 from __future__ import annotations
 
 import platform
+import shutil
 import sys
 import threading
 import time
@@ -138,12 +139,21 @@ def run_sweep(
         cancel=cancel or threading.Event(),
         hosts_file=hosts_file or hosts_file_of(matrix),
     )
-    backend = cls(matrix, paths, options)
+    try:
+        backend = cls(matrix, paths, options)
+        if cells:
+            backend.prepare(cells, on_log=events.log)
+    except BaseException:
+        # Nothing ran (bad inventory, failed image build, Ctrl-C during a build): a new run's
+        # folder would only be an empty run in `history`.
+        if "backend" in locals():
+            backend.close()
+        if resume is None:
+            shutil.rmtree(paths.root, ignore_errors=True)
+        raise
     events.sweep_started(paths, cells)
     interrupted = False
     try:
-        if cells:
-            backend.prepare(cells, on_log=events.log)
         results = run_cells(backend, cells, events, retries=matrix.settings.retries)
     except KeyboardInterrupt:
         options.cancel.set()

@@ -189,11 +189,11 @@ class RichEvents:
         self._lock = threading.Lock()
 
     def __enter__(self) -> RichEvents:
-        self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        if self.task is not None:
+            self.progress.stop()
 
     def _status(self) -> str:
         if len(self.running) == 1:
@@ -202,6 +202,7 @@ class RichEvents:
 
     def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None:
         self.console.print(f"run folder: {paths.root}")
+        self.progress.start()
         self.task = self.progress.add_task("sweep", total=len(cells), status="")
 
     def log(self, message: str) -> None:
