@@ -173,7 +173,8 @@ class SlurmOptions(StrictModel):
         "(default: submit every cell; Slurm queues them).",
     )
     extra_args: list[SbatchValue] = Field(
-        [], description="More sbatch options, one per #SBATCH line, e.g. '--constraint=a100'."
+        [], description="More sbatch options, one per #SBATCH line, in --name=value form, "
+        "e.g. '--constraint=a100'."
     )
 
 

@@ -1,0 +1,605 @@
+"""Slurm backend: each cell is one batch job, submitted with ``sbatch``.
+
+Slurm does the placement: every cell is submitted as soon as the sweep reaches it (optionally
+capped per profile with ``[hardware.NAME.slurm] max_jobs``) and Slurm queues it until a node is
+free. The job runs the same workload argv as the process backend, with this Python
+(``sys.executable``) and this checkout as its working directory, so the compute nodes must share
+this machine's filesystem (the usual cluster setup; a single-node test cluster is this machine).
+
+A cell's files, all in its cell folder:
+
+- ``job.sbatch`` — the generated batch script (:func:`render_sbatch`, a pure function): the
+  ``#SBATCH`` options, ``export`` of the workload's environment and ``exec`` of its argv, every
+  value shell-quoted. Slurm sets ``CUDA_VISIBLE_DEVICES`` for the ``--gres=gpu:N`` it grants.
+- ``slurm-<job id>.out`` — the job's stdout and stderr, tailed live into ``log.txt``.
+- ``command.json`` gains ``slurm.job_id``; the result's provenance has the job id, its final
+  Slurm state and the node it ran on.
+
+The job's state comes from ``squeue`` (polled at most once a second), its outcome from ``sacct``
+where accounting is enabled, else from ``scontrol show job`` (which knows a finished job for
+``MinJobAge`` seconds). A per-cell timeout or an interrupt ``scancel``\\ s the job and waits until
+it has left the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.backends.base import PROJECT_ROOT, Allocation, Backend, Execution, ExitInfo
+from orchestrator.config import HardwareProfile, SlurmOptions
+from orchestrator.errors import BackendUnavailable, LaunchError
+from orchestrator.launch import LaunchSpec, workload_argv, workload_env
+from orchestrator.matrix import Cell
+from orchestrator.results import CellResult, Status, write_json
+
+log = logging.getLogger("orchestrator.backends.slurm")
+
+#: Added to the per-cell timeout for the job's ``--time``: the sweep's own timeout fires first.
+TIME_MARGIN_S = 300
+#: File names in the cell folder.
+SCRIPT_NAME = "job.sbatch"
+OUTPUT_PATTERN = "slurm-%j.out"
+#: squeue polls of one job are at least this far apart.
+POLL_INTERVAL_S = 1.0
+#: A job still in the queue this long after ``scancel`` is left to Slurm (with a warning).
+KILL_WAIT_S = 60.0
+#: Slurm commands that fail this long in a row: the controller is gone, the cell is host_lost.
+CONTROLLER_LOST_S = 120.0
+#: Seconds to wait for one Slurm client command.
+COMMAND_TIMEOUT_S = 30.0
+
+#: Job states in which a job no longer runs.
+TERMINAL_STATES = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT",
+})
+#: Terminal states that mean the node (not the workload) failed: the sweep may retry the cell.
+LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
+
+_SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+# --- the batch script (pure) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SbatchJob:
+    """Everything the batch script of one cell says; :func:`render_sbatch` turns it into text."""
+
+    cell_id: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    output: str  # the --output pattern (``%j`` is the job id)
+    workdir: str
+    time_limit: str
+    gpus: int = 0  # --gres=gpu:N; 0 for CPU cells (and Bitfusion, whose GPUs are remote)
+    options: SlurmOptions = field(default_factory=SlurmOptions)
+
+    @property
+    def job_name(self) -> str:
+        return f"orchestrate-{self.cell_id}"
+
+    def directives(self) -> list[str]:
+        """The sbatch options, in script order."""
+        opts = self.options
+        out = [
+            f"--job-name={self.job_name}",
+            f"--output={self.output}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--time={self.time_limit}",
+            f"--chdir={self.workdir}",
+        ]
+        if self.gpus:
+            out.append(f"--gres=gpu:{self.gpus}")
+        for flag, value in (
+            ("partition", opts.partition), ("account", opts.account), ("qos", opts.qos),
+            ("cpus-per-task", opts.cpus_per_task), ("cpus-per-gpu", opts.cpus_per_gpu if
+                                                    self.gpus else None),
+            ("mem", opts.mem),
+        ):
+            if value is not None:
+                out.append(f"--{flag}={value}")
+        return out + list(opts.extra_args)
+
+
+def directive_line(option: str) -> str:
+    """One ``#SBATCH`` line; values sbatch would split are double-quoted (sbatch's own rules)."""
+    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in option):
+        raise LaunchError(f"sbatch option {option!r} contains a control character")
+    if _SAFE_DIRECTIVE.match(option):
+        return f"#SBATCH {option}"
+    name, eq, value = option.partition("=")
+    if eq and _SAFE_DIRECTIVE.match(name):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'#SBATCH {name}="{escaped}"'
+    escaped = option.replace("\\", "\\\\").replace('"', '\\"')
+    return f'#SBATCH "{escaped}"'
+
+
+def render_sbatch(job: SbatchJob) -> str:
+    """The batch script of ``job``. Pure; every value the shell sees is :func:`shlex.quote`\\ d."""
+    lines = [
+        "#!/bin/bash",
+        f"# orchestrate cell {job.cell_id}: generated; submitted with `sbatch --parsable`.",
+        *(directive_line(opt) for opt in job.directives()),
+        "",
+        'echo "# slurm job ${SLURM_JOB_ID:-?} on $(hostname)'
+        ' CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"',
+    ]
+    for key, value in job.env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise LaunchError(f"{job.cell_id}: environment variable name {key!r} is not valid")
+        lines.append(f"export {key}={shlex.quote(value)}")
+    lines.append("exec " + " ".join(shlex.quote(arg) for arg in job.argv))
+    return "\n".join(lines) + "\n"
+
+
+def slurm_time(seconds: float) -> str:
+    """``--time`` for ``seconds``, rounded up to whole minutes: ``[D-]HH:MM:SS``."""
+    minutes = max(1, math.ceil(seconds / 60))
+    days, rest = divmod(minutes, 24 * 60)
+    text = f"{rest // 60:02d}:{rest % 60:02d}:00"
+    return f"{days}-{text}" if days else text
+
+
+def output_pattern(cell_dir: Path) -> str:
+    """``--output`` for a cell folder: ``%`` in the folder escaped for Slurm's filename patterns."""
+    return str(cell_dir).replace("%", "%%") + "/" + OUTPUT_PATTERN
+
+
+# --- parsing Slurm's answers (pure) -----------------------------------------------------------
+
+
+def parse_job_id(text: str) -> tuple[str, str | None]:
+    """``sbatch --parsable`` output -> (job id, cluster or None); ``123`` or ``123;cluster``."""
+    line = text.strip().splitlines()[-1] if text.strip() else ""
+    job_id, _, cluster = line.partition(";")
+    job_id = job_id.strip()
+    if not job_id.isdigit():
+        raise LaunchError(f"sbatch printed no job id (got {text.strip()!r})")
+    return job_id, cluster.strip() or None
+
+
+def parse_exit_code(text: str) -> int | None:
+    """Slurm's ``ExitCode`` ``"code:signal"`` -> a returncode (``-signal`` when killed)."""
+    code, _, sig = text.strip().partition(":")
+    try:
+        status, signum = int(code), int(sig or 0)
+    except ValueError:
+        return None
+    return -signum if signum else status
+
+
+def gpus_of_gres(gres: str) -> int:
+    """GPUs in an ``sinfo`` Gres string: ``gpu:4``, ``gpu:a100:8(S:0-1)``, ``(null)`` -> 0."""
+    total = 0
+    for item in re.split(r",(?![^()]*\))", gres):
+        parts = re.sub(r"\(.*\)", "", item).strip().split(":")
+        if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How Slurm says a job ended."""
+
+    state: str  # first word of the state: "CANCELLED by 0" -> CANCELLED
+    exit_code: str = ""
+    node: str | None = None
+    reason: str = ""
+
+    def exit_info(self) -> ExitInfo:
+        """As the base's :class:`ExitInfo`."""
+        code = parse_exit_code(self.exit_code) if self.exit_code else None
+        where = f" on {self.node}" if self.node else ""
+        if self.state == "COMPLETED":
+            return ExitInfo(code=code or 0)
+        if self.state == "FAILED":
+            if code:
+                return ExitInfo(code=code)
+            why = self.reason or "no reason given"
+            return ExitInfo(code=1, detail=f"Slurm: job FAILED{where} ({why})")
+        if self.state == "OUT_OF_MEMORY":
+            return ExitInfo(code=code, oom=True,
+                            detail=f"Slurm: OUT_OF_MEMORY (the job exceeded its memory{where})")
+        if self.state in LOST_STATES:
+            return ExitInfo(code=code, host_lost=True, detail=f"Slurm: job {self.state}{where}")
+        return ExitInfo(code=code, detail=f"Slurm: job {self.state}{where}")
+
+
+def parse_sacct(text: str) -> JobOutcome | None:
+    """The job's line of ``sacct -X -n -P -o State,ExitCode,NodeList``."""
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) >= 2 and fields[0]:
+            node = fields[2] if len(fields) > 2 and fields[2] not in ("", "None assigned") else None
+            return JobOutcome(state=fields[0].split()[0], exit_code=fields[1], node=node)
+    return None
+
+
+def parse_scontrol(text: str) -> JobOutcome | None:
+    """``scontrol show job -o ID``: JobState, ExitCode, NodeList, Reason."""
+    values = dict(re.findall(r"(\w+)=(\S*)", text))
+    if "JobState" not in values:
+        return None
+    node = values.get("NodeList")
+    reason = values.get("Reason", "")
+    return JobOutcome(
+        state=values["JobState"], exit_code=values.get("ExitCode", ""),
+        node=None if node in (None, "", "(null)") else node,
+        reason="" if reason in ("None", "(null)") else reason,
+    )
+
+
+# --- running Slurm's clients ------------------------------------------------------------------
+
+
+def _slurm(args: Sequence[str], timeout: float = COMMAND_TIMEOUT_S
+           ) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client (argv, no shell). OSError / timeout -> a failed CompletedProcess."""
+    try:
+        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(list(args), 255, "", str(exc))
+
+
+class SlurmExecution(Execution):
+    """A submitted batch job: its state from ``squeue``, its output from the job's file."""
+
+    _accounting: bool | None = None  # sacct works here (shared: one probe per process)
+
+    def __init__(self, job_id: str, output_path: Path, cluster: str | None = None,
+                 poll_interval_s: float = POLL_INTERVAL_S):
+        self.job_id = job_id
+        self.output_path = output_path
+        self.cluster = cluster
+        self.poll_interval_s = poll_interval_s
+        self.state = "PENDING"
+        self.pending_reason = ""
+        self.node: str | None = None
+        self.ran = False  # seen RUNNING (or later)
+        self.killed = False
+        self.outcome: JobOutcome | None = None
+        self._done = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._next_poll = 0.0
+        self._failing_since: float | None = None
+        self._lost_detail = ""
+
+    def _cluster_args(self) -> list[str]:
+        return ["-M", self.cluster] if self.cluster else []
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def _poll(self) -> None:
+        """One ``squeue`` of the job: its state, or done once it left the queue."""
+        with self._lock:
+            if self._done.is_set():
+                return
+            proc = _slurm(["squeue", *self._cluster_args(), "-h", "-j", self.job_id,
+                           "-o", "%T|%r|%N"])
+            if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
+                now = time.monotonic()
+                self._failing_since = self._failing_since or now
+                log.warning("squeue for job %s failed: %s", self.job_id, proc.stderr.strip())
+                if now - self._failing_since > CONTROLLER_LOST_S:
+                    self._lost_detail = (f"Slurm stopped answering for {CONTROLLER_LOST_S:g} s "
+                                         f"(squeue: {proc.stderr.strip()})")
+                    self._done.set()
+                return
+            self._failing_since = None
+            line = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
+            if not line:  # gone from the queue: finished (or purged)
+                self._done.set()
+                return
+            state, _, rest = line.partition("|")
+            reason, _, node = rest.partition("|")
+            self.state = state
+            if state == "PENDING":
+                self.pending_reason = reason
+            else:
+                self.ran = True
+                self.node = node or self.node
+            if state in TERMINAL_STATES:
+                self._done.set()
+
+    def wait(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while not self._done.is_set():
+            now = time.monotonic()
+            if now >= self._next_poll:
+                self._next_poll = now + self.poll_interval_s
+                self._poll()
+                continue
+            if now >= end:
+                return False
+            self._done.wait(min(end, self._next_poll) - now)
+        return True
+
+    # --- output --------------------------------------------------------------------------------
+
+    def output(self) -> Iterator[bytes]:
+        fh = None
+        grace_until: float | None = None
+        try:
+            while not self._closed.is_set():
+                finished = self._done.is_set()  # read *after* this check drains everything
+                if fh is None and self.output_path.exists():
+                    fh = self.output_path.open("rb")
+                chunk = fh.read(65536) if fh is not None else b""
+                if chunk:
+                    yield chunk
+                    continue
+                if finished:
+                    if fh is not None or not self.ran:
+                        return
+                    # it ran, but its file is not visible yet (a shared filesystem's delay)
+                    grace_until = grace_until or time.monotonic() + 5.0
+                    if time.monotonic() > grace_until:
+                        return
+                time.sleep(0.2)
+        finally:
+            if fh is not None:
+                fh.close()
+
+    # --- stop ----------------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        if self._done.is_set() or self.killed:
+            return
+        self.killed = True
+        proc = _slurm(["scancel", *self._cluster_args(), self.job_id])
+        if proc.returncode != 0:
+            log.warning("scancel %s failed: %s", self.job_id, proc.stderr.strip())
+        if not self.wait(KILL_WAIT_S):
+            log.warning("job %s is still in Slurm's queue %g s after scancel",
+                        self.job_id, KILL_WAIT_S)
+
+    # --- outcome -------------------------------------------------------------------------------
+
+    def _query_outcome(self) -> JobOutcome | None:
+        """The finished job's state: sacct (if accounting works here), else scontrol."""
+        if SlurmExecution._accounting is not False:
+            proc = _slurm(["sacct", *self._cluster_args(), "-X", "-n", "-P", "-j", self.job_id,
+                           "-o", "State,ExitCode,NodeList"])
+            if proc.returncode != 0 and "accounting storage is disabled" in proc.stderr:
+                SlurmExecution._accounting = False
+            elif proc.returncode == 0:
+                SlurmExecution._accounting = True
+                found = parse_sacct(proc.stdout)
+                if found and found.state in TERMINAL_STATES:
+                    return found
+        proc = _slurm(["scontrol", *self._cluster_args(), "show", "job", "-o", self.job_id])
+        if proc.returncode == 0:
+            found = parse_scontrol(proc.stdout)
+            if found and found.state in TERMINAL_STATES:
+                return found
+        return None
+
+    def exit_info(self) -> ExitInfo:
+        if self._lost_detail:
+            return ExitInfo(code=None, host_lost=True, detail=self._lost_detail)
+        if self.outcome is None and self._done.is_set():
+            deadline = time.monotonic() + 10.0  # accounting may lag a moment behind the queue
+            while self.outcome is None:
+                self.outcome = self._query_outcome()
+                if self.outcome is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(1.0)
+        if self.outcome is None:
+            return ExitInfo(code=None, detail=f"Slurm reported no final state for job "
+                            f"{self.job_id} (last seen {self.state})")
+        self.node = self.outcome.node or self.node
+        return self.outcome.exit_info()
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+# --- the backend ------------------------------------------------------------------------------
+
+
+class SlurmBackend(Backend):
+    """Run each cell as a Slurm batch job; Slurm places them (``concurrent``)."""
+
+    name = "slurm"
+    concurrent = True
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+        self._scripts: dict[str, str] = {}
+        self._executions: dict[str, SlurmExecution] = {}
+        self._in_flight: dict[str, int] = {}  # hardware profile -> cells submitted
+        self._max_gpus: dict[str | None, int | None] = {}  # partition -> most GPUs of a node
+
+    @classmethod
+    def check_available(cls) -> None:
+        missing = [tool for tool in ("sbatch", "squeue", "scancel", "scontrol")
+                   if shutil.which(tool) is None]
+        if missing:
+            raise BackendUnavailable(
+                f"the slurm backend needs the Slurm client tools ({', '.join(missing)} not on "
+                "PATH): install them (Debian: apt-get install -y slurm-client) with your "
+                "cluster's slurm.conf, or choose --backend process"
+            )
+        proc = _slurm(["squeue", "-h", "-o", "%i"], timeout=15.0)
+        if proc.returncode != 0:
+            detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"
+            raise BackendUnavailable(
+                f"Slurm does not answer (squeue: {detail}): start slurmctld/slurmd and munge "
+                "(a single-node test cluster: bash tests/infra/start-slurm.sh), "
+                "or choose --backend process"
+            )
+
+    # --- placement: Slurm's job ----------------------------------------------------------------
+
+    def _gpus_requested(self, cell: Cell, profile: HardwareProfile) -> int:
+        """GPUs to ask Slurm for: CUDA cells only (Bitfusion's GPUs are remote)."""
+        if profile.device == "cuda" and profile.wrapper == "none":
+            return cell.params.gpus
+        return 0
+
+    def _partition_max_gpus(self, partition: str | None) -> int | None:
+        """Most GPUs one node of ``partition`` has (sinfo), or None when sinfo can't tell."""
+        with self._lock:
+            if partition in self._max_gpus:
+                return self._max_gpus[partition]
+        args = ["sinfo", "-h", "-N", "-o", "%G"] + (["-p", partition] if partition else [])
+        proc = _slurm(args, timeout=15.0)
+        lines = proc.stdout.split() if proc.returncode == 0 else []
+        found = max((gpus_of_gres(g) for g in lines), default=0) if lines else None
+        with self._lock:
+            self._max_gpus[partition] = found
+        return found
+
+    def unplaceable(self, cell: Cell) -> str | None:
+        profile = self.matrix.profile(cell)
+        gpus = self._gpus_requested(cell, profile)
+        if not gpus:
+            return None
+        partition = profile.slurm.partition
+        most = self._partition_max_gpus(partition)
+        if most is not None and gpus > most:
+            where = f"partition {partition}" if partition else "the default partition"
+            return f"needs {gpus} GPUs on one node but the nodes of {where} have at most {most}"
+        return None
+
+    def allocate(self, cell: Cell) -> Allocation | None:
+        profile = self.matrix.profile(cell)
+        cap = profile.slurm.max_jobs
+        with self._lock:
+            count = self._in_flight.get(cell.hardware, 0)
+            if cap is not None and count >= cap:
+                return None
+            self._in_flight[cell.hardware] = count + 1
+        return Allocation()
+
+    def release(self, cell: Cell, allocation: Allocation) -> None:
+        with self._lock:
+            self._in_flight[cell.hardware] = max(0, self._in_flight.get(cell.hardware, 1) - 1)
+
+    # --- cells ---------------------------------------------------------------------------------
+
+    def sbatch_job(self, cell: Cell) -> SbatchJob:
+        """The batch script's content for ``cell`` (what :func:`render_sbatch` renders)."""
+        profile = self.matrix.profile(cell)
+        cell_dir = self.paths.cell_dir(cell.id)
+        argv = workload_argv(cell, profile, python=sys.executable, output_dir=str(cell_dir))
+        env = workload_env(cell, profile, (), select_gpus=False)
+        env["PYTHONPATH"] = str(PROJECT_ROOT)
+        opts = profile.slurm
+        return SbatchJob(
+            cell_id=cell.id,
+            argv=tuple(argv),
+            env=env,
+            output=output_pattern(cell_dir),
+            workdir=str(PROJECT_ROOT),
+            time_limit=opts.time_limit or slurm_time(self.options.timeout_s + TIME_MARGIN_S),
+            gpus=self._gpus_requested(cell, profile),
+            options=opts,
+        )
+
+    def spec(self, cell: Cell, allocation: Allocation) -> LaunchSpec:
+        job = self.sbatch_job(cell)
+        script = render_sbatch(job)
+        with self._lock:
+            self._scripts[cell.id] = script
+        profile = self.matrix.profile(cell)
+        env = {k: v for k, v in job.env.items() if k != "PYTHONPATH"}
+        return LaunchSpec(
+            cell_id=cell.id, argv=job.argv, env=env, device=profile.device,
+            workdir=job.workdir, output_dir=str(self.paths.cell_dir(cell.id)),
+            labels={"slurm.script": str(self.paths.cell_dir(cell.id) / SCRIPT_NAME)},
+        )
+
+    def launch(self, spec: LaunchSpec) -> Execution:
+        with self._lock:
+            script = self._scripts.pop(spec.cell_id, None)
+        if script is None:
+            raise LaunchError(f"{spec.cell_id}: no batch script was rendered for it")
+        cell_dir = self.paths.cell_dir(spec.cell_id)
+        script_path = cell_dir / SCRIPT_NAME
+        script_path.write_text(script, encoding="utf-8")
+        proc = _slurm(["sbatch", "--parsable", str(script_path)], timeout=60.0)
+        if proc.returncode != 0:
+            detail = proc.stderr.strip() or proc.stdout.strip() or f"exit code {proc.returncode}"
+            raise LaunchError(f"sbatch refused {spec.cell_id}: {detail}")
+        job_id, cluster = parse_job_id(proc.stdout)
+        log.info("%s: submitted as Slurm job %s", spec.cell_id, job_id)
+        execution = SlurmExecution(job_id, cell_dir / f"slurm-{job_id}.out", cluster)
+        with self._lock:
+            self._executions[spec.cell_id] = execution
+        self._record_job(spec.cell_id, job_id, cluster, script_path, execution.output_path)
+        return execution
+
+    def _record_job(self, cell_id: str, job_id: str, cluster: str | None, script: Path,
+                    output: Path) -> None:
+        """Add the job id to command.json right away (an interrupted sweep keeps it too)."""
+        path = self.paths.cell_command(cell_id)
+        try:
+            command = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            command = {"cell_id": cell_id}
+        command["slurm"] = {"job_id": job_id, "cluster": cluster, "script": str(script),
+                            "output": str(output)}
+        write_json(path, command)
+
+    def run_cell(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> CellResult:
+        result = super().run_cell(cell, allocation, attempt)
+        with self._lock:
+            execution = self._executions.pop(cell.id, None)
+        if execution is None:
+            return result
+        outcome = execution.outcome
+        result.provenance.update(
+            slurm_job_id=execution.job_id,
+            slurm_state=outcome.state if outcome else execution.state,
+            host=execution.node or result.provenance.get("host"),
+        )
+        if execution.cluster:
+            result.provenance["slurm_cluster"] = execution.cluster
+        self._explain(result, execution)
+        write_json(self.paths.cell_result(cell.id), result.to_json())
+        return result
+
+    def _explain(self, result: CellResult, execution: SlurmExecution) -> None:
+        """Slurm's own ends (its time limit, an outside scancel) and queue waits, in words."""
+        state = execution.outcome.state if execution.outcome else None
+        if result.status is Status.TIMEOUT and not execution.ran:
+            result.reason += (f"; the job never started: Slurm kept it PENDING "
+                              f"({execution.pending_reason or 'no reason given'})")
+        elif execution.killed or result.status is not Status.FAILED:
+            return
+        elif state in ("TIMEOUT", "DEADLINE"):
+            result.status = Status.TIMEOUT
+            result.reason = f"Slurm stopped job {execution.job_id} at its time limit ({state})"
+        elif state == "CANCELLED":
+            result.status = Status.CANCELLED
+            result.reason = f"Slurm job {execution.job_id} was cancelled outside the sweep"
+
+    def close(self) -> None:
+        """Cancel any job of this sweep still in Slurm (cells that never reported back)."""
+        with self._lock:
+            left = list(self._executions.values())
+            self._executions.clear()
+        for execution in left:
+            execution.kill()
+            execution.close()

@@ -1,0 +1,411 @@
+"""The Slurm backend: the batch script (golden files), Slurm's answers, and real sweeps.
+
+The pure parts (rendering, quoting, parsing sbatch/squeue/sacct/scontrol output) run anywhere.
+The ``slurm``-marked tests run cells as real batch jobs on a single-node cluster on this machine
+(``slurm_cluster``, tests/infra/start-slurm.sh): CPU cells only, because the cluster's 4 GPUs are
+placeholder device nodes; a CUDA cell's ``--gres=gpu:2`` is checked in its rendered script.
+
+Golden files: tests/golden/sbatch-{defaults,options}.sh; UPDATE_GOLDEN=1 rewrites them (then
+review the diff).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from slurm_support import (  # noqa: F401 - slurm_cluster is a fixture
+    SlurmCluster,
+    job_state,
+    slurm_cluster,
+    squeue_ids,
+    wait_until_gone,
+)
+
+from orchestrator.backends import backend_class, backend_names
+from orchestrator.backends.base import RunOptions
+from orchestrator.backends.slurm import (
+    JobOutcome,
+    SbatchJob,
+    SlurmBackend,
+    directive_line,
+    gpus_of_gres,
+    output_pattern,
+    parse_exit_code,
+    parse_job_id,
+    parse_sacct,
+    parse_scontrol,
+    render_sbatch,
+    slurm_time,
+)
+from orchestrator.config import SlurmOptions
+from orchestrator.errors import BackendUnavailable, LaunchError
+from orchestrator.matrix import load_matrix
+from orchestrator.results import RunPaths, Status
+from orchestrator.sweep import run_sweep
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+TINY = """
+[matrix]
+name = "slurm_tiny"
+backend = "slurm"
+timeout_s = 240
+[workload]
+hardware = "cpu"
+arch = "resnet18"
+image_size = 32
+batch_size = 2
+warmup = 1
+iterations = 2
+workers = 0
+num_classes = 10
+[hardware.cpu]
+device = "cpu"
+env = { OMP_NUM_THREADS = "1" }
+"""
+
+CUDA_PROFILE = """
+[hardware.a100]
+device = "cuda"
+env = { NCCL_DEBUG = "WARN" }
+[hardware.a100.slurm]
+partition = "debug"
+account = "bench lab"
+cpus_per_gpu = 4
+extra_args = ["--constraint=a100", "--comment=it's \\"quoted\\""]
+"""
+
+CASES = {
+    "defaults": SbatchJob(
+        cell_id="cpu-bs2-r1",
+        argv=("/opt/venv/bin/python", "-m", "workload", "--batch-size", "2", "--device", "cpu",
+              "--output-dir", "/runs/slurm_tiny/20240101-000000/cells/cpu-bs2-r1"),
+        env={"PYTHONUNBUFFERED": "1", "PYTHONPATH": "/src/orchestrate"},
+        output="/runs/slurm_tiny/20240101-000000/cells/cpu-bs2-r1/slurm-%j.out",
+        workdir="/src/orchestrate",
+        time_limit="00:35:00",
+    ),
+    "options": SbatchJob(
+        cell_id="a100-g2-r1",
+        argv=("/opt/venv/bin/python", "-m", "torch.distributed.run", "--standalone",
+              "--nproc_per_node=2", "-m", "workload", "--data", "/data/image net; rm -rf /",
+              "--device", "cuda"),
+        env={"PYTHONUNBUFFERED": "1", "NCCL_DEBUG": "WARN", "QUOTED": "it's $(not run) `x`"},
+        output=output_pattern(Path("/runs/100%/a100-g2-r1")),
+        workdir="/src/my orchestrate",
+        time_limit="1-00:05:00",
+        gpus=2,
+        options=SlurmOptions(
+            partition="gpu", account="bench lab", qos="high", cpus_per_gpu=8, mem="64G",
+            extra_args=["--constraint=a100", '--comment=it\'s "quoted"', "--exclusive"],
+        ),
+    ),
+}
+
+
+# --- the batch script ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_render_matches_golden(case: str) -> None:
+    text = render_sbatch(CASES[case])
+    path = GOLDEN / f"sbatch-{case}.sh"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8")
+
+
+def test_script_body_passes_every_value_through_unchanged(tmp_path: Path) -> None:
+    """Run the rendered body with bash (no Slurm): no user string is expanded or split."""
+    nasty = ["a b", "$(touch pwned)", "`touch pwned`", "it's", '"x"', "*", "$HOME", "; ls", ""]
+    job = SbatchJob(
+        cell_id="c", argv=("printf", "[%s]\\n", *nasty), env={"V": "$(touch pwned) it's"},
+        output=str(tmp_path / "slurm-%j.out"), workdir=str(tmp_path), time_limit="00:01:00",
+    )
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(job).replace("exec printf", 'echo "$V"; exec printf'))
+    out = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out[0].startswith("# slurm job ? on ")
+    assert out[1] == "$(touch pwned) it's"
+    assert out[2:] == [f"[{a}]" for a in nasty]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_directive_quoting_follows_sbatch_rules() -> None:
+    assert directive_line("--gres=gpu:2") == "#SBATCH --gres=gpu:2"
+    assert directive_line("--chdir=/a b") == '#SBATCH --chdir="/a b"'
+    assert directive_line('--comment=say "hi"') == '#SBATCH --comment="say \\"hi\\""'
+    with pytest.raises(LaunchError):
+        directive_line("--comment=x\necho injected")
+
+
+def test_options_reject_multi_line_values() -> None:
+    with pytest.raises(ValueError):
+        SlurmOptions(extra_args=["--comment=a\nrm -rf /"])
+    with pytest.raises(ValueError):
+        SlurmOptions(partition="gpu\n#SBATCH --qos=top")
+
+
+def test_time_limits() -> None:
+    assert slurm_time(240 + 300) == "00:09:00"
+    assert slurm_time(1) == "00:01:00"
+    assert slurm_time(86400 + 300) == "1-00:05:00"
+
+
+def test_cuda_cell_asks_for_gres_and_leaves_gpu_selection_to_slurm(write_matrix, tmp_path):
+    matrix = load_matrix(write_matrix(TINY + CUDA_PROFILE + """
+        [axes]
+        hardware = ["cpu", "a100"]
+        gpus = [1, 2]
+    """, cpu_profile=False))
+    paths = RunPaths.create(tmp_path / "results", matrix.name)
+    backend = SlurmBackend(matrix, paths, RunOptions(timeout_s=240))
+    by = {(c.hardware, c.params.gpus): c for c in matrix.cells}
+    cuda = backend.sbatch_job(by["a100", 2])
+    script = render_sbatch(cuda)
+    assert "#SBATCH --gres=gpu:2\n" in script
+    assert "#SBATCH --cpus-per-gpu=4\n" in script
+    assert '#SBATCH --account="bench lab"\n' in script
+    assert "#SBATCH --partition=debug\n" in script
+    assert "#SBATCH --constraint=a100\n" in script
+    assert "#SBATCH --time=00:09:00\n" in script
+    assert f"#SBATCH --output={paths.cell_dir(by['a100', 2].id)}/slurm-%j.out\n" in script
+    assert "CUDA_VISIBLE_DEVICES=" not in script.replace("CUDA_VISIBLE_DEVICES=${", "")
+    assert "--nproc_per_node=2" in script and "export NCCL_DEBUG=WARN\n" in script
+    assert "--gres" not in render_sbatch(backend.sbatch_job(by["cpu", 2]))
+    assert "--gres=gpu:1" in render_sbatch(backend.sbatch_job(by["a100", 1]))
+
+
+def test_max_jobs_caps_cells_in_flight(write_matrix, tmp_path):
+    matrix = load_matrix(write_matrix(TINY + """
+        [hardware.cpu.slurm]
+        max_jobs = 1
+        [axes]
+        seed = [1, 2]
+    """, cpu_profile=False))
+    backend = SlurmBackend(matrix, RunPaths.create(tmp_path, matrix.name),
+                           RunOptions(timeout_s=60))
+    first, second = matrix.cells
+    allocation = backend.allocate(first)
+    assert allocation is not None
+    assert backend.allocate(second) is None
+    backend.release(first, allocation)
+    assert backend.allocate(second) is not None
+
+
+# --- Slurm's answers ----------------------------------------------------------------------------
+
+
+def test_parse_job_id() -> None:
+    assert parse_job_id("1234\n") == ("1234", None)
+    assert parse_job_id("1234;cluster-a\n") == ("1234", "cluster-a")
+    with pytest.raises(LaunchError):
+        parse_job_id("sbatch: error: nope")
+
+
+def test_exit_codes_and_gres() -> None:
+    assert parse_exit_code("0:0") == 0
+    assert parse_exit_code("3:0") == 3
+    assert parse_exit_code("0:9") == -9
+    assert parse_exit_code("junk") is None
+    assert gpus_of_gres("gpu:4") == 4
+    assert gpus_of_gres("gpu:a100:8(S:0-1),shard:16") == 8
+    assert gpus_of_gres("(null)") == 0
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code", "oom", "lost"),
+    [
+        (JobOutcome("COMPLETED", "0:0"), 0, False, False),
+        (JobOutcome("FAILED", "2:0"), 2, False, False),
+        (JobOutcome("FAILED", "0:0", reason="JobLaunchFailure"), 1, False, False),
+        (JobOutcome("OUT_OF_MEMORY", "0:125"), -125, True, False),
+        (JobOutcome("NODE_FAIL", "0:0", node="gpu7"), 0, False, True),
+        (JobOutcome("PREEMPTED", "0:15"), -15, False, True),
+        (JobOutcome("TIMEOUT", "0:15"), -15, False, False),
+    ],
+)
+def test_outcome_to_exit_info(outcome: JobOutcome, code: int, oom: bool, lost: bool) -> None:
+    info = outcome.exit_info()
+    assert (info.code, info.oom, info.host_lost) == (code, oom, lost)
+    if outcome.state == "NODE_FAIL":
+        assert "gpu7" in info.detail
+    if outcome.state == "FAILED" and code != 2:
+        assert "JobLaunchFailure" in info.detail
+
+
+def test_parse_sacct_and_scontrol() -> None:
+    assert parse_sacct("CANCELLED by 0|0:15|node1\n") == JobOutcome("CANCELLED", "0:15", "node1")
+    assert parse_sacct("PENDING|0:0|None assigned\n") == JobOutcome("PENDING", "0:0", None)
+    assert parse_sacct("") is None
+    text = ("JobId=7 JobName=x JobState=FAILED Reason=NonZeroExitCode Dependency=(null) "
+            "ExitCode=3:0 NodeList=localhost BatchHost=localhost")
+    assert parse_scontrol(text) == JobOutcome("FAILED", "3:0", "localhost", "NonZeroExitCode")
+    assert parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+
+
+def test_registered_and_unavailable_without_slurm(monkeypatch) -> None:
+    assert "slurm" in backend_names()
+    assert backend_class("slurm") is SlurmBackend
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(BackendUnavailable) as err:
+        SlurmBackend.check_available()
+    assert "sbatch" in str(err.value) and "--backend process" in str(err.value)
+
+
+# --- real jobs on the single-node cluster -------------------------------------------------------
+
+
+@pytest.fixture
+def no_jobs_left(slurm_cluster: SlurmCluster):  # noqa: F811 - the imported fixture
+    """Fail a test that leaves a job of ours in Slurm's queue."""
+    before = set(squeue_ids())
+    yield slurm_cluster
+    left = wait_until_gone([j for j in squeue_ids() if j not in before], timeout=30)
+    assert left == [], f"jobs left in Slurm's queue: {left}"
+
+
+def command_of(paths: RunPaths, cell_id: str) -> dict:
+    return json.loads(paths.cell_command(cell_id).read_text())
+
+
+@pytest.mark.slurm
+def test_sweep_runs_cells_as_jobs(write_matrix, tmp_path, no_jobs_left):
+    SlurmBackend.check_available()
+    matrix = load_matrix(write_matrix(TINY + """
+        [axes]
+        precision = ["fp32", "bf16"]
+        [[include]]
+        arch = "no_such_model"
+        [[include]]
+        gpus = 8
+        hardware = "a100"
+        [hardware.a100]
+        device = "cuda"
+    """, cpu_profile=False))
+    lines: list[tuple[str, str]] = []
+
+    class Events:
+        def __getattr__(self, name):
+            return lambda *a: None
+
+        def cell_output(self, cell_id: str, line: str) -> None:
+            lines.append((cell_id, line))
+
+    outcome = run_sweep(matrix, results_root=tmp_path / "results", events=Events())
+    by_status: dict[Status, list] = {}
+    for r in outcome.results:
+        by_status.setdefault(r.status, []).append(r)
+    assert len(by_status.get(Status.OK, [])) == 2, [(r.cell_id, r.reason)
+                                                     for r in outcome.results]
+    job_ids = set()
+    for r in by_status[Status.OK]:
+        assert r.metrics["train.total_ips"] > 0
+        assert r.provenance["backend"] == "slurm"
+        assert r.provenance["host"] == no_jobs_left.node
+        assert r.provenance["slurm_state"] == "COMPLETED"
+        job_id = r.provenance["slurm_job_id"]
+        job_ids.add(job_id)
+        command = command_of(outcome.paths, r.cell_id)
+        assert command["slurm"]["job_id"] == job_id
+        cell = outcome.paths.cell_dir(r.cell_id)
+        assert (cell / "job.sbatch").is_file() and (cell / f"slurm-{job_id}.out").is_file()
+        log_text = (cell / "log.txt").read_text()
+        assert f"# slurm job {job_id} on " in log_text
+        assert '"type": "summary"' in log_text or '"type":"summary"' in log_text
+        assert any(cid == r.cell_id for cid, _ in lines), "output was streamed live"
+    assert len(job_ids) == 2
+
+    (bad,) = by_status[Status.FAILED]
+    assert "no_such_model" in bad.reason and "exit code" in bad.reason
+    assert bad.provenance["slurm_state"] == "FAILED" and bad.log_tail
+
+    (unplaceable,) = by_status[Status.UNPLACEABLE]
+    assert "needs 8 GPUs" in unplaceable.reason and "at most 4" in unplaceable.reason
+    assert not outcome.paths.cell_command(unplaceable.cell_id).exists()
+
+
+@pytest.mark.slurm
+def test_timeout_cancels_the_job(write_matrix, tmp_path, no_jobs_left):
+    matrix = load_matrix(write_matrix(TINY.replace("timeout_s = 240", "timeout_s = 8").replace(
+        "iterations = 2", "iterations = 1000000"), cpu_profile=False))
+    started = time.monotonic()
+    outcome = run_sweep(matrix, results_root=tmp_path)
+    (res,) = outcome.results
+    assert res.status is Status.TIMEOUT, res.reason
+    assert "timed out after 8 s" in res.reason
+    job_id = res.provenance["slurm_job_id"]
+    assert job_id not in squeue_ids()
+    assert job_state(job_id) == "CANCELLED"
+    assert time.monotonic() - started < 90
+
+
+@pytest.mark.slurm
+def test_cancel_scancels_running_jobs(write_matrix, tmp_path, no_jobs_left):
+    matrix = load_matrix(write_matrix(TINY.replace("iterations = 2", "iterations = 1000000")
+                                      + '[axes]\nseed = [1, 2]\n', cpu_profile=False))
+    cancel = threading.Event()
+    box: dict = {}
+    sweep = threading.Thread(target=lambda: box.update(outcome=run_sweep(
+        matrix, results_root=tmp_path, cancel=cancel)))
+    sweep.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(tmp_path.glob("**/slurm-*.out"))) < 2:
+        time.sleep(0.2)
+    assert len(list(tmp_path.glob("**/slurm-*.out"))) == 2, "the jobs never started"
+    cancel.set()
+    sweep.join(timeout=120)
+    assert not sweep.is_alive()
+    outcome = box["outcome"]
+    assert outcome.interrupted
+    assert [r.status for r in outcome.results] == [Status.CANCELLED] * 2
+    for r in outcome.results:
+        job_id = command_of(outcome.paths, r.cell_id)["slurm"]["job_id"]
+        assert job_id not in squeue_ids()
+        assert job_state(job_id) == "CANCELLED"
+
+
+def test_smoke_matrix_loads() -> None:
+    matrix = load_matrix(Path(__file__).resolve().parents[1] / "matrices" / "slurm_smoke.toml")
+    assert matrix.settings.backend == "slurm" and len(matrix.cells) == 4
+
+
+@pytest.mark.slurm
+def test_timeout_of_a_queued_job_says_it_never_started(write_matrix, tmp_path, no_jobs_left):
+    matrix = load_matrix(write_matrix(TINY.replace("timeout_s = 240", "timeout_s = 4") + """
+        [hardware.cpu.slurm]
+        extra_args = ["--begin=now+1hour"]
+    """, cpu_profile=False))
+    (res,) = run_sweep(matrix, results_root=tmp_path).results
+    assert res.status is Status.TIMEOUT
+    assert "never started" in res.reason and "PENDING (BeginTime)" in res.reason
+    assert job_state(res.provenance["slurm_job_id"]) == "CANCELLED"
+
+
+@pytest.mark.slurm
+def test_job_cancelled_outside_the_sweep(write_matrix, tmp_path, no_jobs_left):
+    matrix = load_matrix(write_matrix(TINY.replace("iterations = 2", "iterations = 1000000"),
+                                      cpu_profile=False))
+    box: dict = {}
+    sweep = threading.Thread(target=lambda: box.update(
+        outcome=run_sweep(matrix, results_root=tmp_path)))
+    sweep.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(tmp_path.glob("**/slurm-*.out")):
+        time.sleep(0.2)
+    (out,) = tmp_path.glob("**/slurm-*.out")
+    job_id = out.stem.removeprefix("slurm-")
+    subprocess.run(["scancel", job_id], check=True)
+    sweep.join(timeout=120)
+    (res,) = box["outcome"].results
+    assert res.status is Status.CANCELLED
+    assert res.reason == f"Slurm job {job_id} was cancelled outside the sweep"
+    assert not box["outcome"].interrupted
