@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from workload_support import TINY_WORKLOAD
 
 from orchestrator.backends.base import Allocation, RunOptions
 from orchestrator.backends.docker import (
@@ -129,19 +130,18 @@ backend = "docker"
 timeout_s = 240
 [workload]
 hardware = "box"
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 1
-iterations = 2
-workers = 0
-num_classes = 10
+{tiny}
 [hardware.box]
 device = "cpu"
 image = "ngc-pytorch"
 image_vars = {{ base_image = "{base}" }}
 container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} {extra} }}
 """
+
+
+def container_matrix(base: str, extra: str = "") -> str:
+    """The tiny CPU matrix in containers built on ``base``; ``extra``: more container options."""
+    return CONTAINER_MATRIX.format(tiny=TINY_WORKLOAD, base=base, extra=extra)
 
 
 def containers_of(client, run_id: str) -> list:
@@ -151,7 +151,7 @@ def containers_of(client, run_id: str) -> list:
 @pytest.mark.docker
 def test_sweep_in_containers_builds_once_and_cleans_up(docker_client, base_image, write_matrix,
                                                        tmp_path):
-    path = write_matrix(CONTAINER_MATRIX.format(base=base_image, extra="") + """
+    path = write_matrix(container_matrix(base_image, extra="") + """
         [axes]
         precision = ["fp32", "bf16"]
         [[include]]
@@ -193,7 +193,7 @@ def test_sweep_in_containers_builds_once_and_cleans_up(docker_client, base_image
 
 @pytest.mark.docker
 def test_oom_and_timeout_become_failed_cells(docker_client, base_image, write_matrix, tmp_path):
-    oom = write_matrix(CONTAINER_MATRIX.format(base=base_image, extra=', mem_limit = "48m"'),
+    oom = write_matrix(container_matrix(base_image, extra=', mem_limit = "48m"'),
                        name="oom.toml", cpu_profile=False)
     outcome = run_sweep(load_matrix(oom), results_root=tmp_path)
     (res,) = outcome.results
@@ -202,7 +202,7 @@ def test_oom_and_timeout_become_failed_cells(docker_client, base_image, write_ma
     assert containers_of(docker_client, outcome.paths.run_id) == []
 
     slow = write_matrix(
-        CONTAINER_MATRIX.format(base=base_image, extra="").replace("timeout_s = 240",
+        container_matrix(base_image, extra="").replace("timeout_s = 240",
                                                                    "timeout_s = 8")
         .replace("iterations = 2", "iterations = 1000000"),
         name="slow.toml", cpu_profile=False)
@@ -215,7 +215,7 @@ def test_oom_and_timeout_become_failed_cells(docker_client, base_image, write_ma
 @pytest.mark.docker
 def test_interrupt_removes_containers(docker_client, base_image, write_matrix, tmp_path):
     path = write_matrix(
-        CONTAINER_MATRIX.format(base=base_image, extra="").replace("iterations = 2",
+        container_matrix(base_image, extra="").replace("iterations = 2",
                                                                    "iterations = 1000000")
         + '[axes]\nseed = [1, 2]\n', cpu_profile=False)
     results = tmp_path / "results"

@@ -26,6 +26,7 @@ from slurm_support import (  # noqa: F401 - slurm_cluster is a fixture
     squeue_ids,
     wait_until_gone,
 )
+from workload_support import TINY_WORKLOAD
 
 from orchestrator.backends import backend_class, backend_names
 from orchestrator.backends.base import RunOptions
@@ -58,13 +59,7 @@ backend = "slurm"
 timeout_s = 240
 [workload]
 hardware = "cpu"
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 1
-iterations = 2
-workers = 0
-num_classes = 10
+""" + TINY_WORKLOAD + """
 [hardware.cpu]
 device = "cpu"
 env = { OMP_NUM_THREADS = "1" }

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from workload_support import TINY_WORKLOAD
 
 from orchestrator.matrix import load_matrix
 from orchestrator.results import RunPaths, Status
@@ -27,19 +28,13 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = """
+TINY = f"""
 [matrix]
 name = "tiny"
 timeout_s = 240
 [workload]
 hardware = "cpu"
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 1
-iterations = 2
-workers = 0
-num_classes = 10
+{TINY_WORKLOAD}
 """
 
 

@@ -107,3 +107,18 @@ class Launched:
             self._result = Result(self.proc.returncode, out, err)
             self._result.lines = parse_lines(out)
         return self._result
+
+
+#: The smallest real training cell, for sweeps that exercise a backend rather than the model:
+#: resnet18 at 32 px, batch 2, 1 warmup + 2 iterations (a few seconds on a CPU). Goes under
+#: a matrix's [workload] table.
+TINY_WORKLOAD = """\
+arch = "resnet18"
+image_size = 32
+batch_size = 2
+warmup = 1
+iterations = 2
+workers = 0
+num_classes = 10
+"""
+
