@@ -56,6 +56,10 @@ def docker_client() -> Iterator[object]:
 def base_image(docker_client: object) -> str:
     """A local base image standing in for nvcr.io's (made once; see make-base-image.sh)."""
     ref = os.environ.get("ORCHESTRATE_TEST_BASE_IMAGE", DEFAULT_BASE_IMAGE)
+    exists = subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode
+    if exists != 0 and not shutil.which("debootstrap"):
+        _unavailable(f"no base image {ref} and no debootstrap to make one "
+                     "(apt-get install -y debootstrap; .ci/run does)")
     proc = subprocess.run(
         ["bash", str(INFRA / "make-base-image.sh"), ref],
         capture_output=True,
