@@ -187,3 +187,35 @@ def discover(host: CommandRunner, timeout: float = 30.0) -> HostFacts:
     except HostError as exc:
         log.info("host %s unreachable: %s", host.name, exc)
         return HostFacts(name=host.name, reachable=False, reason=str(exc))
+
+
+class LocalHost:
+    """This machine as a :class:`CommandRunner` (for discovering the local GPUs)."""
+
+    name = "localhost"
+
+    def run(self, argv: list[str], timeout: float | None = None) -> CommandResult:
+        import subprocess
+
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except FileNotFoundError:
+            return CommandResult(127, "", f"{argv[0]}: not found")
+        except subprocess.TimeoutExpired as exc:
+            raise RemoteTimeout(f"{argv[0]} timed out after {timeout}s") from exc
+        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+_local_facts: HostFacts | None = None
+
+
+def local_accelerator_ids(device: str) -> list[int] | None:
+    """Ids of this machine's GPUs (``cuda``) or Gaudi cards (``hpu``), from nvidia-smi or
+    hl-smi; None when no such tool answers (unknown: nothing is assumed). Cached."""
+    global _local_facts
+    if _local_facts is None:
+        _local_facts = probe(LocalHost(), timeout=20.0)
+    wanted = {"cuda": "nvidia", "hpu": "gaudi"}.get(device)
+    if _local_facts.accelerator != wanted:
+        return None
+    return [g.index for g in _local_facts.gpus]

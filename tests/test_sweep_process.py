@@ -186,3 +186,36 @@ def test_resume_runs_only_what_did_not_end_ok(write_matrix, tmp_path):
     path.write_text(path.read_text().replace("iterations = 2", "iterations = 3"))
     with pytest.raises(ConfigError, match="the matrix changed since run"):
         run_sweep(load_matrix(path), results_root=tmp_path, resume=first.paths.run_id)
+
+
+def test_cells_needing_more_gpus_than_the_machine_has_are_unplaceable(
+    write_matrix, tmp_path, monkeypatch
+):
+    """This machine has no GPU: a stand-in `nvidia-smi` on PATH reports two (its query format)."""
+    from orchestrator import gpus
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text("#!/bin/sh\n"
+                    "echo '0, NVIDIA H100 80GB HBM3, 81559, 580.159.04'\n"
+                    "echo '1, NVIDIA H100 80GB HBM3, 81559, 580.159.04'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(gpus, "_local_facts", None)
+    assert gpus.local_accelerator_ids("cuda") == [0, 1]
+
+    path = write_matrix("""
+        [matrix]
+        name = "big"
+        [workload]
+        hardware = "h100"
+        gpus = 4
+        [hardware.h100]
+        device = "cuda"
+    """)
+    outcome = run_sweep(load_matrix(path), results_root=tmp_path / "results")
+    (res,) = outcome.results
+    assert res.status is Status.UNPLACEABLE
+    assert res.reason == "needs 4 GPUs but this machine has 2"
+    assert outcome.exit_code == 1

@@ -154,10 +154,18 @@ class Backend(ABC):
     def unplaceable(self, cell: Cell) -> str | None:
         """Why ``cell`` can never run on this backend, or None."""
         profile = self.matrix.profile(cell)
+        if profile.device == "cpu" or profile.wrapper != "none":
+            return None
         ids = profile.gpu_ids
-        if profile.device != "cpu" and ids is not None and cell.params.gpus > len(ids):
-            return (f"needs {cell.params.gpus} GPUs but hardware.{cell.hardware}.gpu_ids "
-                    f"lists {len(ids)}")
+        if ids is not None:
+            where = f"hardware.{cell.hardware}.gpu_ids lists"
+        else:
+            from orchestrator.gpus import local_accelerator_ids
+
+            ids = local_accelerator_ids(profile.device)
+            where = "this machine has"
+        if ids is not None and cell.params.gpus > len(ids):
+            return f"needs {cell.params.gpus} GPUs but {where} {len(ids)}"
         return None
 
     def allocate(self, cell: Cell) -> Allocation | None:
