@@ -341,3 +341,80 @@ def test_unknown_image_template_and_variables(write_matrix):
     assert "hardware.b.image_vars: unknown template variable 'bse_tag'" in text
     assert "hardware.b.image_vars:" in text and "apt_packages" in text
     assert len(got) == 3
+
+
+def _reference_cells(axes, zip_group, excludes, includes, defaults):
+    """A deliberately naive expansion to check the real one against."""
+    combos = [dict(defaults)]
+    for key, values in axes.items():
+        combos = [{**c, key: v} for c in combos for v in values]
+    if zip_group:
+        n = len(next(iter(zip_group.values())))
+        combos = [{**c, **{k: vs[i] for k, vs in zip_group.items()}}
+                  for c in combos for i in range(n)]
+    kept = [c for c in combos
+            if not any(all(c[k] == v for k, v in rule.items()) for rule in excludes)]
+    for inc in includes:
+        cell = {**defaults, **inc}
+        if cell not in kept:
+            kept.append(cell)
+    return kept
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_expansion_matches_a_brute_force_reference(write_matrix, seed):
+    import random
+
+    rng = random.Random(seed)
+    pool = {
+        "gpus": [1, 2, 4, 8], "batch_size": [1, 32, 64, 128, 256],
+        "precision": ["fp32", "amp", "bf16"], "arch": ["resnet18", "resnet50", "vgg16"],
+        "mode": ["train", "infer"], "seed": [0, 1, 2],
+    }
+    keys = rng.sample(sorted(pool), rng.randint(2, 5))
+    zip_keys = keys[:2] if rng.random() < 0.5 else []
+    n_zip = rng.randint(1, 3)
+    zip_group = {k: [rng.choice(pool[k]) for _ in range(n_zip)] for k in zip_keys}
+    axes = {k: rng.sample(pool[k], rng.randint(1, len(pool[k]))) for k in keys[len(zip_keys):]}
+    defaults = {"hardware": "cpu", "gpus": 1, "batch_size": 64, "precision": "fp32",
+                "arch": "resnet50", "mode": "train", "seed": 0}
+    product = _reference_cells(axes, zip_group, [], [], defaults)
+    excludes = []
+    for _ in range(rng.randint(0, 2)):  # rules built from real cells, so each matches one
+        cell = rng.choice(product)
+        rule_keys = rng.sample([k for k in (*axes, *zip_group)], 1)
+        excludes.append({k: cell[k] for k in rule_keys})
+    includes = [{"arch": "resnet18", "batch_size": 3}] if rng.random() < 0.5 else []
+    repeats = rng.randint(1, 3)
+
+    def toml_value(v):
+        return f'"{v}"' if isinstance(v, str) else str(v)
+
+    lines = [f"[matrix]\nrepeats = {repeats}\n[workload]\nhardware = \"cpu\"\n[axes]"]
+    lines += [f"{k} = [{', '.join(map(toml_value, vs))}]" for k, vs in axes.items()]
+    if zip_group:
+        lines.append("[[zip]]")
+        lines += [f"{k} = [{', '.join(map(toml_value, vs))}]" for k, vs in zip_group.items()]
+    for rule in excludes:
+        lines.append("[[exclude]]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in rule.items()]
+    for inc in includes:
+        lines.append("[[include]]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in inc.items()]
+    expected = _reference_cells(axes, zip_group, excludes, includes, defaults)
+    # a zip may repeat a value pair: the real expansion keeps each configuration once
+    unique = []
+    for cell in expected:
+        if cell not in unique:
+            unique.append(cell)
+    path = write_matrix("\n".join(lines) + "\n", name=f"r{seed}.toml")
+    if not unique:
+        with pytest.raises(ConfigError, match="expands to no cell"):
+            load_matrix(path)
+        return
+    m = load_matrix(path)
+    got = [{k: c.params.model_dump()[k] for k in defaults} for c in m.cells if c.repeat == 1]
+    assert sorted(map(repr, got)) == sorted(map(repr, unique))
+    assert len(m.cells) == len(unique) * repeats
+    assert len({c.id for c in m.cells}) == len(m.cells)
+    assert [c.repeat for c in m.cells] == sorted(c.repeat for c in m.cells)
