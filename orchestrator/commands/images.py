@@ -157,9 +157,9 @@ def cmd_build(args: argparse.Namespace) -> int:
             status.update(f"building {plan.tag}: {line[:80]}")
 
         outcome = build.ensure_image(plan, on_log=on_log)
-    node: build.BuildOutcome | None = outcome
-    while node is not None:
-        verb = f"built in {node.seconds:.1f} s" if node.built else "up to date"
-        console.print(f"{node.tag}: {verb}")
-        node = node.parent
+    step: build.BuildOutcome | None = outcome
+    while step is not None:
+        verb = f"built in {step.seconds:.1f} s" if step.built else "up to date"
+        console.print(f"{step.tag}: {verb}")
+        step = step.parent
     return 0
