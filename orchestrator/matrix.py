@@ -312,11 +312,20 @@ def _check_hardware_values(
     for path, value in places:
         if value not in mf.hardware:
             problems.append(Problem(file, path, f"unknown hardware profile {value!r}; {hint}"))
-    if any("hardware" not in a for a in assignments):
-        problems.append(Problem(
-            file, "workload.hardware",
-            "some cells have no hardware: set [workload] hardware or a [axes] hardware list",
-        ))
+    if mf.workload.hardware is None:
+        for i, entry in enumerate(mf.include):
+            if entry.hardware is None:
+                problems.append(Problem(
+                    file, f"include[{i}]",
+                    "no hardware: give it here (an include takes [workload] defaults for what "
+                    "it leaves out, not [axes] values)",
+                ))
+        varied = mf.axes.hardware is not None or any(z.hardware is not None for z in mf.zip)
+        if not varied and any("hardware" not in a for a in assignments):
+            problems.append(Problem(
+                file, "workload.hardware",
+                "no cell has hardware: set [workload] hardware or an [axes] hardware list",
+            ))
     return problems
 
 

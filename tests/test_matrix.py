@@ -211,7 +211,14 @@ def test_hardware_must_be_set(write_matrix):
         [axes]
         gpus = [1]
     """))
-    assert any("workload.hardware" in p and "no hardware" in p for p in got)
+    assert any("workload.hardware: no cell has hardware" in p for p in got)
+    got = problems(write_matrix("""
+        [axes]
+        hardware = ["cpu"]
+        [[include]]
+        batch_size = 1
+    """, name="inc.toml"))
+    assert len(got) == 1 and "include[0]: no hardware: give it here" in got[0]
 
 
 def test_exclude_matching_nothing_is_an_error(write_matrix):
@@ -418,3 +425,17 @@ def test_expansion_matches_a_brute_force_reference(write_matrix, seed):
     assert len(m.cells) == len(unique) * repeats
     assert len({c.id for c in m.cells}) == len(m.cells)
     assert [c.repeat for c in m.cells] == sorted(c.repeat for c in m.cells)
+
+
+def test_the_readme_example_matrix_is_valid(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Matrix files"):]
+    start = section.index("```toml\n") + len("```toml\n")
+    example = section[start:section.index("\n```", start)]
+    path = tmp_path / "readme_example.toml"
+    path.write_text(example)
+    m = load_matrix(path)
+    assert m.name == "v100_scaling" and m.settings.baseline == "hardware=v100"
+    assert m.profiles["v100"].slurm.partition == "gpu"
+    # 4 gpus x 2 precisions x 2 zipped archs = 16, minus fp32 on 4 and 8 GPUs (4), plus 1 include
+    assert len(m.cells) == (16 - 4 + 1) * 5
