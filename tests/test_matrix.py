@@ -439,3 +439,16 @@ def test_the_readme_example_matrix_is_valid(tmp_path):
     assert m.profiles["v100"].slurm.partition == "gpu"
     # 4 gpus x 2 precisions x 2 zipped archs = 16, minus fp32 on 4 and 8 GPUs (4), plus 1 include
     assert len(m.cells) == (16 - 4 + 1) * 5
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "matrices").glob("*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_matrix_validates(path):
+    m = load_matrix(path)
+    assert m.cells and m.name == path.stem
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "hosts").glob("*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_inventory_validates(path):
+    from orchestrator.hosts import load_hosts
+
+    assert load_hosts(path).names
