@@ -296,29 +296,36 @@ def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any]]:
         return MatrixFile.model_validate(raw), raw
     except ValidationError as exc:
         problems = problems_from_validation(str(path), exc)
-        raise ConfigError(problems + raw_reference_problems(raw, str(path), problems)) from None
+        problems += hardware_reference_problems(raw, str(path), problems)
+        raise ConfigError(problems) from None
 
 
-def raw_reference_problems(
-    raw: dict[str, Any], file: str, already: list[Problem]
+def hardware_reference_problems(
+    raw: dict[str, Any], file: str, already: list[Problem] | None = None
 ) -> list[Problem]:
-    """Unknown hardware names, found on the raw TOML so type errors don't hide them."""
-    profiles = raw.get("hardware")
-    if not isinstance(profiles, dict):
-        return []
+    """Every ``hardware`` value that names no ``[hardware.NAME]`` profile.
+
+    Works on the raw TOML, so it also runs when type errors stopped the model (fields already
+    reported in ``already`` are not reported twice).
+    """
+    profiles = raw.get("hardware") if isinstance(raw.get("hardware"), dict) else {}
     places: list[tuple[str, Any]] = []
     workload, axes = raw.get("workload"), raw.get("axes")
     if isinstance(workload, dict) and "hardware" in workload:
         places.append(("workload.hardware", workload["hardware"]))
     if isinstance(axes, dict) and isinstance(axes.get("hardware"), list):
         places += [(f"axes.hardware[{i}]", v) for i, v in enumerate(axes["hardware"])]
+    for z, group in enumerate(raw.get("zip") or []):
+        if isinstance(group, dict) and isinstance(group.get("hardware"), list):
+            places += [(f"zip[{z}].hardware[{i}]", v) for i, v in enumerate(group["hardware"])]
     for i, entry in enumerate(raw.get("include") or []):
         if isinstance(entry, dict) and "hardware" in entry:
             places.append((f"include[{i}].hardware", entry["hardware"]))
-    known = ", ".join(sorted(profiles)) or "none"
-    seen = {p.field for p in already}
+    hint = (f"defined profiles: {', '.join(sorted(profiles))}" if profiles
+            else "no [hardware.NAME] table defined")
+    seen = {p.field for p in already or []}
     return [
-        Problem(file, where, f"unknown hardware profile {value!r}; defined profiles: {known}")
+        Problem(file, where, f"unknown hardware profile {value!r}; {hint}")
         for where, value in places
         if isinstance(value, str) and value not in profiles and where not in seen
     ]

@@ -16,7 +16,7 @@ from typing import Any
 from tabulate import tabulate
 
 from orchestrator.results import RunPaths
-from orchestrator.summary import summarize
+from orchestrator.summary import summarize, varying_keys
 
 
 @dataclass
@@ -62,8 +62,7 @@ def render_history(runs: Sequence[RunPaths], items: Sequence[Trend]) -> str:
     """A table: group params, one column per run, the change of the newest, the flag."""
     if not items:
         return "(no runs)"
-    keys = [k for k in items[0].params
-            if len({repr(t.params.get(k)) for t in items}) > 1 or k == "hardware"]
+    keys = varying_keys([t.params for t in items], always=("hardware",))
     headers = [*keys, *[r.run_id[:15] for r in runs], "vs reference", ""]
     rows = []
     for t in items:

@@ -36,6 +36,7 @@ from orchestrator.config import (
     HardwareProfile,
     MatrixFile,
     MatrixSettings,
+    hardware_reference_problems,
     param_type,
     parse_matrix_file,
 )
@@ -295,23 +296,7 @@ def _check_image(file: str, where: str, profile: HardwareProfile) -> list[Proble
 def _check_hardware_values(
     mf: MatrixFile, raw: dict[str, Any], file: str, assignments: list[dict[str, Any]]
 ) -> list[Problem]:
-    known = sorted(mf.hardware)
-    hint = f"defined profiles: {', '.join(known)}" if known else "no [hardware.NAME] table defined"
-    problems = []
-    places: list[tuple[str, Any]] = []
-    if mf.workload.hardware is not None:
-        places.append(("workload.hardware", mf.workload.hardware))
-    for i, v in enumerate(mf.axes.hardware or []):
-        places.append((f"axes.hardware[{i}]", v))
-    for z, group in enumerate(mf.zip):
-        for i, v in enumerate(group.hardware or []):
-            places.append((f"zip[{z}].hardware[{i}]", v))
-    for i, entry in enumerate(mf.include):
-        if entry.hardware is not None:
-            places.append((f"include[{i}].hardware", entry.hardware))
-    for path, value in places:
-        if value not in mf.hardware:
-            problems.append(Problem(file, path, f"unknown hardware profile {value!r}; {hint}"))
+    problems = hardware_reference_problems(raw, file)
     if mf.workload.hardware is None:
         for i, entry in enumerate(mf.include):
             if entry.hardware is None:

@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator.errors import OrchestratorError
 from orchestrator.history import Trend
 from orchestrator.results import RunPaths
-from orchestrator.summary import GroupRow, column_order
+from orchestrator.summary import GroupRow, varying_keys
 
 
 def _pyplot() -> Any:
@@ -40,19 +40,13 @@ def _label(params: dict[str, Any], keys: Sequence[str]) -> str:
     return " ".join(f"{_PREFIX.get(k, '')}{params[k]}" for k in keys) or "all"
 
 
-def _varying(rows: Sequence[dict[str, Any]], exclude: Sequence[str] = ()) -> list[str]:
-    keys = list(rows[0]) if rows else []
-    return column_order([k for k in keys if k not in exclude
-                         and len({repr(r.get(k)) for r in rows}) > 1])
-
-
 def plot_run(paths: RunPaths, rows: Sequence[GroupRow], out: Path, title: str) -> Path:
     """Scaling plot (gpus axis) or bar chart of a run's groups; writes ``out`` (png/svg/pdf)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     gpus = sorted({r.params.get("gpus") for r in rows})
     if len(gpus) > 1:
-        series_keys = _varying([r.params for r in rows], exclude=("gpus",))
+        series_keys = varying_keys([r.params for r in rows], exclude=("gpus",))
         series: dict[str, list[GroupRow]] = {}
         for r in rows:
             series.setdefault(_label(r.params, series_keys), []).append(r)
@@ -72,7 +66,7 @@ def plot_run(paths: RunPaths, rows: Sequence[GroupRow], out: Path, title: str) -
         ax.set_ylabel("images/s (median over repeats; dotted: linear scaling)")
         ax.legend(fontsize=8)
     else:
-        keys = _varying([r.params for r in rows]) or ["hardware"]
+        keys = varying_keys([r.params for r in rows]) or ["hardware"]
         good = [r for r in rows if r.ips is not None]
         labels = [_label(r.params, keys) for r in good]
         values = [r.ips for r in good]
@@ -99,7 +93,7 @@ def plot_history(runs: Sequence[RunPaths], items: Sequence[Trend], out: Path, ti
     """Median images/s per configuration across runs; the newest point of a regression in red."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5), dpi=120)
-    keys = _varying([t.params for t in items]) or ["hardware"]
+    keys = varying_keys([t.params for t in items]) or ["hardware"]
     xs = list(range(len(runs)))
     for t in items:
         ys = [t.values.get(r.run_id) for r in runs]

@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import ConfigError
+
 
 class Status(enum.StrEnum):
     """How a cell ended."""
@@ -178,23 +180,8 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def log_tail(path: Path, lines: int = 40) -> list[str]:
-    """The last ``lines`` lines of a log (reads only the end of a big file)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 64 * 1024))
-            data = fh.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
-    return data.splitlines()[-lines:]
-
-
 def find_run(results_root: Path, matrix_name: str, run_id: str | None = None) -> RunPaths:
     """A run folder: ``run_id`` or the newest run of the matrix."""
-    from orchestrator.errors import ConfigError
-
     base = Path(results_root) / matrix_name
     if run_id:
         root = base / run_id

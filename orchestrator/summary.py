@@ -65,12 +65,15 @@ class GroupRow:
 def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
     """Group results by cell group (plan order) and compute medians, speedup, efficiency."""
     rows: dict[str, GroupRow] = {}
+    ok_by_group: dict[str, list[CellResult]] = {}
     for res in results:
         row = rows.setdefault(res.group, GroupRow(res.group, dict(res.params)))
         row.runs += 1
         row.statuses[res.status.value] = row.statuses.get(res.status.value, 0) + 1
+        if res.status is Status.OK:
+            ok_by_group.setdefault(res.group, []).append(res)
     for row in rows.values():
-        ok = [r for r in results if r.group == row.group and r.status is Status.OK]
+        ok = ok_by_group.get(row.group, [])
         row.ok = len(ok)
         mode = row.params.get("mode", "train")
         ips = [r.metrics.get(throughput_key(mode)) for r in ok]
@@ -88,20 +91,25 @@ def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
     return list(rows.values())
 
 
+def _baselines(rows: Sequence[GroupRow], key: str, value: str
+               ) -> list[tuple[GroupRow, GroupRow]]:
+    """(row, its baseline): the row with ``key = value`` and otherwise equal parameters, both
+    with a throughput."""
+    def others(row: GroupRow) -> str:
+        return repr(sorted((k, v) for k, v in row.params.items() if k != key))
+
+    base = {others(r): r for r in rows if str(r.params.get(key)) == value and r.ips}
+    return [(row, base[others(row)]) for row in rows
+            if row.ips is not None and others(row) in base]
+
+
 def _scaling(rows: list[GroupRow]) -> None:
     """Speedup and efficiency vs the 1-GPU row with otherwise equal parameters."""
     if len({r.params.get("gpus") for r in rows}) < 2:
         return
-
-    def key(row: GroupRow) -> str:
-        return repr(sorted((k, v) for k, v in row.params.items() if k != "gpus"))
-
-    base = {key(r): r for r in rows if r.params.get("gpus") == 1 and r.ips}
-    for row in rows:
-        ref = base.get(key(row))
-        if ref and row.ips and ref.ips:
-            row.speedup = row.ips / ref.ips
-            row.efficiency = row.speedup / row.params["gpus"]
+    for row, ref in _baselines(rows, "gpus", "1"):
+        row.speedup = row.ips / ref.ips
+        row.efficiency = row.speedup / row.params["gpus"]
 
 
 def add_ratios(rows: Sequence[GroupRow], key: str, value: str) -> int:
@@ -109,17 +117,10 @@ def add_ratios(rows: Sequence[GroupRow], key: str, value: str) -> int:
 
     E.g. ``hardware=v100`` gives Bitfusion/native. Returns how many rows got a ratio.
     """
-    def others(row: GroupRow) -> str:
-        return repr(sorted((k, v) for k, v in row.params.items() if k != key))
-
-    base = {others(r): r for r in rows if str(r.params.get(key)) == value and r.ips}
-    n = 0
-    for row in rows:
-        ref = base.get(others(row))
-        if ref is not None and row.ips is not None and ref.ips:
-            row.ratio = row.ips / ref.ips
-            n += 1
-    return n
+    pairs = _baselines(rows, key, value)
+    for row, ref in pairs:
+        row.ratio = row.ips / ref.ips
+    return len(pairs)
 
 
 #: Column order of tables: the order of cell ids, then the rest in model order.
@@ -131,12 +132,19 @@ def column_order(keys: Sequence[str]) -> list[str]:
     return [k for k in _LEADING if k in keys] + [k for k in keys if k not in _LEADING]
 
 
+def varying_keys(params: Sequence[dict[str, Any]], always: Sequence[str] = (),
+                 exclude: Sequence[str] = ()) -> list[str]:
+    """The parameters that differ between ``params`` (plus ``always``), in table order."""
+    keys = list(params[0]) if params else []
+    return column_order([
+        k for k in keys if k not in exclude
+        and (k in always or len({repr(p.get(k)) for p in params}) > 1)
+    ])
+
+
 def varying_params(rows: Sequence[GroupRow], plan_varying: Sequence[str] = ()) -> list[str]:
     """Parameters shown as table columns: hardware, then those that differ between rows."""
-    keys = list(rows[0].params) if rows else []
-    varying = {k for k in keys if len({repr(r.params.get(k)) for r in rows}) > 1}
-    return column_order([k for k in keys if k == "hardware" or k in varying
-                         or k in plan_varying])
+    return varying_keys([r.params for r in rows], always=("hardware", *plan_varying))
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:

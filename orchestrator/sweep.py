@@ -10,24 +10,28 @@ Expected failures are results; one bad cell never stops the sweep.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import platform
 import shutil
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator import __version__
 from orchestrator.backends import backend_class
 from orchestrator.backends.base import Allocation, Backend, RunOptions, git_revision
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.results import CellResult, RunPaths, Status, find_run, read_json, write_json
 from orchestrator.summary import GroupRow, write_summary
+
+log = logging.getLogger("orchestrator.sweep")
 
 
 class SweepEvents(Protocol):
@@ -57,7 +61,11 @@ class SweepOutcome:
     rows: list[GroupRow]
     table: str
     interrupted: bool = False
-    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many cells ended in each status."""
+        return dict(Counter(r.status.value for r in self.results))
 
     @property
     def ok(self) -> bool:
@@ -139,6 +147,7 @@ def run_sweep(
         cancel=cancel or threading.Event(),
         hosts_file=hosts_file or hosts_file_of(matrix),
     )
+    backend: Backend | None = None
     try:
         backend = cls(matrix, paths, options)
         if cells:
@@ -146,7 +155,7 @@ def run_sweep(
     except BaseException:
         # Nothing ran (bad inventory, failed image build, Ctrl-C during a build): a new run's
         # folder would only be an empty run in `history`.
-        if "backend" in locals():
+        if backend is not None:
             backend.close()
         if resume is None:
             shutil.rmtree(paths.root, ignore_errors=True)
@@ -166,18 +175,14 @@ def run_sweep(
     results = paths.results()  # every cell of the run, those of earlier attempts included
     rows, table = write_summary(paths)
     _plot_if_possible(paths, rows, matrix.name)
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.status.value] = counts.get(r.status.value, 0) + 1
-    run_meta.update(finished_at=time.time(), counts=counts, interrupted=interrupted)
+    outcome = SweepOutcome(paths, results, rows, table, interrupted)
+    run_meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
     write_json(paths.run_meta, run_meta)
-    return SweepOutcome(paths, results, rows, table, interrupted, counts)
+    return outcome
 
 
 def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
     """summary.png in the run folder when matplotlib is installed (the ``plots`` extra)."""
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None or not any(r.ips for r in rows):
         return
     from orchestrator.plots import plot_run
@@ -185,9 +190,7 @@ def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
     try:
         plot_run(paths, rows, paths.root / "summary.png", f"{name} {paths.run_id}")
     except Exception as exc:  # a plot must never cost the results
-        import logging
-
-        logging.getLogger("orchestrator.sweep").warning("summary.png not drawn: %s", exc)
+        log.warning("summary.png not drawn: %s", exc)
 
 
 def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
@@ -222,13 +225,21 @@ def run_cells(
     """Start each cell as soon as the backend can place it; collect every result."""
     results: list[CellResult] = []
     pending: deque[tuple[Cell, int]] = deque()
+
+    def unplaceable(cell: Cell, attempt: int, reason: str) -> None:
+        res = _unrun_result(cell, Status.UNPLACEABLE, reason)
+        res.attempts = attempt - 1
+        if attempt > 1:
+            res.reason = (f"its host was lost (attempt {attempt - 1}) and no other can run "
+                          f"it: {reason}")
+        write_json(backend.paths.cell_result(cell.id), res.to_json())
+        results.append(res)
+        events.cell_finished(cell, res)
+
     for cell in cells:
         reason = backend.unplaceable(cell)
         if reason:
-            res = _unrun_result(cell, Status.UNPLACEABLE, reason)
-            write_json(backend.paths.cell_result(cell.id), res.to_json())
-            results.append(res)
-            events.cell_finished(cell, res)
+            unplaceable(cell, 1, reason)
         else:
             pending.append((cell, 1))
     running: dict[Future[CellResult], tuple[Cell, Allocation, int]] = {}
@@ -244,14 +255,7 @@ def run_cells(
                         reason = backend.unplaceable(cell)
                         if reason:
                             pending.remove(item)
-                            res = _unrun_result(cell, Status.UNPLACEABLE, reason)
-                            res.attempts = attempt - 1
-                            if attempt > 1:
-                                res.reason = (f"its host was lost (attempt {attempt - 1}) and "
-                                              f"no other can run it: {reason}")
-                            write_json(backend.paths.cell_result(cell.id), res.to_json())
-                            results.append(res)
-                            events.cell_finished(cell, res)
+                            unplaceable(cell, attempt, reason)
                         continue
                     pending.remove(item)
                     events.cell_started(cell, allocation)
@@ -288,8 +292,6 @@ def _result_of(fut: Future[CellResult], cell: Cell, attempt: int, wait_s: float 
     try:
         return fut.result(timeout=wait_s)
     except Exception as exc:  # an error starting the cell: a failed result, the sweep goes on
-        from orchestrator.errors import OrchestratorError
-
         reason = str(exc) if isinstance(exc, OrchestratorError) else f"{type(exc).__name__}: {exc}"
         res = _unrun_result(cell, Status.FAILED, reason)
         res.attempts = attempt
@@ -303,16 +305,10 @@ def _unrun_result(cell: Cell, status: Status, reason: str) -> CellResult:
     )
 
 
-def _record_unrun(paths: RunPaths, cells: list[Cell], results: list[CellResult]
-                  ) -> list[CellResult]:
+def _record_unrun(paths: RunPaths, cells: list[Cell], results: list[CellResult]) -> None:
     """Cells that never ran (interrupted sweep) get a cancelled result on disk too."""
-    by_id = {r.cell_id: r for r in results}
-    out = []
+    done = {r.cell_id for r in results}
     for cell in cells:
-        res = by_id.get(cell.id)
-        if res is None:
+        if cell.id not in done and not paths.cell_result(cell.id).exists():
             res = _unrun_result(cell, Status.CANCELLED, "not started: the sweep was interrupted")
-        if not paths.cell_result(cell.id).exists():
             write_json(paths.cell_result(cell.id), res.to_json())
-        out.append(res)
-    return out

@@ -23,7 +23,8 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -36,7 +37,6 @@ from orchestrator.results import (
     CellResult,
     RunPaths,
     Status,
-    log_tail,
     parse_metric_lines,
     write_json,
 )
@@ -89,6 +89,23 @@ class Execution(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the execution holds (remove the container, close the channel)."""
+
+
+#: Lines of a failed cell's log kept in its result.
+TAIL_LINES = 40
+
+
+@dataclass
+class _Capture:
+    """What the log pump keeps while it streams: the structured lines and the log's end."""
+
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+    def line(self, text: str) -> None:
+        self.tail.append(text)
+        if text.lstrip().startswith("{"):
+            self.metrics += parse_metric_lines(text)
 
 
 @dataclass
@@ -198,23 +215,24 @@ class Backend(ABC):
         )
         result.started_at = time.time()
         t0 = time.monotonic()
-        status, reason, info = self._execute(cell, spec, log_path)
+        capture = _Capture()
+        status, reason, info = self._execute(cell, spec, log_path, capture)
         result.duration_s = round(time.monotonic() - t0, 3)
         result.finished_at = time.time()
         result.exit_code = info.code if info else None
-        self._interpret(result, status, reason, info, log_path)
+        self._interpret(result, status, reason, info, capture)
         write_json(self.paths.cell_result(cell.id), result.to_json())
         return result
 
     def _execute(
-        self, cell: Cell, spec: LaunchSpec, log_path: Path
+        self, cell: Cell, spec: LaunchSpec, log_path: Path, capture: _Capture
     ) -> tuple[Status | None, str, ExitInfo | None]:
         with log_path.open("ab") as log_file:
             log_file.write(f"# {spec.shell_line()}\n".encode())
             log_file.flush()
             execution = self.launch(spec)
             pump = threading.Thread(
-                target=self._pump, args=(cell.id, execution, log_file), daemon=True,
+                target=self._pump, args=(cell.id, execution, log_file, capture), daemon=True,
                 name=f"log-{cell.id}",
             )
             pump.start()
@@ -244,27 +262,34 @@ class Backend(ABC):
                 execution.close()
         return status, reason, info
 
-    def _pump(self, cell_id: str, execution: Execution, log_file) -> None:
+    def _pump(self, cell_id: str, execution: Execution, log_file, capture: _Capture) -> None:
+        """Stream output into the log as it comes; hand each line to the capture and hook."""
         hook = self.options.output_hook
         pending = b""
+
+        def line(raw: bytes) -> None:
+            text = raw.decode("utf-8", errors="replace")
+            capture.line(text)
+            if hook:
+                hook(cell_id, text)
+
         try:
             for chunk in execution.output():
                 log_file.write(chunk)
                 log_file.flush()
-                if hook:
-                    pending += chunk
-                    *lines, pending = pending.split(b"\n")
-                    for line in lines:
-                        hook(cell_id, line.decode("utf-8", errors="replace"))
+                *lines, pending = (pending + chunk).split(b"\n")
+                for raw in lines:
+                    line(raw)
         except Exception as exc:  # a broken stream must not kill the sweep
             log.warning("output stream of %s ended: %s", cell_id, exc)
+        if pending:
+            line(pending)
 
     def _interpret(
         self, result: CellResult, status: Status | None, reason: str, info: ExitInfo | None,
-        log_path: Path,
+        capture: _Capture,
     ) -> None:
-        text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
-        lines = parse_metric_lines(text)
+        lines = capture.metrics
         if lines:
             with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
                 for obj in lines:
@@ -288,7 +313,7 @@ class Backend(ABC):
                 reason = info.detail or "killed by the out-of-memory killer"
             elif info.code != 0:
                 status = Status.FAILED
-                reason = _failure_reason(info, error, text)
+                reason = _failure_reason(info, error, capture.tail)
             elif summary is None:
                 status = Status.FAILED
                 reason = "the workload exited 0 but printed no summary line"
@@ -297,10 +322,10 @@ class Backend(ABC):
         result.status = status
         result.reason = reason
         if status is not Status.OK:
-            result.log_tail = log_tail(log_path)
+            result.log_tail = list(capture.tail)
 
 
-def _failure_reason(info: ExitInfo, error: dict[str, Any] | None, text: str) -> str:
+def _failure_reason(info: ExitInfo, error: dict[str, Any] | None, tail: Iterable[str]) -> str:
     code = info.code
     if code is not None and code < 0:
         try:
@@ -311,7 +336,7 @@ def _failure_reason(info: ExitInfo, error: dict[str, Any] | None, text: str) -> 
         what = f"exit code {code}"
     if error and error.get("message"):
         return f"{what}: {error['message']}"
-    last = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("# ")]
+    last = [ln for ln in tail if ln.strip()]
     detail = info.detail or (last[-1].strip() if last else "")
     return f"{what}: {detail}" if detail else what
 

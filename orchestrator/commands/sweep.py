@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError
 from orchestrator.matrix import Cell, Matrix, filter_cells, load_matrix
-from orchestrator.results import CellResult, RunPaths, Status, find_run
+from orchestrator.results import CellResult, RunPaths, Status, find_run, parse_metric_lines
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Allocation
@@ -127,10 +127,15 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _matrix_name(arg: str) -> str:
+    """A matrix name from ``NAME`` or ``path/to/NAME.toml``."""
+    return Path(arg).stem if arg.endswith(".toml") else arg
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.summary import write_summary
 
-    name = Path(args.matrix).stem if args.matrix.endswith(".toml") else args.matrix
+    name = _matrix_name(args.matrix)
     paths = find_run(args.results, name, args.run)
     rows, table = write_summary(paths, baseline=args.baseline)
     print(f"{paths.root}\n{table}")
@@ -144,7 +149,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     from orchestrator.history import render_history, runs_of, trends
 
-    name = Path(args.matrix).stem if args.matrix.endswith(".toml") else args.matrix
+    name = _matrix_name(args.matrix)
     runs = runs_of(args.results, name)
     if not runs:
         raise ConfigError(f"no runs of {name!r} under {args.results}", field="history")
@@ -219,12 +224,10 @@ class RichEvents:
     def cell_output(self, cell_id: str, line: str) -> None:
         if not line.startswith("{"):
             return
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
+        parsed = parse_metric_lines(line)
+        if not parsed:
             return
-        if not isinstance(obj, dict):
-            return
+        obj = parsed[0]
         data = obj.get("data", {})
         ips = data.get("train.total_ips") or data.get("val.total_ips")
         with self._lock:
