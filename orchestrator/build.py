@@ -1,11 +1,14 @@
 """Build images from templates, tagged by a content hash of everything that goes in.
 
-The tag of an image is ``orchestrate/<template>:<12 hex>``, a SHA-256 over the template and
-manifest text, the resolved variables, the base image reference and every build-context file
-(path and bytes, ``workload/`` included). The same inputs give the same tag, so
-:func:`ensure_image` builds only when that tag is missing, and any change rebuilds. A template
-with a parent (``bitfusion`` on ``ngc-pytorch``) builds FROM the parent's content-hash tag, so a
-change in the parent changes both tags; :func:`ensure_image` ensures the parent first.
+The tag of an image is ``orchestrate/<template>:<12 hex>``, a SHA-256 over exactly what is sent
+to the engine: every build-context file, path and bytes — the rendered Dockerfile (so the base
+image reference and every variable that reaches it), ``workload/`` and file variables. The same
+context gives the same tag, so :func:`ensure_image` builds only when that tag is missing; a
+change that alters the context rebuilds, one that does not (a description) keeps the image. The
+plan holds the context it hashed and the build sends that, never a second reading of the disk.
+A template with a parent (``bitfusion`` on ``ngc-pytorch``) builds FROM the parent's
+content-hash tag, so a change in the parent changes both tags; :func:`ensure_image` ensures the
+parent first.
 
 :func:`plan_image` needs no Docker engine (``--dry-run``, sweep planning).
 """
@@ -14,20 +17,19 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import logging
 import re
 import tempfile
 import time
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from orchestrator import images
-from orchestrator.errors import BackendUnavailable, BuildError, ConfigError
+from orchestrator.errors import BuildError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +38,6 @@ HASH_LENGTH = 12
 LABEL_TEMPLATE = "org.orchestrate.template"
 LABEL_HASH = "org.orchestrate.content-hash"
 LOG_TAIL_LINES = 20
-
-NO_ENGINE_HINT = (
-    "start one with `dockerd >/tmp/dockerd.log 2>&1 &` (or tests/infra/start-dockerd.sh), "
-    "set DOCKER_HOST to a reachable engine, or run without containers: `--backend process`"
-)
 
 _STEP_RE = re.compile(r"^Step (\d+/\d+) : (.*)$")
 
@@ -56,7 +53,8 @@ class ImagePlan:
     content_hash: str
     kind: str = "dockerfile"
     parent: ImagePlan | None = None
-    workload_dir: Path | None = None
+    #: The build context that was hashed (relative path -> bytes); the build sends exactly this.
+    files: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -67,6 +65,11 @@ class BuildOutcome:
     built: bool
     seconds: float
     parent: BuildOutcome | None = None
+
+    @property
+    def summary(self) -> str:
+        """``built in 12.3 s`` or ``up to date``."""
+        return f"built in {self.seconds:.1f} s" if self.built else "up to date"
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def plan_image(
     base = images.base_image_ref(name, resolved)
     files = images.context_files(name, resolved, workload_dir=workload_dir)
     # File variables are hashed by their bytes (in ``files``) and context name, not host path.
-    digest = content_hash(template, images.template_context(name, resolved), base, files)
+    digest = content_hash(name, files)
     tag = f"{TAG_PREFIX}/{name}:{digest[:HASH_LENGTH]}"
     log.debug("planned %s -> %s (base %s)", name, tag, base)
     return ImagePlan(
@@ -116,24 +119,18 @@ def plan_image(
         content_hash=digest,
         kind=template.kind,
         parent=parent_plan,
-        workload_dir=workload_dir,
+        files=files,
     )
 
 
-def content_hash(
-    template: images.Template, values: dict[str, Any], base: str, files: dict[str, bytes]
-) -> str:
-    """SHA-256 hex digest over everything that goes into an image."""
+def content_hash(template: str, files: dict[str, bytes]) -> str:
+    """SHA-256 hex digest over a template's name and its whole build context."""
     h = hashlib.sha256()
 
     def put(label: str, data: bytes) -> None:
         h.update(label.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
 
-    put("template-name", template.name.encode())
-    put("manifest", template.manifest_text.encode())
-    put("template", template.text.encode())
-    put("variables", json.dumps(values, sort_keys=True, default=str).encode())
-    put("base", base.encode())
+    put("template-name", template.encode())
     for rel, data in sorted(files.items()):
         put(f"file:{rel}", data)
     return h.hexdigest()
@@ -153,21 +150,13 @@ def plan_chain(plan: ImagePlan) -> list[ImagePlan]:
 
 
 def docker_api(client: Any = None) -> Any:
-    """A low-level ``docker.APIClient`` that answers, or :class:`BackendUnavailable`.
-
-    ``client`` may be an ``APIClient``, a ``DockerClient`` (its ``.api`` is used) or None (from
-    the environment: DOCKER_HOST etc., API version negotiated).
-    """
-    import docker  # imported late: planning and rendering need no Docker SDK at all
-
+    """The low-level API of ``client`` (an ``APIClient`` or a ``DockerClient``), or of a new
+    client for the engine in the environment (:class:`BackendUnavailable` when none answers)."""
     if client is not None:
         return getattr(client, "api", client)
-    try:
-        api = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
-        api.ping()
-    except Exception as exc:  # DockerException, requests' ConnectionError, socket errors
-        raise BackendUnavailable(f"no Docker engine reachable ({exc}); {NO_ENGINE_HINT}") from exc
-    return api
+    from orchestrator.backends.docker import docker_client
+
+    return docker_client().api
 
 
 def image_exists(api: Any, tag: str) -> bool:
@@ -204,7 +193,7 @@ def ensure_image(
         log.info("image %s is up to date", plan.tag)
         return BuildOutcome(plan.tag, False, time.monotonic() - start, parent_outcome)
     with tempfile.TemporaryDirectory(prefix=f"orchestrate-{plan.template}-") as tmp:
-        images.render_context(plan.template, plan.values, tmp, workload_dir=plan.workload_dir)
+        images.write_context(plan.files, tmp)
         _build(api, plan, tmp, on_log)
     seconds = time.monotonic() - start
     log.info("built %s in %.1f s", plan.tag, seconds)

@@ -406,13 +406,17 @@ def render_context(
     workload_dir: Path | None = None,
 ) -> Path:
     """Write the build context of template ``name`` into ``out_dir``; return the rendered file."""
-    out = Path(out_dir)
     files = context_files(name, values, workload_dir=workload_dir)
+    write_context(files, out_dir)
+    log.debug("rendered %s into %s (%d files)", name, out_dir, len(files))
+    return Path(out_dir) / load_template(name).output_name
+
+
+def write_context(files: dict[str, bytes], out_dir: Path | str) -> None:
+    """Write a build context (relative path -> bytes) into ``out_dir``."""
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for rel, data in files.items():
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    rendered = out / load_template(name).output_name
-    log.debug("rendered %s into %s (%d files)", name, out, len(files))
-    return rendered

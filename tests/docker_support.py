@@ -36,18 +36,13 @@ def _unavailable(reason: str) -> None:
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[object]:
     """A DockerClient that answers ping; skip (or fail under CI=true) without an engine."""
+    from orchestrator.backends.docker import docker_client as connect
+    from orchestrator.errors import BackendUnavailable
+
     try:
-        import docker
-    except ImportError:  # pragma: no cover - docker is a dependency
-        _unavailable("the docker Python SDK is not installed")
-    try:
-        client = docker.from_env(version="auto")
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means "no engine"
-        _unavailable(
-            f"no Docker engine reachable ({type(exc).__name__}: {exc}); "
-            "start one with tests/infra/start-dockerd.sh"
-        )
+        client = connect()
+    except BackendUnavailable as exc:
+        _unavailable(str(exc))
     yield client
     client.close()
 
@@ -56,8 +51,14 @@ def docker_client() -> Iterator[object]:
 def base_image(docker_client: object) -> str:
     """A local base image standing in for nvcr.io's (made once; see make-base-image.sh)."""
     ref = os.environ.get("ORCHESTRATE_TEST_BASE_IMAGE", DEFAULT_BASE_IMAGE)
-    exists = subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode
-    if exists != 0 and not shutil.which("debootstrap"):
+    import docker
+
+    try:
+        docker_client.images.get(ref)
+        exists = True
+    except docker.errors.ImageNotFound:
+        exists = False
+    if not exists and not shutil.which("debootstrap"):
         _unavailable(f"no base image {ref} and no debootstrap to make one "
                      "(apt-get install -y debootstrap; .ci/run does)")
     proc = subprocess.run(

@@ -244,8 +244,7 @@ class DockerBackend(Backend):
         for tag, plan in plans.items():
             outcome = build.ensure_image(plan, self.client, on_log)
             if on_log:
-                what = f"built in {outcome.seconds:.1f} s" if outcome.built else "up to date"
-                on_log(f"image {tag} ({plan.template}): {what}")
+                on_log(f"image {tag} ({plan.template}): {outcome.summary}")
 
     # --- cells --------------------------------------------------------------------------------
 

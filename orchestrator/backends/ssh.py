@@ -651,8 +651,7 @@ class SshDockerBackend(DockerBackend):
                     plan, host.client, (lambda line, n=name: say(f"{n} | {line}"))
                     if on_log else None)
                 host.images.add(plan.tag)
-                what = f"built in {outcome.seconds:.1f} s" if outcome.built else "up to date"
-                say(f"host {name}: image {plan.tag} ({plan.template}): {what}")
+                say(f"host {name}: image {plan.tag} ({plan.template}): {outcome.summary}")
 
         # Every host is connected (host keys checked) before any of them builds anything.
         with ThreadPoolExecutor(max_workers=max(1, len(wanted)),

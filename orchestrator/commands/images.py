@@ -130,7 +130,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     plan = build.plan_image(args.name, values)
     for node in build.plan_chain(plan)[:-1]:
         Console(stderr=True).print(f"[dim]parent image: {node.tag} ({node.template})[/dim]")
-    rendered = images.render_context(args.name, plan.values, args.out)
+    images.write_context(plan.files, args.out)
+    rendered = args.out / images.load_template(args.name).output_name
     Console().print(f"wrote {rendered} (tag would be {plan.tag})")
     return 0
 
@@ -159,7 +160,6 @@ def cmd_build(args: argparse.Namespace) -> int:
         outcome = build.ensure_image(plan, on_log=on_log)
     step: build.BuildOutcome | None = outcome
     while step is not None:
-        verb = f"built in {step.seconds:.1f} s" if step.built else "up to date"
-        console.print(f"{step.tag}: {verb}")
+        console.print(f"{step.tag}: {step.summary}")
         step = step.parent
     return 0
