@@ -20,7 +20,9 @@ JSON, lines prefixed ``DLLL``); its per-iteration ``*.total_ips`` become times
 ``batch / ips`` and are summed the same way.  (DLE's own summary averages per-iteration ips
 and includes its warmup; it is not used.)  DLE's validation step also computes the loss and
 top-1/top-5 accuracy and synchronises each iteration, so its inference numbers carry that
-overhead; ours runs the forward pass only.
+overhead; ours runs the forward pass only. Its training step also synchronises every iteration
+and is timed on the host, while ours is timed with CUDA events on the GPU timeline: the training
+comparison carries that difference too.
 
     python benchmarks/workload_vs_dle.py [--dle-dir DIR] [--iterations 200] [--warmup 50]
     python benchmarks/workload_vs_dle.py --allow-cpu      # tiny smoke without a GPU
@@ -79,16 +81,10 @@ class Outcome:
 # ---- measurement rule shared by both sides ----------------------------------------------------
 
 
-def nearest_percentile(values: Sequence[float], q: float) -> float:
-    """numpy's ``quantile(..., method="nearest")`` for q in 0..100."""
-    ordered = sorted(values)
-    return ordered[round(q / 100 * (len(ordered) - 1))]
-
-
-def throughput(batch: int, times: Sequence[float]) -> float:
-    """Images per second over iterations that took ``times`` seconds each."""
-    return batch * len(times) / sum(times)
-
+# The rules of workload/metrics.py itself (stdlib only), so both sides are measured alike by
+# construction: nearest-rank percentiles, throughput = batch x iterations / total time.
+from workload.metrics import images_per_second as throughput  # noqa: E402
+from workload.metrics import percentile as nearest_percentile  # noqa: E402
 
 # ---- DeepLearningExamples ---------------------------------------------------------------------
 

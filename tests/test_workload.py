@@ -51,12 +51,6 @@ def test_images_per_second_uses_totals() -> None:
     assert metrics.images_per_second(8, []) == 0.0
 
 
-def test_reduce_max_per_step() -> None:
-    assert metrics.reduce_max_per_step([[1.0, 5.0], [2.0, 3.0]]) == [2.0, 5.0]
-    with pytest.raises(ValueError):
-        metrics.reduce_max_per_step([[1.0], [1.0, 2.0]])
-
-
 def test_summarize_keys_and_values() -> None:
     out = metrics.summarize("val", [0.01, 0.03], [0.1, 0.3], global_batch_size=16)
     assert out["val.total_ips"] == pytest.approx(32 / 0.44)
@@ -343,3 +337,25 @@ def test_workload_imports_only_stdlib_torch_torchvision() -> None:
                     assert id(node) not in top_level, f"{path.name}: unguarded import {root}"
                 else:
                     assert root in allowed, f"{path.name} imports {root}"
+
+
+def test_summarize_telemetry_without_samples_in_the_window() -> None:
+    from workload.telemetry import Sample, summarize_telemetry
+
+    outside = [Sample(0.0, 0, 500.0, 90.0, 100.0, 0.0, 1.0)]
+    assert summarize_telemetry(outside, start=10.0, end=11.0, images=64) == {}
+
+
+def test_progress_lines_every_ten_measured_iterations() -> None:
+    """The `iter` path: 10 measured iterations give one progress line, with the loss."""
+    argv = ["--arch", "resnet18", "--image-size", "32", "--batch-size", "2", "--device", "cpu",
+            "--warmup", "0", "--iterations", "10", "--workers", "0", "--num-classes", "10",
+            "--telemetry-interval", "0"]
+    rc, lines = _run_main(argv)
+    assert rc == 0, lines
+    assert [line["type"] for line in lines] == ["meta", "iter", "summary"]
+    step = lines[1]
+    assert step["step"] == 10
+    assert math.isfinite(step["data"]["train.loss"])
+    assert step["data"]["train.total_ips"] > 0
+    assert step["data"]["train.compute_ips"] >= step["data"]["train.total_ips"]

@@ -92,7 +92,9 @@ def test_table(bench: ModuleType) -> None:
 
 
 def test_without_gpu_exits_with_message(
-    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+    bench: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Pretend there is no GPU even on a GPU machine: this test must not run the benchmark.
+    monkeypatch.setattr(bench, "_gpu_available", lambda: False)
     assert bench.main([]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err

@@ -11,7 +11,6 @@ import datetime
 import os
 import platform
 import socket
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,8 +101,11 @@ def torch_device(device: str, dist: Dist) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: str, dist: Dist) -> None:
-    """Initialise the process group when running under torchrun with several processes."""
+def init_distributed(device: str, dist: Dist, dev: torch.device) -> None:
+    """Initialise the process group when running under torchrun with several processes.
+
+    ``dev`` is this rank's device (from :func:`torch_device`, which must run first so that each
+    rank binds its own GPU, not GPU 0)."""
     if not dist.enabled:
         return
     backend = {"cuda": "nccl", "hpu": "hccl", "cpu": "gloo"}[device]
@@ -111,7 +113,7 @@ def init_distributed(device: str, dist: Dist) -> None:
         import habana_frameworks.torch.distributed.hccl  # noqa: F401  (optional extra)
     kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(minutes=10)}
     if device == "cuda":
-        kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
+        kwargs["device_id"] = dev
     torch.distributed.init_process_group(**kwargs)
 
 
@@ -218,8 +220,3 @@ def environment(device: str, dist: Dist) -> dict[str, Any]:
     else:
         env["device_name"] = env["cpu_model"]
     return env
-
-
-def stderr(message: str) -> None:
-    """Write a one-line note to stderr (never stdout, which carries only JSON lines)."""
-    print(f"[workload] {message}", file=sys.stderr, flush=True)

@@ -55,16 +55,6 @@ def images_per_second(images_per_iteration: int, times: Sequence[float]) -> floa
     return images_per_iteration * len(times) / total
 
 
-def reduce_max_per_step(per_rank: Sequence[Sequence[float]]) -> list[float]:
-    """Per step, the maximum over ranks (each inner sequence is one rank's step times)."""
-    if not per_rank:
-        return []
-    length = len(per_rank[0])
-    if any(len(r) != length for r in per_rank):
-        raise ValueError("every rank must report the same number of steps")
-    return [max(r[i] for r in per_rank) for i in range(length)]
-
-
 def summarize(
     prefix: str,
     data_times: Sequence[float],

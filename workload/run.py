@@ -47,8 +47,8 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
     check_arch(args.arch)  # fail fast, before any device or process-group setup
     dist = dist_from_env()
     device = resolve_device(args.device)
-    init_distributed(device, dist)
     dev = torch_device(device, dist)
+    init_distributed(device, dist, dev)
     torch.manual_seed(args.seed + dist.rank)
     if device == "cuda":
         torch.backends.cudnn.benchmark = True
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
             "batch_size": args.batch_size,
             "global_batch_size": args.batch_size * dist.world_size,
             "image_size": args.image_size,
-            "data": "synthetic" if args.data == "synthetic" else args.data,
+            "data": args.data,
             "decoder": batches.decoder,
             "num_classes": args.num_classes,
             "pretrained": args.pretrained,
@@ -188,31 +188,37 @@ class _Progress:
         self.reporter = reporter
         self.global_batch = global_batch
         self.device = device
-        self.pending: list[tuple[int, torch.Tensor | None]] = []
+        # (iteration, loss on the host or None, event after the loss's copy or None)
+        self.pending: list[tuple[int, torch.Tensor | None, Any]] = []
 
     def after(self, index: int, out: torch.Tensor) -> None:
         """Called after measured iteration ``index``; emits whatever has completed."""
         if not self.reporter.enabled:
             return
         if (index + 1) % PROGRESS_EVERY == 0:
-            loss = None
+            loss, copied = None, None
             if self.prefix == "train":
                 loss = out.detach().float().reshape(-1)[:1]
                 if self.device == "cuda":
                     host = torch.empty(1, pin_memory=True)
                     host.copy_(loss, non_blocking=True)
+                    copied = torch.cuda.Event()
+                    copied.record()  # the loss is readable once this event has completed
                     loss = host
                 else:
                     loss = loss.cpu()
-            self.pending.append((index, loss))
+            self.pending.append((index, loss, copied))
         self.flush(wait=False)
 
     def flush(self, wait: bool) -> None:
         """Emit completed pending lines (all of them with ``wait``)."""
         while self.pending:
-            index, loss = self.pending[0]
-            if not (wait or self.timer.completed(index)):
+            index, loss, copied = self.pending[0]
+            ready = self.timer.completed(index) and (copied is None or copied.query())
+            if not (wait or ready):
                 return
+            if copied is not None:
+                copied.synchronize()
             self.pending.pop(0)
             first = max(0, index + 1 - PROGRESS_EVERY)
             t = self.timer.times(first, index + 1)
@@ -266,11 +272,8 @@ def _reduce(
     loss = float(last.detach().float().reshape(-1)[0]) if mode == "train" else None
     if not dist.enabled:
         return timings.data, timings.compute, timings.iteration, loss
-    dev = (
-        torch.device("cuda", torch.cuda.current_device())
-        if device == "cuda"
-        else (torch.device(device))
-    )
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
+        torch.device(device))
     dtype = torch.float32 if device == "hpu" else torch.float64
     t = torch.tensor([timings.data, timings.compute, timings.iteration], dtype=dtype, device=dev)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)

@@ -50,15 +50,16 @@ CSV_FIELDS = [f.name for f in fields(Sample)]
 def summarize_telemetry(
     samples: Sequence[Sample], start: float, end: float, images: int
 ) -> dict[str, Any]:
-    """Summarise the samples taken in ``[start, end]`` (all samples if none fall inside).
+    """Summarise the samples taken in ``[start, end]``; none inside (a window shorter than the
+    sampling interval): no summary, rather than figures from idle or start-up samples.
 
     ``telemetry.power_mean_w`` is the mean over sampling instants of the power summed over
     the sampled devices; ``telemetry.energy_per_image_j`` is that mean power times the window
     length divided by ``images`` (the images those devices processed in the window).
     """
-    if not samples:
+    window = [s for s in samples if start <= s.timestamp <= end]
+    if not window:
         return {}
-    window = [s for s in samples if start <= s.timestamp <= end] or list(samples)
     by_instant: dict[float, float] = {}
     for s in window:
         by_instant[s.timestamp] = by_instant.get(s.timestamp, 0.0) + s.power_w
