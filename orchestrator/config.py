@@ -259,14 +259,16 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def problems_from_validation(file: str, exc: ValidationError) -> list[Problem]:
+def problems_from_validation(
+    file: str, exc: ValidationError, keys_hint: str = "`orchestrate schema` lists the keys"
+) -> list[Problem]:
     """Turn pydantic's errors into :class:`Problem` values with readable field paths."""
     problems = []
     for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; `orchestrate schema` lists the keys)"
+            msg = f"unknown key (check the spelling; {keys_hint})"
         elif "input" in err and err["type"] not in ("missing",) and not isinstance(
             err["input"], dict | list
         ):
@@ -281,12 +283,17 @@ def read_toml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"no such file (looked at {path.resolve()})", file=str(path)) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
+    return parse_toml(text, str(path))
+
+
+def parse_toml(text: str, file: str) -> dict[str, Any]:
+    """Parse TOML text; malformed TOML is a :class:`ConfigError` naming ``file``."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"malformed TOML: {exc}", file=str(path)) from None
+        raise ConfigError(f"malformed TOML: {exc}", file=file) from None
 
 
 def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any]]:

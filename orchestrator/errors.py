@@ -62,3 +62,20 @@ class BackendUnavailable(OrchestratorError):
 
 class HostError(OrchestratorError):
     """A lab host is unreachable, refused, or its host key is not trusted."""
+
+
+class HostUnreachable(HostError):
+    """The host cannot be reached: refused, no answer, unresolvable, or the connection dropped.
+
+    Unlike a refused host key or login (plain :class:`HostError`, the user must act), another
+    host may run the work instead.
+    """
+
+
+class RemoteTimeout(HostError):
+    """A remote command did not finish in time; it was killed. Carries the partial output."""
+
+    def __init__(self, message: str, stdout: str = "", stderr: str = ""):
+        super().__init__(message)
+        self.stdout = stdout
+        self.stderr = stderr

@@ -8,13 +8,13 @@ unreachable host yields ``HostFacts(reachable=False, reason=...)``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from orchestrator.errors import HostError
-from orchestrator.ssh import CommandResult, RemoteTimeout
+from orchestrator.errors import HostError, RemoteTimeout
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,14 @@ class HostFacts:
     def gpu_ids(self) -> list[int]:
         """Indices of the discovered GPUs."""
         return [g.index for g in self.gpus]
+
+
+class CommandResult(NamedTuple):
+    """Outcome of a command on a host; unpacks as ``(exit_code, stdout, stderr)``."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
 
 
 class CommandRunner(Protocol):
@@ -206,16 +214,17 @@ class LocalHost:
         return CommandResult(proc.returncode, proc.stdout, proc.stderr)
 
 
-_local_facts: HostFacts | None = None
+@functools.cache
+def local_facts() -> HostFacts:
+    """This machine's accelerators, probed once per process."""
+    return probe(LocalHost(), timeout=20.0)
 
 
 def local_accelerator_ids(device: str) -> list[int] | None:
     """Ids of this machine's GPUs (``cuda``) or Gaudi cards (``hpu``), from nvidia-smi or
-    hl-smi; None when no such tool answers (unknown: nothing is assumed). Cached."""
-    global _local_facts
-    if _local_facts is None:
-        _local_facts = probe(LocalHost(), timeout=20.0)
+    hl-smi; None when no such tool answers (unknown: nothing is assumed)."""
+    facts = local_facts()
     wanted = {"cuda": "nvidia", "hpu": "gaudi"}.get(device)
-    if _local_facts.accelerator != wanted:
+    if facts.accelerator != wanted:
         return None
-    return [g.index for g in _local_facts.gpus]
+    return [g.index for g in facts.gpus]

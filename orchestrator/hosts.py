@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import getpass
 import logging
-import tomllib
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +33,7 @@ from typing import Any
 import paramiko
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from orchestrator.config import parse_toml, problems_from_validation, read_toml
 from orchestrator.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -149,24 +150,21 @@ class ConnectTarget:
         return f"{self.user}@{self.hostname}:{self.port}"
 
 
-def _loc_to_path(loc: tuple[int | str, ...], raw: dict[str, Any]) -> str:
-    """Render a pydantic error location as ``hosts[1] (name).port``."""
-    parts: list[str] = []
-    node: Any = raw
-    for item in loc:
-        if isinstance(item, int):
-            label = f"[{item}]"
-            try:
-                node = node[item]
-            except (IndexError, KeyError, TypeError):
-                node = None
-            if isinstance(node, dict) and isinstance(node.get("name"), str) and node["name"]:
-                label += f" ({node['name']})"
-            parts.append(label)
-        else:
-            parts.append(("." if parts else "") + str(item))
-            node = node.get(item) if isinstance(node, dict) else None
-    return "".join(parts)
+_HOST_INDEX = re.compile(r"^hosts\[(\d+)\]")
+
+
+def _with_host_name(problem: Problem, raw: dict[str, Any]) -> Problem:
+    """``hosts[1].port`` -> ``hosts[1] (lab-b).port``: which host, by its name."""
+    match = _HOST_INDEX.match(problem.field)
+    hosts = raw.get("hosts")
+    if not match or not isinstance(hosts, list) or int(match.group(1)) >= len(hosts):
+        return problem
+    entry = hosts[int(match.group(1))]
+    name = entry.get("name") if isinstance(entry, dict) else None
+    if not isinstance(name, str) or not name:
+        return problem
+    field = f"{match.group(0)} ({name}){problem.field[match.end():]}"
+    return Problem(problem.file, field, problem.message)
 
 
 def _duplicate_names(raw: dict[str, Any], file: str) -> list[Problem]:
@@ -195,39 +193,30 @@ def _duplicate_names(raw: dict[str, Any], file: str) -> list[Problem]:
 
 def parse_hosts(text: str, source: str | Path = "<hosts>") -> Inventory:
     """Validate inventory TOML ``text``; ``source`` names the file in error messages."""
-    file = str(source)
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", file=file) from None
-    problems = _duplicate_names(raw, file)
-    try:
-        parsed = _InventoryFile.model_validate(raw)
-    except ValidationError as exc:
-        for err in exc.errors():
-            field = _loc_to_path(tuple(err["loc"]), raw)
-            msg = err["msg"]
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key (check the spelling; see hosts/example.toml)"
-            problems.append(Problem(file, field, msg))
-        raise ConfigError(problems) from None
-    if problems:
-        raise ConfigError(problems)
-    return Inventory(source=Path(source), options=parsed.options, hosts=tuple(parsed.hosts))
+    return _validate(parse_toml(text, str(source)), source)
 
 
 def load_hosts(path: str | Path) -> Inventory:
     """Read and validate the inventory at ``path``; every problem at once as ConfigError."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read hosts file: {exc.strerror or exc}", file=str(path)
-        ) from None
-    inventory = parse_hosts(text, path)
+    inventory = _validate(read_toml(Path(path)), path)
     log.debug("loaded %d hosts from %s", len(inventory.hosts), path)
     return inventory
+
+
+def _validate(raw: dict[str, Any], source: str | Path) -> Inventory:
+    file = str(source)
+    problems = _duplicate_names(raw, file)
+    try:
+        parsed = _InventoryFile.model_validate(raw)
+    except ValidationError as exc:
+        problems += [
+            _with_host_name(p, raw)
+            for p in problems_from_validation(file, exc, keys_hint="see hosts/example.toml")
+        ]
+        raise ConfigError(problems) from None
+    if problems:
+        raise ConfigError(problems)
+    return Inventory(source=Path(source), options=parsed.options, hosts=tuple(parsed.hosts))
 
 
 def _load_ssh_config(path: str | None) -> paramiko.SSHConfig | None:

@@ -31,11 +31,11 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import NamedTuple
 
 import paramiko
 
-from orchestrator.errors import HostError
+from orchestrator.errors import HostError, HostUnreachable, RemoteTimeout
+from orchestrator.gpus import CommandResult
 from orchestrator.hosts import ConnectTarget, Inventory, known_hosts_path, resolve_host
 
 log = logging.getLogger(__name__)
@@ -49,23 +49,6 @@ _CHUNK = 32768
 
 class UnknownHostKey(HostError):
     """The host offered a key that known_hosts does not list (and trust_on_first_use is off)."""
-
-
-class RemoteTimeout(HostError):
-    """A remote command did not finish in time; it was killed. Carries the partial output."""
-
-    def __init__(self, message: str, stdout: str = "", stderr: str = ""):
-        super().__init__(message)
-        self.stdout = stdout
-        self.stderr = stderr
-
-
-class CommandResult(NamedTuple):
-    """Outcome of :meth:`SshHost.run`; unpacks as ``(exit_code, stdout, stderr)``."""
-
-    exit_code: int
-    stdout: str
-    stderr: str
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -397,18 +380,18 @@ class SshHost:
             ) from None
         except paramiko.ssh_exception.NoValidConnectionsError:
             client.close()
-            raise HostError(f"{where}: unreachable: connection refused") from None
+            raise HostUnreachable(f"{where}: unreachable: connection refused") from None
         except TimeoutError:
             client.close()
-            raise HostError(
+            raise HostUnreachable(
                 f"{where}: unreachable: no answer within {self.connect_timeout}s"
             ) from None
         except socket.gaierror as exc:
             client.close()
-            raise HostError(f"{where}: unreachable: cannot resolve name ({exc})") from None
+            raise HostUnreachable(f"{where}: unreachable: cannot resolve name ({exc})") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             client.close()
-            raise HostError(f"{where}: unreachable: {exc or type(exc).__name__}") from None
+            raise HostUnreachable(f"{where}: unreachable: {exc or type(exc).__name__}") from None
         transport = client.get_transport()
         if transport is not None and self.keepalive:
             transport.set_keepalive(self.keepalive)
@@ -438,7 +421,7 @@ class SshHost:
         assert self._client is not None
         transport = self._client.get_transport()
         if transport is None or not transport.is_active():
-            raise HostError(f"host {self.name}: connection lost")
+            raise HostUnreachable(f"host {self.name}: connection lost")
         try:
             channel = transport.open_session(timeout=self.connect_timeout)
             channel.set_combine_stderr(combine_stderr)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import random
 import time
 from pathlib import Path
 
 import pytest
-from ssh_support import SshdServer, write_inventory
+from ssh_support import SshdServer, _keygen, write_inventory
 
-from orchestrator.errors import HostError
+from orchestrator.errors import HostError, HostUnreachable
 from orchestrator.hosts import load_hosts
 from orchestrator.ssh import RemoteTimeout, SshHost, UnknownHostKey, build_command
 
@@ -154,14 +154,15 @@ def test_unreachable_host_is_host_error(tmp_path: Path, sshd_factory) -> None:
     down = sshd_factory("lab-gone")
     down.stop()
     host = _host(tmp_path, down)
-    with pytest.raises(HostError, match="unreachable"):
+    with pytest.raises(HostUnreachable, match="unreachable"):
         host.connect()
 
 
 def test_wrong_key_is_authentication_error(tmp_path: Path, sshd_server: SshdServer) -> None:
     other = tmp_path / "other_key"
-    os.system(f"ssh-keygen -q -t ed25519 -N '' -f {other}")
+    _keygen(other)
     host = _host(tmp_path, sshd_server)
-    host.target = type(host.target)(**{**host.target.__dict__, "key_files": (str(other),)})
-    with pytest.raises(HostError, match="authentication failed"):
+    host.target = dataclasses.replace(host.target, key_files=(str(other),))
+    with pytest.raises(HostError, match="authentication failed") as info:
         host.connect()
+    assert not isinstance(info.value, HostUnreachable)  # the user must act: no other host

@@ -189,7 +189,7 @@ def test_resume_runs_only_what_did_not_end_ok(write_matrix, tmp_path):
 
 
 def test_cells_needing_more_gpus_than_the_machine_has_are_unplaceable(
-    write_matrix, tmp_path, monkeypatch
+    write_matrix, tmp_path, monkeypatch, request
 ):
     """This machine has no GPU: a stand-in `nvidia-smi` on PATH reports two (its query format)."""
     from orchestrator import gpus
@@ -202,7 +202,8 @@ def test_cells_needing_more_gpus_than_the_machine_has_are_unplaceable(
                     "echo '1, NVIDIA H100 80GB HBM3, 81559, 580.159.04'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setattr(gpus, "_local_facts", None)
+    gpus.local_facts.cache_clear()
+    request.addfinalizer(gpus.local_facts.cache_clear)  # later tests probe the real machine
     assert gpus.local_accelerator_ids("cuda") == [0, 1]
 
     path = write_matrix("""

@@ -61,6 +61,7 @@ from orchestrator.errors import (
     BackendUnavailable,
     ConfigError,
     HostError,
+    HostUnreachable,
     LaunchError,
     Problem,
 )
@@ -68,7 +69,7 @@ from orchestrator.hosts import Inventory, load_hosts, resolve_host
 from orchestrator.launch import LaunchSpec
 from orchestrator.matrix import Cell
 from orchestrator.results import CellResult, Status
-from orchestrator.ssh import SshHost, UnknownHostKey
+from orchestrator.ssh import SshHost
 
 log = logging.getLogger("orchestrator.backends.ssh")
 
@@ -218,9 +219,8 @@ class _Node:
 
 
 def _unreachable(exc: BaseException) -> bool:
-    """A HostError that means "cannot reach it" (as opposed to refused: keys, auth)."""
-    return isinstance(exc, HostError) and not isinstance(exc, UnknownHostKey) and (
-        "unreachable" in str(exc) or "connection lost" in str(exc))
+    """Cannot reach the host (as opposed to refused: host keys, login): try another."""
+    return isinstance(exc, HostUnreachable)
 
 
 # --- executions -------------------------------------------------------------------------------
