@@ -24,15 +24,17 @@ Rendering is pure (:func:`render_text`); :func:`render_context` also writes the 
 
 from __future__ import annotations
 
+import functools
 import logging
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
-
+from orchestrator.config import read_toml
 from orchestrator.errors import BuildError, ConfigError, Problem
+
+if TYPE_CHECKING:
+    import jinja2
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +83,6 @@ class Template:
     kind: str
     template_file: str
     text: str
-    manifest_text: str
     base: str
     variables: dict[str, Variable] = field(default_factory=dict)
     parent: Parent | None = None
@@ -117,11 +118,7 @@ def load_template(name: str) -> Template:
     directory = IMAGES_DIR / name
     manifest_path = directory / "template.toml"
     where = str(manifest_path)
-    manifest_text = manifest_path.read_text(encoding="utf-8")
-    try:
-        raw = tomllib.loads(manifest_text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", file=where) from exc
+    raw = read_toml(manifest_path)
 
     problems: list[Problem] = []
     allowed = {"description", "kind", "template", "base", "parent", "variables"}
@@ -144,7 +141,6 @@ def load_template(name: str) -> Template:
         kind=kind,
         template_file=template_file,
         text=(directory / template_file).read_text(encoding="utf-8"),
-        manifest_text=manifest_text,
         base=str(raw.get("base", "")),
         variables=variables,
         parent=parent,
@@ -291,7 +287,10 @@ def resolve_vars(name: str, values: dict[str, Any] | None = None) -> dict[str, A
     return resolved
 
 
+@functools.cache
 def _jinja_env() -> jinja2.Environment:
+    import jinja2  # only when rendering: planning a matrix never needs it
+
     return jinja2.Environment(
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -302,6 +301,8 @@ def _jinja_env() -> jinja2.Environment:
 
 
 def _render_string(template: Template, source: str, context: dict[str, Any], what: str) -> str:
+    import jinja2
+
     try:
         return _jinja_env().from_string(source).render(context)
     except jinja2.UndefinedError as exc:
