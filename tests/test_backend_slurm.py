@@ -32,8 +32,10 @@ from orchestrator.backends import backend_class, backend_names
 from orchestrator.backends.base import RunOptions
 from orchestrator.backends.slurm import (
     JobOutcome,
+    QueueWatcher,
     SbatchJob,
     SlurmBackend,
+    SlurmExecution,
     directive_line,
     gpus_of_gres,
     output_pattern,
@@ -404,3 +406,34 @@ def test_job_cancelled_outside_the_sweep(write_matrix, tmp_path, no_jobs_left):
     assert res.status is Status.CANCELLED
     assert res.reason == f"Slurm job {job_id} was cancelled outside the sweep"
     assert not box["outcome"].interrupted
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(120)
+def test_jobs_of_a_sweep_share_one_squeue_per_interval(no_jobs_left, tmp_path, monkeypatch):
+    """Several running jobs: the controller is asked once per interval, not once per job."""
+    import orchestrator.backends.slurm as slurm
+
+    calls: list[list[str]] = []
+    real = slurm._slurm
+
+    def counting(args, *rest, **kw):
+        calls.append(list(args))
+        return real(args, *rest, **kw)
+
+    monkeypatch.setattr(slurm, "_slurm", counting)
+    watcher = QueueWatcher(interval_s=1.0)
+    jobs = []
+    for i in range(3):
+        out = tmp_path / f"job{i}.out"
+        proc = subprocess.run(["sbatch", "--parsable", f"--output={out}", "--wrap", "sleep 4"],
+                              capture_output=True, text=True, check=True)
+        jobs.append(SlurmExecution(proc.stdout.strip(), out, None, watcher))
+    started = time.monotonic()
+    while not all(job.wait(0.05) for job in jobs):
+        pass
+    elapsed = time.monotonic() - started
+    squeues = [c for c in calls if c[0] == "squeue"]
+    # one call per second for all three jobs (plus one when the last finishes), not 3x that
+    assert len(squeues) <= elapsed / watcher.interval_s + 2, (len(squeues), elapsed)
+    assert all(c[c.index("-j") + 1].count(",") >= 1 for c in squeues[:1])

@@ -259,17 +259,64 @@ def _slurm(args: Sequence[str], timeout: float = COMMAND_TIMEOUT_S
         return subprocess.CompletedProcess(list(args), 255, "", str(exc))
 
 
+class QueueWatcher:
+    """One ``squeue`` for every job of a sweep per interval, not one per job: Slurm's own advice
+    is not to poll the controller in loops, and a sweep may have hundreds of jobs queued."""
+
+    def __init__(self, cluster: str | None = None, interval_s: float = POLL_INTERVAL_S):
+        self.cluster = cluster
+        self.interval_s = interval_s
+        self.jobs: set[str] = set()
+        self._lock = threading.Lock()
+        self._polled_at = float("-inf")
+        self._lines: dict[str, str] = {}
+        self._error: str | None = None
+
+    def add(self, job_id: str) -> None:
+        with self._lock:
+            self.jobs.add(job_id)
+            self._polled_at = float("-inf")  # a new job: its first look is not stale
+
+    def discard(self, job_id: str) -> None:
+        with self._lock:
+            self.jobs.discard(job_id)
+
+    def look(self, job_id: str) -> tuple[str | None, str]:
+        """``(error, line)``: squeue's complaint or None, and ``STATE|reason|node`` of the job
+        ("" once it has left the queue). Asks Slurm at most once per interval."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._polled_at >= self.interval_s:
+                self._polled_at = now
+                cluster = ["-M", self.cluster] if self.cluster else []
+                # With several ids, squeue lists the live ones and skips finished ones.
+                ids = ",".join(sorted(self.jobs | {job_id}))
+                proc = _slurm(["squeue", *cluster, "-h", "-j", ids, "-o", "%i|%T|%r|%N"])
+                if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
+                    self._error = proc.stderr.strip() or f"exit code {proc.returncode}"
+                else:
+                    self._error = None
+                    self._lines = {}
+                    for raw in proc.stdout.splitlines():
+                        jid, _, rest = raw.strip().partition("|")
+                        if jid:
+                            self._lines[jid] = rest
+            return self._error, self._lines.get(job_id, "")
+
+
 class SlurmExecution(Execution):
     """A submitted batch job: its state from ``squeue``, its output from the job's file."""
 
     _accounting: bool | None = None  # sacct works here (shared: one probe per process)
 
     def __init__(self, job_id: str, output_path: Path, cluster: str | None = None,
-                 poll_interval_s: float = POLL_INTERVAL_S):
+                 watcher: QueueWatcher | None = None):
         self.job_id = job_id
         self.output_path = output_path
         self.cluster = cluster
-        self.poll_interval_s = poll_interval_s
+        self.watcher = watcher or QueueWatcher(cluster)
+        self.watcher.add(job_id)
+        self.poll_interval_s = self.watcher.interval_s
         self.state = "PENDING"
         self.pending_reason = ""
         self.node: str | None = None
@@ -289,25 +336,24 @@ class SlurmExecution(Execution):
     # --- state ---------------------------------------------------------------------------------
 
     def _poll(self) -> None:
-        """One ``squeue`` of the job: its state, or done once it left the queue."""
+        """The job's state from the sweep's :class:`QueueWatcher`; done once it left the queue."""
         with self._lock:
             if self._done.is_set():
                 return
-            proc = _slurm(["squeue", *self._cluster_args(), "-h", "-j", self.job_id,
-                           "-o", "%T|%r|%N"])
-            if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
+            error, line = self.watcher.look(self.job_id)
+            if error is not None:
                 now = time.monotonic()
                 self._failing_since = self._failing_since or now
-                log.warning("squeue for job %s failed: %s", self.job_id, proc.stderr.strip())
+                log.warning("squeue for job %s failed: %s", self.job_id, error)
                 if now - self._failing_since > CONTROLLER_LOST_S:
                     self._lost_detail = (f"Slurm stopped answering for {CONTROLLER_LOST_S:g} s "
-                                         f"(squeue: {proc.stderr.strip()})")
+                                         f"(squeue: {error})")
                     self._done.set()
                 return
             self._failing_since = None
-            line = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
             if not line:  # gone from the queue: finished (or purged)
                 self._done.set()
+                self.watcher.discard(self.job_id)
                 return
             state, _, rest = line.partition("|")
             reason, _, node = rest.partition("|")
@@ -427,6 +473,7 @@ class SlurmBackend(Backend):
         self._lock = threading.Lock()
         self._scripts: dict[str, str] = {}
         self._executions: dict[str, SlurmExecution] = {}
+        self._watchers: dict[str | None, QueueWatcher] = {}  # cluster -> one squeue per interval
         self._in_flight: dict[str, int] = {}  # hardware profile -> cells submitted
         self._max_gpus: dict[str | None, int | None] = {}  # partition -> most GPUs of a node
 
@@ -544,7 +591,9 @@ class SlurmBackend(Backend):
             raise LaunchError(f"sbatch refused {spec.cell_id}: {detail}")
         job_id, cluster = parse_job_id(proc.stdout)
         log.info("%s: submitted as Slurm job %s", spec.cell_id, job_id)
-        execution = SlurmExecution(job_id, cell_dir / f"slurm-{job_id}.out", cluster)
+        with self._lock:
+            watcher = self._watchers.setdefault(cluster, QueueWatcher(cluster))
+        execution = SlurmExecution(job_id, cell_dir / f"slurm-{job_id}.out", cluster, watcher)
         with self._lock:
             self._executions[spec.cell_id] = execution
         self._record_job(spec.cell_id, job_id, cluster, script_path, execution.output_path)
