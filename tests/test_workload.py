@@ -20,7 +20,7 @@ from workload.make_dataset import main as make_dataset_main
 from workload.make_dataset import make_dataset
 from workload.output import Reporter, clean
 from workload.telemetry import Sample, make_sampler, parse_hl_smi_csv, summarize_telemetry
-from workload.timing import HostTimer
+from workload.timing import CudaEventTimer, HostTimer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 
@@ -261,6 +261,24 @@ def test_forever_sampler() -> None:
     assert all(0 <= next(it) < 3 for _ in range(5000))
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_forever_sampler_shards_are_disjoint_and_cover_the_files(shuffle: bool) -> None:
+    drawn = []
+    for shard in range(3):
+        sampler = ForeverSampler(10, shuffle=shuffle, seed=shard, shard=shard, shards=3)
+        it = iter(sampler)
+        drawn.append({next(it) for _ in range(2000)})
+        assert len(sampler) == len(drawn[-1])  # every index of the shard comes up
+    assert drawn == [{0, 3, 6, 9}, {1, 4, 7}, {2, 5, 8}]
+
+
+def test_forever_sampler_smaller_than_world_is_not_sharded() -> None:
+    it = iter(ForeverSampler(2, shuffle=False, seed=0, shard=3, shards=4))
+    assert [next(it) for _ in range(4)] == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="shard 4"):
+        ForeverSampler(10, shuffle=False, seed=0, shard=4, shards=4)
+
+
 # ---- telemetry, timing, output ----------------------------------------------------------------
 
 
@@ -304,6 +322,55 @@ def test_host_timer_marks() -> None:
     assert len(t.data) == len(t.compute) == len(t.start_wall) == 3
     assert all(x >= 0 for x in t.data + t.compute)
     assert t.start_wall == sorted(t.start_wall) and timer.completed(2)
+
+
+class _FakeEvent:
+    """Stand-in for torch.cuda.Event: this machine has no GPU, so the timer's bookkeeping
+    (which events it creates and when, how it turns them into times) is checked against a
+    fake clock.  The GPU itself is exercised by benchmarks/workload_vs_dle.py."""
+
+    created = 0
+    clock = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        type(self).created += 1
+        self.at: float | None = None
+
+    def record(self) -> None:
+        type(self).clock += 1.0  # ms
+        self.at = type(self).clock
+
+    def query(self) -> bool:
+        return self.at is not None
+
+    def elapsed_time(self, other: _FakeEvent) -> float:
+        assert self.at is not None and other.at is not None
+        return other.at - self.at
+
+
+def test_cuda_event_timer_creates_its_events_before_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    _FakeEvent.created = 0
+    timer = CudaEventTimer(iterations=3)
+    assert _FakeEvent.created == 7
+    timer.start()
+    for _ in range(3):
+        timer.ready()
+        timer.end()
+    assert _FakeEvent.created == 7  # the measured loop only re-records
+    t = timer.finish()
+    assert t.data == t.compute == [0.001] * 3  # one fake millisecond between marks
+    assert t.start_wall == pytest.approx([t.start_wall[0] + 0.002 * i for i in range(3)])
+    assert timer.completed(2) and not timer.completed(3)
+    timer.start()  # a second window, longer than the pool: it grows
+    for _ in range(4):
+        timer.ready()
+        timer.end()
+    assert _FakeEvent.created == 9 and len(timer.finish().data) == 4
 
 
 def test_reporter_json_lines() -> None:

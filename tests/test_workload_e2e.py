@@ -88,7 +88,11 @@ def runs(work: Path) -> Iterator[dict[str, Launched]]:
                 "1",
             ]
         ),
-        "ddp": Launched([*TINY, "--batch-size", "2", "--iterations", "2"], torchrun=2),
+        # two ranks training on disjoint shards of the JPEG folder (in-process decoding)
+        "ddp": Launched(
+            [*TINY, "--batch-size", "2", "--iterations", "2", "--data", str(dataset)],
+            torchrun=2,
+        ),
     }
     yield started
     for launched in started.values():
@@ -153,11 +157,12 @@ def test_infer_bf16_image_folder(runs: dict[str, Launched], work: Path) -> None:
     assert env["data"] == str(work / "jpegs") and env["decoder"] == "cpu"
 
 
-def test_torchrun_two_processes_gloo(runs: dict[str, Launched]) -> None:
+def test_torchrun_two_processes_gloo(runs: dict[str, Launched], work: Path) -> None:
     result = runs["ddp"].result()
     summary = _ok(result)
     metas = [line for line in result.lines if line["type"] == "meta"]
     assert len(metas) == 1  # only rank 0 prints
     assert summary["data"]["world_size"] == 2 and summary["env"]["world_size"] == 2
     assert summary["data"]["global_batch_size"] == 4 == 2 * summary["env"]["batch_size"]
+    assert summary["env"]["data"] == str(work / "jpegs")
     assert _positive(summary["data"]["train.total_ips"])

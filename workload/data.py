@@ -13,7 +13,8 @@
 Train mode uses RandomResizedCrop + horizontal flip, infer mode resize (size/0.875) +
 center crop; normalisation (ImageNet mean/std) and the memory format are applied on the
 device.  Batches are drawn forever (random with replacement in train mode, cycling in order in
-infer mode), so ``--iterations`` may exceed the dataset size.
+infer mode), so ``--iterations`` may exceed the dataset size; under DDP each rank draws from
+its own disjoint shard of the files (see :class:`ForeverSampler`).
 """
 
 from __future__ import annotations
@@ -82,20 +83,37 @@ def find_images(root: str | Path) -> tuple[list[str], list[int], list[str]]:
 
 
 class ForeverSampler(Sampler[int]):
-    """Endless indices: random with replacement (train) or cycling in order (infer)."""
+    """Endless indices of this rank's shard: random with replacement (train) or cycling in
+    order (infer).
 
-    def __init__(self, size: int, shuffle: bool, seed: int) -> None:
-        self.size = size
+    Under DDP each rank draws from its own disjoint shard (every ``shards``-th file starting
+    at ``shard``, as ``DistributedSampler`` splits), so ranks never decode the same files in
+    a step and the global batch covers ``shards`` times as many distinct images.  A dataset
+    with fewer files than ranks is not sharded (every rank draws from all of it).
+    """
+
+    def __init__(
+        self, size: int, shuffle: bool, seed: int, shard: int = 0, shards: int = 1
+    ) -> None:
+        if not 0 <= shard < shards:
+            raise ValueError(f"shard {shard} is not in 0..{shards - 1}")
+        self.indices = range(shard, size, shards) if size >= shards else range(size)
         self.shuffle = shuffle
         self.seed = seed
 
+    def __len__(self) -> int:
+        """The shard's size (one pass; the iterator itself never ends)."""
+        return len(self.indices)
+
     def __iter__(self) -> Iterator[int]:
         if not self.shuffle:
-            yield from itertools.cycle(range(self.size))
+            yield from itertools.cycle(self.indices)
             return
         gen = torch.Generator().manual_seed(self.seed)
+        start, step, n = self.indices.start, self.indices.step, len(self.indices)
         while True:
-            yield from torch.randint(self.size, (4096,), generator=gen).tolist()
+            draws = torch.randint(n, (4096,), generator=gen)
+            yield from (draws * step + start).tolist()
 
 
 def _transform(train: bool, size: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -254,11 +272,14 @@ def _loader(
     workers: int,
     collate: Callable[..., Any] | None,
     pin: bool,
+    shard: int,
+    shards: int,
 ) -> Iterator[Any]:
+    sampler = ForeverSampler(len(dataset), train, seed, shard, shards)
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
-        sampler=ForeverSampler(len(dataset), shuffle=train, seed=seed),  # type: ignore[arg-type]
+        sampler=sampler,
         num_workers=workers,
         collate_fn=collate,
         pin_memory=pin,
@@ -406,11 +427,13 @@ def image_folder_batches(
             decoder = "cpu"
         else:
             dataset = JpegFiles(files, labels, decode=False, train=train, size=image_size)
-            source = _loader(dataset, batch_size, train, seed, workers, _collate_raw, pin=False)
+            source = _loader(
+                dataset, batch_size, train, seed, workers, _collate_raw, False, shard, shards
+            )
             return LoaderBatches(source, prepare, device, "nvjpeg")
     dataset = JpegFiles(files, labels, decode=True, train=train, size=image_size)
     pin = device.type == "cuda"
-    source = _loader(dataset, batch_size, train, seed, workers, None, pin=pin)
+    source = _loader(dataset, batch_size, train, seed, workers, None, pin, shard, shards)
 
     def prepare_cpu(item: tuple[torch.Tensor, torch.Tensor]) -> Batch:
         x, y = item

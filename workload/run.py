@@ -164,9 +164,9 @@ def _want_cuda_graphs(args: argparse.Namespace, device: str, dist: Dist) -> bool
     return True
 
 
-def _timer(device: str) -> CudaEventTimer | HostTimer:
+def _timer(device: str, iterations: int) -> CudaEventTimer | HostTimer:
     if device == "cuda":
-        return CudaEventTimer()
+        return CudaEventTimer(iterations)
     if device == "hpu":
         return HostTimer(sync=lambda: synchronize("hpu"))
     return HostTimer()
@@ -246,7 +246,7 @@ def _measure(
         x, y = next(batches)
         out = step(x, y)
     synchronize(device)
-    timer = _timer(device)
+    timer = _timer(device, args.iterations)
     progress = _Progress(args, timer, reporter, args.batch_size * dist.world_size, device)
     profiler = Profiler(args.profiler, device, output_dir, dist.rank, args.iterations)
     profiler.begin()

@@ -85,14 +85,25 @@ class HostTimer:
 
 
 class CudaEventTimer:
-    """CUDA-event timer (GPU timeline, no per-iteration synchronisation)."""
+    """CUDA-event timer (GPU timeline, no per-iteration synchronisation).
 
-    def __init__(self) -> None:
+    The events for ``iterations`` iterations are created up front and recorded once (torch
+    creates the CUDA event lazily, at its first record), so the measured loop only re-records
+    existing events; a window longer than that grows the pool as it goes.
+    """
+
+    def __init__(self, iterations: int = 0) -> None:
+        self._pool = [torch.cuda.Event(enable_timing=True) for _ in range(2 * iterations + 1)]
+        for event in self._pool:
+            event.record()
         self._events: list[torch.cuda.Event] = []
         self._wall0 = 0.0
 
     def _record(self) -> None:
-        event = torch.cuda.Event(enable_timing=True)
+        n = len(self._events)
+        if n == len(self._pool):
+            self._pool.append(torch.cuda.Event(enable_timing=True))
+        event = self._pool[n]
         event.record()
         self._events.append(event)
 
