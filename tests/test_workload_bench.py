@@ -1,4 +1,5 @@
-"""The pure parts of benchmarks/workload_vs_dle.py (the runs themselves need a GPU and DLE)."""
+"""The benchmarks that need a GPU: benchmarks/workload_vs_dle.py (pure parts; its runs need a
+GPU and DeepLearningExamples) and benchmarks/gpu_paths.py (pure parts, and its CPU smoke)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,26 @@ from types import ModuleType
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "workload_vs_dle.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("workload_vs_dle", PATH)
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look the module up
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return _load("workload_vs_dle")
+
+
+@pytest.fixture(scope="module")
+def paths() -> ModuleType:
+    return _load("gpu_paths")
 
 
 def _dlll(step: object, data: dict) -> str:
@@ -98,3 +108,104 @@ def test_without_gpu_exits_with_message(
     monkeypatch.setattr(bench, "_gpu_available", lambda: False)
     assert bench.main([]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+# ---- gpu_paths.py -----------------------------------------------------------------------------
+
+
+def _setup(paths: ModuleType, device: str = "cuda", gpus: int = 1, dataset: Path | None = None):
+    return paths.Setup("python", device, "resnet50", 224, 100, 30, gpus, 8, dataset)
+
+
+def _case(paths: ModuleType, name: str):
+    return next(c for c in paths.CASES if c.name == name)
+
+
+def test_gpu_paths_commands(paths: ModuleType, tmp_path: Path) -> None:
+    gpu = _setup(paths, gpus=4, dataset=tmp_path / "jpegs")
+    ddp = paths.command(_case(paths, "train-amp-bs256-ddp"), gpu, tmp_path)
+    assert ddp[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
+    assert ddp[5:7] == ["-m", "workload"]
+    jpeg = paths.command(_case(paths, "train-amp-bs256-jpeg-nvjpeg"), gpu, tmp_path)
+    assert jpeg[jpeg.index("--data") + 1] == str(tmp_path / "jpegs")
+    assert jpeg[jpeg.index("--workers") + 1] == "8"
+    prof = paths.command(_case(paths, "train-amp-bs256-torch-profiler"), gpu, tmp_path)
+    assert prof[prof.index("--iterations") + 1] == "20" and "torch" in prof
+    graphs = paths.command(_case(paths, "infer-amp-bs1-graphs"), gpu, tmp_path)
+    assert "--cuda-graphs" in graphs and graphs[graphs.index("--batch-size") + 1] == "1"
+    assert "--data" not in graphs and graphs[graphs.index("--workers") + 1] == "0"
+    cpu = paths.command(_case(paths, "train-amp-bs256"), _setup(paths, "cpu", 0), tmp_path)
+    assert cpu[cpu.index("--precision") + 1] == "fp32"
+    assert cpu[cpu.index("--batch-size") + 1] == "4"
+
+
+def test_gpu_paths_skips(paths: ModuleType) -> None:
+    one, cpu = _setup(paths, gpus=1), _setup(paths, "cpu", 0)
+    assert paths.skip_reason(_case(paths, "train-amp-bs256-ddp"), one) == (
+        "DDP needs 2+ GPUs, 1 visible"
+    )
+    assert paths.skip_reason(_case(paths, "train-amp-bs256-ddp"), cpu) is None  # gloo
+    assert paths.skip_reason(_case(paths, "train-amp-bs256-graphs"), cpu) == "needs CUDA"
+    assert paths.skip_reason(_case(paths, "train-amp-bs256-graphs"), one) is None
+
+
+def _summary(**env: object) -> dict:
+    data = {"train.total_ips": 900.0, "train.compute_ips": 1000.0, "telemetry.power_mean_w": 500.0}
+    return {"data": data, "env": {"precision": "amp", **env}}
+
+
+def test_gpu_paths_checks(paths: ModuleType, tmp_path: Path) -> None:
+    gpu = _setup(paths, gpus=2)
+    (tmp_path / "telemetry.csv").write_text("t\n")
+    graphs = _case(paths, "train-amp-bs256-graphs")
+    ok = paths.evaluate(graphs, _summary(cuda_graphs=True), tmp_path, gpu)
+    assert ok.failed == [] and ok.total_ips == 900.0
+    # capture failed and the step ran eagerly: the path was not exercised
+    eager = paths.evaluate(graphs, _summary(cuda_graphs=False), tmp_path, gpu)
+    assert eager.failed == ["cuda_graphs=False, wanted True"]
+    ddp = paths.evaluate(_case(paths, "train-amp-bs256-ddp"), _summary(world_size=1), tmp_path, gpu)
+    assert ddp.failed == ["world_size=1, wanted 2"]
+    prof = _case(paths, "train-amp-bs256-torch-profiler")
+    no_trace = paths.evaluate(prof, _summary(), tmp_path, gpu)
+    assert no_trace.failed == ["no trace_rank0.json"]
+    bare = _summary()
+    del bare["data"]["telemetry.power_mean_w"]
+    (tmp_path / "telemetry.csv").unlink()
+    base = paths.evaluate(_case(paths, "train-amp-bs256"), bare, tmp_path, gpu)
+    assert base.failed == ["no telemetry in the measured window", "no telemetry.csv"]
+
+
+def test_gpu_paths_table_compares_with_eager(paths: ModuleType) -> None:
+    rows = paths.table_rows(
+        [
+            (_case(paths, "train-amp-bs256"), paths.Outcome(1000.0, 1000.0)),
+            (_case(paths, "train-amp-bs256-graphs"), paths.Outcome(1100.0, 1100.0)),
+            (_case(paths, "train-amp-bs256-jpeg-cpu"), paths.Outcome(500.0, 1000.0)),
+            (_case(paths, "infer-amp-bs1"), paths.Outcome(p50_ms=2.0, p99_ms=3.0)),
+            (_case(paths, "infer-amp-bs1-graphs"), paths.Outcome(p50_ms=1.0, p99_ms=1.5)),
+            (_case(paths, "train-amp-bs256-ddp"), paths.Outcome(note="skipped: 1 GPU")),
+        ]
+    )
+    by = {r[0]: r for r in rows}
+    assert by["train-amp-bs256"][5] == "-"
+    assert by["train-amp-bs256-graphs"][5] == "1.100"
+    assert by["train-amp-bs256-jpeg-cpu"][3:6] == ["0.50", "", "0.500"]
+    assert by["infer-amp-bs1-graphs"][4:6] == ["1.00 / 1.50", "2.000"]
+    assert by["train-amp-bs256-ddp"][6] == "skipped: 1 GPU"
+    assert "vs eager" in paths.render(rows)
+
+
+@pytest.mark.slow
+def test_gpu_paths_cpu_smoke(
+    paths: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(paths, "_gpu_count", lambda: 0)  # the CPU path even on a GPU machine
+    assert paths.main(["--cases", "infer-amp-bs1"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    status = paths.main(["--allow-cpu", "--cases", "infer-amp-bs1", "infer-amp-bs1-graphs"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    rows = {line.split()[0]: line for line in out.splitlines()[3:]}
+    assert rows["infer-amp-bs1"].rstrip().endswith("ok")
+    assert "skipped: needs CUDA" in rows["infer-amp-bs1-graphs"]
+    assert "resnet18, 32 px" in out.splitlines()[0]

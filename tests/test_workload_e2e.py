@@ -3,8 +3,8 @@
 All runs of this module start together (one module-scoped fixture) so their start-up
 (importing torch and torchvision, several seconds each) overlaps on the 2-core machines.
 GPU paths (CUDA events, CUDA graphs, nvJPEG/DALI decode, NVML telemetry, NCCL) cannot run
-here. ``benchmarks/workload_vs_dle.py`` covers only CUDA-event timing and telemetry on one GPU
-with synthetic data; the others need their own runs on a GPU machine (see the closing notes).
+here: ``benchmarks/gpu_paths.py`` runs each of them on a GPU machine and checks that it really
+ran, and ``benchmarks/workload_vs_dle.py`` compares the synthetic-data throughput with DLE.
 """
 
 from __future__ import annotations
