@@ -168,7 +168,9 @@ def test_datacenter_forward_compat() -> None:
     assert build.resolve_release("535.161.08").name == "23.10"
     assert build.resolve_release("535.161.08", datacenter=True).name == "24.10"
     assert build.resolve_release("470.57.02", datacenter=True).name == "24.10"
-    assert build.resolve_release("515.65.01", datacenter=True).name == "22.12"
+    # R515 left the forward-compatible branches with 23.08, R450 with 24.03
+    assert build.resolve_release("515.65.01", datacenter=True).name == "23.07"
+    assert build.resolve_release("450.51.06", datacenter=True).name == "23.12"
 
 
 @pytest.mark.parametrize("driver", ["", "abc", "535.x", "5 35", "-1"])
