@@ -30,6 +30,10 @@ class LaunchSpec:
     output_dir: str | None = None
     host: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    #: 1, or more when the cell is retried after its host was lost.
+    attempt: int = 1
+    #: A multi-node cell's hosts (the first is the rendezvous); empty for one host.
+    hosts: tuple[str, ...] = ()
 
     def shell_line(self) -> str:
         """The command as one safely quoted line (for logs and remote shells)."""
@@ -48,6 +52,8 @@ class LaunchSpec:
             "workdir": self.workdir,
             "output_dir": self.output_dir,
             "host": self.host,
+            "hosts": list(self.hosts),
+            "attempt": self.attempt,
             "labels": self.labels,
         }
 

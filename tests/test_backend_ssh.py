@@ -215,7 +215,8 @@ def test_multi_node_placement_and_command(tmp_path: Path) -> None:
         "python3", "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=0",
         "--nproc_per_node=2", "--rdzv_backend=static", f"--rdzv_endpoint=127.0.0.1:{port}",
         f"--rdzv_id={four.id}")
-    node1 = backend._node_spec(spec, alloc, 1)
+    assert spec.hosts == ("a", "b") and spec.to_json()["hosts"] == ["a", "b"]
+    node1 = backend._node_spec(spec, 1)
     assert node1.host == "b" and "--node_rank=1" in node1.argv
     with pytest.raises(Exception, match="torchrun launcher"):
         multi_node_argv(["python3", "-m", "workload"], 2, 0, 1, "h:1", "id")
@@ -318,6 +319,8 @@ def test_lost_host_mid_sweep_is_retried_elsewhere(
     assert retried.attempts == 2
     other = ({x.name, y.name} - {where["host"]}).pop()
     assert retried.provenance["host"] == other
+    command = json.loads(outcome.paths.cell_command(long_cell).read_text())
+    assert command["attempt"] == 2 and command["output_dir"].endswith("/attempt-2")
     assert any("retrying (attempt 2)" in m and "stopped answering" in m for m in events.messages)
     assert [r.status for r in outcome.results] == [Status.OK, Status.OK]
     assert run_containers(docker_client, outcome.paths.run_id) == []

@@ -8,6 +8,7 @@ cell's log, the per-cell timeout, cancellation, timing, and turning an outcome i
 - :meth:`Backend.prepare` — work done once per sweep (build the images the cells need).
 - :meth:`Backend.spec` — the :class:`~orchestrator.launch.LaunchSpec` of a cell.
 - :meth:`Backend.launch` — start it, returning an :class:`Execution` handle.
+- :meth:`Backend.finish` — add what only the backend knows to the result (optional).
 
 An :class:`Execution` is the started cell: a subprocess, a container, a remote channel, a job.
 """
@@ -145,8 +146,8 @@ class Backend(ABC):
         """Once per sweep, before any cell runs (e.g. build every image the cells need once)."""
 
     @abstractmethod
-    def spec(self, cell: Cell, allocation: Allocation) -> LaunchSpec:
-        """The launch spec of ``cell`` on ``allocation``."""
+    def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
+        """The launch spec of ``cell`` on ``allocation`` (``attempt`` > 1: a retry)."""
 
     @abstractmethod
     def launch(self, spec: LaunchSpec) -> Execution:
@@ -154,7 +155,7 @@ class Backend(ABC):
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """What ran where, beyond what the workload reports itself."""
-        return {
+        info = {
             "host": spec.host or socket.gethostname(),
             "backend": self.name,
             "image": spec.image,
@@ -162,6 +163,13 @@ class Backend(ABC):
             "orchestrate_version": __version__,
             "git_revision": git_revision(),
         }
+        if spec.hosts:
+            info["hosts"] = list(spec.hosts)
+        return info
+
+    def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:  # noqa: B027
+        """Complete the result of a cell that ran with what only the backend knows (the
+        execution's own account of its end), before the result is written."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """End of the sweep: remove anything left behind."""
@@ -206,7 +214,7 @@ class Backend(ABC):
         """Run one cell to an outcome. Expected failures become results, never exceptions."""
         cell_dir = self.paths.cell_dir(cell.id)
         cell_dir.mkdir(parents=True, exist_ok=True)
-        spec = self.spec(cell, allocation)
+        spec = self.spec(cell, allocation, attempt)
         write_json(self.paths.cell_command(cell.id), spec.to_json())
         log_path = self.paths.cell_log(cell.id)
         result = CellResult(
@@ -216,21 +224,22 @@ class Backend(ABC):
         result.started_at = time.time()
         t0 = time.monotonic()
         capture = _Capture()
-        status, reason, info = self._execute(cell, spec, log_path, capture)
+        with log_path.open("ab") as log_file:
+            log_file.write(f"# {spec.shell_line()}\n".encode())
+        execution = self.launch(spec)  # LaunchError: the sweep records a failed cell
+        status, reason, info = self._execute(cell, execution, log_path, capture)
         result.duration_s = round(time.monotonic() - t0, 3)
         result.finished_at = time.time()
         result.exit_code = info.code if info else None
         self._interpret(result, status, reason, info, capture)
+        self.finish(cell, result, execution)
         write_json(self.paths.cell_result(cell.id), result.to_json())
         return result
 
     def _execute(
-        self, cell: Cell, spec: LaunchSpec, log_path: Path, capture: _Capture
+        self, cell: Cell, execution: Execution, log_path: Path, capture: _Capture
     ) -> tuple[Status | None, str, ExitInfo | None]:
         with log_path.open("ab") as log_file:
-            log_file.write(f"# {spec.shell_line()}\n".encode())
-            log_file.flush()
-            execution = self.launch(spec)
             pump = threading.Thread(
                 target=self._pump, args=(cell.id, execution, log_file, capture), daemon=True,
                 name=f"log-{cell.id}",

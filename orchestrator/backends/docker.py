@@ -251,7 +251,7 @@ class DockerBackend(Backend):
     def labels(self, cell: Cell) -> dict[str, str]:
         return {LABEL_MATRIX: self.matrix.name, LABEL_RUN: self.paths.run_id, LABEL_CELL: cell.id}
 
-    def spec(self, cell: Cell, allocation: Allocation) -> LaunchSpec:
+    def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         profile = self.matrix.profile(cell)
         return LaunchSpec(
             cell_id=cell.id,
@@ -265,6 +265,8 @@ class DockerBackend(Backend):
             output_dir=str(self.paths.cell_dir(cell.id).resolve()),
             host=allocation.host,
             labels=self.labels(cell),
+            attempt=attempt,
+            hosts=allocation.hosts if len(allocation.hosts) > 1 else (),
         )
 
     def launch(self, spec: LaunchSpec) -> Execution:

@@ -76,7 +76,7 @@ class ProcessBackend(Backend):
                 "(or `make venv`), or choose --backend docker"
             )
 
-    def spec(self, cell: Cell, allocation: Allocation) -> LaunchSpec:
+    def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         profile = self.matrix.profile(cell)
         out = str(self.paths.cell_dir(cell.id))
         env = workload_env(cell, profile, allocation.gpu_ids)
@@ -88,6 +88,7 @@ class ProcessBackend(Backend):
             gpu_ids=allocation.gpu_ids,
             workdir=str(PROJECT_ROOT),
             output_dir=out,
+            attempt=attempt,
         )
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:

@@ -564,7 +564,7 @@ class SlurmBackend(Backend):
             options=opts,
         )
 
-    def spec(self, cell: Cell, allocation: Allocation) -> LaunchSpec:
+    def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         job = self.sbatch_job(cell)
         script = render_sbatch(job)
         with self._lock:
@@ -575,6 +575,7 @@ class SlurmBackend(Backend):
             cell_id=cell.id, argv=job.argv, env=env, device=profile.device,
             workdir=job.workdir, output_dir=str(self.paths.cell_dir(cell.id)),
             labels={"slurm.script": str(self.paths.cell_dir(cell.id) / SCRIPT_NAME)},
+            attempt=attempt,
         )
 
     def launch(self, spec: LaunchSpec) -> Execution:
@@ -611,12 +612,11 @@ class SlurmBackend(Backend):
                             "output": str(output)}
         write_json(path, command)
 
-    def run_cell(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> CellResult:
-        result = super().run_cell(cell, allocation, attempt)
+    def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:
+        """Add the job id, Slurm's final state and the node; explain Slurm's own ends."""
         with self._lock:
-            execution = self._executions.pop(cell.id, None)
-        if execution is None:
-            return result
+            self._executions.pop(cell.id, None)
+        assert isinstance(execution, SlurmExecution)
         outcome = execution.outcome
         result.provenance.update(
             slurm_job_id=execution.job_id,
@@ -626,8 +626,6 @@ class SlurmBackend(Backend):
         if execution.cluster:
             result.provenance["slurm_cluster"] = execution.cluster
         self._explain(result, execution)
-        write_json(self.paths.cell_result(cell.id), result.to_json())
-        return result
 
     def _explain(self, result: CellResult, execution: SlurmExecution) -> None:
         """Slurm's own ends (its time limit, an outside scancel) and queue waits, in words."""

@@ -482,10 +482,8 @@ class SshDockerBackend(DockerBackend):
         self.hosts: dict[str, RemoteHost] = {}
         self._pool: placement.GpuPool | None = None
         self._lock = threading.RLock()
-        self._allocations: dict[str, tuple[Allocation, int]] = {}  # cell id -> (where, attempt)
         self._lost: dict[str, str] = {}  # host -> why it was taken out
         self._slots: dict[str, placement.Allocation] = {}  # cell id -> the pool's allocation
-        self._executions: dict[str, RemoteExecution | _LostExecution] = {}
 
     @classmethod
     def check_available(cls) -> None:
@@ -582,9 +580,7 @@ class SshDockerBackend(DockerBackend):
 
     def release(self, cell: Cell, allocation: Allocation) -> None:
         with self._lock:
-            self._allocations.pop(cell.id, None)
             slots = self._slots.pop(cell.id, None)
-            self._executions.pop(cell.id, None)
             if slots is not None:
                 self.pool.release(slots)
 
@@ -670,35 +666,29 @@ class SshDockerBackend(DockerBackend):
         """The cell's output folder on its host."""
         return posixpath.join(REMOTE_ROOT, self.paths.run_id, cell_id, f"attempt-{attempt}")
 
-    def run_cell(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> CellResult:
-        with self._lock:
-            self._allocations[cell.id] = (allocation, attempt)
-        result = super().run_cell(cell, allocation, attempt)
-        with self._lock:
-            execution = self._executions.pop(cell.id, None)
-        if result.status is Status.HOST_LOST and execution is not None:
+    def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:
+        """A cell that lost its host takes that host out of the pool (the sweep retries it)."""
+        if result.status is Status.HOST_LOST:
+            assert isinstance(execution, RemoteExecution | _LostExecution)
             for host, why in execution.lost_hosts.items():
                 self.mark_host_lost(host, why)
-        return result
 
-    def spec(self, cell: Cell, allocation: Allocation) -> LaunchSpec:
-        base = super().spec(cell, allocation)
-        _, attempt = self._allocations.get(cell.id, (allocation, 1))
+    def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
+        base = super().spec(cell, allocation, attempt)
         spec = dataclasses.replace(base, output_dir=self.remote_dir(cell.id, attempt),
                                    host=allocation.host)
-        hosts = allocation.hosts or (allocation.host,)
-        if len(hosts) > 1:
-            return self._node_spec(spec, allocation, 0)
+        if len(spec.hosts) > 1:
+            return self._node_spec(spec, 0)
         return spec
 
-    def _node_spec(self, spec: LaunchSpec, allocation: Allocation, rank: int) -> LaunchSpec:
+    def _node_spec(self, spec: LaunchSpec, rank: int) -> LaunchSpec:
         """Node ``rank``'s spec of a multi-node cell (its host, GPU ids and torchrun flags)."""
-        hosts = allocation.hosts
+        hosts = spec.hosts
         cell_id = spec.cell_id
         with self._lock:
             slots = self._slots.get(cell_id)
         per_host = dict(slots.slots) if slots is not None else {}
-        ids = per_host.get(hosts[rank], allocation.gpu_ids)
+        ids = per_host.get(hosts[rank], spec.gpu_ids)
         endpoint = f"{self._host(hosts[0]).address}:{rdzv_port(cell_id)}"
         argv = multi_node_argv(list(spec.argv), len(hosts), rank, len(ids), endpoint, cell_id)
         assert spec.container is not None
@@ -707,38 +697,22 @@ class SshDockerBackend(DockerBackend):
             container=spec.container.model_copy(update={"network": "host"}),
         )
 
-    def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
-        info = super().provenance(spec)
-        allocation, attempt = self._allocations.get(spec.cell_id, (None, 1))
-        if allocation is not None and len(allocation.hosts) > 1:
-            info["hosts"] = list(allocation.hosts)
-        info["attempt"] = attempt
-        return info
-
     def launch(self, spec: LaunchSpec) -> Execution:
         if spec.image is None:
             raise LaunchError(f"{spec.cell_id}: no image was prepared for it")
-        allocation, _ = self._allocations.get(spec.cell_id, (Allocation(host=spec.host), 1))
-        hosts = allocation.hosts or (spec.host,)
-        specs = [spec] + [self._node_spec(spec, allocation, r) for r in range(1, len(hosts))]
+        specs = [spec] + [self._node_spec(spec, r) for r in range(1, len(spec.hosts))]
         nodes: list[_Node] = []
         try:
             for node_spec in specs:
                 nodes.append(self._start_node(node_spec))
         except _HostGone as gone:
             self._abandon(nodes)
-            lost = _LostExecution(gone.host, gone.detail)
-            with self._lock:
-                self._executions[spec.cell_id] = lost
-            return lost
+            return _LostExecution(gone.host, gone.detail)
         except BaseException:
             self._abandon(nodes)
             raise
-        execution = RemoteExecution(spec.cell_id, nodes, self.paths.cell_dir(spec.cell_id),
-                                    self._reachable)
-        with self._lock:
-            self._executions[spec.cell_id] = execution
-        return execution
+        return RemoteExecution(spec.cell_id, nodes, self.paths.cell_dir(spec.cell_id),
+                               self._reachable)
 
     def _start_node(self, spec: LaunchSpec) -> _Node:
         """Open the cell's connection to ``spec.host``, make its folder, start its container."""
