@@ -243,8 +243,18 @@ def resolve_host(inventory: Inventory, name: str) -> ConnectTarget:
 
     Pure apart from reading the ssh config file named in the inventory options.
     """
-    entry = inventory.get(name)
+    return _resolve(inventory, inventory.get(name), _load_ssh_config(inventory.options.ssh_config))
+
+
+def resolve_hosts(inventory: Inventory) -> dict[str, ConnectTarget]:
+    """:func:`resolve_host` for every host, reading the ssh config file once."""
     cfg = _load_ssh_config(inventory.options.ssh_config)
+    return {entry.name: _resolve(inventory, entry, cfg) for entry in inventory.hosts}
+
+
+def _resolve(
+    inventory: Inventory, entry: HostEntry, cfg: paramiko.SSHConfig | None
+) -> ConnectTarget:
     looked: dict[str, Any] = dict(cfg.lookup(entry.address)) if cfg else {}
     hostname = str(looked.get("hostname", entry.address))
     if entry.explicitly_set("port") or "port" not in looked:

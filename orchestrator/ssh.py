@@ -309,11 +309,17 @@ class SshHost:
         self._client: paramiko.SSHClient | None = None
 
     @classmethod
-    def from_inventory(cls, inventory: Inventory, name: str) -> SshHost:
-        """The host ``name`` of ``inventory``, with the inventory's global options."""
+    def from_inventory(
+        cls, inventory: Inventory, name: str, target: ConnectTarget | None = None
+    ) -> SshHost:
+        """The host ``name`` of ``inventory``, with the inventory's global options.
+
+        ``target``: the host's already resolved connection parameters (saves reading the ssh
+        config again); resolved from the inventory when not given.
+        """
         opts = inventory.options
         return cls(
-            resolve_host(inventory, name),
+            target or resolve_host(inventory, name),
             known_hosts=known_hosts_path(inventory),
             trust_on_first_use=opts.trust_on_first_use,
             connect_timeout=opts.connect_timeout,

@@ -152,6 +152,20 @@ def fake_inventory(tmp_path: Path, hosts: dict[str, str]) -> Path:
     return path
 
 
+def test_ssh_config_is_read_once_per_sweep(tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("Host lab-a\n  HostName 127.0.0.1\n  Port 2201\n  User bench\n")
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        f'[options]\nssh_config = "{config}"\n'
+        '[[hosts]]\nname = "a"\naddress = "lab-a"\ntags = ["cpu"]\n'
+    )
+    backend = make_backend(tmp_path, write_matrix_file(tmp_path, ""), hosts)
+    config.write_text("this is no longer an ssh config\n")  # cells must not read it again
+    target = backend._ssh("a").target
+    assert (target.hostname, target.port, target.user) == ("127.0.0.1", 2201, "bench")
+
+
 def test_missing_inventory_is_a_config_error(tmp_path: Path) -> None:
     matrix = write_matrix_file(tmp_path, "")
     with pytest.raises(ConfigError, match="needs a hosts inventory: pass --hosts"):

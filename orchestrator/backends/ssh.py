@@ -65,7 +65,7 @@ from orchestrator.errors import (
     LaunchError,
     Problem,
 )
-from orchestrator.hosts import Inventory, load_hosts, resolve_host
+from orchestrator.hosts import Inventory, load_hosts, resolve_hosts
 from orchestrator.launch import LaunchSpec
 from orchestrator.matrix import Cell
 from orchestrator.results import CellResult, Status
@@ -478,6 +478,8 @@ class SshDockerBackend(DockerBackend):
         if hosts_file is None:
             raise ConfigError(NO_INVENTORY_HINT, file=str(self.matrix.path), field="matrix.hosts")
         self.inventory: Inventory = load_hosts(hosts_file)
+        # resolved once (inventory + ssh config): every cell's connection reuses them
+        self.targets = resolve_hosts(self.inventory)
         self.placement_tags = self._placement_tags()
         self.hosts: dict[str, RemoteHost] = {}
         self._pool: placement.GpuPool | None = None
@@ -520,10 +522,14 @@ class SshDockerBackend(DockerBackend):
         with self._lock:
             host = self.hosts.get(name)
             if host is None:
-                ssh = SshHost.from_inventory(self.inventory, name)
-                address = resolve_host(self.inventory, name).hostname
-                host = self.hosts[name] = RemoteHost(name, ssh, address=address)
+                host = self.hosts[name] = RemoteHost(
+                    name, self._ssh(name), address=self.targets[name].hostname
+                )
             return host
+
+    def _ssh(self, name: str) -> SshHost:
+        """A new (unconnected) SSH connection to ``name``."""
+        return SshHost.from_inventory(self.inventory, name, self.targets[name])
 
     def _build_pool(self, discovered: dict[str, list[int]] | None = None) -> placement.GpuPool:
         specs = [
@@ -596,7 +602,7 @@ class SshDockerBackend(DockerBackend):
 
     def _reachable(self, name: str) -> bool:
         """Whether ``name`` answers a fresh SSH connection and its engine a ping."""
-        ssh = SshHost.from_inventory(self.inventory, name)
+        ssh = self._ssh(name)
         client = None
         try:
             ssh.connect()
@@ -718,7 +724,7 @@ class SshDockerBackend(DockerBackend):
         """Open the cell's connection to ``spec.host``, make its folder, start its container."""
         assert spec.host is not None and spec.output_dir is not None
         name = spec.host
-        ssh = SshHost.from_inventory(self.inventory, name)
+        ssh = self._ssh(name)
         node = _Node(name, ssh, None, spec.output_dir)
         try:
             ssh.connect()
