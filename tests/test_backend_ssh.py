@@ -166,6 +166,36 @@ def test_ssh_config_is_read_once_per_sweep(tmp_path: Path) -> None:
     assert (target.hostname, target.port, target.user) == ("127.0.0.1", 2201, "bench")
 
 
+class _BrokenWaitContainer:
+    """A container whose engine connection broke (wait and reload raise) on a host that still
+    answers: a stand-in, since a real connection cannot be cut while its host stays up."""
+
+    short_id = "c0ffee"
+
+    def wait(self) -> dict:
+        raise ConnectionError("connection reset")
+
+    def reload(self) -> None:
+        raise ConnectionError("connection reset")
+
+
+def test_a_broken_wait_probes_the_host_once(tmp_path: Path) -> None:
+    from orchestrator.backends.ssh import RemoteExecution, _Node
+
+    probes: list[str] = []
+
+    def reachable(host: str) -> bool:
+        probes.append(host)
+        return True
+
+    node = _Node("a", None, None, "/tmp/x", _BrokenWaitContainer())  # type: ignore[arg-type]
+    execution = RemoteExecution("cell", [node], tmp_path, reachable)
+    assert execution.wait(10.0)
+    info = execution.exit_info()
+    assert not info.host_lost and info.code is None and "unavailable" in info.detail
+    assert probes == ["a"] and execution.lost_hosts == {}
+
+
 def test_missing_inventory_is_a_config_error(tmp_path: Path) -> None:
     matrix = write_matrix_file(tmp_path, "")
     with pytest.raises(ConfigError, match="needs a hosts inventory: pass --hosts"):

@@ -243,6 +243,7 @@ class RemoteExecution(Execution):
         self._reachable = reachable
         self._local = [DockerExecution(n.container) for n in nodes]
         self._lost: dict[str, str] = {}
+        self._answered: set[str] = set()  # hosts probed after their wait broke, and alive
         self._killed = False
         self._done = threading.Event()
         self._watch = threading.Thread(target=self._watch_nodes, daemon=True,
@@ -279,7 +280,9 @@ class RemoteExecution(Execution):
         """The wait on ``node`` broke: is the host gone, or was it only the connection?"""
         if self._killed:
             return
-        if not self._reachable(node.host):
+        if self._reachable(node.host):
+            self._answered.add(node.host)
+        else:
             self._lost[node.host] = f"host {node.host} stopped answering while the cell ran"
             log.warning("%s: %s", self.cell_id, self._lost[node.host])
 
@@ -341,7 +344,8 @@ class RemoteExecution(Execution):
             return ExitInfo(code=None, host_lost=True, detail="; ".join(self._lost.values()))
         infos = [ex.exit_info() for ex in self._local]
         for node, info in zip(self.nodes, infos, strict=True):
-            if info.code is None and not self._killed and not self._reachable(node.host):
+            if (info.code is None and not self._killed and node.host not in self._answered
+                    and not self._reachable(node.host)):
                 self._lost[node.host] = f"host {node.host} stopped answering"
                 return ExitInfo(code=None, host_lost=True, detail=self._lost[node.host])
         bad = next((i for i in infos if i.oom or i.code != 0), None)
