@@ -269,8 +269,12 @@ def problems_from_validation(
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown key (check the spelling; {keys_hint})"
-        elif "input" in err and err["type"] not in ("missing",) and not isinstance(
-            err["input"], dict | list
+        elif (
+            "input" in err
+            and err["type"] not in ("missing",)
+            and not isinstance(err["input"], dict | list)
+            # our own validators' messages already show the value
+            and not (err["type"] == "value_error" and repr(err["input"]) in msg)
         ):
             msg = f"{msg} (got {err['input']!r})"
         problems.append(Problem(file, _field_path(loc), msg))

@@ -10,7 +10,8 @@ Each template directory holds a ``template.toml`` manifest and the template file
     [parent]                       # optional: built on another template's image
     template = "ngc-pytorch"
     variable = "parent_image"      # empty value = use the parent's content-hash tag
-    forward = ["base_tag"]         # variables handed to the parent
+    forward = ["base_tag"]         # variables handed to the parent; declared by the parent
+                                   # (inherited here, same type and default) unless redeclared
 
     [variables.base_tag]
     type = "str"                   # str | int | bool | list
@@ -26,11 +27,21 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.config import read_toml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from orchestrator.config import problems_from_validation, read_toml
 from orchestrator.errors import BuildError, ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -45,7 +56,6 @@ IMAGES_DIR = REPO_ROOT / "images"
 #: The workload package copied into every image.
 WORKLOAD_DIR = REPO_ROOT / "workload"
 
-VAR_TYPES = ("str", "int", "bool", "list")
 KINDS = {"dockerfile": "Dockerfile", "singularity": "Singularity.def"}
 _IGNORED_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".git"}
 _IGNORED_SUFFIXES = {".pyc", ".pyo"}
@@ -53,39 +63,95 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-@dataclass(frozen=True)
-class Variable:
-    """One declared template variable."""
+class Variable(BaseModel):
+    """One declared template variable (a ``[variables.NAME]`` table)."""
 
-    name: str
-    type: str
-    default: Any
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["str", "int", "bool", "list"]
+    default: Any = Field(description="value used when a profile or --set gives none")
     description: str = ""
-    file: bool = False
+    file: bool = Field(False, description="the value is a host path copied into the context")
+
+    @field_validator("default")
+    @classmethod
+    def _default_has_the_type(cls, value: Any, info: ValidationInfo) -> Any:
+        vtype = info.data.get("type")  # absent when the type itself was invalid
+        problem = _type_problem(value, vtype) if vtype else ""
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
-@dataclass(frozen=True)
-class Parent:
-    """The template whose image another template is built on."""
+class Parent(BaseModel):
+    """The template whose image another template is built on (the ``[parent]`` table)."""
 
-    template: str
-    variable: str
-    forward: tuple[str, ...] = ()
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    template: str = Field(min_length=1)
+    variable: str = Field(min_length=1, description="variable that receives the parent's image")
+    forward: tuple[str, ...] = Field((), description="variables handed on to the parent")
+
+
+class Manifest(BaseModel):
+    """A ``template.toml``; validated with the template's directory as context."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    description: str = ""
+    kind: Literal["dockerfile", "singularity"]
+    template: str = Field(description="the template file, next to the manifest")
+    base: str = Field("", description="Jinja expression of the image built FROM")
+    parent: Parent | None = None
+    variables: dict[str, Variable] = Field(default_factory=dict)
+
+    @field_validator("template")
+    @classmethod
+    def _template_file_exists(cls, value: str, info: ValidationInfo) -> str:
+        directory = (info.context or {}).get("directory")
+        if directory is not None and not (Path(directory) / value).is_file():
+            raise ValueError(f"no template file {value!r} in {directory}")
+        return value
+
+    @model_validator(mode="after")
+    def _parent_variable_declared(self) -> Manifest:
+        if self.parent and self.parent.variable not in self.variables:
+            raise ValueError(f"[parent] variable {self.parent.variable!r} is not declared")
+        return self
 
 
 @dataclass(frozen=True)
 class Template:
-    """A loaded template: manifest plus template text."""
+    """A loaded template: its name, directory, manifest and template text."""
 
     name: str
     directory: Path
-    description: str
-    kind: str
-    template_file: str
+    manifest: Manifest
     text: str
-    base: str
-    variables: dict[str, Variable] = field(default_factory=dict)
-    parent: Parent | None = None
+
+    @property
+    def description(self) -> str:
+        return self.manifest.description
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.kind
+
+    @property
+    def template_file(self) -> str:
+        return self.manifest.template
+
+    @property
+    def base(self) -> str:
+        return self.manifest.base
+
+    @property
+    def variables(self) -> dict[str, Variable]:
+        return self.manifest.variables
+
+    @property
+    def parent(self) -> Parent | None:
+        return self.manifest.parent
 
     @property
     def output_name(self) -> str:
@@ -108,92 +174,62 @@ def template_names() -> list[str]:
 
 
 def load_template(name: str) -> Template:
-    """Load and validate template ``name``; an unknown name lists the known ones."""
+    """Load and validate template ``name``; an unknown name lists the known ones.
+
+    Loaded once per process and file version (the helpers below each ask for it).
+    """
     names = template_names()
     if name not in names:
         raise ConfigError(
             f"unknown image template {name!r}; known: {', '.join(names) or '(none)'}",
             file=str(IMAGES_DIR),
         )
-    directory = IMAGES_DIR / name
-    manifest_path = directory / "template.toml"
-    where = str(manifest_path)
-    raw = read_toml(manifest_path)
+    # every template's files: a child inherits variables from its parent's manifest
+    stamps = tuple(
+        (str(p), p.stat().st_mtime_ns, p.stat().st_size)
+        for p in sorted(IMAGES_DIR.glob("*/*"))
+        if p.is_file()
+    )
+    return _load_template(name, IMAGES_DIR / name, stamps)
 
-    problems: list[Problem] = []
-    allowed = {"description", "kind", "template", "base", "parent", "variables"}
-    for key in sorted(set(raw) - allowed):
-        problems.append(Problem(where, key, "unknown key"))
-    kind = raw.get("kind", "")
-    if kind not in KINDS:
-        problems.append(Problem(where, "kind", f"must be one of {', '.join(KINDS)}"))
-    template_file = raw.get("template", "")
-    if not isinstance(template_file, str) or not (directory / template_file).is_file():
-        problems.append(Problem(where, "template", f"no template file {template_file!r}"))
-    variables = _parse_variables(raw.get("variables", {}), where, problems)
-    parent = _parse_parent(raw.get("parent"), variables, where, problems)
+
+@functools.lru_cache(maxsize=64)
+def _load_template(name: str, directory: Path, stamps: tuple[Any, ...]) -> Template:
+    manifest_path = directory / "template.toml"
+    raw = read_toml(manifest_path)
+    try:
+        manifest = Manifest.model_validate(raw, context={"directory": directory})
+    except ValidationError as exc:
+        hint = "the keys are described at the top of orchestrator/images.py"
+        raise ConfigError(problems_from_validation(str(manifest_path), exc, hint)) from None
+    if manifest.parent:
+        manifest = _inherit(manifest, manifest.parent, str(manifest_path))
+    text = (directory / manifest.template).read_text(encoding="utf-8")
+    return Template(name=name, directory=directory, manifest=manifest, text=text)
+
+
+def _inherit(manifest: Manifest, parent: Parent, where: str) -> Manifest:
+    """The manifest with the forwarded variables it does not declare taken from the parent."""
+    if parent.template not in template_names():
+        raise ConfigError(Problem(where, "parent.template", f"no template {parent.template!r}"))
+    declared = load_template(parent.template).variables
+    inherited: dict[str, Variable] = {}
+    problems = []
+    for vname in parent.forward:
+        if vname in manifest.variables:
+            continue
+        if vname not in declared:
+            problems.append(
+                Problem(where, "parent.forward", f"{parent.template} declares no {vname!r}")
+            )
+            continue
+        var = declared[vname]
+        inherited[vname] = var.model_copy(
+            update={"description": f"forwarded to {parent.template}: {var.description}"}
+        )
     if problems:
         raise ConfigError(problems)
-    return Template(
-        name=name,
-        directory=directory,
-        description=str(raw.get("description", "")),
-        kind=kind,
-        template_file=template_file,
-        text=(directory / template_file).read_text(encoding="utf-8"),
-        base=str(raw.get("base", "")),
-        variables=variables,
-        parent=parent,
-    )
-
-
-def _parse_variables(raw: Any, where: str, problems: list[Problem]) -> dict[str, Variable]:
-    variables: dict[str, Variable] = {}
-    if not isinstance(raw, dict):
-        problems.append(Problem(where, "variables", "must be a table"))
-        return variables
-    for vname, spec in raw.items():
-        fld = f"variables.{vname}"
-        if not isinstance(spec, dict):
-            problems.append(Problem(where, fld, "must be a table"))
-            continue
-        extra = set(spec) - {"type", "default", "description", "file"}
-        if extra:
-            problems.append(Problem(where, fld, f"unknown keys: {', '.join(sorted(extra))}"))
-        vtype = spec.get("type")
-        if vtype not in VAR_TYPES:
-            problems.append(Problem(where, f"{fld}.type", f"must be one of {', '.join(VAR_TYPES)}"))
-            continue
-        if "default" not in spec:
-            problems.append(Problem(where, f"{fld}.default", "missing"))
-            continue
-        message = _type_problem(spec["default"], vtype)
-        if message:
-            problems.append(Problem(where, f"{fld}.default", message))
-            continue
-        variables[vname] = Variable(
-            vname,
-            vtype,
-            spec["default"],
-            str(spec.get("description", "")),
-            bool(spec.get("file", False)),
-        )
-    return variables
-
-
-def _parse_parent(
-    raw: Any, variables: dict[str, Variable], where: str, problems: list[Problem]
-) -> Parent | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or not raw.get("template") or not raw.get("variable"):
-        problems.append(Problem(where, "parent", "needs 'template' and 'variable'"))
-        return None
-    forward = tuple(raw.get("forward", ()))
-    for vname in (raw["variable"], *forward):
-        if vname not in variables:
-            problems.append(Problem(where, "parent", f"names undeclared variable {vname!r}"))
-    return Parent(str(raw["template"]), str(raw["variable"]), forward)
+    return manifest.model_copy(update={"variables": {**manifest.variables, **inherited}})
 
 
 def _type_problem(value: Any, vtype: str) -> str:
@@ -327,9 +363,9 @@ def template_context(name: str, values: dict[str, Any] | None = None) -> dict[st
     template = load_template(name)
     resolved = resolve_vars(name, values)
     context = dict(resolved)
-    for var in template.variables.values():
+    for vname, var in template.variables.items():
         if var.file:
-            context[var.name] = _file_context_name(resolved[var.name])
+            context[vname] = _file_context_name(resolved[vname])
     context["template_name"] = name
     context["base"] = base_image_ref(name, resolved).strip()
     return context
@@ -384,16 +420,16 @@ def context_files(
         rel = path.relative_to(workload).as_posix()
         files[f"workload/{rel}"] = path.read_bytes()
     problems = []
-    for var in template.variables.values():
+    for vname, var in template.variables.items():
         if not var.file:
             continue
-        source = Path(resolved[var.name]).expanduser()
+        source = Path(resolved[vname]).expanduser()
         if not source.is_file():
             problems.append(
-                Problem("--set", var.name, f"file {str(source)!r} not found ({var.description})")
+                Problem("--set", vname, f"file {str(source)!r} not found ({var.description})")
             )
             continue
-        files[_file_context_name(resolved[var.name])] = source.read_bytes()
+        files[_file_context_name(resolved[vname])] = source.read_bytes()
     if problems:
         raise ConfigError(problems)
     return dict(sorted(files.items()))

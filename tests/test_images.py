@@ -239,3 +239,36 @@ def test_singularity_context_is_a_def_file(tmp_path: Path) -> None:
     )
     assert rendered.name == "Singularity.def"
     assert (tmp_path / "ctx" / "workload" / "__init__.py").exists()
+
+
+def test_child_inherits_forwarded_variables_from_its_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    parent_manifest = (
+        'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "debian:{{ tag }}"\n'
+        '[variables.tag]\ntype = "str"\ndefault = "bookworm"\ndescription = "Debian release"\n'
+    )
+    _write_template(tmp_path, "base", "FROM {{ base }}\n", parent_manifest)
+    _write_template(
+        tmp_path,
+        "child",
+        "FROM {{ base }}\n",
+        'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "{{ parent_image }}"\n'
+        '[parent]\ntemplate = "base"\nvariable = "parent_image"\nforward = ["tag"]\n'
+        '[variables.parent_image]\ntype = "str"\ndefault = ""\n',
+    )
+    tag = images.load_template("child").variables["tag"]
+    assert (tag.type, tag.default) == ("str", "bookworm")
+    assert tag.description == "forwarded to base: Debian release"
+    # a new default in the parent reaches the child (the loaded templates are not stale)
+    (tmp_path / "base" / "template.toml").write_text(parent_manifest.replace("bookworm", "trixie"))
+    assert images.load_template("child").defaults()["tag"] == "trixie"
+
+    child = tmp_path / "child" / "template.toml"
+    child.write_text(child.read_text().replace('forward = ["tag"]', 'forward = ["tga"]'))
+    with pytest.raises(ConfigError) as err:
+        images.load_template("child")
+    assert [(p.field, p.message) for p in err.value.problems] == [
+        ("parent.forward", "base declares no 'tga'")
+    ]

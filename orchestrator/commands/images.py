@@ -110,10 +110,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
         for column in ("variable", "type", "default", "description"):
             table.add_column(column)
-        for var in template.variables.values():
+        for vname, var in template.variables.items():
             default = ",".join(var.default) if var.type == "list" else str(var.default)
             suffix = " (file)" if var.file else ""
-            table.add_row(var.name, var.type + suffix, default or repr(default), var.description)
+            table.add_row(vname, var.type + suffix, default or repr(default), var.description)
         console.print(table)
         if tags is None:
             console.print("  local images: (no Docker engine reachable)")
