@@ -26,6 +26,7 @@ import re
 import select
 import shlex
 import socket
+import tarfile
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -287,6 +288,14 @@ class RemoteProcess:
             self.close()
 
 
+def _read_stderr(channel: paramiko.Channel) -> str:
+    """What an ended command wrote to stderr."""
+    try:
+        return channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+    except (OSError, paramiko.SSHException, EOFError):
+        return ""
+
+
 class SshHost:
     """One lab host reached over SSH. Connects lazily; use as a context manager to close."""
 
@@ -463,14 +472,34 @@ class SshHost:
             raise ValueError("argv must not be empty")
         return self._open_channel(shlex.join(str(a) for a in argv))
 
-    def sftp(self) -> paramiko.SFTPClient:
-        """An SFTP session on this connection (close it when done)."""
-        self.connect()
-        assert self._client is not None
+    def fetch_dir(self, remote_dir: str, local_dir: Path) -> int:
+        """Copy the tree under ``remote_dir`` into ``local_dir`` as one ``tar`` stream.
+
+        Needs only ``tar`` on the host (no SFTP subsystem, which labs often turn off). Members
+        are extracted with tarfile's ``data`` filter: nothing lands outside ``local_dir``, no
+        devices, no set-uid bits. Returns the number of files; :class:`HostError` on failure.
+        """
+        channel = self.open_stream(["tar", "-C", remote_dir, "-cf", "-", "."])
+        channel.settimeout(self.command_timeout)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        failed = f"host {self.name}: copying {remote_dir} back failed"
+        count = 0
         try:
-            return self._client.open_sftp()
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise HostError(f"host {self.name}: cannot open SFTP: {exc}") from None
+            with channel.makefile("rb") as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+                for member in tar:
+                    tar.extract(member, local_dir, filter="data")
+                    count += member.isfile()
+        except (tarfile.TarError, OSError, paramiko.SSHException, EOFError) as exc:
+            # tar's own complaint (no such folder) explains an empty stream best
+            why = (_read_stderr(channel) if channel.exit_status_ready() else "") or str(exc)
+            channel.close()
+            raise HostError(f"{failed}: {why}") from None
+        code = channel.recv_exit_status()
+        err = _read_stderr(channel)
+        channel.close()
+        if code != 0:
+            raise HostError(f"{failed}: {err or f'tar exited with {code}'}")
+        return count
 
     # -- commands --------------------------------------------------------------------------
     def start(

@@ -112,7 +112,7 @@ class SshdServer:
                     "PermitRootLogin prohibit-password",
                     "PrintMotd no",
                     "LogLevel VERBOSE",
-                    "Subsystem sftp internal-sftp",
+                    # no "Subsystem sftp": many lab hosts turn it off, nothing may need it
                     "",
                 ]
             )

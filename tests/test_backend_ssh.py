@@ -306,7 +306,7 @@ def test_sweep_over_two_hosts(
     intervals = {}
     for cell_id, result in by_id.items():
         cell_dir = outcome.paths.cell_dir(cell_id)
-        assert (cell_dir / "summary.json").is_file()  # copied back over SFTP
+        assert (cell_dir / "summary.json").is_file()  # copied back (a tar stream)
         assert (cell_dir / "iterations.csv").is_file()
         assert result.metrics and result.provenance["backend"] == "ssh"
         assert result.provenance["host"] in (a.name, b.name)

@@ -95,6 +95,23 @@ def test_arguments_arrive_verbatim(tmp_path: Path, sshd_server: SshdServer) -> N
     assert not Path("/tmp/pwned").exists()
 
 
+def test_fetch_dir_copies_a_tree_without_sftp(tmp_path: Path, sshd_server: SshdServer) -> None:
+    # the test sshd has no SFTP subsystem: fetch_dir must not need one
+    remote = tmp_path / "remote"
+    (remote / "sub" / "deeper").mkdir(parents=True)
+    (remote / "log.txt").write_text("line\n")
+    (remote / "sub" / "a b.csv").write_text("x,y\n1,2\n")
+    (remote / "sub" / "deeper" / "trace.json").write_bytes(bytes(range(256)) * 400)
+    local = tmp_path / "local"
+    with _host(tmp_path, sshd_server) as host:
+        assert host.fetch_dir(str(remote), local) == 3
+        with pytest.raises(HostError, match="copying .*/nope back failed: .*No such file"):
+            host.fetch_dir(str(tmp_path / "nope"), tmp_path / "other")
+    assert (local / "log.txt").read_text() == "line\n"
+    assert (local / "sub" / "a b.csv").read_text() == "x,y\n1,2\n"
+    assert (local / "sub" / "deeper" / "trace.json").read_bytes() == bytes(range(256)) * 400
+
+
 def test_missing_command_is_exit_127_not_crash(tmp_path: Path, sshd_server: SshdServer) -> None:
     with _host(tmp_path, sshd_server) as host:
         code, _, err = host.run(["no-such-tool-xyz", "--version"])

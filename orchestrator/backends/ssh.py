@@ -34,7 +34,6 @@ import dataclasses
 import hashlib
 import logging
 import posixpath
-import stat
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -361,7 +360,7 @@ class RemoteExecution(Execution):
                 continue
             target = self.local_dir if rank == 0 else self.local_dir / f"node{rank}"
             try:
-                _copy_back(node.ssh, node.remote_dir, target)
+                node.ssh.fetch_dir(node.remote_dir, target)
             except (HostError, OSError, paramiko.SSHException, EOFError) as exc:
                 log.warning("%s: copying %s:%s back failed: %s", self.cell_id, node.host,
                             node.remote_dir, exc)
@@ -405,28 +404,6 @@ def _close_node(node: _Node) -> None:
     except Exception as exc:
         log.debug("closing the engine client of %s: %s", node.host, exc)
     node.ssh.close()
-
-
-def _copy_back(ssh: SshHost, remote_dir: str, local_dir: Path) -> int:
-    """Copy the files under ``remote_dir`` into ``local_dir`` (recursively). Returns the count."""
-    count = 0
-    sftp = ssh.sftp()
-    try:
-        stack = [(remote_dir, local_dir)]
-        while stack:
-            remote, local = stack.pop()
-            local.mkdir(parents=True, exist_ok=True)
-            for entry in sftp.listdir_attr(remote):
-                source = posixpath.join(remote, entry.filename)
-                mode = entry.st_mode or 0
-                if stat.S_ISDIR(mode):
-                    stack.append((source, local / entry.filename))
-                elif stat.S_ISREG(mode):
-                    sftp.get(source, str(local / entry.filename))
-                    count += 1
-    finally:
-        sftp.close()
-    return count
 
 
 def _remove_remote_dir(ssh: SshHost, remote_dir: str) -> None:
