@@ -18,7 +18,8 @@ labels, the same run-folder shape. What differs:
   :meth:`SshDockerBackend.prepare` (content-hash tags: an up-to-date host builds nothing).
 * **Output.** A cell writes into ``/tmp/orchestrate/<run id>/<cell id>/attempt-<n>`` on its host
   (mounted at ``/orchestrate/out``); its log streams back live; when it ends the files are copied
-  into the local cell folder over SFTP and the remote folder is removed.
+  into the local cell folder as one ``tar`` stream (no SFTP needed) and the remote folder is
+  removed.
 * **Lost hosts.** A host that stops answering ends its cells with ``host_lost``; the pool stops
   using it and the sweep retries those cells elsewhere.
 * **Multi-node** cells (``multi_node = true`` and more GPUs than one host has) run one container
