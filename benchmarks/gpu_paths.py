@@ -7,14 +7,15 @@ runs each of them as ``python -m workload`` on the GPU(s) of this machine and pr
     case | total img/s | compute img/s | total/compute | p50/p99 ms | vs eager | checks
 
 * ``vs eager``: throughput (latency cases: eager p50 / this p50) against the eager case of the
-  same mode, precision and batch, so CUDA graphs and compile show their gain side by side.
+  same mode, precision and batch, so CUDA graphs and compile show their gain side by side; for
+  DDP, per GPU (the scaling efficiency).
 * ``total/compute``: with real JPEGs, how much the input pipeline costs (1.00 = fully hidden).
 * ``checks``: what the summary must say for the path to count as exercised (``cuda_graphs``
   really on, the decoder really nvJPEG, telemetry samples in the window, a profiler trace
   written, ...).  A failed check or a failed run makes the exit status 1.
 
     python benchmarks/gpu_paths.py                     # all cases (about 6 minutes on one H100)
-    python benchmarks/gpu_paths.py --cases train-amp-eager train-amp-graphs
+    python benchmarks/gpu_paths.py --cases train-amp-bs256 train-amp-bs256-graphs
     python benchmarks/gpu_paths.py --json gpu_paths.json
     python benchmarks/gpu_paths.py --allow-cpu         # plumbing smoke without a GPU
 
@@ -27,8 +28,10 @@ that can run on a CPU (tiny model, fp32, gloo DDP) to check the script itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,6 +55,7 @@ class Case:
     decoder: str | None = None  # WORKLOAD_DECODER; also implies --data <generated JPEGs>
     ddp: bool = False
     cuda_only: bool = False
+    iterations: int | None = None  # on a GPU, instead of --iterations (latency percentiles)
     expect: tuple[tuple[str, Any], ...] = ()  # (summary env key, value) pairs
     files: tuple[str, ...] = ()  # files the run must leave in its output directory
 
@@ -93,11 +97,12 @@ CASES = (
         expect=(("cuda_graphs", True),),
     ),
     _eager("infer", "amp", 256),
-    _eager("infer", "amp", 1),
+    Case("infer-amp-bs1", "infer", batch_size=1, iterations=2000),
     Case(
         "infer-amp-bs1-graphs",
         mode="infer",
         batch_size=1,
+        iterations=2000,
         flags=("--cuda-graphs",),
         cuda_only=True,
         expect=(("cuda_graphs", True),),
@@ -154,9 +159,16 @@ class Setup:
         return min(case.batch_size, 4) if self.device == "cpu" else case.batch_size
 
 
+#: Telemetry sampling period on a GPU (the workload's default, 0.5 s, would leave short
+#: windows, such as batch-1 latency under CUDA graphs, without a sample).
+TELEMETRY_INTERVAL_S = 0.05
+
+
 def command(case: Case, setup: Setup, output_dir: Path) -> list[str]:
     """The command line of one case."""
     iterations = setup.iterations
+    if case.iterations and setup.device == "cuda":
+        iterations = case.iterations
     if "--profiler" in case.flags:  # a trace of a few steps is what a lab looks at
         iterations = min(iterations, 20)
     argv = [
@@ -182,6 +194,8 @@ def command(case: Case, setup: Setup, output_dir: Path) -> list[str]:
         str(setup.workers if case.decoder else 0),
         "--output-dir",
         str(output_dir),
+        "--telemetry-interval",
+        str(TELEMETRY_INTERVAL_S if setup.device == "cuda" else 0),
         *case.flags,
     ]
     if case.decoder:
@@ -220,7 +234,8 @@ def evaluate(case: Case, summary: dict[str, Any], output_dir: Path, setup: Setup
     for name in case.files:
         if not (output_dir / name).is_file():
             out.failed.append(f"no {name}")
-    if setup.device == "cuda":  # telemetry and event timing on every GPU case
+    # telemetry on every GPU case whose window holds a few samples
+    if setup.device == "cuda" and data.get("duration_s", 0) >= 4 * TELEMETRY_INTERVAL_S:
         if "telemetry.power_mean_w" not in data:
             out.failed.append("no telemetry in the measured window")
         if not (output_dir / "telemetry.csv").is_file():
@@ -233,18 +248,46 @@ def run_case(case: Case, setup: Setup, output_dir: Path, timeout: int) -> Outcom
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if case.decoder:
         env["WORKLOAD_DECODER"] = case.decoder
-    cmd = command(case, setup, output_dir)
+    # its own session: a timeout stops torchrun's ranks and compile workers too
+    proc = subprocess.Popen(
+        command(case, setup, output_dir), cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
     try:
-        proc = subprocess.run(
-            cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-        )
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stop(proc)
         return Outcome(failed=["run"], note=f"timed out after {timeout} s")
-    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    lines = json_lines(stdout)
     if proc.returncode != 0 or not lines or lines[-1].get("type") != "summary":
-        message = lines[-1].get("message") if lines else proc.stderr.strip()[-300:]
+        message = (lines[-1].get("message") if lines else None) or stderr.strip()[-300:]
         return Outcome(failed=["run"], note=f"rc {proc.returncode}: {message}")
     return evaluate(case, lines[-1], output_dir, setup)
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM first: torchrun then stops its ranks, which run in sessions of their own and
+    would outlive a SIGKILL of torchrun's group; SIGKILL after 15 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.communicate(timeout=15)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The workload's JSON lines; anything else (a library's print, a torn line) is skipped."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                obj = json.loads(line)
+                if isinstance(obj, dict):
+                    out.append(obj)
+    return out
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -261,8 +304,10 @@ def table_rows(results: list[tuple[Case, Outcome]]) -> list[list[str]]:
             vs = None
         elif case.latency:
             vs = base.p50_ms / out.p50_ms if base.p50_ms and out.p50_ms else None
+        elif base.total_ips and out.total_ips:
+            vs = out.total_ips / (base.total_ips * (out.env.get("world_size") or 1))
         else:
-            vs = out.total_ips / base.total_ips if base.total_ips and out.total_ips else None
+            vs = None
         ratio = out.total_ips / out.compute_ips if out.total_ips and out.compute_ips else None
         lat = f"{_fmt(out.p50_ms, 2)} / {_fmt(out.p99_ms, 2)}" if case.latency else ""
         checks = "ok" if not out.failed else "FAILED: " + "; ".join(out.failed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -134,9 +135,14 @@ def test_gpu_paths_commands(paths: ModuleType, tmp_path: Path) -> None:
     graphs = paths.command(_case(paths, "infer-amp-bs1-graphs"), gpu, tmp_path)
     assert "--cuda-graphs" in graphs and graphs[graphs.index("--batch-size") + 1] == "1"
     assert "--data" not in graphs and graphs[graphs.index("--workers") + 1] == "0"
+    assert graphs[graphs.index("--iterations") + 1] == "2000"  # enough for a p99
+    assert graphs[graphs.index("--telemetry-interval") + 1] == "0.05"
     cpu = paths.command(_case(paths, "train-amp-bs256"), _setup(paths, "cpu", 0), tmp_path)
     assert cpu[cpu.index("--precision") + 1] == "fp32"
     assert cpu[cpu.index("--batch-size") + 1] == "4"
+    assert cpu[cpu.index("--telemetry-interval") + 1] == "0"
+    cpu_bs1 = paths.command(_case(paths, "infer-amp-bs1"), _setup(paths, "cpu", 0), tmp_path)
+    assert cpu_bs1[cpu_bs1.index("--iterations") + 1] == "100"
 
 
 def test_gpu_paths_skips(paths: ModuleType) -> None:
@@ -150,7 +156,12 @@ def test_gpu_paths_skips(paths: ModuleType) -> None:
 
 
 def _summary(**env: object) -> dict:
-    data = {"train.total_ips": 900.0, "train.compute_ips": 1000.0, "telemetry.power_mean_w": 500.0}
+    data = {
+        "train.total_ips": 900.0,
+        "train.compute_ips": 1000.0,
+        "telemetry.power_mean_w": 500.0,
+        "duration_s": 10.0,
+    }
     return {"data": data, "env": {"precision": "amp", **env}}
 
 
@@ -173,6 +184,13 @@ def test_gpu_paths_checks(paths: ModuleType, tmp_path: Path) -> None:
     (tmp_path / "telemetry.csv").unlink()
     base = paths.evaluate(_case(paths, "train-amp-bs256"), bare, tmp_path, gpu)
     assert base.failed == ["no telemetry in the measured window", "no telemetry.csv"]
+    bare["data"]["duration_s"] = 0.1  # shorter than a few sampling periods: not required
+    assert paths.evaluate(_case(paths, "train-amp-bs256"), bare, tmp_path, gpu).failed == []
+
+
+def test_gpu_paths_reads_only_whole_json_lines(paths: ModuleType) -> None:
+    text = '{"type": "meta"}\n{"type": "iter", "da\nplain text\n{1: 2}\n[1]\n{"type": "summary"}\n'
+    assert paths.json_lines(text) == [{"type": "meta"}, {"type": "summary"}]
 
 
 def test_gpu_paths_table_compares_with_eager(paths: ModuleType) -> None:
@@ -186,6 +204,14 @@ def test_gpu_paths_table_compares_with_eager(paths: ModuleType) -> None:
             (_case(paths, "train-amp-bs256-ddp"), paths.Outcome(note="skipped: 1 GPU")),
         ]
     )
+    four = paths.Outcome(3600.0, 3600.0, env={"world_size": 4})
+    ddp = paths.table_rows(
+        [
+            (_case(paths, "train-amp-bs256"), paths.Outcome(1000.0, 1000.0)),
+            (_case(paths, "train-amp-bs256-ddp"), four),
+        ]
+    )
+    assert ddp[1][5] == "0.900"  # per GPU: the scaling efficiency
     by = {r[0]: r for r in rows}
     assert by["train-amp-bs256"][5] == "-"
     assert by["train-amp-bs256-graphs"][5] == "1.100"
@@ -209,3 +235,11 @@ def test_gpu_paths_cpu_smoke(
     assert rows["infer-amp-bs1"].rstrip().endswith("ok")
     assert "skipped: needs CUDA" in rows["infer-amp-bs1-graphs"]
     assert "resnet18, 32 px" in out.splitlines()[0]
+    # a timeout stops torchrun and both of its ranks (sessions of their own), not only torchrun
+    command = paths.command
+    endless = ["--iterations", "1000000"]  # the last --iterations wins
+    monkeypatch.setattr(paths, "command", lambda *a: [*command(*a), *endless])
+    assert paths.main(["--allow-cpu", "--cases", "train-amp-bs256-ddp", "--timeout", "8"]) == 1
+    assert "timed out after 8 s" in capsys.readouterr().out
+    left = subprocess.run(["pgrep", "-f", "gpu-paths-"], capture_output=True, text=True).stdout
+    assert left == "", left
