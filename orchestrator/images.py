@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -184,13 +186,34 @@ def load_template(name: str) -> Template:
             f"unknown image template {name!r}; known: {', '.join(names) or '(none)'}",
             file=str(IMAGES_DIR),
         )
-    # every template's files: a child inherits variables from its parent's manifest
-    stamps = tuple(
-        (str(p), p.stat().st_mtime_ns, p.stat().st_size)
-        for p in sorted(IMAGES_DIR.glob("*/*"))
-        if p.is_file()
-    )
-    return _load_template(name, IMAGES_DIR / name, stamps)
+    loading: list[str] = _loading.__dict__.setdefault("names", [])
+    if name in loading:
+        chain = " -> ".join([*loading, name])
+        where = str(IMAGES_DIR / name / "template.toml")
+        raise ConfigError([Problem(where, "parent.template", f"cycle: {chain}")])
+    loading.append(name)
+    try:
+        return _load_template(name, IMAGES_DIR / name, _stamps(IMAGES_DIR))
+    finally:
+        loading.pop()
+
+
+#: Templates being loaded on each thread's call stack (a parent cycle would never end).
+_loading = threading.local()
+
+
+def _stamps(root: Path) -> tuple[tuple[str, int, int], ...]:
+    """(path, mtime, size) of every file under ``root``: a change anywhere (a child inherits
+    from its parent's manifest) loads the templates again."""
+    out = []
+    for path in sorted(root.rglob("*")):
+        try:
+            st = path.stat()
+        except OSError:  # gone since the listing (an editor's temporary file)
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append((str(path), st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=64)
@@ -211,7 +234,7 @@ def _load_template(name: str, directory: Path, stamps: tuple[Any, ...]) -> Templ
 def _inherit(manifest: Manifest, parent: Parent, where: str) -> Manifest:
     """The manifest with the forwarded variables it does not declare taken from the parent."""
     if parent.template not in template_names():
-        raise ConfigError(Problem(where, "parent.template", f"no template {parent.template!r}"))
+        raise ConfigError([Problem(where, "parent.template", f"no template {parent.template!r}")])
     declared = load_template(parent.template).variables
     inherited: dict[str, Variable] = {}
     problems = []

@@ -490,14 +490,18 @@ class SshHost:
                     tar.extract(member, local_dir, filter="data")
                     count += member.isfile()
         except (tarfile.TarError, OSError, paramiko.SSHException, EOFError) as exc:
-            # tar's own complaint (no such folder) explains an empty stream best
-            why = (_read_stderr(channel) if channel.exit_status_ready() else "") or str(exc)
+            # tar's own complaint (no such folder) explains an empty stream best; its exit
+            # status may arrive just after the end of the stream
+            ended = channel.status_event.wait(2.0)
+            why = (_read_stderr(channel) if ended else "") or str(exc)
             channel.close()
             raise HostError(f"{failed}: {why}") from None
         code = channel.recv_exit_status()
         err = _read_stderr(channel)
         channel.close()
-        if code != 0:
+        if code == 1:  # GNU tar: some file changed while read; what was read arrived
+            log.warning("%s: tar of %s: %s", self.name, remote_dir, err or "exit status 1")
+        elif code != 0:
             raise HostError(f"{failed}: {err or f'tar exited with {code}'}")
         return count
 

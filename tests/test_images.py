@@ -272,3 +272,21 @@ def test_child_inherits_forwarded_variables_from_its_parent(
     assert [(p.field, p.message) for p in err.value.problems] == [
         ("parent.forward", "base declares no 'tga'")
     ]
+
+
+def test_parent_cycle_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    for name, other in (("a", "b"), ("b", "a")):
+        _write_template(
+            tmp_path,
+            name,
+            "FROM {{ base }}\n",
+            'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "{{ p }}"\n'
+            f'[parent]\ntemplate = "{other}"\nvariable = "p"\n'
+            '[variables.p]\ntype = "str"\ndefault = ""\n',
+        )
+    with pytest.raises(ConfigError, match=r"parent.template: cycle: a -> b -> a"):
+        images.load_template("a")
+    (tmp_path / "b" / "template.toml").unlink()  # b is no template any more
+    with pytest.raises(ConfigError, match=r"parent.template: no template 'b'"):
+        images.load_template("a")

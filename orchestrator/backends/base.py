@@ -160,6 +160,7 @@ class Backend(ABC):
             "backend": self.name,
             "image": spec.image,
             "gpu_ids": list(spec.gpu_ids),
+            "attempt": spec.attempt,
             "orchestrate_version": __version__,
             "git_revision": git_revision(),
         }

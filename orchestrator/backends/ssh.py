@@ -243,7 +243,9 @@ class RemoteExecution(Execution):
         self._reachable = reachable
         self._local = [DockerExecution(n.container) for n in nodes]
         self._lost: dict[str, str] = {}
-        self._answered: set[str] = set()  # hosts probed after their wait broke, and alive
+        # Hosts probed after their wait broke, and alive: not probed again for the result. (One
+        # that dies between the two ends the cell failed, not host_lost: it is not retried.)
+        self._answered: set[str] = set()
         self._killed = False
         self._done = threading.Event()
         self._watch = threading.Thread(target=self._watch_nodes, daemon=True,
