@@ -331,10 +331,12 @@ class _FakeEvent:
 
     created = 0
     clock = 0.0
+    instances: list[_FakeEvent] = []
 
     def __init__(self, enable_timing: bool = False) -> None:
         assert enable_timing
         type(self).created += 1
+        type(self).instances.append(self)
         self.at: float | None = None
 
     def record(self) -> None:
@@ -354,9 +356,11 @@ def test_cuda_event_timer_creates_its_events_before_the_window(
 ) -> None:
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    _FakeEvent.created = 0
+    _FakeEvent.created, _FakeEvent.instances = 0, []
     timer = CudaEventTimer(iterations=3)
     assert _FakeEvent.created == 7
+    # each recorded once already: torch creates the CUDA event at its first record
+    assert all(e.at is not None for e in _FakeEvent.instances)
     timer.start()
     for _ in range(3):
         timer.ready()
