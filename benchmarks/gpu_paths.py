@@ -14,7 +14,7 @@ runs each of them as ``python -m workload`` on the GPU(s) of this machine and pr
   really on, the decoder really nvJPEG, telemetry samples in the window, a profiler trace
   written, ...).  A failed check or a failed run makes the exit status 1.
 
-    python benchmarks/gpu_paths.py                     # all cases (about 6 minutes on one H100)
+    python benchmarks/gpu_paths.py                     # all cases (split with --cases if needed)
     python benchmarks/gpu_paths.py --cases train-amp-bs256 train-amp-bs256-graphs
     python benchmarks/gpu_paths.py --json gpu_paths.json
     python benchmarks/gpu_paths.py --allow-cpu         # plumbing smoke without a GPU
