@@ -28,11 +28,8 @@ that can run on a CPU (tiny model, fp32, gloo DDP) to check the script itself.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -40,7 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
+
+from benchmarks.common import fmt, gpu_count, run_workload, table  # noqa: E402
+from workload.make_dataset import make_dataset  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -245,53 +245,11 @@ def evaluate(case: Case, summary: dict[str, Any], output_dir: Path, setup: Setup
 
 def run_case(case: Case, setup: Setup, output_dir: Path, timeout: int) -> Outcome:
     """Run one case and evaluate it."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if case.decoder:
-        env["WORKLOAD_DECODER"] = case.decoder
-    # its own session: a timeout stops torchrun's ranks and compile workers too
-    proc = subprocess.Popen(
-        command(case, setup, output_dir), cwd=REPO, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        return Outcome(failed=["run"], note=f"timed out after {timeout} s")
-    lines = json_lines(stdout)
-    if proc.returncode != 0 or not lines or lines[-1].get("type") != "summary":
-        message = (lines[-1].get("message") if lines else None) or stderr.strip()[-300:]
-        return Outcome(failed=["run"], note=f"rc {proc.returncode}: {message}")
-    return evaluate(case, lines[-1], output_dir, setup)
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM first: torchrun then stops its ranks, which run in sessions of their own and
-    would outlive a SIGKILL of torchrun's group; SIGKILL after 15 s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.communicate(timeout=15)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def json_lines(text: str) -> list[dict[str, Any]]:
-    """The workload's JSON lines; anything else (a library's print, a torn line) is skipped."""
-    out = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            with contextlib.suppress(json.JSONDecodeError):
-                obj = json.loads(line)
-                if isinstance(obj, dict):
-                    out.append(obj)
-    return out
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
+    env = {"WORKLOAD_DECODER": case.decoder} if case.decoder else None
+    run = run_workload(command(case, setup, output_dir), timeout=timeout, env=env)
+    if run.summary is None:
+        return Outcome(failed=["run"], note=run.failure(timeout))
+    return evaluate(case, run.summary, output_dir, setup)
 
 
 def table_rows(results: list[tuple[Case, Outcome]]) -> list[list[str]]:
@@ -309,24 +267,17 @@ def table_rows(results: list[tuple[Case, Outcome]]) -> list[list[str]]:
         else:
             vs = None
         ratio = out.total_ips / out.compute_ips if out.total_ips and out.compute_ips else None
-        lat = f"{_fmt(out.p50_ms, 2)} / {_fmt(out.p99_ms, 2)}" if case.latency else ""
+        lat = f"{fmt(out.p50_ms, 2)} / {fmt(out.p99_ms, 2)}" if case.latency else ""
         checks = "ok" if not out.failed else "FAILED: " + "; ".join(out.failed)
         if out.note:
             checks = f"{checks} ({out.note})" if out.failed else out.note
-        rows.append([case.name, _fmt(out.total_ips), _fmt(out.compute_ips), _fmt(ratio, 2), lat,
-                     _fmt(vs, 3), checks])  # fmt: skip
+        rows.append([case.name, fmt(out.total_ips), fmt(out.compute_ips), fmt(ratio, 2), lat,
+                     fmt(vs, 3), checks])  # fmt: skip
     return rows
 
 
-def render(rows: list[list[str]]) -> str:
-    """A plain-text table (no third-party dependency on the GPU machine)."""
-    header = ["case", "total img/s", "compute img/s", "total/compute", "p50/p99 ms",
-              "vs eager", "checks"]  # fmt: skip
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
-           "  ".join("-" * w for w in widths)]  # fmt: skip
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(out)
+HEADER = ("case", "total img/s", "compute img/s", "total/compute", "p50/p99 ms", "vs eager",
+          "checks")  # fmt: skip
 
 
 def describe(setup: Setup, results: list[tuple[Case, Outcome]]) -> str:
@@ -342,14 +293,6 @@ def describe(setup: Setup, results: list[tuple[Case, Outcome]]) -> str:
         f"measured iterations; {where}; torch {env.get('torch_version')}, "
         f"CUDA {env.get('cuda_version')}, cuDNN {env.get('cudnn_version')}"
     )
-
-
-def _gpu_count() -> int:
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -369,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--allow-cpu", action="store_true", help="without a GPU, a tiny CPU smoke")
     args = p.parse_args(argv)
 
-    gpus = _gpu_count()
+    gpus = gpu_count()
     if not gpus and not args.allow_cpu:
         print("no CUDA GPU visible: run this on a GPU machine, or pass --allow-cpu for a "
               "CPU smoke of the script", file=sys.stderr)  # fmt: skip
@@ -383,9 +326,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             setup = Setup(args.python, "cpu", "resnet18", 32, 2, 1, 0, 1)
         if any(c.decoder for c in cases):
-            sys.path.insert(0, str(REPO))
-            from workload.make_dataset import make_dataset
-
             classes = 8
             per_class = max(1, (args.images if gpus else 16) // classes)
             size = 320 if gpus else 48
@@ -401,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"running {case.name} ...", file=sys.stderr, flush=True)
             results.append((case, run_case(case, setup, root / case.name, args.timeout)))
     print(describe(setup, results))
-    print(render(table_rows(results)))
+    print(table(HEADER, table_rows(results)))
     if args.json:
         Path(args.json).write_text(
             json.dumps([{"case": c.name, **o.__dict__} for c, o in results], indent=2)

@@ -45,7 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
+
+from benchmarks.common import fmt, gpu_count, run_workload, table  # noqa: E402
+from orchestrator.results import parse_metric_lines  # noqa: E402
+
+# The rules of workload/metrics.py itself (stdlib only), so both sides are measured alike by
+# construction: nearest-rank percentiles, throughput = batch x iterations / total time.
+from workload.metrics import images_per_second as throughput  # noqa: E402
+from workload.metrics import percentile as nearest_percentile  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -78,14 +86,6 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# ---- measurement rule shared by both sides ----------------------------------------------------
-
-
-# The rules of workload/metrics.py itself (stdlib only), so both sides are measured alike by
-# construction: nearest-rank percentiles, throughput = batch x iterations / total time.
-from workload.metrics import images_per_second as throughput  # noqa: E402
-from workload.metrics import percentile as nearest_percentile  # noqa: E402
-
 # ---- DeepLearningExamples ---------------------------------------------------------------------
 
 _STDOUT_METRIC = re.compile(r"((?:train|val)\.[\w]+)\s*:\s*([-+0-9.eE]+)")
@@ -97,21 +97,14 @@ def parse_dllogger(text: str) -> list[dict[str, Any]]:
     Each record is ``{"step": [...], "data": {...}}``; parameter and summary lines (whose step
     is ``"PARAMETER"`` or ``[]``/``[epoch]``) are skipped.
     """
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("DLLL "):
-            line = line[5:]
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        step = obj.get("step")
-        if isinstance(step, list) and len(step) >= 2 and isinstance(obj.get("data"), dict):
-            out.append({"step": step, "data": obj["data"]})
-    return out
+    lines = "\n".join(line.strip().removeprefix("DLLL ") for line in text.splitlines())
+    return [
+        {"step": obj["step"], "data": obj["data"]}
+        for obj in parse_metric_lines(lines)
+        if isinstance(obj.get("step"), list)
+        and len(obj["step"]) >= 2
+        and isinstance(obj.get("data"), dict)
+    ]
 
 
 def parse_dle_stdout(text: str) -> list[dict[str, Any]]:
@@ -265,20 +258,14 @@ def ours_outcome(summary: dict[str, Any], case: Case) -> Outcome:
 
 
 def run_ours(cmd: list[str], case: Case, timeout: int) -> Outcome:
-    """Run our workload and parse its JSON lines."""
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
-    if proc.returncode != 0 or not lines or lines[-1].get("type") != "summary":
-        message = lines[-1].get("message") if lines else proc.stderr.strip()[-300:]
-        return Outcome(note=f"ours failed (rc {proc.returncode}): {message}")
-    return ours_outcome(lines[-1], case)
+    """Run our workload and read its summary line."""
+    run = run_workload(cmd, timeout=timeout)
+    if run.summary is None:
+        return Outcome(note=f"ours failed ({run.failure(timeout)})")
+    return ours_outcome(run.summary, case)
 
 
 # ---- report -----------------------------------------------------------------------------------
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def table_rows(results: list[tuple[Case, Outcome, Outcome]]) -> list[list[str]]:
@@ -287,32 +274,17 @@ def table_rows(results: list[tuple[Case, Outcome, Outcome]]) -> list[list[str]]:
     for case, ours, theirs in results:
         notes = "; ".join(n for n in (ours.note, theirs.note) if n)
         if case.latency:
-            o = f"p50 {_fmt(ours.p50_ms, 2)} / p99 {_fmt(ours.p99_ms, 2)} ms"
-            t = f"p50 {_fmt(theirs.p50_ms, 2)} / p99 {_fmt(theirs.p99_ms, 2)} ms"
+            o = f"p50 {fmt(ours.p50_ms, 2)} / p99 {fmt(ours.p99_ms, 2)} ms"
+            t = f"p50 {fmt(theirs.p50_ms, 2)} / p99 {fmt(theirs.p99_ms, 2)} ms"
             ratio = (theirs.p50_ms / ours.p50_ms) if ours.p50_ms and theirs.p50_ms else None
         else:
-            o, t = _fmt(ours.ips), _fmt(theirs.ips)
+            o, t = fmt(ours.ips), fmt(theirs.ips)
             ratio = (ours.ips / theirs.ips) if ours.ips and theirs.ips else None
-        rows.append([case.name, o, t, _fmt(ratio, 3), notes])
+        rows.append([case.name, o, t, fmt(ratio, 3), notes])
     return rows
 
 
-def render(rows: list[list[str]]) -> str:
-    """A plain-text table (no third-party dependency on the GPU machine)."""
-    header = ["case", "ours img/s", "DLE img/s", "ours/DLE", "notes"]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = "  ".join("-" * w for w in widths)
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), line]
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(out)
-
-
-def _gpu_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+HEADER = ("case", "ours img/s", "DLE img/s", "ours/DLE", "notes")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -341,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
 
-    gpu = _gpu_available()
+    gpu = gpu_count() > 0
     if not gpu and not args.allow_cpu:
         print(
             "no CUDA GPU visible: this benchmark compares GPU throughput. Run it on a GPU "
@@ -393,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 theirs = Outcome(note="DLE not run")
             results.append((case, ours, theirs))
-    print(render(table_rows(results)))
+    print(table(HEADER, table_rows(results)))
     if args.json:
         Path(args.json).write_text(
             json.dumps(

@@ -99,14 +99,14 @@ def test_table(bench: ModuleType) -> None:
     )
     assert rows[0][:4] == ["train-amp-bs256", "2,000.0", "1,000.0", "2.000"]
     assert rows[1][3] == "-" and "DLE not run" in rows[1][4]
-    assert "ours/DLE" in bench.render(rows)
+    assert "ours/DLE" in bench.table(bench.HEADER, rows)
 
 
 def test_without_gpu_exits_with_message(
     bench: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Pretend there is no GPU even on a GPU machine: this test must not run the benchmark.
-    monkeypatch.setattr(bench, "_gpu_available", lambda: False)
+    monkeypatch.setattr(bench, "gpu_count", lambda: 0)
     assert bench.main([]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
 
@@ -188,9 +188,18 @@ def test_gpu_paths_checks(paths: ModuleType, tmp_path: Path) -> None:
     assert paths.evaluate(_case(paths, "train-amp-bs256"), bare, tmp_path, gpu).failed == []
 
 
-def test_gpu_paths_reads_only_whole_json_lines(paths: ModuleType) -> None:
-    text = '{"type": "meta"}\n{"type": "iter", "da\nplain text\n{1: 2}\n[1]\n{"type": "summary"}\n'
-    assert paths.json_lines(text) == [{"type": "meta"}, {"type": "summary"}]
+def test_run_workload_reads_only_whole_json_lines_and_stops_at_the_timeout(
+    paths: ModuleType,
+) -> None:
+    from benchmarks.common import run_workload
+
+    out = '{"type": "meta"}\n{"type": "iter", "da\nplain text\n{1: 2}\n{"type": "summary"}\n'
+    run = run_workload([sys.executable, "-c", f"print({out!r}, end='')"], timeout=60)
+    assert run.lines == [{"type": "meta"}, {"type": "summary"}]
+    assert run.summary == {"type": "summary"}
+    slow = run_workload([sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)
+    assert slow.timed_out and slow.summary is None
+    assert slow.failure(1) == "timed out after 1 s"
 
 
 def test_gpu_paths_table_compares_with_eager(paths: ModuleType) -> None:
@@ -218,14 +227,14 @@ def test_gpu_paths_table_compares_with_eager(paths: ModuleType) -> None:
     assert by["train-amp-bs256-jpeg-cpu"][3:6] == ["0.50", "", "0.500"]
     assert by["infer-amp-bs1-graphs"][4:6] == ["1.00 / 1.50", "2.000"]
     assert by["train-amp-bs256-ddp"][6] == "skipped: 1 GPU"
-    assert "vs eager" in paths.render(rows)
+    assert "vs eager" in paths.table(paths.HEADER, rows)
 
 
 @pytest.mark.slow
 def test_gpu_paths_cpu_smoke(
     paths: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(paths, "_gpu_count", lambda: 0)  # the CPU path even on a GPU machine
+    monkeypatch.setattr(paths, "gpu_count", lambda: 0)  # the CPU path even on a GPU machine
     assert paths.main(["--cases", "infer-amp-bs1"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
     status = paths.main(["--allow-cpu", "--cases", "infer-amp-bs1", "infer-amp-bs1-graphs"])

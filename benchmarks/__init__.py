@@ -1,0 +1,1 @@
+"""Benchmark scripts (run as ``python benchmarks/NAME.py`` from a checkout)."""
