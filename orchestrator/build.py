@@ -99,14 +99,14 @@ def plan_image(
     the forwarded variables) and its content-hash tag becomes this image's base.
     """
     template = images.load_template(name)
-    resolved = images.resolve_vars(name, values)
+    resolved = template.resolve(values)
     parent_plan: ImagePlan | None = None
     if template.parent and not resolved.get(template.parent.variable):
         forwarded = {k: resolved[k] for k in template.parent.forward}
         parent_plan = plan_image(template.parent.template, forwarded, workload_dir=workload_dir)
         resolved[template.parent.variable] = parent_plan.tag
-    base = images.base_image_ref(name, resolved)
-    files = images.context_files(name, resolved, workload_dir=workload_dir)
+    base = template.base_ref(resolved)
+    files = template.files(resolved, workload_dir=workload_dir)
     # File variables are hashed by their bytes (in ``files``) and context name, not host path.
     digest = content_hash(name, files)
     tag = f"{TAG_PREFIX}/{name}:{digest[:HASH_LENGTH]}"

@@ -19,8 +19,9 @@ Each template directory holds a ``template.toml`` manifest and the template file
     description = "..."
     file = false                   # true: the value is a host path copied into the build context
 
-Rendering is pure (:func:`render_text`); :func:`render_context` also writes the build context
-(the rendered file, the repository's ``workload/`` and any file variables).
+A loaded :class:`Template` resolves values, renders and lists its build context (the rendered
+file, the repository's ``workload/`` and any file variables); the module functions taking a
+template name do the same for one call. :func:`write_context` writes a context to disk.
 """
 
 from __future__ import annotations
@@ -167,6 +168,116 @@ class Template:
             for n, v in self.variables.items()
         }
 
+    def check(self, values: dict[str, Any]) -> list[str]:
+        """One message per unknown variable or value of the wrong type in ``values``."""
+        known = ", ".join(sorted(self.variables))
+        messages: list[str] = []
+        for key, value in values.items():
+            var = self.variables.get(key)
+            if var is None:
+                messages.append(
+                    f"unknown template variable {key!r} for {self.name}; known: {known}"
+                )
+                continue
+            problem = _type_problem(value, var.type)
+            if problem:
+                messages.append(f"template variable {key!r} for {self.name}: {problem}")
+        return messages
+
+    def coerce(self, assignments: list[str]) -> dict[str, Any]:
+        """Parse ``--set KEY=VALUE`` strings by each variable's declared type.
+
+        ``bool`` takes true/false/yes/no/1/0/on/off; ``list`` takes comma-separated items (an
+        empty value is an empty list). Every problem is reported at once as a ConfigError.
+        """
+        known = ", ".join(sorted(self.variables))
+        values: dict[str, Any] = {}
+        problems: list[Problem] = []
+        for item in assignments:
+            key, sep, text = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                problems.append(Problem("--set", item, "expected KEY=VALUE"))
+                continue
+            var = self.variables.get(key)
+            if var is None:
+                message = f"unknown template variable for {self.name}; known: {known}"
+                problems.append(Problem("--set", key, message))
+                continue
+            try:
+                values[key] = _coerce(text, var.type)
+            except ValueError as exc:
+                problems.append(Problem("--set", key, str(exc)))
+        if problems:
+            raise ConfigError(problems)
+        return values
+
+    def resolve(self, values: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The defaults overlaid with ``values``; ConfigError on unknown or mistyped values."""
+        values = dict(values or {})
+        messages = self.check(values)
+        if messages:
+            raise ConfigError([Problem(f"images/{self.name}", "variables", m) for m in messages])
+        resolved = self.defaults()
+        resolved.update({k: list(v) if isinstance(v, tuple) else v for k, v in values.items()})
+        return resolved
+
+    def base_ref(self, resolved: dict[str, Any]) -> str:
+        """The image this template builds FROM, for resolved values."""
+        ref = _render_string(self, self.base, resolved, "'base'").strip()
+        if not ref:
+            hint = ""
+            if self.parent:
+                hint = f" (set {self.parent.variable}, or let the build resolve the parent image)"
+            raise BuildError(f"template {self.name}: empty base image reference{hint}")
+        return ref
+
+    def context(self, resolved: dict[str, Any]) -> dict[str, Any]:
+        """Everything the template sees: resolved variables, ``base`` and ``template_name``.
+
+        File variables are replaced by the file's name inside the build context.
+        """
+        context = dict(resolved)
+        for vname, var in self.variables.items():
+            if var.file:
+                context[vname] = _file_context_name(resolved[vname])
+        context["template_name"] = self.name
+        context["base"] = self.base_ref(resolved)
+        return context
+
+    def render(self, resolved: dict[str, Any]) -> str:
+        """The rendered Dockerfile / definition for resolved values."""
+        return _render_string(self, self.text, self.context(resolved), self.template_file)
+
+    def files(
+        self, resolved: dict[str, Any], *, workload_dir: Path | None = None
+    ) -> dict[str, bytes]:
+        """Every file of the build context, relative path -> bytes, sorted by path.
+
+        The rendered Dockerfile/definition, ``workload/**`` (without caches) and file
+        variables. A missing workload directory or file variable is a ConfigError.
+        """
+        workload = Path(workload_dir) if workload_dir is not None else WORKLOAD_DIR
+        if not workload.is_dir():
+            raise ConfigError("workload directory does not exist", file=str(workload))
+        files: dict[str, bytes] = {self.output_name: self.render(resolved).encode()}
+        for path in _iter_tree(workload):
+            files[f"workload/{path.relative_to(workload).as_posix()}"] = path.read_bytes()
+        problems = []
+        for vname, var in self.variables.items():
+            if not var.file:
+                continue
+            source = Path(resolved[vname]).expanduser()
+            if not source.is_file():
+                problems.append(
+                    Problem("--set", vname, f"file {str(source)!r} not found ({var.description})")
+                )
+                continue
+            files[_file_context_name(resolved[vname])] = source.read_bytes()
+        if problems:
+            raise ConfigError(problems)
+        return dict(sorted(files.items()))
+
 
 def template_names() -> list[str]:
     """Names of the templates available under :data:`IMAGES_DIR`, sorted."""
@@ -271,49 +382,43 @@ def _type_problem(value: Any, vtype: str) -> str:
 
 def check_vars(name: str, values: dict[str, Any]) -> list[str]:
     """Check ``values`` against template ``name``: one message per unknown variable or bad type."""
-    template = load_template(name)
-    known = ", ".join(sorted(template.variables))
-    messages: list[str] = []
-    for key, value in values.items():
-        var = template.variables.get(key)
-        if var is None:
-            messages.append(f"unknown template variable {key!r} for {name}; known: {known}")
-            continue
-        problem = _type_problem(value, var.type)
-        if problem:
-            messages.append(f"template variable {key!r} for {name}: {problem}")
-    return messages
+    return load_template(name).check(values)
 
 
 def coerce_set(name: str, assignments: list[str]) -> dict[str, Any]:
-    """Parse ``--set KEY=VALUE`` strings by each variable's declared type.
+    """Parse ``--set KEY=VALUE`` strings by template ``name``'s declared types."""
+    return load_template(name).coerce(assignments)
 
-    ``bool`` takes true/false/yes/no/1/0/on/off; ``list`` takes comma-separated items (an empty
-    value is an empty list). Every problem is reported at once as a :class:`ConfigError`.
-    """
+
+def resolve_vars(name: str, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Defaults of template ``name`` overlaid with ``values``; raises ConfigError on bad values."""
+    return load_template(name).resolve(values)
+
+
+def template_context(name: str, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything template ``name`` sees (see :meth:`Template.context`)."""
     template = load_template(name)
-    known = ", ".join(sorted(template.variables))
-    values: dict[str, Any] = {}
-    problems: list[Problem] = []
-    for item in assignments:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            problems.append(Problem("--set", item, "expected KEY=VALUE"))
-            continue
-        var = template.variables.get(key)
-        if var is None:
-            problems.append(
-                Problem("--set", key, f"unknown template variable for {name}; known: {known}")
-            )
-            continue
-        try:
-            values[key] = _coerce(text, var.type)
-        except ValueError as exc:
-            problems.append(Problem("--set", key, str(exc)))
-    if problems:
-        raise ConfigError(problems)
-    return values
+    return template.context(template.resolve(values))
+
+
+def base_image_ref(name: str, values: dict[str, Any] | None = None) -> str:
+    """The image template ``name`` builds FROM, for the given (unresolved or resolved) values."""
+    template = load_template(name)
+    return template.base_ref(template.resolve(values))
+
+
+def render_text(name: str, values: dict[str, Any] | None = None) -> str:
+    """Render template ``name`` with ``values`` over its defaults. Pure: text in, text out."""
+    template = load_template(name)
+    return template.render(template.resolve(values))
+
+
+def context_files(
+    name: str, values: dict[str, Any] | None = None, *, workload_dir: Path | None = None
+) -> dict[str, bytes]:
+    """Every file of template ``name``'s build context (see :meth:`Template.files`)."""
+    template = load_template(name)
+    return template.files(template.resolve(values), workload_dir=workload_dir)
 
 
 def _coerce(text: str, vtype: str) -> Any:
@@ -332,18 +437,6 @@ def _coerce(text: str, vtype: str) -> Any:
     if vtype == "list":
         return [part.strip() for part in text.split(",") if part.strip()]
     return text
-
-
-def resolve_vars(name: str, values: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Defaults of template ``name`` overlaid with ``values``; raises ConfigError on bad values."""
-    template = load_template(name)
-    values = dict(values or {})
-    messages = check_vars(name, values)
-    if messages:
-        raise ConfigError([Problem(f"images/{name}", "variables", m) for m in messages])
-    resolved = template.defaults()
-    resolved.update({k: list(v) if isinstance(v, tuple) else v for k, v in values.items()})
-    return resolved
 
 
 @functools.cache
@@ -378,42 +471,6 @@ def _file_context_name(path_value: str) -> str:
     return Path(path_value).name
 
 
-def template_context(name: str, values: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything the template sees: resolved variables, ``base`` and ``template_name``.
-
-    File variables are replaced by the file's name inside the build context.
-    """
-    template = load_template(name)
-    resolved = resolve_vars(name, values)
-    context = dict(resolved)
-    for vname, var in template.variables.items():
-        if var.file:
-            context[vname] = _file_context_name(resolved[vname])
-    context["template_name"] = name
-    context["base"] = base_image_ref(name, resolved).strip()
-    return context
-
-
-def base_image_ref(name: str, values: dict[str, Any] | None = None) -> str:
-    """The image template ``name`` builds FROM, for the given (unresolved or resolved) values."""
-    template = load_template(name)
-    resolved = resolve_vars(name, values)
-    ref = _render_string(template, template.base, resolved, "'base'").strip()
-    if not ref:
-        hint = ""
-        if template.parent:
-            hint = f" (set {template.parent.variable}, or let the build resolve the parent image)"
-        raise BuildError(f"template {name}: empty base image reference{hint}")
-    return ref
-
-
-def render_text(name: str, values: dict[str, Any] | None = None) -> str:
-    """Render template ``name`` with ``values`` over its defaults. Pure: text in, text out."""
-    template = load_template(name)
-    context = template_context(name, values)
-    return _render_string(template, template.text, context, template.template_file)
-
-
 def _iter_tree(root: Path) -> list[Path]:
     files = []
     for path in sorted(root.rglob("*")):
@@ -423,53 +480,6 @@ def _iter_tree(root: Path) -> list[Path]:
         if path.is_file():
             files.append(path)
     return files
-
-
-def context_files(
-    name: str, values: dict[str, Any] | None = None, *, workload_dir: Path | None = None
-) -> dict[str, bytes]:
-    """Every file of the build context, relative path -> bytes, sorted by path.
-
-    The rendered Dockerfile/definition, ``workload/**`` (without caches) and file variables.
-    A missing workload directory or file variable is a :class:`ConfigError`.
-    """
-    template = load_template(name)
-    resolved = resolve_vars(name, values)
-    workload = Path(workload_dir) if workload_dir is not None else WORKLOAD_DIR
-    if not workload.is_dir():
-        raise ConfigError("workload directory does not exist", file=str(workload))
-    files: dict[str, bytes] = {template.output_name: render_text(name, values).encode()}
-    for path in _iter_tree(workload):
-        rel = path.relative_to(workload).as_posix()
-        files[f"workload/{rel}"] = path.read_bytes()
-    problems = []
-    for vname, var in template.variables.items():
-        if not var.file:
-            continue
-        source = Path(resolved[vname]).expanduser()
-        if not source.is_file():
-            problems.append(
-                Problem("--set", vname, f"file {str(source)!r} not found ({var.description})")
-            )
-            continue
-        files[_file_context_name(resolved[vname])] = source.read_bytes()
-    if problems:
-        raise ConfigError(problems)
-    return dict(sorted(files.items()))
-
-
-def render_context(
-    name: str,
-    values: dict[str, Any] | None,
-    out_dir: Path | str,
-    *,
-    workload_dir: Path | None = None,
-) -> Path:
-    """Write the build context of template ``name`` into ``out_dir``; return the rendered file."""
-    files = context_files(name, values, workload_dir=workload_dir)
-    write_context(files, out_dir)
-    log.debug("rendered %s into %s (%d files)", name, out_dir, len(files))
-    return Path(out_dir) / load_template(name).output_name
 
 
 def write_context(files: dict[str, bytes], out_dir: Path | str) -> None:

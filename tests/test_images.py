@@ -188,6 +188,14 @@ def test_bitfusion_without_parent_needs_the_plan() -> None:
         images.render_text("bitfusion")
 
 
+def render_context(
+    name: str, values: dict[str, object], out: Path, *, workload_dir: Path
+) -> Path:
+    """Write template ``name``'s build context to ``out``; the rendered file's path."""
+    images.write_context(images.context_files(name, values, workload_dir=workload_dir), out)
+    return out / images.load_template(name).output_name
+
+
 def test_render_context_writes_dockerfile_workload_and_files(tmp_path: Path) -> None:
     workload = tmp_path / "wl"
     (workload / "sub").mkdir(parents=True)
@@ -200,7 +208,7 @@ def test_render_context_writes_dockerfile_workload_and_files(tmp_path: Path) -> 
     cert = tmp_path / "ca.pem"
     cert.write_text("cert")
     out = tmp_path / "ctx"
-    rendered = images.render_context(
+    rendered = render_context(
         "bitfusion",
         {"parent_image": PARENT, "client_deb": str(deb), "ca_cert": str(cert)},
         out,
@@ -221,7 +229,7 @@ def test_render_context_writes_dockerfile_workload_and_files(tmp_path: Path) -> 
 
 def test_render_context_missing_file_variable(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
-        images.render_context(
+        render_context(
             "bitfusion",
             {"parent_image": PARENT, "client_deb": str(tmp_path / "nope.deb")},
             tmp_path / "ctx",
@@ -234,7 +242,7 @@ def test_render_context_missing_file_variable(tmp_path: Path) -> None:
 def test_singularity_context_is_a_def_file(tmp_path: Path) -> None:
     (tmp_path / "wl").mkdir()
     (tmp_path / "wl" / "__init__.py").write_text("")
-    rendered = images.render_context(
+    rendered = render_context(
         "singularity", {}, tmp_path / "ctx", workload_dir=tmp_path / "wl"
     )
     assert rendered.name == "Singularity.def"

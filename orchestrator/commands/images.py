@@ -131,7 +131,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     for node in build.plan_chain(plan)[:-1]:
         Console(stderr=True).print(f"[dim]parent image: {node.tag} ({node.template})[/dim]")
     images.write_context(plan.files, args.out)
-    rendered = args.out / images.load_template(args.name).output_name
+    rendered = args.out / images.KINDS[plan.kind]
     Console().print(f"wrote {rendered} (tag would be {plan.tag})")
     return 0
 
