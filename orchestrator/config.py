@@ -283,13 +283,17 @@ def problems_from_validation(
 
 def read_toml(path: Path) -> dict[str, Any]:
     """Read a TOML file; a missing or malformed file is a :class:`ConfigError`."""
+    return parse_toml(read_config_text(path), str(path))
+
+
+def read_config_text(path: Path) -> str:
+    """A config file's text; a missing or unreadable file is a :class:`ConfigError`."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"no such file (looked at {path.resolve()})", file=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
-    return parse_toml(text, str(path))
 
 
 def parse_toml(text: str, file: str) -> dict[str, Any]:
@@ -300,11 +304,13 @@ def parse_toml(text: str, file: str) -> dict[str, Any]:
         raise ConfigError(f"malformed TOML: {exc}", file=file) from None
 
 
-def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any]]:
-    """Validate a matrix file's structure and types. Returns the model and the raw TOML."""
-    raw = read_toml(path)
+def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any], str]:
+    """Validate a matrix file's structure and types. Returns the model, the raw TOML and the
+    text it was parsed from (saved with each run)."""
+    text = read_config_text(path)
+    raw = parse_toml(text, str(path))
     try:
-        return MatrixFile.model_validate(raw), raw
+        return MatrixFile.model_validate(raw), raw, text
     except ValidationError as exc:
         problems = problems_from_validation(str(path), exc)
         problems += hardware_reference_problems(raw, str(path), problems)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
@@ -27,14 +26,6 @@ class Trend:
     reference: float | None = None
     change: float | None = None  # latest / reference - 1
     regression: bool = False
-
-
-def runs_of(results_root: Path, matrix_name: str) -> list[RunPaths]:
-    """Every finished-or-not run of a matrix, oldest first (run ids sort by time)."""
-    base = Path(results_root) / matrix_name
-    if not base.is_dir():
-        return []
-    return [RunPaths(p) for p in sorted(base.iterdir()) if (p / "plan.json").exists()]
 
 
 def trends(runs: Sequence[RunPaths], window: int = 5, threshold: float = 0.05) -> list[Trend]:

@@ -321,7 +321,7 @@ def load_matrix(path: str | Path) -> Matrix:
     """Load, validate and expand a matrix file. Raises :class:`ConfigError` with every problem."""
     path = Path(path)
     file = str(path)
-    mf, raw = parse_matrix_file(path)
+    mf, raw, text = parse_matrix_file(path)
     problems = _check_profiles(mf, file)
     assignments, expand_problems = expand_assignments(mf, raw, file)
     problems += expand_problems
@@ -345,7 +345,7 @@ def load_matrix(path: str | Path) -> Matrix:
         profiles=dict(mf.hardware),
         cells=tuple(cells),
         varying=varying,
-        source_text=path.read_text(encoding="utf-8"),
+        source_text=text,
     )
 
 

@@ -40,7 +40,7 @@ def _label(params: dict[str, Any], keys: Sequence[str]) -> str:
     return " ".join(f"{_PREFIX.get(k, '')}{params[k]}" for k in keys) or "all"
 
 
-def plot_run(paths: RunPaths, rows: Sequence[GroupRow], out: Path, title: str) -> Path:
+def plot_run(rows: Sequence[GroupRow], out: Path, title: str) -> Path:
     """Scaling plot (gpus axis) or bar chart of a run's groups; writes ``out`` (png/svg/pdf)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
@@ -80,12 +80,7 @@ def plot_run(paths: RunPaths, rows: Sequence[GroupRow], out: Path, title: str) -
         ax.margins(x=0.15)
         ax.set_xlabel("images/s (median over repeats; bars: min..max)")
     ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, ax, out)
 
 
 def plot_history(runs: Sequence[RunPaths], items: Sequence[Trend], out: Path, title: str
@@ -108,8 +103,13 @@ def plot_history(runs: Sequence[RunPaths], items: Sequence[Trend], out: Path, ti
     ax.set_xticks(xs, [r.run_id[:13] for r in runs], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("images/s (median over repeats)")
     ax.set_title(title + " (red circle: regression)", fontsize=10)
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(plt, fig, ax, out)
+
+
+def _save(plt: Any, fig: Any, ax: Any, out: Path) -> Path:
+    """Grid, layout, write ``out`` (format from its suffix) and free the figure."""
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)

@@ -45,10 +45,6 @@ class Status(enum.StrEnum):
     CANCELLED = "cancelled"  # the sweep was interrupted
     UNPLACEABLE = "unplaceable"  # no host/GPUs can ever run it
 
-    @property
-    def ok(self) -> bool:
-        return self is Status.OK
-
 
 @dataclass
 class CellResult:
@@ -188,7 +184,15 @@ def find_run(results_root: Path, matrix_name: str, run_id: str | None = None) ->
         if not root.is_dir():
             raise ConfigError(f"no run {run_id!r} under {base}", field="run")
         return RunPaths(root)
-    runs = sorted(p for p in base.glob("*") if (p / "plan.json").exists()) if base.is_dir() else []
+    runs = runs_of(results_root, matrix_name)
     if not runs:
         raise ConfigError(f"no runs of {matrix_name!r} under {results_root}", field="run")
-    return RunPaths(runs[-1])
+    return runs[-1]
+
+
+def runs_of(results_root: Path, matrix_name: str) -> list[RunPaths]:
+    """Every finished-or-not run of a matrix, oldest first (run ids sort by time)."""
+    base = Path(results_root) / matrix_name
+    if not base.is_dir():
+        return []
+    return [RunPaths(p) for p in sorted(base.iterdir()) if (p / "plan.json").exists()]

@@ -209,14 +209,14 @@ def parse_baseline(text: str | None) -> tuple[str, str] | None:
 
 
 def write_summary(
-    paths: RunPaths, baseline: str | None = None
+    paths: RunPaths, baseline: str | None = None, results: list[CellResult] | None = None
 ) -> tuple[list[GroupRow], str]:
-    """Summarize a run folder from disk; write summary.csv and summary.txt; return the table.
+    """Summarize a run folder; write summary.csv and summary.txt; return the table.
 
     ``baseline`` (``KEY=VALUE``) adds each row's images/s ratio to the matching baseline row.
+    ``results``: the run's results when the caller has just read them (else read from disk).
     """
-    results = paths.results()
-    rows = summarize(results)
+    rows = summarize(paths.results() if results is None else results)
     plan_varying: list[str] = []
     if paths.plan.exists():
         plan = read_json(paths.plan)

@@ -173,7 +173,7 @@ def run_sweep(
     interrupted = interrupted or options.cancel.is_set()
     _record_unrun(paths, cells, results)
     results = paths.results()  # every cell of the run, those of earlier attempts included
-    rows, table = write_summary(paths)
+    rows, table = write_summary(paths, results=results)
     _plot_if_possible(paths, rows, matrix.name)
     outcome = SweepOutcome(paths, results, rows, table, interrupted)
     run_meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
@@ -188,7 +188,7 @@ def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
     from orchestrator.plots import plot_run
 
     try:
-        plot_run(paths, rows, paths.root / "summary.png", f"{name} {paths.run_id}")
+        plot_run(rows, paths.root / "summary.png", f"{name} {paths.run_id}")
     except Exception as exc:  # a plot must never cost the results
         log.warning("summary.png not drawn: %s", exc)
 

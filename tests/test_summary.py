@@ -110,7 +110,8 @@ def write_run(root, run_id: str, ips: dict[int, float]) -> RunPaths:
 
 
 def test_history_flags_a_regression_of_the_newest_run(tmp_path):
-    from orchestrator.history import render_history, runs_of, trends
+    from orchestrator.history import render_history, trends
+    from orchestrator.results import runs_of
 
     write_run(tmp_path, "20261101-000000-aaaa", {1: 100.0, 8: 700.0})
     write_run(tmp_path, "20261102-000000-aaaa", {1: 104.0, 8: 710.0})

@@ -11,13 +11,15 @@ import argparse
 import logging
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
 from orchestrator.errors import HostError
 from orchestrator.gpus import HostFacts, discover
-from orchestrator.hosts import Inventory, load_hosts
-from orchestrator.ssh import SshHost
+
+if TYPE_CHECKING:  # paramiko is imported only when a host is contacted (fast `--help`)
+    from orchestrator.hosts import Inventory
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +47,16 @@ def gather_facts(
     inventory: Inventory, names: list[str] | None = None, jobs: int = 8
 ) -> list[HostFacts]:
     """Discover every host (or ``names``) in parallel; results in inventory order."""
+    from orchestrator.hosts import resolve_hosts
+    from orchestrator.ssh import SshHost
+
     selected = names or inventory.names
     for name in selected:
         inventory.get(name)  # ConfigError for an unknown name, before connecting anywhere
+    targets = resolve_hosts(inventory)  # the ssh config read once
 
     def one(name: str) -> HostFacts:
-        host = SshHost.from_inventory(inventory, name)
+        host = SshHost.from_inventory(inventory, name, targets[name])
         try:
             return discover(host, timeout=inventory.options.command_timeout)
         finally:
@@ -116,6 +122,8 @@ def render_check_table(inventory: Inventory, facts: list[HostFacts]) -> str:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Handler of ``hosts check``."""
+    from orchestrator.hosts import load_hosts
+
     inventory = load_hosts(args.inventory)
     facts = gather_facts(inventory, args.host, args.jobs)
     print(render_check_table(inventory, facts))

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError
 from orchestrator.matrix import Cell, Matrix, filter_cells, load_matrix
-from orchestrator.results import CellResult, RunPaths, Status, find_run, parse_metric_lines
+from orchestrator.results import (
+    CellResult,
+    RunPaths,
+    Status,
+    find_run,
+    parse_metric_lines,
+    runs_of,
+)
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Allocation
@@ -142,17 +149,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.plot:
         from orchestrator.plots import plot_run
 
-        print(f"plot: {plot_run(paths, rows, args.plot, f'{name} {paths.run_id}')}")
+        print(f"plot: {plot_run(rows, args.plot, f'{name} {paths.run_id}')}")
     return 0
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from orchestrator.history import render_history, runs_of, trends
+    from orchestrator.history import render_history, trends
 
     name = _matrix_name(args.matrix)
     runs = runs_of(args.results, name)
     if not runs:
         raise ConfigError(f"no runs of {name!r} under {args.results}", field="history")
+    # only the runs shown and those the newest is compared with are read
+    runs = runs[-max(args.last, args.window + 1):]
     items = trends(runs, args.window, args.threshold)
     shown_runs = runs[-max(1, args.last):]
     print(render_history(shown_runs, items))
@@ -245,8 +254,9 @@ class RichEvents:
             self.running.pop(cell.id, None)
             mark = "[green]ok[/green]" if result.status is Status.OK else \
                 f"[red]{result.status.value}[/red]"
-            mode = cell.params.mode
-            ips = result.metrics.get("train.total_ips" if mode == "train" else "val.total_ips")
+            from orchestrator.summary import throughput_key
+
+            ips = result.metrics.get(throughput_key(cell.params.mode))
             detail = f"{ips:,.1f} images/s" if isinstance(ips, int | float) else result.reason
             took = f" ({result.duration_s:.1f} s)" if result.duration_s else ""
             self.console.print(f"{mark} {cell.id}{took}: {detail}", highlight=False)
