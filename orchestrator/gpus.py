@@ -115,16 +115,6 @@ def parse_gpu_csv(text: str) -> tuple[list[GpuInfo], str | None]:
     return gpus, driver
 
 
-def parse_nvidia_smi_query(text: str) -> tuple[list[GpuInfo], str | None]:
-    """GPUs and driver version from ``nvidia-smi --query-gpu`` CSV (:data:`NVIDIA_QUERY`)."""
-    return parse_gpu_csv(text)
-
-
-def parse_hl_smi_query(text: str) -> tuple[list[GpuInfo], str | None]:
-    """Gaudi devices and driver version from ``hl-smi -Q ... -f csv,noheader``."""
-    return parse_gpu_csv(text)
-
-
 def parse_smi_header(text: str) -> tuple[str | None, str | None]:
     """``(driver, cuda)`` from the banner of plain ``nvidia-smi`` (or ``hl-smi``: cuda None)."""
     driver = _DRIVER.search(text)
@@ -154,7 +144,7 @@ def probe(host: CommandRunner, timeout: float = 30.0) -> HostFacts:
     docker = _try(host, DOCKER_VERSION, timeout, notes)
     docker_version = (docker.strip() or None) if docker is not None else None
     query = _try(host, NVIDIA_QUERY, timeout, notes)
-    gpus, driver = parse_nvidia_smi_query(query) if query is not None else ([], None)
+    gpus, driver = parse_gpu_csv(query) if query is not None else ([], None)
     if gpus:
         banner = _try(host, NVIDIA_SUMMARY, timeout, notes) or ""
         banner_driver, cuda = parse_smi_header(banner)
@@ -169,7 +159,7 @@ def probe(host: CommandRunner, timeout: float = 30.0) -> HostFacts:
             docker_version=docker_version,
         )
     hl = _try(host, HL_QUERY, timeout, notes)
-    devices, hl_driver = parse_hl_smi_query(hl) if hl is not None else ([], None)
+    devices, hl_driver = parse_gpu_csv(hl) if hl is not None else ([], None)
     if devices:
         return HostFacts(
             name=host.name,
@@ -227,4 +217,4 @@ def local_accelerator_ids(device: str) -> list[int] | None:
     wanted = {"cuda": "nvidia", "hpu": "gaudi"}.get(device)
     if facts.accelerator != wanted:
         return None
-    return [g.index for g in facts.gpus]
+    return facts.gpu_ids

@@ -76,7 +76,6 @@ def workload_argv(
     *,
     python: str = "python",
     output_dir: str | None = None,
-    checkpoint_dir: str | None = None,
 ) -> list[str]:
     """The full command of a cell: profiler and runtime wrappers, torchrun, the workload."""
     gpus = cell.params.gpus
@@ -90,9 +89,8 @@ def workload_argv(
     argv = [*launcher, *workload_flags(cell), "--device", profile.device]
     if output_dir:
         argv += ["--output-dir", output_dir]
-    ckpt = checkpoint_dir or profile.checkpoint_dir
-    if ckpt:
-        argv += ["--checkpoint-dir", ckpt]
+    if profile.checkpoint_dir:
+        argv += ["--checkpoint-dir", profile.checkpoint_dir]
     argv = _profiler_wrap(cell, argv, output_dir)
     if profile.wrapper == "bitfusion":
         argv = bitfusion_wrap(profile, gpus, argv)
@@ -119,17 +117,13 @@ def _profiler_wrap(cell: Cell, argv: list[str], output_dir: str | None) -> list[
     return argv
 
 
-def workload_env(
-    cell: Cell, profile: HardwareProfile, gpu_ids: tuple[int, ...], *, select_gpus: bool = True
-) -> dict[str, str]:
+def workload_env(cell: Cell, profile: HardwareProfile, gpu_ids: tuple[int, ...]) -> dict[str, str]:
     """Environment of the workload process: the profile's, plus device selection.
 
-    ``select_gpus``: pick GPUs with ``CUDA_VISIBLE_DEVICES`` / ``HABANA_VISIBLE_MODULES`` (a local
-    process); a container gets its GPUs from a device request instead.
+    ``gpu_ids`` are picked with ``CUDA_VISIBLE_DEVICES`` / ``HABANA_VISIBLE_MODULES`` (a local
+    process); pass none where the GPUs come otherwise (a container's device request, Slurm).
     """
     env = {"PYTHONUNBUFFERED": "1", **profile.env}
-    if not select_gpus:
-        return env
     if profile.device == "cuda" and gpu_ids and profile.wrapper == "none":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
     if profile.device == "hpu" and gpu_ids:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import HostError
 from orchestrator.gpus import (
     DOCKER_VERSION,
     HL_QUERY,
@@ -22,8 +21,6 @@ from orchestrator.gpus import (
     GpuInfo,
     discover,
     parse_gpu_csv,
-    parse_hl_smi_query,
-    parse_nvidia_smi_query,
     parse_smi_header,
 )
 from orchestrator.ssh import CommandResult, RemoteTimeout
@@ -36,14 +33,14 @@ def sample(name: str) -> str:
 
 
 def test_nvidia_query_8xh100() -> None:
-    gpus, driver = parse_nvidia_smi_query(sample("nvidia-smi-query-8xh100.csv"))
+    gpus, driver = parse_gpu_csv(sample("nvidia-smi-query-8xh100.csv"))
     assert [g.index for g in gpus] == list(range(8))
     assert gpus[0] == GpuInfo(0, "NVIDIA H100 80GB HBM3", 81559)
     assert driver == "550.54.15"
 
 
 def test_nvidia_query_unsorted_and_na_memory() -> None:
-    gpus, driver = parse_nvidia_smi_query(sample("nvidia-smi-query-mixed.csv"))
+    gpus, driver = parse_gpu_csv(sample("nvidia-smi-query-mixed.csv"))
     assert [g.index for g in gpus] == [0, 1, 2]
     assert gpus[2].model == "NVIDIA A100-PCIE-40GB" and gpus[2].memory_mib is None
     assert driver == "470.223.02"
@@ -62,7 +59,7 @@ def test_banner(name: str, expected: tuple[str | None, str | None]) -> None:
 
 
 def test_hl_smi_query_with_units() -> None:
-    gpus, driver = parse_hl_smi_query(sample("hl-smi-query-8xgaudi2.csv"))
+    gpus, driver = parse_gpu_csv(sample("hl-smi-query-8xgaudi2.csv"))
     assert len(gpus) == 8 and gpus[7] == GpuInfo(7, "HL-225", 98304)
     assert driver == "1.15.1-62f612b"
 
@@ -137,17 +134,11 @@ def test_discover_gaudi_host_without_docker_daemon() -> None:
     assert any("Cannot connect" in n for n in facts.notes)
 
 
-def test_discover_plain_host_and_timeouts_are_not_crashes() -> None:
+def test_a_hung_nvidia_smi_is_not_a_crash() -> None:
+    # A stand-in for a hung nvidia-smi (no GPU tools here). A plain reachable host and an
+    # unreachable one run against real sshd servers in test_hosts.py.
     host = FakeHost("cpu", {tuple(NVIDIA_QUERY): RemoteTimeout("slow")})
     facts = discover(host)
     assert facts.reachable and facts.gpus == () and facts.docker_version is None
     assert facts.driver is None and facts.accelerator is None
-
-
-def test_discover_unreachable() -> None:
-    class Down(FakeHost):
-        def connect(self) -> None:
-            raise HostError("host down (x): unreachable: connection refused")
-
-    facts = discover(Down("down", {}))
-    assert not facts.reachable and "connection refused" in facts.reason
+    assert "nvidia-smi: timed out after 30.0s" in facts.notes

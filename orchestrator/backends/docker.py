@@ -51,17 +51,10 @@ def docker_client() -> Any:
     return client
 
 
-def _size_bytes(text: str) -> int:
-    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-    text = text.strip().lower()
-    if text[-1] in units:
-        return int(text[:-1]) * units[text[-1]]
-    return int(text)
-
-
 def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
     """Arguments of ``client.containers.run`` for a launch spec (pure; tested as built)."""
     from docker.types import DeviceRequest, Mount, Ulimit
+    from docker.utils import parse_bytes
 
     opts = spec.container
     assert opts is not None and spec.image is not None
@@ -72,7 +65,7 @@ def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
         "labels": dict(spec.labels),
         "detach": True,
         "ipc_mode": opts.ipc,
-        "shm_size": _size_bytes(opts.shm_size),
+        "shm_size": parse_bytes(opts.shm_size),
         "ulimits": [Ulimit(name=k, soft=v, hard=v) for k, v in opts.ulimits.items()],
         "privileged": opts.privileged,
         "mounts": [
@@ -257,7 +250,7 @@ class DockerBackend(Backend):
             cell_id=cell.id,
             argv=tuple(workload_argv(cell, profile, python=CONTAINER_PYTHON,
                                      output_dir=CONTAINER_OUT)),
-            env=workload_env(cell, profile, allocation.gpu_ids, select_gpus=False),
+            env=workload_env(cell, profile, ()),  # GPUs: the device request
             device=profile.device,
             gpu_ids=allocation.gpu_ids,
             image=self.image_tags.get(cell.hardware),

@@ -288,10 +288,10 @@ class QueueWatcher:
             now = time.monotonic()
             if now - self._polled_at >= self.interval_s:
                 self._polled_at = now
-                cluster = ["-M", self.cluster] if self.cluster else []
                 # With several ids, squeue lists the live ones and skips finished ones.
                 ids = ",".join(sorted(self.jobs | {job_id}))
-                proc = _slurm(["squeue", *cluster, "-h", "-j", ids, "-o", "%i|%T|%r|%N"])
+                proc = _slurm(["squeue", *cluster_args(self.cluster), "-h", "-j", ids,
+                               "-o", "%i|%T|%r|%N"])
                 if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
                     self._error = proc.stderr.strip() or f"exit code {proc.returncode}"
                 else:
@@ -304,19 +304,23 @@ class QueueWatcher:
             return self._error, self._lines.get(job_id, "")
 
 
+def cluster_args(cluster: str | None) -> list[str]:
+    """``-M CLUSTER`` for Slurm's commands when jobs run on a named cluster."""
+    return ["-M", cluster] if cluster else []
+
+
 class SlurmExecution(Execution):
     """A submitted batch job: its state from ``squeue``, its output from the job's file."""
 
     _accounting: bool | None = None  # sacct works here (shared: one probe per process)
 
-    def __init__(self, job_id: str, output_path: Path, cluster: str | None = None,
-                 watcher: QueueWatcher | None = None):
+    def __init__(self, job_id: str, output_path: Path, cluster: str | None,
+                 watcher: QueueWatcher):
         self.job_id = job_id
         self.output_path = output_path
         self.cluster = cluster
-        self.watcher = watcher or QueueWatcher(cluster)
+        self.watcher = watcher
         self.watcher.add(job_id)
-        self.poll_interval_s = self.watcher.interval_s
         self.state = "PENDING"
         self.pending_reason = ""
         self.node: str | None = None
@@ -329,9 +333,6 @@ class SlurmExecution(Execution):
         self._next_poll = 0.0
         self._failing_since: float | None = None
         self._lost_detail = ""
-
-    def _cluster_args(self) -> list[str]:
-        return ["-M", self.cluster] if self.cluster else []
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -371,7 +372,7 @@ class SlurmExecution(Execution):
         while not self._done.is_set():
             now = time.monotonic()
             if now >= self._next_poll:
-                self._next_poll = now + self.poll_interval_s
+                self._next_poll = now + self.watcher.interval_s
                 self._poll()
                 continue
             if now >= end:
@@ -411,7 +412,7 @@ class SlurmExecution(Execution):
         if self._done.is_set() or self.killed:
             return
         self.killed = True
-        proc = _slurm(["scancel", *self._cluster_args(), self.job_id])
+        proc = _slurm(["scancel", *cluster_args(self.cluster), self.job_id])
         if proc.returncode != 0:
             log.warning("scancel %s failed: %s", self.job_id, proc.stderr.strip())
         if not self.wait(KILL_WAIT_S):
@@ -423,8 +424,8 @@ class SlurmExecution(Execution):
     def _query_outcome(self) -> JobOutcome | None:
         """The finished job's state: sacct (if accounting works here), else scontrol."""
         if SlurmExecution._accounting is not False:
-            proc = _slurm(["sacct", *self._cluster_args(), "-X", "-n", "-P", "-j", self.job_id,
-                           "-o", "State,ExitCode,NodeList"])
+            proc = _slurm(["sacct", *cluster_args(self.cluster), "-X", "-n", "-P",
+                           "-j", self.job_id, "-o", "State,ExitCode,NodeList"])
             if proc.returncode != 0 and "accounting storage is disabled" in proc.stderr:
                 SlurmExecution._accounting = False
             elif proc.returncode == 0:
@@ -432,7 +433,7 @@ class SlurmExecution(Execution):
                 found = parse_sacct(proc.stdout)
                 if found and found.state in TERMINAL_STATES:
                     return found
-        proc = _slurm(["scontrol", *self._cluster_args(), "show", "job", "-o", self.job_id])
+        proc = _slurm(["scontrol", *cluster_args(self.cluster), "show", "job", "-o", self.job_id])
         if proc.returncode == 0:
             found = parse_scontrol(proc.stdout)
             if found and found.state in TERMINAL_STATES:
@@ -550,7 +551,7 @@ class SlurmBackend(Backend):
         profile = self.matrix.profile(cell)
         cell_dir = self.paths.cell_dir(cell.id)
         argv = workload_argv(cell, profile, python=sys.executable, output_dir=str(cell_dir))
-        env = workload_env(cell, profile, (), select_gpus=False)
+        env = workload_env(cell, profile, ())  # GPUs: Slurm sets CUDA_VISIBLE_DEVICES
         env["PYTHONPATH"] = str(PROJECT_ROOT)
         opts = profile.slurm
         return SbatchJob(

@@ -626,7 +626,14 @@ class SshDockerBackend(DockerBackend):
         def ready(name: str) -> None:
             host = self._host(name)
             if self.inventory.get(name).gpus is None:
-                facts = gpus.discover(host.ssh)
+                try:
+                    facts = gpus.probe(host.ssh)  # connected above
+                except HostError as exc:
+                    if not _unreachable(exc):
+                        raise
+                    self.mark_host_lost(name, str(exc))
+                    say(f"host {name}: {exc}; not used in this sweep")
+                    return
                 discovered[name] = facts.gpu_ids
                 say(f"host {name}: {len(facts.gpu_ids)} GPUs discovered")
             for hw in sorted(self.placement_tags[name] & set(needed)):
