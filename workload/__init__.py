@@ -9,4 +9,12 @@ and ``nvidia.dali`` are optional and used only when importable.  It never import
 
 from __future__ import annotations
 
+import warnings
+
 __version__ = "0.1.0"
+
+# torchvision 0.29 deprecates torchvision.io image codecs in favour of torchcodec, which the
+# NGC images do not ship; the codecs still work, so keep the warning off stderr.
+warnings.filterwarnings(
+    "ignore", message=".*image decoding and encoding.*", category=DeprecationWarning
+)

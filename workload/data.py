@@ -24,7 +24,6 @@ import logging
 import os
 import queue
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,12 +34,6 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from workload.errors import DataError
 
 log = logging.getLogger("workload")
-
-# torchvision 0.29 deprecates torchvision.io image codecs in favour of torchcodec, which the
-# NGC images do not ship; the codecs still work, so keep the warning off stderr.
-warnings.filterwarnings(
-    "ignore", message=".*image decoding and encoding.*", category=DeprecationWarning
-)
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".JPG", ".JPEG")
 _MEAN = (0.485, 0.456, 0.406)
@@ -420,8 +413,9 @@ def image_folder_batches(
     if decoder == "nvjpeg":
         try:
             prepare = _nvjpeg_prepare(device, train, image_size, normalize)
-            probe = JpegFiles(files[:1], labels[:1], decode=False, train=train, size=image_size)
-            prepare(_collate_raw([probe[0]]))  # fail here, not mid-run
+            from torchvision.io import read_file
+
+            prepare(_collate_raw([(read_file(files[0]), labels[0])]))  # fail here, not mid-run
         except Exception as exc:
             log.warning("GPU JPEG decode unavailable (%s); decoding on the CPU", exc)
             decoder = "cpu"

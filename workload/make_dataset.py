@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-# torchvision 0.29 deprecates torchvision.io image codecs in favour of torchcodec, which the
-# NGC images do not ship; the codecs still work, so keep the warning off stderr.
-warnings.filterwarnings(
-    "ignore", message=".*image decoding and encoding.*", category=DeprecationWarning
-)
 
 
 def make_image(

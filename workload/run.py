@@ -190,6 +190,13 @@ class _Progress:
         self.device = device
         # (iteration, loss on the host or None, event after the loss's copy or None)
         self.pending: list[tuple[int, torch.Tensor | None, Any]] = []
+        # CUDA: pinned slots and events for the losses, made before the measured window
+        lines = args.iterations // PROGRESS_EVERY
+        copies = reporter.enabled and self.prefix == "train" and device == "cuda" and lines
+        self._host = torch.empty(lines, pin_memory=True) if copies else None
+        self._copied = [torch.cuda.Event() for _ in range(lines)] if copies else []
+        for event in self._copied:
+            event.record()  # created now (torch creates a CUDA event at its first record)
 
     def after(self, index: int, out: torch.Tensor) -> None:
         """Called after measured iteration ``index``; emits whatever has completed."""
@@ -199,10 +206,11 @@ class _Progress:
             loss, copied = None, None
             if self.prefix == "train":
                 loss = out.detach().float().reshape(-1)[:1]
-                if self.device == "cuda":
-                    host = torch.empty(1, pin_memory=True)
+                if self._host is not None:
+                    k = (index + 1) // PROGRESS_EVERY - 1
+                    host = self._host[k : k + 1]
                     host.copy_(loss, non_blocking=True)
-                    copied = torch.cuda.Event()
+                    copied = self._copied[k]
                     copied.record()  # the loss is readable once this event has completed
                     loss = host
                 else:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
-import math
 import shutil
 import subprocess
 import threading
@@ -22,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from workload.metrics import mean
 
 log = logging.getLogger("workload")
 
@@ -63,13 +64,13 @@ def summarize_telemetry(
     by_instant: dict[float, float] = {}
     for s in window:
         by_instant[s.timestamp] = by_instant.get(s.timestamp, 0.0) + s.power_w
-    power_mean = math.fsum(by_instant.values()) / len(by_instant)
+    power_mean = mean(list(by_instant.values()))
     duration = max(end - start, 0.0)
     out: dict[str, Any] = {
         "telemetry.power_mean_w": power_mean,
         "telemetry.temp_max_c": max(s.temp_c for s in window),
-        "telemetry.sm_clock_mean_mhz": math.fsum(s.sm_clock_mhz for s in window) / len(window),
-        "telemetry.util_mean_pct": math.fsum(s.util_pct for s in window) / len(window),
+        "telemetry.sm_clock_mean_mhz": mean([s.sm_clock_mhz for s in window]),
+        "telemetry.util_mean_pct": mean([s.util_pct for s in window]),
         "telemetry.mem_used_max_mib": max(s.mem_used_mib for s in window),
         "telemetry.throttled": any(s.throttled for s in window),
         "telemetry.samples": len(window),
