@@ -12,7 +12,7 @@ process, the same workload command for the same cells twice, alternating:
   whole sweep divided by the cells, plus the one-off parts (planning, image up-to-date check).
 
 Prints both side by side and the difference: seconds of orchestrator time per cell. Because a
-cell's time is dominated by `import torch` (whose time varies by seconds on a loaded machine),
+cell's time is dominated by `import torch` (noisy on a loaded machine),
 it also times the container lifecycle alone with a trivial command (`python3 -c pass`): bare CLI
 vs the backend's path (create+start through the SDK, log streaming, wait, state, remove).
 """

@@ -5,7 +5,7 @@
 1. `orchestrate plan matrices/v100_scaling.toml --json` as a user runs it (a fresh interpreter:
    start-up, imports, load, validate, expand, print), wall time per run.
 2. The same in-process (load + validate + expand + JSON), without interpreter start-up.
-3. A large synthetic matrix (5 axes, ~20k cells) expanded in-process, per cell.
+3. A large synthetic matrix (5 axes, 9,000 cells) expanded in-process, per cell.
 """
 
 from __future__ import annotations

@@ -20,17 +20,13 @@ import subprocess
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from service_support import unavailable
 
 INFRA = Path(__file__).resolve().parent / "infra"
 DEFAULT_BASE_IMAGE = "orchestrate-test/base:bookworm-torch2.14.1"
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +38,7 @@ def docker_client() -> Iterator[object]:
     try:
         client = connect()
     except BackendUnavailable as exc:
-        _unavailable(str(exc))
+        unavailable(str(exc))
     yield client
     client.close()
 
@@ -59,7 +55,7 @@ def base_image(docker_client: object) -> str:
     except docker.errors.ImageNotFound:
         exists = False
     if not exists and not shutil.which("debootstrap"):
-        _unavailable(f"no base image {ref} and no debootstrap to make one "
+        unavailable(f"no base image {ref} and no debootstrap to make one "
                      "(apt-get install -y debootstrap; .ci/run does)")
     proc = subprocess.run(
         ["bash", str(INFRA / "make-base-image.sh"), ref],
@@ -83,7 +79,7 @@ def bitfusion_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     freshly generated self-signed one (a dummy CA), or fixed placeholder text without openssl.
     """
     if not shutil.which("dpkg-deb"):
-        _unavailable("dpkg-deb not found (apt-get install -y dpkg)")
+        unavailable("dpkg-deb not found (apt-get install -y dpkg)")
     root = tmp_path_factory.mktemp("bitfusion")
     pkg = root / "pkg"
     (pkg / "DEBIAN").mkdir(parents=True)
@@ -144,3 +140,10 @@ def bitfusion_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     else:
         cert.write_text("-----BEGIN CERTIFICATE-----\nZHVtbXk=\n-----END CERTIFICATE-----\n")
     return deb, cert
+
+
+def run_containers(client: Any, run_id: str) -> list[Any]:
+    """Every container (running or not) labelled with sweep run ``run_id``."""
+    from orchestrator.backends.docker import LABEL_RUN
+
+    return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})

@@ -22,14 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from service_support import unavailable
 
 START_SCRIPT = Path(__file__).resolve().parent / "infra" / "start-slurm.sh"
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but {reason}")
-    pytest.skip(reason)
 
 
 def squeue_ids(prefix: str = "orchestrate-") -> list[str]:
@@ -73,11 +68,11 @@ class SlurmCluster:
 def slurm_cluster() -> SlurmCluster:
     """Start (or reuse) the single-node test cluster."""
     if shutil.which("sbatch") is None:
-        _unavailable("sbatch not found: apt-get install -y slurm-wlm")
+        unavailable("sbatch not found: apt-get install -y slurm-wlm")
     if os.geteuid() != 0:
         proc = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:
-            _unavailable("Slurm is not running and starting it needs root "
+            unavailable("Slurm is not running and starting it needs root "
                          f"(bash {START_SCRIPT})")
         return SlurmCluster()
     proc = subprocess.run(["bash", str(START_SCRIPT)], capture_output=True, text=True,

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from docker_support import run_containers
 from workload_support import TINY_WORKLOAD
 
 from orchestrator.backends.base import Allocation, RunOptions
@@ -144,10 +145,6 @@ def container_matrix(base: str, extra: str = "") -> str:
     return CONTAINER_MATRIX.format(tiny=TINY_WORKLOAD, base=base, extra=extra)
 
 
-def containers_of(client, run_id: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
-
-
 @pytest.mark.docker
 def test_sweep_in_containers_builds_once_and_cleans_up(docker_client, base_image, write_matrix,
                                                        tmp_path):
@@ -179,7 +176,7 @@ def test_sweep_in_containers_builds_once_and_cleans_up(docker_client, base_image
         assert (outcome.paths.cell_dir(r.cell_id) / "iterations.csv").is_file()
     (bad,) = [r for r in outcome.results if r.status is not Status.OK]
     assert "no_such_model" in bad.reason
-    assert containers_of(docker_client, outcome.paths.run_id) == []
+    assert run_containers(docker_client, outcome.paths.run_id) == []
     assert len([m for m in logs if m.startswith("image ")]) == 1  # one image for three cells
 
     # second run: the image is reused, not rebuilt
@@ -199,7 +196,7 @@ def test_oom_and_timeout_become_failed_cells(docker_client, base_image, write_ma
     (res,) = outcome.results
     assert res.status is Status.OOM, res.reason
     assert "out-of-memory" in res.reason and "48 MiB" in res.reason
-    assert containers_of(docker_client, outcome.paths.run_id) == []
+    assert run_containers(docker_client, outcome.paths.run_id) == []
 
     slow = write_matrix(
         container_matrix(base_image, extra="").replace("timeout_s = 240",
@@ -209,7 +206,7 @@ def test_oom_and_timeout_become_failed_cells(docker_client, base_image, write_ma
     outcome = run_sweep(load_matrix(slow), results_root=tmp_path)
     (res,) = outcome.results
     assert res.status is Status.TIMEOUT and "timed out after 8 s" in res.reason
-    assert containers_of(docker_client, outcome.paths.run_id) == []
+    assert run_containers(docker_client, outcome.paths.run_id) == []
 
 
 @pytest.mark.docker
@@ -233,7 +230,7 @@ def test_interrupt_removes_containers(docker_client, base_image, write_matrix, t
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert containers_of(docker_client, run_id) == []
+    assert run_containers(docker_client, run_id) == []
     (run_dir,) = results.glob("dsmoke/*")
     statuses = [json.loads(p.read_text())["status"] for p in run_dir.glob("cells/*/result.json")]
     assert sorted(statuses) == ["cancelled", "cancelled"]
@@ -250,7 +247,7 @@ def test_clean_removes_leftovers_of_a_crashed_run(docker_client, base_image):
                                "crashed-run"], cwd=ROOT, capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == 0 and "removed 1 container" in proc.stdout
-        assert containers_of(docker_client, "crashed-run") == []
+        assert run_containers(docker_client, "crashed-run") == []
     finally:
         subprocess.run(["docker", "rm", "-f", leftover.id], capture_output=True)
 

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_support import run_containers
 from ssh_support import SshdFactory, SshdServer
 
 from orchestrator.backends.base import Allocation, RunOptions
-from orchestrator.backends.docker import LABEL_RUN
 from orchestrator.backends.ssh import REMOTE_ROOT, SshDockerBackend, multi_node_argv, rdzv_port
 from orchestrator.errors import ConfigError
 from orchestrator.matrix import Cell, load_matrix
@@ -104,10 +104,6 @@ class Recorder:
             self.on_output(cell_id, line)
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
-
-
-def run_containers(docker_client: Any, run_id: str) -> list[Any]:
-    return docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
 
 
 def kill_host(server: SshdServer) -> None:

@@ -1,7 +1,7 @@
 """End-to-end runs of ``python -m workload`` as a subprocess (CPU, tiny model, few steps).
 
 All runs of this module start together (one module-scoped fixture) so their start-up
-(importing torch and torchvision, several seconds each) overlaps on the 2-core machines.
+(importing torch and torchvision) overlaps on the 2-core machines.
 GPU paths (CUDA events, CUDA graphs, nvJPEG/DALI decode, NVML telemetry, NCCL) cannot run
 here: ``benchmarks/gpu_paths.py`` runs each of them on a GPU machine and checks that it really
 ran, and ``benchmarks/workload_vs_dle.py`` compares the synthetic-data throughput with DLE.

@@ -110,7 +110,7 @@ class Launched:
 
 
 #: The smallest real training cell, for sweeps that exercise a backend rather than the model:
-#: resnet18 at 32 px, batch 2, 1 warmup + 2 iterations (a few seconds on a CPU). Goes under
+#: resnet18 at 32 px, batch 2, 1 warmup + 2 iterations. Goes under
 #: a matrix's [workload] table.
 TINY_WORKLOAD = """\
 arch = "resnet18"
