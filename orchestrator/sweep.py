@@ -244,28 +244,36 @@ def run_cells(
             pending.append((cell, 1))
     running: dict[Future[CellResult], tuple[Cell, Allocation, int]] = {}
     cancel = backend.options.cancel
+
+    def place(pool: ThreadPoolExecutor) -> None:
+        """Start every pending cell the backend can place now."""
+        for item in list(pending):
+            cell, attempt = item
+            allocation = backend.allocate(cell)
+            if allocation is None:
+                # Hosts may have been lost since the sweep began.
+                reason = backend.unplaceable(cell)
+                if reason:
+                    pending.remove(item)
+                    unplaceable(cell, attempt, reason)
+                continue
+            pending.remove(item)
+            events.cell_started(cell, allocation)
+            fut = pool.submit(backend.run_cell, cell, allocation, attempt)
+            running[fut] = (cell, allocation, attempt)
+
     with ThreadPoolExecutor(max_workers=max(1, len(cells)), thread_name_prefix="cell") as pool:
         try:
+            changed = True  # GPUs and hosts free up only when a cell ends: place only then
             while (pending or running) and not cancel.is_set():
-                for item in list(pending):
-                    cell, attempt = item
-                    allocation = backend.allocate(cell)
-                    if allocation is None:
-                        # Hosts may have been lost since the sweep began.
-                        reason = backend.unplaceable(cell)
-                        if reason:
-                            pending.remove(item)
-                            unplaceable(cell, attempt, reason)
-                        continue
-                    pending.remove(item)
-                    events.cell_started(cell, allocation)
-                    fut = pool.submit(backend.run_cell, cell, allocation, attempt)
-                    running[fut] = (cell, allocation, attempt)
+                if changed:
+                    place(pool)
                 if not running:
                     if not pending:
                         break  # the rest became unplaceable
                     raise RuntimeError("no cell can start and none is running")  # a bug
                 done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+                changed = bool(done)
                 for fut in done:
                     cell, allocation, attempt = running.pop(fut)
                     backend.release(cell, allocation)
