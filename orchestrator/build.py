@@ -10,7 +10,10 @@ A template with a parent (``bitfusion`` on ``ngc-pytorch``) builds FROM the pare
 content-hash tag, so a change in the parent changes both tags; :func:`ensure_image` ensures the
 parent first.
 
-:func:`plan_image` needs no Docker engine (``--dry-run``, sweep planning).
+:func:`plan_image` (one template) and :func:`plan_images` (every image a matrix's cells need, by
+hardware profile) need no Docker engine: ``--dry-run`` and every backend that runs images plan
+with them. :func:`ensure_image` builds on the engine client it is given (this machine's, or a lab
+host's over SSH). Which NGC release a driver can run is :mod:`orchestrator.releases`.
 """
 
 from __future__ import annotations
@@ -21,15 +24,17 @@ import logging
 import re
 import tempfile
 import time
-import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import images
-from orchestrator.errors import BuildError, ConfigError
+from orchestrator.engine import docker_client
+from orchestrator.errors import BuildError, ConfigError, Problem
+
+if TYPE_CHECKING:
+    from orchestrator.matrix import Cell, Matrix
 
 log = logging.getLogger(__name__)
 
@@ -72,21 +77,6 @@ class BuildOutcome:
         return f"built in {self.seconds:.1f} s" if self.built else "up to date"
 
 
-@dataclass(frozen=True)
-class Release:
-    """One NGC PyTorch container release."""
-
-    name: str
-    cuda: str
-    min_driver: str
-    forward_compat: tuple[str, ...] = ()
-
-    @property
-    def base_tag(self) -> str:
-        """The image tag of this release, e.g. ``24.05-py3``."""
-        return f"{self.name}-py3"
-
-
 # --------------------------------------------------------------------------- planning
 
 
@@ -123,6 +113,51 @@ def plan_image(
     )
 
 
+def plan_images(matrix: Matrix, cells: Iterable[Cell], backend: str) -> dict[str, ImagePlan]:
+    """The image plan of every hardware profile the cells use, by profile (no engine needed).
+
+    A profile without an image template cannot run in a container: a :class:`ConfigError`
+    naming each such profile (``backend`` says who needs it). A bad template variable is
+    reported where the matrix sets it (``hardware.NAME.image_vars.VAR``).
+    """
+    needed = sorted({c.hardware for c in cells})
+    missing = [h for h in needed if matrix.profiles[h].image is None]
+    if missing:
+        raise ConfigError([
+            Problem(str(matrix.path), f"hardware.{h}.image",
+                    f"the {backend} backend needs an image template for this profile")
+            for h in missing
+        ])
+    plans = {}
+    for hw in needed:
+        template = matrix.profiles[hw].image
+        assert template is not None  # checked above
+        try:
+            plans[hw] = plan_image(template, profile_image_vars(matrix, hw))
+        except ConfigError as exc:  # say where in the matrix the variable comes from
+            raise ConfigError([
+                Problem(str(matrix.path), f"hardware.{hw}.image_vars.{p.field}", p.message)
+                for p in exc.problems
+            ]) from None
+    return plans
+
+
+def profile_image_vars(matrix: Matrix, hardware: str) -> dict[str, Any]:
+    """A profile's image variables; relative paths of file variables (a client .deb, a CA
+    certificate) are taken relative to the matrix file's folder, not the current directory."""
+    profile = matrix.profiles[hardware]
+    values = dict(profile.image_vars)
+    if profile.image is None:
+        return values
+    for name, var in images.load_template(profile.image).variables.items():
+        value = values.get(name)
+        if var.file and isinstance(value, str) and value:
+            path = Path(value).expanduser()
+            if not path.is_absolute():
+                values[name] = str((matrix.path.parent / path).resolve())
+    return values
+
+
 def content_hash(template: str, files: dict[str, bytes]) -> str:
     """SHA-256 hex digest over a template's name and its whole build context."""
     h = hashlib.sha256()
@@ -154,8 +189,6 @@ def docker_api(client: Any = None) -> Any:
     client for the engine in the environment (:class:`BackendUnavailable` when none answers)."""
     if client is not None:
         return getattr(client, "api", client)
-    from orchestrator.backends.docker import docker_client
-
     return docker_client().api
 
 
@@ -264,62 +297,3 @@ def local_tags(client: Any = None) -> dict[str, list[str]]:
             if tag.startswith(f"{TAG_PREFIX}/"):
                 found.setdefault(template, []).append(tag)
     return {k: sorted(v) for k, v in sorted(found.items())}
-
-
-# --------------------------------------------------------------------------- NGC releases
-
-_DRIVER_RE = re.compile(r"^\d+(\.\d+){0,2}$")
-
-
-def _driver_key(driver: str) -> tuple[int, ...]:
-    parts = tuple(int(p) for p in driver.split("."))
-    return parts + (0,) * (3 - len(parts))
-
-
-def load_releases() -> list[Release]:
-    """NGC PyTorch releases from ``orchestrator/data/ngc_releases.toml``, oldest first."""
-    text = resources.files("orchestrator").joinpath("data/ngc_releases.toml").read_text("utf-8")
-    raw = tomllib.loads(text)["releases"]
-    releases = [
-        Release(
-            name,
-            spec["cuda"],
-            spec["min_driver"],
-            tuple(spec.get("forward_compat", ())),
-        )
-        for name, spec in raw.items()
-    ]
-    return sorted(releases, key=lambda r: tuple(int(p) for p in r.name.split(".")))
-
-
-def resolve_release(driver: str, *, datacenter: bool = False) -> Release:
-    """The newest NGC PyTorch release whose minimum driver is <= ``driver`` (e.g. "535.129.03").
-
-    With ``datacenter=True``, releases usable through CUDA forward compatibility count too
-    (the driver is at or above a listed version of the same branch). A malformed driver string
-    or one older than every release is a :class:`ConfigError`.
-    """
-    text = driver.strip()
-    if not _DRIVER_RE.match(text):
-        raise ConfigError(
-            f"malformed driver version {driver!r}; expected e.g. 535.129.03 "
-            "(see `nvidia-smi --query-gpu=driver_version --format=csv,noheader`)",
-            file="--driver",
-        )
-    have = _driver_key(text)
-    releases = load_releases()
-    for release in reversed(releases):
-        if have >= _driver_key(release.min_driver):
-            return release
-        if datacenter and any(
-            have[0] == _driver_key(fc)[0] and have >= _driver_key(fc)
-            for fc in release.forward_compat
-        ):
-            return release
-    oldest = releases[0]
-    raise ConfigError(
-        f"driver {text} is older than every known NGC PyTorch release (the oldest, "
-        f"{oldest.name}, needs >= {oldest.min_driver}); upgrade the driver or set base_tag "
-        "explicitly",
-        file="--driver",
-    )

@@ -3,16 +3,28 @@
 The workload command is a list of arguments, never a shell string: backends hand it to
 ``subprocess`` (argv), the Docker SDK (a list ``command``), or quote each element with
 :func:`shlex.quote` before a remote shell sees it.
+
+A command is built in layers, each a function of plain values: the Python launcher
+(:func:`python_launcher`: ``python -m``, or torchrun for several processes, standalone or as one
+node of a multi-node cell described by a :class:`NodeRole`), the workload and its flags
+(:func:`workload_flags`), then the profiler and runtime wrappers (nsys/ncu, ``bitfusion run``).
+:class:`LaunchSpec` is everything a backend needs to start one cell, decided before it starts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config import ContainerOptions, HardwareProfile
 from orchestrator.matrix import Cell
+from orchestrator.placement import Allocation
+
+#: Multi-node rendezvous ports: RDZV_PORT_BASE + (a hash of the cell id) % RDZV_PORT_SPAN.
+RDZV_PORT_BASE = 29400
+RDZV_PORT_SPAN = 500
 
 
 @dataclass(frozen=True)
@@ -32,8 +44,23 @@ class LaunchSpec:
     labels: dict[str, str] = field(default_factory=dict)
     #: 1, or more when the cell is retried after its host was lost.
     attempt: int = 1
-    #: A multi-node cell's hosts (the first is the rendezvous); empty for one host.
-    hosts: tuple[str, ...] = ()
+    #: A multi-node cell's other nodes (1..n-1), each a spec of its own; this spec is node 0.
+    peers: tuple[LaunchSpec, ...] = ()
+    #: A batch script that runs ``argv`` (Slurm's job.sbatch), rendered with the spec; None where
+    #: the backend starts ``argv`` itself. Written beside command.json, not into it.
+    script: str | None = field(default=None, repr=False)
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """A multi-node cell's hosts (the first is the rendezvous); empty for one node."""
+        if not self.peers:
+            return ()
+        return tuple(node.host for node in self.nodes if node.host is not None)
+
+    @property
+    def nodes(self) -> tuple[LaunchSpec, ...]:
+        """This spec and its peers: what runs, one spec per node."""
+        return (self, *self.peers)
 
     def shell_line(self) -> str:
         """The command as one safely quoted line (for logs and remote shells)."""
@@ -70,23 +97,82 @@ def workload_flags(cell: Cell) -> list[str]:
     return flags
 
 
+@dataclass(frozen=True)
+class NodeRole:
+    """One node's part in a multi-node cell: torchrun with a static rendezvous.
+
+    Node ``rank`` of ``nnodes`` starts ``nproc`` processes; node 0 hosts the rendezvous store at
+    ``endpoint`` (``HOST:PORT``); every node names the same ``rdzv_id`` (the cell id). Static
+    rendezvous: the node ranks are the ones given, nothing is negotiated.
+    """
+
+    nnodes: int
+    rank: int
+    nproc: int
+    endpoint: str
+    rdzv_id: str
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 2 or not 0 <= self.rank < self.nnodes:
+            raise ValueError(f"node rank {self.rank} of {self.nnodes}: a multi-node cell needs "
+                             "two or more nodes and a rank below their count")
+        if self.nproc < 1:
+            raise ValueError(f"node {self.rank} of {self.rdzv_id} has no process to start")
+
+    def torchrun_flags(self) -> list[str]:
+        """torchrun's flags for this node."""
+        return [
+            f"--nnodes={self.nnodes}", f"--node_rank={self.rank}",
+            f"--nproc_per_node={self.nproc}", "--rdzv_backend=static",
+            f"--rdzv_endpoint={self.endpoint}", f"--rdzv_id={self.rdzv_id}",
+        ]
+
+
+def rdzv_port(cell_id: str) -> int:
+    """A stable rendezvous port for a cell (distinct cells rarely share one)."""
+    digest = hashlib.sha256(cell_id.encode()).digest()
+    return RDZV_PORT_BASE + int.from_bytes(digest[:4], "big") % RDZV_PORT_SPAN
+
+
+def node_roles(allocation: Allocation, rendezvous_address: str) -> list[NodeRole]:
+    """The role of every node of a multi-node ``allocation``, one per slot, in slot order.
+
+    Node 0 (the first slot's host, reached at ``rendezvous_address``) hosts the rendezvous; each
+    node starts one process per GPU of its slot.
+    """
+    endpoint = f"{rendezvous_address}:{rdzv_port(allocation.cell_id)}"
+    return [
+        NodeRole(len(allocation.slots), rank, len(slot.gpu_ids), endpoint, allocation.cell_id)
+        for rank, slot in enumerate(allocation.slots)
+    ]
+
+
+def python_launcher(python: str, gpus: int, node: NodeRole | None = None) -> list[str]:
+    """How a Python module is started, up to where its name goes: ``python -m`` for one
+    process, torchrun for several (standalone, or as ``node`` of a multi-node cell)."""
+    if node is not None:
+        return [python, "-m", "torch.distributed.run", *node.torchrun_flags(), "-m"]
+    if gpus > 1:
+        return [python, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={gpus}", "-m"]
+    return [python, "-m"]
+
+
 def workload_argv(
     cell: Cell,
     profile: HardwareProfile,
     *,
     python: str = "python",
     output_dir: str | None = None,
+    node: NodeRole | None = None,
 ) -> list[str]:
-    """The full command of a cell: profiler and runtime wrappers, torchrun, the workload."""
+    """The full command of a cell: profiler and runtime wrappers, the launcher, the workload.
+
+    ``node``: this node's role when the cell spans several hosts (else torchrun is standalone).
+    """
     gpus = cell.params.gpus
-    if gpus > 1:
-        launcher = [
-            python, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={gpus}", "-m", "workload",
-        ]
-    else:
-        launcher = [python, "-m", "workload"]
-    argv = [*launcher, *workload_flags(cell), "--device", profile.device]
+    launcher = python_launcher(python, gpus, node)
+    argv = [*launcher, "workload", *workload_flags(cell), "--device", profile.device]
     if output_dir:
         argv += ["--output-dir", output_dir]
     if profile.checkpoint_dir:

@@ -30,7 +30,7 @@ import heapq
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from orchestrator.hosts import Inventory
@@ -65,33 +65,56 @@ class Request:
     allow_multi_node: bool = False
 
 
+class Slot(NamedTuple):
+    """One host's share of an allocation: the host (None: this machine) and its GPU ids."""
+
+    host: str | None
+    gpu_ids: tuple[int, ...] = ()
+
+
 @dataclass(frozen=True)
 class Allocation:
-    """Where a cell runs: one ``(host, gpu ids)`` slot per host, first host first."""
+    """Where a cell runs, as placement decided it: one :class:`Slot` per host, first host first.
+
+    The one value a backend hands out in ``allocate``, turns into a launch spec in ``spec`` and
+    takes back in ``release``; nothing about a placement is kept beside it. A cell on this machine
+    has one slot whose host is None (:meth:`local`); a multi-node cell has one slot per host, the
+    first being the rendezvous host. ``exclusive``: the cell holds its hosts to itself.
+    """
 
     cell_id: str
-    slots: tuple[tuple[str, tuple[int, ...]], ...]
+    slots: tuple[Slot, ...] = (Slot(None),)
     exclusive: bool = False
 
+    def __post_init__(self) -> None:
+        if not self.slots:
+            raise ValueError(f"{self.cell_id}: an allocation needs at least one slot")
+        object.__setattr__(self, "slots", tuple(Slot(*slot) for slot in self.slots))
+
+    @classmethod
+    def local(cls, cell_id: str, gpu_ids: Iterable[int] = ()) -> Allocation:
+        """A cell on this machine with ``gpu_ids`` (none: CPU, or GPUs that come otherwise)."""
+        return cls(cell_id, (Slot(None, tuple(gpu_ids)),))
+
     @property
-    def host(self) -> str:
-        """The (first) host; for multi-node cells the rendezvous host."""
-        return self.slots[0][0]
+    def host(self) -> str | None:
+        """The (first) host, None for this machine; for multi-node cells the rendezvous host."""
+        return self.slots[0].host
 
     @property
     def gpu_ids(self) -> tuple[int, ...]:
         """GPU ids on the first host."""
-        return self.slots[0][1]
+        return self.slots[0].gpu_ids
 
     @property
     def hosts(self) -> tuple[str, ...]:
-        """Every host of the allocation."""
-        return tuple(h for h, _ in self.slots)
+        """Every named host of the allocation (empty for this machine)."""
+        return tuple(s.host for s in self.slots if s.host is not None)
 
     @property
     def gpu_count(self) -> int:
         """GPUs over all hosts."""
-        return sum(len(ids) for _, ids in self.slots)
+        return sum(len(s.gpu_ids) for s in self.slots)
 
     @property
     def multi_node(self) -> bool:
@@ -133,7 +156,15 @@ def _pick_ids(free: set[int], n: int) -> tuple[int, ...]:
     return tuple(ordered[:n])
 
 
-def _split(hosts: list[HostSpec], n: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+def _named_slots(alloc: Allocation) -> list[tuple[str, tuple[int, ...]]]:
+    """The slots of a pool's allocation (every one names its host)."""
+    named = [(s.host, s.gpu_ids) for s in alloc.slots if s.host is not None]
+    if len(named) != len(alloc.slots):
+        raise ValueError(f"{alloc.cell_id}: a local allocation does not belong to a host pool")
+    return named
+
+
+def _split(hosts: list[HostSpec], n: int) -> tuple[Slot, ...]:
     """Spread ``n`` GPUs over whole ``hosts``: evenly when possible (torchrun wants the same
     number of processes per node), else filling hosts in order."""
     k = len(hosts)
@@ -144,7 +175,9 @@ def _split(hosts: list[HostSpec], n: int) -> tuple[tuple[str, tuple[int, ...]], 
         for h in hosts:
             counts.append(min(left, len(h.gpu_ids)))
             left -= counts[-1]
-    return tuple((h.name, tuple(sorted(h.gpu_ids))[:c]) for h, c in zip(hosts, counts, strict=True))
+    return tuple(
+        Slot(h.name, tuple(sorted(h.gpu_ids))[:c]) for h, c in zip(hosts, counts, strict=True)
+    )
 
 
 class GpuPool:
@@ -220,7 +253,7 @@ class GpuPool:
                 return None
             best = min(fits, key=lambda s: (len(self._free[s.name]), self._order[s.name]))
             ids = _pick_ids(self._free[best.name], request.gpus)
-            alloc = Allocation(request.cell_id, ((best.name, ids),), request.exclusive_host)
+            alloc = Allocation(request.cell_id, (Slot(best.name, ids),), request.exclusive_host)
         elif request.allow_multi_node:
             chosen = self._whole_hosts(tagged, request.gpus)
             if chosen is None:
@@ -254,7 +287,7 @@ class GpuPool:
         return chosen
 
     def _take(self, alloc: Allocation) -> None:
-        for host, ids in alloc.slots:
+        for host, ids in _named_slots(alloc):
             assert set(ids) <= self._free[host], "double booking"
             self._free[host] -= set(ids)
             self._running[host] += 1
@@ -264,7 +297,7 @@ class GpuPool:
 
     def _give_back(self, alloc: Allocation) -> None:
         del self._live[alloc.cell_id]
-        for host, ids in alloc.slots:
+        for host, ids in _named_slots(alloc):
             self._running[host] -= 1
             if self._exclusive.get(host) == alloc.cell_id:
                 del self._exclusive[host]

@@ -25,9 +25,10 @@ from typing import Any, Protocol
 
 from orchestrator import __version__
 from orchestrator.backends import backend_class
-from orchestrator.backends.base import Allocation, Backend, RunOptions, git_revision
+from orchestrator.backends.base import Backend, RunOptions, git_revision
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.matrix import Cell, Matrix
+from orchestrator.placement import Allocation
 from orchestrator.results import CellResult, RunPaths, Status, find_run, read_json, write_json
 from orchestrator.summary import GroupRow, write_summary
 

@@ -18,16 +18,13 @@ import pytest
 from docker_support import run_containers
 from workload_support import TINY_WORKLOAD
 
-from orchestrator.backends.base import Allocation, RunOptions
-from orchestrator.backends.docker import (
-    CONTAINER_OUT,
-    LABEL_CELL,
-    LABEL_RUN,
-    DockerBackend,
-    container_kwargs,
-)
+from orchestrator.backends.base import RunOptions
+from orchestrator.backends.containers import CONTAINER_OUT, container_kwargs
+from orchestrator.backends.docker import DockerBackend
+from orchestrator.engine import LABEL_CELL, LABEL_RUN
 from orchestrator.errors import BackendUnavailable
 from orchestrator.matrix import load_matrix
+from orchestrator.placement import Allocation
 from orchestrator.results import RunPaths, Status
 from orchestrator.sweep import run_sweep
 
@@ -67,7 +64,7 @@ def backend_for(path: Path, tmp_path: Path) -> DockerBackend:
 def test_gpu_container_as_built(write_matrix, tmp_path):
     backend = backend_for(write_matrix(GPU_MATRIX), tmp_path)
     (cell,) = backend.matrix.cells
-    spec = backend.spec(cell, Allocation(gpu_ids=(2, 5)))
+    spec = backend.spec(cell, Allocation.local(cell.id, (2, 5)))
     kw = container_kwargs(spec)
 
     (req,) = kw["device_requests"]
@@ -96,12 +93,12 @@ def test_bitfusion_and_gaudi_containers_as_built(write_matrix, tmp_path):
     text += '[axes]\nhardware = ["v100-bf", "gaudi"]\n'
     backend = backend_for(write_matrix(text), tmp_path)
     bf, gaudi = backend.matrix.cells
-    kw = container_kwargs(backend.spec(bf, Allocation()))
+    kw = container_kwargs(backend.spec(bf, Allocation.local(bf.id)))
     assert kw["command"][:9] == ["bitfusion", "run", "-n", "2", "-p", "0.5", "-l",
                                  "10.0.0.1:56001", "--"]
     assert kw["command"][9:11] == ["python3", "-m"]
     assert "device_requests" not in kw  # Bitfusion's GPUs are remote
-    kw = container_kwargs(backend.spec(gaudi, Allocation(gpu_ids=(0, 1))))
+    kw = container_kwargs(backend.spec(gaudi, Allocation.local(gaudi.id, (0, 1))))
     assert kw["runtime"] == "habana" and kw["cap_add"] == ["SYS_NICE"]
     assert kw["network_mode"] == "host" and kw["privileged"] is True
     assert kw["environment"]["HABANA_VISIBLE_DEVICES"] == "0,1"

@@ -23,10 +23,13 @@ import pytest
 from docker_support import run_containers
 from ssh_support import SshdFactory, SshdServer
 
-from orchestrator.backends.base import Allocation, RunOptions
-from orchestrator.backends.ssh import REMOTE_ROOT, SshDockerBackend, multi_node_argv, rdzv_port
+from orchestrator.backends.base import RunOptions
+from orchestrator.backends.remote import REMOTE_ROOT
+from orchestrator.backends.ssh import SshDockerBackend
 from orchestrator.errors import ConfigError
+from orchestrator.launch import NodeRole, rdzv_port
 from orchestrator.matrix import Cell, load_matrix
+from orchestrator.placement import Allocation, Slot
 from orchestrator.results import CellResult, RunPaths, Status
 from orchestrator.ssh import UnknownHostKey
 from orchestrator.sweep import run_sweep
@@ -176,7 +179,7 @@ class _BrokenWaitContainer:
 
 
 def test_a_broken_wait_probes_the_host_once(tmp_path: Path) -> None:
-    from orchestrator.backends.ssh import RemoteExecution, _Node
+    from orchestrator.backends.remote import RemoteExecution, RemoteNode
 
     probes: list[str] = []
 
@@ -184,7 +187,7 @@ def test_a_broken_wait_probes_the_host_once(tmp_path: Path) -> None:
         probes.append(host)
         return True
 
-    node = _Node("a", None, None, "/tmp/x", _BrokenWaitContainer())  # type: ignore[arg-type]
+    node = RemoteNode("a", None, None, "/tmp/x", _BrokenWaitContainer())  # type: ignore[arg-type]
     execution = RemoteExecution("cell", [node], tmp_path, reachable)
     assert execution.wait(10.0)
     info = execution.exit_info()
@@ -220,7 +223,8 @@ def test_placement_never_double_books_and_follows_profile_hosts(tmp_path: Path) 
     taken = [(a.host, a.gpu_ids) for a in got[:3] if a is not None]
     assert sorted(taken) == [("a", (0,)), ("a", (1,)), ("b", (3,))]
     backend.release(cells[0], got[0])
-    assert backend.allocate(cells[3]) == got[0]
+    again = backend.allocate(cells[3])
+    assert again is not None and got[0] is not None and again.slots == got[0].slots
 
     backend.mark_host_lost("b", "test")
     backend.mark_host_lost("a", "test")
@@ -234,7 +238,8 @@ def test_cpu_cells_without_gpu_ids_are_capped_by_max_concurrent(tmp_path: Path) 
     backend = make_backend(tmp_path, matrix, hosts)
     got = [backend.allocate(c) for c in backend.matrix.cells]
     assert [a is not None for a in got] == [True, True, False]
-    assert got[0] == Allocation(host="a", gpu_ids=(), hosts=("a",))
+    assert got[0] == Allocation(backend.matrix.cells[0].id, (Slot("a", ()),))
+    assert got[0].hosts == ("a",) and got[0].host == "a" and not got[0].multi_node
 
 
 def test_multi_node_placement_and_command(tmp_path: Path) -> None:
@@ -246,7 +251,8 @@ def test_multi_node_placement_and_command(tmp_path: Path) -> None:
     backend.image_tags["cpu"] = "img:1"
     two, four = backend.matrix.cells
     alloc = backend.allocate(four)
-    assert alloc == Allocation(host="a", gpu_ids=(0, 1), hosts=("a", "b"))
+    assert alloc == Allocation(four.id, (Slot("a", (0, 1)), Slot("b", (0, 1))), exclusive=True)
+    assert alloc.hosts == ("a", "b") and alloc.multi_node
     assert backend.allocate(two) is None  # both hosts held exclusively
     spec = backend.spec(four, alloc)
     port = rdzv_port(four.id)
@@ -256,10 +262,12 @@ def test_multi_node_placement_and_command(tmp_path: Path) -> None:
         "--nproc_per_node=2", "--rdzv_backend=static", f"--rdzv_endpoint=127.0.0.1:{port}",
         f"--rdzv_id={four.id}")
     assert spec.hosts == ("a", "b") and spec.to_json()["hosts"] == ["a", "b"]
-    node1 = backend._node_spec(spec, 1)
-    assert node1.host == "b" and "--node_rank=1" in node1.argv
-    with pytest.raises(Exception, match="torchrun launcher"):
-        multi_node_argv(["python3", "-m", "workload"], 2, 0, 1, "h:1", "id")
+    (node1,) = spec.peers
+    assert node1.host == "b" and node1.gpu_ids == (0, 1) and "--node_rank=1" in node1.argv
+    assert node1.container is not None and node1.container.network == "host"
+    assert node1.output_dir == spec.output_dir and node1.labels == spec.labels
+    with pytest.raises(ValueError, match="two or more nodes"):
+        NodeRole(nnodes=1, rank=0, nproc=1, endpoint="h:1", rdzv_id="id")
 
 
 # --- real sshd hosts, real engine ------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Image builds: content-hash tags, planning, NGC release resolution, and real Docker builds.
+"""Image builds: content-hash tags, planning, and real Docker builds.
 
 Tests marked ``docker`` talk to a real engine (see tests/docker_support.py); they build on a local
 Debian + torch base image that stands in for nvcr.io's, since no registry is reachable here.
@@ -17,7 +17,7 @@ import docker
 import pytest
 
 from orchestrator import build, cli, images
-from orchestrator.errors import BackendUnavailable, BuildError, ConfigError
+from orchestrator.errors import BackendUnavailable, BuildError
 
 # --------------------------------------------------------------------------- helpers
 
@@ -125,63 +125,6 @@ def test_no_engine_is_backend_unavailable(
         build.ensure_image(plan)
     message = str(err.value)
     assert "dockerd" in message and "--backend process" in message
-
-
-# --------------------------------------------------------------------------- NGC releases
-
-
-@pytest.mark.parametrize(
-    ("driver", "release"),
-    [
-        ("520.61.05", "22.12"),
-        ("525.147.05", "23.02"),
-        ("535.104.05", "23.10"),
-        ("535.129.03", "23.10"),
-        ("535.86.10", "23.09"),
-        ("545.23.08", "24.02"),
-        ("550.54.15", "24.05"),
-        ("555.42.06", "24.07"),
-        ("560.35.03", "24.10"),
-        ("570.86.15", "24.10"),
-        ("550", "24.02"),  # 550.0.0 is below 550.54.14
-    ],
-)
-def test_resolve_release_picks_newest_supported(driver: str, release: str) -> None:
-    assert build.resolve_release(driver).name == release
-
-
-def test_release_data_is_consistent() -> None:
-    releases = build.load_releases()
-    names = [r.name for r in releases]
-    assert names[0] == "22.12" and names[-1] == "24.10" and "23.05" in names
-    by_name = {r.name: r for r in releases}
-    assert by_name["22.12"].cuda == "11.8.0" and by_name["22.12"].min_driver.startswith("520")
-    assert by_name["23.10"].cuda.startswith("12.2") and by_name["23.10"].min_driver.startswith(
-        "535"
-    )
-    # A newer release never needs an older driver.
-    keys = [build._driver_key(r.min_driver) for r in releases]
-    assert keys == sorted(keys)
-
-
-def test_datacenter_forward_compat() -> None:
-    assert build.resolve_release("535.161.08").name == "23.10"
-    assert build.resolve_release("535.161.08", datacenter=True).name == "24.10"
-    assert build.resolve_release("470.57.02", datacenter=True).name == "24.10"
-    # R515 left the forward-compatible branches with 23.08, R450 with 24.03
-    assert build.resolve_release("515.65.01", datacenter=True).name == "23.07"
-    assert build.resolve_release("450.51.06", datacenter=True).name == "23.12"
-
-
-@pytest.mark.parametrize("driver", ["", "abc", "535.x", "5 35", "-1"])
-def test_malformed_driver(driver: str) -> None:
-    with pytest.raises(ConfigError, match="malformed driver version"):
-        build.resolve_release(driver)
-
-
-def test_too_old_driver() -> None:
-    with pytest.raises(ConfigError, match="older than every known NGC PyTorch release"):
-        build.resolve_release("470.82.01")
 
 
 # --------------------------------------------------------------------------- CLI (no Docker)

@@ -2,15 +2,24 @@
 
 :class:`Backend` owns what is the same everywhere: writing the command, streaming output into the
 cell's log, the per-cell timeout, cancellation, timing, and turning an outcome into a
-:class:`~orchestrator.results.CellResult`. A backend fills in a few hooks:
+:class:`~orchestrator.results.CellResult` (:meth:`Backend.run_cell`). A backend fills in a few
+hooks:
 
 - :meth:`Backend.check_available` — can it run here at all (engine, sshd, Slurm)?
 - :meth:`Backend.prepare` — work done once per sweep (build the images the cells need).
-- :meth:`Backend.spec` — the :class:`~orchestrator.launch.LaunchSpec` of a cell.
+- :meth:`Backend.unplaceable`, :meth:`Backend.allocate`, :meth:`Backend.release` — placement:
+  why a cell can never run here; the :class:`~orchestrator.placement.Allocation` (hosts, GPU
+  ids) of a cell that can start now; the end of that allocation. Default: one cell at a time on
+  this machine.
+- :meth:`Backend.spec` — the :class:`~orchestrator.launch.LaunchSpec` of a cell on its
+  allocation: everything :meth:`Backend.launch` needs, decided before it starts.
 - :meth:`Backend.launch` — start it, returning an :class:`Execution` handle.
 - :meth:`Backend.finish` — add what only the backend knows to the result (optional).
+- :meth:`Backend.close` — end of the sweep: remove what is left behind.
 
 An :class:`Execution` is the started cell: a subprocess, a container, a remote channel, a job.
+How its end becomes a status (ok, failed with the reason, oom, timeout, host lost, cancelled) is
+decided here, once, from its :class:`ExitInfo` and the workload's JSON lines.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from typing import Any, ClassVar
 from orchestrator import __version__
 from orchestrator.launch import LaunchSpec
 from orchestrator.matrix import Cell, Matrix
+from orchestrator.placement import Allocation
 from orchestrator.results import (
     CellResult,
     RunPaths,
@@ -48,15 +58,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 #: Called with (cell id, one line of its output) as the cell runs (progress display).
 OutputHook = Callable[[str, str], None]
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """Where a cell runs: a host (None: this machine) and the GPU ids given to it."""
-
-    host: str | None = None
-    gpu_ids: tuple[int, ...] = ()
-    hosts: tuple[str, ...] = ()  # multi-node cells: every host, first is the rendezvous
 
 
 @dataclass
@@ -125,8 +126,6 @@ class Backend(ABC):
     """Runs cells somewhere. Subclasses fill in the hooks named in the module docstring."""
 
     name: ClassVar[str] = "base"
-    #: Cells of this backend may run at once on distinct GPUs/hosts.
-    concurrent: ClassVar[bool] = False
 
     def __init__(self, matrix: Matrix, paths: RunPaths, options: RunOptions):
         self.matrix = matrix
@@ -201,9 +200,9 @@ class Backend(ABC):
         self._busy = True
         profile = self.matrix.profile(cell)
         if profile.device == "cpu" or profile.wrapper == "bitfusion":
-            return Allocation()
+            return Allocation.local(cell.id)
         ids = profile.gpu_ids if profile.gpu_ids is not None else range(cell.params.gpus)
-        return Allocation(gpu_ids=tuple(ids)[: cell.params.gpus])
+        return Allocation.local(cell.id, tuple(ids)[: cell.params.gpus])
 
     def release(self, cell: Cell, allocation: Allocation) -> None:
         """The cell that held ``allocation`` ended."""

@@ -16,10 +16,11 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from orchestrator.backends.base import PROJECT_ROOT, Allocation, Backend, Execution, ExitInfo
+from orchestrator.backends.base import PROJECT_ROOT, Backend, Execution, ExitInfo
 from orchestrator.errors import BackendUnavailable, LaunchError
 from orchestrator.launch import LaunchSpec, workload_argv, workload_env
 from orchestrator.matrix import Cell
+from orchestrator.placement import Allocation
 
 
 class ProcessExecution(Execution):

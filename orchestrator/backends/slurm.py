@@ -36,14 +36,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from orchestrator.backends.base import PROJECT_ROOT, Allocation, Backend, Execution, ExitInfo
+from orchestrator.backends.base import PROJECT_ROOT, Backend, Execution, ExitInfo, RunOptions
 from orchestrator.config import HardwareProfile, SlurmOptions
 from orchestrator.errors import BackendUnavailable, LaunchError
 from orchestrator.launch import LaunchSpec, workload_argv, workload_env
-from orchestrator.matrix import Cell
-from orchestrator.results import CellResult, Status, write_json
+from orchestrator.matrix import Cell, Matrix
+from orchestrator.placement import Allocation
+from orchestrator.results import CellResult, RunPaths, Status, write_json
 
 log = logging.getLogger("orchestrator.backends.slurm")
 
@@ -464,16 +464,14 @@ class SlurmExecution(Execution):
 
 
 class SlurmBackend(Backend):
-    """Run each cell as a Slurm batch job; Slurm places them (``concurrent``)."""
+    """Run each cell as a Slurm batch job; Slurm places them, several cells at once."""
 
     name = "slurm"
-    concurrent = True
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+    def __init__(self, matrix: Matrix, paths: RunPaths, options: RunOptions):
+        super().__init__(matrix, paths, options)
         self._lock = threading.Lock()
-        self._scripts: dict[str, str] = {}
-        self._executions: dict[str, SlurmExecution] = {}
+        self._live: set[SlurmExecution] = set()  # jobs not yet finished: cancelled at close()
         self._watchers: dict[str | None, QueueWatcher] = {}  # cluster -> one squeue per interval
         self._in_flight: dict[str, int] = {}  # hardware profile -> cells submitted
         self._max_gpus: dict[str | None, int | None] = {}  # partition -> most GPUs of a node
@@ -538,7 +536,7 @@ class SlurmBackend(Backend):
             if cap is not None and count >= cap:
                 return None
             self._in_flight[cell.hardware] = count + 1
-        return Allocation()
+        return Allocation.local(cell.id)  # the node and its GPUs: Slurm's choice
 
     def release(self, cell: Cell, allocation: Allocation) -> None:
         with self._lock:
@@ -566,27 +564,24 @@ class SlurmBackend(Backend):
         )
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
+        """The cell's argv and environment, with the batch script that runs them."""
         job = self.sbatch_job(cell)
-        script = render_sbatch(job)
-        with self._lock:
-            self._scripts[cell.id] = script
         profile = self.matrix.profile(cell)
         env = {k: v for k, v in job.env.items() if k != "PYTHONPATH"}
         return LaunchSpec(
             cell_id=cell.id, argv=job.argv, env=env, device=profile.device,
             workdir=job.workdir, output_dir=str(self.paths.cell_dir(cell.id)),
             labels={"slurm.script": str(self.paths.cell_dir(cell.id) / SCRIPT_NAME)},
-            attempt=attempt,
+            attempt=attempt, script=render_sbatch(job),
         )
 
     def launch(self, spec: LaunchSpec) -> Execution:
-        with self._lock:
-            script = self._scripts.pop(spec.cell_id, None)
-        if script is None:
+        """Write the spec's batch script into the cell folder and ``sbatch`` it."""
+        if spec.script is None:
             raise LaunchError(f"{spec.cell_id}: no batch script was rendered for it")
         cell_dir = self.paths.cell_dir(spec.cell_id)
         script_path = cell_dir / SCRIPT_NAME
-        script_path.write_text(script, encoding="utf-8")
+        script_path.write_text(spec.script, encoding="utf-8")
         proc = _slurm(["sbatch", "--parsable", str(script_path)], timeout=60.0)
         if proc.returncode != 0:
             detail = proc.stderr.strip() or proc.stdout.strip() or f"exit code {proc.returncode}"
@@ -597,7 +592,7 @@ class SlurmBackend(Backend):
             watcher = self._watchers.setdefault(cluster, QueueWatcher(cluster))
         execution = SlurmExecution(job_id, cell_dir / f"slurm-{job_id}.out", cluster, watcher)
         with self._lock:
-            self._executions[spec.cell_id] = execution
+            self._live.add(execution)
         self._record_job(spec.cell_id, job_id, cluster, script_path, execution.output_path)
         return execution
 
@@ -615,9 +610,9 @@ class SlurmBackend(Backend):
 
     def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:
         """Add the job id, Slurm's final state and the node; explain Slurm's own ends."""
-        with self._lock:
-            self._executions.pop(cell.id, None)
         assert isinstance(execution, SlurmExecution)
+        with self._lock:
+            self._live.discard(execution)
         outcome = execution.outcome
         result.provenance.update(
             slurm_job_id=execution.job_id,
@@ -646,8 +641,8 @@ class SlurmBackend(Backend):
     def close(self) -> None:
         """Cancel any job of this sweep still in Slurm (cells that never reported back)."""
         with self._lock:
-            left = list(self._executions.values())
-            self._executions.clear()
+            left = list(self._live)
+            self._live.clear()
         for execution in left:
             execution.kill()
             execution.close()

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from orchestrator import build, images
 from orchestrator.errors import BackendUnavailable, ConfigError
+from orchestrator.releases import Release, resolve_release
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def _add_set(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _values(args: argparse.Namespace) -> tuple[dict[str, Any], build.Release | None]:
+def _values(args: argparse.Namespace) -> tuple[dict[str, Any], Release | None]:
     values = images.coerce_set(args.name, args.assignments)
     release = None
     driver = getattr(args, "driver", None)
@@ -90,7 +91,7 @@ def _values(args: argparse.Namespace) -> tuple[dict[str, Any], build.Release | N
             )
         if "base_tag" in values:
             raise ConfigError("give either --driver or --set base_tag, not both", file="--driver")
-        release = build.resolve_release(driver, datacenter=getattr(args, "datacenter", False))
+        release = resolve_release(driver, datacenter=getattr(args, "datacenter", False))
         values["base_tag"] = release.base_tag
     return values, release
 

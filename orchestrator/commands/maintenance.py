@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from orchestrator.backends.docker import (
+    from orchestrator.engine import (
         LABEL_MATRIX,
         LABEL_RUN,
         docker_client,

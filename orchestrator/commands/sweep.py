@@ -22,7 +22,7 @@ from orchestrator.results import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.backends.base import Allocation
+    from orchestrator.placement import Allocation
 
 DEFAULT_RESULTS = Path("results")
 
@@ -272,7 +272,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         backend = backend_for(matrix, args.backend)
         print("\n".join(plan_lines(matrix)))
         if backend in ("docker", "ssh"):
-            from orchestrator.backends.docker import plan_images
+            from orchestrator.build import plan_images
 
             for hw, plan in plan_images(matrix, list(matrix.cells), backend).items():
                 print(f"image for {hw}: {plan.tag} (template {plan.template}, "

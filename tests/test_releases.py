@@ -1,0 +1,79 @@
+"""NGC PyTorch releases: the packaged table and which release a driver can run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import releases
+from orchestrator.errors import ConfigError
+from orchestrator.releases import Release, driver_key, load_releases, resolve_release
+
+
+@pytest.mark.parametrize(
+    ("driver", "release"),
+    [
+        ("520.61.05", "22.12"),
+        ("525.147.05", "23.02"),
+        ("535.104.05", "23.10"),
+        ("535.129.03", "23.10"),
+        ("535.86.10", "23.09"),
+        ("545.23.08", "24.02"),
+        ("550.54.15", "24.05"),
+        ("555.42.06", "24.07"),
+        ("560.35.03", "24.10"),
+        ("570.86.15", "24.10"),
+        ("550", "24.02"),  # 550.0.0 is below 550.54.14
+    ],
+)
+def test_resolve_release_picks_newest_supported(driver: str, release: str) -> None:
+    assert resolve_release(driver).name == release
+
+
+def test_release_data_is_consistent() -> None:
+    releases = load_releases()
+    names = [r.name for r in releases]
+    assert names[0] == "22.12" and names[-1] == "24.10" and "23.05" in names
+    by_name = {r.name: r for r in releases}
+    assert by_name["22.12"].cuda == "11.8.0" and by_name["22.12"].min_driver.startswith("520")
+    assert by_name["23.10"].cuda.startswith("12.2") and by_name["23.10"].min_driver.startswith(
+        "535"
+    )
+    # A newer release never needs an older driver.
+    keys = [driver_key(r.min_driver) for r in releases]
+    assert keys == sorted(keys)
+
+
+def test_datacenter_forward_compat() -> None:
+    assert resolve_release("535.161.08").name == "23.10"
+    assert resolve_release("535.161.08", datacenter=True).name == "24.10"
+    assert resolve_release("470.57.02", datacenter=True).name == "24.10"
+    # R515 left the forward-compatible branches with 23.08, R450 with 24.03
+    assert resolve_release("515.65.01", datacenter=True).name == "23.07"
+    assert resolve_release("450.51.06", datacenter=True).name == "23.12"
+
+
+@pytest.mark.parametrize("driver", ["", "abc", "535.x", "5 35", "-1"])
+def test_malformed_driver(driver: str) -> None:
+    with pytest.raises(ConfigError, match="malformed driver version"):
+        resolve_release(driver)
+
+
+def test_too_old_driver() -> None:
+    with pytest.raises(ConfigError, match="older than every known NGC PyTorch release"):
+        resolve_release("470.82.01")
+
+
+def test_release_tables_may_carry_more_keys(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    """Keys the resolver does not use (torch versions, a source URL) are ignored, not refused."""
+    assert Release.from_table("24.05", {
+        "cuda": "12.4.1", "min_driver": "550.54.15", "torch": "2.4.0a0", "source": "https://x",
+    }) == Release("24.05", "12.4.1", "550.54.15")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "ngc_releases.toml").write_text(
+        '[releases."24.05"]\ncuda = "12.4.1"\nmin_driver = "550.54.15"\ntorchvision = "0.19"\n')
+    monkeypatch.setattr(releases.resources, "files", lambda _package: tmp_path)
+    assert [r.name for r in load_releases()] == ["24.05"]
