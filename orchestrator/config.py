@@ -190,7 +190,6 @@ class HardwareProfile(StrictModel):
     container: ContainerOptions = ContainerOptions()
     slurm: SlurmOptions = SlurmOptions()
     env: dict[str, str] = {}
-    backend: str | None = Field(None, description="Backend for this profile (overrides [matrix]).")
     hosts: list[str] = Field([], description="Hosts (inventory names) allowed to run it.")
     gpu_ids: list[NonNegativeInt] | None = Field(
         None, description="Local GPU ids to use (default: all visible)."

@@ -15,6 +15,10 @@ The rules, in order:
 
 Ids are stable and readable (``v100-g4-bs256-amp-r1``): hardware, then the parameters that vary in
 the matrix, then the repeat. The content hash covers the parameters and the hardware profile.
+
+Validation reports every problem of the file at once (types, unknown keys and profiles, image
+templates and their variables, rules that match nothing). This module knows nothing of backends:
+``[matrix] backend`` is checked against the names the caller passes to :func:`load_matrix`.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from orchestrator import images
 from orchestrator.config import (
     PARAM_NAMES,
     CellParams,
@@ -256,33 +261,25 @@ def make_cells(
 # --- semantic checks -------------------------------------------------------------------------
 
 
-def _check_profiles(mf: MatrixFile, file: str) -> list[Problem]:
-    from orchestrator.backends import backend_names
+def _check_backend(mf: MatrixFile, file: str, backends: Collection[str] | None) -> list[Problem]:
+    """``[matrix] backend`` against the backend names the caller knows (None: not checked)."""
+    if backends is None or mf.matrix.backend in backends:
+        return []
+    return [Problem(file, "matrix.backend",
+                    f"unknown backend {mf.matrix.backend!r}; known: {', '.join(backends)}")]
 
+
+def _check_profiles(mf: MatrixFile, file: str) -> list[Problem]:
     problems = []
-    known_backends = backend_names()
-    if mf.matrix.backend not in known_backends:
-        problems.append(Problem(
-            file, "matrix.backend",
-            f"unknown backend {mf.matrix.backend!r}; known: {', '.join(known_backends)}",
-        ))
     for name, profile in mf.hardware.items():
-        where = f"hardware.{name}"
-        if profile.backend is not None and profile.backend not in known_backends:
-            problems.append(Problem(
-                file, f"{where}.backend",
-                f"unknown backend {profile.backend!r}; known: {', '.join(known_backends)}",
-            ))
         if profile.image is not None:
-            problems += _check_image(file, where, profile)
+            problems += _check_image(file, f"hardware.{name}", profile)
     return problems
 
 
 def _check_image(file: str, where: str, profile: HardwareProfile) -> list[Problem]:
-    from orchestrator import images
-
     names = images.template_names()
-    if profile.image not in names:
+    if profile.image is None or profile.image not in names:
         return [Problem(
             file, f"{where}.image",
             f"unknown image template {profile.image!r}; known: {', '.join(names)}",
@@ -317,12 +314,18 @@ def _check_hardware_values(
 # --- entry points ----------------------------------------------------------------------------
 
 
-def load_matrix(path: str | Path) -> Matrix:
-    """Load, validate and expand a matrix file. Raises :class:`ConfigError` with every problem."""
+def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) -> Matrix:
+    """Load, validate and expand a matrix file. Raises :class:`ConfigError` with every problem.
+
+    ``backends``: the backend names ``[matrix] backend`` may take (the CLI passes the registry's,
+    :func:`orchestrator.backends.backend_names`); None leaves the name to whoever picks the
+    backend (:func:`orchestrator.sweep.run_sweep`).
+    """
     path = Path(path)
     file = str(path)
     mf, raw, text = parse_matrix_file(path)
-    problems = _check_profiles(mf, file)
+    problems = _check_backend(mf, file, backends)
+    problems += _check_profiles(mf, file)
     assignments, expand_problems = expand_assignments(mf, raw, file)
     problems += expand_problems
     problems += _check_hardware_values(mf, raw, file, assignments)

@@ -120,7 +120,10 @@ def run_sweep(
     """
     events = events or NullEvents()
     name = backend_for(matrix, backend_name)
-    cls = backend_class(name)
+    if backend_name:
+        cls = backend_class(name)
+    else:  # the name comes from the matrix file: say where
+        cls = backend_class(name, file=str(matrix.path), field="matrix.backend")
     cls.check_available()
     if resume is None:
         paths = RunPaths.create(results_root, matrix.name)

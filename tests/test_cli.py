@@ -83,6 +83,19 @@ def test_validate_reports_every_problem_exit_2_no_traceback(write_matrix):
     assert "4 problems" in proc.stderr
 
 
+def test_validate_and_plan_report_an_unknown_backend(write_matrix, capsys):
+    path = write_matrix("""
+        [matrix]
+        backend = "kubernetes"
+        [axes]
+        hardware = ["cpu"]
+    """)
+    for command in ("validate", "plan"):
+        assert main([command, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"{path}: matrix.backend: unknown backend 'kubernetes'; known: process" in err
+
+
 def test_missing_file_and_bad_backend_are_clean_errors(tmp_path):
     proc = orchestrate("plan", str(tmp_path / "nope.toml"))
     assert proc.returncode == 2 and "no such file" in proc.stderr

@@ -282,13 +282,22 @@ def test_profile_errors(write_matrix):
 
 
 def test_unknown_backend(write_matrix):
-    got = problems(write_matrix("""
+    path = write_matrix("""
         [matrix]
         backend = "kubernetes"
         [axes]
         hardware = ["cpu"]
-    """))
-    assert any("matrix.backend: unknown backend 'kubernetes'" in p for p in got)
+        [[exclude]]
+        gpus = 3
+    """)
+    with pytest.raises(ConfigError) as info:
+        load_matrix(path, backends=["process", "docker"])
+    got = [str(p) for p in info.value.problems]
+    assert any("matrix.backend: unknown backend 'kubernetes'; known: process, docker" in p
+               for p in got)
+    assert any("exclude[0]: matches no cell" in p for p in got)  # reported together
+    # Without names to check against, the name is left to whoever picks the backend.
+    assert not any("matrix.backend" in p for p in problems(path))
 
 
 def test_empty_axis_list_is_rejected(write_matrix):

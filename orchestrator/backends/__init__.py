@@ -34,11 +34,13 @@ def backend_names() -> list[str]:
     return names
 
 
-def backend_class(name: str) -> type[Backend]:
-    """The backend class for ``name``; an unknown name is a :class:`ConfigError`."""
+def backend_class(name: str, *, file: str = "", field: str = "--backend") -> type[Backend]:
+    """The backend class for ``name``; an unknown name is a :class:`ConfigError` naming where
+    the name came from (``--backend``, or ``file`` and ``field``)."""
     if name not in backend_names():
         raise ConfigError(
-            f"unknown backend {name!r}; known: {', '.join(backend_names())}", field="--backend"
+            f"unknown backend {name!r}; known: {', '.join(backend_names())}", file=file,
+            field=field,
         )
     module, _, cls = _REGISTRY[name].partition(":")
     return getattr(importlib.import_module(module), cls)

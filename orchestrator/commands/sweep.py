@@ -93,7 +93,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace) -> Matrix:
-    return filter_cells(load_matrix(args.matrix_file), getattr(args, "only", []))
+    return filter_cells(_load_matrix(args.matrix_file), getattr(args, "only", []))
+
+
+def _load_matrix(path: Path) -> Matrix:
+    """The matrix file, validated; ``[matrix] backend`` must name a backend of this build."""
+    from orchestrator.backends import backend_names
+
+    return load_matrix(path, backends=backend_names())
 
 
 def plan_lines(matrix: Matrix) -> list[str]:
@@ -122,7 +129,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    matrix = load_matrix(args.matrix_file)
+    matrix = _load_matrix(args.matrix_file)
     print(f"{args.matrix_file}: ok ({len(matrix.cells)} cells)")
     return 0
 
