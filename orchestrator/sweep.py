@@ -1,11 +1,15 @@
 """The sweep pipeline, top to bottom.
 
-``load -> expand -> filter -> pick backend -> prepare (build images) -> run cells -> summarize``
+``load -> expand -> filter`` (:mod:`orchestrator.matrix`, called by the CLI), then
+:func:`run_sweep`: ``pick backend -> open run -> prepare (build images, reach hosts) -> run cells
+-> finish run (unrun cells recorded, tables and plot written)``.
 
-Each step is a plain function. Running cells: a cell starts as soon as the backend can place it
-(:meth:`~orchestrator.backends.base.Backend.allocate`); every cell runs in a worker thread so the
-main thread stays free to notice Ctrl-C / SIGTERM, cancel what runs and record what did not.
-Expected failures are results; one bad cell never stops the sweep.
+Each step is a plain function over plain values. Running cells (:func:`run_cells`): a cell starts
+as soon as the backend can place it (:func:`place`, through
+:meth:`~orchestrator.backends.base.Backend.allocate`); every cell runs in a worker thread so the
+main thread stays free to notice Ctrl-C / SIGTERM, cancel what runs and record what did not; a
+cell that ended is collected (:func:`collect`: its allocation goes back) and recorded, or retried
+when its host was lost. Expected failures are results; one bad cell never stops the sweep.
 """
 
 from __future__ import annotations
@@ -117,21 +121,61 @@ def run_sweep(
 
     ``resume``: a run id, or ``""`` for the newest run of the matrix: run again, in that run's
     folder, only the cells that did not end ok (the matrix must not have changed since).
+
+    The steps: pick the backend -> open the run -> prepare the backend -> run the cells ->
+    finish the run (unrun cells recorded, tables and plot written).
     """
     events = events or NullEvents()
-    name = backend_for(matrix, backend_name)
-    if backend_name:
+    name, cls = pick_backend(matrix, backend_name)
+    run = open_run(matrix, name, results_root, resume)
+    options = RunOptions(
+        timeout_s=matrix.settings.timeout_s,
+        output_hook=events.cell_output,
+        cancel=cancel or threading.Event(),
+        hosts_file=hosts_file or hosts_file_of(matrix),
+    )
+    backend = prepare_backend(cls, matrix, run, options, events)
+    events.sweep_started(run.paths, run.cells)
+    results, interrupted = run_all(backend, run.cells, events, retries=matrix.settings.retries)
+    return finish_run(matrix, run, results, interrupted)
+
+
+@dataclass
+class OpenRun:
+    """A run folder a sweep works in: its paths, the cells to run now, run.json's content."""
+
+    paths: RunPaths
+    cells: list[Cell]
+    meta: dict[str, Any]
+    #: Created by this sweep (removed again when the sweep fails before any cell ran).
+    new: bool
+
+
+def pick_backend(matrix: Matrix, override: str | None) -> tuple[str, type[Backend]]:
+    """The backend's name and class (--backend, else ``[matrix] backend``), checked available.
+
+    An unknown name is a ConfigError naming where it came from; a backend that cannot run here
+    is :class:`~orchestrator.errors.BackendUnavailable`.
+    """
+    name = backend_for(matrix, override)
+    if override:
         cls = backend_class(name)
-    else:  # the name comes from the matrix file: say where
+    else:
         cls = backend_class(name, file=str(matrix.path), field="matrix.backend")
     cls.check_available()
+    return name, cls
+
+
+def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | None) -> OpenRun:
+    """A new run folder with the matrix, plan and run.json; or, with ``resume``, the folder of an
+    earlier run with the cells that did not end ok (their old files archived)."""
     if resume is None:
         paths = RunPaths.create(results_root, matrix.name)
         paths.matrix_file.write_text(matrix.source_text, encoding="utf-8")
-        write_json(paths.plan, plan_json(matrix, name))
+        write_json(paths.plan, plan_json(matrix, backend))
         cells = list(matrix.cells)
-        run_meta: dict[str, Any] = {
-            "run_id": paths.run_id, "matrix": matrix.name, "backend": name,
+        meta: dict[str, Any] = {
+            "run_id": paths.run_id, "matrix": matrix.name, "backend": backend,
             "started_at": time.time(), "finished_at": None,
             "orchestrate_version": __version__, "git_revision": git_revision(),
             "python": sys.version.split()[0], "controller_host": platform.node(),
@@ -140,48 +184,65 @@ def run_sweep(
     else:
         paths = find_run(results_root, matrix.name, resume or None)
         cells = cells_to_resume(paths, matrix)
-        run_meta = read_json(paths.run_meta)
-        run_meta.setdefault("resumed", []).append(
-            {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": name})
-    write_json(paths.run_meta, run_meta)
+        meta = read_json(paths.run_meta)
+        meta.setdefault("resumed", []).append(
+            {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend})
+    write_json(paths.run_meta, meta)
+    return OpenRun(paths, cells, meta, new=resume is None)
 
-    options = RunOptions(
-        timeout_s=matrix.settings.timeout_s,
-        output_hook=events.cell_output,
-        cancel=cancel or threading.Event(),
-        hosts_file=hosts_file or hosts_file_of(matrix),
-    )
+
+def prepare_backend(cls: type[Backend], matrix: Matrix, run: OpenRun, options: RunOptions,
+                    events: SweepEvents) -> Backend:
+    """The backend, prepared for the run's cells (images built, hosts reached).
+
+    If that fails (bad inventory, failed image build, Ctrl-C during a build) nothing ran: the
+    backend is closed and a new run's folder removed (it would only be an empty run in
+    ``history``), then the error goes on.
+    """
     backend: Backend | None = None
     try:
-        backend = cls(matrix, paths, options)
-        if cells:
-            backend.prepare(cells, on_log=events.log)
+        backend = cls(matrix, run.paths, options)
+        if run.cells:
+            backend.prepare(run.cells, on_log=events.log)
     except BaseException:
-        # Nothing ran (bad inventory, failed image build, Ctrl-C during a build): a new run's
-        # folder would only be an empty run in `history`.
         if backend is not None:
             backend.close()
-        if resume is None:
-            shutil.rmtree(paths.root, ignore_errors=True)
+        if run.new:
+            shutil.rmtree(run.paths.root, ignore_errors=True)
         raise
-    events.sweep_started(paths, cells)
+    return backend
+
+
+def run_all(backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0
+            ) -> tuple[list[CellResult], bool]:
+    """Run the cells (:func:`run_cells`), then close the backend whatever happened.
+
+    Returns the results and whether the sweep was interrupted (Ctrl-C, SIGTERM, the cancel flag).
+    """
     interrupted = False
     try:
-        results = run_cells(backend, cells, events, retries=matrix.settings.retries)
+        results = run_cells(backend, cells, events, retries=retries)
     except KeyboardInterrupt:
-        options.cancel.set()
+        backend.options.cancel.set()
         interrupted = True
         results = []
     finally:
         backend.close()
-    interrupted = interrupted or options.cancel.is_set()
-    _record_unrun(paths, cells, results)
-    results = paths.results()  # every cell of the run, those of earlier attempts included
-    rows, table = write_summary(paths, results=results)
+    return results, interrupted or backend.options.cancel.is_set()
+
+
+def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrupted: bool
+               ) -> SweepOutcome:
+    """Record the cells that never ran, write the tables (and plot) from what is on disk, and
+    close run.json with the counts."""
+    paths = run.paths
+    _record_unrun(paths, run.cells, results)
+    every = paths.results()  # every cell of the run, those of earlier attempts included
+    rows, table = write_summary(paths, results=every)
     _plot_if_possible(paths, rows, matrix.name)
-    outcome = SweepOutcome(paths, results, rows, table, interrupted)
-    run_meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
-    write_json(paths.run_meta, run_meta)
+    outcome = SweepOutcome(paths, every, rows, table, interrupted)
+    run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
+    write_json(paths.run_meta, run.meta)
     return outcome
 
 
@@ -223,55 +284,68 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
     return todo
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One try of a cell: the first, or a retry after its host was lost."""
+
+    cell: Cell
+    number: int = 1
+
+    def retry(self) -> Attempt:
+        """The next try of the same cell."""
+        return Attempt(self.cell, self.number + 1)
+
+
+@dataclass(frozen=True)
+class Running:
+    """An attempt that was started, and the allocation it holds until it ends."""
+
+    attempt: Attempt
+    allocation: Allocation
+
+
 def run_cells(
     backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0
 ) -> list[CellResult]:
-    """Start each cell as soon as the backend can place it; collect every result."""
+    """Start each cell as soon as the backend can place it; collect every result.
+
+    The steps: cells that can never run here are recorded unplaceable; then, whenever a cell
+    ends (and at the start), :func:`place` the pending ones, run each placed one in a worker
+    thread (:meth:`~orchestrator.backends.base.Backend.run_cell`), and :func:`collect` each one
+    that ended: its allocation goes back, and a cell whose host was lost runs again (up to
+    ``retries`` times) while one that ended otherwise is recorded. Cancelled: the running cells
+    see the flag, stop their workload and report.
+    """
     results: list[CellResult] = []
-    pending: deque[tuple[Cell, int]] = deque()
 
-    def unplaceable(cell: Cell, attempt: int, reason: str) -> None:
-        res = _unrun_result(cell, Status.UNPLACEABLE, reason)
-        res.attempts = attempt - 1
-        if attempt > 1:
-            res.reason = (f"its host was lost (attempt {attempt - 1}) and no other can run "
-                          f"it: {reason}")
-        write_json(backend.paths.cell_result(cell.id), res.to_json())
-        results.append(res)
-        events.cell_finished(cell, res)
+    def record(cell: Cell, result: CellResult) -> None:
+        results.append(result)
+        events.cell_finished(cell, result)
 
+    pending: deque[Attempt] = deque()
     for cell in cells:
         reason = backend.unplaceable(cell)
         if reason:
-            unplaceable(cell, 1, reason)
+            record(cell, record_unplaceable(backend.paths, Attempt(cell), reason))
         else:
-            pending.append((cell, 1))
-    running: dict[Future[CellResult], tuple[Cell, Allocation, int]] = {}
+            pending.append(Attempt(cell))
+    running: dict[Future[CellResult], Running] = {}
     cancel = backend.options.cancel
-
-    def place(pool: ThreadPoolExecutor) -> None:
-        """Start every pending cell the backend can place now."""
-        for item in list(pending):
-            cell, attempt = item
-            allocation = backend.allocate(cell)
-            if allocation is None:
-                # Hosts may have been lost since the sweep began.
-                reason = backend.unplaceable(cell)
-                if reason:
-                    pending.remove(item)
-                    unplaceable(cell, attempt, reason)
-                continue
-            pending.remove(item)
-            events.cell_started(cell, allocation)
-            fut = pool.submit(backend.run_cell, cell, allocation, attempt)
-            running[fut] = (cell, allocation, attempt)
 
     with ThreadPoolExecutor(max_workers=max(1, len(cells)), thread_name_prefix="cell") as pool:
         try:
             changed = True  # GPUs and hosts free up only when a cell ends: place only then
             while (pending or running) and not cancel.is_set():
                 if changed:
-                    place(pool)
+                    for attempt, decision in place(backend, pending):
+                        if isinstance(decision, str):
+                            record(attempt.cell,
+                                   record_unplaceable(backend.paths, attempt, decision))
+                            continue
+                        events.cell_started(attempt.cell, decision)
+                        fut = pool.submit(backend.run_cell, attempt.cell, decision,
+                                          attempt.number)
+                        running[fut] = Running(attempt, decision)
                 if not running:
                     if not pending:
                         break  # the rest became unplaceable
@@ -279,34 +353,69 @@ def run_cells(
                 done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
                 changed = bool(done)
                 for fut in done:
-                    cell, allocation, attempt = running.pop(fut)
-                    backend.release(cell, allocation)
-                    res = _result_of(fut, cell, attempt)
-                    if res.status is Status.HOST_LOST and attempt <= retries:
-                        events.log(f"{cell.id}: {res.reason}; retrying (attempt {attempt + 1})")
-                        pending.appendleft((cell, attempt + 1))
+                    started = running.pop(fut)
+                    result = collect(backend, fut, started)
+                    attempt = started.attempt
+                    if result.status is Status.HOST_LOST and attempt.number <= retries:
+                        events.log(f"{attempt.cell.id}: {result.reason}; retrying "
+                                   f"(attempt {attempt.number + 1})")
+                        pending.appendleft(attempt.retry())
                         continue
-                    results.append(res)
-                    events.cell_finished(cell, res)
+                    record(attempt.cell, result)
         except KeyboardInterrupt:
             cancel.set()
         # Cancelled: running cells see the flag, kill their workload and report.
-        for fut, (cell, allocation, attempt) in list(running.items()):
-            res = _result_of(fut, cell, attempt, wait_s=60.0)
-            backend.release(cell, allocation)
-            results.append(res)
-            events.cell_finished(cell, res)
+        for fut, started in list(running.items()):
+            record(started.attempt.cell, collect(backend, fut, started, wait_s=60.0))
     return results
 
 
-def _result_of(fut: Future[CellResult], cell: Cell, attempt: int, wait_s: float | None = None
+def place(backend: Backend, pending: deque[Attempt]) -> list[tuple[Attempt, Allocation | str]]:
+    """Settle, in order, every pending attempt the backend can settle now: the allocation to
+    start it on, or why it can never run any more (hosts lost since the sweep began). Settled
+    attempts leave ``pending``; the others wait until a cell ends."""
+    settled: list[tuple[Attempt, Allocation | str]] = []
+    for attempt in list(pending):
+        allocation = backend.allocate(attempt.cell)
+        if allocation is not None:
+            settled.append((attempt, allocation))
+        else:
+            reason = backend.unplaceable(attempt.cell)
+            if not reason:
+                continue
+            settled.append((attempt, reason))
+        pending.remove(attempt)
+    return settled
+
+
+def collect(backend: Backend, fut: Future[CellResult], started: Running,
+            wait_s: float | None = None) -> CellResult:
+    """The result of a cell that ended (waiting up to ``wait_s``); its allocation goes back."""
+    result = _result_of(fut, started.attempt, wait_s)
+    backend.release(started.attempt.cell, started.allocation)
+    return result
+
+
+def record_unplaceable(paths: RunPaths, attempt: Attempt, reason: str) -> CellResult:
+    """The result (on disk too) of a cell that can never run: no host or GPUs for it, or (a
+    retry) none left after its host was lost."""
+    result = _unrun_result(attempt.cell, Status.UNPLACEABLE, reason)
+    result.attempts = attempt.number - 1
+    if attempt.number > 1:
+        result.reason = (f"its host was lost (attempt {attempt.number - 1}) and no other can "
+                         f"run it: {reason}")
+    write_json(paths.cell_result(attempt.cell.id), result.to_json())
+    return result
+
+
+def _result_of(fut: Future[CellResult], attempt: Attempt, wait_s: float | None = None
                ) -> CellResult:
     try:
         return fut.result(timeout=wait_s)
     except Exception as exc:  # an error starting the cell: a failed result, the sweep goes on
         reason = str(exc) if isinstance(exc, OrchestratorError) else f"{type(exc).__name__}: {exc}"
-        res = _unrun_result(cell, Status.FAILED, reason)
-        res.attempts = attempt
+        res = _unrun_result(attempt.cell, Status.FAILED, reason)
+        res.attempts = attempt.number
         return res
 
 

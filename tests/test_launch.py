@@ -1,0 +1,105 @@
+"""launch.py: the command of a cell, and the contract with the workload's own command line.
+
+The orchestrator writes the workload's flags (:func:`workload_flags`); the workload reads them
+with its own parser (``workload.cli.build_parser``), which imports nothing of the orchestrator.
+The defaults of a cell's parameters live in ``CellParams`` and in that parser: these tests keep
+the two agreeing, field by field, and check every value survives the trip.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import ORCHESTRATOR_PARAMS, CellParams, HardwareProfile
+from orchestrator.launch import (
+    NodeRole,
+    node_roles,
+    python_launcher,
+    rdzv_port,
+    workload_argv,
+    workload_flags,
+)
+from orchestrator.matrix import Cell
+from orchestrator.placement import Allocation, Slot
+from workload.cli import build_parser
+
+#: Workload options the orchestrator sets itself (not cell parameters).
+NOT_PARAMS = {"device", "output_dir", "checkpoint_dir", "telemetry_interval", "help"}
+
+#: A value for every workload parameter other than its default (a space in the data path: one
+#: argv item, never split).
+CHANGED = {
+    "batch_size": 7, "precision": "bf16", "mode": "infer", "arch": "resnet18",
+    "image_size": 32, "warmup": 0, "iterations": 3, "data": "/data/image net",
+    "channels_last": False, "compile": "max-autotune", "cuda_graphs": True, "pretrained": True,
+    "num_classes": 10, "workers": 0, "seed": 5, "profiler": "nsys",
+}
+
+
+def workload_fields() -> list[str]:
+    return [name for name in CellParams.model_fields if name not in ORCHESTRATOR_PARAMS]
+
+
+def cell(**params: object) -> Cell:
+    values = CellParams.model_validate({"hardware": "cpu", **params})
+    return Cell(id="c", group="c", repeat=1, params=values, hash="h")
+
+
+def test_every_parameter_is_a_workload_option_and_every_option_a_parameter() -> None:
+    parser = build_parser()
+    options = {action.dest for action in parser._actions}
+    assert options - NOT_PARAMS == set(workload_fields())
+    assert set(CHANGED) == set(workload_fields())
+
+
+@pytest.mark.parametrize("name", workload_fields())
+def test_defaults_agree_with_the_workload_parser(name: str) -> None:
+    assert CellParams.model_fields[name].default == build_parser().get_default(name)
+
+
+@pytest.mark.parametrize("params", [{}, CHANGED], ids=["defaults", "every value changed"])
+def test_flags_round_trip_through_the_workload_parser(params: dict[str, object]) -> None:
+    this = cell(**params)
+    parsed = vars(build_parser().parse_args(workload_flags(this)))
+    expected = this.params.workload_params()
+    assert {k: parsed[k] for k in expected} == expected
+    if params:
+        assert all(expected[k] != CellParams.model_fields[k].default for k in expected)
+
+
+def test_launchers() -> None:
+    assert python_launcher("py", 1) == ["py", "-m"]
+    assert python_launcher("py", 4) == ["py", "-m", "torch.distributed.run", "--standalone",
+                                        "--nproc_per_node=4", "-m"]
+    role = NodeRole(nnodes=2, rank=1, nproc=3, endpoint="10.0.0.1:29401", rdzv_id="cell-r1")
+    assert python_launcher("py", 6, role) == [
+        "py", "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=1", "--nproc_per_node=3",
+        "--rdzv_backend=static", "--rdzv_endpoint=10.0.0.1:29401", "--rdzv_id=cell-r1", "-m"]
+
+
+def test_workload_argv_of_one_node_of_a_multi_node_cell() -> None:
+    profile = HardwareProfile(device="cuda", wrapper="none")
+    this = cell(gpus=4, profiler="nsys")
+    role = NodeRole(nnodes=2, rank=0, nproc=2, endpoint="h:1", rdzv_id="c")
+    argv = workload_argv(this, profile, python="python3", output_dir="/out", node=role)
+    assert argv[:5] == ["nsys", "profile", "--force-overwrite=true", "--trace=cuda,nvtx,osrt",
+                        "--output=/out/profile"]
+    launcher = argv[5:5 + 10]
+    assert launcher == python_launcher("python3", 4, role)
+    assert argv[15] == "workload" and argv[-4:] == ["--device", "cuda", "--output-dir", "/out"]
+    assert "--standalone" not in argv
+
+
+def test_node_roles_follow_the_allocation() -> None:
+    allocation = Allocation("big-r1", (Slot("a", (0, 1, 2)), Slot("b", (4,))), exclusive=True)
+    first, second = node_roles(allocation, "10.1.2.3")
+    endpoint = f"10.1.2.3:{rdzv_port('big-r1')}"
+    assert first == NodeRole(2, 0, 3, endpoint, "big-r1")
+    assert second == NodeRole(2, 1, 1, endpoint, "big-r1")
+    assert rdzv_port("big-r1") == rdzv_port("big-r1") and 29400 <= rdzv_port("x") < 29900
+
+
+@pytest.mark.parametrize(("nnodes", "rank", "nproc"), [(1, 0, 1), (2, 2, 1), (2, -1, 1), (2, 0, 0)])
+def test_impossible_node_roles_are_refused(nnodes: int, rank: int, nproc: int) -> None:
+    with pytest.raises(ValueError):
+        NodeRole(nnodes, rank, nproc, "h:1", "c")
