@@ -4,7 +4,7 @@ A seeded sweep of 1/2/4/8-GPU cells with known durations runs (in simulation) on
 
 * ``serial``: one cell after another in matrix order, as ``for cell in ...; do run; done`` would;
 * ``fifo``: our pool and event loop, cells tried in matrix order;
-* ``lpt``: our scheduler, longest cells first (the default of ``placement.schedule``);
+* ``lpt``: our scheduler, longest cells first (the default of ``list_scheduling.schedule``);
 * ``area``: our scheduler, largest GPU-seconds first;
 
 against the lower bound ``max(total GPU-seconds / total GPUs, longest cell)``.
@@ -18,11 +18,16 @@ import argparse
 import math
 import random
 import statistics
+import sys
 from itertools import product
+from pathlib import Path
 
 from tabulate import tabulate
 
-from orchestrator.placement import GpuPool, HostSpec, Request, lower_bound, schedule
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.list_scheduling import lower_bound, schedule  # noqa: E402
+from orchestrator.placement import GpuPool, HostSpec, Request  # noqa: E402
 
 MODELS = {"resnet50": 240.0, "vit-b16": 420.0, "bert-large": 600.0, "gpt2-medium": 900.0}
 BATCH = {"bs-small": 0.6, "bs-large": 1.0}

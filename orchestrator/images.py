@@ -390,23 +390,6 @@ def coerce_set(name: str, assignments: list[str]) -> dict[str, Any]:
     return load_template(name).coerce(assignments)
 
 
-def resolve_vars(name: str, values: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Defaults of template ``name`` overlaid with ``values``; raises ConfigError on bad values."""
-    return load_template(name).resolve(values)
-
-
-def template_context(name: str, values: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything template ``name`` sees (see :meth:`Template.context`)."""
-    template = load_template(name)
-    return template.context(template.resolve(values))
-
-
-def base_image_ref(name: str, values: dict[str, Any] | None = None) -> str:
-    """The image template ``name`` builds FROM, for the given (unresolved or resolved) values."""
-    template = load_template(name)
-    return template.base_ref(template.resolve(values))
-
-
 def render_text(name: str, values: dict[str, Any] | None = None) -> str:
     """Render template ``name`` with ``values`` over its defaults. Pure: text in, text out."""
     template = load_template(name)

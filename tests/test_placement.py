@@ -12,15 +12,15 @@ from collections import defaultdict
 
 import pytest
 
+from benchmarks.list_scheduling import lower_bound, schedule
 from orchestrator.hosts import parse_hosts
 from orchestrator.placement import (
     Allocation,
     GpuPool,
     HostSpec,
     Request,
+    Slot,
     hosts_from_inventory,
-    lower_bound,
-    schedule,
 )
 
 
@@ -36,6 +36,26 @@ def acquire(pool: GpuPool, cell: str, gpus: int, tag: str = "a100", **kw: bool) 
     alloc = pool.try_acquire(req(cell, gpus, tag, **kw))
     assert alloc is not None, f"{cell} should fit"
     return alloc
+
+
+# -- the allocation value ---------------------------------------------------------------------
+
+
+def test_allocation_of_this_machine_and_of_hosts() -> None:
+    local = Allocation.local("c1", [2, 5])
+    assert (local.host, local.gpu_ids, local.hosts, local.multi_node) == (None, (2, 5), (), False)
+    assert local.slots == (Slot(None, (2, 5)),) and local.gpu_count == 2
+    spread = Allocation("c2", (("a", (0, 1)), ("b", (3,))), exclusive=True)  # tuples accepted
+    assert spread.slots == (Slot("a", (0, 1)), Slot("b", (3,)))
+    assert (spread.host, spread.gpu_ids, spread.hosts) == ("a", (0, 1), ("a", "b"))
+    assert spread.multi_node and spread.gpu_count == 3
+    with pytest.raises(ValueError, match="at least one slot"):
+        Allocation("c3", ())
+    pool = GpuPool([host("a", 2)])
+    assert pool.release(Allocation.local("c4")) is False  # never handed out by this pool
+    held = acquire(pool, "c4", 1)
+    with pytest.raises(ValueError, match="does not hold"):
+        pool.release(Allocation.local("c4", held.gpu_ids))
 
 
 # -- single-host rules ------------------------------------------------------------------------
@@ -353,7 +373,7 @@ def test_random_sequences_never_double_book(seed: int) -> None:
             assert pool.free_gpus(spec.name) == tuple(sorted(spec.gpu_ids))
 
 
-# -- scheduler ---------------------------------------------------------------------------------
+# -- whole sweeps simulated on the pool (benchmarks/list_scheduling.py) ------------------------
 
 
 def check_schedule_sound(sched, requests: list[Request], pool: GpuPool) -> None:
