@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make smoke   create .venv (orchestrator + workload deps) and run matrices/cpu_smoke.toml
 #   make test    create .venv and run the test suite
+#   make lint    ruff, then mypy (orchestrator/ and workload/, configured in pyproject.toml)
 # Integration tests need a Docker engine and sshd; .ci/run installs and starts them.
 
 PYTHON ?= python3
@@ -24,6 +25,7 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check orchestrator workload tests benchmarks
+	$(BIN)/mypy
 
 clean-venv:
 	rm -rf $(VENV)

@@ -21,6 +21,7 @@ Validation reports every problem at once with the file and the field path.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -96,10 +97,13 @@ def param_type(name: str) -> Any:
     return Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
 
 
-def _derived(name: str, wrap) -> type[BaseModel]:
-    fields = {p: (wrap(param_type(p)), None) for p in PARAM_NAMES}
+def _derived(name: str, wrap: Callable[[Any], Any]) -> type[BaseModel]:
+    fields: dict[str, Any] = {p: (wrap(param_type(p)), None) for p in PARAM_NAMES}
     return create_model(name, __base__=StrictModel, **fields)
 
+
+# These models are made at run time (create_model): mypy cannot use them as types, hence the
+# ``type: ignore[valid-type]`` where they appear in annotations; pydantic validates them all.
 
 #: ``[workload]`` and each ``[[include]]``: any subset of the parameters.
 PartialParams = _derived("PartialParams", lambda t: t | None)
@@ -324,7 +328,7 @@ def hardware_reference_problems(
     Works on the raw TOML, so it also runs when type errors stopped the model (fields already
     reported in ``already`` are not reported twice).
     """
-    profiles = raw.get("hardware") if isinstance(raw.get("hardware"), dict) else {}
+    profiles: dict[str, Any] = raw["hardware"] if isinstance(raw.get("hardware"), dict) else {}
     places: list[tuple[str, Any]] = []
     workload, axes = raw.get("workload"), raw.get("axes")
     if isinstance(workload, dict) and "hardware" in workload:

@@ -73,7 +73,10 @@ class CommandResult(NamedTuple):
 class CommandRunner(Protocol):
     """What :func:`discover` needs from a host (:class:`orchestrator.ssh.SshHost` fits)."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The host's name, for messages."""
+        ...
 
     def run(self, argv: list[str], timeout: float | None = None) -> CommandResult: ...
 

@@ -116,7 +116,7 @@ def _dimensions(
     for key, values in axes.items():
         dims.append([{key: v} for v in values])
     seen = set(axes)
-    raw_zips = raw.get("zip") if isinstance(raw.get("zip"), list) else []
+    raw_zips: list[Any] = raw["zip"] if isinstance(raw.get("zip"), list) else []
     for i, group in enumerate(mf.zip):
         raw_group = raw_zips[i] if i < len(raw_zips) else None
         values = _ordered(_set_keys(group), raw_group)
@@ -294,15 +294,15 @@ def _check_hardware_values(
     mf: MatrixFile, raw: dict[str, Any], file: str, assignments: list[dict[str, Any]]
 ) -> list[Problem]:
     problems = hardware_reference_problems(raw, file)
-    if mf.workload.hardware is None:
+    if "hardware" not in _set_keys(mf.workload):
         for i, entry in enumerate(mf.include):
-            if entry.hardware is None:
+            if "hardware" not in _set_keys(entry):
                 problems.append(Problem(
                     file, f"include[{i}]",
                     "no hardware: give it here (an include takes [workload] defaults for what "
                     "it leaves out, not [axes] values)",
                 ))
-        varied = mf.axes.hardware is not None or any(z.hardware is not None for z in mf.zip)
+        varied = any("hardware" in _set_keys(part) for part in (mf.axes, *mf.zip))
         if not varied and any("hardware" not in a for a in assignments):
             problems.append(Problem(
                 file, "workload.hardware",

@@ -40,11 +40,17 @@ def _label(params: dict[str, Any], keys: Sequence[str]) -> str:
     return " ".join(f"{_PREFIX.get(k, '')}{params[k]}" for k in keys) or "all"
 
 
+def _spread(row: GroupRow) -> tuple[float, float]:
+    """How far the slowest and the fastest repeat lie below and above a row's median."""
+    assert row.ips is not None
+    return row.ips - (row.ips_min or row.ips), (row.ips_max or row.ips) - row.ips
+
+
 def plot_run(rows: Sequence[GroupRow], out: Path, title: str) -> Path:
     """Scaling plot (gpus axis) or bar chart of a run's groups; writes ``out`` (png/svg/pdf)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    gpus = sorted({r.params.get("gpus") for r in rows})
+    gpus = sorted({r.params["gpus"] for r in rows if "gpus" in r.params})
     if len(gpus) > 1:
         series_keys = varying_keys([r.params for r in rows], exclude=("gpus",))
         series: dict[str, list[GroupRow]] = {}
@@ -70,8 +76,8 @@ def plot_run(rows: Sequence[GroupRow], out: Path, title: str) -> Path:
         good = [r for r in rows if r.ips is not None]
         labels = [_label(r.params, keys) for r in good]
         values = [r.ips for r in good]
-        errors = [[r.ips - (r.ips_min or r.ips) for r in good],
-                  [(r.ips_max or r.ips) - r.ips for r in good]]
+        spreads = [_spread(r) for r in good]
+        errors = [[below for below, _ in spreads], [above for _, above in spreads]]
         ax.barh(labels, values, xerr=errors, capsize=3)
         for i, r in enumerate(good):
             text = f"{r.ips:,.1f}" + (f"  ({r.ratio:.2f}x)" if r.ratio is not None else "")

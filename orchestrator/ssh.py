@@ -83,7 +83,9 @@ class _RefuseUnknownKey(paramiko.MissingHostKeyPolicy):
         self.target = target
         self.known_hosts = known_hosts
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey):
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
         t = self.target
         raise UnknownHostKey(
             f"host {t.name} ({t.hostname}:{t.port}) offered an unknown {key.get_name()} host key "
@@ -100,7 +102,9 @@ class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
         self.target = target
         self.known_hosts = known_hosts
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey):
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
         client.get_host_keys().add(hostname, key.get_name(), key)
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
         new = not self.known_hosts.exists()
@@ -178,7 +182,7 @@ class RemoteProcess:
 
     def _reading_done(self) -> bool:
         ch = self._channel
-        ended = ch.eof_received or ch.closed
+        ended = bool(ch.eof_received) or ch.closed
         return ended and not ch.recv_ready() and not ch.recv_stderr_ready()
 
     def _await_marker(self, timeout: float) -> None:
@@ -367,7 +371,8 @@ class SshHost:
                 t.hostname,
                 port=t.port,
                 username=t.user,
-                key_filename=list(t.key_files) or None,
+                # paramiko takes a list of key files; its stubs say one str
+                key_filename=list(t.key_files) or None,  # type: ignore[arg-type]
                 allow_agent=t.allow_agent,
                 look_for_keys=not t.key_files,
                 timeout=self.connect_timeout,

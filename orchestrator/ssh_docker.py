@@ -42,7 +42,7 @@ class _ChannelConnection(urllib3.connection.HTTPConnection):
     def connect(self) -> None:
         channel = self._ssh.open_stream(DIAL_STDIO)
         channel.settimeout(self._channel_timeout)
-        self.sock = channel  # type: ignore[assignment]  # a paramiko Channel acts as the socket
+        self.sock = channel  # a paramiko Channel acts as the socket
 
 
 class _ChannelPool(urllib3.connectionpool.HTTPConnectionPool):
@@ -64,9 +64,7 @@ def _adapter(ssh: SshHost, timeout: float, maxsize: int) -> Any:
             super().__init__()
             self.pool = _ChannelPool(ssh, timeout, maxsize)
 
-        def get_connection(  # type: ignore[override]  # docker's adapters take the url only
-            self, url: str | bytes, proxies: Any = None
-        ) -> _ChannelPool:
+        def get_connection(self, url: str | bytes, proxies: Any = None) -> _ChannelPool:
             return self.pool
 
         def close(self) -> None:

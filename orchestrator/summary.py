@@ -76,8 +76,8 @@ def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
         ok = ok_by_group.get(row.group, [])
         row.ok = len(ok)
         mode = row.params.get("mode", "train")
-        ips = [r.metrics.get(throughput_key(mode)) for r in ok]
-        ips = [float(v) for v in ips if isinstance(v, int | float)]
+        found = [r.metrics.get(throughput_key(mode)) for r in ok]
+        ips = [float(v) for v in found if isinstance(v, int | float)]
         if ips:
             row.ips, row.ips_min, row.ips_max = statistics.median(ips), min(ips), max(ips)
         row.compute_ips = _median(r.metrics.get(throughput_key(mode, "compute_ips")) for r in ok)
@@ -108,8 +108,14 @@ def _scaling(rows: list[GroupRow]) -> None:
     if len({r.params.get("gpus") for r in rows}) < 2:
         return
     for row, ref in _baselines(rows, "gpus", "1"):
-        row.speedup = row.ips / ref.ips
+        row.speedup = _ips_ratio(row, ref)
         row.efficiency = row.speedup / row.params["gpus"]
+
+
+def _ips_ratio(row: GroupRow, ref: GroupRow) -> float:
+    """``row``'s images/s over ``ref``'s (:func:`_baselines` pairs only rows that have one)."""
+    assert row.ips is not None and ref.ips
+    return row.ips / ref.ips
 
 
 def add_ratios(rows: Sequence[GroupRow], key: str, value: str) -> int:
@@ -119,7 +125,7 @@ def add_ratios(rows: Sequence[GroupRow], key: str, value: str) -> int:
     """
     pairs = _baselines(rows, key, value)
     for row, ref in pairs:
-        row.ratio = row.ips / ref.ips
+        row.ratio = _ips_ratio(row, ref)
     return len(pairs)
 
 

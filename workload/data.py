@@ -268,7 +268,8 @@ def _loader(
     shard: int,
     shards: int,
 ) -> Iterator[Any]:
-    sampler = ForeverSampler(len(dataset), train, seed, shard, shards)
+    # map-style datasets have __len__; torch types Dataset without it
+    sampler = ForeverSampler(len(dataset), train, seed, shard, shards)  # type: ignore[arg-type]
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
@@ -314,7 +315,7 @@ def _dali_batches(  # CUDA + nvidia.dali only; untested on the CPU-only CI machi
     from nvidia.dali import fn, pipeline_def, types  # optional extra
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    @pipeline_def  # type: ignore[misc]
+    @pipeline_def
     def pipe() -> Any:
         jpegs, labels = fn.readers.file(
             file_root=root,

@@ -39,7 +39,7 @@ def default_checkpoint_dir() -> Path:
 def weights_filename(arch: str) -> str:
     """The file name torchvision stores ``arch``'s DEFAULT weights under (the URL's basename)."""
     try:
-        weights = torchvision.models.get_model_weights(arch).DEFAULT  # type: ignore[attr-defined]
+        weights = torchvision.models.get_model_weights(arch).DEFAULT
     except Exception as exc:
         raise WeightsError(f"torchvision has no pretrained weights for --arch {arch}") from exc
     return os.path.basename(weights.url)

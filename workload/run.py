@@ -61,7 +61,8 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
     batches = _batches(args, dev, memory_format, dist)  # a bad --data fails before the model
     try:
         model = build_model(args.arch, args.num_classes, args.pretrained, args.checkpoint_dir)
-        model = model.to(dev, memory_format=memory_format)
+        # nn.Module.to takes a device and memory_format together; torch types them apart
+        model = model.to(dev, memory_format=memory_format)  # type: ignore[call-overload]
         model = _wrap_ddp(model, device, dev, dist)
         use_graphs = _want_cuda_graphs(args, device, dist)
         model = compile_model(model, args.compile, device)

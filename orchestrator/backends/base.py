@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 from orchestrator import __version__
 from orchestrator.launch import LaunchSpec
@@ -154,7 +154,7 @@ class Backend(ABC):
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """What ran where, beyond what the workload reports itself."""
-        info = {
+        info: dict[str, Any] = {
             "host": spec.host or socket.gethostname(),
             "backend": self.name,
             "image": spec.image,
@@ -271,7 +271,8 @@ class Backend(ABC):
                 execution.close()
         return status, reason, info
 
-    def _pump(self, cell_id: str, execution: Execution, log_file, capture: _Capture) -> None:
+    def _pump(self, cell_id: str, execution: Execution, log_file: BinaryIO, capture: _Capture
+              ) -> None:
         """Stream output into the log as it comes; hand each line to the capture and hook."""
         hook = self.options.output_hook
         pending = b""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import os
 import signal
 import subprocess
@@ -30,8 +31,9 @@ class ProcessExecution(Execution):
         self.proc = proc
 
     def output(self) -> Iterator[bytes]:
-        assert self.proc.stdout is not None
-        while chunk := self.proc.stdout.read1(65536):
+        stdout = self.proc.stdout
+        assert isinstance(stdout, io.BufferedReader)  # a binary pipe with the default buffer
+        while chunk := stdout.read1(65536):
             yield chunk
 
     def wait(self, timeout: float) -> bool:

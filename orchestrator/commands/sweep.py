@@ -22,6 +22,8 @@ from orchestrator.results import (
 )
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from orchestrator.placement import Allocation
 
 DEFAULT_RESULTS = Path("results")
@@ -205,7 +207,7 @@ class RichEvents:
             MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
             console=self.console, transient=True,
         )
-        self.task = None
+        self.task: TaskID | None = None
         self.running: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -215,6 +217,12 @@ class RichEvents:
     def __exit__(self, *exc: object) -> None:
         if self.task is not None:
             self.progress.stop()
+
+    @property
+    def _task(self) -> TaskID:
+        """The progress bar's task (sweep_started comes before any cell)."""
+        assert self.task is not None
+        return self.task
 
     def _status(self) -> str:
         if len(self.running) == 1:
@@ -234,7 +242,7 @@ class RichEvents:
             self.running[cell.id] = "starting"
             where = f" on {allocation.host}" if allocation.host else ""
             gpus = f" GPUs {list(allocation.gpu_ids)}" if allocation.gpu_ids else ""
-            self.progress.update(self.task, description=f"{cell.id}{where}{gpus}",
+            self.progress.update(self._task, description=f"{cell.id}{where}{gpus}",
                                  status=self._status())
 
     def cell_output(self, cell_id: str, line: str) -> None:
@@ -254,7 +262,7 @@ class RichEvents:
             elif obj.get("type") == "meta":
                 env = obj.get("env", {})
                 self.running[cell_id] = f"running on {env.get('device_name') or env.get('device')}"
-            self.progress.update(self.task, status=self._status())
+            self.progress.update(self._task, status=self._status())
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
         with self._lock:
@@ -267,8 +275,8 @@ class RichEvents:
             detail = f"{ips:,.1f} images/s" if isinstance(ips, int | float) else result.reason
             took = f" ({result.duration_s:.1f} s)" if result.duration_s else ""
             self.console.print(f"{mark} {cell.id}{took}: {detail}", highlight=False)
-            self.progress.advance(self.task)
-            self.progress.update(self.task, status=self._status())
+            self.progress.advance(self._task)
+            self.progress.update(self._task, status=self._status())
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
