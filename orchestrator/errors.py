@@ -79,3 +79,7 @@ class RemoteTimeout(HostError):
         super().__init__(message)
         self.stdout = stdout
         self.stderr = stderr
+
+
+class ResultsError(OrchestratorError):
+    """The results folder cannot be written: read-only, full, not a folder, no permission."""

@@ -258,6 +258,27 @@ def make_cells(
     return cells, varying
 
 
+#: A cell id becomes a folder name (``cells/<id>``, and ``superseded/<id>-<ms>`` on --resume):
+#: file systems allow 255 bytes; this leaves room for the suffix.
+MAX_ID_BYTES = 200
+
+
+def check_ids(cells: Sequence[Cell], varying: Sequence[str], file: str) -> list[Problem]:
+    """Cell ids too long to become folder names, with the parameter that makes them long."""
+    too_long = [c for c in cells if len(c.id.encode()) > MAX_ID_BYTES]
+    if not too_long:
+        return []
+    cell = max(too_long, key=lambda c: len(c.id.encode()))
+    values = cell.params.model_dump()
+    longest = max(varying, key=lambda k: len(str(values[k]).encode()), default="hardware")
+    return [Problem(
+        file, f"axes.{longest}",
+        f"{len(too_long)} cell ids are longer than {MAX_ID_BYTES} bytes (e.g. "
+        f"{len(cell.id.encode())} bytes: {cell.id[:60]}...); an id becomes a folder name and "
+        f"names the values that vary: shorten the values of {longest!r}",
+    )]
+
+
 # --- semantic checks -------------------------------------------------------------------------
 
 
@@ -341,6 +362,9 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
         except ValidationError as exc:  # pragma: no cover - types were checked field by field
             raise ConfigError(f"invalid cell {assignment}: {exc}", file=file) from None
     cells, varying = make_cells(params, mf.hardware, mf.matrix.repeats)
+    id_problems = check_ids(cells, varying, file)
+    if id_problems:
+        raise ConfigError(id_problems)
     return Matrix(
         name=mf.matrix.name or path.stem,
         path=path,

@@ -21,6 +21,7 @@ Layout::
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -79,13 +80,18 @@ class CellResult:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (a crash never leaves half a file)."""
+    """Write JSON atomically (a crash never leaves half a file; a failed write leaves none)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=False, default=str)
-        fh.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temporary file left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_json(path: Path) -> Any:

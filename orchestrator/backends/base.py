@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
 from orchestrator import __version__
+from orchestrator.errors import OrchestratorError
 from orchestrator.launch import LaunchSpec
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
@@ -99,15 +100,45 @@ TAIL_LINES = 40
 
 @dataclass
 class _Capture:
-    """What the log pump keeps while it streams: the structured lines and the log's end."""
+    """What the log pump keeps while it streams: the structured lines, the log's end, and the
+    cell's files that could not be written (the log on a full disk)."""
 
     metrics: list[dict[str, Any]] = field(default_factory=list)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    file_errors: dict[str, str] = field(default_factory=dict)
 
     def line(self, text: str) -> None:
         self.tail.append(text)
         if text.lstrip().startswith("{"):
             self.metrics += parse_metric_lines(text)
+
+    def write(self, log_file: BinaryIO, chunk: bytes) -> None:
+        """Append ``chunk`` to the log; after a failed write, the log is left as it is."""
+        if "log.txt" in self.file_errors:
+            return
+        try:
+            log_file.write(chunk)
+            log_file.flush()
+        except OSError as exc:
+            self.file_errors["log.txt"] = str(exc)
+
+
+class _Step:
+    """The step :meth:`Backend.run_cell` is in (named in the reason when one fails)."""
+
+    name = "starting"
+
+
+def describe_error(exc: BaseException) -> str:
+    """An error as a result's reason: our own errors by their message, others with their type."""
+    if isinstance(exc, OrchestratorError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _expected(exc: BaseException) -> bool:
+    """Errors of the environment (disk, names, refusals), logged without a traceback."""
+    return isinstance(exc, OrchestratorError | OSError | ValueError | OverflowError)
 
 
 @dataclass
@@ -211,44 +242,76 @@ class Backend(ABC):
     # --- the run loop -------------------------------------------------------------------------
 
     def run_cell(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> CellResult:
-        """Run one cell to an outcome. Expected failures become results, never exceptions."""
-        cell_dir = self.paths.cell_dir(cell.id)
-        cell_dir.mkdir(parents=True, exist_ok=True)
-        spec = self.spec(cell, allocation, attempt)
-        write_json(self.paths.cell_command(cell.id), spec.to_json())
-        log_path = self.paths.cell_log(cell.id)
+        """Run one cell to an outcome; always returns its result, never raises.
+
+        Expected failures become results. So does everything else that goes wrong in this frame,
+        before or after the launch: the cell folder, ``command.json`` or the log cannot be
+        written (a full disk, a name too long), the spec or the launch raises (a
+        :class:`~orchestrator.errors.LaunchError`, an invalid environment, any bug), the
+        execution cannot report: the cell ends ``failed`` with the step and the error as its
+        reason, and a started execution is stopped. The result is written into the cell folder
+        when that is possible; the sweep writes it again when it records the cell
+        (:func:`orchestrator.sweep.record`) and reports a cell whose result cannot be written.
+        """
         result = CellResult(
             cell_id=cell.id, group=cell.group, repeat=cell.repeat, status=Status.FAILED,
-            params=cell.params.model_dump(), attempts=attempt, provenance=self.provenance(spec),
+            params=cell.params.model_dump(), attempts=attempt,
         )
+        step = _Step()
+        try:
+            self._run(cell, allocation, attempt, result, step)
+        except Exception as exc:  # whatever it was, the cell gets a result
+            result.status = Status.FAILED
+            result.reason = f"{step.name}: {describe_error(exc)}"
+            log.warning("%s: %s", cell.id, result.reason, exc_info=not _expected(exc))
+        try:
+            write_json(self.paths.cell_result(cell.id), result.to_json())
+        except OSError as exc:  # the sweep writes it again, and reports it if it cannot
+            log.debug("%s: result.json not written here: %s", cell.id, exc)
+        return result
+
+    def _run(self, cell: Cell, allocation: Allocation, attempt: int, result: CellResult,
+             step: _Step) -> None:
+        """The steps of :meth:`run_cell`; ``step`` names the one under way (for the reason)."""
+        step.name = "making the cell folder"
+        self.paths.cell_dir(cell.id).mkdir(parents=True, exist_ok=True)
+        step.name = "preparing the launch"
+        spec = self.spec(cell, allocation, attempt)
+        result.provenance = self.provenance(spec)
+        step.name = "writing command.json"
+        write_json(self.paths.cell_command(cell.id), spec.to_json())
+        step.name = "writing log.txt"
+        log_path = self.paths.cell_log(cell.id)
+        with log_path.open("ab") as log_file:
+            log_file.write(f"# {spec.shell_line()}\n".encode())
         result.started_at = time.time()
         t0 = time.monotonic()
         capture = _Capture()
-        with log_path.open("ab") as log_file:
-            log_file.write(f"# {spec.shell_line()}\n".encode())
-        execution = self.launch(spec)  # LaunchError: the sweep records a failed cell
+        step.name = "launching"
+        execution = self.launch(spec)
+        step.name = "running"
         status, reason, info = self._execute(cell, execution, log_path, capture)
         result.duration_s = round(time.monotonic() - t0, 3)
         result.finished_at = time.time()
         result.exit_code = info.code if info else None
+        step.name = "recording the outcome"
         self._interpret(result, status, reason, info, capture)
         self.finish(cell, result, execution)
-        write_json(self.paths.cell_result(cell.id), result.to_json())
-        return result
 
     def _execute(
         self, cell: Cell, execution: Execution, log_path: Path, capture: _Capture
     ) -> tuple[Status | None, str, ExitInfo | None]:
+        info: ExitInfo | None = None
         with log_path.open("ab") as log_file:
             pump = threading.Thread(
                 target=self._pump, args=(cell.id, execution, log_file, capture), daemon=True,
                 name=f"log-{cell.id}",
             )
-            pump.start()
             status: Status | None = None
             reason = ""
-            deadline = time.monotonic() + self.options.timeout_s
             try:
+                pump.start()
+                deadline = time.monotonic() + self.options.timeout_s
                 while not execution.wait(self.options.poll_interval_s):
                     if self.options.cancel.is_set():
                         status, reason = Status.CANCELLED, "the sweep was interrupted"
@@ -264,16 +327,27 @@ class Backend(ABC):
                 execution.kill()
                 self.options.cancel.set()
                 status, reason = Status.CANCELLED, "the sweep was interrupted"
+            except BaseException:
+                execution.kill()  # whatever broke here, the cell does not run on unwatched
+                raise
             finally:
-                execution.wait(5.0)
-                pump.join(timeout=10.0)
-                info = execution.exit_info()
-                execution.close()
+                try:
+                    execution.wait(5.0)
+                    if pump.ident is not None:  # started
+                        pump.join(timeout=10.0)
+                    info = execution.exit_info()
+                finally:
+                    execution.close()
         return status, reason, info
 
     def _pump(self, cell_id: str, execution: Execution, log_file: BinaryIO, capture: _Capture
               ) -> None:
-        """Stream output into the log as it comes; hand each line to the capture and hook."""
+        """Stream output into the log as it comes; hand each line to the capture and hook.
+
+        A log that cannot be written (a full disk) does not stop the stream: the output is still
+        read to its end (a workload blocked on a full pipe would hang until its timeout), its
+        lines still captured, and the failure is noted for the result.
+        """
         hook = self.options.output_hook
         pending = b""
 
@@ -285,8 +359,7 @@ class Backend(ABC):
 
         try:
             for chunk in execution.output():
-                log_file.write(chunk)
-                log_file.flush()
+                capture.write(log_file, chunk)
                 *lines, pending = (pending + chunk).split(b"\n")
                 for raw in lines:
                     line(raw)
@@ -301,9 +374,12 @@ class Backend(ABC):
     ) -> None:
         lines = capture.metrics
         if lines:
-            with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
-                for obj in lines:
-                    fh.write(json.dumps(obj) + "\n")
+            try:
+                with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
+                    for obj in lines:
+                        fh.write(json.dumps(obj) + "\n")
+            except OSError as exc:
+                capture.file_errors["metrics.jsonl"] = str(exc)
         summary = next((o for o in reversed(lines) if o["type"] == "summary"), None)
         meta = next((o for o in lines if o["type"] == "meta"), None)
         error = next((o for o in reversed(lines) if o["type"] == "error"), None)
@@ -329,6 +405,12 @@ class Backend(ABC):
                 reason = "the workload exited 0 but printed no summary line"
             else:
                 status = Status.OK
+        if capture.file_errors:  # numbers without their files are not a result to keep
+            lost = "; ".join(f"{name}: {err}" for name, err in capture.file_errors.items())
+            if status is Status.OK:
+                status, reason = Status.FAILED, f"the cell's files could not be written ({lost})"
+            else:
+                reason = f"{reason}; the cell's files could not be written ({lost})"
         result.status = status
         result.reason = reason
         if status is not Status.OK:

@@ -308,6 +308,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     counts = ", ".join(f"{v} {k}" for k, v in sorted(outcome.counts.items()))
     print(f"\n{len(outcome.results)} cells: {counts}")
     print(f"results: {outcome.paths.root}")
+    for problem in outcome.problems:
+        print(f"error: {problem}", file=sys.stderr)
     if outcome.interrupted:
         print("interrupted: cells that did not finish are recorded as cancelled",
               file=sys.stderr)
