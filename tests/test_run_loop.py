@@ -158,6 +158,33 @@ def test_enospc_writing_command_json_gives_a_failed_cell_on_disk(write_matrix, t
         assert not list(disk.rglob(".command.json.*")), "no temporary file left behind"
 
 
+@pytest.mark.slow
+def test_enospc_while_the_cell_runs_fails_it_and_its_output_still_drains(write_matrix, tmp_path):
+    """The real workload on a real tmpfs that fills up at its first line of output: the cell
+    still ends (its output is read to the end), failed because its files are incomplete, and
+    its result is on disk once the space is back."""
+    matrix = load_matrix(write_matrix(TINY))
+    with tmpfs(tmp_path / "disk", size="1m") as disk:
+
+        class FillAtFirstLine(NullEvents):
+            filler: Path | None = None
+
+            def cell_output(self, cell_id: str, text: str) -> None:
+                if self.filler is None:
+                    self.filler = fill(disk)
+
+            def cell_finished(self, cell, result) -> None:
+                assert self.filler is not None
+                self.filler.unlink()
+
+        outcome = run_sweep(matrix, results_root=disk, events=FillAtFirstLine())
+        (result,) = outcome.results
+        assert result.status is Status.FAILED
+        assert "could not be written" in result.reason and "[Errno 28]" in result.reason
+        assert on_disk(outcome.paths)[result.cell_id]["status"] == "failed"
+        assert outcome.exit_code == 1
+
+
 def orchestrate(*args: str, env: dict[str, str] | None = None
                 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT,
