@@ -44,6 +44,9 @@ class LaunchSpec:
     labels: dict[str, str] = field(default_factory=dict)
     #: 1, or more when the cell is retried after its host was lost.
     attempt: int = 1
+    #: The cell's memory limit (``512m``, ``16g``) where the backend applies it outside a
+    #: container (the process backend's cgroup); containers carry theirs in ``container``.
+    mem_limit: str | None = None
     #: A multi-node cell's other nodes (1..n-1), each a spec of its own; this spec is node 0.
     peers: tuple[LaunchSpec, ...] = ()
     #: A batch script that runs ``argv`` (Slurm's job.sbatch), rendered with the spec; None where
@@ -82,6 +85,7 @@ class LaunchSpec:
             "hosts": list(self.hosts),
             "attempt": self.attempt,
             "labels": self.labels,
+            **({"mem_limit": self.mem_limit} if self.mem_limit else {}),
         }
 
 

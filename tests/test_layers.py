@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("placement and launch", ("orchestrator.placement", "orchestrator.launch"), False),
     ("outside world", (
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
-        "orchestrator.build",
+        "orchestrator.build", "orchestrator.cellprocs",
     ), False),
     ("backend base", ("orchestrator.backends", "orchestrator.backends.base"), False),
     ("shared by backends", (

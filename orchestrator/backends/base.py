@@ -90,6 +90,10 @@ class Execution(ABC):
     def exit_info(self) -> ExitInfo:
         """The outcome, once :meth:`wait` returned True (or after :meth:`kill`)."""
 
+    def ended(self) -> None:  # noqa: B027 - optional hook
+        """The cell's main process ended: stop what it left running (a daemon holding its
+        output open would keep the log from ending)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the execution holds (remove the container, close the channel)."""
 
@@ -332,7 +336,8 @@ class Backend(ABC):
                 raise
             finally:
                 try:
-                    execution.wait(5.0)
+                    if execution.wait(5.0):
+                        execution.ended()
                     if pump.ident is not None:  # started
                         pump.join(timeout=10.0)
                     info = execution.exit_info()
