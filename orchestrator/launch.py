@@ -21,6 +21,7 @@ from typing import Any
 from orchestrator.config import ContainerOptions, HardwareProfile
 from orchestrator.matrix import Cell
 from orchestrator.placement import Allocation
+from orchestrator.redact import redact_env
 
 #: Multi-node rendezvous ports: RDZV_PORT_BASE + (a hash of the cell id) % RDZV_PORT_SPAN.
 RDZV_PORT_BASE = 29400
@@ -74,7 +75,7 @@ class LaunchSpec:
             "cell_id": self.cell_id,
             "argv": list(self.argv),
             "shell": self.shell_line(),
-            "env": self.env,
+            "env": redact_env(self.env),  # secrets masked; $env:NAME references as written
             "device": self.device,
             "gpu_ids": list(self.gpu_ids),
             "image": self.image,

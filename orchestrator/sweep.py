@@ -32,9 +32,10 @@ from typing import Any, Protocol
 from orchestrator import __version__
 from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions, git_revision
-from orchestrator.errors import ConfigError, OrchestratorError, ResultsError
+from orchestrator.errors import ConfigError, OrchestratorError, Problem, ResultsError
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
+from orchestrator.redact import missing_references, redact_toml
 from orchestrator.results import CellResult, RunPaths, Status, find_run, read_json, write_json
 from orchestrator.summary import GroupRow, render_table, summarize, write_summary
 
@@ -136,6 +137,7 @@ def run_sweep(
     """
     events = events or NullEvents()
     name, cls = pick_backend(matrix, backend_name)
+    check_references(matrix)
     run = open_run(matrix, name, results_root, resume)
     options = RunOptions(
         timeout_s=matrix.settings.timeout_s,
@@ -175,6 +177,20 @@ def pick_backend(matrix: Matrix, override: str | None) -> tuple[str, type[Backen
     return name, cls
 
 
+def check_references(matrix: Matrix) -> None:
+    """Every ``$env:NAME`` value of the profiles the cells use names a variable that is set
+    here (it is read when each cell starts); else a ConfigError naming each one."""
+    problems = [
+        Problem(str(matrix.path), f"hardware.{hardware}.env.{name}",
+                f"takes its value from ${source} of this environment (\"$env:{source}\"), "
+                f"which is not set: export {source} before the sweep")
+        for hardware in sorted({c.hardware for c in matrix.cells})
+        for name, source in missing_references(matrix.profiles[hardware].env)
+    ]
+    if problems:
+        raise ConfigError(problems)
+
+
 def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | None) -> OpenRun:
     """A new run folder with the matrix, plan and run.json; or, with ``resume``, the folder of an
     earlier run with the cells that did not end ok (their old files archived).
@@ -188,7 +204,7 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
     paths: RunPaths | None = None
     try:
         paths = RunPaths.create(results_root, matrix.name)
-        paths.matrix_file.write_text(matrix.source_text, encoding="utf-8")
+        paths.matrix_file.write_text(redact_toml(matrix.source_text), encoding="utf-8")
         write_json(paths.plan, plan_json(matrix, backend))
         meta: dict[str, Any] = {
             "run_id": paths.run_id, "matrix": matrix.name, "backend": backend,

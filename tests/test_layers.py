@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("config", ("orchestrator.config",), False),
     ("files and facts", (
         "orchestrator.results", "orchestrator.hosts", "orchestrator.gpus",
-        "orchestrator.images", "orchestrator.releases",
+        "orchestrator.images", "orchestrator.releases", "orchestrator.redact",
     ), False),
     ("reports", ("orchestrator.summary", "orchestrator.history", "orchestrator.plots"), False),
     ("matrix", ("orchestrator.matrix",), False),

@@ -45,6 +45,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.launch import LaunchSpec
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
+from orchestrator.redact import Scrubber, secret_env
 from orchestrator.results import (
     CellResult,
     RunPaths,
@@ -110,6 +111,8 @@ class _Capture:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     file_errors: dict[str, str] = field(default_factory=dict)
+    #: Masks the cell's secret values in its output (inactive when it has none).
+    scrub: Scrubber = field(default_factory=lambda: Scrubber(()))
 
     def line(self, text: str) -> None:
         self.tail.append(text)
@@ -290,7 +293,7 @@ class Backend(ABC):
             log_file.write(f"# {spec.shell_line()}\n".encode())
         result.started_at = time.time()
         t0 = time.monotonic()
-        capture = _Capture()
+        capture = _Capture(scrub=Scrubber(secret_env(spec.env).values()))
         step.name = "launching"
         execution = self.launch(spec)
         step.name = "running"
@@ -362,15 +365,23 @@ class Backend(ABC):
             if hook:
                 hook(cell_id, text)
 
+        scrub = capture.scrub
         try:
             for chunk in execution.output():
-                capture.write(log_file, chunk)
                 *lines, pending = (pending + chunk).split(b"\n")
+                if scrub:  # whole lines only: a secret split over two chunks is still found
+                    lines = [scrub(raw) for raw in lines]
+                    capture.write(log_file, b"".join(raw + b"\n" for raw in lines))
+                else:
+                    capture.write(log_file, chunk)
                 for raw in lines:
                     line(raw)
         except Exception as exc:  # a broken stream must not kill the sweep
             log.warning("output stream of %s ended: %s", cell_id, exc)
         if pending:
+            if scrub:
+                pending = scrub(pending)
+                capture.write(log_file, pending)
             line(pending)
 
     def _interpret(

@@ -34,6 +34,7 @@ from orchestrator.errors import BackendUnavailable, ConfigError, LaunchError
 from orchestrator.launch import LaunchSpec, workload_argv, workload_env
 from orchestrator.matrix import Cell
 from orchestrator.placement import Allocation
+from orchestrator.redact import resolve_env
 from orchestrator.results import CellResult
 
 #: Seconds between SIGTERM and SIGKILL when a cell is stopped (timeout, interrupt).
@@ -173,7 +174,7 @@ class ProcessBackend(Backend):
                 marker, cellprocs.cgroup_name(self.paths.run_id, spec.cell_id), mem_limit)
         except cellprocs.MemoryLimitUnavailable as exc:
             raise LaunchError(f"{spec.cell_id}: cannot apply mem_limit: {exc}") from exc
-        env = {**os.environ, **spec.env, **procs.environment()}
+        env = {**os.environ, **resolve_env(spec.env), **procs.environment()}
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
         )
