@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from orchestrator import __version__
 from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions, git_revision
+from orchestrator.engine import controller_id
 from orchestrator.errors import ConfigError, OrchestratorError, Problem, ResultsError
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
@@ -126,11 +127,14 @@ def run_sweep(
     cancel: threading.Event | None = None,
     hosts_file: Path | None = None,
     resume: str | None = None,
+    lock_timeout_s: float | None = None,
 ) -> SweepOutcome:
     """Run every cell of ``matrix`` and write the run folder. Returns the outcome.
 
     ``resume``: a run id, or ``""`` for the newest run of the matrix: run again, in that run's
     folder, only the cells that did not end ok (the matrix must not have changed since).
+    ``lock_timeout_s``: how long a cell waits for GPUs another sweep holds (None: as long as it
+    takes; :mod:`orchestrator.locks`).
 
     The steps: pick the backend -> open the run -> prepare the backend -> run the cells ->
     finish the run (unrun cells recorded, tables and plot written).
@@ -144,6 +148,8 @@ def run_sweep(
         output_hook=events.cell_output,
         cancel=cancel or threading.Event(),
         hosts_file=hosts_file or hosts_file_of(matrix),
+        lock_timeout_s=lock_timeout_s,
+        on_log=events.log,
     )
     backend = prepare_backend(cls, matrix, run, options, events)
     events.sweep_started(run.paths, run.cells)
@@ -211,7 +217,7 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
             "started_at": time.time(), "finished_at": None,
             "orchestrate_version": __version__, "git_revision": git_revision(),
             "python": sys.version.split()[0], "controller_host": platform.node(),
-            "argv": sys.argv,
+            "controller": controller_id(), "argv": sys.argv,
         }
         write_json(paths.run_meta, meta)
     except OSError as exc:
@@ -237,7 +243,8 @@ def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -
     try:
         cells = cells_to_resume(paths, matrix)
         meta.setdefault("resumed", []).append(
-            {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend})
+            {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend,
+             "controller": controller_id()})
         write_json(paths.run_meta, meta)
     except OSError as exc:
         raise ResultsError(f"cannot resume run {paths.run_id} in {paths.root}: "

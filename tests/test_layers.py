@@ -39,13 +39,16 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("files and facts", (
         "orchestrator.results", "orchestrator.hosts", "orchestrator.gpus",
         "orchestrator.images", "orchestrator.releases", "orchestrator.redact",
+        "orchestrator.userconfig",
     ), False),
-    ("reports", ("orchestrator.summary", "orchestrator.history", "orchestrator.plots"), False),
+    ("reports", (
+        "orchestrator.summary", "orchestrator.history", "orchestrator.plots", "orchestrator.eta",
+    ), False),
     ("matrix", ("orchestrator.matrix",), False),
     ("placement and launch", ("orchestrator.placement", "orchestrator.launch"), False),
     ("outside world", (
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
-        "orchestrator.build", "orchestrator.cellprocs",
+        "orchestrator.build", "orchestrator.cellprocs", "orchestrator.locks",
     ), False),
     ("backend base", ("orchestrator.backends", "orchestrator.backends.base"), False),
     ("shared by backends", (

@@ -24,6 +24,7 @@ decided here, once, from its :class:`ExitInfo` and the workload's JSON lines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,9 +41,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
-from orchestrator import __version__
+from orchestrator import __version__, locks
 from orchestrator.errors import OrchestratorError
 from orchestrator.launch import LaunchSpec
+from orchestrator.locks import HeldLocks, Holder, LockRequest, LockWaitCancelled
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
 from orchestrator.redact import Scrubber, secret_env
@@ -158,6 +160,11 @@ class RunOptions:
     poll_interval_s: float = 0.2
     #: Hosts inventory for remote backends (--hosts, else [matrix] hosts).
     hosts_file: Path | None = None
+    #: How long a cell waits for GPUs another sweep holds (None: as long as it takes; 0: not
+    #: at all, the cell fails saying who holds them). See :mod:`orchestrator.locks`.
+    lock_timeout_s: float | None = None
+    #: Told what the run loop has to say beyond a cell's output (e.g. a cell waits for GPUs).
+    on_log: Callable[[str], None] | None = None
 
 
 class Backend(ABC):
@@ -237,14 +244,21 @@ class Backend(ABC):
             return None
         self._busy = True
         profile = self.matrix.profile(cell)
-        if profile.device == "cpu" or profile.wrapper == "bitfusion":
+        if profile.wrapper == "bitfusion":
             return Allocation.local(cell.id)
+        if profile.device == "cpu":  # a CPU cell holds the GPUs its profile lists, if any
+            return Allocation.local(cell.id, tuple(profile.gpu_ids or ()))
         ids = profile.gpu_ids if profile.gpu_ids is not None else range(cell.params.gpus)
         return Allocation.local(cell.id, tuple(ids)[: cell.params.gpus])
 
     def release(self, cell: Cell, allocation: Allocation) -> None:
         """The cell that held ``allocation`` ended."""
         self._busy = False
+
+    def lock_request(self, cell: Cell, allocation: Allocation) -> LockRequest | None:
+        """What ``cell`` must hold against other sweeps while it runs (None: nothing).
+        Default: this machine's GPUs of the allocation, else its CPU."""
+        return LockRequest("localhost", allocation.gpu_ids)
 
     # --- the run loop -------------------------------------------------------------------------
 
@@ -267,6 +281,8 @@ class Backend(ABC):
         step = _Step()
         try:
             self._run(cell, allocation, attempt, result, step)
+        except LockWaitCancelled as exc:
+            result.status, result.reason = Status.CANCELLED, f"the sweep was interrupted: {exc}"
         except Exception as exc:  # whatever it was, the cell gets a result
             result.status = Status.FAILED
             result.reason = f"{step.name}: {describe_error(exc)}"
@@ -291,19 +307,36 @@ class Backend(ABC):
         log_path = self.paths.cell_log(cell.id)
         with log_path.open("ab") as log_file:
             log_file.write(f"# {spec.shell_line()}\n".encode())
-        result.started_at = time.time()
-        t0 = time.monotonic()
-        capture = _Capture(scrub=Scrubber(secret_env(spec.env).values()))
-        step.name = "launching"
-        execution = self.launch(spec)
-        step.name = "running"
-        status, reason, info = self._execute(cell, execution, log_path, capture)
+        request = self.lock_request(cell, allocation)
+        step.name = f"waiting for {request.describe()}" if request else "launching"
+        with self._hold(cell, request) as held:
+            if held is not None and held.waited_s:
+                result.provenance["lock_wait_s"] = held.waited_s
+            result.started_at = time.time()
+            t0 = time.monotonic()
+            capture = _Capture(scrub=Scrubber(secret_env(spec.env).values()))
+            step.name = "launching"
+            execution = self.launch(spec)
+            step.name = "running"
+            status, reason, info = self._execute(cell, execution, log_path, capture)
         result.duration_s = round(time.monotonic() - t0, 3)
         result.finished_at = time.time()
         result.exit_code = info.code if info else None
         step.name = "recording the outcome"
         self._interpret(result, status, reason, info, capture)
         self.finish(cell, result, execution)
+
+    @contextlib.contextmanager
+    def _hold(self, cell: Cell, request: LockRequest | None) -> Iterator[HeldLocks | None]:
+        """Hold ``request``'s locks (waiting for another sweep's cells) while the body runs."""
+        if request is None:
+            yield None
+            return
+        holder = Holder(run=f"{self.matrix.name}/{self.paths.run_id}", cell=cell.id)
+        held = locks.acquire(request, holder, timeout_s=self.options.lock_timeout_s,
+                             cancel=self.options.cancel, on_wait=self.options.on_log)
+        with held:
+            yield held
 
     def _execute(
         self, cell: Cell, execution: Execution, log_path: Path, capture: _Capture
