@@ -6,7 +6,7 @@ Tables and reports are built only from what is on disk, so any old run can be re
 Layout::
 
     <results>/<matrix>/<run id>/
-        matrix.toml        the matrix file as it was
+        matrix.toml        the matrix file as it was (secrets masked)
         plan.json          the expanded cells
         run.json           backend, start/end, provenance, status counts
         summary.csv        one row per cell group (medians over repeats)

@@ -9,12 +9,14 @@ The layers, lowest first (a module may import its own layer and the ones below):
 1. the package root (``__version__``) and ``errors``: everything may raise them;
 2. ``config``: the matrix file's models;
 3. files and facts, each standing on config and errors only: run folders and results, host
-   inventories, GPU discovery parsers, image templates, the NGC release table;
-4. reports built from what is on disk (tables, trends, plots): they never see a matrix or a
-   backend, so a report can be rebuilt from any old run;
+   inventories, GPU discovery parsers, image templates, the NGC release table, which values
+   are secret, the user's defaults;
+4. reports built from what is on disk (tables, trends, plots, the ETA): they never see a matrix
+   or a backend, so a report can be rebuilt from any old run;
 5. ``matrix``: expansion into cells;
 6. ``placement`` and ``launch``: where a cell runs and the command that runs it (pure);
-7. the outside world: the Docker engine, SSH, Docker over SSH, image builds;
+7. the outside world: the Docker engine, SSH, Docker over SSH, image builds, a cell's local
+   processes, locks on this machine's GPUs;
 8. the backend base and the registry of backends;
 9. what several backends share: containers, remote executions;
 10. the backends themselves; **isolated**: no backend imports another;
