@@ -8,8 +8,16 @@ Each step is a plain function over plain values. Running cells (:func:`run_cells
 as soon as the backend can place it (:func:`place`, through
 :meth:`~orchestrator.backends.base.Backend.allocate`); every cell runs in a worker thread so the
 main thread stays free to notice Ctrl-C / SIGTERM, cancel what runs and record what did not; a
-cell that ended is collected (:func:`collect`: its allocation goes back) and recorded, or retried
-when its host was lost. Expected failures are results; one bad cell never stops the sweep.
+cell that ended is collected (:func:`collect`: its allocation goes back) and recorded
+(:func:`record`), or retried when its host was lost. Expected failures are results; one bad cell
+never stops the sweep.
+
+Every cell given to a sweep ends with exactly one result, on disk: a worker that raised or did
+not stop after an interrupt gives a failed result; a result that cannot be written when its cell
+ends (a full disk) is written again by :func:`finish_run`, and one that still cannot be is
+counted from memory and named in :attr:`SweepOutcome.problems` (the CLI prints it, exit 1). A
+results folder that cannot take a run folder at all is a
+:class:`~orchestrator.errors.ResultsError` before anything runs.
 """
 
 from __future__ import annotations

@@ -17,9 +17,19 @@ hooks:
 - :meth:`Backend.finish` — add what only the backend knows to the result (optional).
 - :meth:`Backend.close` — end of the sweep: remove what is left behind.
 
+- :meth:`Backend.lock_request` — what the cell holds against other sweeps while it runs
+  (:mod:`orchestrator.locks`; default: this machine's GPUs of the allocation, else its CPU).
+
 An :class:`Execution` is the started cell: a subprocess, a container, a remote channel, a job.
 How its end becomes a status (ok, failed with the reason, oom, timeout, host lost, cancelled) is
 decided here, once, from its :class:`ExitInfo` and the workload's JSON lines.
+
+:meth:`Backend.run_cell` never raises: whatever goes wrong around a cell (its folder, its
+command.json or log cannot be written, the spec or the launch raises, a hook has a bug) makes it
+``failed`` with the step and the error as its reason, and a started execution is stopped. The
+log keeps draining when it cannot be written (a full disk), and the cell is then failed: its
+numbers would have no files. The cell's secret values (:mod:`orchestrator.redact`) are replaced
+by ``***`` in its output before anything sees it.
 """
 
 from __future__ import annotations
