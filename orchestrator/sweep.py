@@ -344,8 +344,6 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
         write_json(paths.run_meta, run.meta)
     except OSError as exc:
         problems.append(f"run.json not written: {_os_error(exc)}")
-    for problem in problems:
-        log.error("%s", problem)
     return outcome
 
 

@@ -296,7 +296,10 @@ class Backend(ABC):
         except Exception as exc:  # whatever it was, the cell gets a result
             result.status = Status.FAILED
             result.reason = f"{step.name}: {describe_error(exc)}"
-            log.warning("%s: %s", cell.id, result.reason, exc_info=not _expected(exc))
+            if _expected(exc):  # the result says it; the sweep reports it
+                log.info("%s: %s", cell.id, result.reason)
+            else:  # a bug: its traceback
+                log.warning("%s: %s", cell.id, result.reason, exc_info=True)
         try:
             write_json(self.paths.cell_result(cell.id), result.to_json())
         except OSError as exc:  # the sweep writes it again, and reports it if it cannot
