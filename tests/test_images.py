@@ -28,7 +28,7 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
             "base_image": "registry.lab.example/nvidia/pytorch:23.10-py3",
             "install_dir": "/srv/bench",
             "apt_packages": ["numactl", "infiniband-diags"],
-            "pip_packages": ["nvidia-ml-py"],
+            "pip_packages": ["nvidia-ml-py", "numpy<2"],
         },
     },
     "bitfusion": {
@@ -132,7 +132,9 @@ def test_coerce_set_parses_by_declared_type() -> None:
         "pip_packages": [],
     }
     # '=' inside the value is kept
-    assert images.coerce_set("ngc-pytorch", ["base_image=a/b:c=d"]) == {"base_image": "a/b:c=d"}
+    assert images.coerce_set("ngc-pytorch", ["pip_packages=numpy==1.26"]) == {
+        "pip_packages": ["numpy==1.26"]
+    }
 
 
 def test_coerce_set_reports_every_problem() -> None:
@@ -255,7 +257,8 @@ def test_child_inherits_forwarded_variables_from_its_parent(
     monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
     parent_manifest = (
         'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "debian:{{ tag }}"\n'
-        '[variables.tag]\ntype = "str"\ndefault = "bookworm"\ndescription = "Debian release"\n'
+        '[variables.tag]\ntype = "str"\nkind = "image_tag"\ndefault = "bookworm"\n'
+        'description = "Debian release"\n'
     )
     _write_template(tmp_path, "base", "FROM {{ base }}\n", parent_manifest)
     _write_template(
@@ -264,7 +267,7 @@ def test_child_inherits_forwarded_variables_from_its_parent(
         "FROM {{ base }}\n",
         'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "{{ parent_image }}"\n'
         '[parent]\ntemplate = "base"\nvariable = "parent_image"\nforward = ["tag"]\n'
-        '[variables.parent_image]\ntype = "str"\ndefault = ""\n',
+        '[variables.parent_image]\ntype = "str"\nkind = "image_ref"\ndefault = ""\n',
     )
     tag = images.load_template("child").variables["tag"]
     assert (tag.type, tag.default) == ("str", "bookworm")
@@ -291,7 +294,7 @@ def test_parent_cycle_is_a_config_error(tmp_path: Path, monkeypatch: pytest.Monk
             "FROM {{ base }}\n",
             'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "{{ p }}"\n'
             f'[parent]\ntemplate = "{other}"\nvariable = "p"\n'
-            '[variables.p]\ntype = "str"\ndefault = ""\n',
+            '[variables.p]\ntype = "str"\nkind = "image_ref"\ndefault = ""\n',
         )
     with pytest.raises(ConfigError, match=r"parent.template: cycle: a -> b -> a"):
         images.load_template("a")
