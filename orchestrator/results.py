@@ -141,6 +141,12 @@ class CellResult:
             if name in known and not _is(known[name], kinds):
                 raise ValueError(f"{name}: unexpected {type(known[name]).__name__} "
                                  f"{known[name]!r}")
+        params = known.get("params", {})
+        odd = [k for k, v in params.items() if not _is(v, (str, int, float, bool, type(None)))]
+        if "gpus" in params and not _is(params["gpus"], (int,)):
+            odd.append("gpus")
+        if odd:
+            raise ValueError(f"params.{odd[0]}: unexpected value {params[odd[0]]!r}")
         return cls(**known)
 
 
