@@ -92,7 +92,9 @@ _FALSE = {"0", "false", "no", "off"}
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _HOST_PART = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-_DOMAIN = rf"{_HOST_PART}(?:\.{_HOST_PART})*(?::[0-9]{{1,5}})?"
+# a registry has a dot or a port, or is localhost (else Docker reads it as a path component)
+_DOMAIN = (rf"(?:{_HOST_PART}(?:\.{_HOST_PART})+(?::[0-9]{{1,5}})?|{_HOST_PART}:[0-9]{{1,5}}"
+           r"|localhost)")
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 #: An image reference as Docker's grammar has it: [registry[:port]/]path[:tag][@sha256:digest].
 IMAGE_REF = (rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?"
