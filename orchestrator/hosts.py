@@ -85,7 +85,7 @@ class HostEntry(_Strict):
     """One lab machine (a ``[[hosts]]`` table)."""
 
     name: str = Field(
-        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",  # as _NAME
         description="short unique name used in tables and results (letters, digits, _ . -)",
     )
     address: str = Field(
@@ -196,6 +196,7 @@ class ConnectTarget:
 
 
 _HOST_INDEX = re.compile(r"^hosts\[(\d+)\]")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def _with_host_name(problem: Problem, raw: dict[str, Any]) -> Problem:
@@ -206,7 +207,7 @@ def _with_host_name(problem: Problem, raw: dict[str, Any]) -> Problem:
         return problem
     entry = hosts[int(match.group(1))]
     name = entry.get("name") if isinstance(entry, dict) else None
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):  # a name fit to show
         return problem
     field = f"{match.group(0)} ({name}){problem.field[match.end():]}"
     return Problem(problem.file, field, problem.message)

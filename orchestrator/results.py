@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -190,7 +191,12 @@ def write_json(path: Path, data: Any) -> None:
 def read_json(path: Path) -> Any:
     """A JSON file of a run; a missing, truncated or unreadable file is a ConfigError naming it."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        # a FIFO planted in a shared results folder must not hang `report`: regular files only
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise ConfigError("not a regular file", file=str(path))
+            return json.loads(fh.read().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError("missing (the run folder is incomplete)", file=str(path)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -200,3 +200,15 @@ def test_from_json_round_trip_and_unknown_fields() -> None:
     assert CellResult.from_json(data) == res
     with pytest.raises(ValueError, match="missing status"):
         CellResult.from_json({"cell_id": "a", "group": "a", "repeat": 1})
+
+
+def test_a_fifo_planted_as_result_json_does_not_hang_report(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    paths = _run_with(tmp_path, {"cells/a-r1/result.json": json.dumps(_result("a-r1"))})
+    (paths.root / "cells" / "b-r1").mkdir()
+    os.mkfifo(paths.root / "cells" / "b-r1" / "result.json")
+    os.mkfifo(paths.plan)
+    with caplog.at_level(logging.WARNING, logger="orchestrator.results"):
+        assert [r.cell_id for r in paths.results()] == ["a-r1"]
+    assert "not a regular file" in caplog.text
