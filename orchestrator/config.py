@@ -136,7 +136,7 @@ class CellParams(StrictModel):
         20, description="Warmup iterations, excluded from metrics, 0..100000 (hours of warmup)."
     )
     iterations: _range(1, 1_000_000) = Field(
-        100, description="Measured iterations, 1..1000000 (days at a realistic step time)."
+        100, description="Measured iterations, 1..1000000 (a day or more at a realistic step time)."
     )
     data: PathText = Field(
         "synthetic",
