@@ -14,7 +14,14 @@ The rules, in order:
    drift of a machine (thermals, a noisy neighbour) spreads over the whole matrix, not one cell.
 
 Ids are stable and readable (``v100-g4-bs256-amp-r1``): hardware, then the parameters that vary in
-the matrix, then the repeat. The content hash covers the parameters and the hardware profile.
+the matrix, then the repeat. The content hash covers the parameters and the hardware profile. An id
+longer than :data:`MAX_ID_LENGTH` (a long varying ``data`` path) is cut and ends with its hash, so
+it is always a valid folder name.
+
+Size: the axes and zips may multiply to at most
+:data:`~orchestrator.config.MAX_COMBINATIONS` combinations and the matrix may plan at most
+:data:`~orchestrator.config.MAX_CELLS` cells; both are checked from the list lengths before any
+cell is built, and the message names the fields that multiply up.
 
 Validation reports every problem of the file at once (types, unknown keys and profiles, image
 templates and their variables, rules that match nothing). This module knows nothing of backends:
@@ -26,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +44,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from orchestrator import images
 from orchestrator.config import (
+    MAX_CELLS,
+    MAX_COMBINATIONS,
     PARAM_NAMES,
     CellParams,
     HardwareProfile,
@@ -46,6 +56,10 @@ from orchestrator.config import (
     parse_matrix_file,
 )
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.results import name_problem
+
+#: Longest cell group id (the cell id adds ``-rN``; a folder name may have 255 bytes).
+MAX_ID_LENGTH = 150
 
 
 @dataclass(frozen=True)
@@ -196,6 +210,51 @@ def _fmt(rule: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {v!r}" for k, v in rule.items())
 
 
+def _factors(mf: MatrixFile, raw: dict[str, Any]) -> list[tuple[str, int]]:
+    """(field, number of values) of every dimension: the axes, then each zip group."""
+    factors = [(f"axes.{k}", len(v)) for k, v in _ordered(_set_keys(mf.axes), raw.get("axes"))
+               .items()]
+    for i, group in enumerate(mf.zip):
+        lengths = {len(v) for v in _set_keys(group).values()}
+        if len(lengths) == 1:  # different lengths are reported by the expansion
+            factors.append((f"zip[{i}]", lengths.pop()))
+    return factors
+
+
+def _product(factors: list[tuple[str, int]], extra: str = "") -> str:
+    parts = [f"{field} ({n} values)" for field, n in factors if n > 1]
+    return " x ".join(parts + ([extra] if extra else [])) or "the defaults"
+
+
+def size_problems(mf: MatrixFile, raw: dict[str, Any], file: str) -> list[Problem]:
+    """A problem if the axes multiply past :data:`MAX_COMBINATIONS`, or if even the upper bound
+    of the cells is past :data:`MAX_CELLS` without any [[exclude]] to bring it down. Needs only
+    the list lengths: refused before anything is expanded."""
+    factors = _factors(mf, raw)
+    combinations = math.prod(n for _, n in factors)
+    if combinations > MAX_COMBINATIONS:
+        return [Problem(file, "axes", (
+            f"{_product(factors)} multiply up to {combinations:,} combinations, more than the "
+            f"{MAX_COMBINATIONS:,} a matrix may have: split it into several matrix files"
+        ))]
+    repeats = mf.matrix.repeats
+    cells = (combinations + len(mf.include)) * repeats
+    if cells > MAX_CELLS and not mf.exclude:
+        return [_too_many_cells(file, factors, len(mf.include), repeats, cells)]
+    return []
+
+
+def _too_many_cells(
+    file: str, factors: list[tuple[str, int]], includes: int, repeats: int, cells: int
+) -> Problem:
+    extra = f"matrix.repeats ({repeats})" if repeats > 1 else ""
+    plus = f" (+ {includes} include)" if includes else ""
+    return Problem(file, "axes", (
+        f"{_product(factors, extra)}{plus} plan {cells:,} cells, more than the {MAX_CELLS:,} "
+        "one run may have: split the matrix into several files or lower matrix.repeats"
+    ))
+
+
 # --- ids and hashes --------------------------------------------------------------------------
 
 _ABBREV = {
@@ -236,6 +295,13 @@ def content_hash(params: CellParams, profile: HardwareProfile) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def _short(group: str, digest: str) -> str:
+    """``group``, or its first characters and the hash when it is longer than MAX_ID_LENGTH."""
+    if len(group) <= MAX_ID_LENGTH:
+        return group
+    return f"{group[:MAX_ID_LENGTH - 13].rstrip('-_.')}-{digest}"
+
+
 def make_cells(
     assignments: list[CellParams], profiles: dict[str, HardwareProfile], repeats: int
 ) -> tuple[list[Cell], tuple[str, ...]]:
@@ -249,7 +315,7 @@ def make_cells(
         group = "-".join(_id_parts(d, varying))
         seen[group] = seen.get(group, 0) + 1
         groups.append((group, params, digest))
-    groups = [(g if seen[g] == 1 else f"{g}-{h[:6]}", p, h) for g, p, h in groups]
+    groups = [(_short(g if seen[g] == 1 else f"{g}-{h[:6]}", h), p, h) for g, p, h in groups]
     cells = [
         Cell(id=f"{g}-r{r}", group=g, repeat=r, params=p, hash=h)
         for r in range(1, repeats + 1)
@@ -326,11 +392,25 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
     mf, raw, text = parse_matrix_file(path)
     problems = _check_backend(mf, file, backends)
     problems += _check_profiles(mf, file)
+    name = mf.matrix.name or path.stem
+    if mf.matrix.name is None and name_problem(name):
+        problems.append(Problem(file, "matrix.name", (
+            f"the file name gives the matrix name {name!r}, which cannot be a folder name under "
+            "results/; set [matrix] name (letters, digits, '_', '.', '-')"
+        )))
+    too_big = size_problems(mf, raw, file)
+    if too_big:  # nothing is expanded: that alone could take minutes and gigabytes
+        raise ConfigError(problems + too_big)
     assignments, expand_problems = expand_assignments(mf, raw, file)
     problems += expand_problems
     problems += _check_hardware_values(mf, raw, file, assignments)
     if not assignments and not expand_problems:
         problems.append(Problem(file, "axes", "the matrix expands to no cell"))
+    cells_planned = len(assignments) * mf.matrix.repeats
+    if cells_planned > MAX_CELLS:
+        problems.append(_too_many_cells(
+            file, _factors(mf, raw), len(mf.include), mf.matrix.repeats, cells_planned
+        ))
     if problems:
         raise ConfigError(problems)
 
@@ -342,7 +422,7 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
             raise ConfigError(f"invalid cell {assignment}: {exc}", file=file) from None
     cells, varying = make_cells(params, mf.hardware, mf.matrix.repeats)
     return Matrix(
-        name=mf.matrix.name or path.stem,
+        name=name,
         path=path,
         settings=mf.matrix,
         profiles=dict(mf.hardware),

@@ -16,7 +16,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from orchestrator.results import CellResult, RunPaths, Status, read_json
+from orchestrator.results import CellResult, RunPaths, Status
 
 
 def throughput_key(mode: str, kind: str = "total_ips") -> str:
@@ -223,11 +223,10 @@ def write_summary(
     ``results``: the run's results when the caller has just read them (else read from disk).
     """
     rows = summarize(paths.results() if results is None else results)
-    plan_varying: list[str] = []
-    if paths.plan.exists():
-        plan = read_json(paths.plan)
-        plan_varying = plan.get("varying", [])
-        baseline = baseline or plan.get("baseline")
+    plan = paths.plan_data() or {}  # a damaged plan.json only loses its column order
+    varying = plan.get("varying")
+    plan_varying = [k for k in varying if isinstance(k, str)] if isinstance(varying, list) else []
+    baseline = baseline or (plan.get("baseline") if isinstance(plan.get("baseline"), str) else None)
     base = parse_baseline(baseline)
     if base:
         add_ratios(rows, *base)

@@ -270,7 +270,7 @@ def test_failing_build_names_the_step(
     (root / "broken").mkdir(parents=True)
     (root / "broken" / "template.toml").write_text(
         'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "{{ base_image }}"\n'
-        '[variables.base_image]\ntype = "str"\ndefault = ""\n'
+        '[variables.base_image]\ntype = "str"\nkind = "image_ref"\ndefault = ""\n'
     )
     (root / "broken" / "Dockerfile.j2").write_text(
         "FROM {{ base }}\nRUN echo preparing\nRUN echo about to fail && exit 3\nRUN echo never\n"

@@ -35,9 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (layer name, modules, isolated: whether modules of the layer may import each other).
 LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("foundation", ("orchestrator", "orchestrator.errors"), False),
+    ("run-folder values", ("orchestrator.results",), False),
     ("config", ("orchestrator.config",), False),
     ("files and facts", (
-        "orchestrator.results", "orchestrator.hosts", "orchestrator.gpus",
+        "orchestrator.hosts", "orchestrator.gpus",
         "orchestrator.images", "orchestrator.releases",
     ), False),
     ("reports", ("orchestrator.summary", "orchestrator.history", "orchestrator.plots"), False),

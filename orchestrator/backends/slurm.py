@@ -11,7 +11,8 @@ A cell's files, all in its cell folder:
 - ``job.sbatch`` — the generated batch script (:func:`render_sbatch`, a pure function): the
   ``#SBATCH`` options, ``export`` of the workload's environment and ``exec`` of its argv, every
   value shell-quoted. It is rendered into the cell's launch spec (``LaunchSpec.script``) and
-  written when the cell is submitted. Slurm sets ``CUDA_VISIBLE_DEVICES`` for the ``--gres=gpu:N`` it grants.
+  written when the cell is submitted. Slurm sets ``CUDA_VISIBLE_DEVICES`` for the
+``--gres=gpu:N`` it grants.
 - ``slurm-<job id>.out`` — the job's stdout and stderr, tailed live into ``log.txt``.
 - ``command.json`` gains ``slurm.job_id``; the result's provenance has the job id, its final
   Slurm state and the node it ran on.

@@ -1,0 +1,93 @@
+"""What the CLI writes besides results: log levels (-q / -v), library warnings kept out of the
+user's way, and a quiet end when the reader of its output goes away (``| head``)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import warnings
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import EXIT_BROKEN_PIPE, main
+from orchestrator.commands import sweep as sweep_command
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _noisy(args: Namespace) -> int:
+    warnings.warn("a library deprecation", UserWarning, stacklevel=1)
+    log = logging.getLogger("orchestrator.noisy")
+    log.warning("something the user should know")
+    log.info("some detail")
+    log.debug("a debug line")
+    print("the output")
+    return 0
+
+
+@pytest.mark.parametrize(("flags", "shown", "hidden"), [
+    ([], ["warning: something the user should know"],
+     ["a library deprecation", "some detail", "a debug line"]),
+    (["-q"], [], ["something the user should know", "a library deprecation", "some detail"]),
+    (["-v"], ["warning: something", "info: some detail", "a library deprecation"],
+     ["a debug line"]),
+    (["-vv"], ["debug: a debug line", "info: some detail"], []),
+])
+def test_log_levels_and_library_warnings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    flags: list[str], shown: list[str], hidden: list[str],
+) -> None:
+    monkeypatch.setattr(sweep_command, "cmd_validate", _noisy)
+    assert main([*flags, "validate", "x.toml"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "the output\n"
+    for text in shown:
+        assert text in captured.err
+    for text in hidden:
+        assert text not in captured.err
+
+
+def test_logging_is_left_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sweep_command, "cmd_validate", _noisy)
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level, warnings.showwarning)
+    main(["-v", "validate", "x.toml"])
+    assert (list(root.handlers), root.level, warnings.showwarning) == before
+
+
+def test_q_and_v_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["-q", "-v", "schema"])
+    assert info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_output_piped_into_head_ends_quietly(tmp_path: Path) -> None:
+    """The reader closes the pipe before the (1 MB) plan is written: no traceback, exit 141."""
+    seeds = ", ".join(str(i) for i in range(3000))
+    matrix = tmp_path / "big.toml"
+    matrix.write_text(f'[workload]\nhardware = "cpu"\n[axes]\nseed = [{seeds}]\n'
+                      '[hardware.cpu]\ndevice = "cpu"\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "plan", "--json", str(matrix)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10) == b'[\n  {\n    '
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == EXIT_BROKEN_PIPE
+    assert err == "", err
+
+
+def test_shell_pipeline_into_head(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        f"{sys.executable} -m orchestrator schema | head -n 1; echo \"status ${{PIPESTATUS[0]}}\"",
+        shell=True, executable="/bin/bash", capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )
+    assert proc.stdout.startswith("{\n")
+    assert proc.stdout.splitlines()[-1] in ("status 0", f"status {EXIT_BROKEN_PIPE}")
+    assert proc.stderr == ""
