@@ -120,9 +120,12 @@ def _setup_logging() -> None:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    import torch
+    """Out of memory? Asked only once torch is imported (no torch: it cannot be torch's OOM)."""
+    if "torch" not in sys.modules:
+        return "out of memory" in str(exc).lower()
+    from workload.compat import is_oom
 
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    return is_oom(exc)
 
 
 def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int:
