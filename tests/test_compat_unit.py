@@ -257,6 +257,23 @@ def test_device_uuid() -> None:
     assert compat.device_uuid(object()) is None
 
 
+# --------------------------------------------------------------------------- profiler
+
+
+def test_torch_profiler_schedule_writes_a_trace(tmp_path: Path) -> None:
+    """The ``--profiler torch`` path (torch.profiler with a schedule) on the CPU."""
+    from workload.profiling import Profiler
+
+    prof = Profiler("torch", "cpu", tmp_path, rank=0, iterations=3)
+    prof.begin()
+    for i in range(3):
+        prof.iteration_start(i)
+        torch.ones(8, 8) @ torch.ones(8, 8)
+        prof.iteration_end(i)
+    prof.finish()
+    assert (tmp_path / "trace_rank0.json").stat().st_size > 0
+
+
 # --------------------------------------------------------------------------- the api block
 
 

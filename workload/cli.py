@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--arch",
         default=ARCH_DEFAULT,
-        help="torchvision classification model name (default: %(default)s)",
+        help="torchvision classification model name, or resnext101_32x4d / se_resnext101_32x4d "
+        "(NVIDIA DeepLearningExamples' models) (default: %(default)s)",
     )
     p.add_argument("--mode", choices=("train", "infer"), default="train")
     p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
