@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("config", ("orchestrator.config",), False),
     ("files and facts", (
         "orchestrator.hosts", "orchestrator.gpus",
-        "orchestrator.images", "orchestrator.releases",
+        "orchestrator.images", "orchestrator.releases", "orchestrator.stacks",
     ), False),
     ("reports", ("orchestrator.summary", "orchestrator.history", "orchestrator.plots"), False),
     ("matrix", ("orchestrator.matrix",), False),

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--arch",
         default=ARCH_DEFAULT,
-        help="torchvision classification model name (default: %(default)s)",
+        help="torchvision classification model name, or resnext101_32x4d / se_resnext101_32x4d "
+        "(NVIDIA DeepLearningExamples' models) (default: %(default)s)",
     )
     p.add_argument("--mode", choices=("train", "infer"), default="train")
     p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
@@ -120,9 +121,12 @@ def _setup_logging() -> None:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    import torch
+    """Out of memory? Asked only once torch is imported (no torch: it cannot be torch's OOM)."""
+    if "torch" not in sys.modules:
+        return "out of memory" in str(exc).lower()
+    from workload.compat import is_oom
 
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    return is_oom(exc)
 
 
 def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int:

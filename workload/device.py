@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torchvision
 
+from workload import compat
 from workload.errors import ConfigError, DeviceError
 from workload.telemetry import nvml_device_driver_version
 
@@ -112,8 +113,7 @@ def init_distributed(device: str, dist: Dist, dev: torch.device) -> None:
     if device == "hpu":
         import habana_frameworks.torch.distributed.hccl  # noqa: F401  (optional extra)
     kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(minutes=10)}
-    if device == "cuda":
-        kwargs["device_id"] = dev
+    kwargs |= compat.process_group_kwargs(device, dev)
     torch.distributed.init_process_group(**kwargs)
 
 
@@ -129,19 +129,23 @@ def resolve_precision(precision: str, device: str, warn: Any) -> str:
     if precision == "amp" and device == "hpu":
         warn("Gaudi mixed precision is bf16: --precision amp runs as bf16 autocast")
         return "bf16"
-    if precision == "amp" and device == "cpu":
-        warn("--precision amp (fp16 autocast) is very slow on most CPUs; bf16 is the CPU choice")
     if precision not in ("fp32", "amp", "bf16"):
         raise ConfigError(f"unknown --precision {precision!r}; use fp32, amp or bf16")
+    if device == "cpu" and not compat.autocast(device, precision).available:
+        raise ConfigError(
+            f"--precision {precision} on the CPU: torch {torch.__version__} cannot autocast the "
+            "CPU to that dtype; use --precision bf16 or fp32"
+        )
+    if precision == "amp" and device == "cpu":
+        warn("--precision amp (fp16 autocast) is very slow on most CPUs; bf16 is the CPU choice")
     return precision
 
 
 def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
-    """The autocast context for a precision (a no-op for fp32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.float16 if precision == "amp" else torch.bfloat16
-    return torch.autocast(device_type=device, dtype=dtype)
+    """The autocast context for a precision (a no-op for fp32); see
+    :func:`workload.compat.autocast`."""
+    context: contextlib.AbstractContextManager[Any] = compat.autocast(device, precision)()
+    return context
 
 
 def synchronize(device: str) -> None:
@@ -177,10 +181,13 @@ def cuda_uuids(count: int) -> list[str | None]:
     out: list[str | None] = []
     for i in range(count):
         try:
-            uuid = str(torch.cuda.get_device_properties(i).uuid)
-            out.append(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            uuid = compat.device_uuid(torch.cuda.get_device_properties(i))
         except Exception:
+            uuid = None
+        if uuid is None:
             out.append(None)
+        else:
+            out.append(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
     return out
 
 

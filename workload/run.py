@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workload import compat
 from workload import data as data_mod
 from workload.device import (
     Dist,
@@ -85,6 +86,16 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
             "pretrained": args.pretrained,
             "seed": args.seed,
             "profiler": args.profiler,
+            "api": compat.describe(
+                device=device,
+                mode=args.mode,
+                precision=precision,
+                compile_mode=args.compile,
+                cuda_graphs_used=use_graphs,
+                decode=batches.decode_api,
+                distributed=dist.enabled,
+                pretrained=args.pretrained,
+            ),
         }
         reporter.emit({"type": "meta", "env": env})
         sampler = None
@@ -134,17 +145,14 @@ def _batches(
 
 
 def _wrap_ddp(model: nn.Module, device: str, dev: torch.device, dist: Dist) -> nn.Module:
-    """DDP with gradient buckets as views and 25 MB buckets; BN buffers not broadcast."""
+    """DDP with gradient buckets as views and 25 MB buckets; BN buffers not broadcast
+    (per-rank BN statistics: no per-step broadcast); see :data:`workload.compat.DDP_OPTIONS`."""
     if not dist.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(
-        model,
-        device_ids=[dev.index] if device == "cuda" else None,
-        gradient_as_bucket_view=True,
-        bucket_cap_mb=25,
-        broadcast_buffers=False,  # per-rank BN statistics: no per-step broadcast
+        model, device_ids=[dev.index] if device == "cuda" else None, **compat.ddp_kwargs()
     )
 
 

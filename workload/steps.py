@@ -1,8 +1,9 @@
 """The measured step: training (forward, backward, optimizer) or inference (forward).
 
-Performance features: channels-last (applied by the caller), AMP fp16 with
-``torch.amp.GradScaler``, bf16 autocast without a scaler, fused SGD with momentum on CUDA
-(foreach elsewhere), optional ``torch.compile`` and optional CUDA graphs.
+Performance features: channels-last (applied by the caller), AMP fp16 with a GradScaler, bf16
+autocast without a scaler, SGD with momentum (fused on CUDA where torch has it, else foreach),
+optional ``torch.compile`` and optional CUDA graphs.  Which API each of these calls on the
+installed torch is decided in :mod:`workload.compat`.
 
 CUDA graphs (CUDA only; untested on the CPU-only CI machines): the whole training step is
 captured with a static input batch (fp32/bf16: forward + backward + ``optimizer.step()``;
@@ -23,7 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from workload import compat
 from workload.device import autocast, mark_step
+from workload.errors import ConfigError
 
 log = logging.getLogger("workload")
 
@@ -31,37 +34,42 @@ Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def make_optimizer(model: nn.Module, device: str) -> torch.optim.Optimizer:
-    """SGD with momentum (lr 0.1, wd 1e-4 as in DeepLearningExamples); fused on CUDA."""
+    """SGD with momentum (lr 0.1, wd 1e-4 as in DeepLearningExamples); see
+    :func:`workload.compat.optimizer` for fused / foreach."""
     params = [p for p in model.parameters() if p.requires_grad]
-    kwargs: dict[str, Any] = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}
-    if device == "cuda":
-        return torch.optim.SGD(params, fused=True, **kwargs)
-    if device == "cpu":
-        return torch.optim.SGD(params, foreach=True, **kwargs)
-    return torch.optim.SGD(params, **kwargs)
+    optimizer: torch.optim.Optimizer = compat.optimizer(device)(params)
+    return optimizer
 
 
-def make_scaler(device: str, precision: str) -> torch.amp.GradScaler | None:
-    """A GradScaler for fp16 AMP, else None (bf16 and fp32 need none)."""
+def make_scaler(device: str, precision: str) -> Any:
+    """A GradScaler for fp16 AMP, else None (bf16 and fp32 need none, and so does fp16 on a CPU
+    whose torch has no CPU scaler)."""
     if precision != "amp":
         return None
-    return torch.amp.GradScaler(device)
+    choice = compat.grad_scaler(device)
+    return choice() if choice.available else None
 
 
 def compile_model(model: nn.Module, mode: str, device: str) -> nn.Module:
-    """Apply ``torch.compile`` (``hpu_backend`` on Gaudi, where the mode is not passed)."""
+    """Apply ``torch.compile`` (``hpu_backend`` on Gaudi, where the mode is not passed).
+
+    Raises ConfigError where this torch cannot compile (e.g. dynamo on an unsupported Python).
+    """
+    choice = compat.compiler(mode, device)
     if mode == "none":
         return model
-    if device == "hpu":
-        return torch.compile(model, backend="hpu_backend")  # type: ignore[return-value]
-    return torch.compile(model, mode=None if mode == "default" else mode)  # type: ignore[return-value]
+    if not choice.available:
+        raise ConfigError(f"--compile {mode}: {choice.label.removeprefix('unavailable: ')}; "
+                          "use --compile none")
+    compiled: nn.Module = choice(model)
+    return compiled
 
 
 def eager_train_step(
     model: nn.Module,
     criterion: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None,
+    scaler: Any,
     device: str,
     precision: str,
 ) -> Step:
@@ -102,7 +110,7 @@ def cuda_graph_train_step(  # CUDA only
     model: nn.Module,
     criterion: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None,
+    scaler: Any,
     precision: str,
     example: tuple[torch.Tensor, torch.Tensor],
     warmup: int = 3,
@@ -122,7 +130,7 @@ def cuda_graph_train_step(  # CUDA only
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     optimizer.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
+    with compat.cuda_graphs()(graph):
         with autocast("cuda", precision):
             static_loss = criterion(model(static_x), static_y)
         if scaler is not None:
@@ -157,7 +165,7 @@ def cuda_graph_infer_step(  # CUDA only
                 model(static_x)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), autocast("cuda", precision):
+        with compat.cuda_graphs()(graph), autocast("cuda", precision):
             static_out = model(static_x)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
