@@ -195,4 +195,6 @@ def runs_of(results_root: Path, matrix_name: str) -> list[RunPaths]:
     base = Path(results_root) / matrix_name
     if not base.is_dir():
         return []
-    return [RunPaths(p) for p in sorted(base.iterdir()) if (p / "plan.json").exists()]
+    # hidden folders are runs being written (orchestrate import renames them when complete)
+    return [RunPaths(p) for p in sorted(base.iterdir())
+            if not p.name.startswith(".") and (p / "plan.json").exists()]
