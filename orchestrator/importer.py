@@ -62,17 +62,15 @@ from pydantic import TypeAdapter, ValidationError
 
 from orchestrator import __version__
 from orchestrator.config import PARAM_NAMES, CellParams, param_type
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.dllog import has_dllogger_lines, looks_like_raport, read_dllogger
+from orchestrator.errors import ConfigError, LogFormatError, Problem
 from orchestrator.fom import (
     CellOutput,
     Evaluation,
     Failure,
     Figures,
     FiguresConfig,
-    LogFormatError,
-    has_dllogger_lines,
     judge,
-    looks_like_raport,
     parse_figures,
     parser_for,
 )
@@ -296,8 +294,6 @@ def _read_entry(path: Path, label: str, options: ImportOptions,
 
 def _log_params(entry: Entry) -> tuple[dict[str, Any], list[Problem]]:
     if entry.kind.startswith("dllogger"):
-        from orchestrator.fom import read_dllogger
-
         dll = read_dllogger(entry.text, entry.label)
         return _from_record(dll.parameters, _DLE_ARGS, entry.label)
     if entry.kind == "workload-log":

@@ -17,15 +17,14 @@ from dllogger_support import run_program
 from pydantic import ValidationError
 
 from orchestrator.config import problems_from_validation
-from orchestrator.errors import ConfigError
+from orchestrator.dllog import read_dllogger
+from orchestrator.errors import ConfigError, LogFormatError
 from orchestrator.fom import (
     CellOutput,
     FiguresConfig,
-    LogFormatError,
     evaluate,
     load_figures_file,
     parse_figures,
-    read_dllogger,
 )
 from workload import metrics as wm
 from workload.output import Reporter
@@ -483,3 +482,14 @@ def test_figures_file(tmp_path):
 def test_parse_figures_raises_for_a_malformed_log():
     with pytest.raises(LogFormatError):
         parse_figures(CellOutput('DLLL {"broken'), DLL)
+
+
+def test_many_malformed_lines_are_counted_after_the_first_twenty(programs):
+    raport, _, _ = programs["train"]
+    lines = raport.read_text().splitlines()
+    bad = [line[:30] if 10 <= i < 40 else line for i, line in enumerate(lines)]
+    with pytest.raises(LogFormatError) as info:
+        read_dllogger("\n".join(bad), "r.json")
+    found = info.value.problems
+    assert len(found) == 21 and found[0].field == "line 11" and found[19].field == "line 30"
+    assert found[20].message == "... and 10 more malformed lines"
