@@ -15,7 +15,8 @@ Parsers (``[figures] parser``):
     line, ``type`` LOG or METADATA), ``DLLL`` lines anywhere in the log, or else the
     ``StdOutBackend`` lines (``DLL <time> - <step> <metric> : <value> <unit> ...``). The
     per-iteration records (step ``[epoch, iteration]``, validation ``[epoch, iteration,
-    val_iteration]``) after the warmup are re-summarized by the rule of
+    val_iteration]``) after the warmup (dropped from the training and from the validation
+    records alike: the cell's ``warmup``) are re-summarized by the rule of
     :mod:`workload.metrics` (totals: global batch x N / sum of iteration times; nearest-rank
     latency percentiles) under the usual names (``train.total_ips``, ``val.compute_latency_at99``
     ...). What the program itself reported in its run summary (step ``[]``) is kept beside them
@@ -401,10 +402,11 @@ class DLLoggerParser(FigureParser):
             info: dict[str, Any] = {"records": len(points), "warmup_dropped": dropped,
                     "iterations": sum(p.k for p in kept)}
             if not kept:
+                why = f"all {dropped} {prefix} iterations in {dll.file} are warmup ({warmup})"
                 if prefix == head:
-                    figures.missing[throughput_key(mode)] = (
-                        f"all {dropped} {prefix} iterations in {dll.file} are warmup "
-                        f"(warmup {warmup})")
+                    figures.missing[throughput_key(mode)] = why
+                else:
+                    figures.notes.append(f"no {prefix} figures: {why}")
                 details[prefix] = info
                 continue
             values, info["rule"], notes = recompute(prefix, kept, batch)

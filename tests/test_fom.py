@@ -493,3 +493,12 @@ def test_many_malformed_lines_are_counted_after_the_first_twenty(programs):
     found = info.value.problems
     assert len(found) == 21 and found[0].field == "line 11" and found[19].field == "line 30"
     assert found[20].message == "... and 10 more malformed lines"
+
+
+def test_validation_pass_shorter_than_the_warmup_gives_no_val_figures(programs):
+    raport, _, _ = programs["train"]  # 30 training, 20 validation iterations
+    ev = evaluate(output(raport, warmup=20), DLL)
+    assert ev.ok and ev.figures.metrics["iterations"] == 10
+    assert not any(k.startswith("val.") for k in ev.figures.metrics)
+    assert "no val figures: all 20 val iterations in train.json are warmup (20)" in \
+        ev.figures.notes
