@@ -21,6 +21,9 @@ once per verbosity level, back to back (merged here into one record).
 
 Re-summarizing follows :mod:`workload.metrics` (one definition of the figures): warmup
 iterations dropped, throughput by totals, nearest-rank percentiles; see :func:`recompute`.
+Limits: the iterations after an epoch's last record (a ``--print-freq`` remainder) are only in
+DLLogger's epoch means and are not counted; under DDP only rank 0 logs, so its times stand for
+the step (our workload keeps the slowest rank's).
 """
 
 from __future__ import annotations

@@ -12,7 +12,12 @@ latency quantiles over every validation iteration. ``StdOutBackend`` prints to s
 can check the parsers against what really happened. The program is our own; nothing of DLE is
 copied.
 
-For tests: :func:`dllogger_available` and :func:`run_program`.
+``--dle-logger`` drives DLE's own logger module instead (``image_classification/logger.py``
+of the DeepLearningExamples ConvNets snapshot in the peers folder, loaded by path, used the way
+DLE's ``train()`` uses it): training only, because its validation quantile meters call
+``numpy.quantile(interpolation=...)``, which numpy 2 removed.
+
+For tests: :func:`dllogger_available`, :func:`dle_logger_path` and :func:`run_program`.
 """
 
 from __future__ import annotations
@@ -37,6 +42,24 @@ def dllogger_available() -> None:
 
         unavailable("NVIDIA DLLogger is not installed (pip install ../shared/peers/dllogger; "
                     ".ci/run does it)")
+
+
+def dle_logger_path() -> Path:
+    """DLE ConvNets' ``image_classification/logger.py`` in the peers folder (first of
+    $ORCHESTRATE_PEERS, ../shared/peers beside the checkout, /work/shared/peers); skip (fail
+    under CI=true) when there is none."""
+    import os
+
+    for base in (os.environ.get("ORCHESTRATE_PEERS"), HERE.parents[2] / "shared" / "peers",
+                 "/work/shared/peers"):
+        if base:
+            path = Path(base) / "dle-convnets" / "image_classification" / "logger.py"
+            if path.is_file():
+                return path
+    from service_support import unavailable
+
+    unavailable("no peers folder with dle-convnets (set ORCHESTRATE_PEERS)")
+    raise AssertionError("unreachable")
 
 
 def run_program(workdir: Path, *args: str, check: bool = True, name: str = "run"
@@ -125,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-to-stdout", action="store_true",
                    help="JSONStreamBackend to stdout, no StdOutBackend, no raport")
     p.add_argument("--nan-loss", action="store_true")
+    p.add_argument("--dle-logger", help="DLE's image_classification/logger.py: log through it")
     args = p.parse_args(argv)
+    if args.dle_logger:
+        return _dle_main(args)
 
     import dllogger
     from dllogger import JSONStreamBackend, StdOutBackend, Verbosity
@@ -224,6 +250,44 @@ def _validate(args: argparse.Namespace, epoch: int, val: _Interval,
                 "val.compute_latency_at100": max(lat)}, verbosity=Verbosity.VERBOSE)
             val.now = {}
             dllogger.flush()
+
+
+def _dle_main(args: argparse.Namespace) -> int:
+    """Training epochs logged through DLE's own Logger and TrainingMetrics, as its train()
+    loop does: one log call per iteration, the Logger printing every --print-freq."""
+    import importlib.util
+
+    from dllogger import JSONStreamBackend, StdOutBackend, Verbosity
+
+    spec = importlib.util.spec_from_file_location("dle_logger", args.dle_logger)
+    assert spec is not None and spec.loader is not None
+    dle = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dle)
+    logger = dle.Logger(args.print_freq, [
+        StdOutBackend(Verbosity.DEFAULT, step_format=dle.format_step),
+        JSONStreamBackend(Verbosity.VERBOSE, args.raport),
+    ], start_epoch=-1)
+    logger.log_parameter(dict(vars(args)), verbosity=Verbosity.DEFAULT)
+    metrics = dle.TrainingMetrics(logger)
+    tbs = args.batch_size * args.world_size
+    step_s = args.step_ms / 1000.0
+    data: list[float] = []
+    compute: list[float] = []
+    for _ in range(args.epochs):
+        logger.start_epoch()
+        for _ in logger.iteration_generator_wrapper(range(args.iterations), mode="train"):
+            slow = len(data) < args.slow_warmup
+            d, c = _sleep_iteration(step_s / 4, step_s * (5 if slow else 1))
+            data.append(d)
+            compute.append(c)
+            metrics.log(compute_ips=tbs / c, total_ips=tbs / (d + c), data_time=d,
+                        compute_time=c, lr=0.1, loss=7.0 / len(data), grad_scale=1.0)
+        logger.end_epoch()
+    logger.end()
+    truth = {"global_batch": tbs, "train": {"data": data, "compute": compute},
+             "val": {"data": [], "compute": []}}
+    Path(args.truth).write_text(json.dumps(truth), encoding="utf-8")
+    return 0
 
 
 if __name__ == "__main__":

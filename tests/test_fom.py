@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
-from dllogger_support import run_program
+from dllogger_support import dle_logger_path, run_program
 from pydantic import ValidationError
 
 from orchestrator.config import problems_from_validation
@@ -252,6 +252,33 @@ def test_no_dllogger_records_at_all():
     assert evaluate(CellOutput("hello\n", params={"mode": "train"}), relaxed).reason == (
         "the program exited 0 but produced no figure train.total_ips "
         "(no DLLogger records in log.txt)")
+
+
+@pytest.mark.parametrize(("print_freq", "epochs", "iterations"), [(1, 1, 20), (3, 2, 9)])
+def test_raport_of_dle_own_logger(tmp_path, print_freq, epochs, iterations):
+    """The raport DLE's own Logger/TrainingMetrics write (its per-interval means, its two
+    verbosity levels, its epoch and run summaries)."""
+    raport, log, truth_file, _ = run_program(
+        tmp_path, "--dle-logger", str(dle_logger_path()), "--print-freq", str(print_freq),
+        "--epochs", str(epochs), "--iterations", str(iterations), "--batch-size", "64")
+    truth = json.loads(truth_file.read_text())
+    ev = evaluate(output(raport, warmup=3), DLL)
+    assert ev.ok, ev.reason
+    m = ev.figures.metrics
+    want = expected(truth, "train", 3)
+    assert m["train.total_ips"] == pytest.approx(want["train.total_ips"], rel=1e-9)
+    assert m["train.compute_ips"] == pytest.approx(want["train.compute_ips"], rel=1e-9)
+    assert m["iterations"] == epochs * iterations - 3 and m["global_batch_size"] == 64
+    assert ("train.compute_latency_at99" in m) == (print_freq == 1)
+    # DLE's own figure: the mean of its per-iteration ips, warmup included
+    ips = [64 / (d + c) for d, c in zip(truth["train"]["data"], truth["train"]["compute"],
+                                         strict=True)]
+    assert m["dle.train.total_ips"] == pytest.approx(wm.mean(ips), rel=1e-9)
+    from_log = evaluate(output(log, warmup=3), DLL).figures.metrics["train.total_ips"]
+    if print_freq == 1:
+        assert from_log == pytest.approx(m["train.total_ips"], rel=1e-5)
+    else:  # interval means of ips, no times on stdout: an upper bound
+        assert from_log >= m["train.total_ips"] * (1 - 1e-5)
 
 
 # --- our workload's JSON lines -------------------------------------------------------------
