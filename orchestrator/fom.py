@@ -73,6 +73,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from orchestrator.dllog import (
     DLLoggerLog,
+    Point,
     drop_warmup,
     global_batch_of,
     has_dllogger_lines,
@@ -81,7 +82,7 @@ from orchestrator.dllog import (
     recompute,
 )
 from orchestrator.errors import ConfigError, LogFormatError, Problem
-from orchestrator.results import parse_metric_lines
+from orchestrator.results import parse_metric_lines, throughput_key
 from workload import metrics as wm
 
 log = logging.getLogger("orchestrator.fom")
@@ -303,11 +304,6 @@ class Figures:
         return out
 
 
-def throughput_key(mode: str) -> str:
-    """The mode's headline figure: ``train.total_ips`` or ``val.total_ips``."""
-    return f"{'train' if mode == 'train' else 'val'}.total_ips"
-
-
 class FigureParser(ABC):
     """Reads a cell's output into :class:`Figures`. Raise :class:`LogFormatError` for a
     malformed log (every bad line at once, each with its file and line)."""
@@ -396,30 +392,9 @@ class DLLoggerParser(FigureParser):
         details: dict[str, Any] = {"global_batch": batch, "global_batch_from": how}
         head = "train" if mode == "train" else "val"
         for prefix, points in series.items():
-            if not points:
-                continue
-            kept, dropped = drop_warmup(points, warmup)
-            info: dict[str, Any] = {"records": len(points), "warmup_dropped": dropped,
-                    "iterations": sum(p.k for p in kept)}
-            if not kept:
-                why = f"all {dropped} {prefix} iterations in {dll.file} are warmup ({warmup})"
-                if prefix == head:
-                    figures.missing[throughput_key(mode)] = why
-                else:
-                    figures.notes.append(f"no {prefix} figures: {why}")
-                details[prefix] = info
-                continue
-            values, info["rule"], notes = recompute(prefix, kept, batch)
-            figures.metrics.update(values)
-            figures.notes += notes
-            loss = kept[-1].data.get("loss")
-            if prefix == "train" and isinstance(loss, int | float):
-                figures.metrics["train.loss"] = float(loss)
-            if prefix == head:
-                figures.metrics.update(iterations=info["iterations"], warmup=dropped)
-                if batch:
-                    figures.metrics["global_batch_size"] = batch
-            details[prefix] = info
+            if points:
+                details[prefix] = _series_figures(prefix, points, warmup, batch, figures,
+                                                  prefix == head, dll.file)
         figures.details = details
         if not series[head]:
             figures.missing.setdefault(
@@ -435,6 +410,34 @@ class DLLoggerParser(FigureParser):
                 if isinstance(v, int | float) and not isinstance(v, bool)
             })
         return figures
+
+
+def _series_figures(prefix: str, points: list[Point], warmup: int, batch: int | None,
+                    figures: Figures, head: bool, file: str) -> dict[str, Any]:
+    """Add one series' figures (``train``/``val``) to ``figures``; return how they were made.
+    ``head``: the cell's mode's series (its throughput is required; iterations, warmup and
+    global batch are reported as ours are)."""
+    kept, dropped = drop_warmup(points, warmup)
+    info: dict[str, Any] = {"records": len(points), "warmup_dropped": dropped,
+                            "iterations": sum(p.k for p in kept)}
+    if not kept:
+        why = f"all {dropped} {prefix} iterations in {file} are warmup ({warmup})"
+        if head:
+            figures.missing[f"{prefix}.total_ips"] = why
+        else:
+            figures.notes.append(f"no {prefix} figures: {why}")
+        return info
+    values, info["rule"], notes = recompute(prefix, kept, batch)
+    figures.metrics.update(values)
+    figures.notes += notes
+    loss = kept[-1].data.get("loss")
+    if prefix == "train" and isinstance(loss, int | float) and not isinstance(loss, bool):
+        figures.metrics["train.loss"] = float(loss)
+    if head:
+        figures.metrics.update(iterations=info["iterations"], warmup=dropped)
+        if batch:
+            figures.metrics["global_batch_size"] = batch
+    return info
 
 
 # --- regular expressions ---------------------------------------------------------------------

@@ -78,6 +78,11 @@ class CellResult:
         return cls(**known)
 
 
+def throughput_key(mode: str, kind: str = "total_ips") -> str:
+    """The DLLogger metric name for a mode: ``train.total_ips`` or ``val.total_ips``."""
+    return f"{'train' if mode == 'train' else 'val'}.{kind}"
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (a crash never leaves half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)

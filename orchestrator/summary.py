@@ -16,12 +16,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from orchestrator.results import CellResult, RunPaths, Status, read_json
-
-
-def throughput_key(mode: str, kind: str = "total_ips") -> str:
-    """The DLLogger metric name for a mode: ``train.total_ips`` or ``val.total_ips``."""
-    return f"{'train' if mode == 'train' else 'val'}.{kind}"
+from orchestrator.results import CellResult, RunPaths, Status, read_json, throughput_key
 
 
 def _median(values: Iterable[float | None]) -> float | None:

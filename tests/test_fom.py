@@ -87,8 +87,7 @@ def test_raport_keeps_dllogger_own_figures_labelled(programs):
     ips = [32 / (d + c) for d, c in zip(truth["train"]["data"], truth["train"]["compute"],
                                          strict=True)]
     assert m["dle.train.total_ips"] == pytest.approx(wm.mean(ips), rel=1e-9)
-    # the five slow warmup iterations pull DLLogger's figure well below ours
-    assert m["dle.train.total_ips"] < 0.95 * m["train.total_ips"]
+    assert m["dle.train.total_ips"] != pytest.approx(wm.mean(ips[5:]), rel=1e-6)  # warmup in
     assert m["dle.val.compute_latency_at99"] == pytest.approx(
         wm.percentile(truth["val"]["compute"], 99), rel=1e-9)
 
