@@ -456,6 +456,12 @@ def matrix_name(arg: str) -> str:
     return Path(arg).stem if arg.endswith(".toml") else arg
 
 
+def _checked_name(name: str, where: str = "--matrix") -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        raise ConfigError(f"{name!r} is no matrix name (letters, digits, _ . -)", field=where)
+    return name
+
+
 def resolve_target(options: ImportOptions, known: list[dict[str, Any]], labels: list[str]
                    ) -> Target:
     """The matrix whose groups the imported cells join (see the module docstring)."""
@@ -464,10 +470,7 @@ def resolve_target(options: ImportOptions, known: list[dict[str, Any]], labels: 
                           "the imported run joins", field="--matrix")
     if options.matrix.endswith(".toml"):
         return _target_from_matrix_file(Path(options.matrix))
-    name = options.matrix
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise ConfigError(f"{name!r} is no matrix name (letters, digits, _ . -)",
-                          field="--matrix")
+    name = _checked_name(options.matrix)
     runs = runs_of(options.results_root, name)
     if runs:
         return _target_from_runs(name, runs)
@@ -636,8 +639,8 @@ class RunCell:
     old_id: str
     new_id: str
     group: str
-    result: CellResult | None
-    sha256: str | None
+    result: CellResult
+    sha256: str
 
 
 @dataclass
@@ -694,8 +697,15 @@ def _validate_run_folder(src: Path) -> RunFolder:
             continue
         try:
             result = CellResult.from_json(data)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             problems.append(Problem(str(result_file), "", f"not a cell result: {exc}"))
+            continue
+        wrong = [name for name, kind in (("repeat", int), ("params", dict), ("metrics", dict),
+                                         ("provenance", dict))
+                 if not isinstance(getattr(result, name), kind)]
+        if wrong:
+            problems.append(Problem(str(result_file), wrong[0], "wrong type (not a cell result "
+                                    "of this orchestrate)"))
             continue
         cell_id = result_file.parent.name
         if result.cell_id != cell_id or cell_id not in planned:
@@ -716,29 +726,28 @@ def _validate_run_folder(src: Path) -> RunFolder:
 def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
     """Validate our own run folder and re-index its cells to the target matrix."""
     folder = _validate_run_folder(src)
-    source_name = str(folder.plan.get("matrix") or src.parent.name)
-    name = matrix_name(options.matrix) if options.matrix else source_name
     problems: list[Problem] = []
     planned = {c["id"]: c for c in folder.plan["cells"]}
-    if options.matrix and (options.matrix.endswith(".toml")
-                           or runs_of(options.results_root, name)):
+    matrix = options.matrix
+    if matrix and (matrix.endswith(".toml")
+                   or runs_of(options.results_root, _checked_name(matrix))):
         target = resolve_target(options, [], [])
-        for cell in folder.cells:
-            params = planned[cell.old_id]["params"]
-            full = CellParams.model_validate(params).model_dump()
-            group, why = match_group(full, target)
-            if group is None or cell.result is None:
-                problems.append(Problem(str(src / "cells" / cell.old_id), "params", why))
-                continue
-            cell.group, cell.new_id = group, f"{group}-r{cell.result.repeat}"
         seen: dict[str, str] = {}
         for cell in folder.cells:
-            if cell.new_id in seen and cell.group:
-                problems.append(Problem(str(src / "cells" / cell.old_id), "params",
-                                        f"becomes {cell.new_id} of {target.name!r}, as "
-                                        f"{seen[cell.new_id]} does"))
+            full = CellParams.model_validate(planned[cell.old_id]["params"]).model_dump()
+            group, why = match_group(full, target)
+            where = str(src / "cells" / cell.old_id)
+            if group is None:
+                problems.append(Problem(where, "params", why))
+                continue
+            cell.group, cell.new_id = group, f"{group}-r{cell.result.repeat}"
+            if cell.new_id in seen:
+                problems.append(Problem(where, "params", f"becomes {cell.new_id} of "
+                                        f"{target.name!r}, as {seen[cell.new_id]} does"))
             seen.setdefault(cell.new_id, cell.old_id)
     else:
+        name = _checked_name(matrix) if matrix else _checked_name(
+            str(folder.plan.get("matrix") or src.parent.name), f"{src / 'plan.json'}: matrix")
         matrix_text = src / "matrix.toml"
         groups = {c["group"]: {"params": c["params"], "hash": c.get("hash", "")}
                   for c in folder.plan["cells"]}
@@ -843,7 +852,6 @@ def _write_run_folder(paths: RunPaths, plan: ImportPlan, options: ImportOptions
     planned = {c["id"]: c for c in folder.plan["cells"]}
     cells = []
     for cell in folder.cells:
-        assert cell.result is not None
         shutil.copytree(folder.root / "cells" / cell.old_id, paths.cell_dir(cell.new_id))
         result = cell.result
         earlier = result.provenance.get("imported")

@@ -394,3 +394,22 @@ def test_import_help(capsys):
         main(["import", "--help"])
     out = capsys.readouterr().out
     assert info.value.code == 0 and "usage: orchestrate import" in out and "--allow-partial" in out
+
+
+def test_run_folder_values_are_checked(logs, results, tmp_path):
+    paths, _ = import_results([logs["amp"][0]], options(results))
+    broken = tmp_path / "broken"
+    shutil.copytree(paths.root, broken)
+    result = broken / "cells" / "v100-g1-bs32-amp-r1" / "result.json"
+    data = json.loads(result.read_text())
+    result.write_text(json.dumps({**data, "metrics": [1, 2]}))
+    with pytest.raises(ConfigError) as info:
+        plan_import([broken], options(tmp_path / "r4", matrix=None))
+    assert (info.value.problems[0].file, info.value.problems[0].field) == (str(result),
+                                                                            "metrics")
+    result.write_text(json.dumps(data))
+    plan = json.loads((broken / "plan.json").read_text())
+    (broken / "plan.json").write_text(json.dumps({**plan, "matrix": "../../etc"}))
+    with pytest.raises(ConfigError, match="is no matrix name"):
+        plan_import([broken], options(tmp_path / "r4", matrix=None))
+    assert not (tmp_path / "r4").exists() and not (tmp_path / "etc").exists()
