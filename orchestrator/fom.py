@@ -31,8 +31,8 @@ summary line; DLLogger's run summary) unless ``require_end = false``; every requ
 (default: the mode's throughput, ``train.total_ips`` or ``val.total_ips``, and every regex
 figure) is present and a finite number; every figure with ``[figures.bounds]`` is within them.
 
-A matrix declares it like this (``[figures]`` at the top level, see the report to the lead for
-where config.py takes it)::
+Declared as a ``[figures]`` table (the file ``orchestrate import --figures`` reads; the matrix
+file's models are to take the same table, :class:`FiguresConfig`)::
 
     [figures]
     parser = "dllogger"                  # workload | dllogger | regex

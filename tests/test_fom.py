@@ -528,3 +528,16 @@ def test_validation_pass_shorter_than_the_warmup_gives_no_val_figures(programs):
     assert not any(k.startswith("val.") for k in ev.figures.metrics)
     assert "no val figures: all 20 val iterations in train.json are warmup (20)" in \
         ev.figures.notes
+
+
+def test_the_documented_example_is_valid(tmp_path):
+    import textwrap
+
+    from orchestrator import fom
+
+    example = fom.__doc__.split("::\n", 1)[1]
+    path = tmp_path / "figures.toml"
+    path.write_text(textwrap.dedent(example))
+    config = load_figures_file(path)
+    assert config.parser == "dllogger" and config.regex[0].which == "median"
+    assert config.bounds["val.compute_latency_at99"].upper == 0.5
