@@ -166,6 +166,11 @@ def _is(value: Any, kinds: tuple[type, ...]) -> bool:
     return isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
 
 
+def throughput_key(mode: str, kind: str = "total_ips") -> str:
+    """The DLLogger metric name for a mode: ``train.total_ips`` or ``val.total_ips``."""
+    return f"{'train' if mode == 'train' else 'val'}.{kind}"
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (a crash never leaves half a file). The file follows the umask,
     like every other file of a run (``mkstemp`` would make it 0600: unreadable to colleagues)."""

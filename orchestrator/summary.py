@@ -16,12 +16,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from orchestrator.results import CellResult, RunPaths, Status
-
-
-def throughput_key(mode: str, kind: str = "total_ips") -> str:
-    """The DLLogger metric name for a mode: ``train.total_ips`` or ``val.total_ips``."""
-    return f"{'train' if mode == 'train' else 'val'}.{kind}"
+from orchestrator.results import CellResult, RunPaths, Status, throughput_key
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -81,11 +76,11 @@ def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
         if ips:
             row.ips, row.ips_min, row.ips_max = statistics.median(ips), min(ips), max(ips)
         row.compute_ips = _median(r.metrics.get(throughput_key(mode, "compute_ips")) for r in ok)
-        if mode != "train":
-            for pct, attr in ((50, "latency_p50_ms"), (99, "latency_p99_ms")):
-                sec = _median(r.metrics.get(f"val.compute_latency_at{pct}") for r in ok)
-                setattr(row, attr, None if sec is None else sec * 1000.0)
-        else:
+        # inference latency: infer cells, and training runs with a validation pass (DLE's)
+        for pct, attr in ((50, "latency_p50_ms"), (99, "latency_p99_ms")):
+            sec = _median(r.metrics.get(f"val.compute_latency_at{pct}") for r in ok)
+            setattr(row, attr, None if sec is None else sec * 1000.0)
+        if mode == "train":
             row.loss = _median(r.metrics.get("train.loss") for r in ok)
     _scaling(list(rows.values()))
     return list(rows.values())
@@ -164,7 +159,8 @@ def render_table(
     if not rows:
         return "(no results)"
     cols = varying_params(rows, plan_varying)
-    infer = any(r.params.get("mode") == "infer" for r in rows)
+    infer = any(r.params.get("mode") == "infer" or r.latency_p50_ms is not None
+                or r.latency_p99_ms is not None for r in rows)
     scaling = any(r.speedup is not None for r in rows)
     headers = [*cols, "ok", "images/s (median)", "min..max"]
     if scaling:
