@@ -820,6 +820,9 @@ bad_matrix("can-it-run", "dry-run-refuses", gx(workload='precision = "bf16"'),
            check=_NO_RUN_FOLDER)
 bad_matrix("can-it-run", "validate-for-another-backend", mx(), "hardware.cpu.image",
            command=("validate", "--backend", "docker"))
+case("can-it-run", "validate-for-an-unknown-backend",
+     ["validate", "{dir}/m.toml", "--backend", "apptainer"], files={"m.toml": mx()},
+     err=("--backend: unknown backend 'apptainer'",))
 bad_matrix("can-it-run", "cross-stack-baseline-strict",
            gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "new"]', hw=None,
               after='[hardware.new]\ndevice = "cuda"\ngpu = "V100"\nimage = "ngc-pytorch"\n'

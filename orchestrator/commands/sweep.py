@@ -159,6 +159,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.backend is not None:
+        from orchestrator.backends import backend_names
+
+        if args.backend not in backend_names():
+            raise ConfigError(f"unknown backend {args.backend!r}; known: "
+                              f"{', '.join(backend_names())}", field="--backend")
     matrix, findings = _checked(args.matrix_file, args.backend, strict=args.strict)
     backend = args.backend or matrix.settings.backend
     print(f"{args.matrix_file}: ok ({len(matrix.cells)} cells)")
