@@ -437,6 +437,14 @@ class _CellCheck:
         except ValueError:  # a version string the checks cannot read: not checked
             return None
 
+    def _torchvision_in_range(self) -> bool:
+        """Whether the stack's torchvision is one the model table covers (below the floor the
+        release itself is refused; nothing is recorded there)."""
+        version = self.stack.torchvision
+        if not version or not _parses(version):
+            return False
+        return stacks.series(version) >= stacks.series(stacks.model_range()[0])
+
     def arch(self) -> None:
         arch = self.params.arch
         known = stacks.known_archs()
@@ -447,8 +455,8 @@ class _CellCheck:
                 f"{arch!r} is not a model the workload can build (torchvision {floor}..{newest} "
                 f"classification models, or DeepLearningExamples' {own})"
                 f"{_did_you_mean(arch, known)}"))
-        elif self.stack.torchvision and _parses(self.stack.torchvision) and not (
-                stacks.arch_available(arch, self.stack.torchvision)):
+        elif self._torchvision_in_range() and not stacks.arch_available(
+                arch, self.stack.torchvision or ""):
             self.error("arch", (
                 f"{arch!r} is not in torchvision {self.stack.torchvision}, which hardware "
                 f"{self.hw!r} runs ({self.stack.label}): pick a newer image or another arch"))

@@ -186,3 +186,23 @@ def test_a_sweep_refuses_before_it_makes_a_run_folder(tmp_path: Path) -> None:
         run_sweep(load_matrix(path), results_root=tmp_path / "results")
     assert {p.field for p in err.value.problems} == {"workload.precision", "workload.arch"}
     assert not (tmp_path / "results").exists()
+
+
+def test_an_arch_newer_than_the_stacks_torchvision(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model of today's table exists from the floor on, so no shipped release lacks one:
+    the table is made to say that this one came later (as a future model would)."""
+    from orchestrator import stacks
+
+    monkeypatch.setattr(stacks, "arch_available",
+                        lambda arch, version: arch != "resnet18" or version >= "0.19")
+    path = tmp_path / "m.toml"
+    path.write_text('[matrix]\nbackend = "docker"\n[axes]\narch = ["resnet50", "resnet18"]\n'
+                    'hardware = ["old", "new"]\n'
+                    '[hardware.old]\ndevice = "cuda"\nimage = "ngc-pytorch"\n'
+                    'image_vars = { base_tag = "23.10-py3" }\n'
+                    '[hardware.new]\ndevice = "cuda"\nimage = "ngc-pytorch"\n'
+                    'image_vars = { base_tag = "24.05-py3" }\n')
+    (problem,) = check_matrix(load_matrix(path)).errors
+    assert problem.field == "axes.arch[1]"
+    assert problem.message.startswith("'resnet18' is not in torchvision 0.16, which hardware 'old'")
