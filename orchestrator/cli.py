@@ -26,7 +26,7 @@ from orchestrator.errors import OrchestratorError
 #: Modules under orchestrator.commands, each adding its subcommands, in --help order.
 COMMAND_MODULES = ("sweep", "importing", "images", "hosts", "maintenance")
 #: Which module owns each top-level command: running one imports only its module (fast start-up;
-#: `orchestrate plan` never imports paramiko or jinja2).
+#: `orchestrate plan` never imports paramiko; jinja2 only to resolve a profile's base image).
 COMMAND_OWNERS = {
     "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep", "report": "sweep",
     "history": "sweep", "import": "importing",

@@ -97,6 +97,9 @@ Precision = Literal["fp32", "amp", "bf16"]
 Mode = Literal["train", "infer"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune"]
 Profiler = Literal["none", "torch", "nsys", "ncu"]
+#: How PyTorch runs on Gaudi: op by op (eager), accumulated graphs flushed by mark_step (lazy,
+#: Habana's "graph mode"), or eager with torch.compile(backend="hpu_backend") (compile).
+HpuMode = Literal["eager", "lazy", "compile"]
 
 #: Parameters the orchestrator consumes itself; every other one is passed to the workload.
 ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus"})
@@ -154,10 +157,16 @@ class CellParams(StrictModel):
         0, description="Random seed, 0..2^32-1 (the range numpy's generator takes)."
     )
     profiler: Profiler = Field("none", description="Per-cell profiler: none, torch, nsys, ncu.")
+    hpu_mode: HpuMode | None = Field(
+        None, description="Gaudi execution mode (device = 'hpu' profiles only): eager "
+        "(PT_HPU_LAZY_MODE=0), lazy (graph mode, PT_HPU_LAZY_MODE=1, mark_step) or compile "
+        "(PT_HPU_LAZY_MODE=0, torch.compile with the hpu_backend). Unset: lazy.",
+    )
 
     def workload_params(self) -> dict[str, Any]:
-        """The parameters the workload receives as command-line flags."""
-        return {k: v for k, v in self.model_dump().items() if k not in ORCHESTRATOR_PARAMS}
+        """The parameters the workload receives as command-line flags (unset ones left out)."""
+        return {k: v for k, v in self.model_dump().items()
+                if k not in ORCHESTRATOR_PARAMS and v is not None}
 
 
 PARAM_NAMES: tuple[str, ...] = tuple(CellParams.model_fields)
@@ -309,11 +318,25 @@ class SlurmOptions(StrictModel):
         return value
 
 
+#: An accelerator model as vendors and nvidia-smi name it ("V100", "Tesla V100-SXM2-32GB",
+#: "H100 80GB HBM3", "HL-205").
+AcceleratorName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._+-]{0,63}$")]
+
+
 class HardwareProfile(StrictModel):
     """What a ``hardware`` value means: device, image, wrapper, container options, placement."""
 
     description: str = ""
     device: Literal["cuda", "hpu", "cpu"]
+    gpu: AcceleratorName | None = Field(
+        None, description="Which accelerator this is, e.g. 'V100', 'H100', 'HL-205' (Gaudi): "
+        "`validate` then checks what it can do (bf16, Nsight Compute, torch.compile). Unset: "
+        "not checked (validate says so).",
+    )
+    compute_capability: Annotated[str, Field(pattern=r"^[0-9]{1,2}\.[0-9]$")] | None = Field(
+        None, description="CUDA compute capability, e.g. '7.0' (V100), '9.0' (H100): for a GPU "
+        "`gpu` does not name, or to override it.",
+    )
     image: str | None = Field(None, description="Image template name (images/NAME).")
     image_vars: dict[str, Any] = Field(
         {}, description="Template variables (checked by the template's declared types and kinds)."
@@ -349,6 +372,12 @@ class HardwareProfile(StrictModel):
     def _wrapper_needs_cuda(self) -> HardwareProfile:
         if self.wrapper == "bitfusion" and self.device != "cuda":
             raise ValueError("wrapper 'bitfusion' needs device = 'cuda'")
+        if self.compute_capability is not None and self.device != "cuda":
+            raise ValueError(f"compute_capability describes a CUDA GPU; this profile's device "
+                             f"is {self.device!r}")
+        if self.gpu is not None and self.device == "cpu":
+            raise ValueError("gpu names the accelerator of a cuda or hpu profile; this "
+                             "profile's device is 'cpu'")
         return self
 
 

@@ -278,7 +278,9 @@ def _id_parts(params: dict[str, Any], varying: Sequence[str]) -> list[str]:
                                          "precision"):
             continue
         value = params[key]
-        if isinstance(value, bool):
+        if key == "hpu_mode":  # eager / lazy / compile say what they are
+            parts.append(_slug(value))
+        elif isinstance(value, bool):
             parts.append(key.replace("_", "") if value else f"no{key.replace('_', '')}")
         elif key in _ABBREV:
             parts.append(f"{_ABBREV[key]}{value}")
@@ -287,10 +289,20 @@ def _id_parts(params: dict[str, Any], varying: Sequence[str]) -> list[str]:
     return parts
 
 
+#: Fields added after cells were first hashed: left out of the hash while unset, so a cell that
+#: does not use them keeps the hash it had (``--resume`` of an older run, its history).
+HASH_OPTIONAL = frozenset({"hpu_mode", "gpu", "compute_capability"})
+
+
+def _hashed(dump: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in dump.items() if not (k in HASH_OPTIONAL and v is None)}
+
+
 def content_hash(params: CellParams, profile: HardwareProfile) -> str:
     """A short hash of everything that defines a cell's run (not its repeat)."""
     blob = json.dumps(
-        {"params": params.model_dump(), "profile": profile.model_dump()}, sort_keys=True
+        {"params": _hashed(params.model_dump()), "profile": _hashed(profile.model_dump())},
+        sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -5,7 +5,8 @@ each value was checked): one ``[releases."YY.MM"]`` table per release with its `
 the ``min_driver`` it needs, where known the older driver branches that work through CUDA forward
 compatibility (``forward_compat``), the ``torch`` and ``torchvision`` it ships, NVIDIA's notes
 (``source``) and, on releases below the workload's floor, why they are ``refused``; and the
-``[floor]``: the oldest torch/torchvision pair CI proves the workload on. This module is the one
+``[floor]``: the oldest torch/torchvision pair CI proves the workload on; ``[container]``: what
+every release's container ships besides torch (the profilers). This module is the one
 reader of that file; :mod:`orchestrator.stacks` answers questions about the stacks it lists.
 
 :func:`resolve_release` picks the newest offered release a driver supports (``images build
@@ -87,6 +88,12 @@ def _by_name() -> dict[str, Release]:
 def find_release(name: str) -> Release | None:
     """The release called ``name`` (``"23.10"`` or its tag ``"23.10-py3"``), or None."""
     return _by_name().get(name.removesuffix("-py3"))
+
+
+@functools.cache
+def container_profilers() -> frozenset[str]:
+    """The profilers every NGC PyTorch container of the table ships (``[container]``)."""
+    return frozenset(_table().get("container", {}).get("profilers", ()))
 
 
 @functools.cache

@@ -23,8 +23,8 @@ from typing import Any
 
 from orchestrator.releases import Release, find_release, floor
 
-__all__ = ["Release", "arch_available", "archs", "feature_missing", "floor", "parse_version",
-           "series", "stack", "workload_archs"]
+__all__ = ["Release", "arch_available", "archs", "feature_missing", "floor", "known_archs",
+           "model_range", "parse_version", "series", "stack", "workload_archs"]
 
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:(a|b|rc)\d+)?(?:\+[0-9A-Za-z.]+)?$")
 
@@ -85,6 +85,17 @@ def archs(torchvision_version: str) -> list[str]:
     if have >= series(floor()["torchvision"]):
         names |= set(workload_archs())
     return sorted(names)
+
+
+def model_range() -> tuple[str, str]:
+    """The torchvision versions the model table covers: (floor, newest)."""
+    table = _models()["range"]
+    return table["floor"], table["newest"]
+
+
+def known_archs() -> list[str]:
+    """Every ``--arch`` some supported torchvision (floor..newest) can build, sorted."""
+    return archs(model_range()[1])
 
 
 def arch_available(arch: str, torchvision_version: str) -> bool:

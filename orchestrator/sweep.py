@@ -1,8 +1,9 @@
 """The sweep pipeline, top to bottom.
 
-``load -> expand -> filter`` (:mod:`orchestrator.matrix`, called by the CLI), then
-:func:`run_sweep`: ``pick backend -> open run -> prepare (build images, reach hosts) -> run cells
--> finish run (unrun cells recorded, tables and plot written)``.
+``load -> expand -> check -> filter`` (:mod:`orchestrator.matrix`, :mod:`orchestrator.checks`,
+called by the CLI), then :func:`run_sweep`: ``refuse what cannot run -> pick backend -> open run
+-> prepare (build images, reach hosts) -> run cells -> finish run (unrun cells recorded, tables
+and plot written)``.
 
 Each step is a plain function over plain values. Running cells (:func:`run_cells`): a cell starts
 as soon as the backend can place it (:func:`place`, through
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 from orchestrator import __version__
 from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions, git_revision
+from orchestrator.checks import refuse_unrunnable
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
@@ -122,10 +124,14 @@ def run_sweep(
     ``resume``: a run id, or ``""`` for the newest run of the matrix: run again, in that run's
     folder, only the cells that did not end ok (the matrix must not have changed since).
 
-    The steps: pick the backend -> open the run -> prepare the backend -> run the cells ->
-    finish the run (unrun cells recorded, tables and plot written).
+    The steps: refuse what cannot run (:mod:`orchestrator.checks`) -> pick the backend -> open
+    the run -> prepare the backend -> run the cells -> finish the run (unrun cells recorded,
+    tables and plot written).
     """
     events = events or NullEvents()
+    # what cannot run is refused before a run folder exists (the baseline is the CLI's to check:
+    # a --only subset may leave out its rows)
+    refuse_unrunnable(matrix, backend_for(matrix, backend_name), comparisons=False)
     name, cls = pick_backend(matrix, backend_name)
     run = open_run(matrix, name, results_root, resume)
     options = RunOptions(

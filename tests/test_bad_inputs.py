@@ -97,9 +97,11 @@ def mx(matrix: str = "", workload: str = "", axes: str = "", extra: str = "",
 def bad_matrix(category: str, name: str, text: str | bytes, fld: str, *,
                command: tuple[str, ...] = ("validate",), file: str = "m.toml",
                **kwargs: Any) -> None:
-    """A matrix that must be refused naming ``fld`` (``m.toml: FIELD``)."""
+    """A matrix that must be refused naming ``fld`` (``m.toml: FIELD``); ``err``: more texts
+    stderr must contain."""
     where = f"{file}: {fld}" if fld else file
-    case(category, name, [*command, f"{{dir}}/{file}"], files={file: text}, err=(where,),
+    more = tuple(kwargs.pop("err", ()))
+    case(category, name, [*command, f"{{dir}}/{file}"], files={file: text}, err=(where, *more),
          **kwargs)
 
 
@@ -348,8 +350,8 @@ case("special-files", "driver-from-hosts-fifo",
       "--dry-run"], setup=_fifo("h.toml"), err=("h.toml: not a regular file",))
 case("special-files", "matrix-hosts-fifo",
      ["matrix", "{dir}/m.toml", "--backend", "ssh", "--hosts", "{dir}/h.toml", "--results",
-      "{results}"], files={"m.toml": mx()}, setup=_fifo("h.toml"),
-     err=("h.toml: not a regular file",))
+      "{results}"], files={"m.toml": mx(hardware='image = "ngc-pytorch"')},
+     setup=_fifo("h.toml"), err=("h.toml: not a regular file",))
 
 # --- names and paths -------------------------------------------------------------------------
 
@@ -434,14 +436,14 @@ for _image, _vars in [
     ("habana", 'os = "ubuntu22.04\\nRUN id"'),
     ("habana", 'torch_version = "2.4.0:latest"'),
     ("habana", 'install_dir = "/opt/$(id)"'),
-    ("habana", 'lazy_mode = "yes"'),
+    ("habana", 'lazy_mode = true'),  # gone: the Gaudi mode is per cell (hpu_mode)
     ("singularity", 'bootstrap = "docker\\n%post\\n  id"'),
     ("singularity", 'install_dir = "/opt/x\\"y"'),
     ("singularity", "threads = 99999"),
     ("singularity", 'threads = "4"'),
 ]:
     _key = _vars.split(" =", 1)[0]
-    _unknown = "unknown " if _key == "bse_tag" else ""
+    _unknown = "unknown " if _key in ("bse_tag", "lazy_mode") else ""
     bad_matrix("templates", f"{_image}-{_key}-{len(CASES)}", _profile(_image, _vars),
                f"hardware.cpu.image_vars: {_unknown}template variable '{_key}'")
 bad_matrix("templates", "unknown-template", mx(hardware='image = "ngc-pytroch"'),
@@ -670,6 +672,207 @@ case("old-runs", "resume-truncated-plan", ["matrix", "{dir}/m.toml", "--resume",
 case("old-runs", "resume-truncated-run", ["matrix", "{dir}/m.toml", "--resume", "--results",
                                           "{results}"],
      setup=_resume_setup("run"), err=("run.json: unreadable",))
+
+# --- can it run: the semantic checks (orchestrator/checks.py) ---------------------------------
+# A cell that cannot run where it is planned is refused before anything is built or launched,
+# naming the field where its value is set; what cannot be checked is a note, not an error.
+
+GPU = """\
+[matrix]
+backend = "docker"
+{matrix}
+[workload]
+{hw}iterations = 1
+warmup = 0
+{workload}
+[axes]
+{axes}
+{extra}
+[hardware.v100]
+device = "cuda"
+gpu = "V100"
+image = "ngc-pytorch"
+image_vars = {{ base_tag = "23.10-py3" }}
+{profile}
+{after}"""
+
+GAUDI = """
+[hardware.gaudi]
+device = "hpu"
+gpu = "HL-205"
+image = "habana"
+container = { runtime = "habana" }
+"""
+
+
+def gx(matrix: str = "", workload: str = "", axes: str = "", extra: str = "",
+       profile: str = "", after: str = "", hw: str | None = "v100") -> str:
+    """A small valid GPU matrix (a V100 on NGC 23.10, docker backend) with lines added;
+    ``hw``: the [workload] hardware (None: none, e.g. for a hardware axis)."""
+    return GPU.format(matrix=matrix, workload=workload, axes=axes, extra=extra,
+                      profile=profile, after=after, hw=f'hardware = "{hw}"\n' if hw else "")
+
+
+def hx(workload: str = "", axes: str = "", env: str = "") -> str:
+    """A small valid Gaudi matrix with lines added."""
+    return gx(workload=workload, axes=axes, after=GAUDI + env, hw="gaudi")
+
+
+_NO_RUN_FOLDER = lambda d: None if not (d / "results").exists() else (  # noqa: E731
+    _ for _ in ()).throw(AssertionError("a run folder was created"))
+
+for _name, _text, _field, _more in [
+    ("made-up-arch", gx(axes='arch = ["resnet50", "resnxt101_32x4d"]'), "axes.arch[1]",
+     ("did you mean 'resnext101_32x4d'",)),
+    ("made-up-arch-in-workload", gx(workload='arch = "resnet5o"'), "workload.arch",
+     ("did you mean 'resnet50'",)),
+    ("made-up-arch-in-include", gx(extra='[[include]]\nhardware = "v100"\narch = "vgg17"'),
+     "include[0].arch", ("not a model the workload can build",)),
+    ("made-up-arch-in-zip", gx(extra='[[zip]]\narch = ["resnet18", "reznet18"]\n'
+                                     "batch_size = [8, 16]"),
+     "zip[0].arch[1]", ("not a model",)),
+    ("compile-on-torch-1.x", gx(workload='compile = "default"',
+                                profile="").replace("23.10-py3", "23.02-py3"),
+     "workload.compile", ("needs torch >= 2.0", "torch 1.14.0a0+44dac51",
+                          "hardware.v100.image_vars.base_tag: NGC PyTorch 23.02")),
+    ("refused-release", gx().replace("23.10-py3", "23.04-py3"),
+     "hardware.v100.image_vars.base_tag", ("Python 3.8", "pick 23.06 or 23.07")),
+    ("release-below-the-table", gx().replace("23.10-py3", "21.03-py3"),
+     "hardware.v100.image_vars.base_tag", ("older than the workload's floor",)),
+    ("singularity-on-docker", gx(profile="").replace('image = "ngc-pytorch"',
+                                                      'image = "singularity"'),
+     "hardware.v100.image", ("singularity definition", "docker backend")),
+    ("singularity-on-ssh", gx(matrix='hosts = "h.toml"').replace('backend = "docker"',
+                                                                  'backend = "ssh"')
+     .replace('image = "ngc-pytorch"', 'image = "singularity"'),
+     "hardware.v100.image", ("ssh backend",)),
+    ("no-image-on-docker", mx(matrix='backend = "docker"'), "hardware.cpu.image",
+     ("runs each cell in a container",)),
+    ("bf16-on-v100", gx(workload='precision = "bf16"'), "workload.precision",
+     ("compute capability 8.0", "V100, compute capability 7.0")),
+    ("bf16-on-t4-by-capability", gx(axes='precision = ["amp", "bf16"]')
+     .replace('gpu = "V100"', 'compute_capability = "7.5"'), "axes.precision[1]",
+     ("compute capability 7.5",)),
+    ("amp-on-gaudi", hx(workload='precision = "amp"'), "workload.precision",
+     ("Gaudi's mixed precision is bf16",)),
+    ("amp-on-cpu", mx(workload='precision = "amp"'), "workload.precision",
+     ("on the CPU", "use bf16")),
+    ("cuda-graphs-on-cpu", mx(workload="cuda_graphs = true"), "workload.cuda_graphs",
+     ("need a CUDA GPU",)),
+    ("cuda-graphs-on-gaudi", hx(workload="cuda_graphs = true"), "workload.cuda_graphs",
+     ("device 'hpu'",)),
+    ("nsys-on-cpu", mx(workload='profiler = "nsys"'), "workload.profiler",
+     ("profiles CUDA GPUs",)),
+    ("ncu-on-gaudi", hx(workload='profiler = "ncu"'), "workload.profiler",
+     ("Nsight Compute (ncu) profiles CUDA GPUs",)),
+    ("nsys-in-an-image-without-it", gx(workload='profiler = "nsys"')
+     .replace('image = "ngc-pytorch"\nimage_vars = { base_tag = "23.10-py3" }',
+              'image = "habana"'), "workload.profiler", ("does not ship Nsight Systems",)),
+    ("ncu-on-pascal", gx(workload='profiler = "ncu"').replace('"V100"', '"P100"'),
+     "workload.profiler", ("Volta",)),
+    ("compile-on-pascal", gx(workload='compile = "max-autotune"').replace('"V100"', '"P100"'),
+     "workload.compile", ("Triton", "7.0")),
+    ("hpu_mode-on-cuda", gx(workload='hpu_mode = "lazy"'), "workload.hpu_mode",
+     ("applies to Gaudi profiles",)),
+    ("compile-on-gaudi", hx(workload='compile = "default"'), "workload.compile",
+     ('hpu_mode = "compile"',)),
+    ("lazy-mode-in-profile-env", hx(env='env = { PT_HPU_LAZY_MODE = "1" }'),
+     "hardware.gaudi.env.PT_HPU_LAZY_MODE", ("per-cell choice",)),
+    ("compile-hpu_mode-on-old-habana-torch",
+     hx(workload='hpu_mode = "compile"', env='image_vars = { torch_version = "1.13.1" }'),
+     "workload.hpu_mode", ("needs torch >= 2.0",)),
+    ("pretrained-dle-model", gx(workload='arch = "se_resnext101_32x4d"\npretrained = true'),
+     "workload.pretrained", ("no pretrained weights",)),
+    ("baseline-unknown-key", mx(matrix='baseline = "hardwre=cpu"'), "matrix.baseline",
+     ("did you mean 'hardware'",)),
+    ("baseline-bad-value", mx(matrix='baseline = "gpus=one"'), "matrix.baseline",
+     ("not a value of gpus",)),
+    ("baseline-no-cell", mx(matrix='baseline = "hardware=v100"'), "matrix.baseline",
+     ("no cell has hardware = v100", "the cells have hardware cpu")),
+    ("baseline-no-pair", mx(matrix='baseline = "batch_size=8"',
+                            extra='[[zip]]\nbatch_size = [8, 16]\nimage_size = [32, 64]'),
+     "matrix.baseline", ("no cell has a batch_size = 8 row to compare with",)),
+    ("capability-on-cpu", mx(hardware='compute_capability = "8.0"'), "hardware.cpu",
+     ("describes a CUDA GPU",)),
+]:
+    bad_matrix("can-it-run", _name, _text, _field, err=_more,
+               subprocess=_name in ("made-up-arch", "compile-on-torch-1.x",
+                                    "singularity-on-docker"))
+
+# every problem at once: three profiles, three kinds of problem
+case("can-it-run", "every-problem-at-once", ["validate", "{dir}/m.toml"],
+     files={"m.toml": gx(workload='compile = "default"', axes='arch = ["resnet50", "resnet5"]',
+                         after='[hardware.sing]\ndevice = "cuda"\nimage = "singularity"\n'
+                               + GAUDI, extra="")
+            .replace("23.10-py3", "23.02-py3")
+            .replace('hardware = "v100"\n', "")
+            .replace("[axes]", '[axes]\nhardware = ["v100", "sing"]')},
+     err=("problems:", "m.toml: axes.arch[1]", "m.toml: workload.compile",
+          "m.toml: hardware.v100.image_vars.base_tag", "m.toml: hardware.sing.image"))
+# plan and matrix refuse too, before a run folder exists
+bad_matrix("can-it-run", "plan-refuses", gx(workload='arch = "resnet5o"'), "workload.arch",
+           command=("plan",))
+bad_matrix("can-it-run", "matrix-refuses-before-a-run-folder",
+           mx(workload='arch = "resnet5o"'), "workload.arch",
+           command=("matrix", "--results", "{dir}/results"), check=_NO_RUN_FOLDER)
+bad_matrix("can-it-run", "dry-run-refuses", gx(workload='precision = "bf16"'),
+           "workload.precision", command=("matrix", "--dry-run", "--results", "{dir}/results"),
+           check=_NO_RUN_FOLDER)
+bad_matrix("can-it-run", "validate-for-another-backend", mx(), "hardware.cpu.image",
+           command=("validate", "--backend", "docker"))
+case("can-it-run", "validate-for-an-unknown-backend",
+     ["validate", "{dir}/m.toml", "--backend", "apptainer"], files={"m.toml": mx()},
+     err=("--backend: unknown backend 'apptainer'",))
+bad_matrix("can-it-run", "cross-stack-baseline-strict",
+           gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "new"]', hw=None,
+              after='[hardware.new]\ndevice = "cuda"\ngpu = "V100"\nimage = "ngc-pytorch"\n'
+                    'image_vars = { base_tag = "24.05-py3" }\n'),
+           "matrix.baseline", command=("validate", "--strict"),
+           err=("m.toml: matrix.baseline: compares hardware 'new' (NGC PyTorch 24.05",
+                "with 'v100' (NGC PyTorch 23.10"))
+
+
+def good_run(name: str, text: str, cells: int, out: tuple[str, ...] = (),
+             argv: tuple[str, ...] = ("validate",)) -> None:
+    """A matrix the checks must accept (exit 0), with ``out`` on stdout."""
+    case("can-it-run", name, [*argv, "{dir}/m.toml"], files={"m.toml": text}, expect=0,
+         out=(f"ok ({cells} cells)", *out) if argv == ("validate",) else out)
+
+
+good_run("dle-resnext-exists", gx(workload='arch = "resnext101_32x4d"'), 1,
+         ("NGC PyTorch 23.10 (torch 2.1.0a0+32f93b1",))
+good_run("dle-se-resnext-exists", gx(axes='arch = ["resnext101_32x4d", "se_resnext101_32x4d"]'),
+         2)
+good_run("gaudi-modes", hx(axes='hpu_mode = ["eager", "lazy", "compile"]\n'
+                                'precision = ["bf16", "fp32"]'), 6,
+         ("Habana PyTorch installer 1.18.0 (torch 2.4.0",))
+good_run("bf16-on-a100", gx(workload='precision = "bf16"').replace('"V100"', '"A100-SXM4-80GB"'),
+         1)
+good_run("bf16-on-an-unnamed-gpu", gx(workload='precision = "bf16"')
+         .replace('gpu = "V100"\n', ""), 1, ("note:", "bf16 not checked"))
+good_run("gpu-typo-is-a-note", gx().replace('"V100"', '"V1OO"'), 1,
+         ("note:", "did you mean 'V100'"))
+good_run("nsys-and-ncu-in-ngc", gx(axes='profiler = ["nsys", "ncu"]'), 2)
+good_run("unknown-base-image-is-a-note",
+         gx(workload='arch = "resnext101_32x4d"').replace(
+             'base_tag = "23.10-py3"', 'base_image = "registry.lab/pytorch:custom"'), 1,
+         ("note:", "not an NGC PyTorch or Habana release"))
+good_run("bool-baseline", mx(matrix='baseline = "channels_last=false"',
+                             axes="channels_last = [true, false]"), 2)
+good_run("same-stack-bitfusion-baseline",
+         gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
+            after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
+                  'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3" }\n'), 2,
+         ("hardware bf (docker backend): NGC PyTorch 23.10",))
+good_run("cross-stack-baseline-warns",
+         gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
+            after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
+                  'wrapper = "bitfusion"\n'), 2,
+         ("warning:", "different software stacks", "NGC PyTorch 24.05"))
+good_run("process-backend-runs-this-python", mx(workload='arch = "resnext101_32x4d"'), 1,
+         ("this machine's Python (torch ",))
+good_run("plan-accepts-resnext", gx(workload='arch = "resnext101_32x4d"'), 1,
+         ("v100-g1-bs64-fp32-r1",), argv=("plan",))
 
 
 # --- the runner ------------------------------------------------------------------------------

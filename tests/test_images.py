@@ -46,7 +46,6 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
         "overrides": {
             "synapse_version": "1.17.1",
             "torch_version": "2.3.1",
-            "lazy_mode": False,
             "install_dir": "/srv/bench",
         },
     },
@@ -111,7 +110,7 @@ def test_check_vars_reports_unknown_and_wrong_types() -> None:
     assert "base_tag" in messages[0] and "apt_packages" in messages[0]
     assert "'apt_packages'" in messages[1] and "expected list of strings" in messages[1]
     assert "'base_tag'" in messages[2] and "expected str" in messages[2]
-    assert images.check_vars("habana", {"lazy_mode": False}) == []
+    assert images.check_vars("habana", {"install_dir": "/srv"}) == []
     assert images.check_vars("singularity", {"threads": True}) != []  # a bool is not an int
 
 
@@ -126,8 +125,6 @@ def test_coerce_set_parses_by_declared_type() -> None:
         "threads": 4,
         "bootstrap": "docker-daemon",
     }
-    assert images.coerce_set("habana", ["lazy_mode=no"]) == {"lazy_mode": False}
-    assert images.coerce_set("habana", ["lazy_mode=TRUE"]) == {"lazy_mode": True}
     assert images.coerce_set("ngc-pytorch", ["apt_packages=git, numactl", "pip_packages="]) == {
         "apt_packages": ["git", "numactl"],
         "pip_packages": [],
@@ -152,6 +149,23 @@ def _write_template(root: Path, name: str, body: str, manifest: str) -> None:
     (root / name).mkdir(parents=True)
     (root / name / "Dockerfile.j2").write_text(body)
     (root / name / "template.toml").write_text(manifest)
+
+
+def test_bool_variables_check_and_coerce(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    """No shipped template has a bool variable now (Gaudi's lazy mode became per cell): a
+    template of the test's own has one."""
+    _write_template(
+        tmp_path, "flags", "FROM {{ base }}\nENV X={{ 1 if fast else 0 }}\n",
+        'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "debian:bookworm"\n'
+        '[variables.fast]\ntype = "bool"\ndefault = true\n',
+    )
+    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    assert images.check_vars("flags", {"fast": False}) == []
+    assert images.check_vars("flags", {"fast": "yes"}) != []
+    assert images.coerce_set("flags", ["fast=no"]) == {"fast": False}
+    assert images.coerce_set("flags", ["fast=TRUE"]) == {"fast": True}
+    assert "ENV X=0" in images.render_text("flags", {"fast": False})
 
 
 def test_strict_undefined_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

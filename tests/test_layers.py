@@ -15,6 +15,7 @@ The layers, lowest first (a module may import its own layer and the ones below):
 5. ``matrix``: expansion into cells;
 6. ``placement`` and ``launch``: where a cell runs and the command that runs it (pure);
 7. the outside world: the Docker engine, SSH, Docker over SSH, image builds;
+7b. the semantic checks ("can this run"): a matrix against the stacks its cells run on;
 8. the backend base and the registry of backends;
 9. what several backends share: containers, remote executions;
 10. the backends themselves; **isolated**: no backend imports another;
@@ -50,6 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
         "orchestrator.build",
     ), False),
+    ("semantic checks", ("orchestrator.checks",), False),
     ("backend base", ("orchestrator.backends", "orchestrator.backends.base"), False),
     ("shared by backends", (
         "orchestrator.backends.containers", "orchestrator.backends.remote",

@@ -5,8 +5,9 @@ the floor one, ``ORCHESTRATE_FLOOR_PYTHON`` (torch 2.1.0 + torchvision 0.16.0, c
 ``.ci/run``; a missing floor interpreter skips these tests, or fails them under ``CI=true``).
 Under each: train and infer, fp32 and bf16, a few iterations of a tiny model, inference on a
 real JPEG folder; and under the floor interpreter also the feature-detection unit tests
-(``tests/test_compat_unit.py``) and the DeepLearningExamples model shapes
-(``tests/test_dle_models.py``), so the API choice of every GPU path is checked on both stacks.
+(``tests/test_compat_unit.py``), the DeepLearningExamples model shapes
+(``tests/test_dle_models.py``) and the Gaudi mode logic (``tests/test_workload_gaudi.py``), so the
+API choice of every GPU path is checked on both stacks.
 The GPU paths themselves cannot run here: ``benchmarks/gpu_paths.py`` runs them on a GPU.
 """
 
@@ -128,7 +129,7 @@ def test_compat_and_model_unit_tests_under_the_floor_torch() -> None:
     floor = floor_python()
     proc = subprocess.run(
         [floor, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/test_compat_unit.py", "tests/test_dle_models.py"],
+         "tests/test_compat_unit.py", "tests/test_dle_models.py", "tests/test_workload_gaudi.py"],
         cwd=REPO, capture_output=True, text=True, env=env(), timeout=540, check=False,
     )  # fmt: skip
     tail = (proc.stdout + proc.stderr)[-3000:]

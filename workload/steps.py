@@ -5,6 +5,10 @@ autocast without a scaler, SGD with momentum (fused on CUDA where torch has it, 
 optional ``torch.compile`` and optional CUDA graphs.  Which API each of these calls on the
 installed torch is decided in :mod:`workload.compat`.
 
+Gaudi (``hpu``) runs in one of three modes (:func:`workload.device.hpu_mode`): eager, lazy (graph
+mode: ``mark_step`` flushes the accumulated graph after backward and after the optimizer step,
+only in this mode) or compile (eager with ``torch.compile(backend="hpu_backend")``).
+
 CUDA graphs (CUDA only; untested on the CPU-only CI machines): the whole training step is
 captured with a static input batch (fp32/bf16: forward + backward + ``optimizer.step()``;
 amp: forward + scaled backward are captured and ``scaler.step``/``update`` run eagerly after
@@ -50,6 +54,14 @@ def make_scaler(device: str, precision: str) -> Any:
     return choice() if choice.available else None
 
 
+def effective_compile(mode: str, device: str, hpu_mode: str | None) -> str:
+    """The ``--compile`` mode that really applies: on Gaudi, compiled mode (``--hpu-mode
+    compile``) is torch.compile with the hpu_backend (its own mode ignored), else none."""
+    if device == "hpu":
+        return (mode if mode != "none" else "default") if hpu_mode == "compile" else "none"
+    return mode
+
+
 def compile_model(model: nn.Module, mode: str, device: str) -> nn.Module:
     """Apply ``torch.compile`` (``hpu_backend`` on Gaudi, where the mode is not passed).
 
@@ -72,35 +84,39 @@ def eager_train_step(
     scaler: Any,
     device: str,
     precision: str,
+    hpu_mode: str | None = None,
 ) -> Step:
-    """One training step; returns the detached loss."""
+    """One training step; returns the detached loss.  On Gaudi in lazy mode the accumulated
+    graph is flushed after the backward pass and after the optimizer step (Habana's recipe)."""
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with autocast(device, precision):
             loss = criterion(model(x), y)
         if scaler is not None:
             scaler.scale(loss).backward()
-            mark_step(device)
+            mark_step(device, hpu_mode)
             scaler.step(optimizer)
             scaler.update()
         else:
             loss.backward()
-            mark_step(device)
+            mark_step(device, hpu_mode)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        mark_step(device)
+        mark_step(device, hpu_mode)
         return loss.detach()
 
     return step
 
 
-def eager_infer_step(model: nn.Module, device: str, precision: str) -> Step:
+def eager_infer_step(
+    model: nn.Module, device: str, precision: str, hpu_mode: str | None = None
+) -> Step:
     """One inference step under ``torch.inference_mode``; returns the logits."""
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(), autocast(device, precision):
             out = model(x)
-        mark_step(device)
+        mark_step(device, hpu_mode)
         return out
 
     return step
@@ -184,8 +200,10 @@ def build_step(
     precision: str,
     use_cuda_graphs: bool,
     example: tuple[torch.Tensor, torch.Tensor],
+    hpu_mode: str | None = None,
 ) -> tuple[Step, bool]:
-    """The step for ``mode``; returns (step, whether CUDA graphs are in use)."""
+    """The step for ``mode``; returns (step, whether CUDA graphs are in use).  ``hpu_mode``:
+    the Gaudi execution mode (``mark_step`` only in lazy mode)."""
     if mode == "train":
         model.train()
         criterion = nn.CrossEntropyLoss()
@@ -200,14 +218,17 @@ def build_step(
             except Exception as exc:
                 _capture_failed(exc)
                 optimizer.zero_grad(set_to_none=True)
-        return eager_train_step(model, criterion, optimizer, scaler, device, precision), False
+        return (
+            eager_train_step(model, criterion, optimizer, scaler, device, precision, hpu_mode),
+            False,
+        )
     model.eval()
     if use_cuda_graphs:
         try:
             return cuda_graph_infer_step(model, precision, example[0]), True
         except Exception as exc:
             _capture_failed(exc)
-    return eager_infer_step(model, device, precision), False
+    return eager_infer_step(model, device, precision, hpu_mode), False
 
 
 def _capture_failed(exc: BaseException) -> None:
