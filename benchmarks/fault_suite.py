@@ -224,7 +224,7 @@ class Suite:
         count = Count("read-only-results")
         with tmpfs(self.work / "ro", "1m", read_only=True) as results:
             err = self.run(results, count=count)
-            refused = count.exit_codes[-1] == 1 and "cannot create a run folder" in err
+            refused = count.exit_codes[-1] == 2 and "cannot create the run folder" in err
             written = [p for p in results.rglob("*")]
             count.note = ("refused at once, nothing written" if refused and not written
                           else f"NOT refused cleanly: {err.strip()[-200:]}")

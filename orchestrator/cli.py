@@ -4,12 +4,19 @@ Each command group lives in its own module under :mod:`orchestrator.commands` an
 ``register(subparsers)``; a handler takes the parsed arguments and returns an exit code.
 The CLI catches :class:`~orchestrator.errors.OrchestratorError` only, prints its message and exits
 with its code; anything else is a bug and keeps its traceback.
+
+Output rules: log records go to stderr as ``warning: ...`` lines (``-q``: errors only; ``-v``:
+also info, and the warnings libraries raise, which are hidden otherwise; ``-vv``: debug).
+Output piped into a program that stops reading (``| head``) ends quietly with exit status 141,
+as other Unix tools do.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,14 +24,16 @@ from orchestrator import __version__
 from orchestrator.errors import OrchestratorError
 
 #: Modules under orchestrator.commands, each adding its subcommands, in --help order.
-COMMAND_MODULES = ("sweep", "images", "hosts", "maintenance")
+COMMAND_MODULES = ("sweep", "importing", "images", "hosts", "maintenance")
 #: Which module owns each top-level command: running one imports only its module (fast start-up;
-#: `orchestrate plan` never imports paramiko or jinja2).
+#: `orchestrate plan` never imports paramiko; jinja2 only to resolve a profile's base image).
 COMMAND_OWNERS = {
     "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep", "report": "sweep",
-    "history": "sweep",
+    "history": "sweep", "import": "importing",
     "images": "images", "hosts": "hosts", "clean": "maintenance", "backends": "maintenance",
 }
+#: Exit status after a broken pipe: 128 + SIGPIPE, what a shell reports for such a tool.
+EXIT_BROKEN_PIPE = 141
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -36,6 +45,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Run GPU benchmark experiment matrices: locally, in Docker, over SSH.",
     )
     parser.add_argument("--version", action="version", version=f"orchestrate {__version__}")
+    noise = parser.add_mutually_exclusive_group()
+    noise.add_argument("-v", "--verbose", action="count", default=0,
+                       help="more detail on stderr (-vv: debug); shows library warnings")
+    noise.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in modules:
@@ -49,18 +62,101 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (tests swap it)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.setStream(sys.stderr)
+        super().emit(record)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        if record.name == "py.warnings":  # "file:line: Category: text" and the source line
+            message = message.strip().splitlines()[0]
+        return f"{record.levelname.lower()}: {message}"
+
+
+class LogSetup:
+    """Log records and Python warnings to stderr for one :func:`main` call (undone after it)."""
+
+    def __init__(self, verbosity: int = 0, quiet: bool = False) -> None:
+        self.handler = _StderrHandler()
+        self.handler.setFormatter(_Formatter())
+        self.root = logging.getLogger()
+        self.warnings_logger = logging.getLogger("py.warnings")
+        self._saved = (self.root.level, self.warnings_logger.level)
+        self.root.addHandler(self.handler)
+        logging.captureWarnings(True)
+        self.set(verbosity, quiet)
+
+    def set(self, verbosity: int, quiet: bool) -> None:
+        """-q: errors only; default: warnings; -v: info and library warnings; -vv: debug."""
+        level = logging.ERROR if quiet else (
+            logging.WARNING, logging.INFO, logging.DEBUG)[min(verbosity, 2)]
+        self.handler.setLevel(level)
+        if level < self.root.getEffectiveLevel():
+            self.root.setLevel(level)
+        # library warnings (deprecations inside paramiko, docker, torch) are not the user's
+        self.warnings_logger.setLevel(logging.WARNING if verbosity else logging.CRITICAL)
+
+    def close(self) -> None:
+        logging.captureWarnings(False)
+        self.root.removeHandler(self.handler)
+        self.root.setLevel(self._saved[0])
+        self.warnings_logger.setLevel(self._saved[1])
+
+
+def _early_flags(argv: Sequence[str]) -> tuple[int, bool]:
+    """-v/-q before the command word: logging is set up before any command module is imported
+    (an import may warn)."""
+    verbosity, quiet = 0, False
+    for arg in argv:
+        if not arg.startswith("-"):
+            break
+        if arg in ("-q", "--quiet"):
+            quiet = True
+        elif arg == "--verbose" or (arg.startswith("-v") and set(arg[1:]) == {"v"}):
+            verbosity += 1 if arg == "--verbose" else len(arg) - 1
+    return verbosity, quiet
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    logs = LogSetup(*_early_flags(argv))
     try:
-        return int(args.handler(args) or 0)
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        logs.set(args.verbose, args.quiet)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except OrchestratorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    finally:
+        logs.close()
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush is quiet."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test's capture)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":

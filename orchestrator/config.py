@@ -16,11 +16,29 @@ A matrix file is TOML with these tables (see README, "Matrix files"):
     what a ``hardware`` value means (:class:`HardwareProfile`).
 
 Validation reports every problem at once with the file and the field path.
+
+Rules for every user file (matrix, hosts inventory, image manifest):
+
+* It is read by :func:`read_config_text` only: a regular file (never a FIFO, a device or a
+  folder: checked before opening, so reading never blocks) of at most :data:`MAX_FILE_BYTES`,
+  UTF-8, nested at most :data:`MAX_NESTING` tables/lists deep.
+* Types are strict (no guessing): ``batch_size = "8"``, ``gpus = 1.0``, ``channels_last = 1``
+  are errors naming the field; an integer is accepted where a float is expected
+  (``timeout_s = 1800``). ``--only KEY=VALUE`` parses its strings by the same types.
+* Every number has a range no real lab reaches but that stops a typo from bringing a machine
+  down (each field's description in ``orchestrate schema`` gives it and why). A matrix plans at
+  most :data:`MAX_CELLS` cells (checked from the axis lengths before any cell is built).
+* A misspelt key is reported with the nearest valid key at that place.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
+import stat
 import tomllib
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -31,20 +49,57 @@ from pydantic import (
     Field,
     ValidationError,
     create_model,
+    field_validator,
     model_validator,
 )
 
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.results import NAME_PATTERN
+
+# --- limits ----------------------------------------------------------------------------------
+# Limits no real lab reaches but that stop a typo from bringing a machine down.
+
+#: Largest user file read (matrix, hosts, manifest): the shipped ones are a few KB.
+MAX_FILE_BYTES = 1024 * 1024
+#: Deepest nesting of tables/lists, the file's own table included: the deepest real key
+#: (hardware.X.container.mounts[0].source) sits 6 levels down.
+MAX_NESTING = 16
+#: Most cells one run may plan, after exclude/include and repeats (a nightly sweep of 10,000
+#: cells of one minute each already takes a week).
+MAX_CELLS = 10_000
+#: Most combinations the axes and zips may multiply to before [[exclude]] drops some.
+MAX_COMBINATIONS = 20_000
+#: Most values in one axis / zip list and most [[include]] entries.
+MAX_LIST = MAX_CELLS
+#: Most [[exclude]] rules (every rule is matched against every combination).
+MAX_EXCLUDES = 100
+#: Most accelerators of one cell: eight full 8-GPU nodes.
+MAX_GPUS = 64
+#: Longest per-cell timeout: a week.
+MAX_TIMEOUT_S = 7 * 24 * 3600
+#: Biggest memory size (shm_size, mem_limit, Slurm mem): more than any machine has.
+MAX_MEMORY_BYTES = 1 << 44  # 16 TiB
+
 
 # --- cell parameters -------------------------------------------------------------------------
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=64)]
+#: A path or other string that reaches argv, a file or an environment: no NUL byte (the kernel
+#: cannot pass one), no line break, at most PATH_MAX.
+PathText = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$")]
+#: An environment variable name as POSIX shells accept it.
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+#: An environment value: anything but a NUL byte (exec cannot pass one), at most 32 KiB.
+EnvValue = Annotated[str, Field(pattern=r"^[^\x00]*$", max_length=32768)]
 Precision = Literal["fp32", "amp", "bf16"]
 Mode = Literal["train", "infer"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune"]
 Profiler = Literal["none", "torch", "nsys", "ncu"]
+#: How PyTorch runs on Gaudi: op by op (eager), accumulated graphs flushed by mark_step (lazy,
+#: Habana's "graph mode"), or eager with torch.compile(backend="hpu_backend") (compile).
+HpuMode = Literal["eager", "lazy", "compile"]
 
 #: Parameters the orchestrator consumes itself; every other one is passed to the workload.
 ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus"})
@@ -53,24 +108,36 @@ ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus"})
 class StrictModel(BaseModel):
     """Base of every user-file model: unknown keys are errors, values are frozen."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class CellParams(StrictModel):
     """Every parameter of one cell. Axes, zips, includes and [workload] defaults set these."""
 
     hardware: Name = Field(description="Hardware profile name (a [hardware.NAME] table).")
-    gpus: PositiveInt = Field(1, description="Accelerators (or CPU worker processes) per cell.")
-    batch_size: PositiveInt = Field(64, description="Batch size per GPU / rank.")
+    gpus: Annotated[int, Field(gt=0, le=MAX_GPUS)] = Field(
+        1, description=f"Accelerators (or CPU worker processes) per cell, 1..{MAX_GPUS} (eight "
+        "8-GPU nodes; a typo of 1000000 would start a million processes).",
+    )
+    batch_size: Annotated[int, Field(gt=0, le=65536)] = Field(
+        64, description="Batch size per GPU / rank, 1..65536 (beyond any accelerator's memory "
+        "for these models).",
+    )
     precision: Precision = Field("fp32", description="fp32, amp (fp16 autocast) or bf16.")
     mode: Mode = Field("train", description="train or infer.")
     arch: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")] = Field(
         "resnet50", description="torchvision classification model name."
     )
-    image_size: Annotated[int, Field(ge=16, le=4096)] = Field(224, description="Input size, px.")
-    warmup: NonNegativeInt = Field(20, description="Warmup iterations, excluded from metrics.")
-    iterations: PositiveInt = Field(100, description="Measured iterations.")
-    data: Annotated[str, Field(min_length=1)] = Field(
+    image_size: Annotated[int, Field(ge=16, le=4096)] = Field(
+        224, description="Input size, px, 16..4096 (a 4096 px ResNet input is 200 MB a sample)."
+    )
+    warmup: Annotated[int, Field(ge=0, le=100_000)] = Field(
+        20, description="Warmup iterations, excluded from metrics, 0..100000 (hours of warmup)."
+    )
+    iterations: Annotated[int, Field(gt=0, le=1_000_000)] = Field(
+        100, description="Measured iterations, 1..1000000 (a day or more at a realistic step time)."
+    )
+    data: PathText = Field(
         "synthetic",
         description="'synthetic' or an ImageFolder dataset path (as the runner sees it).",
     )
@@ -78,14 +145,28 @@ class CellParams(StrictModel):
     compile: CompileMode = Field("none", description="torch.compile mode, or none.")
     cuda_graphs: bool = Field(False, description="Capture the step in a CUDA graph.")
     pretrained: bool = Field(False, description="Load weights from the checkpoint dir (infer).")
-    num_classes: PositiveInt = Field(1000, description="Classifier classes.")
-    workers: NonNegativeInt = Field(4, description="Data loader workers (real data).")
-    seed: NonNegativeInt = Field(0, description="Random seed.")
+    num_classes: Annotated[int, Field(gt=0, le=100_000)] = Field(
+        1000, description="Classifier classes, 1..100000 (ImageNet-21k has 21841; a million "
+        "would be an 8 GB classifier).",
+    )
+    workers: Annotated[int, Field(ge=0, le=256)] = Field(
+        4, description="Data loader workers per rank (real data), 0..256 (more processes than "
+        "any machine has cores).",
+    )
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = Field(
+        0, description="Random seed, 0..2^32-1 (the range numpy's generator takes)."
+    )
     profiler: Profiler = Field("none", description="Per-cell profiler: none, torch, nsys, ncu.")
+    hpu_mode: HpuMode | None = Field(
+        None, description="Gaudi execution mode (device = 'hpu' profiles only): eager "
+        "(PT_HPU_LAZY_MODE=0), lazy (graph mode, PT_HPU_LAZY_MODE=1, mark_step) or compile "
+        "(PT_HPU_LAZY_MODE=0, torch.compile with the hpu_backend). Unset: lazy.",
+    )
 
     def workload_params(self) -> dict[str, Any]:
-        """The parameters the workload receives as command-line flags."""
-        return {k: v for k, v in self.model_dump().items() if k not in ORCHESTRATOR_PARAMS}
+        """The parameters the workload receives as command-line flags (unset ones left out)."""
+        return {k: v for k, v in self.model_dump().items()
+                if k not in ORCHESTRATOR_PARAMS and v is not None}
 
 
 PARAM_NAMES: tuple[str, ...] = tuple(CellParams.model_fields)
@@ -109,7 +190,8 @@ def _derived(name: str, wrap: Callable[[Any], Any]) -> type[BaseModel]:
 PartialParams = _derived("PartialParams", lambda t: t | None)
 #: ``[axes]`` and each ``[[zip]]``: parameter -> non-empty list of values.
 AxisValues = _derived(
-    "AxisValues", lambda t: Annotated[list[t], Field(min_length=1)] | None  # type: ignore[valid-type]
+    "AxisValues",
+    lambda t: Annotated[list[t], Field(min_length=1, max_length=MAX_LIST)] | None,  # type: ignore[valid-type]
 )
 #: ``[[exclude]]``: parameter -> a value or a list of values (any of them matches).
 ExcludeRule = _derived("ExcludeRule", lambda t: t | list[t] | None)  # type: ignore[valid-type]
@@ -121,40 +203,79 @@ ExcludeRule = _derived("ExcludeRule", lambda t: t | list[t] | None)  # type: ign
 class Mount(StrictModel):
     """A bind mount into the container (a dataset at /imagenet, checkpoints at the hub cache)."""
 
-    source: Annotated[str, Field(min_length=1)]
-    target: Annotated[str, Field(pattern=r"^/")]
+    source: PathText
+    target: Annotated[PathText, Field(pattern=r"^/[^\x00-\x1f\x7f]*$")]
     read_only: bool = True
+
+
+#: A Docker memory size: digits and an optional unit (b, k, m, g).
+MemorySize = Annotated[str, Field(pattern=r"^[0-9]{1,16}[bkmgBKMG]?$")]
+#: The ulimits Docker knows (``docker run --ulimit``).
+UlimitName = Literal[
+    "core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc",
+    "rss", "rtprio", "rttime", "sigpending", "stack",
+]
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _memory_bytes(value: str) -> int:
+    """``'16g'`` -> bytes (the unit is the last character when it is a letter)."""
+    unit = value[-1].lower() if value[-1].isalpha() else ""
+    return int(value[: len(value) - len(unit)]) * _UNITS[unit]
 
 
 class ContainerOptions(StrictModel):
     """How the container is started (Docker / Singularity backends)."""
 
     ipc: Literal["host", "private", "shareable"] = "host"
-    shm_size: Annotated[str, Field(pattern=r"^[0-9]+[bkmgBKMG]?$")] = "8g"
-    privileged: bool = False
-    mounts: list[Mount] = []
-    devices: list[str] = Field([], description="Extra device nodes, e.g. /dev/accel for Gaudi.")
-    cap_add: list[str] = []
-    ulimits: dict[str, int] = Field(
-        {"memlock": -1, "stack": 67108864},
-        description="ulimits (soft = hard); -1 is unlimited. NVIDIA's recommended defaults; "
-        "a table here replaces them whole.",
+    shm_size: MemorySize = Field(
+        "8g", description="/dev/shm size, e.g. '16g' (b/k/m/g), at most 16 TiB."
     )
-    mem_limit: str | None = Field(None, description="Container memory limit, e.g. '16g'.")
-    network: str | None = Field(None, description="Docker network mode, e.g. 'host'.")
-    runtime: str | None = Field(None, description="OCI runtime, e.g. 'habana'.")
+    privileged: bool = False
+    mounts: list[Mount] = Field([], max_length=256)
+    devices: list[PathText] = Field(
+        [], max_length=256, description="Extra device nodes, e.g. /dev/accel for Gaudi."
+    )
+    cap_add: list[Annotated[str, Field(pattern=r"^[A-Za-z_]{1,64}$")]] = Field(
+        [], max_length=64, description="Linux capabilities, e.g. SYS_NICE."
+    )
+    ulimits: dict[UlimitName, Annotated[int, Field(ge=-1, le=2**63 - 1)]] = Field(
+        {"memlock": -1, "stack": 67108864},
+        description="ulimits (soft = hard); -1 is unlimited, else 0..2^63-1 (the kernel's "
+        "range). NVIDIA's recommended defaults; a table here replaces them whole.",
+    )
+    mem_limit: MemorySize | None = Field(
+        None, description="Container memory limit, e.g. '16g' (b/k/m/g), at most 16 TiB."
+    )
+    network: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")] | None = Field(
+        None, description="Docker network mode, e.g. 'host'."
+    )
+    runtime: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")] | None = Field(
+        None, description="OCI runtime, e.g. 'habana'."
+    )
+
+    @field_validator("shm_size", "mem_limit")
+    @classmethod
+    def _memory_in_range(cls, value: str | None) -> str | None:
+        if value is not None and _memory_bytes(value) > MAX_MEMORY_BYTES:
+            raise ValueError(f"{value!r} is more than 16 TiB (more memory than any machine has)")
+        return value
 
 
 class BitfusionOptions(StrictModel):
     """``bitfusion run -n GPUS -p PARTIAL [-l SERVERS] -- <workload>``."""
 
-    partial: Annotated[float, Field(gt=0, le=1)] = 1.0
-    servers: list[str] = []
-    extra_args: list[str] = []
+    partial: Annotated[float, Field(gt=0, le=1)] = Field(
+        1.0, description="Fraction of each GPU's memory (0 < partial <= 1)."
+    )
+    servers: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\[\]-]{1,255}$")]] = Field(
+        [], max_length=256, description="Bitfusion servers, HOST[:PORT]."
+    )
+    extra_args: list[PathText] = Field([], max_length=64)
 
 
 #: A value that ends up on an ``#SBATCH`` line: one line, no control characters.
-SbatchValue = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]+$")]
+SbatchValue = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]+$", max_length=1024)]
 
 
 class SlurmOptions(StrictModel):
@@ -163,23 +284,43 @@ class SlurmOptions(StrictModel):
     partition: SbatchValue | None = None
     account: SbatchValue | None = None
     qos: SbatchValue | None = None
-    time_limit: Annotated[str, Field(pattern=r"^[0-9]+(-[0-9]+)?(:[0-9]+){0,2}$")] | None = Field(
+    time_limit: Annotated[
+        str, Field(pattern=r"^[0-9]{1,6}(-[0-9]{1,2})?(:[0-9]{1,2}){0,2}$")
+    ] | None = Field(
         None, description="--time of every cell (Slurm format, e.g. '02:00:00'); default: "
         "the per-cell timeout plus 5 minutes.",
     )
-    cpus_per_task: PositiveInt | None = None
-    cpus_per_gpu: PositiveInt | None = None
-    mem: Annotated[str, Field(pattern=r"^[0-9]+[KMGT]?$")] | None = Field(
-        None, description="--mem per node, e.g. '32G'."
+    cpus_per_task: Annotated[int, Field(gt=0, le=4096)] | None = Field(
+        None, description="1..4096 (more cores than any node has)."
     )
-    max_jobs: PositiveInt | None = Field(
+    cpus_per_gpu: Annotated[int, Field(gt=0, le=4096)] | None = Field(
+        None, description="1..4096 (more cores than any node has)."
+    )
+    mem: Annotated[str, Field(pattern=r"^[0-9]{1,10}[KMGT]?$")] | None = Field(
+        None, description="--mem per node, e.g. '32G' (no unit: MB), at most 16 TiB."
+    )
+    max_jobs: Annotated[int, Field(gt=0, le=MAX_CELLS)] | None = Field(
         None, description="At most this many of the profile's cells in Slurm at once "
-        "(default: submit every cell; Slurm queues them).",
+        f"(default: submit every cell; Slurm queues them), 1..{MAX_CELLS}.",
     )
     extra_args: list[SbatchValue] = Field(
-        [], description="More sbatch options, one per #SBATCH line, in --name=value form, "
-        "e.g. '--constraint=a100'."
+        [], max_length=64, description="More sbatch options, one per #SBATCH line, in "
+        "--name=value form, e.g. '--constraint=a100'."
     )
+
+    @field_validator("mem")
+    @classmethod
+    def _mem_in_range(cls, value: str | None) -> str | None:
+        if value is not None:
+            unit = value[-1].lower() if value[-1].isalpha() else "m"  # Slurm's default: MB
+            if int(value.rstrip("KMGT")) * _UNITS[unit] > MAX_MEMORY_BYTES:
+                raise ValueError(f"{value!r} is more than 16 TiB (more than any node has)")
+        return value
+
+
+#: An accelerator model as vendors and nvidia-smi name it ("V100", "Tesla V100-SXM2-32GB",
+#: "H100 80GB HBM3", "HL-205").
+AcceleratorName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._+-]{0,63}$")]
 
 
 class HardwareProfile(StrictModel):
@@ -187,26 +328,56 @@ class HardwareProfile(StrictModel):
 
     description: str = ""
     device: Literal["cuda", "hpu", "cpu"]
+    gpu: AcceleratorName | None = Field(
+        None, description="Which accelerator this is, e.g. 'V100', 'H100', 'HL-205' (Gaudi): "
+        "`validate` then checks what it can do (bf16, Nsight Compute, torch.compile). Unset: "
+        "not checked (validate says so).",
+    )
+    compute_capability: Annotated[str, Field(pattern=r"^[0-9]{1,2}\.[0-9]$")] | None = Field(
+        None, description="CUDA compute capability, e.g. '7.0' (V100), '9.0' (H100): for a GPU "
+        "`gpu` does not name, or to override it.",
+    )
     image: str | None = Field(None, description="Image template name (images/NAME).")
-    image_vars: dict[str, Any] = {}
+    image_vars: dict[str, Any] = Field(
+        {}, description="Template variables (checked by the template's declared types and kinds)."
+    )
     wrapper: Literal["none", "bitfusion"] = "none"
     bitfusion: BitfusionOptions = BitfusionOptions()
     container: ContainerOptions = ContainerOptions()
     slurm: SlurmOptions = SlurmOptions()
-    env: dict[str, str] = {}
-    hosts: list[str] = Field([], description="Hosts (inventory names) allowed to run it.")
-    gpu_ids: list[NonNegativeInt] | None = Field(
-        None, description="Local GPU ids to use (default: all visible)."
+    env: dict[EnvName, EnvValue] = Field(
+        {}, description="Environment of every cell (names as shells accept them; no NUL)."
+    )
+    hosts: list[Annotated[str, Field(min_length=1, max_length=255)]] = Field(
+        [], max_length=1024, description="Hosts (inventory names) allowed to run it."
+    )
+    gpu_ids: list[Annotated[int, Field(ge=0, le=255)]] | None = Field(
+        None, max_length=256,
+        description="Local GPU ids to use (default: all visible), each 0..255, no repeats.",
     )
     multi_node: bool = False
-    checkpoint_dir: str | None = Field(
+    checkpoint_dir: PathText | None = Field(
         None, description="Where pretrained weights are (the torch hub cache as mounted)."
     )
+
+    @field_validator("gpu_ids")
+    @classmethod
+    def _gpu_ids_unique(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None and len(set(ids)) != len(ids):
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"GPU ids listed twice: {twice}")
+        return ids
 
     @model_validator(mode="after")
     def _wrapper_needs_cuda(self) -> HardwareProfile:
         if self.wrapper == "bitfusion" and self.device != "cuda":
             raise ValueError("wrapper 'bitfusion' needs device = 'cuda'")
+        if self.compute_capability is not None and self.device != "cuda":
+            raise ValueError(f"compute_capability describes a CUDA GPU; this profile's device "
+                             f"is {self.device!r}")
+        if self.gpu is not None and self.device == "cpu":
+            raise ValueError("gpu names the accelerator of a cuda or hpu profile; this "
+                             "profile's device is 'cpu'")
         return self
 
 
@@ -216,11 +387,19 @@ class HardwareProfile(StrictModel):
 class MatrixSettings(StrictModel):
     name: Name | None = Field(None, description="Defaults to the file name without .toml.")
     description: str = ""
-    repeats: PositiveInt = 1
+    repeats: Annotated[int, Field(gt=0, le=1000)] = Field(
+        1, description="Copies of every cell, 1..1000 (the planned cells are capped at "
+        f"{MAX_CELLS} too)."
+    )
     backend: str = "process"
-    timeout_s: Annotated[float, Field(gt=0)] = Field(1800, description="Per-cell timeout.")
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)] = Field(
+        1800, description=f"Per-cell timeout in seconds, 0 < timeout_s <= {MAX_TIMEOUT_S} "
+        "(a week; inf is refused: a hung cell must end).",
+    )
     one_cell_per_host: bool = Field(False, description="Never run two cells on a host at once.")
-    retries: NonNegativeInt = Field(1, description="Retries of a cell whose host was lost.")
+    retries: Annotated[int, Field(ge=0, le=100)] = Field(
+        1, description="Retries of a cell whose host was lost, 0..100."
+    )
     hosts: str | None = Field(
         None, description="Hosts inventory (TOML) for the ssh backend, relative to this file."
     )
@@ -236,10 +415,13 @@ class MatrixFile(StrictModel):
     matrix: MatrixSettings = MatrixSettings()
     workload: PartialParams = PartialParams()  # type: ignore[valid-type]
     axes: AxisValues = AxisValues()  # type: ignore[valid-type]
-    zip: list[AxisValues] = []  # type: ignore[valid-type]
-    include: list[PartialParams] = []  # type: ignore[valid-type]
-    exclude: list[ExcludeRule] = []  # type: ignore[valid-type]
-    hardware: dict[Name, HardwareProfile] = {}
+    zip: list[AxisValues] = Field([], max_length=64)  # type: ignore[valid-type]
+    include: list[PartialParams] = Field([], max_length=MAX_LIST)  # type: ignore[valid-type]
+    exclude: list[ExcludeRule] = Field(  # type: ignore[valid-type]
+        [], max_length=MAX_EXCLUDES,
+        description=f"At most {MAX_EXCLUDES} rules (each is matched against every combination).",
+    )
+    hardware: dict[Name, HardwareProfile] = Field({}, max_length=1024)
 
 
 def json_schema() -> dict[str, Any]:
@@ -263,15 +445,24 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 
 
 def problems_from_validation(
-    file: str, exc: ValidationError, keys_hint: str = "`orchestrate schema` lists the keys"
+    file: str,
+    exc: ValidationError,
+    keys_hint: str = "`orchestrate schema` lists the keys",
+    model: type[BaseModel] | None = None,
 ) -> list[Problem]:
-    """Turn pydantic's errors into :class:`Problem` values with readable field paths."""
+    """Turn pydantic's errors into :class:`Problem` values with readable field paths.
+
+    ``model``: the validated model; an unknown key then gets the nearest valid key at its
+    place suggested (``did you mean 'batch_size'?``).
+    """
     problems = []
     for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = f"unknown key (check the spelling; {keys_hint})"
+            guess = nearest_key(model, loc) if model is not None else None
+            spelling = f"did you mean {guess!r}?" if guess else "check the spelling"
+            msg = f"unknown key ({spelling}; {keys_hint})"
         elif (
             "input" in err
             and err["type"] not in ("missing",)
@@ -284,27 +475,137 @@ def problems_from_validation(
     return problems
 
 
+def nearest_key(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """The valid key nearest to ``loc[-1]`` among the fields of the model at ``loc[:-1]``."""
+    fields = _fields_at(model, loc[:-1])
+    if not fields or not isinstance(loc[-1], str):
+        return None
+    found = difflib.get_close_matches(loc[-1], fields, n=1, cutoff=0.75)
+    return found[0] if found else None
+
+
+def _fields_at(annotation: Any, path: tuple[Any, ...]) -> list[str] | None:
+    """Field names of the model that ``path`` leads to from ``annotation`` (None if unknown)."""
+    if not path:
+        models = _models_in(annotation)
+        return list(models[0].model_fields) if len(models) == 1 else None
+    head, rest = path[0], path[1:]
+    for model in _models_in(annotation):
+        if isinstance(head, str) and head in model.model_fields:
+            return _fields_at(model.model_fields[head].annotation, rest)
+    for container in _containers_in(annotation):  # a list index or a dict key
+        return _fields_at(container, rest)
+    return None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, Annotated):
+        args = typing.get_args(annotation)
+        args = args[:1] if typing.get_origin(annotation) is Annotated else args
+        return [m for a in args for m in _models_in(a)]
+    return []
+
+
+def _containers_in(annotation: Any) -> list[Any]:
+    """Item types of the list / dict types in ``annotation`` (unions and Annotated unwrapped)."""
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple):
+        return list(typing.get_args(annotation)[:1])
+    if origin is dict:
+        return list(typing.get_args(annotation)[1:2])
+    if origin in (typing.Union, types.UnionType, Annotated):
+        args = typing.get_args(annotation)
+        args = args[:1] if origin is Annotated else args
+        return [c for a in args for c in _containers_in(a)]
+    return []
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     """Read a TOML file; a missing or malformed file is a :class:`ConfigError`."""
     return parse_toml(read_config_text(path), str(path))
 
 
-def read_config_text(path: Path) -> str:
-    """A config file's text; a missing or unreadable file is a :class:`ConfigError`."""
+def read_config_text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
+    """A user file's text: the one way every user file (matrix, hosts, manifest, template) is read.
+
+    Only a regular file (a symlink to one is fine) of at most ``limit`` bytes, UTF-8. A FIFO, a
+    device (``/dev/zero``), a folder, a missing, unreadable or oversized file is a
+    :class:`ConfigError` naming it; nothing here blocks or reads without bound.
+    """
+    path = Path(path)
     try:
-        return path.read_text(encoding="utf-8")
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"not a regular file ({_file_kind(st.st_mode)}); give a file",
+                              file=str(path))
+        if st.st_size > limit:
+            raise ConfigError(_too_big(st.st_size, limit), file=str(path))
+        # O_NONBLOCK: should it have been swapped for a FIFO since the stat, opening won't hang
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise ConfigError("not a regular file", file=str(path))
+            data = fh.read(limit + 1)
     except FileNotFoundError:
-        raise ConfigError(f"no such file (looked at {path.resolve()})", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
+        raise ConfigError(f"no such file (looked at {path.absolute()})", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+    if len(data) > limit:
+        raise ConfigError(_too_big(len(data), limit), file=str(path))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text ({exc.reason} at byte {exc.start})",
+                          file=str(path)) from None
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a plain file"
+
+
+def _too_big(size: int, limit: int) -> str:
+    return (f"too big ({size:,} bytes; a user file may have at most {limit:,} bytes = "
+            f"{limit // 1024 // 1024} MiB)")
 
 
 def parse_toml(text: str, file: str) -> dict[str, Any]:
-    """Parse TOML text; malformed TOML is a :class:`ConfigError` naming ``file``."""
+    """Parse TOML text; malformed or absurdly nested TOML is a :class:`ConfigError`."""
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"malformed TOML: {exc}", file=file) from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise ConfigError(_too_deep(), file=file) from None
+    if _depth(data) > MAX_NESTING:  # nested [a.b.c...] headers do not recurse while parsing
+        raise ConfigError(_too_deep(), file=file)
+    return data
+
+
+def _too_deep() -> str:
+    return (f"nested too deeply (at most {MAX_NESTING} levels of tables and lists; a matrix "
+            "file needs 6)")
+
+
+def _depth(value: Any) -> int:
+    """How deep dicts and lists nest in ``value`` (iterative: no recursion limit)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_NESTING:
+                return depth
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
 
 
 def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any], str]:
@@ -315,7 +616,7 @@ def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any], str]:
     try:
         return MatrixFile.model_validate(raw), raw, text
     except ValidationError as exc:
-        problems = problems_from_validation(str(path), exc)
+        problems = problems_from_validation(str(path), exc, model=MatrixFile)
         problems += hardware_reference_problems(raw, str(path), problems)
         raise ConfigError(problems) from None
 

@@ -48,6 +48,20 @@ class ConfigError(OrchestratorError):
         return "\n".join(lines)
 
 
+class LogFormatError(ConfigError):
+    """A log or raport is malformed: each problem names the file and the line (the first
+    :attr:`MAX_LISTED` are listed, the rest counted)."""
+
+    MAX_LISTED = 20
+
+    def __init__(self, problems: list[Problem] | str, *, file: str = "", field: str = ""):
+        if isinstance(problems, list) and len(problems) > self.MAX_LISTED:
+            more = len(problems) - self.MAX_LISTED
+            problems = [*problems[: self.MAX_LISTED],
+                        Problem(problems[0].file, "", f"... and {more} more malformed lines")]
+        super().__init__(problems, file=file, field=field)
+
+
 class BuildError(OrchestratorError):
     """An image failed to render or build."""
 
@@ -80,6 +94,3 @@ class RemoteTimeout(HostError):
         self.stdout = stdout
         self.stderr = stderr
 
-
-class ResultsError(OrchestratorError):
-    """The results folder cannot be written: read-only, full, not a folder, no permission."""

@@ -221,3 +221,48 @@ def local_accelerator_ids(device: str) -> list[int] | None:
     if facts.accelerator != wanted:
         return None
     return facts.gpu_ids
+
+
+# --- accelerator facts -------------------------------------------------------------------------
+# What a hardware profile's ``gpu = "V100"`` tells ``validate`` (orchestrator/checks.py).
+
+#: CUDA compute capability of the GPUs labs benchmark (NVIDIA's "CUDA GPUs" list), keyed by the
+#: model as nvidia-smi names it without the vendor words ("Tesla V100-SXM2-32GB" is a V100).
+COMPUTE_CAPABILITY: dict[str, str] = {
+    "P100": "6.0", "P40": "6.1", "P4": "6.1", "TITAN V": "7.0", "V100": "7.0", "T4": "7.5",
+    "A100": "8.0", "A30": "8.0", "A10": "8.6", "A10G": "8.6", "A16": "8.6", "A2": "8.6",
+    "A40": "8.6", "L4": "8.9", "L40": "8.9", "L40S": "8.9", "H100": "9.0", "H200": "9.0",
+    "GH200": "9.0", "B200": "10.0", "GB200": "10.0",
+}
+#: Intel Gaudi (Habana) cards: model -> generation (every generation computes in bf16).
+GAUDI_MODELS: dict[str, str] = {
+    "HL-205": "Gaudi", "HL-225": "Gaudi2", "HL-325": "Gaudi3",
+    "GAUDI": "Gaudi", "GAUDI2": "Gaudi2", "GAUDI3": "Gaudi3",
+}
+_VENDOR_WORDS = re.compile(r"^(?:NVIDIA\s+|TESLA\s+|INTEL\s+|HABANA\s+)+")
+
+
+def _model_key(name: str, table: dict[str, str]) -> str | None:
+    """The table key ``name`` names: the longest key it starts with, not followed by a digit
+    (``A100-SXM4-80GB`` is an A100, not an A10; ``V100S`` is a V100)."""
+    text = _VENDOR_WORDS.sub("", " ".join(name.upper().split()))
+    found = [k for k in table if text.startswith(k)
+             and (len(text) == len(k) or not text[len(k)].isdigit())]
+    return max(found, key=len) if found else None
+
+
+def compute_capability(gpu: str) -> str | None:
+    """The CUDA compute capability of GPU model ``gpu`` ("V100" -> "7.0"), None if unknown."""
+    key = _model_key(gpu, COMPUTE_CAPABILITY)
+    return COMPUTE_CAPABILITY[key] if key else None
+
+
+def gaudi_generation(name: str) -> str | None:
+    """The Gaudi generation of card ``name`` ("HL-205" -> "Gaudi"), None if not a Gaudi."""
+    key = _model_key(name, GAUDI_MODELS)
+    return GAUDI_MODELS[key] if key else None
+
+
+def known_accelerators() -> list[str]:
+    """Every model name the tables know (for did-you-mean suggestions)."""
+    return sorted({*COMPUTE_CAPABILITY, *GAUDI_MODELS})

@@ -15,7 +15,9 @@ Example (see ``hosts/example.toml``)::
     gpus = [0, 1, 2, 3, 4, 5, 6, 7]
 
 Every problem in the file is reported at once as a :class:`~orchestrator.errors.ConfigError`
-naming the file and the field path (``hosts[1].port``). Connection details missing from the
+naming the file and the field path (``hosts[1].port``), a misspelt key with the nearest valid one.
+Types are strict and every number has a range (see each field's description): a timeout is finite,
+so a silent host cannot hang a sweep. Connection details missing from the
 inventory are taken from ``~/.ssh/config`` (``HostName``, ``Port``, ``User``, ``IdentityFile``);
 values written in the inventory win, as values on the ``ssh`` command line do.
 """
@@ -46,18 +48,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+#: No NUL, no line break: a string that becomes a path or a word of a command.
+_NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+#: Most GPUs (and cells at once) of one host: more than any machine has.
+MAX_HOST_GPUS = 256
+
+
 class HostOptions(_Strict):
     """Options shared by every host of an inventory (the ``[options]`` table)."""
 
-    connect_timeout: float = Field(10.0, gt=0, description="seconds to open TCP + SSH handshake")
-    command_timeout: float = Field(
-        300.0, gt=0, description="default seconds a short remote command (a probe) may take"
+    connect_timeout: float = Field(
+        10.0, gt=0, le=600, allow_inf_nan=False,
+        description="seconds to open TCP + SSH handshake, 0 < t <= 600 (a host that needs "
+        "longer is as good as down; inf would hang on a silent host)",
     )
-    keepalive: int = Field(30, ge=0, description="seconds between SSH keepalives; 0 disables")
+    command_timeout: float = Field(
+        300.0, gt=0, le=86400, allow_inf_nan=False,
+        description="default seconds a short remote command (a probe) may take, 0 < t <= 86400",
+    )
+    keepalive: int = Field(
+        30, ge=0, le=3600, description="seconds between SSH keepalives, 0..3600; 0 disables"
+    )
     trust_on_first_use: bool = Field(
         False, description="accept and record unknown host keys instead of refusing them"
     )
-    known_hosts: str = Field(DEFAULT_KNOWN_HOSTS, description="known_hosts file to verify against")
+    known_hosts: str = Field(
+        DEFAULT_KNOWN_HOSTS, min_length=1, max_length=4096, pattern=_NO_CONTROL,
+        description="known_hosts file to verify against",
+    )
     ssh_config: str | None = Field(
         DEFAULT_SSH_CONFIG, description="OpenSSH client config to honour; empty string disables"
     )
@@ -66,15 +84,35 @@ class HostOptions(_Strict):
 class HostEntry(_Strict):
     """One lab machine (a ``[[hosts]]`` table)."""
 
-    name: str = Field(min_length=1, description="short unique name used in tables and results")
-    address: str = Field(min_length=1, description="DNS name, IP, or a Host alias of ssh_config")
+    name: str = Field(
+        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",  # as _NAME
+        description="short unique name used in tables and results (letters, digits, _ . -)",
+    )
+    address: str = Field(
+        min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:%\[\]-]+$",
+        description="DNS name, IP, or a Host alias of ssh_config",
+    )
     port: int = Field(22, ge=1, le=65535)
-    user: str | None = Field(None, description="login user; else ssh_config User, else you")
-    key_file: str | None = Field(None, description="private key; relative to the inventory file")
+    user: str | None = Field(
+        None, min_length=1, max_length=256, pattern=r"^[^\s\x00-\x1f\x7f]+$",
+        description="login user; else ssh_config User, else you",
+    )
+    key_file: str | None = Field(
+        None, min_length=1, max_length=4096, pattern=_NO_CONTROL,
+        description="private key; relative to the inventory file",
+    )
     agent: bool = Field(True, description="also offer keys held by ssh-agent")
-    tags: list[str] = Field(default_factory=list, description="hardware tags profiles match")
-    gpus: list[int] | None = Field(None, description="GPU ids to use; else discovered")
-    max_concurrent: int | None = Field(None, ge=1, description="most cells at once on this host")
+    tags: list[str] = Field(
+        default_factory=list, max_length=64, description="hardware tags profiles match"
+    )
+    gpus: list[int] | None = Field(
+        None, max_length=MAX_HOST_GPUS,
+        description=f"GPU ids to use, each 0..{MAX_HOST_GPUS - 1}; else discovered",
+    )
+    max_concurrent: int | None = Field(
+        None, ge=1, le=MAX_HOST_GPUS,
+        description=f"most cells at once on this host, 1..{MAX_HOST_GPUS}",
+    )
 
     @field_validator("tags")
     @classmethod
@@ -82,6 +120,8 @@ class HostEntry(_Strict):
         for tag in tags:
             if not tag.strip():
                 raise ValueError("tags must be non-empty strings")
+            if len(tag) > 64 or any(ord(c) < 32 or ord(c) == 127 for c in tag):
+                raise ValueError(f"tag {tag!r}: at most 64 characters, no control characters")
         return tags
 
     @field_validator("gpus")
@@ -91,6 +131,8 @@ class HostEntry(_Strict):
             return None
         if any(g < 0 for g in gpus):
             raise ValueError("GPU ids must be >= 0")
+        if any(g >= MAX_HOST_GPUS for g in gpus):
+            raise ValueError(f"GPU ids must be at most {MAX_HOST_GPUS - 1}")
         dupes = sorted(g for g, n in Counter(gpus).items() if n > 1)
         if dupes:
             raise ValueError(f"GPU ids listed twice: {dupes}")
@@ -143,6 +185,9 @@ class ConnectTarget:
     user: str
     key_files: tuple[str, ...]
     allow_agent: bool
+    #: True when the key was written in the inventory (it must exist); IdentityFile entries of
+    #: the ssh config that do not exist are passed over, as OpenSSH does.
+    key_file_required: bool = False
 
     @property
     def display(self) -> str:
@@ -151,6 +196,7 @@ class ConnectTarget:
 
 
 _HOST_INDEX = re.compile(r"^hosts\[(\d+)\]")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def _with_host_name(problem: Problem, raw: dict[str, Any]) -> Problem:
@@ -161,7 +207,7 @@ def _with_host_name(problem: Problem, raw: dict[str, Any]) -> Problem:
         return problem
     entry = hosts[int(match.group(1))]
     name = entry.get("name") if isinstance(entry, dict) else None
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):  # a name fit to show
         return problem
     field = f"{match.group(0)} ({name}){problem.field[match.end():]}"
     return Problem(problem.file, field, problem.message)
@@ -211,7 +257,9 @@ def _validate(raw: dict[str, Any], source: str | Path) -> Inventory:
     except ValidationError as exc:
         problems += [
             _with_host_name(p, raw)
-            for p in problems_from_validation(file, exc, keys_hint="see hosts/example.toml")
+            for p in problems_from_validation(
+                file, exc, keys_hint="see hosts/example.toml", model=_InventoryFile
+            )
         ]
         raise ConfigError(problems) from None
     if problems:
@@ -280,6 +328,7 @@ def _resolve(
         user=str(user),
         key_files=keys,
         allow_agent=entry.agent,
+        key_file_required=bool(entry.key_file),
     )
 
 

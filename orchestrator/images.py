@@ -14,10 +14,33 @@ Each template directory holds a ``template.toml`` manifest and the template file
                                    # (inherited here, same type and default) unless redeclared
 
     [variables.base_tag]
-    type = "str"                   # str | int | bool | list
+    type = "str"                   # str | int | bool | list (of strings)
+    kind = "image_tag"             # what the string (each item of a list) is: see KINDS below
+    pattern = "[0-9]{2}\\.[0-9]{2}-py3"   # optional: a regex the whole value must match too
     default = "24.05-py3"
     description = "..."
     file = false                   # true: the value is a host path copied into the build context
+
+    [variables.threads]
+    type = "int"
+    minimum = 0                    # optional bounds of an int
+    maximum = 1024
+
+No value reaches a rendered file unvalidated (a newline in a value would add a Dockerfile line;
+``;`` or ``$(...)`` in a package name would run in a ``RUN`` line):
+
+* Every ``str`` and ``list`` variable declares a ``kind``; every value (the default too, every
+  ``--set``, every ``image_vars`` entry of a matrix) must match the kind's pattern
+  (:data:`KIND_PATTERNS`: ``name``, ``image_tag``, ``image_ref``, ``path`` (absolute, in the
+  image), ``host_path`` (file variables), ``apt_package``, ``pip_requirement``, ``text``) and the
+  variable's own ``pattern``. No kind admits a line break; only ``host_path`` and ``text`` admit
+  spaces or quotes. An empty string is accepted only where the default is empty ("not set").
+* Templates pass every value that lands in a shell line (``RUN``, ``%environment``,
+  ``%runscript``) through the ``shquote`` filter (:func:`shlex.quote`), lists item by item:
+  ``{{ apt_packages | map("shquote") | join(" ") }}``. A package pattern also refuses a
+  leading ``-``, so no value becomes an option of apt-get or pip.
+* The rendered base image must be a valid image reference; a file variable enters the context
+  under a sanitized name (letters, digits, ``. _ + -``) that cannot replace the context's own files.
 
 A loaded :class:`Template` resolves values, renders and lists its build context (the rendered
 file, the repository's ``workload/`` and any file variables); the module functions taking a
@@ -28,6 +51,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
+import shlex
 import stat
 import threading
 from dataclasses import dataclass
@@ -44,7 +69,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.config import problems_from_validation, read_toml
+from orchestrator.config import problems_from_validation, read_config_text, read_toml
 from orchestrator.errors import BuildError, ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -65,6 +90,50 @@ _IGNORED_SUFFIXES = {".pyc", ".pyo"}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST_PART = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+# a registry has a dot or a port, or is localhost (else Docker reads it as a path component)
+_DOMAIN = (rf"(?:{_HOST_PART}(?:\.{_HOST_PART})+(?::[0-9]{{1,5}})?|{_HOST_PART}:[0-9]{{1,5}}"
+           r"|localhost)")
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+#: An image reference as Docker's grammar has it: [registry[:port]/]path[:tag][@sha256:digest].
+IMAGE_REF = (rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?"
+             r"(?:@sha256:[a-f0-9]{64})?")
+_PIP_SPEC = r"(?:===|==|!=|~=|<=|>=|<|>)[A-Za-z0-9.*+!_-]+"
+
+#: What a value of each kind may look like (the whole value must match; none admits a line break).
+KIND_PATTERNS: dict[str, str] = {
+    "name": r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}",
+    "image_tag": _TAG,
+    "image_ref": IMAGE_REF,
+    "path": r"/[A-Za-z0-9._+@%,:/-]{0,4095}",
+    "host_path": r"[^\x00-\x1f\x7f]{1,4096}",
+    "apt_package": r"[a-z0-9][a-z0-9+.-]+(?::[a-z0-9-]+)?(?:=[A-Za-z0-9.+~:-]+)?",
+    "pip_requirement": (r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+                        r"(?:\[[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*\])?"
+                        rf"(?:{_PIP_SPEC}(?:,{_PIP_SPEC})*)?"),
+    "text": r"[^\x00-\x1f\x7f]{0,1024}",
+}
+#: What each kind means, for messages.
+KIND_HELP: dict[str, str] = {
+    "name": "letters, digits and . _ + -, starting with a letter or digit",
+    "image_tag": "an image tag: letters, digits and _ . -, at most 128 characters",
+    "image_ref": "an image reference such as registry.lab:5000/nvidia/pytorch:24.05-py3",
+    "path": "an absolute path of letters, digits and . _ + @ % , : / - (no spaces or quotes)",
+    "host_path": "a path on this machine, one line",
+    "apt_package": "a Debian package name, optionally :arch and =version",
+    "pip_requirement": "a package name with optional [extras] and version specifiers, "
+    "e.g. numpy<2 (no URLs, no options)",
+    "text": "one line of printable text",
+}
+Kind = Literal[
+    "name", "image_tag", "image_ref", "path", "host_path", "apt_package", "pip_requirement", "text"
+]
+#: Most items of a list variable.
+MAX_LIST_ITEMS = 256
+#: Names a file variable's file may not take in the build context (they are the context's own).
+_RESERVED_CONTEXT_NAMES = {*KINDS.values(), "workload", ".dockerignore"}
+
 
 class Variable(BaseModel):
     """One declared template variable (a ``[variables.NAME]`` table)."""
@@ -75,6 +144,12 @@ class Variable(BaseModel):
     default: Any = Field(description="value used when a profile or --set gives none")
     description: str = ""
     file: bool = Field(False, description="the value is a host path copied into the context")
+    kind: Kind | None = Field(
+        None, description="what a str value / each list item is (required for str and list)"
+    )
+    pattern: str | None = Field(None, description="a regex the whole value must also match")
+    minimum: int | None = Field(None, description="smallest value of an int")
+    maximum: int | None = Field(None, description="largest value of an int")
 
     @field_validator("default")
     @classmethod
@@ -84,6 +159,67 @@ class Variable(BaseModel):
         if problem:
             raise ValueError(problem)
         return value
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _kind_fits_the_type(self) -> Variable:
+        if self.type in ("str", "list") and self.kind is None:
+            kinds = ", ".join(KIND_PATTERNS)
+            raise ValueError(f"a {self.type} variable needs a kind: one of {kinds}")
+        if self.type in ("int", "bool") and (self.kind or self.pattern):
+            raise ValueError(f"kind and pattern apply to str and list variables, not {self.type}")
+        if self.type != "int" and (self.minimum is not None or self.maximum is not None):
+            raise ValueError("minimum and maximum apply to int variables")
+        if self.file and (self.type != "str" or self.kind != "host_path"):
+            raise ValueError('a file variable has type = "str" and kind = "host_path"')
+        problem = self.value_problem(self.default)
+        if problem:
+            raise ValueError(f"default: {problem}")
+        return self
+
+    def value_problem(self, value: Any) -> str:
+        """Why ``value`` is not a valid value of this variable ('' if it is)."""
+        problem = _type_problem(value, self.type)
+        if problem:
+            return problem
+        if self.type == "int":
+            if self.minimum is not None and value < self.minimum:
+                return f"{value} is less than the minimum {self.minimum}"
+            if self.maximum is not None and value > self.maximum:
+                return f"{value} is more than the maximum {self.maximum}"
+            return ""
+        if self.type == "str":
+            if value == "" and self.default == "":
+                return ""  # not set
+            return self._item_problem(value)
+        if self.type == "list":
+            if len(value) > MAX_LIST_ITEMS:
+                return f"at most {MAX_LIST_ITEMS} items, got {len(value)}"
+            for item in value:
+                problem = self._item_problem(item)
+                if problem:
+                    return f"item {problem}"
+        return ""
+
+    def _item_problem(self, value: str) -> str:
+        assert self.kind is not None
+        if len(value) > 4096 or not re.fullmatch(KIND_PATTERNS[self.kind], value):
+            return f"{value!r} is not a valid {self.kind} ({KIND_HELP[self.kind]})"
+        if self.pattern is not None and not re.fullmatch(self.pattern, value):
+            return f"{value!r} does not match the pattern {self.pattern!r}"
+        if self.file and _file_context_name(value) in _RESERVED_CONTEXT_NAMES:
+            return (f"{value!r}: a file called {_file_context_name(value)!r} would replace the "
+                    "build context's own; rename it")
+        return ""
 
 
 class Parent(BaseModel):
@@ -169,7 +305,7 @@ class Template:
         }
 
     def check(self, values: dict[str, Any]) -> list[str]:
-        """One message per unknown variable or value of the wrong type in ``values``."""
+        """One message per unknown variable or invalid value (type, kind, pattern, range)."""
         known = ", ".join(sorted(self.variables))
         messages: list[str] = []
         for key, value in values.items():
@@ -179,7 +315,7 @@ class Template:
                     f"unknown template variable {key!r} for {self.name}; known: {known}"
                 )
                 continue
-            problem = _type_problem(value, var.type)
+            problem = var.value_problem(list(value) if isinstance(value, tuple) else value)
             if problem:
                 messages.append(f"template variable {key!r} for {self.name}: {problem}")
         return messages
@@ -205,9 +341,15 @@ class Template:
                 problems.append(Problem("--set", key, message))
                 continue
             try:
-                values[key] = _coerce(text, var.type)
+                value = _coerce(text, var.type)
             except ValueError as exc:
                 problems.append(Problem("--set", key, str(exc)))
+                continue
+            problem = var.value_problem(value)
+            if problem:
+                problems.append(Problem("--set", key, problem))
+            else:
+                values[key] = value
         if problems:
             raise ConfigError(problems)
         return values
@@ -230,6 +372,11 @@ class Template:
             if self.parent:
                 hint = f" (set {self.parent.variable}, or let the build resolve the parent image)"
             raise BuildError(f"template {self.name}: empty base image reference{hint}")
+        if len(ref) > 512 or not re.fullmatch(IMAGE_REF, ref):
+            raise ConfigError([Problem(
+                f"images/{self.name}", "base",
+                f"the base image {ref!r} is not a valid image reference; check the variables",
+            )])
         return ref
 
     def context(self, resolved: dict[str, Any]) -> dict[str, Any]:
@@ -335,10 +482,12 @@ def _load_template(name: str, directory: Path, stamps: tuple[Any, ...]) -> Templ
         manifest = Manifest.model_validate(raw, context={"directory": directory})
     except ValidationError as exc:
         hint = "the keys are described at the top of orchestrator/images.py"
-        raise ConfigError(problems_from_validation(str(manifest_path), exc, hint)) from None
+        raise ConfigError(
+            problems_from_validation(str(manifest_path), exc, hint, model=Manifest)
+        ) from None
     if manifest.parent:
         manifest = _inherit(manifest, manifest.parent, str(manifest_path))
-    text = (directory / manifest.template).read_text(encoding="utf-8")
+    text = read_config_text(directory / manifest.template)
     return Template(name=name, directory=directory, manifest=manifest, text=text)
 
 
@@ -426,13 +575,20 @@ def _coerce(text: str, vtype: str) -> Any:
 def _jinja_env() -> jinja2.Environment:
     import jinja2  # only when rendering: planning a matrix never needs it
 
-    return jinja2.Environment(
+    env = jinja2.Environment(
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
     )
+    env.filters["shquote"] = shquote
+    return env
+
+
+def shquote(value: Any) -> str:
+    """The ``shquote`` template filter: ``value`` as one shell word (:func:`shlex.quote`)."""
+    return shlex.quote(str(value))
 
 
 def _render_string(template: Template, source: str, context: dict[str, Any], what: str) -> str:
@@ -450,8 +606,10 @@ def _render_string(template: Template, source: str, context: dict[str, Any], wha
 
 
 def _file_context_name(path_value: str) -> str:
-    """The name a file variable's file gets in the build context."""
-    return Path(path_value).name
+    """The name a file variable's file gets in the build context: its file name with anything
+    but letters, digits and ``. _ + -`` replaced by ``_`` (it lands in a COPY line)."""
+    name = re.sub(r"[^A-Za-z0-9._+-]", "_", Path(path_value).name)
+    return name if name.strip(".") else f"_{name}"
 
 
 def _iter_tree(root: Path) -> list[Path]:

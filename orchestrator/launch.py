@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config import ContainerOptions, HardwareProfile
+from orchestrator.config import CellParams, ContainerOptions, HardwareProfile
 from orchestrator.matrix import Cell
 from orchestrator.placement import Allocation
 from orchestrator.redact import redact_env
@@ -178,6 +178,9 @@ def workload_argv(
     gpus = cell.params.gpus
     launcher = python_launcher(python, gpus, node)
     argv = [*launcher, "workload", *workload_flags(cell), "--device", profile.device]
+    mode = hpu_mode(cell.params, profile.device)
+    if mode is not None and cell.params.hpu_mode is None:
+        argv += ["--hpu-mode", mode]  # the mode the environment below selects, said explicitly
     if output_dir:
         argv += ["--output-dir", output_dir]
     if profile.checkpoint_dir:
@@ -208,13 +211,32 @@ def _profiler_wrap(cell: Cell, argv: list[str], output_dir: str | None) -> list[
     return argv
 
 
+def hpu_mode(params: CellParams, device: str) -> str | None:
+    """The Gaudi execution mode of a cell on an ``hpu`` device (None elsewhere): its
+    ``hpu_mode``; unset, ``compile`` when the cell asks for torch.compile, else ``lazy``."""
+    if device != "hpu":
+        return None
+    if params.hpu_mode is not None:
+        return params.hpu_mode
+    return "compile" if params.compile != "none" else "lazy"
+
+
+#: PT_HPU_LAZY_MODE of each Gaudi mode: lazy mode accumulates graphs (mark_step flushes them);
+#: eager mode, with or without torch.compile(backend="hpu_backend"), runs op by op.
+HPU_LAZY_MODE = {"eager": "0", "lazy": "1", "compile": "0"}
+
+
 def workload_env(cell: Cell, profile: HardwareProfile, gpu_ids: tuple[int, ...]) -> dict[str, str]:
-    """Environment of the workload process: the profile's, plus device selection.
+    """Environment of the workload process: the profile's, plus device selection, plus the
+    cell's Gaudi mode (``PT_HPU_LAZY_MODE``, per cell: never baked into the image).
 
     ``gpu_ids`` are picked with ``CUDA_VISIBLE_DEVICES`` / ``HABANA_VISIBLE_MODULES`` (a local
     process); pass none where the GPUs come otherwise (a container's device request, Slurm).
     """
     env = {"PYTHONUNBUFFERED": "1", **profile.env}
+    mode = hpu_mode(cell.params, profile.device)
+    if mode is not None:
+        env["PT_HPU_LAZY_MODE"] = HPU_LAZY_MODE[mode]
     if profile.device == "cuda" and gpu_ids and profile.wrapper == "none":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
     if profile.device == "hpu" and gpu_ids:

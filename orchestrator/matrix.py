@@ -14,7 +14,14 @@ The rules, in order:
    drift of a machine (thermals, a noisy neighbour) spreads over the whole matrix, not one cell.
 
 Ids are stable and readable (``v100-g4-bs256-amp-r1``): hardware, then the parameters that vary in
-the matrix, then the repeat. The content hash covers the parameters and the hardware profile.
+the matrix, then the repeat. The content hash covers the parameters and the hardware profile. An id
+longer than :data:`MAX_ID_LENGTH` (a long varying ``data`` path) is cut and ends with its hash, so
+it is always a valid folder name.
+
+Size: the axes and zips may multiply to at most
+:data:`~orchestrator.config.MAX_COMBINATIONS` combinations and the matrix may plan at most
+:data:`~orchestrator.config.MAX_CELLS` cells; both are checked from the list lengths before any
+cell is built, and the message names the fields that multiply up.
 
 Validation reports every problem of the file at once (types, unknown keys and profiles, image
 templates and their variables, rules that match nothing). This module knows nothing of backends:
@@ -26,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +44,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from orchestrator import images
 from orchestrator.config import (
+    MAX_CELLS,
+    MAX_COMBINATIONS,
     PARAM_NAMES,
     CellParams,
     HardwareProfile,
@@ -46,6 +56,10 @@ from orchestrator.config import (
     parse_matrix_file,
 )
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.results import name_problem
+
+#: Longest cell group id (the cell id adds ``-rN``; a folder name may have 255 bytes).
+MAX_ID_LENGTH = 150
 
 
 @dataclass(frozen=True)
@@ -196,6 +210,51 @@ def _fmt(rule: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {v!r}" for k, v in rule.items())
 
 
+def _factors(mf: MatrixFile, raw: dict[str, Any]) -> list[tuple[str, int]]:
+    """(field, number of values) of every dimension: the axes, then each zip group."""
+    factors = [(f"axes.{k}", len(v)) for k, v in _ordered(_set_keys(mf.axes), raw.get("axes"))
+               .items()]
+    for i, group in enumerate(mf.zip):
+        lengths = {len(v) for v in _set_keys(group).values()}
+        if len(lengths) == 1:  # different lengths are reported by the expansion
+            factors.append((f"zip[{i}]", lengths.pop()))
+    return factors
+
+
+def _product(factors: list[tuple[str, int]], extra: str = "") -> str:
+    parts = [f"{field} ({n} values)" for field, n in factors if n > 1]
+    return " x ".join(parts + ([extra] if extra else [])) or "the defaults"
+
+
+def size_problems(mf: MatrixFile, raw: dict[str, Any], file: str) -> list[Problem]:
+    """A problem if the axes multiply past :data:`MAX_COMBINATIONS`, or if even the upper bound
+    of the cells is past :data:`MAX_CELLS` without any [[exclude]] to bring it down. Needs only
+    the list lengths: refused before anything is expanded."""
+    factors = _factors(mf, raw)
+    combinations = math.prod(n for _, n in factors)
+    if combinations > MAX_COMBINATIONS:
+        return [Problem(file, "axes", (
+            f"{_product(factors)} multiply up to {combinations:,} combinations, more than the "
+            f"{MAX_COMBINATIONS:,} a matrix may have: split it into several matrix files"
+        ))]
+    repeats = mf.matrix.repeats
+    cells = (combinations + len(mf.include)) * repeats
+    if cells > MAX_CELLS and not mf.exclude:
+        return [_too_many_cells(file, factors, len(mf.include), repeats, cells)]
+    return []
+
+
+def _too_many_cells(
+    file: str, factors: list[tuple[str, int]], includes: int, repeats: int, cells: int
+) -> Problem:
+    extra = f"matrix.repeats ({repeats})" if repeats > 1 else ""
+    plus = f" (+ {includes} include)" if includes else ""
+    return Problem(file, "axes", (
+        f"{_product(factors, extra)}{plus} plan {cells:,} cells, more than the {MAX_CELLS:,} "
+        "one run may have: split the matrix into several files or lower matrix.repeats"
+    ))
+
+
 # --- ids and hashes --------------------------------------------------------------------------
 
 _ABBREV = {
@@ -219,7 +278,9 @@ def _id_parts(params: dict[str, Any], varying: Sequence[str]) -> list[str]:
                                          "precision"):
             continue
         value = params[key]
-        if isinstance(value, bool):
+        if key == "hpu_mode":  # eager / lazy / compile say what they are
+            parts.append(_slug(value))
+        elif isinstance(value, bool):
             parts.append(key.replace("_", "") if value else f"no{key.replace('_', '')}")
         elif key in _ABBREV:
             parts.append(f"{_ABBREV[key]}{value}")
@@ -228,12 +289,29 @@ def _id_parts(params: dict[str, Any], varying: Sequence[str]) -> list[str]:
     return parts
 
 
+#: Fields added after cells were first hashed: left out of the hash while unset, so a cell that
+#: does not use them keeps the hash it had (``--resume`` of an older run, its history).
+HASH_OPTIONAL = frozenset({"hpu_mode", "gpu", "compute_capability"})
+
+
+def _hashed(dump: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in dump.items() if not (k in HASH_OPTIONAL and v is None)}
+
+
 def content_hash(params: CellParams, profile: HardwareProfile) -> str:
     """A short hash of everything that defines a cell's run (not its repeat)."""
     blob = json.dumps(
-        {"params": params.model_dump(), "profile": profile.model_dump()}, sort_keys=True
+        {"params": _hashed(params.model_dump()), "profile": _hashed(profile.model_dump())},
+        sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _short(group: str, digest: str) -> str:
+    """``group``, or its first characters and the hash when it is longer than MAX_ID_LENGTH."""
+    if len(group) <= MAX_ID_LENGTH:
+        return group
+    return f"{group[:MAX_ID_LENGTH - 13].rstrip('-_.')}-{digest}"
 
 
 def make_cells(
@@ -249,34 +327,13 @@ def make_cells(
         group = "-".join(_id_parts(d, varying))
         seen[group] = seen.get(group, 0) + 1
         groups.append((group, params, digest))
-    groups = [(g if seen[g] == 1 else f"{g}-{h[:6]}", p, h) for g, p, h in groups]
+    groups = [(_short(g if seen[g] == 1 else f"{g}-{h[:6]}", h), p, h) for g, p, h in groups]
     cells = [
         Cell(id=f"{g}-r{r}", group=g, repeat=r, params=p, hash=h)
         for r in range(1, repeats + 1)
         for g, p, h in groups
     ]
     return cells, varying
-
-
-#: A cell id becomes a folder name (``cells/<id>``, and ``superseded/<id>-<ms>`` on --resume):
-#: file systems allow 255 bytes; this leaves room for the suffix.
-MAX_ID_BYTES = 200
-
-
-def check_ids(cells: Sequence[Cell], varying: Sequence[str], file: str) -> list[Problem]:
-    """Cell ids too long to become folder names, with the parameter that makes them long."""
-    too_long = [c for c in cells if len(c.id.encode()) > MAX_ID_BYTES]
-    if not too_long:
-        return []
-    cell = max(too_long, key=lambda c: len(c.id.encode()))
-    values = cell.params.model_dump()
-    longest = max(varying, key=lambda k: len(str(values[k]).encode()), default="hardware")
-    return [Problem(
-        file, f"axes.{longest}",
-        f"{len(too_long)} cell ids are longer than {MAX_ID_BYTES} bytes (e.g. "
-        f"{len(cell.id.encode())} bytes: {cell.id[:60]}...); an id becomes a folder name and "
-        f"names the values that vary: shorten the values of {longest!r}",
-    )]
 
 
 # --- semantic checks -------------------------------------------------------------------------
@@ -347,11 +404,25 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
     mf, raw, text = parse_matrix_file(path)
     problems = _check_backend(mf, file, backends)
     problems += _check_profiles(mf, file)
+    name = mf.matrix.name or path.stem
+    if mf.matrix.name is None and name_problem(name):
+        problems.append(Problem(file, "matrix.name", (
+            f"the file name gives the matrix name {name!r}, which cannot be a folder name under "
+            "results/; set [matrix] name (letters, digits, '_', '.', '-')"
+        )))
+    too_big = size_problems(mf, raw, file)
+    if too_big:  # nothing is expanded: that alone could take minutes and gigabytes
+        raise ConfigError(problems + too_big)
     assignments, expand_problems = expand_assignments(mf, raw, file)
     problems += expand_problems
     problems += _check_hardware_values(mf, raw, file, assignments)
     if not assignments and not expand_problems:
         problems.append(Problem(file, "axes", "the matrix expands to no cell"))
+    cells_planned = len(assignments) * mf.matrix.repeats
+    if cells_planned > MAX_CELLS:
+        problems.append(_too_many_cells(
+            file, _factors(mf, raw), len(mf.include), mf.matrix.repeats, cells_planned
+        ))
     if problems:
         raise ConfigError(problems)
 
@@ -362,11 +433,8 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
         except ValidationError as exc:  # pragma: no cover - types were checked field by field
             raise ConfigError(f"invalid cell {assignment}: {exc}", file=file) from None
     cells, varying = make_cells(params, mf.hardware, mf.matrix.repeats)
-    id_problems = check_ids(cells, varying, file)
-    if id_problems:
-        raise ConfigError(id_problems)
     return Matrix(
-        name=mf.matrix.name or path.stem,
+        name=name,
         path=path,
         settings=mf.matrix,
         profiles=dict(mf.hardware),

@@ -3,6 +3,18 @@
 :class:`RunPaths` decides every file name of a run; :class:`CellResult` is what one cell produced.
 Tables and reports are built only from what is on disk, so any old run can be re-reported.
 
+Rules:
+
+* A matrix name and a run id become folder names, so both must match :data:`NAME_PATTERN`
+  (letters, digits, ``_ . -``, starting with a letter or digit, at most 64 characters: never
+  ``..``, a ``/`` or a hidden name). :func:`check_name` / :func:`check_run_id` are the one check,
+  used wherever a name or run id becomes a path (:meth:`RunPaths.create`, :func:`find_run`,
+  :func:`runs_of`, the matrix name, ``--run``, ``--resume``, ``clean``).
+* Every file a run writes follows the umask (a colleague's ``report`` can read it);
+  :func:`write_json` replaces files atomically.
+* Reading an old run never crashes: an unreadable ``result.json`` (truncated, unknown status)
+  is skipped with a warning; an unreadable ``plan.json`` only loses the plan order.
+
 Layout::
 
     <results>/<matrix>/<run id>/
@@ -21,18 +33,57 @@ Layout::
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
+import logging
 import os
+import re
 import secrets
-import tempfile
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, Problem
+
+log = logging.getLogger(__name__)
+
+#: Matrix names and run ids: they become folder names under the results root.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+def name_problem(value: object) -> str:
+    """Why ``value`` cannot be a matrix name or run id ('' if it can)."""
+    if not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__}"
+    if _NAME_RE.fullmatch(value):
+        return ""
+    return (f"{value!r} cannot be a folder name: use letters, digits, '_', '.' and '-' "
+            "(starting with a letter or digit, at most 64 characters)")
+
+
+def check_name(value: str, what: str = "matrix") -> str:
+    """``value`` if it is a valid matrix name; else a :class:`ConfigError` naming ``what``."""
+    problem = name_problem(value)
+    if problem:
+        raise ConfigError([Problem("", what, problem)])
+    return value
+
+
+def check_run_id(value: str, what: str = "run id (--run / --resume)") -> str:
+    """``value`` if it is a valid run id (e.g. ``20261122-031500-ab12``); else ConfigError."""
+    return check_name(value, what)
+
+
+def check_results_root(results_root: Path) -> Path:
+    """The results root, refused (ConfigError on ``--results``) when it is not a folder."""
+    root = Path(results_root)
+    if root.exists() and not root.is_dir():
+        raise ConfigError([Problem("--results", str(root), "is not a folder; give a folder "
+                                   "(created if missing) for the run folders")])
+    return root
 
 
 class Status(enum.StrEnum):
@@ -73,29 +124,89 @@ class CellResult:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CellResult:
+    def from_json(cls, data: Any) -> CellResult:
+        """A result from ``result.json``'s data; ValueError naming the field if it is not one
+        (an unknown status, a missing id, a field of the wrong type)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        known["status"] = Status(known["status"])
+        missing = [k for k in ("cell_id", "group", "repeat", "status") if k not in known]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}")
+        try:
+            known["status"] = Status(known["status"])
+        except ValueError:
+            raise ValueError(f"status: unknown status {known['status']!r} (known: "
+                             f"{', '.join(s.value for s in Status)})") from None
+        for name, kinds in _RESULT_TYPES.items():
+            if name in known and not _is(known[name], kinds):
+                raise ValueError(f"{name}: unexpected {type(known[name]).__name__} "
+                                 f"{known[name]!r}")
+        params = known.get("params", {})
+        odd = [k for k, v in params.items() if not _is(v, (str, int, float, bool, type(None)))]
+        if "gpus" in params and not _is(params["gpus"], (int,)):
+            odd.append("gpus")
+        if odd:
+            raise ValueError(f"params.{odd[0]}: unexpected value {params[odd[0]]!r}")
         return cls(**known)
 
 
+_NUMBER = (int, float)
+#: The JSON types of result.json's fields (None allowed where the field is optional).
+_RESULT_TYPES: dict[str, tuple[type, ...]] = {
+    "cell_id": (str,), "group": (str,), "repeat": (int,), "reason": (str,),
+    "exit_code": (int, type(None)), "started_at": (*_NUMBER, type(None)),
+    "finished_at": (*_NUMBER, type(None)), "duration_s": (*_NUMBER, type(None)),
+    "attempts": (int,), "params": (dict,), "metrics": (dict,), "env": (dict,),
+    "provenance": (dict,), "log_tail": (list,),
+}
+
+
+def _is(value: Any, kinds: tuple[type, ...]) -> bool:
+    return isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+
+
+def throughput_key(mode: str, kind: str = "total_ips") -> str:
+    """The DLLogger metric name for a mode: ``train.total_ips`` or ``val.total_ips``."""
+    return f"{'train' if mode == 'train' else 'val'}.{kind}"
+
+
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (a crash never leaves half a file; a failed write leaves none)."""
+    """Write JSON atomically (a crash never leaves half a file). The file follows the umask,
+    like every other file of a run (``mkstemp`` would make it 0600: unreadable to colleagues)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            # mode 0o666: the kernel applies the umask, as for any file opened with open()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:  # pragma: no cover - 32 random bits collided
+            continue
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
+            fh.write(text)
         os.replace(tmp, path)
-    except BaseException:  # a full disk: no half-written temporary file left behind
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
+    """A JSON file of a run; a missing, truncated or unreadable file is a ConfigError naming it."""
+    try:
+        # a FIFO planted in a shared results folder must not hang `report`: regular files only
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise ConfigError("not a regular file", file=str(path))
+            return json.loads(fh.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("missing (the run folder is incomplete)", file=str(path)) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"unreadable ({exc}); the file is damaged or truncated",
+                          file=str(path)) from None
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -112,9 +223,20 @@ class RunPaths:
 
     @classmethod
     def create(cls, results_root: Path, matrix_name: str, run_id: str | None = None) -> RunPaths:
-        root = Path(results_root) / matrix_name / (run_id or new_run_id())
-        root.mkdir(parents=True, exist_ok=False)
-        (root / "cells").mkdir()
+        """Make a new run folder; ConfigError for a bad name, run id or results root."""
+        check_name(matrix_name, "matrix.name")
+        run_id = check_run_id(run_id) if run_id else new_run_id()
+        root = check_results_root(results_root) / matrix_name / run_id
+        try:
+            root.mkdir(parents=True, exist_ok=False)
+            (root / "cells").mkdir()
+        except FileExistsError:
+            raise ConfigError(f"run {run_id!r} already exists under {root.parent}",
+                              field="--run") from None
+        except OSError as exc:
+            raise ConfigError([Problem("--results", str(results_root),
+                                       f"cannot create the run folder {root}: {exc.strerror}")]
+                              ) from None
         return cls(root)
 
     @property
@@ -156,14 +278,41 @@ class RunPaths:
     def cell_result(self, cell_id: str) -> Path:
         return self.cell_dir(cell_id) / "result.json"
 
+    def plan_data(self) -> dict[str, Any] | None:
+        """``plan.json``'s object; None (with a warning) when it is missing or unreadable."""
+        if not self.plan.exists():
+            return None
+        try:
+            data = read_json(self.plan)
+        except ConfigError as exc:
+            log.warning("%s; using the cells found on disk", exc)
+            return None
+        if not isinstance(data, dict):
+            log.warning("%s: not a JSON object; using the cells found on disk", self.plan)
+            return None
+        return data
+
     def results(self) -> list[CellResult]:
-        """Every cell result on disk, in plan order where a plan exists."""
-        order: list[str] = []
-        if self.plan.exists():
-            order = [c["id"] for c in read_json(self.plan)["cells"]]
+        """Every cell result on disk, in plan order where a plan exists.
+
+        A result that cannot be read (truncated, unknown status, wrong types) is skipped with a
+        warning: one damaged file never hides the rest of a run.
+        """
+        plan = self.plan_data() or {}
+        listed = plan.get("cells")
+        cells = listed if isinstance(listed, list) else []
+        order = [c["id"] for c in cells if isinstance(c, dict) and isinstance(c.get("id"), str)]
         found = {p.parent.name: p for p in (self.root / "cells").glob("*/result.json")}
         ids = [i for i in order if i in found] + sorted(set(found) - set(order))
-        return [CellResult.from_json(read_json(found[i])) for i in ids]
+        out = []
+        for cell_id in ids:
+            try:
+                out.append(CellResult.from_json(read_json(found[cell_id])))
+            except ConfigError as exc:
+                log.warning("skipping cell %s: %s", cell_id, exc)
+            except ValueError as exc:
+                log.warning("skipping cell %s: %s: %s", cell_id, found[cell_id], exc)
+        return out
 
 
 def parse_metric_lines(text: str) -> list[dict[str, Any]]:
@@ -184,8 +333,10 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
 
 def find_run(results_root: Path, matrix_name: str, run_id: str | None = None) -> RunPaths:
     """A run folder: ``run_id`` or the newest run of the matrix."""
-    base = Path(results_root) / matrix_name
-    if run_id:
+    check_name(matrix_name, "matrix")
+    base = check_results_root(results_root) / matrix_name
+    if run_id is not None:
+        check_run_id(run_id)
         root = base / run_id
         if not root.is_dir():
             raise ConfigError(f"no run {run_id!r} under {base}", field="run")
@@ -197,8 +348,15 @@ def find_run(results_root: Path, matrix_name: str, run_id: str | None = None) ->
 
 
 def runs_of(results_root: Path, matrix_name: str) -> list[RunPaths]:
-    """Every finished-or-not run of a matrix, oldest first (run ids sort by time)."""
-    base = Path(results_root) / matrix_name
+    """Every finished-or-not run of a matrix, oldest first (run ids sort by time).
+
+    Entries that are not run folders (a stray file, a hidden or oddly named folder) are left out.
+    """
+    check_name(matrix_name, "matrix")
+    base = check_results_root(results_root) / matrix_name
     if not base.is_dir():
         return []
-    return [RunPaths(p) for p in sorted(base.iterdir()) if (p / "plan.json").exists()]
+    return [
+        RunPaths(p) for p in sorted(base.iterdir())
+        if not name_problem(p.name) and p.is_dir() and (p / "plan.json").is_file()
+    ]

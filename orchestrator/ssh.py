@@ -10,6 +10,9 @@ Safety rules:
 * Host keys are verified against known_hosts; an unknown key is refused with a
   :class:`UnknownHostKey` saying how to trust it, unless ``trust_on_first_use`` is set (then the
   key is recorded in known_hosts and a warning is logged). A changed key is always refused.
+  A known_hosts line paramiko cannot read is refused naming the file and the line.
+* A key file written in the inventory that is missing, unreadable or not a private key is a
+  :class:`HostError` naming the file (not "unreachable": another host would not help).
 * Commands are argv lists; every word is ``shlex.quote``-d, so no user string reaches the remote
   shell unquoted. Environment variables travel as ``env NAME=VALUE`` words, not via ``AcceptEnv``.
 * Every command runs as the leader of its own process group (``setsid``; the remote login shell
@@ -76,6 +79,39 @@ def build_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     # setsid makes the command lead a fresh process group (-w: keep its exit status); sshd already
     # gives each session its own group, so hosts without setsid still work.
     return f"if command -v setsid >/dev/null 2>&1; then exec setsid -w {tail}; else exec {tail}; fi"
+
+
+def key_file_problem(path: Path) -> str:
+    """Why ``path`` cannot be used as an SSH private key ('' when it can).
+
+    A key protected by a passphrase counts as usable (ssh-agent may hold it).
+    """
+    try:
+        if not path.is_file():
+            return (f"key file {path} does not exist" if not path.exists()
+                    else f"key file {path} is not a file")
+        with path.open("rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        return f"cannot read key file {path}: {exc.strerror or exc}"
+    try:
+        paramiko.PKey.from_path(str(path))
+    except paramiko.PasswordRequiredException:
+        return ""
+    except Exception as exc:  # paramiko and cryptography raise several types for a bad key
+        return f"key file {path} is not a private key paramiko can read ({exc})"
+    return ""
+
+
+def _line_number(path: Path, line: str) -> int | None:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for number, text in enumerate(lines, 1):
+        if text.strip() == line:
+            return number
+    return None
 
 
 class _RefuseUnknownKey(paramiko.MissingHostKeyPolicy):
@@ -357,22 +393,20 @@ class SshHost:
         if self.connected:
             return self
         t = self.target
+        where = f"host {t.name} ({t.display})"
+        key_files = self._usable_key_files(where)
         client = paramiko.SSHClient()
         if self.known_hosts.is_file():
-            try:
-                client.load_host_keys(str(self.known_hosts))
-            except (OSError, paramiko.SSHException) as exc:
-                raise HostError(f"cannot read known_hosts {self.known_hosts}: {exc}") from None
+            self._load_known_hosts(client, where)
         policy_cls = _TrustOnFirstUse if self.trust_on_first_use else _RefuseUnknownKey
         client.set_missing_host_key_policy(policy_cls(t, self.known_hosts))
-        where = f"host {t.name} ({t.display})"
         try:
             client.connect(
                 t.hostname,
                 port=t.port,
                 username=t.user,
                 # paramiko takes a list of key files; its stubs say one str
-                key_filename=list(t.key_files) or None,  # type: ignore[arg-type]
+                key_filename=key_files or None,  # type: ignore[arg-type]
                 allow_agent=t.allow_agent,
                 look_for_keys=not t.key_files,
                 timeout=self.connect_timeout,
@@ -418,6 +452,37 @@ class SshHost:
         self._client = client
         log.debug("connected to %s", where)
         return self
+
+    def _usable_key_files(self, where: str) -> list[str]:
+        """The key files to offer. A key file written in the inventory must be a readable
+        private key (else :class:`HostError` naming it); IdentityFile entries of the ssh config
+        that do not exist are passed over, as OpenSSH does."""
+        usable = []
+        for path in self.target.key_files:
+            problem = key_file_problem(Path(path))
+            if not problem:
+                usable.append(path)
+            elif self.target.key_file_required or Path(path).exists():
+                raise HostError(f"{where}: {problem}; check key_file in the hosts file")
+            else:
+                log.debug("%s: IdentityFile %s does not exist; passed over", self.name, path)
+        return usable
+
+    def _load_known_hosts(self, client: paramiko.SSHClient, where: str) -> None:
+        path = self.known_hosts
+        try:
+            client.load_host_keys(str(path))
+        except paramiko.hostkeys.InvalidHostKey as exc:
+            line = str(exc.line).strip()
+            number = _line_number(path, line)
+            at = f"line {number}" if number else "a line"
+            raise HostError(
+                f"{where}: known_hosts {path}: {at} is corrupt ({line[:60]!r}: {exc.exc}); "
+                f"fix or delete that line (`ssh-keygen -R HOST -f {path}` removes a host's "
+                f"lines), then add the key again with ssh-keyscan"
+            ) from None
+        except (OSError, ValueError, paramiko.SSHException) as exc:
+            raise HostError(f"{where}: cannot read known_hosts {path}: {exc}") from None
 
     def close(self) -> None:
         """Close the connection (idempotent)."""

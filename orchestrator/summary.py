@@ -3,6 +3,11 @@
 One row per cell group (a cell without its repeat): the median over the repeats that ended ok,
 the spread (min..max), and where the matrix has a ``gpus`` axis, speedup and scaling efficiency
 against the 1-GPU group with otherwise equal parameters.
+
+Comparisons stay within one software stack: a ratio to a baseline row or a speedup between rows
+whose cells ran on different stacks (:func:`stack_key`: torch, torchvision, CUDA, cuDNN, the NGC
+release, Gaudi software, as each result.json's ``env`` records them) is marked as a cross-stack
+comparison that names what differs (``cross-stack: torch 2.1.0 vs 2.4.0``), never a bare ratio.
 """
 
 from __future__ import annotations
@@ -16,12 +21,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from orchestrator.results import CellResult, RunPaths, Status, read_json
-
-
-def throughput_key(mode: str, kind: str = "total_ips") -> str:
-    """The DLLogger metric name for a mode: ``train.total_ips`` or ``val.total_ips``."""
-    return f"{'train' if mode == 'train' else 'val'}.{kind}"
+from orchestrator.results import CellResult, RunPaths, Status, throughput_key
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -48,6 +48,10 @@ class GroupRow:
     speedup: float | None = None
     efficiency: float | None = None
     ratio: float | None = None  # vs the --baseline row (e.g. Bitfusion / native)
+    #: The software stacks its ok cells ran on (:func:`stack_key`), distinct, in order.
+    stacks: list[StackKey] = field(default_factory=list)
+    #: "ratio" / "speedup" -> what differs from the row it is compared with (cross-stack only).
+    cross_stack: dict[str, str] = field(default_factory=dict)
 
     def csv_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"group": self.group, **self.params}
@@ -58,8 +62,39 @@ class GroupRow:
             compute_images_per_s=self.compute_ips, latency_p50_ms=self.latency_p50_ms,
             latency_p99_ms=self.latency_p99_ms, loss=self.loss, speedup=self.speedup,
             efficiency=self.efficiency, ratio_vs_baseline=self.ratio,
+            cross_stack="; ".join(f"{k}: {v}" for k, v in sorted(self.cross_stack.items())),
         )
         return row
+
+
+#: A cell's software stack: (part, version) of each :data:`STACK_FIELDS` part its env records.
+StackKey = tuple[tuple[str, str], ...]
+#: The parts of a software stack a comparison must hold equal: (name shown, key in ``env``).
+STACK_FIELDS: tuple[tuple[str, str], ...] = (
+    ("torch", "torch_version"), ("torchvision", "torchvision_version"),
+    ("CUDA", "cuda_version"), ("cuDNN", "cudnn_version"), ("NGC", "container_release"),
+    ("Gaudi software", "habana_version"),
+)
+
+
+def stack_key(result: CellResult) -> StackKey:
+    """The software stack ``result`` ran on, as far as its env (the workload's account) says."""
+    env = result.env if isinstance(result.env, dict) else {}
+    return tuple((name, str(env[key])) for name, key in STACK_FIELDS
+                 if env.get(key) not in (None, ""))
+
+
+def stack_difference(row: GroupRow, ref: GroupRow) -> str:
+    """What differs between the stacks of ``row`` and ``ref`` (``torch 2.1.0 vs 2.4.0, CUDA
+    12.2 vs 12.4``; parts only one side records are not compared), or '' if nothing does."""
+    parts: dict[str, tuple[set[str], set[str]]] = {}
+    for side, keys in ((0, row.stacks), (1, ref.stacks)):
+        for key in keys:
+            for name, version in key:
+                parts.setdefault(name, (set(), set()))[side].add(version)
+    shown = [f"{name} {'/'.join(sorted(mine))} vs {'/'.join(sorted(theirs))}"
+             for name, (mine, theirs) in parts.items() if mine and theirs and mine != theirs]
+    return ", ".join(shown)
 
 
 def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
@@ -72,6 +107,8 @@ def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
         row.statuses[res.status.value] = row.statuses.get(res.status.value, 0) + 1
         if res.status is Status.OK:
             ok_by_group.setdefault(res.group, []).append(res)
+            if stack_key(res) not in row.stacks:
+                row.stacks.append(stack_key(res))
     for row in rows.values():
         ok = ok_by_group.get(row.group, [])
         row.ok = len(ok)
@@ -81,14 +118,22 @@ def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
         if ips:
             row.ips, row.ips_min, row.ips_max = statistics.median(ips), min(ips), max(ips)
         row.compute_ips = _median(r.metrics.get(throughput_key(mode, "compute_ips")) for r in ok)
-        if mode != "train":
-            for pct, attr in ((50, "latency_p50_ms"), (99, "latency_p99_ms")):
-                sec = _median(r.metrics.get(f"val.compute_latency_at{pct}") for r in ok)
-                setattr(row, attr, None if sec is None else sec * 1000.0)
-        else:
+        # inference latency: infer cells, and training runs with a validation pass (DLE's)
+        for pct, attr in ((50, "latency_p50_ms"), (99, "latency_p99_ms")):
+            sec = _median(r.metrics.get(f"val.compute_latency_at{pct}") for r in ok)
+            setattr(row, attr, None if sec is None else sec * 1000.0)
+        if mode == "train":
             row.loss = _median(r.metrics.get("train.loss") for r in ok)
     _scaling(list(rows.values()))
     return list(rows.values())
+
+
+def param_matches(value: Any, text: str) -> bool:
+    """Whether a parameter's value is what ``KEY=TEXT`` names: ``cuda_graphs=false`` matches
+    False (a bool is written as TOML writes it), ``gpus=1`` matches 1."""
+    if isinstance(value, bool):
+        return text.strip().lower() == ("true" if value else "false")
+    return str(value) == text
 
 
 def _baselines(rows: Sequence[GroupRow], key: str, value: str
@@ -98,9 +143,15 @@ def _baselines(rows: Sequence[GroupRow], key: str, value: str
     def others(row: GroupRow) -> str:
         return repr(sorted((k, v) for k, v in row.params.items() if k != key))
 
-    base = {others(r): r for r in rows if str(r.params.get(key)) == value and r.ips}
+    base = {others(r): r for r in rows if param_matches(r.params.get(key), value) and r.ips}
     return [(row, base[others(row)]) for row in rows
             if row.ips is not None and others(row) in base]
+
+
+def _mark_cross_stack(row: GroupRow, ref: GroupRow, what: str) -> None:
+    difference = stack_difference(row, ref)
+    if difference:
+        row.cross_stack[what] = difference
 
 
 def _scaling(rows: list[GroupRow]) -> None:
@@ -110,6 +161,7 @@ def _scaling(rows: list[GroupRow]) -> None:
     for row, ref in _baselines(rows, "gpus", "1"):
         row.speedup = _ips_ratio(row, ref)
         row.efficiency = row.speedup / row.params["gpus"]
+        _mark_cross_stack(row, ref, "speedup")
 
 
 def _ips_ratio(row: GroupRow, ref: GroupRow) -> float:
@@ -121,11 +173,13 @@ def _ips_ratio(row: GroupRow, ref: GroupRow) -> float:
 def add_ratios(rows: Sequence[GroupRow], key: str, value: str) -> int:
     """Ratio of each row's images/s to the row with ``key = value`` and otherwise equal params.
 
-    E.g. ``hardware=v100`` gives Bitfusion/native. Returns how many rows got a ratio.
+    E.g. ``hardware=v100`` gives Bitfusion/native. A pair that ran on different software stacks
+    is marked (``row.cross_stack["ratio"]``). Returns how many rows got a ratio.
     """
     pairs = _baselines(rows, key, value)
     for row, ref in pairs:
         row.ratio = _ips_ratio(row, ref)
+        _mark_cross_stack(row, ref, "ratio")
     return len(pairs)
 
 
@@ -164,7 +218,8 @@ def render_table(
     if not rows:
         return "(no results)"
     cols = varying_params(rows, plan_varying)
-    infer = any(r.params.get("mode") == "infer" for r in rows)
+    infer = any(r.params.get("mode") == "infer" or r.latency_p50_ms is not None
+                or r.latency_p99_ms is not None for r in rows)
     scaling = any(r.speedup is not None for r in rows)
     headers = [*cols, "ok", "images/s (median)", "min..max"]
     if scaling:
@@ -180,13 +235,19 @@ def render_table(
         line += [f"{r.ok}/{r.runs}", _fmt(r.ips),
                  f"{_fmt(r.ips_min)}..{_fmt(r.ips_max)}" if r.ips is not None else ""]
         if scaling:
-            line += [_fmt(r.speedup, 2), "" if r.efficiency is None else f"{r.efficiency:.0%}"]
+            line += [_fmt(r.speedup, 2) + _cross_note(r, "speedup"),
+                     "" if r.efficiency is None else f"{r.efficiency:.0%}"]
         if infer:
             line += [_fmt(r.latency_p50_ms, 2), _fmt(r.latency_p99_ms, 2)]
         if ratios:
-            line.append("" if r.ratio is None else f"{r.ratio:.2f}x")
+            line.append("" if r.ratio is None else f"{r.ratio:.2f}x" + _cross_note(r, "ratio"))
         table.append(line)
     return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def _cross_note(row: GroupRow, what: str) -> str:
+    note = row.cross_stack.get(what)
+    return f" (cross-stack: {note})" if note else ""
 
 
 def render_csv(rows: Sequence[GroupRow]) -> str:
@@ -223,11 +284,10 @@ def write_summary(
     ``results``: the run's results when the caller has just read them (else read from disk).
     """
     rows = summarize(paths.results() if results is None else results)
-    plan_varying: list[str] = []
-    if paths.plan.exists():
-        plan = read_json(paths.plan)
-        plan_varying = plan.get("varying", [])
-        baseline = baseline or plan.get("baseline")
+    plan = paths.plan_data() or {}  # a damaged plan.json only loses its column order
+    varying = plan.get("varying")
+    plan_varying = [k for k in varying if isinstance(k, str)] if isinstance(varying, list) else []
+    baseline = baseline or (plan.get("baseline") if isinstance(plan.get("baseline"), str) else None)
     base = parse_baseline(baseline)
     if base:
         add_ratios(rows, *base)

@@ -1,8 +1,9 @@
 """The sweep pipeline, top to bottom.
 
-``load -> expand -> filter`` (:mod:`orchestrator.matrix`, called by the CLI), then
-:func:`run_sweep`: ``pick backend -> open run -> prepare (build images, reach hosts) -> run cells
--> finish run (unrun cells recorded, tables and plot written)``.
+``load -> expand -> check -> filter`` (:mod:`orchestrator.matrix`, :mod:`orchestrator.checks`,
+called by the CLI), then :func:`run_sweep`: ``refuse what cannot run -> pick backend -> open run
+-> prepare (build images, reach hosts) -> run cells -> finish run (unrun cells recorded, tables
+and plot written)``.
 
 Each step is a plain function over plain values. Running cells (:func:`run_cells`): a cell starts
 as soon as the backend can place it (:func:`place`, through
@@ -16,8 +17,8 @@ Every cell given to a sweep ends with exactly one result, on disk: a worker that
 not stop after an interrupt gives a failed result; a result that cannot be written when its cell
 ends (a full disk) is written again by :func:`finish_run`, and one that still cannot be is
 counted from memory and named in :attr:`SweepOutcome.problems` (the CLI prints it, exit 1). A
-results folder that cannot take a run folder at all is a
-:class:`~orchestrator.errors.ResultsError` before anything runs.
+results folder that cannot take a run folder at all is a ConfigError on ``--results`` (exit 2)
+before anything runs.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from typing import Any, Protocol
 from orchestrator import __version__
 from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions, git_revision
+from orchestrator.checks import refuse_unrunnable
 from orchestrator.engine import controller_id
-from orchestrator.errors import ConfigError, OrchestratorError, Problem, ResultsError
+from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
 from orchestrator.redact import missing_references, redact_toml
@@ -144,10 +146,14 @@ def run_sweep(
     ``lock_timeout_s``: how long a cell waits for GPUs another sweep holds (None: as long as it
     takes; :mod:`orchestrator.locks`).
 
-    The steps: pick the backend -> open the run -> prepare the backend -> run the cells ->
-    finish the run (unrun cells recorded, tables and plot written).
+    The steps: refuse what cannot run (:mod:`orchestrator.checks`) -> pick the backend -> open
+    the run -> prepare the backend -> run the cells -> finish the run (unrun cells recorded,
+    tables and plot written).
     """
     events = events or NullEvents()
+    # what cannot run is refused before a run folder exists (the baseline is the CLI's to check:
+    # a --only subset may leave out its rows)
+    refuse_unrunnable(matrix, backend_for(matrix, backend_name), comparisons=False)
     name, cls = pick_backend(matrix, backend_name)
     check_references(matrix)
     run = open_run(matrix, name, results_root, resume)
@@ -210,7 +216,8 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
     earlier run with the cells that did not end ok (their old files archived).
 
     A results folder that cannot be written (read-only, full, a file, no permission) is a
-    :class:`~orchestrator.errors.ResultsError` saying so; a new run's partial folder is removed.
+    ConfigError on ``--results`` saying why (as :meth:`RunPaths.create` reports one it cannot
+    make the folder in); a new run's partial folder is removed.
     """
     if resume is not None:
         return _reopen_run(matrix, backend, results_root, resume)
@@ -233,21 +240,17 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
             shutil.rmtree(paths.root, ignore_errors=True)
             with contextlib.suppress(OSError):
                 root.rmdir()  # the matrix's folder, when this run was its first
-        raise ResultsError(f"cannot create a run folder under {root}: {_os_error(exc)}; "
-                           "choose a writable folder with --results") from None
+        raise _unwritable(results_root, f"cannot write the run folder under {root}: "
+                          f"{_os_error(exc)}; choose a writable folder") from None
     return OpenRun(paths, list(matrix.cells), meta, new=True)
 
 
 def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -> OpenRun:
     """``--resume``: an earlier run's folder and the cells of it that did not end ok."""
     paths = find_run(results_root, matrix.name, resume or None)
-    try:
-        meta = read_json(paths.run_meta)
-        if not isinstance(meta, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError) as exc:  # damaged by a crash: a new one, with a warning
-        log.warning("%s is damaged (%s); writing a new one", paths.run_meta, exc)
-        meta = {"run_id": paths.run_id, "matrix": matrix.name, "backend": backend}
+    meta = read_json(paths.run_meta)  # damaged: a ConfigError naming it
+    if not isinstance(meta, dict):
+        raise ConfigError("not a JSON object; the file is damaged", file=str(paths.run_meta))
     try:
         cells = cells_to_resume(paths, matrix)
         meta.setdefault("resumed", []).append(
@@ -255,9 +258,13 @@ def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -
              "controller": controller_id()})
         write_json(paths.run_meta, meta)
     except OSError as exc:
-        raise ResultsError(f"cannot resume run {paths.run_id} in {paths.root}: "
-                           f"{_os_error(exc)}") from None
+        raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
+                          f"{_os_error(exc)}") from None
     return OpenRun(paths, cells, meta, new=False)
+
+
+def _unwritable(results_root: Path, message: str) -> ConfigError:
+    return ConfigError([Problem("--results", str(results_root), message)])
 
 
 def _os_error(exc: OSError) -> str:
@@ -377,7 +384,7 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
     """
     try:
         planned = {c["id"]: c["hash"] for c in read_json(paths.plan)["cells"]}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
         raise ConfigError(f"the plan of run {paths.run_id} cannot be read ({exc}); start a new "
                           "run instead of --resume", file=str(paths.plan)) from None
     changed = [c.id for c in matrix.cells if planned.get(c.id) != c.hash]
@@ -400,11 +407,11 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
 
 def _ended_ok(result: Path) -> bool:
     """Whether ``result`` is a readable result.json saying ok."""
+    if not result.exists():
+        return False
     try:
         data = read_json(result)
-    except FileNotFoundError:
-        return False
-    except (OSError, ValueError) as exc:
+    except ConfigError as exc:
         log.warning("%s cannot be read (%s): the cell runs again", result, exc)
         return False
     return isinstance(data, dict) and data.get("status") == Status.OK.value

@@ -149,7 +149,7 @@ def test_sweep_in_containers_builds_once_and_cleans_up(docker_client, base_image
         [axes]
         precision = ["fp32", "bf16"]
         [[include]]
-        arch = "no_such_model"
+        data = "/no/such_dataset"
     """, cpu_profile=False)
     logs: list[str] = []
 
@@ -172,7 +172,7 @@ def test_sweep_in_containers_builds_once_and_cleans_up(docker_client, base_image
         # the workload wrote its files through the mounted cell folder
         assert (outcome.paths.cell_dir(r.cell_id) / "iterations.csv").is_file()
     (bad,) = [r for r in outcome.results if r.status is not Status.OK]
-    assert "no_such_model" in bad.reason
+    assert "/no/such_dataset" in bad.reason
     assert run_containers(docker_client, outcome.paths.run_id) == []
     assert len([m for m in logs if m.startswith("image ")]) == 1  # one image for three cells
 

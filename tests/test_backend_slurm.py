@@ -281,7 +281,7 @@ def test_sweep_runs_cells_as_jobs(write_matrix, tmp_path, no_jobs_left):
         [axes]
         precision = ["fp32", "bf16"]
         [[include]]
-        arch = "no_such_model"
+        data = "/no/such_dataset"
         [[include]]
         gpus = 8
         hardware = "a100"
@@ -322,7 +322,7 @@ def test_sweep_runs_cells_as_jobs(write_matrix, tmp_path, no_jobs_left):
     assert len(job_ids) == 2
 
     (bad,) = by_status[Status.FAILED]
-    assert "no_such_model" in bad.reason and "exit code" in bad.reason
+    assert "/no/such_dataset" in bad.reason and "exit code" in bad.reason
     assert bad.provenance["slurm_state"] == "FAILED" and bad.log_tail
 
     (unplaceable,) = by_status[Status.UNPLACEABLE]

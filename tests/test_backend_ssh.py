@@ -295,7 +295,7 @@ def test_sweep_over_two_hosts(
     a, b = two_hosts
     hosts = write_hosts(tmp_path, [a, b], [[0, 1], [0]])
     matrix = load_matrix(write_matrix_file(
-        tmp_path, '[axes]\nseed = [1, 2, 3]\n[[include]]\narch = "no_such_arch"\nseed = 9\n',
+        tmp_path, '[axes]\nseed = [1, 2, 3]\n[[include]]\ndata = "/no/such_dataset"\nseed = 9\n',
         base=base_image))
     events = Recorder()
     t0 = time.monotonic()
@@ -303,7 +303,7 @@ def test_sweep_over_two_hosts(
                         hosts_file=hosts, events=events)
     took = time.monotonic() - t0
     by_id = {r.cell_id: r for r in outcome.results}
-    bad = next(c.id for c in matrix.cells if c.params.arch == "no_such_arch")
+    bad = next(c.id for c in matrix.cells if c.params.data == "/no/such_dataset")
     assert by_id.pop(bad).status is Status.FAILED
     assert {r.status for r in by_id.values()} == {Status.OK}, [r.reason for r in by_id.values()]
 

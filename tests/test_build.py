@@ -165,9 +165,11 @@ def test_cli_unknown_variable_is_a_clean_error(capsys: pytest.CaptureFixture[str
 
 def test_cli_render_writes_context(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "ctx"
-    code = cli.main(["images", "render", "habana", "--set", "lazy_mode=false", "--out", str(out)])
+    code = cli.main(["images", "render", "habana", "--set", "os=ubuntu24.04", "--out", str(out)])
     assert code == 0
-    assert "PT_HPU_LAZY_MODE=0" in (out / "Dockerfile").read_text()
+    dockerfile = (out / "Dockerfile").read_text()
+    assert "/ubuntu24.04/habanalabs/" in dockerfile
+    assert "ENV PT_HPU_LAZY_MODE" not in dockerfile  # the Gaudi mode is per cell
     assert (out / "workload").is_dir()
 
 
@@ -270,7 +272,7 @@ def test_failing_build_names_the_step(
     (root / "broken").mkdir(parents=True)
     (root / "broken" / "template.toml").write_text(
         'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "{{ base_image }}"\n'
-        '[variables.base_image]\ntype = "str"\ndefault = ""\n'
+        '[variables.base_image]\ntype = "str"\nkind = "image_ref"\ndefault = ""\n'
     )
     (root / "broken" / "Dockerfile.j2").write_text(
         "FROM {{ base }}\nRUN echo preparing\nRUN echo about to fail && exit 3\nRUN echo never\n"

@@ -7,6 +7,7 @@ UPDATE_GOLDEN=1 to rewrite them after an intended template change (then review t
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
             "base_image": "registry.lab.example/nvidia/pytorch:23.10-py3",
             "install_dir": "/srv/bench",
             "apt_packages": ["numactl", "infiniband-diags"],
-            "pip_packages": ["nvidia-ml-py"],
+            "pip_packages": ["nvidia-ml-py", "numpy<2"],
         },
     },
     "bitfusion": {
@@ -45,7 +46,6 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
         "overrides": {
             "synapse_version": "1.17.1",
             "torch_version": "2.3.1",
-            "lazy_mode": False,
             "install_dir": "/srv/bench",
         },
     },
@@ -110,7 +110,7 @@ def test_check_vars_reports_unknown_and_wrong_types() -> None:
     assert "base_tag" in messages[0] and "apt_packages" in messages[0]
     assert "'apt_packages'" in messages[1] and "expected list of strings" in messages[1]
     assert "'base_tag'" in messages[2] and "expected str" in messages[2]
-    assert images.check_vars("habana", {"lazy_mode": False}) == []
+    assert images.check_vars("habana", {"install_dir": "/srv"}) == []
     assert images.check_vars("singularity", {"threads": True}) != []  # a bool is not an int
 
 
@@ -125,14 +125,14 @@ def test_coerce_set_parses_by_declared_type() -> None:
         "threads": 4,
         "bootstrap": "docker-daemon",
     }
-    assert images.coerce_set("habana", ["lazy_mode=no"]) == {"lazy_mode": False}
-    assert images.coerce_set("habana", ["lazy_mode=TRUE"]) == {"lazy_mode": True}
     assert images.coerce_set("ngc-pytorch", ["apt_packages=git, numactl", "pip_packages="]) == {
         "apt_packages": ["git", "numactl"],
         "pip_packages": [],
     }
     # '=' inside the value is kept
-    assert images.coerce_set("ngc-pytorch", ["base_image=a/b:c=d"]) == {"base_image": "a/b:c=d"}
+    assert images.coerce_set("ngc-pytorch", ["pip_packages=numpy==1.26"]) == {
+        "pip_packages": ["numpy==1.26"]
+    }
 
 
 def test_coerce_set_reports_every_problem() -> None:
@@ -149,6 +149,23 @@ def _write_template(root: Path, name: str, body: str, manifest: str) -> None:
     (root / name).mkdir(parents=True)
     (root / name / "Dockerfile.j2").write_text(body)
     (root / name / "template.toml").write_text(manifest)
+
+
+def test_bool_variables_check_and_coerce(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    """No shipped template has a bool variable now (Gaudi's lazy mode became per cell): a
+    template of the test's own has one."""
+    _write_template(
+        tmp_path, "flags", "FROM {{ base }}\nENV X={{ 1 if fast else 0 }}\n",
+        'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "debian:bookworm"\n'
+        '[variables.fast]\ntype = "bool"\ndefault = true\n',
+    )
+    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    assert images.check_vars("flags", {"fast": False}) == []
+    assert images.check_vars("flags", {"fast": "yes"}) != []
+    assert images.coerce_set("flags", ["fast=no"]) == {"fast": False}
+    assert images.coerce_set("flags", ["fast=TRUE"]) == {"fast": True}
+    assert "ENV X=0" in images.render_text("flags", {"fast": False})
 
 
 def test_strict_undefined_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,7 +272,8 @@ def test_child_inherits_forwarded_variables_from_its_parent(
     monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
     parent_manifest = (
         'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "debian:{{ tag }}"\n'
-        '[variables.tag]\ntype = "str"\ndefault = "bookworm"\ndescription = "Debian release"\n'
+        '[variables.tag]\ntype = "str"\nkind = "image_tag"\ndefault = "bookworm"\n'
+        'description = "Debian release"\n'
     )
     _write_template(tmp_path, "base", "FROM {{ base }}\n", parent_manifest)
     _write_template(
@@ -264,7 +282,7 @@ def test_child_inherits_forwarded_variables_from_its_parent(
         "FROM {{ base }}\n",
         'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "{{ parent_image }}"\n'
         '[parent]\ntemplate = "base"\nvariable = "parent_image"\nforward = ["tag"]\n'
-        '[variables.parent_image]\ntype = "str"\ndefault = ""\n',
+        '[variables.parent_image]\ntype = "str"\nkind = "image_ref"\ndefault = ""\n',
     )
     tag = images.load_template("child").variables["tag"]
     assert (tag.type, tag.default) == ("str", "bookworm")
@@ -291,10 +309,168 @@ def test_parent_cycle_is_a_config_error(tmp_path: Path, monkeypatch: pytest.Monk
             "FROM {{ base }}\n",
             'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "{{ p }}"\n'
             f'[parent]\ntemplate = "{other}"\nvariable = "p"\n'
-            '[variables.p]\ntype = "str"\ndefault = ""\n',
+            '[variables.p]\ntype = "str"\nkind = "image_ref"\ndefault = ""\n',
         )
     with pytest.raises(ConfigError, match=r"parent.template: cycle: a -> b -> a"):
         images.load_template("a")
     (tmp_path / "b" / "template.toml").unlink()  # b is no template any more
     with pytest.raises(ConfigError, match=r"parent.template: no template 'b'"):
         images.load_template("a")
+
+
+# --------------------------------------------------------------------------- injection
+
+#: Values a hostile or careless user might give any variable.
+PAYLOADS = {
+    "newline": "x\nRUN touch /pwned",
+    "cr": "x\rRUN touch /pwned",
+    "semicolon": "x; touch /pwned",
+    "subshell": "$(touch /pwned)",
+    "backtick": "`touch /pwned`",
+    "space": "x y",
+    "single_quote": "x'y",
+    "double_quote": 'x"y',
+    "option": "--index-url=http://evil.example/simple",
+    "dollar": "$HOME",
+}
+#: Kinds that admit anything on one line (host paths, free text).
+_ONE_LINE_KINDS = {"host_path", "text"}
+
+
+def _variable_cases() -> list[tuple[str, str, str]]:
+    return [
+        (name, vname, payload)
+        for name in sorted(CASES)
+        for vname, var in images.load_template(name).variables.items()
+        if var.type in ("str", "list")
+        for payload in PAYLOADS
+    ]
+
+
+@pytest.mark.parametrize(("name", "vname", "payload"), _variable_cases())
+def test_no_variable_lets_a_value_add_a_line_or_run_a_command(
+    name: str, vname: str, payload: str
+) -> None:
+    template = images.load_template(name)
+    var = template.variables[vname]
+    text = PAYLOADS[payload]
+    value: Any = [text] if var.type == "list" else text
+    messages = template.check({vname: value})
+    one_line = "\n" not in text and "\r" not in text
+    if var.kind in _ONE_LINE_KINDS and one_line:
+        assert messages == []  # a host path may have spaces or quotes: it is never pasted
+        base = dict(CASES[name]["defaults"])
+        rendered = images.render_text(name, {**base, vname: value})
+        plain = images.render_text(name, base)
+        assert rendered.count("\n") == plain.count("\n")
+        changed = set(rendered.splitlines()) - set(plain.splitlines())
+        # only file variables exist of these kinds: they enter as a sanitized file name
+        assert all(re.fullmatch(r"COPY [A-Za-z0-9._+-]+ /\S+", line) for line in changed), changed
+    else:
+        assert len(messages) == 1 and f"'{vname}'" in messages[0], messages
+        with pytest.raises(ConfigError) as err:
+            images.coerce_set(name, [f"{vname}={text}"])
+        assert err.value.problems[0].field == vname
+        assert err.value.problems[0].file == "--set"
+
+
+def test_every_str_and_list_variable_declares_a_kind() -> None:
+    for name in images.template_names():
+        for vname, var in images.load_template(name).variables.items():
+            if var.type in ("str", "list"):
+                assert var.kind in images.KIND_PATTERNS, (name, vname)
+
+
+@pytest.mark.parametrize(("vname", "value", "quoted"), [
+    ("pip_packages", ["numpy<2", "foo[bar,baz]>=1.0,<2"], "'numpy<2' 'foo[bar,baz]>=1.0,<2'"),
+    ("apt_packages", ["libfoo:amd64", "numactl=2.0.14-3"], "libfoo:amd64 numactl=2.0.14-3"),
+])
+def test_list_items_are_quoted_in_shell_lines(vname: str, value: list[str], quoted: str) -> None:
+    rendered = images.render_text("ngc-pytorch", {vname: value})
+    assert quoted in rendered
+
+
+@pytest.mark.parametrize(("name", "values"), [
+    ("ngc-pytorch", {"base_image": "registry.lab:5000/nvidia/pytorch:23.10-py3"}),
+    ("ngc-pytorch", {"base_image": "orchestrate-test/base:bookworm-torch2.14.1"}),
+    ("ngc-pytorch", {"base_image": "nvcr.io/nvidia/pytorch@sha256:" + "0" * 64}),
+    ("habana", {"synapse_version": "1.17.1", "os": "ubuntu24.04", "torch_version": "2.3.1"}),
+    ("singularity", {"bootstrap": "docker-daemon", "threads": 1024}),
+    ("bitfusion", {"parent_image": PARENT, "client_deb": "~/Downloads/Bitfusion Client.deb"}),
+])
+def test_real_values_are_accepted(name: str, values: dict[str, Any]) -> None:
+    assert images.check_vars(name, values) == []
+
+
+@pytest.mark.parametrize(("name", "values", "needle"), [
+    ("singularity", {"threads": -1}, "less than the minimum 0"),
+    ("singularity", {"threads": 100000}, "more than the maximum 1024"),
+    ("singularity", {"bootstrap": "shell"}, "does not match the pattern"),
+    ("habana", {"synapse_version": "1.18.0+hack"}, "does not match the pattern"),
+    ("habana", {"os": "Ubuntu"}, "does not match the pattern"),
+    ("ngc-pytorch", {"base_image": "UPPER/case"}, "not a valid image_ref"),
+    ("ngc-pytorch", {"apt_packages": ["-o", "APT::x=1"]}, "not a valid apt_package"),
+    ("ngc-pytorch", {"apt_packages": ["x"] * 300}, "at most 256 items"),
+    ("ngc-pytorch", {"install_dir": "relative/dir"}, "not a valid path"),
+    ("ngc-pytorch", {"base_tag": ""}, "not a valid image_tag"),
+    ("bitfusion", {"client_deb": "/tmp/Dockerfile"}, "would replace the build context's own"),
+    ("bitfusion", {"ca_cert": "/x/workload"}, "would replace the build context's own"),
+])
+def test_values_outside_the_kind_pattern_or_range(
+    name: str, values: dict[str, Any], needle: str
+) -> None:
+    (message,) = images.check_vars(name, values)
+    assert needle in message
+
+
+def test_manifest_variables_need_a_kind_and_a_valid_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write_template(
+        tmp_path,
+        "bad",
+        "FROM x\n",
+        'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\n'
+        '[variables.a]\ntype = "str"\ndefault = "x"\n'
+        '[variables.b]\ntype = "str"\nkind = "path"\ndefault = "not/absolute"\n'
+        '[variables.c]\ntype = "int"\nkind = "name"\ndefault = 1\n'
+        '[variables.d]\ntype = "str"\nkind = "name"\npattern = "(["\ndefault = "x"\n'
+        '[variables.e]\ntype = "str"\nkind = "name"\nfile = true\ndefault = "x"\n',
+    )
+    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    with pytest.raises(ConfigError) as err:
+        images.load_template("bad")
+    got = {p.field: p.message for p in err.value.problems}
+    assert set(got) == {"variables.a", "variables.b", "variables.c", "variables.d.pattern",
+                        "variables.e"}
+    assert "needs a kind" in got["variables.a"]
+    assert "default:" in got["variables.b"] and "not a valid path" in got["variables.b"]
+    assert "apply to str and list" in got["variables.c"]
+    assert "not a regular expression" in got["variables.d.pattern"]
+    assert 'kind = "host_path"' in got["variables.e"]
+
+
+def test_a_file_variable_enters_the_context_under_a_safe_name(tmp_path: Path) -> None:
+    deb = tmp_path / "Bitfusion Client $(x).deb"
+    deb.write_bytes(b"deb")
+    cert = tmp_path / "ca.pem"
+    cert.write_text("cert")
+    values = {"parent_image": PARENT, "client_deb": str(deb), "ca_cert": str(cert)}
+    files = images.context_files("bitfusion", values, workload_dir=tmp_path)
+    assert "Bitfusion_Client___x_.deb" in files
+    assert "COPY Bitfusion_Client___x_.deb /tmp/" in files["Dockerfile"].decode()
+
+
+def test_matrix_image_vars_are_checked_by_kind(tmp_path: Path) -> None:
+    from orchestrator.matrix import load_matrix
+
+    path = tmp_path / "m.toml"
+    path.write_text(
+        '[workload]\nhardware = "v100"\n[hardware.v100]\ndevice = "cuda"\n'
+        'image = "ngc-pytorch"\n'
+        'image_vars = { base_tag = "23.10-py3\\nRUN id", apt_packages = ["git;id"] }\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        load_matrix(path)
+    fields = [p.field for p in err.value.problems]
+    assert fields == ["hardware.v100.image_vars", "hardware.v100.image_vars"]

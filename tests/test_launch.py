@@ -17,6 +17,7 @@ from orchestrator.launch import (
     python_launcher,
     rdzv_port,
     workload_argv,
+    workload_env,
     workload_flags,
 )
 from orchestrator.matrix import Cell
@@ -32,7 +33,7 @@ CHANGED = {
     "batch_size": 7, "precision": "bf16", "mode": "infer", "arch": "resnet18",
     "image_size": 32, "warmup": 0, "iterations": 3, "data": "/data/image net",
     "channels_last": False, "compile": "max-autotune", "cuda_graphs": True, "pretrained": True,
-    "num_classes": 10, "workers": 0, "seed": 5, "profiler": "nsys",
+    "num_classes": 10, "workers": 0, "seed": 5, "profiler": "nsys", "hpu_mode": "eager",
 }
 
 
@@ -103,3 +104,52 @@ def test_node_roles_follow_the_allocation() -> None:
 def test_impossible_node_roles_are_refused(nnodes: int, rank: int, nproc: int) -> None:
     with pytest.raises(ValueError):
         NodeRole(nnodes, rank, nproc, "h:1", "c")
+
+
+# --- Gaudi: the mode of each cell (eager, lazy, compile) -------------------------------------
+
+GAUDI = HardwareProfile(device="hpu", image="habana", env={"HABANA_VISIBLE_DEVICES": "all"})
+
+
+@pytest.mark.parametrize(("params", "mode", "lazy"), [
+    ({"hpu_mode": "eager"}, "eager", "0"),
+    ({"hpu_mode": "lazy"}, "lazy", "1"),
+    ({"hpu_mode": "compile"}, "compile", "0"),
+    ({}, "lazy", "1"),                       # unset: lazy, said explicitly
+    ({"compile": "default"}, "compile", "0"),  # torch.compile without a mode: compiled mode
+])
+def test_each_gaudi_cell_gets_its_mode(params: dict[str, object], mode: str, lazy: str) -> None:
+    """No Gaudi here: this checks what each cell is given (its environment and command, in a
+    container too); the workload's side is tests/test_workload_gaudi.py."""
+    from orchestrator.backends.containers import container_kwargs, container_spec
+
+    this = cell(**params)
+    assert workload_env(this, GAUDI, (0, 1))["PT_HPU_LAZY_MODE"] == lazy
+    argv = workload_argv(this, GAUDI)
+    assert argv[argv.index("--hpu-mode") + 1] == mode
+    assert argv.count("--hpu-mode") == 1
+    parsed = build_parser().parse_args(argv[argv.index("workload") + 1:])
+    assert parsed.hpu_mode == mode and parsed.device == "hpu"
+    spec = container_spec(this, GAUDI, image="orchestrate/habana:x", output_dir="/out",
+                          labels={})
+    environment = container_kwargs(spec)["environment"]
+    assert environment["PT_HPU_LAZY_MODE"] == lazy
+    assert environment["HABANA_VISIBLE_DEVICES"] == "all"
+
+
+def test_two_cells_of_one_profile_get_different_modes() -> None:
+    eager, lazy = cell(hpu_mode="eager"), cell(hpu_mode="lazy")
+    assert workload_env(eager, GAUDI, ())["PT_HPU_LAZY_MODE"] == "0"
+    assert workload_env(lazy, GAUDI, ())["PT_HPU_LAZY_MODE"] == "1"
+
+
+def test_the_cell_mode_wins_over_a_profile_env() -> None:
+    profile = GAUDI.model_copy(update={"env": {"PT_HPU_LAZY_MODE": "1"}})
+    assert workload_env(cell(hpu_mode="eager"), profile, ())["PT_HPU_LAZY_MODE"] == "0"
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_no_gaudi_mode_elsewhere(device: str) -> None:
+    profile = HardwareProfile(device=device)  # type: ignore[arg-type]
+    assert "PT_HPU_LAZY_MODE" not in workload_env(cell(), profile, (0,))
+    assert "--hpu-mode" not in workload_argv(cell(), profile)

@@ -138,8 +138,9 @@ def test_colliding_ids_get_a_hash_suffix(write_matrix):
 
 @pytest.mark.parametrize("name,cells,example", [
     ("v100_scaling", 40, "v100-g4-bs128-amp-r1"),
+    ("v100_profile", 6, "v100-resnext101_32x4d-infer-g1-bs1-amp-r1"),
     ("bitfusion_vs_native", 36, "v100_bitfusion-resnet50-infer-g1-bs1-amp-r3"),
-    ("gaudi", 24, "gaudi-g8-bs256-bf16-compile-default-r2"),
+    ("gaudi", 24, "gaudi-g8-bs256-bf16-eager-r2"),
     ("cpu_smoke", 8, "cpu-resnet18-g1-bs16-bf16-r1"),
 ])
 def test_shipped_matrices(name, cells, example):
@@ -444,16 +445,27 @@ def test_the_readme_example_matrix_is_valid(tmp_path):
     path = tmp_path / "readme_example.toml"
     path.write_text(example)
     m = load_matrix(path)
-    assert m.name == "v100_scaling" and m.settings.baseline == "hardware=v100"
+    assert m.name == "v100_scaling" and m.settings.baseline == "precision=fp32"
     assert m.profiles["v100"].slurm.partition == "gpu"
     # 4 gpus x 2 precisions x 2 zipped archs = 16, minus fp32 on 4 and 8 GPUs (4), plus 1 include
     assert len(m.cells) == (16 - 4 + 1) * 5
+    from orchestrator.checks import check_matrix
+
+    found = check_matrix(m)  # and every cell can run on the V100 in NGC 23.10
+    assert found.errors == [] and found.warnings == [], found
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "matrices").glob("*.toml")), ids=lambda p: p.stem)
 def test_every_shipped_matrix_validates(path):
+    """Structure, and every cell passes the semantic checks (orchestrator/checks.py) for the
+    matrix's own backend: no error, no warning (a note only where a stack cannot be known)."""
+    from orchestrator.checks import check_matrix
+
     m = load_matrix(path)
     assert m.cells and m.name == path.stem
+    found = check_matrix(m)
+    assert found.errors == [] and found.warnings == [], found
+    assert set(found.stacks) == {c.hardware for c in m.cells}
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "hosts").glob("*.toml")), ids=lambda p: p.stem)

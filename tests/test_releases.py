@@ -14,8 +14,6 @@ from orchestrator.releases import Release, driver_key, load_releases, resolve_re
 @pytest.mark.parametrize(
     ("driver", "release"),
     [
-        ("520.61.05", "22.12"),
-        ("525.147.05", "23.02"),
         ("535.104.05", "23.10"),
         ("535.129.03", "23.10"),
         ("535.86.10", "23.09"),
@@ -60,6 +58,27 @@ def test_malformed_driver(driver: str) -> None:
         resolve_release(driver)
 
 
+@pytest.mark.parametrize(("driver", "release"), [("520.61.05", "22.12"), ("525.147.05", "23.02"),
+                                                 ("530.30.02", None)])
+def test_driver_below_the_floor_is_refused_with_the_reason(driver: str, release: str | None
+                                                         ) -> None:
+    """22.12-23.05 ship torch below the workload's floor: a driver that runs nothing newer is
+    refused with the release's reason (530.30.02 runs 23.06, the floor release)."""
+    if release is None:
+        assert resolve_release(driver).name == "23.07"
+        return
+    with pytest.raises(ConfigError, match=rf"runs NGC PyTorch {release} at the newest.*floor"):
+        resolve_release(driver)
+
+
+def test_releases_carry_their_stack() -> None:
+    r = releases.find_release("23.10-py3")
+    assert r is not None and r.offered and r.torch and r.torch.startswith("2.1.")
+    old = releases.find_release("23.02")
+    assert old is not None and not old.offered and "pick 23.06" in (old.refused or "")
+    assert releases.floor()["release"] == "23.06"
+
+
 def test_too_old_driver() -> None:
     with pytest.raises(ConfigError, match="older than every known NGC PyTorch release"):
         resolve_release("470.82.01")
@@ -70,7 +89,7 @@ def test_release_tables_may_carry_more_keys(monkeypatch: pytest.MonkeyPatch,
     """Keys the resolver does not use (torch versions, a source URL) are ignored, not refused."""
     assert Release.from_table("24.05", {
         "cuda": "12.4.1", "min_driver": "550.54.15", "torch": "2.4.0a0", "source": "https://x",
-    }) == Release("24.05", "12.4.1", "550.54.15")
+    }) == Release("24.05", "12.4.1", "550.54.15", torch="2.4.0a0", source="https://x")
     data = tmp_path / "data"
     data.mkdir()
     (data / "ngc_releases.toml").write_text(

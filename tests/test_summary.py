@@ -100,6 +100,79 @@ def test_ratio_vs_baseline_row():
     assert "0.85x" in render_table(rows, baseline="hardware=v100")
 
 
+# --- comparisons stay within one software stack -------------------------------------------
+
+NGC_2310 = {"torch_version": "2.1.0a0+32f93b1", "torchvision_version": "0.16.0a0",
+            "cuda_version": "12.2", "cudnn_version": 8906, "container_release": "23.10"}
+NGC_2405 = {"torch_version": "2.4.0a0+07cecf4168", "torchvision_version": "0.19.0a0",
+            "cuda_version": "12.4", "cudnn_version": 90100, "container_release": "24.05"}
+
+
+def stacked(hw: str, ips: float, env: dict[str, object], repeat: int = 1,
+            **params: object) -> CellResult:
+    values = {"hardware": hw, "mode": "train", "batch_size": 256, **params}
+    group = "-".join(str(v) for v in values.values())
+    return CellResult(cell_id=f"{group}-r{repeat}", group=group, repeat=repeat,
+                      status=Status.OK, params=values, metrics={"train.total_ips": ips},
+                      env=dict(env))
+
+
+def test_a_ratio_across_stacks_is_marked_with_what_differs():
+    rows = summarize([stacked("v100", 1000.0, NGC_2310),
+                      stacked("v100-bitfusion", 850.0, NGC_2405)])
+    add_ratios(rows, "hardware", "v100")
+    native, bitfusion = rows
+    assert native.cross_stack == {}
+    note = bitfusion.cross_stack["ratio"]
+    assert note.startswith("torch 2.4.0a0+07cecf4168 vs 2.1.0a0+32f93b1")
+    assert "CUDA 12.4 vs 12.2" in note and "NGC 24.05 vs 23.10" in note
+    table = render_table(rows, baseline="hardware=v100")
+    assert "0.85x (cross-stack: torch 2.4.0a0+07cecf4168 vs 2.1.0a0+32f93b1" in table
+    assert "ratio: torch 2.4.0a0" in render_csv(rows)
+
+
+def test_a_ratio_on_one_stack_is_bare():
+    rows = summarize([stacked("v100", 1000.0, NGC_2310),
+                      stacked("v100-bitfusion", 850.0, NGC_2310)])
+    add_ratios(rows, "hardware", "v100")
+    assert all(r.cross_stack == {} for r in rows)
+    table = render_table(rows, baseline="hardware=v100")
+    assert "0.85x" in table and "cross-stack" not in table
+
+
+def test_parts_only_one_side_records_are_not_compared():
+    """An imported DLLogger run knows no cuDNN: the parts both record decide."""
+    partial = {k: v for k, v in NGC_2310.items() if k != "cudnn_version"}
+    rows = summarize([stacked("v100", 1000.0, NGC_2310), stacked("dle", 900.0, partial)])
+    add_ratios(rows, "hardware", "v100")
+    assert rows[1].cross_stack == {}
+
+
+def test_a_speedup_across_stacks_is_marked_too():
+    rows = summarize([stacked("v100", 1000.0, NGC_2310, gpus=1),
+                      stacked("v100", 7000.0, NGC_2405, gpus=8)])
+    eight = rows[1]
+    assert eight.speedup == pytest.approx(7.0)
+    assert eight.cross_stack["speedup"].startswith("torch 2.4.0a0")
+    assert "7.00 (cross-stack: torch" in render_table(rows)
+
+
+def test_repeats_on_two_stacks_show_both():
+    rows = summarize([stacked("v100", 1000.0, NGC_2310),
+                      stacked("bf", 850.0, NGC_2310, repeat=1),
+                      stacked("bf", 860.0, NGC_2405, repeat=2)])
+    add_ratios(rows, "hardware", "v100")
+    assert rows[1].cross_stack["ratio"].startswith(
+        "torch 2.1.0a0+32f93b1/2.4.0a0+07cecf4168 vs 2.1.0a0+32f93b1")
+
+
+def test_a_bool_baseline_is_written_as_toml_writes_it(tmp_path):
+    rows = summarize([stacked("h100", 1000.0, {}, cuda_graphs=False),
+                      stacked("h100", 1100.0, {}, cuda_graphs=True)])
+    assert add_ratios(rows, "cuda_graphs", "false") == 2
+    assert rows[1].ratio == pytest.approx(1.1)
+
+
 def write_run(root, run_id: str, ips: dict[int, float]) -> RunPaths:
     paths = RunPaths.create(root, "nightly", run_id)
     write_json(paths.plan, {"cells": [], "varying": ["gpus"]})

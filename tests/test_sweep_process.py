@@ -48,7 +48,7 @@ def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path):
         [axes]
         precision = ["fp32", "bf16"]
         [[include]]
-        arch = "no_such_model"
+        data = "/no/such_dataset"
     """)
     matrix = load_matrix(path)
     outcome = run_sweep(matrix, results_root=tmp_path / "results")
@@ -68,7 +68,7 @@ def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path):
 
     (bad,) = [r for r in outcome.results if r.status is not Status.OK]
     assert bad.status is Status.FAILED
-    assert "no_such_model" in bad.reason and "exit code" in bad.reason
+    assert "/no/such_dataset" in bad.reason and "exit code" in bad.reason
     assert bad.log_tail, "a failed cell keeps the end of its log"
     assert outcome.exit_code == 1
 

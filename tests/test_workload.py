@@ -418,6 +418,23 @@ def test_workload_imports_only_stdlib_torch_torchvision() -> None:
                     assert root in allowed, f"{path.name} imports {root}"
 
 
+#: Names new in Python 3.11 that the workload must not use: the NGC images from the floor release
+#: (23.06) to 24.xx ship Python 3.10.
+PY311_ONLY = {"tomllib", "UTC", "Self", "StrEnum", "ExceptionGroup", "TaskGroup", "LiteralString",
+              "Never", "reveal_type", "assert_never", "add_note", "exceptiongroup"}  # fmt: skip
+
+
+def test_workload_is_python_3_10_code() -> None:
+    """Syntax of Python 3.10 (ast feature_version) and none of 3.11's new names."""
+    for path in WORKLOAD_DIR.glob("*.py"):
+        tree = ast.parse(path.read_text(), feature_version=(3, 10))
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {a.name.split(".")[0] for n in ast.walk(tree)
+                  if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}  # fmt: skip
+        assert not names & PY311_ONLY, f"{path.name}: {names & PY311_ONLY}"
+
+
 def test_summarize_telemetry_without_samples_in_the_window() -> None:
     from workload.telemetry import Sample, summarize_telemetry
 

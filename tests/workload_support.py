@@ -1,4 +1,8 @@
-"""Helpers for the workload tests: run ``python -m workload`` and parse its JSON lines."""
+"""Helpers for the workload tests: run ``python -m workload`` and parse its JSON lines.
+
+``floor_python()`` is the interpreter of the oldest supported torch/torchvision pair
+(``ORCHESTRATE_FLOOR_PYTHON``; ``.ci/run`` creates that venv and exports the variable).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service_support import unavailable
+
 REPO = Path(__file__).resolve().parents[1]
+
+#: Environment variable naming the floor interpreter (a venv with the floor torch/torchvision).
+FLOOR_ENV = "ORCHESTRATE_FLOOR_PYTHON"
 
 # Small and fast on a 2-core CPU: resnet18 at 32 px, batch 4.
 TINY = [
@@ -77,11 +86,25 @@ def env() -> dict[str, str]:
     return out
 
 
-class Launched:
-    """A started ``python -m workload`` (or torchrun) process."""
+def floor_python() -> str:
+    """The floor interpreter; skips (fails under CI=true) when it is not set up."""
+    path = os.environ.get(FLOOR_ENV, "")
+    if not path:
+        unavailable(
+            f"{FLOOR_ENV} is not set: the floor torch/torchvision venv is missing "
+            "(.ci/run creates it; see its floor_venv function)"
+        )
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        unavailable(f"{FLOOR_ENV}={path} is not an executable interpreter")
+    return path
 
-    def __init__(self, args: list[str], torchrun: int = 0) -> None:
-        prefix = [sys.executable]
+
+class Launched:
+    """A started ``python -m workload`` (or torchrun) process, by default under this
+    interpreter (``python`` picks another, e.g. the floor one)."""
+
+    def __init__(self, args: list[str], torchrun: int = 0, python: str | None = None) -> None:
+        prefix = [python or sys.executable]
         if torchrun:
             prefix += [
                 "-m",

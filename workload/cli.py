@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--arch",
         default=ARCH_DEFAULT,
-        help="torchvision classification model name (default: %(default)s)",
+        help="torchvision classification model name, or resnext101_32x4d / se_resnext101_32x4d "
+        "(NVIDIA DeepLearningExamples' models) (default: %(default)s)",
     )
     p.add_argument("--mode", choices=("train", "infer"), default="train")
     p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
@@ -82,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=_positive, default=1000)
     p.add_argument("--workers", type=_non_negative, default=4, help="data loader processes")
     p.add_argument("--device", choices=("auto", "cuda", "cpu", "hpu"), default="auto")
+    p.add_argument(
+        "--hpu-mode",
+        choices=("eager", "lazy", "compile"),
+        default=None,
+        help="Gaudi execution mode: eager (PT_HPU_LAZY_MODE=0), lazy (graph mode, "
+        "PT_HPU_LAZY_MODE=1, mark_step) or compile (eager + torch.compile(backend=hpu_backend)); "
+        "default: compile with --compile, else PT_HPU_LAZY_MODE's mode, else lazy",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default=None, metavar="DIR")
     p.add_argument(
@@ -108,6 +117,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         raise ConfigError("--profiler torch writes a trace file: also pass --output-dir DIR")
     if args.telemetry_interval < 0:
         raise ConfigError("--telemetry-interval must be >= 0 (0 disables telemetry)")
+    if args.hpu_mode is not None and args.device not in ("hpu", "auto"):
+        raise ConfigError(f"--hpu-mode applies to --device hpu, not --device {args.device}")
     return args
 
 
@@ -120,9 +131,12 @@ def _setup_logging() -> None:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    import torch
+    """Out of memory? Asked only once torch is imported (no torch: it cannot be torch's OOM)."""
+    if "torch" not in sys.modules:
+        return "out of memory" in str(exc).lower()
+    from workload.compat import is_oom
 
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    return is_oom(exc)
 
 
 def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int:

@@ -5,7 +5,9 @@
 * ImageFolder (``DIR/<class>/<image>.jpg``), decoded by the first that works of:
   - DALI (``nvidia.dali``, optional extra, CUDA only): mixed-device nvJPEG decode;
   - torchvision nvJPEG on CUDA: DataLoader workers read the file bytes, the batch is decoded
-    with ``torchvision.io.decode_jpeg(..., device="cuda")`` in one call and resized on the GPU;
+    with ``torchvision.io.decode_jpeg(..., device="cuda")`` (one call per batch where
+    torchvision takes a list, else one per image: :func:`workload.compat.jpeg_decode`) and
+    resized on the GPU;
   - CPU: DataLoader workers decode and resize, the uint8 batch is pinned and copied with
     ``non_blocking=True``.
   On CUDA a background thread prepares the next batches on a side stream (prefetch depth 2)
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from workload import compat
 from workload.errors import DataError
 
 log = logging.getLogger("workload")
@@ -110,8 +113,7 @@ class ForeverSampler(Sampler[int]):
 
 
 def _transform(train: bool, size: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    from torchvision.transforms import v2
-
+    v2, _ = compat.transforms()  # v2 where torchvision has it, else v1 (same names here)
     if train:
         return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
     return v2.Compose([v2.Resize(round(size / 0.875), antialias=True), v2.CenterCrop(size)])
@@ -166,6 +168,7 @@ class SyntheticBatches:
     """The same device-resident random batch every step."""
 
     decoder = "synthetic"
+    decode_api: str | None = None
 
     def __init__(
         self,
@@ -202,8 +205,10 @@ class LoaderBatches:
         device: torch.device,
         decoder: str,
         prefetch: int = 2,
+        decode_api: str | None = None,
     ) -> None:
         self.decoder = decoder
+        self.decode_api = decode_api or decoder
         self._source = source
         self._prepare = prepare
         self._device = device
@@ -287,13 +292,14 @@ def _loader(
 def _nvjpeg_prepare(
     device: torch.device, train: bool, size: int, normalize: Normalize
 ) -> Callable[[Any], Batch]:
-    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.io import ImageReadMode
 
     transform = _transform(train, size)
+    decode = compat.jpeg_decode()
 
     def prepare(item: tuple[list[torch.Tensor], torch.Tensor]) -> Batch:
         raw, labels = item
-        images = decode_jpeg(raw, mode=ImageReadMode.RGB, device=device)
+        images = decode(raw, ImageReadMode.RGB, str(device))
         x = torch.stack([transform(img) for img in images])
         return normalize(x), labels.to(device, non_blocking=True)
 
@@ -360,7 +366,7 @@ def _dali_batches(  # CUDA + nvidia.dali only; untested on the CPU-only CI machi
         x = item[0]["data"].contiguous(memory_format=memory_format)
         return x, item[0]["label"].view(-1).long()
 
-    return LoaderBatches(forever(), prepare, device, "dali", prefetch=0)
+    return LoaderBatches(forever(), prepare, device, "dali", prefetch=0, decode_api="dali")
 
 
 def _pick_decoder(device: torch.device) -> str:
@@ -425,7 +431,9 @@ def image_folder_batches(
             source = _loader(
                 dataset, batch_size, train, seed, workers, _collate_raw, False, shard, shards
             )
-            return LoaderBatches(source, prepare, device, "nvjpeg")
+            return LoaderBatches(
+                source, prepare, device, "nvjpeg", decode_api=compat.jpeg_decode().label
+            )
     dataset = JpegFiles(files, labels, decode=True, train=train, size=image_size)
     pin = device.type == "cuda"
     source = _loader(dataset, batch_size, train, seed, workers, None, pin, shard, shards)
@@ -434,4 +442,4 @@ def image_folder_batches(
         x, y = item
         return (normalize(x.to(device, non_blocking=True)), y.to(device, non_blocking=True))
 
-    return LoaderBatches(source, prepare_cpu, device, "cpu")
+    return LoaderBatches(source, prepare_cpu, device, "cpu", decode_api="decode_jpeg(cpu)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib.util
 import os
 import platform
 import socket
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 import torchvision
 
+from workload import compat
 from workload.errors import ConfigError, DeviceError
 from workload.telemetry import nvml_device_driver_version
 
@@ -51,6 +53,12 @@ def dist_from_env(environ: dict[str, str] | None = None) -> Dist:
         world_size=world,
         local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
     )
+
+
+def habana_installed() -> bool:
+    """True when ``habana_frameworks`` is installed (found, not imported: importing it reads
+    ``PT_HPU_LAZY_MODE`` once, see :func:`hpu_mode`)."""
+    return importlib.util.find_spec("habana_frameworks") is not None
 
 
 def habana_available() -> bool:
@@ -112,8 +120,7 @@ def init_distributed(device: str, dist: Dist, dev: torch.device) -> None:
     if device == "hpu":
         import habana_frameworks.torch.distributed.hccl  # noqa: F401  (optional extra)
     kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(minutes=10)}
-    if device == "cuda":
-        kwargs["device_id"] = dev
+    kwargs |= compat.process_group_kwargs(device, dev)
     torch.distributed.init_process_group(**kwargs)
 
 
@@ -129,19 +136,23 @@ def resolve_precision(precision: str, device: str, warn: Any) -> str:
     if precision == "amp" and device == "hpu":
         warn("Gaudi mixed precision is bf16: --precision amp runs as bf16 autocast")
         return "bf16"
-    if precision == "amp" and device == "cpu":
-        warn("--precision amp (fp16 autocast) is very slow on most CPUs; bf16 is the CPU choice")
     if precision not in ("fp32", "amp", "bf16"):
         raise ConfigError(f"unknown --precision {precision!r}; use fp32, amp or bf16")
+    if device == "cpu" and not compat.autocast(device, precision).available:
+        raise ConfigError(
+            f"--precision {precision} on the CPU: torch {torch.__version__} cannot autocast the "
+            "CPU to that dtype; use --precision bf16 or fp32"
+        )
+    if precision == "amp" and device == "cpu":
+        warn("--precision amp (fp16 autocast) is very slow on most CPUs; bf16 is the CPU choice")
     return precision
 
 
 def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
-    """The autocast context for a precision (a no-op for fp32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.float16 if precision == "amp" else torch.bfloat16
-    return torch.autocast(device_type=device, dtype=dtype)
+    """The autocast context for a precision (a no-op for fp32); see
+    :func:`workload.compat.autocast`."""
+    context: contextlib.AbstractContextManager[Any] = compat.autocast(device, precision)()
+    return context
 
 
 def synchronize(device: str) -> None:
@@ -152,9 +163,51 @@ def synchronize(device: str) -> None:
         torch.hpu.synchronize()  # type: ignore[attr-defined]
 
 
-def mark_step(device: str) -> None:
-    """Flush the Gaudi lazy-mode graph (no-op elsewhere and in Gaudi eager mode)."""
-    if device == "hpu":
+#: PT_HPU_LAZY_MODE of each Gaudi execution mode (read by habana_frameworks when it is imported).
+HPU_LAZY_MODE = {"eager": "0", "lazy": "1", "compile": "0"}
+
+
+def hpu_mode(requested: str | None, compile_mode: str, environ: Any = None) -> str:
+    """The Gaudi execution mode of this run, with ``PT_HPU_LAZY_MODE`` set to match in
+    ``environ`` (default ``os.environ``) -- before ``habana_frameworks`` is imported, which
+    reads it once.
+
+    ``requested`` is ``--hpu-mode`` (eager | lazy | compile); unset, it is ``compile`` when
+    ``--compile`` asks for torch.compile, else what ``PT_HPU_LAZY_MODE`` already says, else
+    ``lazy``.  A contradiction (``--compile`` with eager/lazy, or a ``PT_HPU_LAZY_MODE`` that
+    does not match the mode) is a ConfigError: the run would not be the mode it is labelled.
+    """
+    env = os.environ if environ is None else environ
+    current = env.get("PT_HPU_LAZY_MODE")
+    mode = requested
+    if mode is None:
+        if compile_mode != "none":
+            mode = "compile"
+        elif current is not None:
+            mode = "eager" if current.strip() == "0" else "lazy"
+        else:
+            mode = "lazy"
+    if mode not in HPU_LAZY_MODE:
+        raise ConfigError(f"unknown --hpu-mode {mode!r}; use eager, lazy or compile")
+    if compile_mode != "none" and mode != "compile":
+        raise ConfigError(
+            f"--compile {compile_mode} with --hpu-mode {mode}: on Gaudi torch.compile is "
+            "--hpu-mode compile (eager mode with the hpu_backend)"
+        )
+    want = HPU_LAZY_MODE[mode]
+    if current is not None and current.strip() != want:
+        raise ConfigError(
+            f"PT_HPU_LAZY_MODE={current} in the environment contradicts --hpu-mode {mode} "
+            f"(which needs PT_HPU_LAZY_MODE={want}); unset it or pick the other mode"
+        )
+    env["PT_HPU_LAZY_MODE"] = want
+    return mode
+
+
+def mark_step(device: str, mode: str | None) -> None:
+    """Flush the Gaudi lazy-mode graph: only on ``hpu`` in lazy mode (eager and compiled mode
+    run op by op / by their own graphs; elsewhere there is nothing to flush)."""
+    if device == "hpu" and mode == "lazy":
         import habana_frameworks.torch.core as htcore  # optional extra: Gaudi
 
         htcore.mark_step()
@@ -177,10 +230,13 @@ def cuda_uuids(count: int) -> list[str | None]:
     out: list[str | None] = []
     for i in range(count):
         try:
-            uuid = str(torch.cuda.get_device_properties(i).uuid)
-            out.append(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            uuid = compat.device_uuid(torch.cuda.get_device_properties(i))
         except Exception:
+            uuid = None
+        if uuid is None:
             out.append(None)
+        else:
+            out.append(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
     return out
 
 
@@ -217,6 +273,14 @@ def environment(device: str, dist: Dist) -> dict[str, Any]:
             env["device_name"] = torch.hpu.get_device_name()  # type: ignore[attr-defined]
         with contextlib.suppress(Exception):
             env["device_count"] = torch.hpu.device_count()  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            import habana_frameworks.torch as ht  # optional extra: Gaudi
+
+            env["habana_version"] = str(ht.__version__)
+        env["pt_hpu_lazy_mode"] = os.environ.get("PT_HPU_LAZY_MODE")
     else:
         env["device_name"] = env["cpu_model"]
+    release = os.environ.get("NVIDIA_PYTORCH_VERSION")  # set by NGC PyTorch containers
+    if release:
+        env["container_release"] = release
     return env

@@ -1,4 +1,8 @@
-"""Model construction by torchvision name, with offline-only pretrained weights."""
+"""Model construction by name, with offline-only pretrained weights.
+
+The names are torchvision's classification models plus the DeepLearningExamples ConvNets that
+torchvision lacks (:mod:`workload.dle_models`: ``resnext101_32x4d``, ``se_resnext101_32x4d``).
+"""
 
 from __future__ import annotations
 
@@ -10,23 +14,31 @@ import torch
 import torchvision
 from torch import nn
 
+from workload import compat
+from workload.dle_models import BUILDERS, DLE_NAMES
 from workload.errors import ArchError, ConfigError, WeightsError
 
 
-def classification_archs() -> list[str]:
+def torchvision_archs() -> list[str]:
     """Names of torchvision's classification models (``torchvision.models.get_model`` names)."""
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
+def classification_archs() -> list[str]:
+    """Every ``--arch`` the workload builds: torchvision's models and :mod:`dle_models`'."""
+    return sorted({*torchvision_archs(), *BUILDERS})
+
+
 def check_arch(arch: str) -> None:
-    """Raise ArchError unless ``arch`` is a torchvision classification model."""
+    """Raise ArchError unless the workload can build ``arch``."""
     known = classification_archs()
     if arch in known:
         return
     close = difflib.get_close_matches(arch, known, n=4)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise ArchError(
-        f"unknown --arch {arch!r}: not a torchvision classification model; {hint}"
+        f"unknown --arch {arch!r}: not a torchvision classification model nor one of "
+        f"DeepLearningExamples' ({', '.join(sorted(BUILDERS))}); {hint}"
         f"known: {', '.join(known)}"
     )
 
@@ -38,6 +50,12 @@ def default_checkpoint_dir() -> Path:
 
 def weights_filename(arch: str) -> str:
     """The file name torchvision stores ``arch``'s DEFAULT weights under (the URL's basename)."""
+    if arch in BUILDERS:
+        raise WeightsError(
+            f"--pretrained {arch}: torchvision has no weights for DeepLearningExamples' "
+            f"{DLE_NAMES[arch]} (NVIDIA's NGC checkpoint is not supported here); "
+            "run it without --pretrained (the benchmark does not need trained weights)"
+        )
     try:
         weights = torchvision.models.get_model_weights(arch).DEFAULT
     except Exception as exc:
@@ -55,6 +73,8 @@ def build_model(
     """
     check_arch(arch)
     if not pretrained:
+        if arch in BUILDERS:
+            return BUILDERS[arch](num_classes)
         return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     directory = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir()
     filename = weights_filename(arch)
@@ -75,7 +95,7 @@ def build_model(
         )
     model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = compat.weights_loader()(path, map_location="cpu")
         model.load_state_dict(state)
     except Exception as exc:
         raise WeightsError(f"could not load pretrained weights {path}: {exc}") from exc

@@ -16,23 +16,27 @@ from typing import Any
 import torch
 from torch import nn
 
+from workload import compat
 from workload import data as data_mod
 from workload.device import (
     Dist,
     cuda_uuids,
     dist_from_env,
     environment,
+    habana_installed,
+    hpu_mode,
     init_distributed,
     resolve_device,
     resolve_precision,
     synchronize,
     torch_device,
 )
+from workload.errors import ConfigError
 from workload.metrics import images_per_second, summarize
 from workload.models import build_model, check_arch
 from workload.output import Reporter, write_iterations_csv, write_json
 from workload.profiling import Profiler
-from workload.steps import Step, build_step, compile_model
+from workload.steps import Step, build_step, compile_model, effective_compile
 from workload.telemetry import Sampler, make_sampler, summarize_telemetry, write_csv
 from workload.timing import CudaEventTimer, HostTimer, Timings
 
@@ -46,7 +50,17 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
     started = time.time()
     check_arch(args.arch)  # fail fast, before any device or process-group setup
     dist = dist_from_env()
+    # Gaudi's mode is an environment variable that habana_frameworks reads when it is imported
+    # (by resolve_device): settle it first wherever a Gaudi may be what runs.
+    maybe_gaudi = args.device == "hpu" or (args.device == "auto" and habana_installed())
+    gaudi_mode = hpu_mode(args.hpu_mode, args.compile) if maybe_gaudi else None
     device = resolve_device(args.device)
+    if device != "hpu":
+        if args.hpu_mode is not None:
+            raise ConfigError(f"--hpu-mode {args.hpu_mode} applies to Gaudi; this run is on "
+                              f"{device}")
+        gaudi_mode = None
+    compile_mode = effective_compile(args.compile, device, gaudi_mode)
     dev = torch_device(device, dist)
     init_distributed(device, dist, dev)
     torch.manual_seed(args.seed + dist.rank)
@@ -65,14 +79,14 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
         model = model.to(dev, memory_format=memory_format)  # type: ignore[call-overload]
         model = _wrap_ddp(model, device, dev, dist)
         use_graphs = _want_cuda_graphs(args, device, dist)
-        model = compile_model(model, args.compile, device)
+        model = compile_model(model, compile_mode, device)
         step, use_graphs = build_step(
-            model, args.mode, device, precision, use_graphs, next(batches)
+            model, args.mode, device, precision, use_graphs, next(batches), gaudi_mode
         )
         env = environment(device, dist) | {
             "precision": precision,
             "memory_format": "channels_last" if args.channels_last else "contiguous",
-            "compile": args.compile,
+            "compile": compile_mode,
             "cuda_graphs": use_graphs,
             "arch": args.arch,
             "mode": args.mode,
@@ -85,6 +99,17 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
             "pretrained": args.pretrained,
             "seed": args.seed,
             "profiler": args.profiler,
+            **({"hpu_mode": gaudi_mode} if device == "hpu" else {}),
+            "api": compat.describe(
+                device=device,
+                mode=args.mode,
+                precision=precision,
+                compile_mode=compile_mode,
+                cuda_graphs_used=use_graphs,
+                decode=batches.decode_api,
+                distributed=dist.enabled,
+                pretrained=args.pretrained,
+            ),
         }
         reporter.emit({"type": "meta", "env": env})
         sampler = None
@@ -134,17 +159,14 @@ def _batches(
 
 
 def _wrap_ddp(model: nn.Module, device: str, dev: torch.device, dist: Dist) -> nn.Module:
-    """DDP with gradient buckets as views and 25 MB buckets; BN buffers not broadcast."""
+    """DDP with gradient buckets as views and 25 MB buckets; BN buffers not broadcast
+    (per-rank BN statistics: no per-step broadcast); see :data:`workload.compat.DDP_OPTIONS`."""
     if not dist.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(
-        model,
-        device_ids=[dev.index] if device == "cuda" else None,
-        gradient_as_bucket_view=True,
-        bucket_cap_mb=25,
-        broadcast_buffers=False,  # per-rank BN statistics: no per-step broadcast
+        model, device_ids=[dev.index] if device == "cuda" else None, **compat.ddp_kwargs()
     )
 
 

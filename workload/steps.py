@@ -1,8 +1,13 @@
 """The measured step: training (forward, backward, optimizer) or inference (forward).
 
-Performance features: channels-last (applied by the caller), AMP fp16 with
-``torch.amp.GradScaler``, bf16 autocast without a scaler, fused SGD with momentum on CUDA
-(foreach elsewhere), optional ``torch.compile`` and optional CUDA graphs.
+Performance features: channels-last (applied by the caller), AMP fp16 with a GradScaler, bf16
+autocast without a scaler, SGD with momentum (fused on CUDA where torch has it, else foreach),
+optional ``torch.compile`` and optional CUDA graphs.  Which API each of these calls on the
+installed torch is decided in :mod:`workload.compat`.
+
+Gaudi (``hpu``) runs in one of three modes (:func:`workload.device.hpu_mode`): eager, lazy (graph
+mode: ``mark_step`` flushes the accumulated graph after backward and after the optimizer step,
+only in this mode) or compile (eager with ``torch.compile(backend="hpu_backend")``).
 
 CUDA graphs (CUDA only; untested on the CPU-only CI machines): the whole training step is
 captured with a static input batch (fp32/bf16: forward + backward + ``optimizer.step()``;
@@ -23,7 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from workload import compat
 from workload.device import autocast, mark_step
+from workload.errors import ConfigError
 
 log = logging.getLogger("workload")
 
@@ -31,68 +38,85 @@ Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def make_optimizer(model: nn.Module, device: str) -> torch.optim.Optimizer:
-    """SGD with momentum (lr 0.1, wd 1e-4 as in DeepLearningExamples); fused on CUDA."""
+    """SGD with momentum (lr 0.1, wd 1e-4 as in DeepLearningExamples); see
+    :func:`workload.compat.optimizer` for fused / foreach."""
     params = [p for p in model.parameters() if p.requires_grad]
-    kwargs: dict[str, Any] = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}
-    if device == "cuda":
-        return torch.optim.SGD(params, fused=True, **kwargs)
-    if device == "cpu":
-        return torch.optim.SGD(params, foreach=True, **kwargs)
-    return torch.optim.SGD(params, **kwargs)
+    optimizer: torch.optim.Optimizer = compat.optimizer(device)(params)
+    return optimizer
 
 
-def make_scaler(device: str, precision: str) -> torch.amp.GradScaler | None:
-    """A GradScaler for fp16 AMP, else None (bf16 and fp32 need none)."""
+def make_scaler(device: str, precision: str) -> Any:
+    """A GradScaler for fp16 AMP, else None (bf16 and fp32 need none, and so does fp16 on a CPU
+    whose torch has no CPU scaler)."""
     if precision != "amp":
         return None
-    return torch.amp.GradScaler(device)
+    choice = compat.grad_scaler(device)
+    return choice() if choice.available else None
+
+
+def effective_compile(mode: str, device: str, hpu_mode: str | None) -> str:
+    """The ``--compile`` mode that really applies: on Gaudi, compiled mode (``--hpu-mode
+    compile``) is torch.compile with the hpu_backend (its own mode ignored), else none."""
+    if device == "hpu":
+        return (mode if mode != "none" else "default") if hpu_mode == "compile" else "none"
+    return mode
 
 
 def compile_model(model: nn.Module, mode: str, device: str) -> nn.Module:
-    """Apply ``torch.compile`` (``hpu_backend`` on Gaudi, where the mode is not passed)."""
+    """Apply ``torch.compile`` (``hpu_backend`` on Gaudi, where the mode is not passed).
+
+    Raises ConfigError where this torch cannot compile (e.g. dynamo on an unsupported Python).
+    """
+    choice = compat.compiler(mode, device)
     if mode == "none":
         return model
-    if device == "hpu":
-        return torch.compile(model, backend="hpu_backend")  # type: ignore[return-value]
-    return torch.compile(model, mode=None if mode == "default" else mode)  # type: ignore[return-value]
+    if not choice.available:
+        raise ConfigError(f"--compile {mode}: {choice.label.removeprefix('unavailable: ')}; "
+                          "use --compile none")
+    compiled: nn.Module = choice(model)
+    return compiled
 
 
 def eager_train_step(
     model: nn.Module,
     criterion: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None,
+    scaler: Any,
     device: str,
     precision: str,
+    hpu_mode: str | None = None,
 ) -> Step:
-    """One training step; returns the detached loss."""
+    """One training step; returns the detached loss.  On Gaudi in lazy mode the accumulated
+    graph is flushed after the backward pass and after the optimizer step (Habana's recipe)."""
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with autocast(device, precision):
             loss = criterion(model(x), y)
         if scaler is not None:
             scaler.scale(loss).backward()
-            mark_step(device)
+            mark_step(device, hpu_mode)
             scaler.step(optimizer)
             scaler.update()
         else:
             loss.backward()
-            mark_step(device)
+            mark_step(device, hpu_mode)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        mark_step(device)
+        mark_step(device, hpu_mode)
         return loss.detach()
 
     return step
 
 
-def eager_infer_step(model: nn.Module, device: str, precision: str) -> Step:
+def eager_infer_step(
+    model: nn.Module, device: str, precision: str, hpu_mode: str | None = None
+) -> Step:
     """One inference step under ``torch.inference_mode``; returns the logits."""
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(), autocast(device, precision):
             out = model(x)
-        mark_step(device)
+        mark_step(device, hpu_mode)
         return out
 
     return step
@@ -102,7 +126,7 @@ def cuda_graph_train_step(  # CUDA only
     model: nn.Module,
     criterion: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None,
+    scaler: Any,
     precision: str,
     example: tuple[torch.Tensor, torch.Tensor],
     warmup: int = 3,
@@ -122,7 +146,7 @@ def cuda_graph_train_step(  # CUDA only
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     optimizer.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
+    with compat.cuda_graphs()(graph):
         with autocast("cuda", precision):
             static_loss = criterion(model(static_x), static_y)
         if scaler is not None:
@@ -157,7 +181,7 @@ def cuda_graph_infer_step(  # CUDA only
                 model(static_x)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), autocast("cuda", precision):
+        with compat.cuda_graphs()(graph), autocast("cuda", precision):
             static_out = model(static_x)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -176,8 +200,10 @@ def build_step(
     precision: str,
     use_cuda_graphs: bool,
     example: tuple[torch.Tensor, torch.Tensor],
+    hpu_mode: str | None = None,
 ) -> tuple[Step, bool]:
-    """The step for ``mode``; returns (step, whether CUDA graphs are in use)."""
+    """The step for ``mode``; returns (step, whether CUDA graphs are in use).  ``hpu_mode``:
+    the Gaudi execution mode (``mark_step`` only in lazy mode)."""
     if mode == "train":
         model.train()
         criterion = nn.CrossEntropyLoss()
@@ -192,14 +218,17 @@ def build_step(
             except Exception as exc:
                 _capture_failed(exc)
                 optimizer.zero_grad(set_to_none=True)
-        return eager_train_step(model, criterion, optimizer, scaler, device, precision), False
+        return (
+            eager_train_step(model, criterion, optimizer, scaler, device, precision, hpu_mode),
+            False,
+        )
     model.eval()
     if use_cuda_graphs:
         try:
             return cuda_graph_infer_step(model, precision, example[0]), True
         except Exception as exc:
             _capture_failed(exc)
-    return eager_infer_step(model, device, precision), False
+    return eager_infer_step(model, device, precision, hpu_mode), False
 
 
 def _capture_failed(exc: BaseException) -> None:

@@ -1,7 +1,9 @@
 """``orchestrate hosts check HOSTS.toml``: is every lab host reachable, and what does it have?
 
 Prints one row per host (reachable or why not, Docker version, GPUs, driver, CUDA) and exits
-non-zero if any host is unreachable. :func:`driver_from_host` serves ``--driver-from HOST`` of
+non-zero if any host is unreachable or could not be checked (a missing key file, a corrupt
+known_hosts line: said so, not called "unreachable"). An SSH library error is one host's reason,
+never a traceback. :func:`driver_from_host` serves ``--driver-from HOST`` of
 the image builder.
 """
 
@@ -56,9 +58,16 @@ def gather_facts(
     targets = resolve_hosts(inventory)  # the ssh config read once
 
     def one(name: str) -> HostFacts:
+        import paramiko
+
         host = SshHost.from_inventory(inventory, name, targets[name])
         try:
             return discover(host, timeout=inventory.options.command_timeout)
+        except (paramiko.SSHException, OSError, EOFError, ValueError) as exc:
+            # what the ssh layer does not turn into a HostError is still one host's reason
+            log.debug("host %s: %r", name, exc)
+            reason = f"host {name}: SSH error: {exc or type(exc).__name__}"
+            return HostFacts(name=name, reachable=False, reason=reason)
         finally:
             host.close()
 
@@ -87,8 +96,18 @@ def short_reason(reason: str) -> str:
     ):
         if needle in lowered and ("key" in lowered or needle.startswith("auth")):
             return short
+    if ": unreachable: " not in reason:
+        for needle, short in (("key file", "key file unusable"), ("known_hosts", "bad known_hosts"),
+                              ("ssh error", "SSH error")):
+            if needle in lowered:
+                return short
     tail = reason.split(": unreachable: ", 1)[-1]
     return tail if len(tail) <= 40 else tail[:37] + "..."
+
+
+def _unreachable(facts: HostFacts) -> bool:
+    """Whether the host could not be reached at all (rather than refused or misconfigured)."""
+    return ": unreachable: " in facts.reason or facts.reason.endswith("connection lost")
 
 
 def render_check_table(inventory: Inventory, facts: list[HostFacts]) -> str:
@@ -111,10 +130,13 @@ def render_check_table(inventory: Inventory, facts: list[HostFacts]) -> str:
         )
     headers = ["host", "address", "reachable", "docker", "GPUs", "driver", "CUDA", "tags"]
     text = tabulate(rows, headers=headers, tablefmt="simple")
-    problems = [f"  {f.name}: {f.reason}" for f in facts if not f.reachable]
+    down = [f"  {f.name}: {f.reason}" for f in facts if not f.reachable and _unreachable(f)]
+    failed = [f"  {f.name}: {f.reason}" for f in facts if not f.reachable and not _unreachable(f)]
     notes = [f"  {f.name}: {n}" for f in facts if f.reachable for n in f.notes]
-    if problems:
-        text += "\n\nunreachable:\n" + "\n".join(problems)
+    if down:
+        text += "\n\nunreachable:\n" + "\n".join(down)
+    if failed:
+        text += "\n\ncould not check:\n" + "\n".join(failed)
     if notes:
         text += "\n\nnotes:\n" + "\n".join(notes)
     return text
@@ -127,11 +149,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     inventory = load_hosts(args.inventory)
     facts = gather_facts(inventory, args.host, args.jobs)
     print(render_check_table(inventory, facts))
-    down = [f.name for f in facts if not f.reachable]
+    down = [f.name for f in facts if not f.reachable and _unreachable(f)]
+    failed = [f.name for f in facts if not f.reachable and not _unreachable(f)]
     if down:
         print(f"\n{len(down)} of {len(facts)} hosts unreachable: {', '.join(down)}")
-        return 1
-    return 0
+    if failed:
+        print(f"\n{len(failed)} of {len(facts)} hosts could not be checked: {', '.join(failed)}")
+    return 1 if down or failed else 0
 
 
 def driver_from_host(inventory: Inventory, name: str) -> str:

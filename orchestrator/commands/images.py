@@ -113,7 +113,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             table.add_column(column)
         for vname, var in template.variables.items():
             default = ",".join(var.default) if var.type == "list" else str(var.default)
-            suffix = " (file)" if var.file else ""
+            suffix = " (file)" if var.file else (f" ({var.kind})" if var.kind else "")
             table.add_row(vname, var.type + suffix, default or repr(default), var.description)
         console.print(table)
         if tags is None:

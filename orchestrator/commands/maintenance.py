@@ -30,6 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
+    from orchestrator.results import check_name, check_run_id
+
+    if args.run is not None:
+        check_run_id(args.run, "--run")
+    if args.matrix is not None:
+        check_name(args.matrix, "--matrix")
     from orchestrator.engine import LABEL_MATRIX, LABEL_RUN, docker_client, leftover_containers
 
     labels = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 import threading
@@ -36,7 +37,10 @@ from orchestrator.userconfig import hosts_file, results_root
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
+    from orchestrator.checks import Findings
     from orchestrator.placement import Allocation
+
+log = logging.getLogger(__name__)
 
 RESULTS_HELP = ("results root (default: $ORCHESTRATE_RESULTS, else `results` in the user's "
                 "config file, else ./results)")
@@ -76,8 +80,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="a JSON list, one object per cell")
     p.set_defaults(handler=cmd_plan)
 
-    p = sub.add_parser("validate", help="check a matrix file; exit 2 listing every problem")
+    p = sub.add_parser(
+        "validate", help="check a matrix file; exit 2 listing every problem",
+        description="Check MATRIX.toml: its structure and types, then whether every cell can "
+        "run where it is planned (model, torch features, precision and profiler on the "
+        "hardware, image kind for the backend, the baseline). Prints each profile's software "
+        "stack, warnings and what could not be checked.",
+    )
     p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
+    p.add_argument("--backend", help="check for this backend (default: [matrix] backend)")
+    p.add_argument("--strict", action="store_true",
+                   help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
 
     p = sub.add_parser("schema", help="print the JSON Schema of matrix files (for editors)")
@@ -116,7 +129,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace) -> Matrix:
-    return filter_cells(_load_matrix(args.matrix_file), getattr(args, "only", []))
+    """The matrix file, validated, checked (every cell can run where it is planned: a
+    ConfigError otherwise, before anything is built or launched), then ``--only`` filtered."""
+    matrix, findings = _checked(args.matrix_file, getattr(args, "backend", None))
+    for problem in findings.warnings:
+        log.warning("%s", problem)
+    for problem in findings.notes:
+        log.info("not checked: %s", problem)
+    return filter_cells(matrix, getattr(args, "only", []))
 
 
 def _load_matrix(path: Path) -> Matrix:
@@ -124,6 +144,14 @@ def _load_matrix(path: Path) -> Matrix:
     from orchestrator.backends import backend_names
 
     return load_matrix(path, backends=backend_names())
+
+
+def _checked(path: Path, backend: str | None, strict: bool = False) -> tuple[Matrix, Findings]:
+    """The matrix and what :mod:`orchestrator.checks` found for ``backend`` (default: its own)."""
+    from orchestrator.checks import refuse_unrunnable
+
+    matrix = _load_matrix(path)
+    return matrix, refuse_unrunnable(matrix, backend, strict=strict)
 
 
 def plan_lines(matrix: Matrix) -> list[str]:
@@ -152,8 +180,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    matrix = _load_matrix(args.matrix_file)
+    if args.backend is not None:
+        from orchestrator.backends import backend_names
+
+        if args.backend not in backend_names():
+            raise ConfigError(f"unknown backend {args.backend!r}; known: "
+                              f"{', '.join(backend_names())}", field="--backend")
+    matrix, findings = _checked(args.matrix_file, args.backend, strict=args.strict)
+    backend = args.backend or matrix.settings.backend
     print(f"{args.matrix_file}: ok ({len(matrix.cells)} cells)")
+    for hw, stack in findings.stacks.items():
+        print(f"  hardware {hw} ({backend} backend): {stack.label}")
+    for problem in findings.warnings:
+        print(f"  warning: {problem}")
+    for problem in findings.notes:
+        print(f"  note: {problem}")
     return 0
 
 
@@ -366,10 +407,9 @@ def _detail(cell: Cell, result: CellResult) -> str:
 
 
 def verbosity(args: argparse.Namespace) -> int:
-    """-1 quiet, 0 normal, 1 verbose: ``orchestrate -q matrix`` (the global flags, as
-    ``args.verbosity``) or ``orchestrate matrix -q`` (this command's own)."""
-    level = getattr(args, "verbosity", 0)
-    level = level if isinstance(level, int) else 0
+    """-1 quiet, 0 normal, 1 verbose: ``orchestrate -q matrix`` (the global flags, which also
+    set the log level) or ``orchestrate matrix -q`` (this command's own)."""
+    level = int(getattr(args, "verbose", 0) or 0) - (1 if getattr(args, "quiet", False) else 0)
     level += getattr(args, "matrix_verbose", 0) - getattr(args, "matrix_quiet", 0)
     return max(-1, min(1, level))
 

@@ -11,7 +11,7 @@ RUN apt-get update \
       numactl infiniband-diags \
  && rm -rf /var/lib/apt/lists/*
 
-RUN python3 -m pip install --no-cache-dir nvidia-ml-py
+RUN python3 -m pip install --no-cache-dir nvidia-ml-py 'numpy<2'
 
 COPY workload/ /srv/bench/workload/
 WORKDIR /srv/bench

@@ -1,0 +1,628 @@
+"""Can this run? The semantic checks of a matrix, before anything is built or launched.
+
+:func:`~orchestrator.matrix.load_matrix` checks a matrix file's structure and types and expands it
+into cells; this module asks of every cell whether it can run where it is planned, and of the
+matrix whether its comparisons hold. It is the one place for these rules: ``orchestrate
+validate``, ``plan`` and ``matrix`` (before a run folder exists) and
+:func:`orchestrator.sweep.run_sweep` call :func:`check_matrix` / :func:`refuse_unrunnable`.
+
+The *stack* of a profile (:class:`Stack`) is the software its cells run on, as far as it is known
+without building anything. The backends that run images (docker, ssh) run the profile's image:
+the base image at the root of its template chain (``bitfusion`` -> ``ngc-pytorch`` -> its base)
+names an NGC PyTorch release (torch, torchvision and tools from ``data/ngc_releases.toml``), a
+Habana PyTorch installer (its torch version), or something else (unknown). The backends that run
+this machine's Python (process, slurm) run this interpreter's torch, read from its package
+metadata (torch is never imported).
+
+Rules; an error names the file and the field where the value is set (``axes.arch[1]``,
+``hardware.v100.image_vars.base_tag``), every problem at once:
+
+* image: docker/ssh need an image template that builds a Docker image (not a Singularity
+  definition); an NGC release below the workload's floor is refused with the reason.
+* arch: a model the workload builds on the stack's torchvision (else ``did you mean``);
+  ``pretrained`` is refused for the workload's own DeepLearningExamples models (no weights).
+* compile: needs torch >= 2.0 on the stack and, on CUDA, a GPU Triton compiles for (7.0+); on
+  Gaudi torch.compile is ``hpu_mode = "compile"``.
+* precision: bf16 on CUDA needs compute capability 8.0+; amp (fp16 autocast with a GradScaler)
+  is refused on cpu and hpu (Gaudi's mixed precision is bf16: amp would run as bf16).
+* cuda_graphs only on CUDA; profiler nsys/ncu only on CUDA and only in an image that ships the
+  tool (NGC PyTorch does, Habana's does not); ncu needs compute capability 7.0+.
+* hpu_mode only on hpu profiles; ``PT_HPU_LAZY_MODE`` belongs to the cell (from hpu_mode), not
+  to a profile's env.
+* baseline: its key is a cell parameter and its value one of that parameter's; some cell has it,
+  and some other cell has a row to compare with (equal in every other parameter).
+
+Warnings (``validate --strict`` makes them errors): a baseline that pairs profiles whose planned
+stacks differ (the ratio would mix software and hardware; the table marks such rows too), CUDA
+graphs the workload would not capture (with compile, or with several GPUs). Notes say what could
+not be checked (an unknown GPU, a base image outside the release table, the host's profilers).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.metadata
+import json
+import logging
+import re
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from orchestrator import gpus, images, releases, stacks
+from orchestrator.config import PARAM_NAMES, CellParams, HardwareProfile, param_type
+from orchestrator.errors import BuildError, ConfigError, Problem
+from orchestrator.launch import hpu_mode
+from orchestrator.matrix import Cell, Matrix
+from orchestrator.summary import param_matches
+
+log = logging.getLogger(__name__)
+
+#: How each backend runs a cell: in a Docker image built from the profile's template ("image"),
+#: or with this machine's Python ("host": the process backend; slurm jobs run this checkout's
+#: Python on nodes that share the filesystem). A backend not listed is not checked (a note).
+BACKEND_RUNS: dict[str, str] = {
+    "process": "host", "slurm": "host", "docker": "image", "ssh": "image",
+}
+
+_NGC_BASE = re.compile(r"^nvcr\.io/nvidia/pytorch:(\d\d\.\d\d)-py3$")
+_HABANA_BASE = re.compile(
+    r"^vault\.habana\.ai/gaudi-docker/([^/]+)/([^/]+)/habanalabs/pytorch-installer-([^/:]+)"
+    r":latest$"
+)
+_TOOLS = {"nsys": "Nsight Systems (nsys)", "ncu": "Nsight Compute (ncu)"}
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The software a profile's cells run on, as far as it is known before anything is built."""
+
+    #: For people: ``NGC PyTorch 23.10 (torch 2.1.0a0+32f93b1, torchvision 0.16, CUDA 12.2.2)``.
+    label: str
+    #: The base image at the root of the template chain; None for this machine's Python.
+    base: str | None = None
+    #: The NGC release of the base, where it is one.
+    release: str | None = None
+    torch: str | None = None
+    torchvision: str | None = None
+    #: Profilers the stack ships; None where that is not known.
+    profilers: frozenset[str] | None = None
+    #: False where the stack could not be told (an unknown base image or backend).
+    known: bool = True
+
+    @property
+    def identity(self) -> tuple[str | None, str | None]:
+        """What two profiles must share to be compared: the base image and the torch."""
+        return self.base, self.torch
+
+
+@dataclass
+class Findings:
+    """What :func:`check_matrix` found: errors, warnings, notes (each once), and the stack of
+    every hardware profile the cells use."""
+
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+    stacks: dict[str, Stack] = field(default_factory=dict)
+
+    def error(self, problem: Problem) -> None:
+        if problem not in self.errors:
+            self.errors.append(problem)
+
+    def warning(self, problem: Problem) -> None:
+        if problem not in self.warnings:
+            self.warnings.append(problem)
+
+    def note(self, problem: Problem) -> None:
+        if problem not in self.notes:
+            self.notes.append(problem)
+
+    def refuse(self, *, strict: bool = False) -> None:
+        """Raise a :class:`ConfigError` listing every error (and, ``strict``, every warning)."""
+        problems = self.errors + (self.warnings if strict else [])
+        if problems:
+            raise ConfigError(problems)
+
+
+# --- entry points ------------------------------------------------------------------------------
+
+
+def check_matrix(
+    matrix: Matrix, backend: str | None = None, *, comparisons: bool = True
+) -> Findings:
+    """Check every cell of ``matrix`` against the stack it will run on with ``backend`` (default
+    ``[matrix] backend``), and, with ``comparisons``, the matrix's baseline. Pure apart from
+    reading the template, release and model tables and this interpreter's package metadata."""
+    backend = backend or matrix.settings.backend
+    file = str(matrix.path)
+    found = Findings()
+    for hw in sorted({c.hardware for c in matrix.cells}):
+        found.stacks[hw] = _profile_checks(found, file, hw, matrix.profiles[hw], backend)
+    places = _Places(matrix.source_text)
+    for cell in _configurations(matrix.cells):
+        _CellCheck(found, file, places, cell.params, matrix.profiles[cell.hardware],
+                   found.stacks[cell.hardware]).run()
+    if comparisons and matrix.settings.baseline:
+        _baseline_checks(found, file, matrix)
+    return found
+
+
+def refuse_unrunnable(
+    matrix: Matrix, backend: str | None = None, *, comparisons: bool = True, strict: bool = False
+) -> Findings:
+    """:func:`check_matrix`, raising a :class:`ConfigError` with every error (``strict``: and
+    every warning) before anything is built or launched. Returns the findings otherwise."""
+    found = check_matrix(matrix, backend, comparisons=comparisons)
+    found.refuse(strict=strict)
+    return found
+
+
+# --- where a value is set ------------------------------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+class _Places:
+    """Where in the matrix file a parameter's value is set (the field an error names)."""
+
+    def __init__(self, text: str) -> None:
+        try:
+            self.raw: dict[str, Any] = tomllib.loads(text) if text else {}
+        except tomllib.TOMLDecodeError:  # pragma: no cover - load_matrix parsed it already
+            self.raw = {}
+
+    def of(self, key: str, value: Any) -> list[str]:
+        """Every field that sets ``key`` to ``value``; ``workload.KEY`` when none does (the
+        value is the default)."""
+        raw = self.raw
+        found: list[str] = []
+        axes = raw.get("axes")
+        if isinstance(axes, dict) and isinstance(axes.get(key), list):
+            found += [f"axes.{key}[{i}]" for i, v in enumerate(axes[key]) if _same(v, value)]
+        for z, group in enumerate(raw.get("zip") or []):
+            if isinstance(group, dict) and isinstance(group.get(key), list):
+                found += [f"zip[{z}].{key}[{i}]" for i, v in enumerate(group[key])
+                          if _same(v, value)]
+        for i, entry in enumerate(raw.get("include") or []):
+            if isinstance(entry, dict) and key in entry and _same(entry[key], value):
+                found.append(f"include[{i}].{key}")
+        workload = raw.get("workload")
+        if isinstance(workload, dict) and key in workload and _same(workload[key], value):
+            found.append(f"workload.{key}")
+        return found or [f"workload.{key}"]
+
+
+def _configurations(cells: Iterable[Cell]) -> list[Cell]:
+    """One cell per configuration (repeats share everything checked here)."""
+    return list({c.group: c for c in cells}.values())
+
+
+def _did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=cutoff)
+    if not close:
+        return ""
+    quoted = [repr(c) for c in close]
+    options = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+    return f"; did you mean {options}?"
+
+
+# --- profiles: their stack -----------------------------------------------------------------------
+
+
+def _profile_checks(
+    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
+) -> Stack:
+    """Check a profile against the backend; return the stack its cells run on."""
+    where = f"hardware.{hw}"
+    _accelerator_checks(found, file, where, profile)
+    if profile.device == "hpu" and "PT_HPU_LAZY_MODE" in profile.env:
+        found.error(Problem(file, f"{where}.env.PT_HPU_LAZY_MODE", (
+            "the Gaudi mode is a per-cell choice: set hpu_mode (eager, lazy or compile) and "
+            "remove PT_HPU_LAZY_MODE here (orchestrate sets it in each cell's environment)")))
+    runs = BACKEND_RUNS.get(backend)
+    if runs is None:
+        found.note(Problem(file, where, (
+            f"the {backend} backend is not known to these checks: its image and stack are not "
+            "checked")))
+        return Stack(f"not checked ({backend} backend)", known=False)
+    if runs == "host":
+        if profile.image is not None:
+            found.note(Problem(file, f"{where}.image", (
+                f"not used: the {backend} backend runs this machine's Python and its torch, not "
+                f"the image {profile.image!r}")))
+        return host_stack()
+    return _image_stack(found, file, hw, profile, backend)
+
+
+def _accelerator_checks(
+    found: Findings, file: str, where: str, profile: HardwareProfile
+) -> None:
+    if profile.gpu is None or profile.compute_capability is not None:
+        return
+    known = (gpus.compute_capability(profile.gpu) if profile.device == "cuda"
+             else gpus.gaudi_generation(profile.gpu))
+    if known is None:
+        spelled = _did_you_mean(profile.gpu.upper(), gpus.known_accelerators(), cutoff=0.5)
+        hint = ("; give its compute_capability (e.g. \"8.0\") to have it checked"
+                if profile.device == "cuda" else "")
+        found.note(Problem(file, f"{where}.gpu", (
+            f"{profile.gpu!r} is not an accelerator these checks know, so what it can do is not "
+            f"checked{spelled}{hint}")))
+
+
+@functools.cache
+def host_stack() -> Stack:
+    """This interpreter's torch and torchvision (the process and slurm backends run it), read
+    from the package metadata without importing torch."""
+    versions: dict[str, str | None] = {}
+    for name in ("torch", "torchvision"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    torch, vision = versions["torch"], versions["torchvision"]
+    if torch is None:
+        return Stack("this machine's Python (no torch installed)", known=False)
+    return Stack(f"this machine's Python (torch {torch}, torchvision {vision})",
+                 torch=torch, torchvision=vision)
+
+
+def _image_stack(
+    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
+) -> Stack:
+    where = f"hardware.{hw}"
+    unknown = Stack("not checked", known=False)
+    if profile.image is None:
+        found.error(Problem(file, f"{where}.image", (
+            f"the {backend} backend runs each cell in a container: give an image template "
+            f"({', '.join(images.template_names())})")))
+        return unknown
+    try:
+        template = images.load_template(profile.image)
+    except ConfigError:  # load_matrix reported it
+        return unknown
+    if template.kind != "dockerfile":
+        docker = [n for n in images.template_names()
+                  if images.load_template(n).kind == "dockerfile"]
+        found.error(Problem(file, f"{where}.image", (
+            f"{profile.image!r} is a {template.kind} definition, which the {backend} backend "
+            f"cannot run (it runs Docker images): pick a Dockerfile template "
+            f"({', '.join(docker)})")))
+        return unknown
+    try:
+        base = root_base_image(template, profile.image_vars)
+    except (ConfigError, BuildError) as exc:
+        found.note(Problem(file, f"{where}.image_vars", f"base image not resolved ({exc}): "
+                           "its stack is not checked"))
+        return unknown
+    return _classify_base(found, file, where, profile, base)
+
+
+def root_base_image(template: images.Template, values: dict[str, Any]) -> str:
+    """The base image at the root of ``template``'s chain for the profile's ``values``: a
+    template whose parent image is left to the build (``bitfusion``) is built FROM its parent's
+    image, which is built FROM the parent's base."""
+    resolved = template.resolve(values)
+    while template.parent and not resolved.get(template.parent.variable):
+        forwarded = {k: resolved[k] for k in template.parent.forward}
+        template = images.load_template(template.parent.template)
+        resolved = template.resolve(forwarded)
+    return template.base_ref(resolved)
+
+
+def _classify_base(
+    found: Findings, file: str, where: str, profile: HardwareProfile, base: str
+) -> Stack:
+    ngc = _NGC_BASE.match(base)
+    if ngc:
+        return _ngc_stack(found, file, where, profile, base, ngc[1])
+    habana = _HABANA_BASE.match(base)
+    if habana:
+        torch = habana[3] if _parses(habana[3]) else None
+        return Stack(f"Habana PyTorch installer {habana[1]} (torch {habana[3]}, {habana[2]})",
+                     base=base, torch=torch, profilers=frozenset())
+    found.note(Problem(file, f"{where}.image_vars", (
+        f"base image {base!r} is not an NGC PyTorch or Habana release these checks know: its "
+        "torch, models and profilers are not checked")))
+    return Stack(f"{base} (not checked)", base=base, known=False)
+
+
+def _ngc_stack(
+    found: Findings, file: str, where: str, profile: HardwareProfile, base: str, name: str
+) -> Stack:
+    fld = f"{where}.image_vars.base_tag" if "base_tag" in profile.image_vars else f"{where}.image"
+    release = releases.find_release(name)
+    if release is None:
+        oldest = releases.load_releases()[0].name
+        floor = releases.floor()["release"]
+        if _release_key(name) < _release_key(oldest):
+            found.error(Problem(file, fld, (
+                f"{base}: NGC PyTorch {name} is older than the workload's floor (torch "
+                f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")))
+        else:
+            found.note(Problem(file, fld, (
+                f"{base}: NGC PyTorch {name} is not in orchestrator/data/ngc_releases.toml: its "
+                "torch, models and profilers are not checked")))
+        return Stack(f"{base} (not in the release table)", base=base, known=False)
+    if release.refused:
+        found.error(Problem(file, fld, (
+            f"NGC PyTorch {release.name} ({base}) is not offered: {release.refused}")))
+    return Stack(
+        f"NGC PyTorch {release.name} (torch {release.torch}, torchvision {release.torchvision},"
+        f" CUDA {release.cuda})",
+        base=base, release=release.name, torch=release.torch, torchvision=release.torchvision,
+        profilers=releases.container_profilers(),
+    )
+
+
+def _release_key(name: str) -> tuple[int, int]:
+    year, month = name.split(".")
+    return int(year), int(month)
+
+
+def _parses(version: str) -> bool:
+    try:
+        stacks.parse_version(version)
+    except ValueError:
+        return False
+    return True
+
+
+# --- cells -------------------------------------------------------------------------------------
+
+
+def _capability(profile: HardwareProfile) -> tuple[int, int] | None:
+    """The profile's CUDA compute capability, where it says or its ``gpu`` tells."""
+    text = profile.compute_capability
+    if text is None and profile.gpu is not None and profile.device == "cuda":
+        text = gpus.compute_capability(profile.gpu)
+    if text is None:
+        return None
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+@dataclass
+class _CellCheck:
+    """The rules for one cell configuration on its profile and stack."""
+
+    found: Findings
+    file: str
+    places: _Places
+    params: CellParams
+    profile: HardwareProfile
+    stack: Stack
+
+    @property
+    def hw(self) -> str:
+        return self.params.hardware
+
+    @property
+    def gpu(self) -> str:
+        cc = _capability(self.profile)
+        shown = f"compute capability {cc[0]}.{cc[1]}" if cc else "compute capability unknown"
+        return f"{self.profile.gpu}, {shown}" if self.profile.gpu else shown
+
+    def error(self, key: str, message: str) -> None:
+        for where in self.places.of(key, getattr(self.params, key)):
+            self.found.error(Problem(self.file, where, message))
+
+    def warning(self, key: str, message: str) -> None:
+        for where in self.places.of(key, getattr(self.params, key)):
+            self.found.warning(Problem(self.file, where, message))
+
+    def note(self, message: str) -> None:
+        self.found.note(Problem(self.file, f"hardware.{self.hw}", message))
+
+    def run(self) -> None:
+        self.arch()
+        self.compile()
+        self.precision()
+        self.cuda_graphs()
+        self.profiler()
+        self.gaudi()
+
+    def _torch_lacks(self, feature: str) -> str | None:
+        if self.stack.torch is None:
+            return None
+        try:
+            return stacks.feature_missing(feature, self.stack.torch)
+        except ValueError:  # a version string the checks cannot read: not checked
+            return None
+
+    def _torchvision_in_range(self) -> bool:
+        """Whether the stack's torchvision is one the model table covers (below the floor the
+        release itself is refused; nothing is recorded there)."""
+        version = self.stack.torchvision
+        if not version or not _parses(version):
+            return False
+        return stacks.series(version) >= stacks.series(stacks.model_range()[0])
+
+    def arch(self) -> None:
+        arch = self.params.arch
+        known = stacks.known_archs()
+        if arch not in known:
+            floor, newest = stacks.model_range()
+            own = ", ".join(stacks.workload_archs())
+            self.error("arch", (
+                f"{arch!r} is not a model the workload can build (torchvision {floor}..{newest} "
+                f"classification models, or DeepLearningExamples' {own})"
+                f"{_did_you_mean(arch, known)}"))
+        elif self._torchvision_in_range() and not stacks.arch_available(
+                arch, self.stack.torchvision or ""):
+            self.error("arch", (
+                f"{arch!r} is not in torchvision {self.stack.torchvision}, which hardware "
+                f"{self.hw!r} runs ({self.stack.label}): pick a newer image or another arch"))
+        if self.params.pretrained and arch in stacks.workload_archs():
+            self.error("pretrained", (
+                f"{arch!r} is built by the workload (DeepLearningExamples' model) and has no "
+                "pretrained weights: set pretrained = false"))
+
+    def compile(self) -> None:
+        mode = self.params.compile
+        if mode == "none":
+            return
+        if self.profile.device == "hpu":
+            self.error("compile", (
+                f"on Gaudi (hardware {self.hw!r}) torch.compile is hpu_mode = \"compile\" "
+                "(eager mode with the hpu_backend): set compile = \"none\" and hpu_mode"))
+            return
+        missing = self._torch_lacks("compile")
+        cc = _capability(self.profile)
+        if missing:
+            self.error("compile", f"compile = {mode!r} on hardware {self.hw!r}: {missing} "
+                                  f"({self.stack.label})")
+        elif self.profile.device == "cuda" and cc is not None and cc < (7, 0):
+            self.error("compile", (
+                f"compile = {mode!r}: torch.compile's GPU compiler (Triton) needs compute "
+                f"capability 7.0 or newer; hardware {self.hw!r} is {self.gpu}"))
+
+    def precision(self) -> None:
+        precision, device = self.params.precision, self.profile.device
+        if precision == "amp" and device == "hpu":
+            self.error("precision", (
+                f"Gaudi's mixed precision is bf16 (hardware {self.hw!r}): amp would run as bf16 "
+                "under an amp label; use precision = \"bf16\""))
+        elif precision == "amp" and device == "cpu":
+            self.error("precision", (
+                f"amp is fp16 autocast with a GradScaler, for CUDA GPUs; on the CPU (hardware "
+                f"{self.hw!r}) use bf16 or fp32"))
+        elif precision == "bf16" and device == "cuda":
+            cc = _capability(self.profile)
+            if cc is None:
+                self.note("bf16 not checked: the profile does not say which GPU it is (set gpu "
+                          "= \"A100\" or compute_capability = \"8.0\")")
+            elif cc < (8, 0):
+                self.error("precision", (
+                    f"bf16 needs compute capability 8.0 (Ampere) or newer; hardware {self.hw!r}"
+                    f" is {self.gpu}: use amp (fp16) or fp32"))
+
+    def cuda_graphs(self) -> None:
+        if not self.params.cuda_graphs:
+            return
+        if self.profile.device != "cuda":
+            self.error("cuda_graphs", (
+                f"CUDA graphs need a CUDA GPU; hardware {self.hw!r} is device "
+                f"{self.profile.device!r}: set cuda_graphs = false"))
+        elif self.params.compile != "none":
+            self.warning("cuda_graphs", (
+                f"with compile = {self.params.compile!r} the workload does not capture CUDA "
+                "graphs itself (compile manages graphs): the cell runs as its compile-only twin"))
+        elif self.params.gpus > 1:
+            self.warning("cuda_graphs", (
+                f"with gpus = {self.params.gpus} (DDP) the workload does not capture CUDA graphs:"
+                " the cell runs eagerly"))
+
+    def profiler(self) -> None:
+        tool = self.params.profiler
+        if tool not in _TOOLS:
+            return
+        if self.profile.device != "cuda":
+            self.error("profiler", (
+                f"{_TOOLS[tool]} profiles CUDA GPUs; hardware {self.hw!r} is device "
+                f"{self.profile.device!r}: use profiler = \"torch\""))
+            return
+        if self.stack.profilers is None:
+            self.note(f"profiler {tool}: whether {self.stack.label} has {tool} is not checked")
+        elif tool not in self.stack.profilers:
+            self.error("profiler", f"{self.stack.label} does not ship {_TOOLS[tool]} "
+                                   f"(hardware {self.hw!r})")
+        cc = _capability(self.profile)
+        if tool == "ncu" and cc is not None and cc < (7, 0):
+            self.error("profiler", (
+                f"Nsight Compute profiles compute capability 7.0 (Volta) and newer; hardware "
+                f"{self.hw!r} is {self.gpu} (nvprof is the tool there)"))
+
+    def gaudi(self) -> None:
+        mode = self.params.hpu_mode
+        if mode is not None and self.profile.device != "hpu":
+            self.error("hpu_mode", (
+                f"hpu_mode applies to Gaudi profiles (device = \"hpu\"); hardware {self.hw!r} is "
+                f"device {self.profile.device!r}"))
+            return
+        if self.profile.device != "hpu":
+            return
+        if mode is None:
+            self.note(f"hpu_mode not set: its cells run in {hpu_mode(self.params, 'hpu')} mode "
+                      "(set hpu_mode = \"eager\", \"lazy\" or \"compile\" to say so)")
+        elif mode == "compile":
+            missing = self._torch_lacks("compile")
+            if missing:
+                self.error("hpu_mode", f"hpu_mode = \"compile\" on hardware {self.hw!r}: "
+                                       f"{missing} ({self.stack.label})")
+
+
+# --- the matrix: its baseline ------------------------------------------------------------------
+
+
+def _baseline_checks(found: Findings, file: str, matrix: Matrix) -> None:
+    text = matrix.settings.baseline or ""
+    key, _, value = (part.strip() for part in text.partition("="))
+    where = "matrix.baseline"
+    if key not in PARAM_NAMES:
+        found.error(Problem(file, where, (
+            f"{key!r} is not a cell parameter{_did_you_mean(key, PARAM_NAMES)} (known: "
+            f"{', '.join(PARAM_NAMES)})")))
+        return
+    try:
+        TypeAdapter(param_type(key)).validate_strings(value)
+    except ValidationError as exc:
+        message = exc.errors(include_url=False)[0]["msg"]
+        found.error(Problem(file, where, f"{value!r} is not a value of {key}: {message}"))
+        return
+    configs = _configurations(matrix.cells)
+    dumps = {c.group: c.params.model_dump() for c in configs}
+    base = [c for c in configs if param_matches(dumps[c.group][key], value)]
+    if not base:
+        have = sorted({_shown(dumps[c.group][key]) for c in configs})
+        found.error(Problem(file, where, (
+            f"no cell has {key} = {value} (the cells have {key} {', '.join(have)}): no row "
+            "would get a ratio")))
+        return
+
+    def others(cell: Cell) -> str:
+        return json.dumps({k: v for k, v in dumps[cell.group].items() if k != key},
+                          sort_keys=True)
+
+    index = {others(c): c for c in base}
+    pairs = [(c, index[others(c)]) for c in configs
+             if c not in base and others(c) in index]
+    if not pairs:
+        found.error(Problem(file, where, (
+            f"no cell has a {key} = {value} row to compare with: every cell with another {key} "
+            "also differs in other parameters, so no row would get a ratio")))
+        return
+    _stack_pairs(found, file, where, pairs)
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def _stack_pairs(
+    found: Findings, file: str, where: str, pairs: list[tuple[Cell, Cell]]
+) -> None:
+    """A warning for every pair of profiles a baseline compares whose planned stacks differ."""
+    seen: set[tuple[str, str]] = set()
+    for cell, ref in pairs:
+        names = (cell.hardware, ref.hardware)
+        if names[0] == names[1] or names in seen:
+            continue
+        seen.add(names)
+        mine, theirs = found.stacks[names[0]], found.stacks[names[1]]
+        if not (mine.known and theirs.known):
+            found.note(Problem(file, where, (
+                f"whether hardware {names[0]!r} and {names[1]!r} run the same software stack is "
+                "not checked (one of them is not known)")))
+        elif mine.identity != theirs.identity:
+            found.warning(Problem(file, where, (
+                f"compares hardware {names[0]!r} ({mine.label}) with {names[1]!r} "
+                f"({theirs.label}): different software stacks, so the ratio mixes software with "
+                "hardware; build both on one base (the same image_vars base_tag)")))

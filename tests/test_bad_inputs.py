@@ -1,0 +1,1021 @@
+"""The bad-input suite: what a careless or hostile user may hand ``orchestrate``.
+
+Every case runs through the real entry point, :func:`orchestrator.cli.main`, in-process (stdout
+and stderr captured), and a sample of them as real ``python -m orchestrator.cli`` processes. A
+case either is refused (exit 2, the field named on stderr) or is legitimately accepted and runs
+correctly (exit 0, its output checked). For every case: no traceback, nothing blocks, and no file
+is written outside the case's results folder (the case folder and the repository are compared
+before and after).
+
+The table is data: add a case with :func:`case` (any command line), :func:`bad_matrix` /
+:func:`good_matrix` (a matrix file), :func:`bad_hosts` (a hosts file). ``{dir}`` in an argument is
+the case's folder (also the working directory), ``{results}`` its results folder.
+``python tests/test_bad_inputs.py`` prints the number of cases per category.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.cli import main  # noqa: E402
+
+RUN = "20260101-000000-abcd"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input and what must come of it."""
+
+    category: str
+    name: str
+    argv: tuple[str, ...]
+    files: Mapping[str, str | bytes] = field(default_factory=dict)
+    #: 2: refused; 0: accepted (1 for a command whose own answer is "no", e.g. a regression)
+    expect: int = 2
+    #: texts stderr must contain (refused: the field; accepted: e.g. a warning)
+    err: tuple[str, ...] = ()
+    #: texts stdout must contain
+    out: tuple[str, ...] = ()
+    #: prepares the case folder beyond ``files`` (a FIFO, a symlink, an old run)
+    setup: Callable[[Path], None] | None = None
+    #: checks the case folder afterwards (accepted cases: what was written)
+    check: Callable[[Path], None] | None = None
+    #: also run it as a real subprocess
+    subprocess: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.category}/{self.name}"
+
+
+CASES: list[Case] = []
+
+
+def case(category: str, name: str, argv: list[str], **kwargs: Any) -> None:
+    """Add a case to the table."""
+    CASES.append(Case(category, name, tuple(argv), **kwargs))
+
+
+BASE = """\
+[matrix]
+{matrix}
+[workload]
+hardware = "cpu"
+iterations = 1
+warmup = 0
+{workload}
+[axes]
+{axes}
+{extra}
+[hardware.cpu]
+device = "cpu"
+{hardware}
+"""
+
+
+def mx(matrix: str = "", workload: str = "", axes: str = "", extra: str = "",
+       hardware: str = "") -> str:
+    """A small valid matrix with the given lines added to its tables."""
+    return BASE.format(matrix=matrix, workload=workload, axes=axes, extra=extra,
+                       hardware=hardware)
+
+
+def bad_matrix(category: str, name: str, text: str | bytes, fld: str, *,
+               command: tuple[str, ...] = ("validate",), file: str = "m.toml",
+               **kwargs: Any) -> None:
+    """A matrix that must be refused naming ``fld`` (``m.toml: FIELD``); ``err``: more texts
+    stderr must contain."""
+    where = f"{file}: {fld}" if fld else file
+    more = tuple(kwargs.pop("err", ()))
+    case(category, name, [*command, f"{{dir}}/{file}"], files={file: text}, err=(where, *more),
+         **kwargs)
+
+
+def good_matrix(category: str, name: str, text: str, cells: int, **kwargs: Any) -> None:
+    """A matrix that must validate (``ok (N cells)``)."""
+    case(category, name, ["validate", "{dir}/m.toml"], files={"m.toml": text}, expect=0,
+         out=(f"ok ({cells} cells)",), **kwargs)
+
+
+def bad_hosts(name: str, text: str | bytes, fld: str, **kwargs: Any) -> None:
+    """A hosts file that ``hosts check`` must refuse before connecting anywhere."""
+    where = f"h.toml: {fld}" if fld else "h.toml"
+    case("hosts", name, ["hosts", "check", "{dir}/h.toml"], files={"h.toml": text},
+         err=(where,), **kwargs)
+
+
+# --- types -----------------------------------------------------------------------------------
+
+for _name, _kw, _field in [
+    ("batch_size-string", {"workload": 'batch_size = "8"'}, "workload.batch_size"),
+    ("gpus-float", {"workload": "gpus = 1.0"}, "workload.gpus"),
+    ("channels_last-yes", {"workload": 'channels_last = "yes"'}, "workload.channels_last"),
+    ("channels_last-int", {"workload": "channels_last = 1"}, "workload.channels_last"),
+    ("repeats-string", {"matrix": 'repeats = "3"'}, "matrix.repeats"),
+    ("timeout-string", {"matrix": 'timeout_s = "1800"'}, "matrix.timeout_s"),
+    ("timeout-bool", {"matrix": "timeout_s = true"}, "matrix.timeout_s"),
+    ("seed-float", {"workload": "seed = 1.5"}, "workload.seed"),
+    ("precision-int", {"workload": "precision = 1"}, "workload.precision"),
+    ("arch-int", {"workload": "arch = 5"}, "workload.arch"),
+    ("data-list", {"workload": "data = []"}, "workload.data"),
+    ("axis-strings", {"axes": 'gpus = ["1", "2"]'}, "axes.gpus[0]"),
+    ("axis-not-a-list", {"axes": "gpus = 4"}, "axes.gpus"),
+    ("axis-mixed", {"axes": 'batch_size = [8, "16"]'}, "axes.batch_size[1]"),
+    ("exclude-string", {"axes": "gpus = [1, 2]", "extra": '[[exclude]]\ngpus = "1"'},
+     "exclude[0].gpus"),
+    ("include-string", {"extra": '[[include]]\nbatch_size = "8"'}, "include[0].batch_size"),
+    ("env-int", {"hardware": "env = { A = 1 }"}, "hardware.cpu.env.A"),
+    ("partial-string", {"hardware": 'bitfusion = { partial = "1" }'},
+     "hardware.cpu.bitfusion.partial"),
+    ("cap_add-string", {"hardware": 'container = { cap_add = "SYS_NICE" }'},
+     "hardware.cpu.container.cap_add"),
+    ("image_vars-string", {"hardware": 'image_vars = "x"'}, "hardware.cpu.image_vars"),
+    ("one_cell_per_host-string", {"matrix": 'one_cell_per_host = "no"'},
+     "matrix.one_cell_per_host"),
+    ("mounts-int", {"hardware": "container = { mounts = [1] }"},
+     "hardware.cpu.container.mounts[0]"),
+    ("privileged-int", {"hardware": "container = { privileged = 1 }"},
+     "hardware.cpu.container.privileged"),
+    ("gpu_ids-strings", {"hardware": 'gpu_ids = ["0"]'}, "hardware.cpu.gpu_ids[0]"),
+]:
+    bad_matrix("types", _name, mx(**_kw), _field)
+case("types", "iterations-bool", ["validate", "{dir}/m.toml"],
+     files={"m.toml": mx().replace("iterations = 1", "iterations = true")},
+     err=("m.toml: workload.iterations",), subprocess=True)
+bad_matrix("types", "matrix-not-a-table", "matrix = [1]\n", "matrix")
+bad_matrix("types", "hardware-not-a-table",
+           mx().replace('[hardware.cpu]\ndevice = "cpu"', "[hardware]\ncpu = 3"), "hardware.cpu")
+good_matrix("types", "timeout-int-accepted", mx(matrix="timeout_s = 1800"), 1)
+good_matrix("types", "partial-int-accepted", mx(hardware="bitfusion = { partial = 1 }"), 1)
+good_matrix("types", "bool-accepted", mx(workload="channels_last = false"), 1)
+
+# --- ranges ----------------------------------------------------------------------------------
+
+_RANGES: list[tuple[str, dict[str, str], str]] = []
+for _key, _values in {
+    "gpus": ["0", "-1", "65", "1000000"],
+    "batch_size": ["0", "1000000000000"],
+    "iterations": ["0", "1000000000000"],
+    "warmup": ["-1", "1000000000000"],
+    "num_classes": ["0", "1000000000000"],
+    "workers": ["-1", "1000000"],
+    "image_size": ["8", "5000"],
+    "seed": ["-1", "1099511627776"],
+}.items():
+    for _v in _values:
+        if _key in ("iterations", "warmup"):  # set by mx() already
+            _text = mx().replace(f"{_key} = {1 if _key == 'iterations' else 0}\n",
+                                 f"{_key} = {_v}\n")
+            bad_matrix("ranges", f"{_key}={_v}", _text, f"workload.{_key}")
+        else:
+            _RANGES.append((f"{_key}={_v}", {"workload": f"{_key} = {_v}"}, f"workload.{_key}"))
+for _key, _values in {
+    "repeats": ["0", "10000000"],
+    "retries": ["-1", "1000"],
+    "timeout_s": ["inf", "-inf", "nan", "1e300", "0", "-5", "604801"],
+}.items():
+    _RANGES += [(f"{_key}={_v}", {"matrix": f"{_key} = {_v}"}, f"matrix.{_key}")
+                for _v in _values]
+_RANGES += [
+    ("partial=0", {"hardware": "bitfusion = { partial = 0 }"}, "hardware.cpu.bitfusion.partial"),
+    ("partial=1.5", {"hardware": "bitfusion = { partial = 1.5 }"},
+     "hardware.cpu.bitfusion.partial"),
+    ("partial=nan", {"hardware": "bitfusion = { partial = nan }"},
+     "hardware.cpu.bitfusion.partial"),
+    ("shm_size-huge", {"hardware": 'container = { shm_size = "99999999g" }'},
+     "hardware.cpu.container.shm_size"),
+    ("shm_size-unit", {"hardware": 'container = { shm_size = "1x" }'},
+     "hardware.cpu.container.shm_size"),
+    ("mem_limit-words", {"hardware": 'container = { mem_limit = "lots" }'},
+     "hardware.cpu.container.mem_limit"),
+    ("ulimit-below-unlimited", {"hardware": "container = { ulimits = { nofile = -2 } }"},
+     "hardware.cpu.container.ulimits.nofile"),
+    ("ulimit-unknown", {"hardware": "container = { ulimits = { nofle = 1 } }"},
+     "hardware.cpu.container.ulimits.nofle"),
+    ("gpu_ids-negative", {"hardware": "gpu_ids = [-1]"}, "hardware.cpu.gpu_ids[0]"),
+    ("gpu_ids-huge", {"hardware": "gpu_ids = [256]"}, "hardware.cpu.gpu_ids[0]"),
+    ("gpu_ids-twice", {"hardware": "gpu_ids = [0, 0]"}, "hardware.cpu.gpu_ids"),
+    ("cpus_per_gpu=0", {"hardware": "slurm = { cpus_per_gpu = 0 }"},
+     "hardware.cpu.slurm.cpus_per_gpu"),
+    ("cpus_per_gpu-huge", {"hardware": "slurm = { cpus_per_gpu = 100000 }"},
+     "hardware.cpu.slurm.cpus_per_gpu"),
+    ("max_jobs=0", {"hardware": "slurm = { max_jobs = 0 }"}, "hardware.cpu.slurm.max_jobs"),
+    ("slurm-mem-huge", {"hardware": 'slurm = { mem = "99999999T" }'}, "hardware.cpu.slurm.mem"),
+    ("slurm-time-huge", {"hardware": 'slurm = { time_limit = "99999999999:00:00" }'},
+     "hardware.cpu.slurm.time_limit"),
+    ("env-name-with-equals", {"hardware": 'env = { "A=B" = "x" }'}, "hardware.cpu.env"),
+    ("env-value-nul", {"hardware": 'env = { A = "x\\u0000y" }'}, "hardware.cpu.env.A"),
+    ("data-newline", {"workload": 'data = "/data/\\nimagenet"'}, "workload.data"),
+    ("mount-target-relative",
+     {"hardware": 'container = { mounts = [{ source = "/d", target = "d" }] }'},
+     "hardware.cpu.container.mounts[0].target"),
+]
+for _i, (_name, _kw, _field) in enumerate(_RANGES):
+    bad_matrix("ranges", _name, mx(**_kw), _field, subprocess=_i % 12 == 0)
+good_matrix("ranges", "gpus=64-accepted", mx(workload="gpus = 64"), 1)
+good_matrix("ranges", "batch=65536-accepted", mx(workload="batch_size = 65536"), 1)
+good_matrix("ranges", "timeout-a-week-accepted", mx(matrix="timeout_s = 604800"), 1)
+good_matrix("ranges", "repeats=1000-accepted", mx(matrix="repeats = 1000"), 1000)
+good_matrix("ranges", "seed-max-accepted", mx(workload="seed = 4294967295"), 1)
+
+# --- unknown keys: the nearest one suggested --------------------------------------------------
+
+for _name, _text, _field, _guess in [
+    ("batch_sze", mx(workload="batch_sze = 8"), "workload.batch_sze", "batch_size"),
+    ("repeat", mx(matrix="repeat = 3"), "matrix.repeat", "repeats"),
+    ("timout_s", mx(matrix="timout_s = 5"), "matrix.timout_s", "timeout_s"),
+    ("axis", mx().replace("[axes]", "[axis]"), "axis", "axes"),
+    ("matrx", mx().replace("[matrix]", "[matrx]"), "matrx", "matrix"),
+    ("devce", mx(hardware='devce = "cpu"'), "hardware.cpu.devce", "device"),
+    ("contaner", mx(hardware="contaner = {}"), "hardware.cpu.contaner", "container"),
+    ("shm_sise", mx(hardware='container = { shm_sise = "1g" }'),
+     "hardware.cpu.container.shm_sise", "shm_size"),
+    ("partiton", mx(hardware='slurm = { partiton = "gpu" }'), "hardware.cpu.slurm.partiton",
+     "partition"),
+    ("partail", mx(hardware="bitfusion = { partail = 0.5 }"), "hardware.cpu.bitfusion.partail",
+     "partial"),
+    ("include-hardwre", mx(extra='[[include]]\nhardwre = "cpu"'), "include[0].hardwre",
+     "hardware"),
+    ("exclude-gpu", mx(axes="gpus = [1, 2]", extra="[[exclude]]\ngpu = 1"), "exclude[0].gpu",
+     "gpus"),
+    ("zip-precison", mx(extra='[[zip]]\nprecison = ["fp32"]'), "zip[0].precison", "precision"),
+]:
+    bad_matrix("unknown-keys", _name, _text, f"{_field}: unknown key (did you mean {_guess!r}?")
+bad_matrix("unknown-keys", "nothing-near", mx(workload="zzzz = 1"),
+           "workload.zzzz: unknown key (check the spelling")
+
+# --- nesting ---------------------------------------------------------------------------------
+
+_DEEP = "nested too deeply"
+for _name, _text in [
+    ("arrays-500", mx() + "deep = " + "[" * 500 + "]" * 500 + "\n"),
+    ("inline-tables-500", mx() + "deep = " + "{a = " * 500 + "1" + "}" * 500 + "\n"),
+    ("headers-500", mx() + "[" + ".".join(["a"] * 500) + "]\nx = 1\n"),
+    ("arrays-17", mx() + "deep = " + "[" * 17 + "]" * 17 + "\n"),
+    ("arrays-100000", "deep = " + "[" * 100000 + "]" * 100000 + "\n"),
+]:
+    case("nesting", _name, ["validate", "{dir}/m.toml"], files={"m.toml": _text},
+         err=("m.toml: nested too deeply",), subprocess=_name == "arrays-500")
+bad_matrix("nesting", "axis-of-lists", mx(axes="gpus = [[1], [2]]"), "axes.gpus[0]")
+case("nesting", "hosts-500", ["hosts", "check", "{dir}/h.toml"],
+     files={"h.toml": "x = " + "[" * 500 + "]" * 500 + "\n"}, err=("h.toml: nested too deeply",))
+
+# --- size ------------------------------------------------------------------------------------
+
+_BIG = 2 * 1024 * 1024
+case("size", "file-2MiB", ["validate", "{dir}/m.toml"],
+     files={"m.toml": mx() + "#" * _BIG + "\n"}, err=("m.toml: too big", "1 MiB"),
+     subprocess=True)
+case("size", "axis-4.5M-values", ["plan", "{dir}/m.toml"],
+     files={"m.toml": mx(axes="seed = [" + ",".join(["1"] * 4_500_000) + "]")},
+     err=("m.toml: too big",))
+bad_matrix("size", "axis-10001", mx(axes="seed = [" + ",".join(map(str, range(10001))) + "]"),
+           "axes.seed: List should have at most 10000 items")
+bad_matrix("size", "product-40000",
+           mx(axes="seed = [" + ",".join(map(str, range(200))) + "]\nbatch_size = ["
+              + ",".join(map(str, range(1, 201))) + "]", extra="[[exclude]]\nseed = 0"),
+           "axes: axes.seed (200 values) x axes.batch_size (200 values) multiply up to 40,000")
+bad_matrix("size", "repeats-times-cells",
+           mx(matrix="repeats = 1000", axes="seed = [" + ",".join(map(str, range(11))) + "]"),
+           "axes: axes.seed (11 values) x matrix.repeats (1000) plan 11,000 cells",
+           subprocess=True)
+bad_matrix("size", "after-exclude",
+           mx(matrix="repeats = 3",
+              axes="seed = [" + ",".join(map(str, range(8000))) + ']\nmode = ["train", "infer"]',
+              extra="[[exclude]]\nmode = \"infer\"\nseed = [0, 1]"),
+           "axes: axes.seed (8000 values) x axes.mode (2 values) x matrix.repeats (3) plan "
+           "47,994 cells")
+bad_matrix("size", "exclude-101-rules",
+           mx(axes="seed = [1, 2]",
+              extra="".join(f"[[exclude]]\nseed = {i}\n" for i in range(101))),
+           "exclude: List should have at most 100 items")
+bad_matrix("size", "include-10001",
+           mx(extra="".join(f"[[include]]\nseed = {i}\n" for i in range(10001))),
+           "include: List should have at most 10000 items")
+case("size", "hosts-2MiB", ["hosts", "check", "{dir}/h.toml"],
+     files={"h.toml": "#" * _BIG}, err=("h.toml: too big",))
+good_matrix("size", "5000-cells-accepted",
+            mx(axes="seed = [" + ",".join(map(str, range(5000))) + "]"), 5000)
+
+# --- special files ---------------------------------------------------------------------------
+
+
+def _fifo(name: str) -> Callable[[Path], None]:
+    return lambda d: os.mkfifo(d / name)
+
+
+def _symlink(name: str, target: str) -> Callable[[Path], None]:
+    return lambda d: (d / name).symlink_to(target)
+
+
+case("special-files", "fifo", ["validate", "{dir}/m.toml"], setup=_fifo("m.toml"),
+     err=("m.toml: not a regular file (a FIFO)",), subprocess=True)
+case("special-files", "fifo-plan", ["plan", "{dir}/m.toml"], setup=_fifo("m.toml"),
+     err=("m.toml: not a regular file (a FIFO)",))
+case("special-files", "dev-zero", ["validate", "/dev/zero"],
+     err=("/dev/zero: not a regular file (a character device)",), subprocess=True)
+case("special-files", "dev-zero-run", ["matrix", "/dev/zero", "--results", "{results}"],
+     err=("/dev/zero: not a regular file",))
+case("special-files", "symlink-to-dev-zero", ["validate", "{dir}/m.toml"],
+     setup=_symlink("m.toml", "/dev/zero"), err=("m.toml: not a regular file",))
+case("special-files", "directory", ["validate", "{dir}/sub"],
+     setup=lambda d: (d / "sub").mkdir(), err=("sub: not a regular file (a folder)",))
+case("special-files", "missing", ["validate", "{dir}/nope.toml"],
+     err=("nope.toml: no such file",))
+bad_matrix("special-files", "latin-1", b"[matrix]\ndescription = '\xe9t\xe9'\n",
+           "not UTF-8")
+bad_matrix("special-files", "binary", bytes(range(256)), "")
+bad_matrix("special-files", "empty", "", "workload.hardware")
+bad_matrix("special-files", "malformed", "[matrix\nname = 1\n", "malformed TOML")
+case("special-files", "hosts-fifo", ["hosts", "check", "{dir}/h.toml"], setup=_fifo("h.toml"),
+     err=("h.toml: not a regular file (a FIFO)",), subprocess=True)
+case("special-files", "hosts-dev-null", ["hosts", "check", "/dev/null"],
+     err=("/dev/null: not a regular file",))
+case("special-files", "driver-from-hosts-fifo",
+     ["images", "build", "ngc-pytorch", "--driver-from", "a", "--hosts", "{dir}/h.toml",
+      "--dry-run"], setup=_fifo("h.toml"), err=("h.toml: not a regular file",))
+case("special-files", "matrix-hosts-fifo",
+     ["matrix", "{dir}/m.toml", "--backend", "ssh", "--hosts", "{dir}/h.toml", "--results",
+      "{results}"], files={"m.toml": mx(hardware='image = "ngc-pytorch"')},
+     setup=_fifo("h.toml"), err=("h.toml: not a regular file",))
+
+# --- names and paths -------------------------------------------------------------------------
+
+for _file in ("..toml", "...toml", ".hidden.toml", "a b.toml", "-x.toml"):
+    bad_matrix("names-paths", f"file-{_file}", mx(), "matrix.name: the file name gives",
+               file=_file)
+for _file in ("..toml", "...toml"):
+    case("names-paths", f"run-{_file}", ["matrix", f"{{dir}}/{_file}", "--results",
+                                         "{results}"],
+         files={_file: mx()}, err=("matrix.name",), subprocess=_file == "..toml")
+for _name, _value in [("dotdot", "../x"), ("slash", "a/b"), ("hidden", ".x"), ("empty", ""),
+                      ("long", "x" * 65), ("newline", "x\\ny"), ("space", "a b")]:
+    bad_matrix("names-paths", f"name-{_name}", mx(matrix=f'name = "{_value}"'), "matrix.name")
+bad_matrix("names-paths", "profile-name-escapes",
+           mx().replace('hardware = "cpu"', 'hardware = "../x"')
+           .replace("[hardware.cpu]", '[hardware."../x"]'), "hardware")
+good_matrix("names-paths", "dotted-name-accepted", mx(matrix='name = "nightly.v2"'), 1)
+
+
+def _a_run(d: Path, results: dict[str, Any] | None = None, plan: str | None = None,
+           run_json: str | None = None, name: str = "m", run: str = RUN) -> None:
+    """An old run of matrix ``name`` under ``d/results``."""
+    root = d / "results" / name / run
+    (root / "cells").mkdir(parents=True)
+    results = {"a-r1": _result("a-r1")} if results is None else results
+    ids = [{"id": cid} for cid in results]
+    (root / "plan.json").write_text(plan if plan is not None else json.dumps({"cells": ids}))
+    (root / "run.json").write_text(run_json if run_json is not None else "{}")
+    for cid, data in results.items():
+        (root / "cells" / cid).mkdir()
+        text = data if isinstance(data, str) else json.dumps(data)
+        (root / "cells" / cid / "result.json").write_text(text)
+
+
+def _result(cell_id: str, status: str = "ok", ips: float = 100.0) -> dict[str, Any]:
+    return {"cell_id": cell_id, "group": cell_id.rsplit("-r", 1)[0], "repeat": 1,
+            "status": status, "params": {"hardware": "cpu", "gpus": 1, "mode": "train"},
+            "metrics": {"train.total_ips": ips}}
+
+
+for _name, _argv, _field in [
+    ("report-run-dotdot", ["report", "m", "--run", "../../x"], "run id"),
+    ("report-run-slash", ["report", "m", "--run", f"{RUN}/../../.."], "run id"),
+    ("report-run-empty", ["report", "m", "--run", ""], "run id"),
+    ("report-matrix-dotdot", ["report", "../x"], "matrix"),
+    ("report-matrix-abs", ["report", "/etc"], "matrix"),
+    ("history-matrix-dotdot", ["history", "../../etc"], "matrix"),
+    ("history-matrix-file", ["history", "..toml"], "matrix"),
+    ("resume-dotdot", ["matrix", "{dir}/m.toml", "--resume", "../../x"], "run id"),
+    ("clean-run-dotdot", ["clean", "--run", "../x"], "--run"),
+    ("clean-run-empty", ["clean", "--run", ""], "--run"),
+    ("clean-matrix-slash", ["clean", "--matrix", "a/b"], "--matrix"),
+]:
+    case("names-paths", _name, [*_argv, "--results", "{results}"] if _argv[0] != "clean"
+         else _argv, files={"m.toml": mx()}, setup=_a_run, err=(_field,),
+         subprocess=_name == "report-run-dotdot")
+
+# --- template variables and injection --------------------------------------------------------
+
+
+def _profile(image: str, image_vars: str) -> str:
+    return mx(hardware=f'image = "{image}"\nimage_vars = {{ {image_vars} }}')
+
+
+for _image, _vars in [
+    ("ngc-pytorch", 'base_tag = "23.10-py3\\nRUN touch /pwned"'),
+    ("ngc-pytorch", 'install_dir = "/opt/x\\nRUN id"'),
+    ("ngc-pytorch", 'base_image = "nvcr.io/x:1 AS y\\nRUN id"'),
+    ("ngc-pytorch", 'apt_packages = ["git; touch /pwned"]'),
+    ("ngc-pytorch", 'apt_packages = ["$(id)"]'),
+    ("ngc-pytorch", 'pip_packages = ["--index-url=http://evil.example"]'),
+    ("ngc-pytorch", 'pip_packages = ["`id`"]'),
+    ("ngc-pytorch", 'base_tag = "a b"'),
+    ("ngc-pytorch", "base_tag = 23"),
+    ("ngc-pytorch", 'bse_tag = "23.10-py3"'),
+    ("bitfusion", 'bitfusion_dir = "/etc/bf\\nRUN id"'),
+    ("bitfusion", "bitfusion_dir = \"/etc/b'f\""),
+    ("bitfusion", 'parent_image = "x\\ny"'),
+    ("bitfusion", 'client_deb = "/tmp/a\\nRUN id.deb"'),
+    ("bitfusion", 'client_deb = "/tmp/Dockerfile"'),
+    ("habana", 'synapse_version = "1.18.0/../../evil"'),
+    ("habana", 'os = "ubuntu22.04\\nRUN id"'),
+    ("habana", 'torch_version = "2.4.0:latest"'),
+    ("habana", 'install_dir = "/opt/$(id)"'),
+    ("habana", 'lazy_mode = true'),  # gone: the Gaudi mode is per cell (hpu_mode)
+    ("singularity", 'bootstrap = "docker\\n%post\\n  id"'),
+    ("singularity", 'install_dir = "/opt/x\\"y"'),
+    ("singularity", "threads = 99999"),
+    ("singularity", 'threads = "4"'),
+]:
+    _key = _vars.split(" =", 1)[0]
+    _unknown = "unknown " if _key in ("bse_tag", "lazy_mode") else ""
+    bad_matrix("templates", f"{_image}-{_key}-{len(CASES)}", _profile(_image, _vars),
+               f"hardware.cpu.image_vars: {_unknown}template variable '{_key}'")
+bad_matrix("templates", "unknown-template", mx(hardware='image = "ngc-pytroch"'),
+           "hardware.cpu.image: unknown image template 'ngc-pytroch'")
+
+_RENDER = ["images", "render", "ngc-pytorch", "--out", "{results}/ctx"]
+for _name, _assignment, _field in [
+    ("newline", "base_tag=23.10-py3\nRUN touch /pwned", "base_tag"),
+    ("subshell", "base_tag=$(touch /pwned)", "base_tag"),
+    ("backtick", "base_tag=`id`", "base_tag"),
+    ("space", "install_dir=/opt/a b", "install_dir"),
+    ("quote", "install_dir=/opt/'x'", "install_dir"),
+    ("semicolon-item", "apt_packages=git;id", "apt_packages"),
+    ("option-item", "pip_packages=--pre", "pip_packages"),
+    ("image-ref", "base_image=evil ref", "base_image"),
+    ("unknown", "bse_tag=1", "bse_tag"),
+    ("no-equals", "base_tag", "base_tag"),
+]:
+    case("templates", f"set-{_name}", [*_RENDER, "--set", _assignment],
+         err=(f"--set: {_field}",), subprocess=_name == "newline")
+case("templates", "set-threads-negative",
+     ["images", "render", "singularity", "--out", "{results}/ctx", "--set", "threads=-1"],
+     err=("--set: threads", "less than the minimum 0"))
+case("templates", "set-threads-word",
+     ["images", "render", "singularity", "--out", "{results}/ctx", "--set", "threads=four"],
+     err=("--set: threads",))
+case("templates", "set-bootstrap",
+     ["images", "render", "singularity", "--out", "{results}/ctx", "--set", "bootstrap=shell"],
+     err=("--set: bootstrap",))
+case("templates", "set-build-newline",
+     ["images", "build", "ngc-pytorch", "--dry-run", "--set", "install_dir=/x\nRUN id"],
+     err=("--set: install_dir",))
+
+
+def _expect_in(path: str, *texts: str) -> Callable[[Path], None]:
+    def check(root: Path) -> None:
+        content = (root / path).read_text()
+        for text in texts:
+            assert text in content, content
+
+    return check
+
+
+case("templates", "set-requirements-accepted-and-quoted",
+     [*_RENDER, "--set", "pip_packages=numpy<2,torch>=2", "--set", "base_tag=23.10-py3"],
+     expect=0, out=("wrote",), subprocess=True,
+     check=_expect_in("results/ctx/Dockerfile", "--no-cache-dir 'numpy<2' 'torch>=2'\n",
+                      "FROM nvcr.io/nvidia/pytorch:23.10-py3\n"))
+case("templates", "set-apt-accepted", [*_RENDER, "--set", "apt_packages=numactl,libfoo:amd64"],
+     expect=0, out=("wrote",),
+     check=_expect_in("results/ctx/Dockerfile", "      numactl libfoo:amd64 \\\n"))
+
+
+# --- zip / exclude / include -----------------------------------------------------------------
+
+for _name, _kw, _field in [
+    ("zip-lengths", {"extra": '[[zip]]\nbatch_size = [8, 16]\nprecision = ["fp32"]'},
+     "zip[0]: lists must have the same length"),
+    ("zip-empty", {"extra": "[[zip]]"}, "zip[0]: empty"),
+    ("zip-and-axis", {"axes": "batch_size = [8]", "extra": "[[zip]]\nbatch_size = [8]"},
+     "zip[0].batch_size: already varied"),
+    ("exclude-matches-nothing", {"axes": "gpus = [1, 2]", "extra": "[[exclude]]\ngpus = 4"},
+     "exclude[0]: matches no cell"),
+    ("exclude-empty", {"axes": "gpus = [1, 2]", "extra": "[[exclude]]"},
+     "exclude[0]: empty rule"),
+    ("exclude-everything", {"axes": "gpus = [1, 2]", "extra": "[[exclude]]\ngpus = [1, 2]"},
+     "axes: the matrix expands to no cell"),
+    ("exclude-wrong-type", {"axes": "gpus = [1, 2]", "extra": '[[exclude]]\ngpus = ["1"]'},
+     "exclude[0].gpus"),
+    ("include-unknown-hardware", {"extra": '[[include]]\nhardware = "h100"'},
+     "include[0].hardware: unknown hardware profile 'h100'"),
+    ("axes-empty-list", {"axes": "gpus = []"}, "axes.gpus: List should have at least 1 item"),
+    ("axes-unknown-hardware", {"axes": 'hardware = ["cpu", "gpu"]'},
+     "axes.hardware[1]: unknown hardware profile 'gpu'"),
+    ("zip-unknown-hardware", {"extra": '[[zip]]\nhardware = ["cpu", "tpu"]\ngpus = [1, 2]'},
+     "zip[0].hardware[1]: unknown hardware profile 'tpu'"),
+]:
+    bad_matrix("zip-exclude-include", _name, mx(**_kw), _field)
+bad_matrix("zip-exclude-include", "include-without-hardware",
+           '[axes]\nhardware = ["cpu"]\n[[include]]\nbatch_size = 8\n'
+           '[hardware.cpu]\ndevice = "cpu"\n', "include[0]: no hardware")
+good_matrix("zip-exclude-include", "include-duplicate-dropped",
+            mx(extra='[[include]]\nhardware = "cpu"'), 1)
+good_matrix("zip-exclude-include", "zip-accepted",
+            mx(extra='[[zip]]\nbatch_size = [8, 16]\nprecision = ["fp32", "bf16"]'), 2)
+
+# --- hosts files -----------------------------------------------------------------------------
+
+_HOST = '[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n'
+
+
+def _opts(line: str) -> str:
+    return f"[options]\n{line}\n{_HOST}"
+
+
+for _name, _text, _field in [
+    ("connect_timeout-inf", _opts("connect_timeout = inf"), "options.connect_timeout"),
+    ("connect_timeout-nan", _opts("connect_timeout = nan"), "options.connect_timeout"),
+    ("connect_timeout-0", _opts("connect_timeout = 0"), "options.connect_timeout"),
+    ("connect_timeout-601", _opts("connect_timeout = 601"), "options.connect_timeout"),
+    ("connect_timeout-string", _opts('connect_timeout = "10"'), "options.connect_timeout"),
+    ("command_timeout-1e300", _opts("command_timeout = 1e300"), "options.command_timeout"),
+    ("keepalive-negative", _opts("keepalive = -1"), "options.keepalive"),
+    ("keepalive-huge", _opts("keepalive = 100000"), "options.keepalive"),
+    ("trust-string", _opts('trust_on_first_use = "yes"'), "options.trust_on_first_use"),
+    ("known_hosts-newline", _opts('known_hosts = "a\\nb"'), "options.known_hosts"),
+    ("port-0", _HOST + "port = 0\n", "hosts[0] (a).port"),
+    ("port-70000", _HOST + "port = 70000\n", "hosts[0] (a).port"),
+    ("port-string", _HOST + 'port = "22"\n', "hosts[0] (a).port"),
+    ("gpus-negative", _HOST + "gpus = [-1]\n", "hosts[0] (a).gpus"),
+    ("gpus-huge", _HOST + "gpus = [256]\n", "hosts[0] (a).gpus"),
+    ("gpus-twice", _HOST + "gpus = [0, 0]\n", "hosts[0] (a).gpus"),
+    ("max_concurrent-0", _HOST + "max_concurrent = 0\n", "hosts[0] (a).max_concurrent"),
+    ("max_concurrent-huge", _HOST + "max_concurrent = 100000\n", "hosts[0] (a).max_concurrent"),
+    ("duplicate-names", _HOST + _HOST, "hosts[1].name: duplicate host name"),
+    ("adress", '[[hosts]]\nname = "a"\nadress = "x"\n',
+     "hosts[0] (a).adress: unknown key (did you mean 'address'?"),
+    ("no-hosts", "[options]\nconnect_timeout = 5\n", "hosts: Field required"),
+    ("name-newline", '[[hosts]]\nname = "a\\nb"\naddress = "x"\n', "hosts[0].name"),
+    ("name-empty", '[[hosts]]\nname = ""\naddress = "x"\n', "hosts[0].name"),
+    ("address-space", '[[hosts]]\nname = "a"\naddress = "x; id"\n', "hosts[0] (a).address"),
+    ("tag-blank", _HOST + 'tags = [" "]\n', "hosts[0] (a).tags"),
+    ("user-newline", _HOST + 'user = "a\\nb"\n', "hosts[0] (a).user"),
+]:
+    bad_hosts(_name, _text, _field, subprocess=_name == "connect_timeout-inf")
+
+# --- command-line arguments ------------------------------------------------------------------
+
+_PLAN = ["plan", "{dir}/m.toml"]
+_TWO = {"m.toml": mx(axes="batch_size = [8, 16]\nchannels_last = [true, false]")}
+for _name, _only, _err in [
+    ("only-not-a-number", "batch_size=abc", "--only: batch_size=abc"),
+    ("only-unknown-key", "nokey=1", "--only: nokey: unknown parameter"),
+    ("only-no-value", "gpus", "--only: gpus: expected KEY=VALUE"),
+    ("only-no-key", "=1", "--only: =1: expected KEY=VALUE"),
+    ("only-gpus-0", "gpus=0", "--only: gpus=0"),
+    ("only-gpus-65", "gpus=65", "--only: gpus=65"),
+    ("only-precision", "precision=fp8", "--only: precision=fp8"),
+    ("only-matches-nothing", "batch_size=32", "--only batch_size=32 matches no cell"),
+]:
+    case("cli", _name, [*_PLAN, "--only", _only], files=_TWO, err=(_err,),
+         subprocess=_name == "only-not-a-number")
+case("cli", "only-strings-accepted", [*_PLAN, "--only", "batch_size=8", "--only",
+                                      "channels_last=no"],
+     files=_TWO, expect=0, out=("m: 1 cells", "cpu-g1-bs8-fp32-nochannelslast-r1"), subprocess=True)
+case("cli", "only-yes-accepted", [*_PLAN, "--only", "channels_last=yes", "--only", "repeat=1"],
+     files=_TWO, expect=0, out=("m: 2 cells",))
+for _name, _argv, _err in [
+    ("report-baseline-no-equals", ["report", "m", "--baseline", "hardware"], "--baseline"),
+    ("report-results-file", ["report", "m", "--results", "{dir}/m.toml"], "--results"),
+    ("history-results-file", ["history", "m", "--results", "{dir}/m.toml"], "--results"),
+    ("matrix-results-file", ["matrix", "{dir}/m.toml", "--results", "{dir}/m.toml"],
+     "--results"),
+    ("history-threshold-word", ["history", "m", "--threshold", "abc"], "--threshold"),
+    ("history-last-word", ["history", "m", "--last", "abc"], "--last"),
+    ("history-window-float", ["history", "m", "--window", "1.5"], "--window"),
+    ("report-no-run", ["report", "m", "--run", "20990101-000000-ffff"], "run: no run"),
+    ("report-no-matrix", ["report", "other"], "run: no runs of 'other'"),
+    ("driver-word", ["images", "build", "ngc-pytorch", "--driver", "abc", "--dry-run"],
+     "--driver: malformed driver version"),
+    ("driver-and-base_tag", ["images", "build", "ngc-pytorch", "--driver", "535.104.05",
+                             "--set", "base_tag=23.10-py3", "--dry-run"], "--driver: give either"),
+    ("driver-from-without-hosts", ["images", "build", "ngc-pytorch", "--driver-from", "a"],
+     "--driver-from needs --hosts"),
+    ("driver-for-habana", ["images", "build", "habana", "--driver", "535.104.05", "--dry-run"],
+     "has no base_tag"),
+    ("images-unknown", ["images", "render", "nope", "--out", "{results}/x"],
+     "unknown image template 'nope'"),
+    ("backend-unknown", ["matrix", "{dir}/m.toml", "--backend", "nope"],
+     "--backend: unknown backend 'nope'"),
+    ("jobs-word", ["hosts", "check", "{dir}/m.toml", "--jobs", "x"], "--jobs"),
+    ("plan-without-file", ["plan"], "the following arguments are required"),
+    ("quiet-and-verbose", ["-q", "-v", "plan", "{dir}/m.toml"], "not allowed with argument"),
+    ("unknown-command", ["frobnicate"], "invalid choice"),
+]:
+    case("cli", _name, [*_argv, "--results", "{results}"]
+         if _argv[0] in ("report", "history") and "--results" not in _argv else _argv,
+         files={"m.toml": mx()}, setup=_a_run, err=(_err,),
+         subprocess=_name in ("report-results-file", "driver-word"))
+case("cli", "report-accepted", ["report", "m", "--results", "{results}", "--baseline",
+                                "hardware=cpu"],
+     setup=_a_run, expect=0, out=("100.0",))
+case("cli", "dry-run-accepted", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
+                                 "{results}"],
+     files={"m.toml": mx()}, expect=0, out=("dry run: would run 1 cells",))
+case("cli", "build-dry-run-driver-accepted",
+     ["images", "build", "ngc-pytorch", "--driver", "535.104.05", "--dry-run"], expect=0,
+     out=("release:", "base image: nvcr.io/nvidia/pytorch:"))
+
+# --- old runs on disk ------------------------------------------------------------------------
+
+_R = ["report", "m", "--results", "{results}"]
+case("old-runs", "truncated-result", _R,
+     setup=lambda d: _a_run(d, {"a-r1": _result("a-r1"), "b-r1": json.dumps(_result("b-r1"))[:40]}),
+     expect=0, out=("100.0",), err=("warning: skipping cell b-r1", "unreadable"),
+     subprocess=True)
+case("old-runs", "unknown-status", _R,
+     setup=lambda d: _a_run(d, {"a-r1": _result("a-r1"), "b-r1": _result("b-r1", "exploded")}),
+     expect=0, out=("100.0",), err=("skipping cell b-r1", "status: unknown status 'exploded'"))
+case("old-runs", "truncated-plan", _R, setup=lambda d: _a_run(d, plan='{"cells": ['),
+     expect=0, out=("100.0",), err=("plan.json", "using the cells found on disk"))
+case("old-runs", "result-not-an-object", _R, setup=lambda d: _a_run(d, {"a-r1": "[1, 2]"}),
+     expect=0, err=("skipping cell a-r1", "expected a JSON object"))
+case("old-runs", "history-with-a-damaged-run", ["history", "m", "--results", "{results}"],
+     setup=lambda d: (_a_run(d), _a_run(d, {"a-r1": "{"}, run="20260102-000000-abcd")),
+     expect=0, err=("skipping cell a-r1",))
+
+
+def _resume_setup(damage: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        from orchestrator.matrix import load_matrix
+        from orchestrator.sweep import plan_json
+
+        (d / "m.toml").write_text(mx())
+        matrix = load_matrix(d / "m.toml")
+        plan = json.dumps(plan_json(matrix, "process"))
+        _a_run(d, {}, plan=plan[:30] if damage == "plan" else plan,
+               run_json="{" if damage == "run" else "{}")
+
+    return setup
+
+
+case("old-runs", "resume-truncated-plan", ["matrix", "{dir}/m.toml", "--resume", "--results",
+                                           "{results}"],
+     setup=_resume_setup("plan"), err=("plan.json: unreadable",))
+case("old-runs", "resume-truncated-run", ["matrix", "{dir}/m.toml", "--resume", "--results",
+                                          "{results}"],
+     setup=_resume_setup("run"), err=("run.json: unreadable",))
+
+# --- can it run: the semantic checks (orchestrator/checks.py) ---------------------------------
+# A cell that cannot run where it is planned is refused before anything is built or launched,
+# naming the field where its value is set; what cannot be checked is a note, not an error.
+
+GPU = """\
+[matrix]
+backend = "docker"
+{matrix}
+[workload]
+{hw}iterations = 1
+warmup = 0
+{workload}
+[axes]
+{axes}
+{extra}
+[hardware.v100]
+device = "cuda"
+gpu = "V100"
+image = "ngc-pytorch"
+image_vars = {{ base_tag = "23.10-py3" }}
+{profile}
+{after}"""
+
+GAUDI = """
+[hardware.gaudi]
+device = "hpu"
+gpu = "HL-205"
+image = "habana"
+container = { runtime = "habana" }
+"""
+
+
+def gx(matrix: str = "", workload: str = "", axes: str = "", extra: str = "",
+       profile: str = "", after: str = "", hw: str | None = "v100") -> str:
+    """A small valid GPU matrix (a V100 on NGC 23.10, docker backend) with lines added;
+    ``hw``: the [workload] hardware (None: none, e.g. for a hardware axis)."""
+    return GPU.format(matrix=matrix, workload=workload, axes=axes, extra=extra,
+                      profile=profile, after=after, hw=f'hardware = "{hw}"\n' if hw else "")
+
+
+def hx(workload: str = "", axes: str = "", env: str = "") -> str:
+    """A small valid Gaudi matrix with lines added."""
+    return gx(workload=workload, axes=axes, after=GAUDI + env, hw="gaudi")
+
+
+_NO_RUN_FOLDER = lambda d: None if not (d / "results").exists() else (  # noqa: E731
+    _ for _ in ()).throw(AssertionError("a run folder was created"))
+
+for _name, _text, _field, _more in [
+    ("made-up-arch", gx(axes='arch = ["resnet50", "resnxt101_32x4d"]'), "axes.arch[1]",
+     ("did you mean 'resnext101_32x4d'",)),
+    ("made-up-arch-in-workload", gx(workload='arch = "resnet5o"'), "workload.arch",
+     ("did you mean 'resnet50'",)),
+    ("made-up-arch-in-include", gx(extra='[[include]]\nhardware = "v100"\narch = "vgg17"'),
+     "include[0].arch", ("not a model the workload can build",)),
+    ("made-up-arch-in-zip", gx(extra='[[zip]]\narch = ["resnet18", "reznet18"]\n'
+                                     "batch_size = [8, 16]"),
+     "zip[0].arch[1]", ("not a model",)),
+    ("compile-on-torch-1.x", gx(workload='compile = "default"',
+                                profile="").replace("23.10-py3", "23.02-py3"),
+     "workload.compile", ("needs torch >= 2.0", "torch 1.14.0a0+44dac51",
+                          "hardware.v100.image_vars.base_tag: NGC PyTorch 23.02")),
+    ("refused-release", gx().replace("23.10-py3", "23.04-py3"),
+     "hardware.v100.image_vars.base_tag", ("Python 3.8", "pick 23.06 or 23.07")),
+    ("release-below-the-table", gx().replace("23.10-py3", "21.03-py3"),
+     "hardware.v100.image_vars.base_tag", ("older than the workload's floor",)),
+    ("singularity-on-docker", gx(profile="").replace('image = "ngc-pytorch"',
+                                                      'image = "singularity"'),
+     "hardware.v100.image", ("singularity definition", "docker backend")),
+    ("singularity-on-ssh", gx(matrix='hosts = "h.toml"').replace('backend = "docker"',
+                                                                  'backend = "ssh"')
+     .replace('image = "ngc-pytorch"', 'image = "singularity"'),
+     "hardware.v100.image", ("ssh backend",)),
+    ("no-image-on-docker", mx(matrix='backend = "docker"'), "hardware.cpu.image",
+     ("runs each cell in a container",)),
+    ("bf16-on-v100", gx(workload='precision = "bf16"'), "workload.precision",
+     ("compute capability 8.0", "V100, compute capability 7.0")),
+    ("bf16-on-t4-by-capability", gx(axes='precision = ["amp", "bf16"]')
+     .replace('gpu = "V100"', 'compute_capability = "7.5"'), "axes.precision[1]",
+     ("compute capability 7.5",)),
+    ("amp-on-gaudi", hx(workload='precision = "amp"'), "workload.precision",
+     ("Gaudi's mixed precision is bf16",)),
+    ("amp-on-cpu", mx(workload='precision = "amp"'), "workload.precision",
+     ("on the CPU", "use bf16")),
+    ("cuda-graphs-on-cpu", mx(workload="cuda_graphs = true"), "workload.cuda_graphs",
+     ("need a CUDA GPU",)),
+    ("cuda-graphs-on-gaudi", hx(workload="cuda_graphs = true"), "workload.cuda_graphs",
+     ("device 'hpu'",)),
+    ("nsys-on-cpu", mx(workload='profiler = "nsys"'), "workload.profiler",
+     ("profiles CUDA GPUs",)),
+    ("ncu-on-gaudi", hx(workload='profiler = "ncu"'), "workload.profiler",
+     ("Nsight Compute (ncu) profiles CUDA GPUs",)),
+    ("nsys-in-an-image-without-it", gx(workload='profiler = "nsys"')
+     .replace('image = "ngc-pytorch"\nimage_vars = { base_tag = "23.10-py3" }',
+              'image = "habana"'), "workload.profiler", ("does not ship Nsight Systems",)),
+    ("ncu-on-pascal", gx(workload='profiler = "ncu"').replace('"V100"', '"P100"'),
+     "workload.profiler", ("Volta",)),
+    ("compile-on-pascal", gx(workload='compile = "max-autotune"').replace('"V100"', '"P100"'),
+     "workload.compile", ("Triton", "7.0")),
+    ("hpu_mode-on-cuda", gx(workload='hpu_mode = "lazy"'), "workload.hpu_mode",
+     ("applies to Gaudi profiles",)),
+    ("compile-on-gaudi", hx(workload='compile = "default"'), "workload.compile",
+     ('hpu_mode = "compile"',)),
+    ("lazy-mode-in-profile-env", hx(env='env = { PT_HPU_LAZY_MODE = "1" }'),
+     "hardware.gaudi.env.PT_HPU_LAZY_MODE", ("per-cell choice",)),
+    ("compile-hpu_mode-on-old-habana-torch",
+     hx(workload='hpu_mode = "compile"', env='image_vars = { torch_version = "1.13.1" }'),
+     "workload.hpu_mode", ("needs torch >= 2.0",)),
+    ("pretrained-dle-model", gx(workload='arch = "se_resnext101_32x4d"\npretrained = true'),
+     "workload.pretrained", ("no pretrained weights",)),
+    ("baseline-unknown-key", mx(matrix='baseline = "hardwre=cpu"'), "matrix.baseline",
+     ("did you mean 'hardware'",)),
+    ("baseline-bad-value", mx(matrix='baseline = "gpus=one"'), "matrix.baseline",
+     ("not a value of gpus",)),
+    ("baseline-no-cell", mx(matrix='baseline = "hardware=v100"'), "matrix.baseline",
+     ("no cell has hardware = v100", "the cells have hardware cpu")),
+    ("baseline-no-pair", mx(matrix='baseline = "batch_size=8"',
+                            extra='[[zip]]\nbatch_size = [8, 16]\nimage_size = [32, 64]'),
+     "matrix.baseline", ("no cell has a batch_size = 8 row to compare with",)),
+    ("capability-on-cpu", mx(hardware='compute_capability = "8.0"'), "hardware.cpu",
+     ("describes a CUDA GPU",)),
+]:
+    bad_matrix("can-it-run", _name, _text, _field, err=_more,
+               subprocess=_name in ("made-up-arch", "compile-on-torch-1.x",
+                                    "singularity-on-docker"))
+
+# every problem at once: three profiles, three kinds of problem
+case("can-it-run", "every-problem-at-once", ["validate", "{dir}/m.toml"],
+     files={"m.toml": gx(workload='compile = "default"', axes='arch = ["resnet50", "resnet5"]',
+                         after='[hardware.sing]\ndevice = "cuda"\nimage = "singularity"\n'
+                               + GAUDI, extra="")
+            .replace("23.10-py3", "23.02-py3")
+            .replace('hardware = "v100"\n', "")
+            .replace("[axes]", '[axes]\nhardware = ["v100", "sing"]')},
+     err=("problems:", "m.toml: axes.arch[1]", "m.toml: workload.compile",
+          "m.toml: hardware.v100.image_vars.base_tag", "m.toml: hardware.sing.image"))
+# plan and matrix refuse too, before a run folder exists
+bad_matrix("can-it-run", "plan-refuses", gx(workload='arch = "resnet5o"'), "workload.arch",
+           command=("plan",))
+bad_matrix("can-it-run", "matrix-refuses-before-a-run-folder",
+           mx(workload='arch = "resnet5o"'), "workload.arch",
+           command=("matrix", "--results", "{dir}/results"), check=_NO_RUN_FOLDER)
+bad_matrix("can-it-run", "dry-run-refuses", gx(workload='precision = "bf16"'),
+           "workload.precision", command=("matrix", "--dry-run", "--results", "{dir}/results"),
+           check=_NO_RUN_FOLDER)
+bad_matrix("can-it-run", "validate-for-another-backend", mx(), "hardware.cpu.image",
+           command=("validate", "--backend", "docker"))
+case("can-it-run", "validate-for-an-unknown-backend",
+     ["validate", "{dir}/m.toml", "--backend", "apptainer"], files={"m.toml": mx()},
+     err=("--backend: unknown backend 'apptainer'",))
+bad_matrix("can-it-run", "cross-stack-baseline-strict",
+           gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "new"]', hw=None,
+              after='[hardware.new]\ndevice = "cuda"\ngpu = "V100"\nimage = "ngc-pytorch"\n'
+                    'image_vars = { base_tag = "24.05-py3" }\n'),
+           "matrix.baseline", command=("validate", "--strict"),
+           err=("m.toml: matrix.baseline: compares hardware 'new' (NGC PyTorch 24.05",
+                "with 'v100' (NGC PyTorch 23.10"))
+
+
+def good_run(name: str, text: str, cells: int, out: tuple[str, ...] = (),
+             argv: tuple[str, ...] = ("validate",)) -> None:
+    """A matrix the checks must accept (exit 0), with ``out`` on stdout."""
+    case("can-it-run", name, [*argv, "{dir}/m.toml"], files={"m.toml": text}, expect=0,
+         out=(f"ok ({cells} cells)", *out) if argv == ("validate",) else out)
+
+
+good_run("dle-resnext-exists", gx(workload='arch = "resnext101_32x4d"'), 1,
+         ("NGC PyTorch 23.10 (torch 2.1.0a0+32f93b1",))
+good_run("dle-se-resnext-exists", gx(axes='arch = ["resnext101_32x4d", "se_resnext101_32x4d"]'),
+         2)
+good_run("gaudi-modes", hx(axes='hpu_mode = ["eager", "lazy", "compile"]\n'
+                                'precision = ["bf16", "fp32"]'), 6,
+         ("Habana PyTorch installer 1.18.0 (torch 2.4.0",))
+good_run("bf16-on-a100", gx(workload='precision = "bf16"').replace('"V100"', '"A100-SXM4-80GB"'),
+         1)
+good_run("bf16-on-an-unnamed-gpu", gx(workload='precision = "bf16"')
+         .replace('gpu = "V100"\n', ""), 1, ("note:", "bf16 not checked"))
+good_run("gpu-typo-is-a-note", gx().replace('"V100"', '"V1OO"'), 1,
+         ("note:", "did you mean 'V100'"))
+good_run("nsys-and-ncu-in-ngc", gx(axes='profiler = ["nsys", "ncu"]'), 2)
+good_run("unknown-base-image-is-a-note",
+         gx(workload='arch = "resnext101_32x4d"').replace(
+             'base_tag = "23.10-py3"', 'base_image = "registry.lab/pytorch:custom"'), 1,
+         ("note:", "not an NGC PyTorch or Habana release"))
+good_run("bool-baseline", mx(matrix='baseline = "channels_last=false"',
+                             axes="channels_last = [true, false]"), 2)
+good_run("same-stack-bitfusion-baseline",
+         gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
+            after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
+                  'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3" }\n'), 2,
+         ("hardware bf (docker backend): NGC PyTorch 23.10",))
+good_run("cross-stack-baseline-warns",
+         gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
+            after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
+                  'wrapper = "bitfusion"\n'), 2,
+         ("warning:", "different software stacks", "NGC PyTorch 24.05"))
+good_run("process-backend-runs-this-python", mx(workload='arch = "resnext101_32x4d"'), 1,
+         ("this machine's Python (torch ",))
+good_run("plan-accepts-resnext", gx(workload='arch = "resnext101_32x4d"'), 1,
+         ("v100-g1-bs64-fp32-r1",), argv=("plan",))
+
+
+# --- the runner ------------------------------------------------------------------------------
+
+HANG_LIMIT_S = 60
+
+
+@dataclass
+class Outcome:
+    code: int
+    out: str
+    err: str
+
+
+def _prepare(c: Case, root: Path) -> tuple[Path, list[str]]:
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, content in c.files.items():
+        path = root / rel
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    if c.setup is not None:
+        c.setup(root)
+    argv = [a.replace("{dir}", str(root)).replace("{results}", str(root / "results"))
+            for a in c.argv]
+    return root, argv
+
+
+def _snapshot(root: Path, skip: Path | None = None) -> dict[str, tuple[int, int, int]]:
+    """Every entry under ``root`` (not following links): (mode, size, mtime)."""
+    found: dict[str, tuple[int, int, int]] = {}
+    for folder, dirs, files in os.walk(root):
+        if skip is not None and Path(folder) == skip:
+            dirs[:] = []
+            continue
+        dirs[:] = [d for d in dirs if not (skip is not None and Path(folder, d) == skip)
+                   and d not in ("__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache")]
+        for name in [*files, *dirs]:
+            path = Path(folder, name)
+            st = path.lstat()
+            mtime = 0 if path.is_dir() else st.st_mtime_ns
+            found[str(path.relative_to(root))] = (st.st_mode, st.st_size if not path.is_dir()
+                                                   else 0, mtime)
+    return found
+
+
+def _repository_snapshot() -> dict[str, Any]:
+    """What a stray write into the repository would change: its top level and results/."""
+    top = sorted(p.name for p in ROOT.iterdir())
+    results = ROOT / "results"
+    return {"top": top, "results": _snapshot(results) if results.is_dir() else {}}
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise TimeoutError(f"the case blocked for {HANG_LIMIT_S} s")
+
+
+def run_in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Outcome:
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(HANG_LIMIT_S)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    captured = capsys.readouterr()
+    return Outcome(code, captured.out, captured.err)
+
+
+def run_subprocess(argv: list[str], cwd: Path) -> Outcome:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=HANG_LIMIT_S)
+    return Outcome(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _verify(c: Case, outcome: Outcome, root: Path) -> None:
+    shown = f"{c.id}: exit {outcome.code}\nstdout: {outcome.out[-2000:]}\nstderr: {outcome.err}"
+    assert outcome.code == c.expect, shown
+    for text in ("Traceback", "Exception ignored", 'File "'):
+        assert text not in outcome.err and text not in outcome.out, shown
+    for text in c.err:
+        assert text in outcome.err, f"missing {text!r} on stderr\n{shown}"
+    for text in c.out:
+        assert text in outcome.out, f"missing {text!r} on stdout\n{shown}"
+    if c.check is not None:
+        c.check(root)
+
+
+def _run_case(c: Case, tmp_path: Path, runner: Callable[[list[str], Path], Outcome]) -> None:
+    root, argv = _prepare(c, tmp_path / "case")
+    before = _snapshot(tmp_path, skip=root / "results")
+    repo_before = _repository_snapshot()
+    outcome = runner(argv, root)
+    _verify(c, outcome, root)
+    assert _snapshot(tmp_path, skip=root / "results") == before, f"{c.id} wrote outside results/"
+    assert _repository_snapshot() == repo_before, f"{c.id} wrote into the repository"
+
+
+def _ids(cases: list[Case]) -> list[str]:
+    return [c.id for c in cases]
+
+
+@pytest.mark.parametrize("c", CASES, ids=_ids(CASES))
+def test_bad_input_in_process(c: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default ./results of a command lands in the case's folder
+    _run_case(c, tmp_path, lambda argv, root: run_in_process(argv, capsys))
+
+
+SAMPLE = [c for c in CASES if c.subprocess]
+
+
+@pytest.mark.parametrize("c", SAMPLE, ids=_ids(SAMPLE))
+def test_bad_input_as_a_real_process(c: Case, tmp_path: Path) -> None:
+    _run_case(c, tmp_path, run_subprocess)
+
+
+def counts() -> Counter[str]:
+    """Cases per category."""
+    return Counter(c.category for c in CASES)
+
+
+def test_the_table_is_big_enough_and_ids_are_unique(capsys: pytest.CaptureFixture[str]) -> None:
+    by_category = counts()
+    with capsys.disabled():
+        print(f"\nbad-input cases: {len(CASES)} ({len(SAMPLE)} also as subprocesses); "
+              + ", ".join(f"{k} {v}" for k, v in sorted(by_category.items())))
+    assert len(CASES) >= 150
+    assert len({c.id for c in CASES}) == len(CASES)
+    assert all(n >= 5 for n in by_category.values()), by_category
+    refused = sum(c.expect == 2 for c in CASES)
+    assert refused >= 150 * 0.8
+
+
+def _iter_categories() -> Iterator[str]:
+    for category, n in sorted(counts().items()):
+        yield f"{category:22} {n:4}"
+
+
+if __name__ == "__main__":
+    print("\n".join(_iter_categories()))
+    print(f"{'total':22} {len(CASES):4}  ({len(SAMPLE)} also as real subprocesses)")

@@ -1,0 +1,208 @@
+"""orchestrator/checks.py: can every cell run where it is planned, and do comparisons hold?
+
+The bad-input table (tests/test_bad_inputs.py, category ``can-it-run``) runs each rule through
+the CLI; these tests check the module's own API: the stack each shipped profile resolves to (and
+that the README lists exactly that), the Bitfusion image built FROM the very image of its native
+twin, errors reported once per field (not once per cell), and a sweep refusing before it makes a
+run folder.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from orchestrator import build
+from orchestrator.checks import check_matrix, host_stack, refuse_unrunnable
+from orchestrator.errors import ConfigError
+from orchestrator.matrix import load_matrix
+from orchestrator.sweep import run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+MATRICES = ROOT / "matrices"
+
+#: matrix -> hardware -> (NGC release or Habana "installer X", torch) the profile resolves to;
+#: None: this machine's Python (process/slurm backends) or a local stand-in base image.
+SHIPPED: dict[str, dict[str, tuple[str, str] | None]] = {
+    "bitfusion_vs_native": {"v100": ("23.10", "2.1.0a0+32f93b1"),
+                            "v100-bitfusion": ("23.10", "2.1.0a0+32f93b1")},
+    "v100_scaling": {"v100": ("23.10", "2.1.0a0+32f93b1")},
+    "v100_profile": {"v100": ("23.10", "2.1.0a0+32f93b1")},
+    "gaudi": {"gaudi": ("installer 1.18.0", "2.4.0")},
+    "h100_speed": {"h100": None},
+    "cpu_smoke": {"cpu": None},
+    "slurm_smoke": {"cpu": None},
+    "docker_smoke": {"cpu-container": None},
+    "ssh_smoke": {"cpu": None},
+}
+
+
+def test_every_shipped_matrix_is_listed_here() -> None:
+    assert set(SHIPPED) == {p.stem for p in MATRICES.glob("*.toml")}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_the_stack_of_every_shipped_profile(name: str) -> None:
+    found = check_matrix(load_matrix(MATRICES / f"{name}.toml"))
+    assert found.errors == [] and found.warnings == []
+    for hw, expected in SHIPPED[name].items():
+        stack = found.stacks[hw]
+        if expected is None:
+            assert stack.release is None and (stack.base is None or not stack.known)
+            continue
+        release, torch = expected
+        assert stack.torch == torch and stack.known
+        if release.startswith("installer"):
+            assert stack.label.startswith(f"Habana PyTorch {release}")
+        else:
+            assert stack.release == release
+            assert stack.base == f"nvcr.io/nvidia/pytorch:{release}-py3"
+
+
+def test_the_readme_lists_what_each_matrix_resolves_to() -> None:
+    """README "Shipped matrices": one row per matrix, with the release and torch it runs."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Shipped matrices"):]
+    section = section[:section.index("\n## ")]
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| `(\w+)` \|(.*)$", section, re.M)}
+    assert set(rows) == set(SHIPPED)
+    for name, profiles in SHIPPED.items():
+        for expected in profiles.values():
+            if expected is not None:
+                release, torch = expected
+                assert release.removeprefix("installer ") in rows[name], name
+                assert torch in rows[name], name
+
+
+def test_bitfusion_is_built_from_exactly_the_native_image(tmp_path: Path) -> None:
+    """Seed 000's ratio compares one stack: the Bitfusion image's parent is the native image
+    itself (same content-hash tag), so both sides run the same NGC release, bit for bit."""
+    path = tmp_path / "bitfusion_vs_native.toml"
+    shutil.copy(MATRICES / "bitfusion_vs_native.toml", path)
+    (tmp_path / "bitfusion").mkdir()
+    (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2004_4.5.4-3_amd64.deb").write_bytes(b"deb")
+    (tmp_path / "bitfusion" / "bitfusion-ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    matrix = load_matrix(path)
+    plans = build.plan_images(matrix, list(matrix.cells), "docker")
+    native, bitfusion = plans["v100"], plans["v100-bitfusion"]
+    assert bitfusion.parent is not None and bitfusion.parent.tag == native.tag
+    assert native.base_image == "nvcr.io/nvidia/pytorch:23.10-py3"
+
+
+def test_the_gaudi_matrix_measures_eager_and_graph_mode() -> None:
+    matrix = load_matrix(MATRICES / "gaudi.toml")
+    configs = {(c.params.gpus, c.params.precision, c.params.batch_size, c.params.hpu_mode)
+               for c in matrix.cells}
+    assert configs == {(g, p, b, m) for g in (1, 8) for p, b in (("bf16", 256), ("fp32", 128))
+                       for m in ("eager", "lazy")}
+    assert {c.params.compile for c in matrix.cells} == {"none"}
+
+
+def test_the_seed_000_matrix_is_amp_throughout() -> None:
+    """DLE's inference benchmark runs with --amp: inference is fp16 autocast like training."""
+    matrix = load_matrix(MATRICES / "bitfusion_vs_native.toml")
+    assert {(c.params.mode, c.params.batch_size) for c in matrix.cells} == {
+        ("train", 256), ("infer", 256), ("infer", 1)}
+    assert {c.params.precision for c in matrix.cells} == {"amp"}
+    assert {c.params.arch for c in matrix.cells} == {"resnet50", "resnext101_32x4d"}
+
+
+GAUDI_COMPILE = """
+[matrix]
+backend = "docker"
+repeats = 3
+[workload]
+hardware = "gaudi"
+compile = "default"
+[axes]
+gpus = [1, 8]
+precision = ["bf16", "fp32"]
+[hardware.gaudi]
+device = "hpu"
+image = "habana"
+"""
+
+
+def test_a_problem_is_reported_once_per_field_not_per_cell(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(GAUDI_COMPILE)
+    found = check_matrix(load_matrix(path))  # 12 cells, 4 configurations
+    assert [p.field for p in found.errors] == ["workload.compile"]
+    assert found.stacks["gaudi"].torch == "2.4.0"
+
+
+def test_strict_turns_warnings_into_problems(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text("""
+[matrix]
+backend = "docker"
+[workload]
+hardware = "v100"
+cuda_graphs = true
+compile = "default"
+[hardware.v100]
+device = "cuda"
+gpu = "H100"
+image = "ngc-pytorch"
+""")
+    matrix = load_matrix(path)
+    found = refuse_unrunnable(matrix)
+    assert [p.field for p in found.warnings] == ["workload.cuda_graphs"]
+    with pytest.raises(ConfigError, match="workload.cuda_graphs: with compile"):
+        refuse_unrunnable(matrix, strict=True)
+
+
+def test_the_backend_decides_what_is_checked(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(GAUDI_COMPILE.replace('compile = "default"', 'hpu_mode = "eager"'))
+    matrix = load_matrix(path)
+    assert check_matrix(matrix, "docker").stacks["gaudi"].label.startswith("Habana")
+    process = check_matrix(matrix, "process")
+    assert process.stacks["gaudi"] == host_stack()
+    assert any(p.field == "hardware.gaudi.image" and "not used" in p.message
+               for p in process.notes)
+    unknown = check_matrix(matrix, "apptainer")
+    assert not unknown.stacks["gaudi"].known and unknown.errors == []
+
+
+def test_comparisons_can_be_left_to_the_full_matrix(tmp_path: Path) -> None:
+    """A ``--only`` subset may leave out the baseline's rows: the sweep checks cells only."""
+    path = tmp_path / "m.toml"
+    path.write_text('[matrix]\nbaseline = "hardware=v100"\n[workload]\nhardware = "cpu"\n'
+                    '[hardware.cpu]\ndevice = "cpu"\n')
+    matrix = load_matrix(path)
+    assert [p.field for p in check_matrix(matrix).errors] == ["matrix.baseline"]
+    assert check_matrix(matrix, comparisons=False).errors == []
+
+
+def test_a_sweep_refuses_before_it_makes_a_run_folder(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text('[workload]\nhardware = "cpu"\nprecision = "amp"\narch = "resnet5"\n'
+                    '[hardware.cpu]\ndevice = "cpu"\n')
+    with pytest.raises(ConfigError) as err:
+        run_sweep(load_matrix(path), results_root=tmp_path / "results")
+    assert {p.field for p in err.value.problems} == {"workload.precision", "workload.arch"}
+    assert not (tmp_path / "results").exists()
+
+
+def test_an_arch_newer_than_the_stacks_torchvision(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model of today's table exists from the floor on, so no shipped release lacks one:
+    the table is made to say that this one came later (as a future model would)."""
+    from orchestrator import stacks
+
+    monkeypatch.setattr(stacks, "arch_available",
+                        lambda arch, version: arch != "resnet18" or version >= "0.19")
+    path = tmp_path / "m.toml"
+    path.write_text('[matrix]\nbackend = "docker"\n[axes]\narch = ["resnet50", "resnet18"]\n'
+                    'hardware = ["old", "new"]\n'
+                    '[hardware.old]\ndevice = "cuda"\nimage = "ngc-pytorch"\n'
+                    'image_vars = { base_tag = "23.10-py3" }\n'
+                    '[hardware.new]\ndevice = "cuda"\nimage = "ngc-pytorch"\n'
+                    'image_vars = { base_tag = "24.05-py3" }\n')
+    (problem,) = check_matrix(load_matrix(path)).errors
+    assert problem.field == "axes.arch[1]"
+    assert problem.message.startswith("'resnet18' is not in torchvision 0.16, which hardware 'old'")

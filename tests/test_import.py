@@ -1,0 +1,415 @@
+"""``orchestrate import``: DLLogger raports and logs, DLPerf-style folders, our own run folders.
+
+The DLLogger input is written by the real NVIDIA DLLogger (tests/dllogger_support.py). The
+"earlier run" an import joins is a run folder written as a sweep writes it (plan from the
+matrix expansion, one result per cell); running the real workload for it would only add time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from dllogger_support import run_program
+
+from orchestrator import importer
+from orchestrator.cli import main
+from orchestrator.errors import ConfigError
+from orchestrator.fom import FiguresConfig
+from orchestrator.importer import ImportOptions, import_results, plan_import
+from orchestrator.matrix import load_matrix
+from orchestrator.results import CellResult, RunPaths, Status, read_json, runs_of, write_json
+from orchestrator.sweep import plan_json
+
+MATRIX = """\
+[matrix]
+name = "dle_cal"
+
+[workload]
+hardware = "v100"
+arch = "resnet50"
+batch_size = 32
+warmup = 5
+
+[axes]
+precision = ["fp32", "amp"]
+
+[hardware.v100]
+device = "cuda"
+"""
+EARLIER = "20260101-000000-aaaa"
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """name -> (raport, stdout log) written by the real DLLogger program."""
+    base = tmp_path_factory.mktemp("logs")
+    out = {}
+    for name, args in {"amp": ["--amp"], "amp2": ["--amp"], "fp32": [],
+                       "partial": ["--amp", "--stop-after", "12"]}.items():
+        raport, log, _, _ = run_program(base / name, *args, name=name, check=name != "partial")
+        out[name] = (raport, log)
+    return out
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    """A results root holding one earlier run of dle_cal, as a sweep writes it."""
+    root = tmp_path / "results"
+    matrix_file = tmp_path / "dle_cal.toml"
+    matrix_file.write_text(MATRIX)
+    matrix = load_matrix(matrix_file)
+    paths = RunPaths.create(root, matrix.name, EARLIER)
+    paths.matrix_file.write_text(matrix.source_text)
+    write_json(paths.plan, plan_json(matrix, "process"))
+    write_json(paths.run_meta, {"run_id": EARLIER, "matrix": matrix.name})
+    for cell in matrix.cells:
+        res = CellResult(cell.id, cell.group, cell.repeat, Status.OK,
+                         params=cell.params.model_dump(), metrics={"train.total_ips": 5000.0})
+        write_json(paths.cell_result(cell.id), res.to_json())
+    return root
+
+
+def options(results: Path, **kw) -> ImportOptions:
+    return ImportOptions(matrix=kw.pop("matrix", "dle_cal"), results_root=results, **kw)
+
+
+def entries_of(results: Path, name: str = "dle_cal") -> list[str]:
+    base = results / name
+    return sorted(p.name for p in base.iterdir()) if base.exists() else []
+
+
+# --- the end-to-end check of the issue ------------------------------------------------------
+
+
+def test_imported_raport_shows_in_report_and_joins_history(logs, results, capsys):
+    raport, _ = logs["amp"]
+    assert main(["import", str(raport), "--matrix", "dle_cal", "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert f"{raport} -> v100-g1-bs32-amp-r1 (dllogger-raport, ok)" in out
+    (run,) = [r for r in runs_of(results, "dle_cal") if r.run_id != EARLIER]
+    (res,) = run.results()
+    ips = res.metrics["train.total_ips"]
+    p50, p99 = (res.metrics[f"val.compute_latency_at{q}"] * 1000 for q in (50, 99))
+
+    assert main(["report", "dle_cal", "--run", run.run_id, "--results", str(results)]) == 0
+    report = capsys.readouterr().out
+    row = next(line for line in report.splitlines() if "| amp" in line)
+    assert f"{ips:,.1f}" in row and f"{p50:,.2f}" in row and f"{p99:,.2f}" in row
+    assert "p50 ms" in report and "p99 ms" in report
+
+    assert main(["history", "dle_cal", "--results", str(results)]) == 0
+    history = capsys.readouterr().out
+    row = next(line for line in history.splitlines() if "| amp" in line)
+    assert "5,000.0" in row and f"{ips:,.1f}" in row  # one row: the earlier run and the import
+    assert EARLIER[:15] in history and run.run_id[:15] in history
+
+
+def test_run_folder_contents_and_provenance(logs, results):
+    raport, _ = logs["amp"]
+    paths, plan = import_results([raport], options(results, argv=["orchestrate", "import"]))
+    assert (paths.root / "matrix.toml").read_text() == (results / "dle_cal" / EARLIER /
+                                                        "matrix.toml").read_text()
+    planned = read_json(paths.plan)
+    assert planned["matrix"] == "dle_cal" and planned["backend"] == "import"
+    assert planned["varying"] == ["precision"]
+    (cell,) = planned["cells"]
+    earlier = {c["group"]: c for c in read_json(results / "dle_cal" / EARLIER / "plan.json")
+               ["cells"]}
+    assert cell["hash"] == earlier["v100-g1-bs32-amp"]["hash"]
+    result = read_json(paths.cell_result("v100-g1-bs32-amp-r1"))
+    prov = result["provenance"]
+    assert prov["imported"]["sha256"] == __import__("hashlib").sha256(
+        raport.read_bytes()).hexdigest()
+    assert prov["imported"]["path"] == str(raport.resolve())
+    assert prov["imported"]["importer_version"] == importer.IMPORTER_VERSION
+    assert prov["matched_on"] == {k: "log" for k in ("arch", "batch_size", "gpus", "precision",
+                                                     "mode")}
+    assert prov["log_parameters"]["batch_size"] == 32
+    assert prov["figures"]["train"]["warmup_dropped"] == 5  # the matched cell's warmup
+    assert result["metrics"]["warmup"] == 5 and result["status"] == "ok"
+    assert (paths.cell_dir("v100-g1-bs32-amp-r1") / raport.name).read_bytes() == \
+        raport.read_bytes()
+    meta = read_json(paths.run_meta)
+    assert meta["imported"]["sources"][0]["sha256"] == prov["imported"]["sha256"]
+    # the run id is the log's time, so history orders it where it happened
+    assert paths.run_id[:15] == __import__("time").strftime(
+        "%Y%m%d-%H%M%S", __import__("time").gmtime(meta["started_at"]))
+    assert (paths.root / "summary.txt").exists()
+
+
+def test_stdout_log_imports_to_the_same_cell(logs, results):
+    raport, log = logs["amp"]
+    paths, _ = import_results([log], options(results))
+    (res,) = paths.results()
+    assert res.cell_id == "v100-g1-bs32-amp-r1"
+    assert (paths.cell_dir(res.cell_id) / "log.txt").read_text() == log.read_text()
+    paths2, _ = import_results([raport], options(results))
+    assert res.metrics["train.total_ips"] == pytest.approx(
+        paths2.results()[0].metrics["train.total_ips"], rel=1e-5)
+
+
+def test_repeats_and_several_files_in_one_run(logs, results):
+    paths, plan = import_results([logs["amp"][0], logs["amp2"][0], logs["fp32"][0]],
+                                 options(results))
+    assert plan.cell_ids == ["v100-g1-bs32-amp-r1", "v100-g1-bs32-amp-r2",
+                             "v100-g1-bs32-fp32-r1"]
+    rows = {r.group: r for r in __import__("orchestrator.summary").summary.summarize(
+        paths.results())}
+    assert rows["v100-g1-bs32-amp"].ok == 2
+
+
+def test_new_matrix_is_generated_from_the_logs(logs, tmp_path):
+    root = tmp_path / "r"
+    raport, _ = logs["fp32"]
+    with pytest.raises(ConfigError) as info:
+        import_results([raport], options(root, matrix="fresh"))
+    assert "give --param hardware=NAME" in str(info.value)
+    paths, plan = import_results([raport], options(root, matrix="fresh",
+                                                   params=["hardware=h100"], warmup=3))
+    assert plan.cell_ids == ["h100-g1-bs32-fp32-r1"]
+    assert load_matrix(paths.matrix_file).name == "fresh"  # a valid matrix file
+    (res,) = paths.results()
+    assert res.params["warmup"] == 3 and res.metrics["warmup"] == 3
+    assert res.provenance["matched_on"]["warmup"] == "--warmup"
+
+
+# --- DLPerf-style folders ------------------------------------------------------------------
+
+
+def dlperf_folder(logs, tmp_path: Path) -> Path:
+    folder = tmp_path / "dlperf"
+    (folder / "sub").mkdir(parents=True)
+    shutil.copy(logs["amp"][1], folder / "resnet50_amp_bs32_g1_r2.log")
+    shutil.copy(logs["amp2"][1], folder / "sub" / "resnet50_amp_bs32_g1_r1.log")
+    shutil.copy(logs["fp32"][1], folder / "resnet50_fp32_bs32_g1.log")
+    (folder / "README.md").write_text("how we ran these\n")
+    return folder
+
+
+def test_dlperf_folder_named_by_configuration(logs, results, tmp_path, capsys):
+    folder = dlperf_folder(logs, tmp_path)
+    assert main(["import", str(folder), "--matrix", "dle_cal", "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert f"skipped (name does not match the naming rule): {folder / 'README.md'}" in out
+    assert f"{folder / 'sub' / 'resnet50_amp_bs32_g1_r1.log'} -> v100-g1-bs32-amp-r1" in out
+    assert f"{folder / 'resnet50_amp_bs32_g1_r2.log'} -> v100-g1-bs32-amp-r2" in out
+    run = runs_of(results, "dle_cal")[-1]
+    origin = {r.cell_id: r.provenance["matched_on"] for r in run.results()}
+    assert origin["v100-g1-bs32-fp32-r1"]["precision"] == "log"
+
+
+def test_file_name_contradicting_the_log(logs, results, tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    shutil.copy(logs["amp"][1], folder / "resnet50_fp32_bs64_g1.log")
+    with pytest.raises(ConfigError) as info:
+        plan_import([folder], options(results))
+    fields = {(p.field, p.message) for p in info.value.problems}
+    assert ("file name", "says precision=fp32 but the log says precision=amp") in fields
+    assert ("file name", "says batch_size=64 but the log says batch_size=32") in fields
+
+
+def test_pattern_override_for_nested_folders(logs, results, tmp_path):
+    folder = tmp_path / "nested"
+    for i, name in enumerate(("amp", "amp2"), start=1):
+        (folder / "bz32" / "amp").mkdir(parents=True, exist_ok=True)
+        shutil.copy(logs[name][0], folder / "bz32" / "amp" / f"{i}.json")
+    pattern = r"bz(?P<batch_size>\d+)/(?P<precision>\w+)/(?P<repeat>\d+)\.json"
+    _, plan = import_results([folder], options(results, pattern=pattern))
+    assert plan.cell_ids == ["v100-g1-bs32-amp-r1", "v100-g1-bs32-amp-r2"]
+    with pytest.raises(ConfigError, match="unknown: bz"):
+        plan_import([folder], options(results, pattern=r"(?P<bz>\d+)"))
+    with pytest.raises(ConfigError, match="does not compile"):
+        plan_import([folder], options(results, pattern=r"(?P<bs"))
+
+
+# --- our own run folders -------------------------------------------------------------------
+
+
+def test_own_run_folder_round_trip(logs, results, tmp_path, capsys):
+    paths, _ = import_results([logs["amp"][0], logs["fp32"][0]], options(results))
+    copied = tmp_path / "elsewhere"
+    assert main(["import", str(paths.root), "--results", str(copied)]) == 0
+    again = RunPaths(copied / "dle_cal" / paths.run_id)
+    assert [r.cell_id for r in again.results()] == [r.cell_id for r in paths.results()]
+    for old, new in zip(paths.results(), again.results(), strict=True):
+        assert new.metrics == old.metrics and new.params == old.params
+        assert new.provenance["imported"]["format"] == "run-folder"
+        assert new.provenance["imported"]["previous"] == old.provenance["imported"]
+        assert new.provenance["figures"] == old.provenance["figures"]
+    assert (again.root / "summary.txt").read_text() == (paths.root / "summary.txt").read_text()
+    capsys.readouterr()
+    assert main(["import", str(paths.root), "--results", str(copied)]) == 2
+    assert "already imported into dle_cal" in capsys.readouterr().err
+
+
+def test_own_run_folder_reindexed_to_another_matrix(logs, results, tmp_path):
+    paths, _ = import_results([logs["amp"][0]], options(results))
+    other = tmp_path / "other.toml"
+    other.write_text(MATRIX.replace('name = "dle_cal"', 'name = "wide"')
+                     .replace('precision = ["fp32", "amp"]',
+                              'precision = ["fp32", "amp"]\narch = ["resnet50", "resnet18"]'))
+    new, plan = import_results([paths.root], options(tmp_path / "r2", matrix=str(other)))
+    assert [c.new_id for c in plan.run_folder.cells] == ["v100-resnet50-g1-bs32-amp-r1"]
+    (res,) = new.results()
+    assert res.cell_id == "v100-resnet50-g1-bs32-amp-r1"
+    assert res.provenance["imported"]["original_cell_id"] == "v100-g1-bs32-amp-r1"
+
+
+def test_broken_run_folder_names_file_and_line(logs, results, tmp_path):
+    paths, _ = import_results([logs["amp"][0]], options(results))
+    broken = tmp_path / "broken"
+    shutil.copytree(paths.root, broken)
+    result = broken / "cells" / "v100-g1-bs32-amp-r1" / "result.json"
+    result.write_text(result.read_text()[:200])
+    with pytest.raises(ConfigError) as info:
+        plan_import([broken], options(tmp_path / "r3", matrix=None))
+    (p,) = info.value.problems
+    assert p.file == str(result) and p.field.startswith("line ")
+    assert "malformed JSON" in p.message
+
+
+# --- bad and partial logs: a clear error, nothing written -------------------------------------
+
+
+def test_truncated_raport_error_names_line_and_writes_nothing(logs, results, tmp_path, capsys):
+    raport, _ = logs["amp"]
+    lines = raport.read_text().splitlines()
+    cut = tmp_path / "cut.json"
+    cut.write_text("\n".join(lines[:30]) + "\n" + lines[30][:40])
+    before = entries_of(results)
+    assert main(["import", str(cut), "--matrix", "dle_cal", "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {cut}: line 31: malformed DLLogger record" in err
+    assert "Traceback" not in err
+    assert entries_of(results) == before
+
+
+def test_partial_log_needs_allow_partial(logs, results):
+    raport, _ = logs["partial"]
+    with pytest.raises(ConfigError) as info:
+        plan_import([raport], options(results))
+    (p,) = info.value.problems
+    assert p.file == str(raport)
+    assert p.field == f"line {len(raport.read_text().splitlines())}"
+    assert "without DLLogger's run summary" in p.message and "--allow-partial" in p.message
+    paths, _ = import_results([raport], options(results, allow_partial=True))
+    assert paths.results()[0].metrics["iterations"] == 7
+
+
+def test_failure_while_writing_leaves_nothing(logs, results, monkeypatch):
+    before = entries_of(results)
+
+    def boom(*args, **kw):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("orchestrator.summary.write_summary", boom)
+    with pytest.raises(OSError, match="disk full"):
+        import_results([logs["amp"][0]], options(results))
+    assert entries_of(results) == before  # no run, no hidden temporary folder
+
+
+def test_every_problem_at_once(logs, results, tmp_path):
+    junk = tmp_path / "junk.log"
+    junk.write_text("nothing to see\n")
+    binary = tmp_path / "bin.log"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError) as info:
+        plan_import([junk, binary, tmp_path / "missing.json", logs["amp"][0]],
+                    options(results, params=["hardware=v100", "gpus=0", "colour=red",
+                                             "noequals"]))
+    found = {(p.file, p.field): p.message for p in info.value.problems}
+    assert len(found) == 6
+    assert "greater than 0" in found["--param", "gpus=0"]
+    assert "unknown parameter" in found["--param", "colour"]
+    assert "expected KEY=VALUE" in found["--param", "noequals"]
+    assert "not a log this importer reads" in found[str(junk), ""]
+    assert "not UTF-8" in found[str(binary), ""]
+    assert "no such file" in found[str(tmp_path / "missing.json"), ""]
+
+
+def test_no_matching_configuration(logs, results):
+    raport, _ = logs["amp"]
+    with pytest.raises(ConfigError) as info:
+        plan_import([raport], options(results, params=["batch_size=64"]))
+    message = info.value.problems[0].message
+    assert "matches no configuration of matrix 'dle_cal'" in message
+    assert "nearest: v100-g1-bs32-amp (has batch_size=32)" in message
+
+
+def test_ambiguous_configuration_asks_for_the_parameter(results, tmp_path):
+    log = tmp_path / "bench.log"
+    log.write_text("throughput 1234.5 img/s\n")
+    figures = FiguresConfig(parser="regex", regex=[{
+        "name": "train.total_ips", "pattern": r"throughput ([0-9.]+)"}])
+    with pytest.raises(ConfigError) as info:
+        plan_import([log], options(results, figures=figures))
+    assert "matches 2 configurations" in str(info.value) and "--param for precision" in \
+        str(info.value)
+    paths, _ = import_results([log], options(results, figures=figures,
+                                             params=["precision=fp32"]))
+    assert paths.results()[0].metrics["train.total_ips"] == 1234.5
+
+
+def test_figures_outside_bounds_import_as_failed(logs, results, capsys):
+    figures = FiguresConfig(parser="dllogger", bounds={"train.total_ips": {"lower": 1e12}})
+    paths, plan = import_results([logs["amp"][0]], options(results, figures=figures))
+    (res,) = paths.results()
+    assert res.status is Status.FAILED and "below its declared lower bound" in res.reason
+    assert read_json(paths.run_meta)["counts"] == {"failed": 1}
+
+
+def test_workload_log_params_come_from_its_meta_line(results, tmp_path):
+    from workload.output import Reporter
+
+    log = tmp_path / "log.txt"
+    with log.open("w") as fh:
+        rep = Reporter(fh)
+        rep.emit({"type": "meta", "env": {"arch": "resnet50", "mode": "train",
+                                          "batch_size": 32, "precision": "amp",
+                                          "world_size": 1, "image_size": 224}})
+        rep.emit({"type": "summary", "status": "ok", "env": {"device": "cuda"},
+                  "data": {"train.total_ips": 777.0}})
+    paths, plan = import_results([log], options(results))
+    assert plan.cell_ids == ["v100-g1-bs32-amp-r1"]
+    (res,) = paths.results()
+    assert res.metrics == {"train.total_ips": 777.0} and res.env == {"device": "cuda"}
+    assert json.loads((paths.cell_metrics(res.cell_id)).read_text().splitlines()[0])["type"] \
+        == "meta"
+
+
+def test_dry_run_writes_nothing(logs, results, capsys):
+    before = entries_of(results)
+    assert main(["import", str(logs["amp"][0]), "--matrix", "dle_cal", "--results",
+                 str(results), "--dry-run"]) == 0
+    assert "dry run: would write" in capsys.readouterr().out
+    assert entries_of(results) == before
+
+
+def test_import_help(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["import", "--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "usage: orchestrate import" in out and "--allow-partial" in out
+
+
+def test_run_folder_values_are_checked(logs, results, tmp_path):
+    paths, _ = import_results([logs["amp"][0]], options(results))
+    broken = tmp_path / "broken"
+    shutil.copytree(paths.root, broken)
+    result = broken / "cells" / "v100-g1-bs32-amp-r1" / "result.json"
+    data = json.loads(result.read_text())
+    result.write_text(json.dumps({**data, "metrics": [1, 2]}))
+    with pytest.raises(ConfigError) as info:
+        plan_import([broken], options(tmp_path / "r4", matrix=None))
+    assert (info.value.problems[0].file, info.value.problems[0].field) == (str(result),
+                                                                            "metrics")
+    result.write_text(json.dumps(data))
+    plan = json.loads((broken / "plan.json").read_text())
+    (broken / "plan.json").write_text(json.dumps({**plan, "matrix": "../../etc"}))
+    with pytest.raises(ConfigError, match="is no matrix name"):
+        plan_import([broken], options(tmp_path / "r4", matrix=None))
+    assert not (tmp_path / "r4").exists() and not (tmp_path / "etc").exists()

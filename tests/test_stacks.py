@@ -1,0 +1,197 @@
+"""The release table and the model table as data: complete, ordered, parseable, and true.
+
+``orchestrator/data/ngc_releases.toml`` must give every release every required key, parseable
+driver and version numbers, and obey the floor rule (every offered release ships torch and
+torchvision at or above ``[floor]``; every older one is refused with a reason that names an
+offered release).  ``orchestrator/data/torchvision_models.toml`` must list exactly the models
+``torchvision.models.list_models`` gives, under the running torchvision and under the floor
+interpreter (``ORCHESTRATE_FLOOR_PYTHON``), plus the workload's own DeepLearningExamples models.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torchvision
+from workload_support import REPO, env, floor_python
+
+from orchestrator import releases, stacks
+
+DATA = REPO / "orchestrator" / "data"
+TABLE: dict[str, Any] = tomllib.loads((DATA / "ngc_releases.toml").read_text())
+RELEASES: dict[str, dict[str, Any]] = TABLE["releases"]
+MODELS: dict[str, Any] = tomllib.loads((DATA / "torchvision_models.toml").read_text())
+
+REQUIRED = {"cuda", "min_driver", "torch", "torchvision", "source", "verified"}
+OPTIONAL = {"forward_compat", "refused"}
+DRIVER = re.compile(r"^\d+\.\d+(\.\d+)?$")
+
+
+def _key(release: str) -> tuple[int, int]:
+    year, month = release.split(".")
+    return int(year), int(month)
+
+
+# --------------------------------------------------------------------------- the release table
+
+
+def test_releases_are_ordered_in_the_file_and_well_named() -> None:
+    names = list(RELEASES)
+    assert all(re.fullmatch(r"\d\d\.\d\d", n) for n in names)
+    assert names == sorted(names, key=_key) and len(set(names)) == len(names)
+    assert [r.name for r in releases.load_releases()] == names
+
+
+@pytest.mark.parametrize("release", list(RELEASES))
+def test_every_release_is_complete_and_parses(release: str) -> None:
+    row = RELEASES[release]
+    assert set(row) >= REQUIRED, REQUIRED - set(row)
+    assert set(row) <= REQUIRED | OPTIONAL, set(row) - REQUIRED - OPTIONAL
+    assert DRIVER.match(row["min_driver"])
+    assert all(DRIVER.match(v) for v in row.get("forward_compat", []))
+    assert re.fullmatch(r"\d+\.\d+\.\d+", row["cuda"])
+    stacks.parse_version(row["torch"])
+    stacks.parse_version(row["torchvision"])
+    assert row["source"] == (
+        "https://docs.nvidia.com/deeplearning/frameworks/pytorch-release-notes/"
+        f"rel-{release.replace('.', '-')}.html"
+    )
+    assert set(row["verified"]) <= set(row) - {"source", "verified", "refused"}
+
+
+def test_drivers_never_go_backwards() -> None:
+    keys = [stacks.parse_version(r["min_driver"]) for r in RELEASES.values()]
+    assert keys == sorted(keys)
+
+
+@pytest.mark.parametrize("release", list(RELEASES))
+def test_torchvision_pairs_with_torch(release: str) -> None:
+    """torchvision 0.(N+15) goes with torch 2.N (torch 1.14 was the pre-release of 2.0)."""
+    torch_major, torch_minor = stacks.series(RELEASES[release]["torch"])
+    vision = stacks.series(RELEASES[release]["torchvision"])
+    torch_minor = 0 if (torch_major, torch_minor) == (1, 14) else torch_minor
+    assert vision == (0, torch_minor + 15)
+
+
+def test_floor_rule() -> None:
+    floor = TABLE["floor"]
+    floor_torch, floor_vision = stacks.series(floor["torch"]), stacks.series(floor["torchvision"])
+    offered = [n for n, r in RELEASES.items() if "refused" not in r]
+    assert offered and offered[0] == floor["release"]
+    assert stacks.series(RELEASES[offered[0]]["torch"]) == floor_torch
+    assert offered == [n for n in RELEASES if _key(n) >= _key(floor["release"])]
+    for name in offered:
+        assert stacks.series(RELEASES[name]["torch"]) >= floor_torch, name
+        assert stacks.series(RELEASES[name]["torchvision"]) >= floor_vision, name
+    torch_series = [stacks.series(RELEASES[n]["torch"]) for n in offered]
+    assert torch_series == sorted(torch_series)  # offered releases never go back in torch
+
+
+@pytest.mark.parametrize("release", [n for n, r in RELEASES.items() if "refused" in r])
+def test_refused_releases_say_why_and_what_to_pick(release: str) -> None:
+    reason = RELEASES[release]["refused"]
+    assert RELEASES[release]["torch"] in reason or "Python 3.8" in reason
+    picks = re.findall(r"pick (\d\d\.\d\d)", reason)
+    assert picks and all("refused" not in RELEASES[p] for p in picks)
+    pick = RELEASES[picks[0]]
+    # the suggested release runs wherever the refused one did
+    assert stacks.parse_version(pick["min_driver"]) <= max(
+        stacks.parse_version(RELEASES[release]["min_driver"]), (530, 30, 2)
+    )
+    assert not stacks.stack(release).offered
+
+
+def test_unverified_torch_lies_between_its_verified_neighbours() -> None:
+    names = list(RELEASES)
+    verified = [n for n in names if "torch" in RELEASES[n]["verified"]]
+    for name in names:
+        if name in verified:
+            continue
+        before = [v for v in verified if _key(v) < _key(name)]
+        after = [v for v in verified if _key(v) > _key(name)]
+        assert before and after, f"{name}: no verified neighbour on one side"
+        low, high = (stacks.series(RELEASES[v]["torch"]) for v in (before[-1], after[0]))
+        assert low <= stacks.series(RELEASES[name]["torch"]) <= high, name
+
+
+def test_most_torch_versions_are_verified() -> None:
+    """Guards the table's honesty note: unverified rows stay the exception."""
+    unverified = [n for n, r in RELEASES.items() if "torch" not in r["verified"]]
+    assert len(unverified) <= len(RELEASES) // 4, unverified
+
+
+# --------------------------------------------------------------------------- stacks helpers
+
+
+def test_stack_lookup_and_versions() -> None:
+    s = stacks.stack("23.10-py3")
+    assert (s.name, s.torch, s.torchvision, s.offered) == ("23.10", "2.1.0a0+32f93b1", "0.16",
+                                                              True)  # fmt: skip
+    assert stacks.parse_version("2.1.0a0+32f93b1") == (2, 1, 0)
+    assert stacks.parse_version("0.16") == (0, 16, 0)
+    assert stacks.series("2.15.0+cu132") == (2, 15)
+    for bad in ("", "2", "abc", "2.x.0"):
+        with pytest.raises(ValueError, match="not a version number"):
+            stacks.parse_version(bad)
+    with pytest.raises(KeyError):
+        stacks.stack("19.01")
+
+
+def test_feature_facts() -> None:
+    assert stacks.feature_missing("compile", "1.14.0a0+44dac51") == (
+        "compile needs torch >= 2.0; this stack has torch 1.14.0a0+44dac51"
+    )
+    assert stacks.feature_missing("compile", "2.1.0a0+32f93b1") is None
+    assert stacks.feature_missing("something-unknown", "1.0.0") is None
+
+
+def test_arch_availability() -> None:
+    assert stacks.arch_available("resnext101_32x4d", "0.16.0a0")
+    assert stacks.arch_available("resnet50", stacks.stack("24.10").torchvision)
+    assert not stacks.arch_available("resnet5o", "0.29.2")
+    assert stacks.archs("0.15") == []  # below the floor nothing is recorded
+
+
+# --------------------------------------------------------------------------- the model table
+
+
+def _expected_torchvision(version: str) -> list[str]:
+    return sorted(set(stacks.archs(version)) - set(stacks.workload_archs()))
+
+
+def test_models_table_matches_the_running_torchvision() -> None:
+    have = sorted(torchvision.models.list_models(module=torchvision.models))
+    assert have == _expected_torchvision(torchvision.__version__)
+
+
+def test_models_table_lists_the_workloads_own_models() -> None:
+    from workload.dle_models import BUILDERS, DLE_NAMES
+
+    assert stacks.workload_archs() == DLE_NAMES
+    assert set(BUILDERS) == set(DLE_NAMES)
+    assert MODELS["range"]["floor"] == TABLE["floor"]["torchvision"]
+
+
+@pytest.mark.slow
+def test_models_table_matches_the_floor_torchvision() -> None:
+    python = floor_python()
+    code = ("import json, torchvision; print(json.dumps([torchvision.__version__, "
+            "sorted(torchvision.models.list_models(module=torchvision.models))]))")  # fmt: skip
+    proc = subprocess.run([python, "-W", "ignore", "-c", code], capture_output=True, text=True,
+                          env=env(), timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    version, names = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert stacks.series(version) == stacks.series(TABLE["floor"]["torchvision"])
+    assert names == _expected_torchvision(version)
+
+
+def test_data_files_are_package_data() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["orchestrator"]
+    assert any(Path("data/torchvision_models.toml").match(p) for p in patterns)
