@@ -93,4 +93,3 @@ class RemoteTimeout(HostError):
         super().__init__(message)
         self.stdout = stdout
         self.stderr = stderr
-
