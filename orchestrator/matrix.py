@@ -24,7 +24,9 @@ Size: the axes and zips may multiply to at most
 cell is built, and the message names the fields that multiply up.
 
 Validation reports every problem of the file at once (types, unknown keys and profiles, image
-templates and their variables, rules that match nothing). This module knows nothing of backends:
+templates and their variables, rules that match nothing); then each planned cell's profiler
+(its window inside the measured iterations, a tool that can profile its hardware profile's GPU
+and image: :func:`orchestrator.profilers.cell_problems`). This module knows nothing of backends:
 ``[matrix] backend`` is checked against the names the caller passes to :func:`load_matrix`.
 """
 
@@ -42,7 +44,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator import images
+from orchestrator import images, profilers, releases
 from orchestrator.config import (
     MAX_CELLS,
     MAX_COMBINATIONS,
@@ -54,6 +56,7 @@ from orchestrator.config import (
     hardware_reference_problems,
     param_type,
     parse_matrix_file,
+    profile_window_problem,
 )
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.results import name_problem
@@ -377,6 +380,39 @@ def _check_hardware_values(
     return problems
 
 
+def cell_problems(cells: Sequence[Cell], profiles: dict[str, HardwareProfile], file: str
+                  ) -> list[Problem]:
+    """Per planned cell configuration: its profile window and its profiler on its hardware."""
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    cuda: dict[str, str | None] = {}
+    for cell in cells:
+        if cell.group in seen:
+            continue
+        seen.add(cell.group)
+        profile = profiles[cell.params.hardware]
+        window = profile_window_problem(cell.params)
+        if window:
+            problems.append(Problem(file, f"cell {cell.group}: profile_start", window))
+        if cell.params.hardware not in cuda:
+            cuda[cell.params.hardware] = _image_cuda(profile)
+        problems += [
+            Problem(file, f"cell {cell.group}: profiler", message)
+            for message in profilers.cell_problems(cell.params, profile,
+                                                   cuda[cell.params.hardware])
+        ]
+    return problems
+
+
+def _image_cuda(profile: HardwareProfile) -> str | None:
+    """The CUDA toolkit of the profile's image where the NGC release table knows it."""
+    if profile.image is None or profile.image not in images.template_names():
+        return None
+    defaults = images.load_template(profile.image).defaults()
+    table = {r.name: r.cuda for r in releases.load_releases()}
+    return profilers.image_cuda(profile, defaults, table)
+
+
 # --- entry points ----------------------------------------------------------------------------
 
 
@@ -421,6 +457,9 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
         except ValidationError as exc:  # pragma: no cover - types were checked field by field
             raise ConfigError(f"invalid cell {assignment}: {exc}", file=file) from None
     cells, varying = make_cells(params, mf.hardware, mf.matrix.repeats)
+    problems = cell_problems(cells, mf.hardware, file)
+    if problems:
+        raise ConfigError(problems)
     return Matrix(
         name=name,
         path=path,

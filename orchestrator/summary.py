@@ -3,6 +3,11 @@
 One row per cell group (a cell without its repeat): the median over the repeats that ended ok,
 the spread (min..max), and where the matrix has a ``gpus`` axis, speedup and scaling efficiency
 against the 1-GPU group with otherwise equal parameters.
+
+Optional columns (:data:`METRIC_COLUMNS`: telemetry and profiler figures) are shown, and written
+to summary.csv, when any row has them. A group with a repeat whose GPU throttled during the
+measured window (``telemetry.throttled``) gets ``!`` after its images/s and a footnote; the csv
+column ``throttled`` counts such repeats.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +27,43 @@ from orchestrator.results import CellResult, RunPaths, Status, throughput_key
 def _median(values: Iterable[float | None]) -> float | None:
     vals = [float(v) for v in values if isinstance(v, int | float)]
     return statistics.median(vals) if vals else None
+
+
+@dataclass(frozen=True)
+class MetricColumn:
+    """An optional column: over a group's ok repeats, ``reduce`` of the first of ``keys`` each
+    result has (a number)."""
+
+    header: str
+    csv: str
+    keys: tuple[str, ...]
+    digits: int = 1
+    reduce: Callable[[list[float]], float] = statistics.median
+
+    def value(self, metrics: Iterable[Mapping[str, Any]]) -> float | None:
+        found = [next((m[k] for k in self.keys if k in m), None) for m in metrics]
+        vals = [float(v) for v in found if isinstance(v, int | float) and not isinstance(v, bool)]
+        return self.reduce(vals) if vals else None
+
+
+#: Optional metric columns, in table order: telemetry (workload/telemetry.py), then the
+#: profilers' figures (orchestrator/profile_figures.py; ncu's, else nvprof's).
+METRIC_COLUMNS: tuple[MetricColumn, ...] = (
+    MetricColumn("W", "power_mean_w", ("telemetry.power_mean_w",), 0),
+    MetricColumn("J/image", "energy_per_image_j", ("telemetry.energy_per_image_j",), 3),
+    MetricColumn("max C", "temp_max_c", ("telemetry.temp_max_c",), 0, max),
+    MetricColumn("SM MHz", "sm_clock_mean_mhz", ("telemetry.sm_clock_mean_mhz",), 0),
+    MetricColumn("FMA %", "fma_pct", ("ncu.fma_pct", "nvprof.fma_pct")),
+    MetricColumn("FP16 %", "fp16_pct", ("ncu.fp16_pct", "nvprof.fp16_pct")),
+    MetricColumn("Tensor %", "tensor_pct", ("ncu.tensor_pct", "nvprof.tensor_pct")),
+    MetricColumn("SFU %", "sfu_pct", ("ncu.sfu_pct", "nvprof.sfu_pct")),
+    MetricColumn("GPU busy %", "gpu_busy_pct", ("nsys.gpu_busy_pct",)),
+)
+#: The telemetry figure that marks a throttled repeat.
+THROTTLED = "telemetry.throttled"
+THROTTLE_NOTE = ("! the GPU throttled (clocks held down by a power or thermal limit) during the "
+                 "measured window of a repeat (summary.csv: throttled; [matrix] rerun_throttled "
+                 "re-runs such cells)")
 
 
 @dataclass
@@ -43,6 +85,10 @@ class GroupRow:
     speedup: float | None = None
     efficiency: float | None = None
     ratio: float | None = None  # vs the --baseline row (e.g. Bitfusion / native)
+    #: METRIC_COLUMNS values by csv name (only those the group's results have).
+    extra: dict[str, float] = field(default_factory=dict)
+    #: ok repeats whose GPU throttled; None when no ok repeat says.
+    throttled: int | None = None
 
     def csv_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"group": self.group, **self.params}
@@ -54,6 +100,9 @@ class GroupRow:
             latency_p99_ms=self.latency_p99_ms, loss=self.loss, speedup=self.speedup,
             efficiency=self.efficiency, ratio_vs_baseline=self.ratio,
         )
+        row.update(self.extra)
+        if self.throttled is not None:
+            row["throttled"] = self.throttled
         return row
 
 
@@ -82,8 +131,19 @@ def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
             setattr(row, attr, None if sec is None else sec * 1000.0)
         if mode == "train":
             row.loss = _median(r.metrics.get("train.loss") for r in ok)
+        _optional(row, ok)
     _scaling(list(rows.values()))
     return list(rows.values())
+
+
+def _optional(row: GroupRow, ok: Sequence[CellResult]) -> None:
+    """The optional columns' values and the throttle count of a group."""
+    for col in METRIC_COLUMNS:
+        value = col.value(r.metrics for r in ok)
+        if value is not None:
+            row.extra[col.csv] = value
+    flags = [r.metrics[THROTTLED] for r in ok if isinstance(r.metrics.get(THROTTLED), bool)]
+    row.throttled = sum(flags) if flags else None
 
 
 def _baselines(rows: Sequence[GroupRow], key: str, value: str
@@ -170,10 +230,13 @@ def render_table(
     ratios = baseline is not None and any(r.ratio is not None for r in rows)
     if ratios:
         headers.append(f"vs {baseline}")
+    optional = [c for c in METRIC_COLUMNS if any(c.csv in r.extra for r in rows)]
+    headers += [c.header for c in optional]
     table = []
     for r in rows:
         line = [r.params.get(c, "") for c in cols]
-        line += [f"{r.ok}/{r.runs}", _fmt(r.ips),
+        mark = "!" if r.throttled else ""
+        line += [f"{r.ok}/{r.runs}", _fmt(r.ips) + mark,
                  f"{_fmt(r.ips_min)}..{_fmt(r.ips_max)}" if r.ips is not None else ""]
         if scaling:
             line += [_fmt(r.speedup, 2), "" if r.efficiency is None else f"{r.efficiency:.0%}"]
@@ -181,8 +244,10 @@ def render_table(
             line += [_fmt(r.latency_p50_ms, 2), _fmt(r.latency_p99_ms, 2)]
         if ratios:
             line.append("" if r.ratio is None else f"{r.ratio:.2f}x")
+        line += [_fmt(r.extra.get(c.csv), c.digits) for c in optional]
         table.append(line)
-    return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
+    text = tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
+    return text + "\n\n" + THROTTLE_NOTE if any(r.throttled for r in rows) else text
 
 
 def render_csv(rows: Sequence[GroupRow]) -> str:

@@ -212,7 +212,8 @@ def _run(docker_client: Any, tag: str, command: list[str]) -> str:
 def test_build_ngc_pytorch_on_local_base(
     docker_client: Any, base_image: str, workload: Path, built_tags: list[str]
 ) -> None:
-    plan = build.plan_image("ngc-pytorch", {"base_image": base_image}, workload_dir=workload)
+    plan = build.plan_image("ngc-pytorch", {"base_image": base_image, "install_nvml": False},
+                            workload_dir=workload)
     assert plan.base_image == base_image
     _fresh(docker_client, plan, built_tags)
 
@@ -243,7 +244,8 @@ def test_build_ngc_pytorch_on_local_base(
 
     # A change in the workload gives a new tag, which is then missing: a rebuild.
     (workload / "orchestrate_test_marker.py").write_text("MARKER = 'changed'\n")
-    changed = build.plan_image("ngc-pytorch", {"base_image": base_image}, workload_dir=workload)
+    changed = build.plan_image("ngc-pytorch", {"base_image": base_image, "install_nvml": False},
+                            workload_dir=workload)
     assert changed.tag != plan.tag
     _fresh(docker_client, changed, built_tags)
     assert build.ensure_image(changed, client=docker_client).built
@@ -297,7 +299,8 @@ def test_bitfusion_image_on_top_of_ngc(
 ) -> None:
     # bitfusion_files: a stand-in client .deb (the real client is proprietary) + a dummy CA.
     deb, cert = bitfusion_files
-    values = {"base_image": base_image, "client_deb": str(deb), "ca_cert": str(cert)}
+    values = {"base_image": base_image, "client_deb": str(deb), "ca_cert": str(cert),
+              "install_nvml": False}
     plan = build.plan_image("bitfusion", values, workload_dir=workload)
     assert plan.parent is not None and plan.base_image == plan.parent.tag
     _fresh(docker_client, plan, built_tags)

@@ -120,12 +120,17 @@ def test_every_contract_flag_parses() -> None:
             "0",
             "--profiler",
             "nsys",
+            "--profile-start",
+            "1",
+            "--profile-iterations",
+            "2",
             "--checkpoint-dir",
             "/c",
         ]
     )
     assert a.channels_last is False and a.cuda_graphs is True and a.pretrained is True
     assert (a.mode, a.compile, a.device, a.profiler) == ("infer", "max-autotune", "hpu", "nsys")
+    assert (a.profile_start, a.profile_iterations) == (1, 2)
     # the last of a flag and its --no- form wins, both ways
     b = parse_args(["--no-channels-last", "--channels-last", "--cuda-graphs", "--no-cuda-graphs",
                     "--pretrained", "--no-pretrained"])  # fmt: skip
