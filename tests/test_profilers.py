@@ -86,8 +86,8 @@ def test_workload_cells_under_torchrun_match_golden(tool: str) -> None:
     argv = workload_argv(this, HardwareProfile(device="cuda"), python="python3",
                          output_dir="/results/c1")
     _check_golden(f"{tool}-workload-torchrun", argv)
-    assert ["--profile-start", "10", "--profile-iterations", "3"] == argv[
-        argv.index("--profile-start"):argv.index("--profile-start") + 4]
+    at = argv.index("--profile-start")
+    assert argv[at:at + 4] == ["--profile-start", "10", "--profile-iterations", "3"]
 
 
 def test_the_wrapper_knows_nothing_of_the_workload() -> None:
@@ -195,8 +195,8 @@ def test_matrix_refuses_a_window_outside_the_measured_iterations(write_matrix: A
 
 def test_matrix_refuses_nvprof_on_a_cuda_12_image_and_wrapping_tools_off_cuda(
         write_matrix: Any) -> None:
-    path = _matrix(write_matrix, 'profiler = "nvprof"',
-                   'device = "cuda"\nimage = "ngc-pytorch"\nimage_vars = { base_tag = "24.05-py3" }')
+    path = _matrix(write_matrix, 'profiler = "nvprof"', 'device = "cuda"\nimage = "ngc-pytorch"'
+                   '\nimage_vars = { base_tag = "24.05-py3" }')
     (problem,) = _problems(path)
     assert "nvprof is not part of CUDA 12" in problem and "'ncu'" in problem
     # a base image of its own: its CUDA is not known, nothing is assumed
