@@ -418,6 +418,13 @@ class NsysOptions(_ToolOptions):
         "(nsys stats) for the per-cell figures nsys.*.",
     )
 
+    @model_validator(mode="after")
+    def _time_window_needs_whole(self) -> NsysOptions:
+        if self.capture != "whole" and (self.delay_s is not None or self.duration_s is not None):
+            raise ValueError("delay_s and duration_s bound a capture = 'whole' run; with "
+                             f"capture = {self.capture!r} the program's markers bound it")
+        return self
+
 
 class NcuOptions(_ToolOptions):
     """``[hardware.NAME.ncu]``: Nsight Compute (``ncu``)."""

@@ -7,7 +7,8 @@ The workload command is a list of arguments, never a shell string: backends hand
 A command is built in layers, each a function of plain values: the Python launcher
 (:func:`python_launcher`: ``python -m``, or torchrun for several processes, standalone or as one
 node of a multi-node cell described by a :class:`NodeRole`), the workload and its flags
-(:func:`workload_flags`), then the profiler and runtime wrappers (nsys/ncu, ``bitfusion run``).
+(:func:`workload_flags`), then the profiler and runtime wrappers (nsys/ncu/nvprof under their
+capture ranges, :mod:`orchestrator.profilers`; ``bitfusion run``).
 :class:`LaunchSpec` is everything a backend needs to start one cell, decided before it starts.
 """
 

@@ -123,6 +123,7 @@ def test_default_ncu_metrics_ask_for_each_pipe_and_the_kernel_time() -> None:
     (NsysOptions, {"trace": ["cuda;rm"]}, "trace"),
     (NsysOptions, {"extra_args": ["--x\nnewline"]}, "extra_args"),
     (NsysOptions, {"capture_range_end": "stop-kill"}, "capture_range_end"),
+    (NsysOptions, {"delay_s": 10}, "capture = 'whole'"),
 ])
 def test_bad_tool_options_are_refused(model: Any, values: dict[str, Any], match: str) -> None:
     with pytest.raises(ValidationError, match=match):
