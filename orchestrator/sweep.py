@@ -429,7 +429,8 @@ def add_profiler_figures(backend: Backend, cell: Cell, result: CellResult) -> No
     figures = figures_of_cell(cell_dir, tool, options)
     result.metrics.update(figures.metrics)
     result.provenance["profiler"] = figures.provenance()
-    write_json(backend.paths.cell_result(cell.id), result.to_json())
+    if backend.paths.cell_result(cell.id).exists():  # the backend recorded the cell: update it
+        write_json(backend.paths.cell_result(cell.id), result.to_json())
 
 
 def supersede(paths: RunPaths, cell_id: str, why: str) -> None:
