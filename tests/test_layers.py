@@ -9,7 +9,8 @@ The layers, lowest first (a module may import its own layer and the ones below):
 1. the package root (``__version__``) and ``errors``: everything may raise them;
 2. ``config``: the matrix file's models;
 3. files and facts, each standing on config and errors only: run folders and results, host
-   inventories, GPU discovery parsers, image templates, the NGC release table;
+   inventories, GPU discovery parsers, image templates, the NGC release table, the profilers'
+   command lines and CSV figures, the throttle re-run rule;
 4. reports built from what is on disk (tables, trends, plots): they never see a matrix or a
    backend, so a report can be rebuilt from any old run;
 5. ``matrix``: expansion into cells;
@@ -42,6 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
         "orchestrator.hosts", "orchestrator.gpus",
         "orchestrator.images", "orchestrator.releases", "orchestrator.stacks",
         "orchestrator.dllog", "orchestrator.fom",
+        "orchestrator.profilers", "orchestrator.profile_figures", "orchestrator.rerun",
     ), False),
     ("reports", ("orchestrator.summary", "orchestrator.history", "orchestrator.plots"), False),
     ("matrix", ("orchestrator.matrix",), False),
