@@ -200,6 +200,8 @@ def command(case: Case, setup: Setup, output_dir: Path) -> list[str]:
     ]
     if case.decoder:
         argv += ["--data", str(setup.dataset)]
+    if "--profiler" in case.flags:  # the window (default 5 iterations) must fit a CPU smoke
+        argv += ["--profile-iterations", str(min(5, iterations))]
     if case.ddp:
         nproc = setup.gpus if setup.device == "cuda" else 2
         return [setup.python, "-m", "torch.distributed.run", "--standalone",

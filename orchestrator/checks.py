@@ -53,8 +53,14 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator import gpus, images, releases, stacks
-from orchestrator.config import PARAM_NAMES, CellParams, HardwareProfile, param_type
+from orchestrator import gpus, images, profilers, releases, stacks
+from orchestrator.config import (
+    PARAM_NAMES,
+    CellParams,
+    HardwareProfile,
+    param_type,
+    profile_window_problem,
+)
 from orchestrator.errors import BuildError, ConfigError, Problem
 from orchestrator.launch import hpu_mode
 from orchestrator.matrix import Cell, Matrix
@@ -74,7 +80,7 @@ _HABANA_BASE = re.compile(
     r"^vault\.habana\.ai/gaudi-docker/([^/]+)/([^/]+)/habanalabs/pytorch-installer-([^/:]+)"
     r":latest$"
 )
-_TOOLS = {"nsys": "Nsight Systems (nsys)", "ncu": "Nsight Compute (ncu)"}
+_TOOLS = {"nsys": "Nsight Systems (nsys)", "ncu": "Nsight Compute (ncu)", "nvprof": "nvprof"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,8 @@ class Stack:
     release: str | None = None
     torch: str | None = None
     torchvision: str | None = None
+    #: The CUDA toolkit of the stack, where known (nvprof left CUDA 12 toolkits).
+    cuda: str | None = None
     #: Profilers the stack ships; None where that is not known.
     profilers: frozenset[str] | None = None
     #: False where the stack could not be told (an unknown base image or backend).
@@ -358,7 +366,7 @@ def _ngc_stack(
         f"NGC PyTorch {release.name} (torch {release.torch}, torchvision {release.torchvision},"
         f" CUDA {release.cuda})",
         base=base, release=release.name, torch=release.torch, torchvision=release.torchvision,
-        profilers=releases.container_profilers(),
+        cuda=release.cuda, profilers=releases.container_profilers(),
     )
 
 
@@ -522,6 +530,11 @@ class _CellCheck:
 
     def profiler(self) -> None:
         tool = self.params.profiler
+        if tool == "none":
+            return
+        window = profile_window_problem(self.params)
+        if window:
+            self.error("profile_start", window)
         if tool not in _TOOLS:
             return
         if self.profile.device != "cuda":
@@ -529,12 +542,16 @@ class _CellCheck:
                 f"{_TOOLS[tool]} profiles CUDA GPUs; hardware {self.hw!r} is device "
                 f"{self.profile.device!r}: use profiler = \"torch\""))
             return
+        cc = _capability(self.profile)
+        unsupported = profilers.tool_problem(tool, cc, self.stack.cuda)
+        if unsupported:  # nvprof on Ampere and later, or on a CUDA 12 stack
+            self.error("profiler", f"hardware {self.hw!r} ({self.stack.label}): {unsupported}")
+            return
         if self.stack.profilers is None:
             self.note(f"profiler {tool}: whether {self.stack.label} has {tool} is not checked")
         elif tool not in self.stack.profilers:
             self.error("profiler", f"{self.stack.label} does not ship {_TOOLS[tool]} "
                                    f"(hardware {self.hw!r})")
-        cc = _capability(self.profile)
         if tool == "ncu" and cc is not None and cc < (7, 0):
             self.error("profiler", (
                 f"Nsight Compute profiles compute capability 7.0 (Volta) and newer; hardware "

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -96,13 +97,25 @@ EnvValue = Annotated[str, Field(pattern=r"^[^\x00]*$", max_length=32768)]
 Precision = Literal["fp32", "amp", "bf16"]
 Mode = Literal["train", "infer"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune"]
-Profiler = Literal["none", "torch", "nsys", "ncu"]
 #: How PyTorch runs on Gaudi: op by op (eager), accumulated graphs flushed by mark_step (lazy,
 #: Habana's "graph mode"), or eager with torch.compile(backend="hpu_backend") (compile).
 HpuMode = Literal["eager", "lazy", "compile"]
+Profiler = Literal["none", "torch", "nsys", "ncu", "nvprof"]
+#: Profilers that wrap the command (the orchestrator starts them; see orchestrator/profilers.py).
+WRAPPING_PROFILERS = ("nsys", "ncu", "nvprof")
+#: Shortest telemetry sampling period (s) other than 0 (off): NVML refreshes power every 20 to
+#: 100 ms, so faster sampling only repeats readings and costs a CPU core.
+MIN_TELEMETRY_INTERVAL_S = 0.05
 
 #: Parameters the orchestrator consumes itself; every other one is passed to the workload.
 ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus"})
+
+
+def _telemetry_period(value: float) -> float:
+    if 0 < value < MIN_TELEMETRY_INTERVAL_S:
+        raise ValueError(f"{value:g} s is shorter than {MIN_TELEMETRY_INTERVAL_S} s (NVML "
+                         "refreshes power every 20-100 ms); use 0 to turn telemetry off")
+    return value
 
 
 class StrictModel(BaseModel):
@@ -156,7 +169,26 @@ class CellParams(StrictModel):
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = Field(
         0, description="Random seed, 0..2^32-1 (the range numpy's generator takes)."
     )
-    profiler: Profiler = Field("none", description="Per-cell profiler: none, torch, nsys, ncu.")
+    profiler: Profiler = Field(
+        "none", description="Per-cell profiler: none, torch (torch.profiler), nsys, ncu, nvprof "
+        "(CUDA 11 images and GPUs before Ampere only). It covers only the profile window.",
+    )
+    profile_start: Annotated[int, Field(ge=0, le=999_999)] = Field(
+        0, description="First profiled iteration, as an index into the measured iterations "
+        "(0 = the first after the warmup), 0..999999; with profile_iterations it must lie inside "
+        "the measured window.",
+    )
+    profile_iterations: Annotated[int, Field(gt=0, le=1_000_000)] = Field(
+        5, description="How many measured iterations the profiler covers, 1..1000000 (at most "
+        "iterations - profile_start; ncu replays every kernel of them, so keep it small).",
+    )
+    telemetry_interval: Annotated[
+        float, Field(ge=0, le=60, allow_inf_nan=False), AfterValidator(_telemetry_period)
+    ] = Field(
+        0.5, description=f"Telemetry sampling period in seconds: 0 (off) or "
+        f"{MIN_TELEMETRY_INTERVAL_S}..60 (NVML refreshes power every 20-100 ms; faster sampling "
+        "repeats readings and costs a CPU core).",
+    )
     hpu_mode: HpuMode | None = Field(
         None, description="Gaudi execution mode (device = 'hpu' profiles only): eager "
         "(PT_HPU_LAZY_MODE=0), lazy (graph mode, PT_HPU_LAZY_MODE=1, mark_step) or compile "
@@ -170,6 +202,20 @@ class CellParams(StrictModel):
 
 
 PARAM_NAMES: tuple[str, ...] = tuple(CellParams.model_fields)
+
+
+def profile_window_problem(params: CellParams) -> str:
+    """Why the cell's profile window does not fit its measured window ('' when it does, or
+    when the cell runs no profiler)."""
+    if params.profiler == "none":
+        return ""
+    end = params.profile_start + params.profile_iterations
+    if end <= params.iterations:
+        return ""
+    return (f"the profile window (measured iterations {params.profile_start}.."
+            f"{end - 1}: profile_start = {params.profile_start}, profile_iterations = "
+            f"{params.profile_iterations}) ends after the {params.iterations} measured iterations; "
+            f"lower profile_start/profile_iterations or raise iterations")
 
 
 def param_type(name: str) -> Any:
@@ -321,6 +367,115 @@ class SlurmOptions(StrictModel):
 #: An accelerator model as vendors and nvidia-smi name it ("V100", "Tesla V100-SXM2-32GB",
 #: "H100 80GB HBM3", "HL-205").
 AcceleratorName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._+-]{0,63}$")]
+# --- profilers (the tools' options; command lines in orchestrator/profilers.py) -------------
+
+#: One argument handed to a tool as is (an argv item: never a shell word).
+ToolArg = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$")]
+#: An ncu/nvprof metric name, or ``regex:EXPR`` (ncu: every metric the expression matches). No
+#: comma (the list becomes one comma-separated argument) and no white space.
+MetricName = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s,\x00-\x1f]+$")]
+#: An NVTX range name as the program pushes it (no ``@``: that separates a domain, no ``/``).
+NvtxRange = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_. :-]+$")]
+#: What part of a run a tool records: ``range`` (cudaProfilerStart/Stop, our workload's window),
+#: ``nvtx`` (an NVTX range the program pushes), ``whole`` (start to exit).
+Capture = Literal["range", "nvtx", "whole"]
+
+#: ncu's default metrics: the pipe utilisations seed 001 asks for (FMA, FP16, Tensor Core, SFU
+#: = XU), as % of peak sustained over active cycles, plus each kernel's duration (the weights).
+#: Regular expressions, because the names differ by architecture (orchestrator/profilers.py).
+DEFAULT_NCU_METRICS: tuple[str, ...] = (
+    "gpu__time_duration.sum",
+    r"regex:^smsp?__inst_executed_pipe_(fma|fp16|xu)\.avg\.pct_of_peak_sustained_active$",
+    r"regex:^smsp?__pipe_(fma|fp16|tensor|tensor_op_hmma|tensor_op_gmma)_cycles_active"
+    r"\.avg\.pct_of_peak_sustained_active$",
+)
+#: nvprof's metrics for the same pipes (utilisation levels 0..10).
+DEFAULT_NVPROF_METRICS: tuple[str, ...] = (
+    "single_precision_fu_utilization", "half_precision_fu_utilization",
+    "tensor_precision_fu_utilization", "special_fu_utilization",
+)
+
+
+class _ToolOptions(StrictModel):
+    capture: Capture = Field(
+        "range", description="What the tool records: 'range' (between the program's "
+        "cudaProfilerStart/Stop: our workload's profile window), 'nvtx' (inside the NVTX range "
+        "nvtx_range), 'whole' (start to exit: programs that mark nothing, e.g. DLE's main.py).",
+    )
+    nvtx_range: NvtxRange = Field(
+        "profile", description="capture = 'nvtx': the NVTX push/pop range to record (our "
+        "workload pushes 'profile' around its window).",
+    )
+    extra_args: list[ToolArg] = Field(
+        [], max_length=64, description="More options for the tool, one argv item each.")
+
+
+class NsysOptions(_ToolOptions):
+    """``[hardware.NAME.nsys]``: Nsight Systems (``nsys profile``)."""
+
+    trace: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,31}$")]] = Field(
+        ["cuda", "nvtx", "osrt"], min_length=1, max_length=32,
+        description="APIs to trace (nsys --trace), e.g. cuda, nvtx, osrt, cudnn, cublas.",
+    )
+    capture_range_end: Literal["stop", "stop-shutdown", "repeat", "none"] = Field(
+        "stop", description="nsys --capture-range-end: 'stop' lets the program finish (its "
+        "summary line is the cell's result); 'none' leaves the option out (nsys before 2021).",
+    )
+    delay_s: Annotated[float, Field(ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)] | None = Field(
+        None, description="capture = 'whole': start collecting after this many seconds.")
+    duration_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)] | None = (
+        Field(None, description="capture = 'whole': collect this many seconds."))
+    stats: bool = Field(
+        True, description="After the run, export the kernel summary and GPU trace as CSV "
+        "(nsys stats) for the per-cell figures nsys.*.",
+    )
+
+    @model_validator(mode="after")
+    def _time_window_needs_whole(self) -> NsysOptions:
+        if self.capture != "whole" and (self.delay_s is not None or self.duration_s is not None):
+            raise ValueError("delay_s and duration_s bound a capture = 'whole' run; with "
+                             f"capture = {self.capture!r} the program's markers bound it")
+        return self
+
+
+class NcuOptions(_ToolOptions):
+    """``[hardware.NAME.ncu]``: Nsight Compute (``ncu``)."""
+
+    metrics: list[MetricName] = Field(
+        list(DEFAULT_NCU_METRICS), max_length=256,
+        description="Metrics (ncu --metrics; 'regex:EXPR' collects every metric matching): by "
+        "default the FMA, FP16, Tensor and XU (SFU) pipe utilisations and gpu__time_duration.sum "
+        "(kernel-time weights of the ncu.* figures).",
+    )
+    sections: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,64}$")]] = Field(
+        [], max_length=64, description="Sections (ncu --section), e.g. SpeedOfLight.")
+    set: Annotated[str, Field(pattern=r"^[a-z]{1,32}$")] | None = Field(
+        None, description="Section set (ncu --set), e.g. basic, detailed, full.")
+    replay_mode: Literal["kernel", "application", "range", "app-range"] = Field(
+        "kernel", description="ncu --replay-mode.")
+    launch_skip: Annotated[int, Field(ge=0, le=10**9)] | None = Field(
+        None, description="Kernel launches skipped before profiling (ncu --launch-skip).")
+    launch_count: Annotated[int, Field(gt=0, le=10**9)] | None = Field(
+        None, description="Kernel launches profiled at most (ncu --launch-count).")
+    kernel_name: ToolArg | None = Field(
+        None, description="Only kernels of this name (ncu --kernel-name; 'regex:EXPR').")
+
+
+class NvprofOptions(_ToolOptions):
+    """``[hardware.NAME.nvprof]``: nvprof (CUDA <= 11 toolkits, GPUs before Ampere)."""
+
+    metrics: list[MetricName] = Field(
+        list(DEFAULT_NVPROF_METRICS), max_length=256,
+        description="Metrics (nvprof --metrics): by default the single/half/tensor precision "
+        "and special function unit utilisations.",
+    )
+
+    @model_validator(mode="after")
+    def _no_nvtx_capture(self) -> NvprofOptions:
+        if self.capture == "nvtx":
+            raise ValueError("nvprof has no NVTX capture range: use capture = 'range' (the "
+                             "program's cudaProfilerStart/Stop) or 'whole'")
+        return self
 
 
 class HardwareProfile(StrictModel):
@@ -359,6 +514,9 @@ class HardwareProfile(StrictModel):
     checkpoint_dir: PathText | None = Field(
         None, description="Where pretrained weights are (the torch hub cache as mounted)."
     )
+    nsys: NsysOptions = NsysOptions()
+    ncu: NcuOptions = NcuOptions()
+    nvprof: NvprofOptions = NvprofOptions()
 
     @field_validator("gpu_ids")
     @classmethod
@@ -402,6 +560,11 @@ class MatrixSettings(StrictModel):
     )
     hosts: str | None = Field(
         None, description="Hosts inventory (TOML) for the ssh backend, relative to this file."
+    )
+    rerun_throttled: Annotated[int, Field(ge=0, le=10)] = Field(
+        0, description="Run a cell again (up to this many times, 0..10) when its GPU throttled "
+        "during the measured window (telemetry.throttled); the throttled attempt is kept under "
+        "superseded/. 0: never.",
     )
     baseline: Annotated[str, Field(pattern=r"^[a-z_]+=.+$")] | None = Field(
         None, description="KEY=VALUE row the table compares against, e.g. 'hardware=v100' "

@@ -7,7 +7,8 @@ The workload command is a list of arguments, never a shell string: backends hand
 A command is built in layers, each a function of plain values: the Python launcher
 (:func:`python_launcher`: ``python -m``, or torchrun for several processes, standalone or as one
 node of a multi-node cell described by a :class:`NodeRole`), the workload and its flags
-(:func:`workload_flags`), then the profiler and runtime wrappers (nsys/ncu, ``bitfusion run``).
+(:func:`workload_flags`), then the profiler and runtime wrappers (nsys/ncu/nvprof under their
+capture ranges, :mod:`orchestrator.profilers`; ``bitfusion run``).
 :class:`LaunchSpec` is everything a backend needs to start one cell, decided before it starts.
 """
 
@@ -18,7 +19,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config import CellParams, ContainerOptions, HardwareProfile
+from orchestrator import profilers
+from orchestrator.config import WRAPPING_PROFILERS, CellParams, ContainerOptions, HardwareProfile
 from orchestrator.matrix import Cell
 from orchestrator.placement import Allocation
 from orchestrator.redact import redact_env
@@ -185,7 +187,7 @@ def workload_argv(
         argv += ["--output-dir", output_dir]
     if profile.checkpoint_dir:
         argv += ["--checkpoint-dir", profile.checkpoint_dir]
-    argv = _profiler_wrap(cell, argv, output_dir)
+    argv = profiler_wrap(cell, profile, argv, output_dir, python)
     if profile.wrapper == "bitfusion":
         argv = bitfusion_wrap(profile, gpus, argv)
     return argv
@@ -200,15 +202,15 @@ def bitfusion_wrap(profile: HardwareProfile, gpus: int, argv: list[str]) -> list
     return [*wrapped, *opts.extra_args, "--", *argv]
 
 
-def _profiler_wrap(cell: Cell, argv: list[str], output_dir: str | None) -> list[str]:
-    out = f"{output_dir}/profile" if output_dir else "profile"
-    if cell.params.profiler == "nsys":
-        return ["nsys", "profile", "--force-overwrite=true", "--trace=cuda,nvtx,osrt",
-                f"--output={out}", *argv]
-    if cell.params.profiler == "ncu":
-        return ["ncu", "--target-processes", "all", "--nvtx", "--set", "basic",
-                "--export", out, "--force-overwrite", *argv]
-    return argv
+def profiler_wrap(cell: Cell, profile: HardwareProfile, argv: list[str],
+                  output_dir: str | None, python: str = "python") -> list[str]:
+    """``argv`` under the cell's wrapping profiler (nsys, ncu, nvprof) with the profile's options
+    for it (:func:`orchestrator.profilers.wrap`); unchanged for none and torch."""
+    tool = cell.params.profiler
+    if tool not in WRAPPING_PROFILERS:
+        return argv
+    return profilers.wrap(tool, profilers.options_of(profile, tool), output_dir, argv,
+                          python=python)
 
 
 def hpu_mode(params: CellParams, device: str) -> str | None:

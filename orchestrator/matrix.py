@@ -24,7 +24,9 @@ Size: the axes and zips may multiply to at most
 cell is built, and the message names the fields that multiply up.
 
 Validation reports every problem of the file at once (types, unknown keys and profiles, image
-templates and their variables, rules that match nothing). This module knows nothing of backends:
+templates and their variables, rules that match nothing). Whether each cell can run where it is
+planned (its model, options, profiler and image on its stack) is :mod:`orchestrator.checks`'
+question. This module knows nothing of backends:
 ``[matrix] backend`` is checked against the names the caller passes to :func:`load_matrix`.
 """
 
@@ -289,19 +291,34 @@ def _id_parts(params: dict[str, Any], varying: Sequence[str]) -> list[str]:
     return parts
 
 
-#: Fields added after cells were first hashed: left out of the hash while unset, so a cell that
-#: does not use them keeps the hash it had (``--resume`` of an older run, its history).
-HASH_OPTIONAL = frozenset({"hpu_mode", "gpu", "compute_capability"})
+#: The hash stays the same across versions of orchestrate for a cell that does not use what a
+#: version added (``--resume`` of an older run; its history lines up): a field added after cells
+#: were first hashed is left out of the hash while it has its neutral value (the behaviour from
+#: before it existed), and a retired field keeps the value it always had there.
+HASH_NEUTRAL_PARAMS: dict[str, Any] = {
+    "hpu_mode": None, "profile_start": 0, "profile_iterations": 5, "telemetry_interval": 0.5,
+}
+HASH_NEUTRAL_PROFILE: dict[str, Any] = {
+    "gpu": None, "compute_capability": None,
+    **{tool: HardwareProfile.model_fields[tool].get_default(call_default_factory=True)
+       for tool in ("nsys", "ncu", "nvprof")},
+}
+HASH_RETIRED_PROFILE: dict[str, Any] = {"backend": None}
 
 
-def _hashed(dump: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in dump.items() if not (k in HASH_OPTIONAL and v is None)}
+def _hashed(dump: dict[str, Any], neutral: dict[str, Any]) -> dict[str, Any]:
+    def plain(value: Any) -> Any:
+        return value.model_dump() if hasattr(value, "model_dump") else value
+
+    return {k: v for k, v in dump.items() if not (k in neutral and v == plain(neutral[k]))}
 
 
 def content_hash(params: CellParams, profile: HardwareProfile) -> str:
     """A short hash of everything that defines a cell's run (not its repeat)."""
     blob = json.dumps(
-        {"params": _hashed(params.model_dump()), "profile": _hashed(profile.model_dump())},
+        {"params": _hashed(params.model_dump(), HASH_NEUTRAL_PARAMS),
+         "profile": {**_hashed(profile.model_dump(), HASH_NEUTRAL_PROFILE),
+                     **HASH_RETIRED_PROFILE}},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -8,6 +8,11 @@ Comparisons stay within one software stack: a ratio to a baseline row or a speed
 whose cells ran on different stacks (:func:`stack_key`: torch, torchvision, CUDA, cuDNN, the NGC
 release, Gaudi software, as each result.json's ``env`` records them) is marked as a cross-stack
 comparison that names what differs (``cross-stack: torch 2.1.0 vs 2.4.0``), never a bare ratio.
+
+Optional columns (:data:`METRIC_COLUMNS`: telemetry and profiler figures) are shown, and written
+to summary.csv, when any row has them. A group with a repeat whose GPU throttled during the
+measured window (``telemetry.throttled``) gets ``!`` after its images/s and a footnote; the csv
+column ``throttled`` counts such repeats.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +32,43 @@ from orchestrator.results import CellResult, RunPaths, Status, throughput_key
 def _median(values: Iterable[float | None]) -> float | None:
     vals = [float(v) for v in values if isinstance(v, int | float)]
     return statistics.median(vals) if vals else None
+
+
+@dataclass(frozen=True)
+class MetricColumn:
+    """An optional column: over a group's ok repeats, ``reduce`` of the first of ``keys`` each
+    result has (a number)."""
+
+    header: str
+    csv: str
+    keys: tuple[str, ...]
+    digits: int = 1
+    reduce: Callable[[list[float]], float] = statistics.median
+
+    def value(self, metrics: Iterable[Mapping[str, Any]]) -> float | None:
+        found = [next((m[k] for k in self.keys if k in m), None) for m in metrics]
+        vals = [float(v) for v in found if isinstance(v, int | float) and not isinstance(v, bool)]
+        return self.reduce(vals) if vals else None
+
+
+#: Optional metric columns, in table order: telemetry (workload/telemetry.py), then the
+#: profilers' figures (orchestrator/profile_figures.py; ncu's, else nvprof's).
+METRIC_COLUMNS: tuple[MetricColumn, ...] = (
+    MetricColumn("W", "power_mean_w", ("telemetry.power_mean_w",), 0),
+    MetricColumn("J/image", "energy_per_image_j", ("telemetry.energy_per_image_j",), 3),
+    MetricColumn("max C", "temp_max_c", ("telemetry.temp_max_c",), 0, max),
+    MetricColumn("SM MHz", "sm_clock_mean_mhz", ("telemetry.sm_clock_mean_mhz",), 0),
+    MetricColumn("FMA %", "fma_pct", ("ncu.fma_pct", "nvprof.fma_pct")),
+    MetricColumn("FP16 %", "fp16_pct", ("ncu.fp16_pct", "nvprof.fp16_pct")),
+    MetricColumn("Tensor %", "tensor_pct", ("ncu.tensor_pct", "nvprof.tensor_pct")),
+    MetricColumn("SFU %", "sfu_pct", ("ncu.sfu_pct", "nvprof.sfu_pct")),
+    MetricColumn("GPU busy %", "gpu_busy_pct", ("nsys.gpu_busy_pct",)),
+)
+#: The telemetry figure that marks a throttled repeat.
+THROTTLED = "telemetry.throttled"
+THROTTLE_NOTE = ("! the GPU throttled (clocks held down by a power or thermal limit) during the "
+                 "measured window of a repeat (summary.csv: throttled; [matrix] rerun_throttled "
+                 "re-runs such cells)")
 
 
 @dataclass
@@ -52,6 +94,10 @@ class GroupRow:
     stacks: list[StackKey] = field(default_factory=list)
     #: "ratio" / "speedup" -> what differs from the row it is compared with (cross-stack only).
     cross_stack: dict[str, str] = field(default_factory=dict)
+    #: METRIC_COLUMNS values by csv name (only those the group's results have).
+    extra: dict[str, float] = field(default_factory=dict)
+    #: ok repeats whose GPU throttled; None when no ok repeat says.
+    throttled: int | None = None
 
     def csv_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"group": self.group, **self.params}
@@ -64,6 +110,9 @@ class GroupRow:
             efficiency=self.efficiency, ratio_vs_baseline=self.ratio,
             cross_stack="; ".join(f"{k}: {v}" for k, v in sorted(self.cross_stack.items())),
         )
+        row.update(self.extra)
+        if self.throttled is not None:
+            row["throttled"] = self.throttled
         return row
 
 
@@ -124,6 +173,7 @@ def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
             setattr(row, attr, None if sec is None else sec * 1000.0)
         if mode == "train":
             row.loss = _median(r.metrics.get("train.loss") for r in ok)
+        _optional(row, ok)
     _scaling(list(rows.values()))
     return list(rows.values())
 
@@ -134,6 +184,16 @@ def param_matches(value: Any, text: str) -> bool:
     if isinstance(value, bool):
         return text.strip().lower() == ("true" if value else "false")
     return str(value) == text
+
+
+def _optional(row: GroupRow, ok: Sequence[CellResult]) -> None:
+    """The optional columns' values and the throttle count of a group."""
+    for col in METRIC_COLUMNS:
+        value = col.value(r.metrics for r in ok)
+        if value is not None:
+            row.extra[col.csv] = value
+    flags = [r.metrics[THROTTLED] for r in ok if isinstance(r.metrics.get(THROTTLED), bool)]
+    row.throttled = sum(flags) if flags else None
 
 
 def _baselines(rows: Sequence[GroupRow], key: str, value: str
@@ -229,10 +289,13 @@ def render_table(
     ratios = baseline is not None and any(r.ratio is not None for r in rows)
     if ratios:
         headers.append(f"vs {baseline}")
+    optional = [c for c in METRIC_COLUMNS if any(c.csv in r.extra for r in rows)]
+    headers += [c.header for c in optional]
     table = []
     for r in rows:
         line = [r.params.get(c, "") for c in cols]
-        line += [f"{r.ok}/{r.runs}", _fmt(r.ips),
+        mark = "!" if r.throttled else ""
+        line += [f"{r.ok}/{r.runs}", _fmt(r.ips) + mark,
                  f"{_fmt(r.ips_min)}..{_fmt(r.ips_max)}" if r.ips is not None else ""]
         if scaling:
             line += [_fmt(r.speedup, 2) + _cross_note(r, "speedup"),
@@ -241,8 +304,10 @@ def render_table(
             line += [_fmt(r.latency_p50_ms, 2), _fmt(r.latency_p99_ms, 2)]
         if ratios:
             line.append("" if r.ratio is None else f"{r.ratio:.2f}x" + _cross_note(r, "ratio"))
+        line += [_fmt(r.extra.get(c.csv), c.digits) for c in optional]
         table.append(line)
-    return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
+    text = tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
+    return text + "\n\n" + THROTTLE_NOTE if any(r.throttled for r in rows) else text
 
 
 def _cross_note(row: GroupRow, what: str) -> str:

@@ -9,9 +9,12 @@ Each step is a plain function over plain values. Running cells (:func:`run_cells
 as soon as the backend can place it (:func:`place`, through
 :meth:`~orchestrator.backends.base.Backend.allocate`); every cell runs in a worker thread so the
 main thread stays free to notice Ctrl-C / SIGTERM, cancel what runs and record what did not; a
-cell that ended is collected (:func:`collect`: its allocation goes back) and recorded
-(:func:`record`), or retried when its host was lost. Expected failures are results; one bad cell
-never stops the sweep.
+cell that ended is collected (:func:`collect`: its allocation goes back; a profiled cell's
+profiler figures are added to its result, :func:`add_profiler_figures`) and recorded
+(:func:`record`), or retried when its host was lost, or run again when its GPU throttled and
+``[matrix] rerun_throttled`` allows (:func:`orchestrator.rerun.should_rerun`; the throttled
+attempt's folder goes to ``superseded/``). Expected failures are results; one bad cell never
+stops the sweep.
 
 Every cell given to a sweep ends with exactly one result, on disk: a worker that raised or did
 not stop after an interrupt gives a failed result; a result that cannot be written when its cell
@@ -38,15 +41,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator import __version__
+from orchestrator import __version__, profilers
 from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions, git_revision
 from orchestrator.checks import refuse_unrunnable
+from orchestrator.config import WRAPPING_PROFILERS
 from orchestrator.engine import controller_id
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
+from orchestrator.profile_figures import figures_of_cell
 from orchestrator.redact import missing_references, redact_toml
+from orchestrator.rerun import should_rerun
 from orchestrator.results import CellResult, RunPaths, Status, find_run, read_json, write_json
 from orchestrator.summary import GroupRow, render_table, summarize, write_summary
 
@@ -419,14 +425,20 @@ def _ended_ok(result: Path) -> bool:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One try of a cell: the first, or a retry after its host was lost."""
+    """One try of a cell: the first, a retry after its host was lost, or a re-run after it
+    throttled (``reruns`` of them so far)."""
 
     cell: Cell
     number: int = 1
+    reruns: int = 0
 
     def retry(self) -> Attempt:
         """The next try of the same cell."""
-        return Attempt(self.cell, self.number + 1)
+        return Attempt(self.cell, self.number + 1, self.reruns)
+
+    def rerun(self) -> Attempt:
+        """The next try after a throttled one."""
+        return Attempt(self.cell, self.number + 1, self.reruns + 1)
 
 
 @dataclass(frozen=True)
@@ -492,7 +504,16 @@ def run_cells(
                 started = running.pop(fut)
                 result = collect(backend, fut, started)
                 attempt = started.attempt
-                if result.status is Status.HOST_LOST and attempt.number <= retries:
+                add_profiler_figures(backend, attempt.cell, result)
+                if should_rerun(result, backend.matrix.settings, attempt.reruns) and supersede(
+                        backend.paths, attempt.cell.id, "throttled"):
+                    events.log(f"{attempt.cell.id}: the GPU throttled while measuring; "
+                               f"running it again (re-run {attempt.reruns + 1} of "
+                               f"{backend.matrix.settings.rerun_throttled})")
+                    pending.append(attempt.rerun())
+                    continue
+                if (result.status is Status.HOST_LOST
+                        and attempt.number - attempt.reruns <= retries):
                     events.log(f"{attempt.cell.id}: {result.reason}; retrying "
                                f"(attempt {attempt.number + 1})")
                     pending.appendleft(attempt.retry())
@@ -552,6 +573,43 @@ def collect(backend: Backend, fut: Future[CellResult], started: Running,
     result = _result_of(fut, started.attempt, wait_s)
     backend.release(started.attempt.cell, started.allocation)
     return result
+
+
+def add_profiler_figures(backend: Backend, cell: Cell, result: CellResult) -> None:
+    """A cell run under nsys, ncu or nvprof: the figures of the CSV files the profiler left in
+    its folder (:func:`orchestrator.profile_figures.figures_of_cell`) go into its result
+    (``metrics``, ``provenance.profiler``) and result.json. Figures that cannot be read or
+    written leave the result as it was (with a warning): the cell is still recorded."""
+    tool = cell.params.profiler
+    cell_dir = backend.paths.cell_dir(cell.id)
+    if tool not in WRAPPING_PROFILERS or not cell_dir.is_dir():
+        return
+    try:
+        options = profilers.options_of(backend.matrix.profile(cell), tool)
+        figures = figures_of_cell(cell_dir, tool, options)
+        result.metrics.update(figures.metrics)
+        result.provenance["profiler"] = figures.provenance()
+        if backend.paths.cell_result(cell.id).exists():  # the backend recorded the cell
+            write_json(backend.paths.cell_result(cell.id), result.to_json())
+    except Exception as exc:  # a damaged profile or a full disk must not lose the cell
+        log.warning("%s: profiler figures not added: %s", cell.id, exc)
+
+
+def supersede(paths: RunPaths, cell_id: str, why: str) -> bool:
+    """Move a cell's folder to ``superseded/<cell>-<why>-<ms>`` (an attempt that is not the
+    cell's result, kept for the record). False when it cannot be moved (the attempt then stays
+    the cell's result)."""
+    cell_dir = paths.cell_dir(cell_id)
+    try:
+        if cell_dir.exists():
+            archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
+            archive.parent.mkdir(exist_ok=True)
+            cell_dir.rename(archive)
+    except OSError as exc:
+        log.warning("%s: its folder cannot be moved to superseded/ (%s); keeping its result",
+                    cell_id, exc)
+        return False
+    return True
 
 
 def record(paths: RunPaths, cell: Cell, result: CellResult, events: SweepEvents) -> CellResult:

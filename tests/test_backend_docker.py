@@ -132,7 +132,7 @@ hardware = "box"
 [hardware.box]
 device = "cpu"
 image = "ngc-pytorch"
-image_vars = {{ base_image = "{base}" }}
+image_vars = {{ base_image = "{base}", install_nvml = false }}
 container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} {extra} }}
 """
 

@@ -54,7 +54,7 @@ num_classes = 10
 [hardware.cpu]
 device = "cpu"
 image = "ngc-pytorch"
-image_vars = {{ base_image = "{base}" }}
+image_vars = {{ base_image = "{base}", install_nvml = false }}
 env = {{ OMP_NUM_THREADS = "1" }}
 # memlock = unlimited (the GPU default) is refused on the project's VMs.
 container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} }}

@@ -852,7 +852,8 @@ good_run("bf16-on-an-unnamed-gpu", gx(workload='precision = "bf16"')
          .replace('gpu = "V100"\n', ""), 1, ("note:", "bf16 not checked"))
 good_run("gpu-typo-is-a-note", gx().replace('"V100"', '"V1OO"'), 1,
          ("note:", "did you mean 'V100'"))
-good_run("nsys-and-ncu-in-ngc", gx(axes='profiler = ["nsys", "ncu"]'), 2)
+good_run("nsys-and-ncu-in-ngc",
+         gx(workload="profile_iterations = 1", axes='profiler = ["nsys", "ncu"]'), 2)
 good_run("unknown-base-image-is-a-note",
          gx(workload='arch = "resnext101_32x4d"').replace(
              'base_tag = "23.10-py3"', 'base_image = "registry.lab/pytorch:custom"'), 1,

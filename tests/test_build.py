@@ -214,7 +214,8 @@ def _run(docker_client: Any, tag: str, command: list[str]) -> str:
 def test_build_ngc_pytorch_on_local_base(
     docker_client: Any, base_image: str, workload: Path, built_tags: list[str]
 ) -> None:
-    plan = build.plan_image("ngc-pytorch", {"base_image": base_image}, workload_dir=workload)
+    plan = build.plan_image("ngc-pytorch", {"base_image": base_image, "install_nvml": False},
+                            workload_dir=workload)
     assert plan.base_image == base_image
     _fresh(docker_client, plan, built_tags)
 
@@ -245,7 +246,8 @@ def test_build_ngc_pytorch_on_local_base(
 
     # A change in the workload gives a new tag, which is then missing: a rebuild.
     (workload / "orchestrate_test_marker.py").write_text("MARKER = 'changed'\n")
-    changed = build.plan_image("ngc-pytorch", {"base_image": base_image}, workload_dir=workload)
+    changed = build.plan_image("ngc-pytorch", {"base_image": base_image, "install_nvml": False},
+                            workload_dir=workload)
     assert changed.tag != plan.tag
     _fresh(docker_client, changed, built_tags)
     assert build.ensure_image(changed, client=docker_client).built
@@ -290,6 +292,30 @@ def test_failing_build_names_the_step(
 
 
 @pytest.mark.docker
+def test_nvml_bindings_of_the_base_image_are_kept(
+    docker_client: Any, base_image: str, workload: Path, built_tags: list[str], tmp_path: Path
+) -> None:
+    """install_nvml on (the default) over a base that can ``import pynvml``: the build keeps
+    those bindings and installs nothing (no package index is reachable from a build here, so a
+    pip install would fail the build). The base is the local stand-in plus a one-line pynvml
+    module standing in for the bindings an NGC image may carry."""
+    ctx = tmp_path / "nvml-base"
+    ctx.mkdir()
+    (ctx / "pynvml.py").write_text("STAND_IN = True\n")
+    (ctx / "Dockerfile").write_text(
+        f"FROM {base_image}\nCOPY pynvml.py /usr/local/lib/python3.11/dist-packages/pynvml.py\n")
+    base_tag = "orchestrate-test/base-with-pynvml:test"
+    built_tags.append(base_tag)
+    docker_client.images.build(path=str(ctx), tag=base_tag, rm=True)
+    plan = build.plan_image("ngc-pytorch", {"base_image": base_tag}, workload_dir=workload)
+    assert "import pynvml" in images.render_text("ngc-pytorch", {"base_image": base_tag})
+    _fresh(docker_client, plan, built_tags)
+    assert build.ensure_image(plan, client=docker_client).built
+    out = _run(docker_client, plan.tag, ["python3", "-c", "import pynvml; print(pynvml.STAND_IN)"])
+    assert out.strip() == "True"
+
+
+@pytest.mark.docker
 def test_bitfusion_image_on_top_of_ngc(
     docker_client: Any,
     base_image: str,
@@ -299,7 +325,8 @@ def test_bitfusion_image_on_top_of_ngc(
 ) -> None:
     # bitfusion_files: a stand-in client .deb (the real client is proprietary) + a dummy CA.
     deb, cert = bitfusion_files
-    values = {"base_image": base_image, "client_deb": str(deb), "ca_cert": str(cert)}
+    values = {"base_image": base_image, "client_deb": str(deb), "ca_cert": str(cert),
+              "install_nvml": False}
     plan = build.plan_image("bitfusion", values, workload_dir=workload)
     assert plan.parent is not None and plan.base_image == plan.parent.tag
     _fresh(docker_client, plan, built_tags)

@@ -30,6 +30,7 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
             "install_dir": "/srv/bench",
             "apt_packages": ["numactl", "infiniband-diags"],
             "pip_packages": ["nvidia-ml-py", "numpy<2"],
+            "install_nvml": False,
         },
     },
     "bitfusion": {
@@ -55,6 +56,7 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
             "bootstrap": "docker-daemon",
             "base_image": PARENT,
             "threads": 8,
+            "nvml_requirement": "nvidia-ml-py==12.535.133",
         },
     },
 }

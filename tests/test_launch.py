@@ -25,7 +25,7 @@ from orchestrator.placement import Allocation, Slot
 from workload.cli import build_parser
 
 #: Workload options the orchestrator sets itself (not cell parameters).
-NOT_PARAMS = {"device", "output_dir", "checkpoint_dir", "telemetry_interval", "help"}
+NOT_PARAMS = {"device", "output_dir", "checkpoint_dir", "help"}
 
 #: A value for every workload parameter other than its default (a space in the data path: one
 #: argv item, never split).
@@ -33,7 +33,8 @@ CHANGED = {
     "batch_size": 7, "precision": "bf16", "mode": "infer", "arch": "resnet18",
     "image_size": 32, "warmup": 0, "iterations": 3, "data": "/data/image net",
     "channels_last": False, "compile": "max-autotune", "cuda_graphs": True, "pretrained": True,
-    "num_classes": 10, "workers": 0, "seed": 5, "profiler": "nsys", "hpu_mode": "eager",
+    "num_classes": 10, "workers": 0, "seed": 5, "profiler": "nsys", "profile_start": 1,
+    "profile_iterations": 2, "telemetry_interval": 2.5, "hpu_mode": "eager",
 }
 
 
@@ -83,11 +84,14 @@ def test_workload_argv_of_one_node_of_a_multi_node_cell() -> None:
     this = cell(gpus=4, profiler="nsys")
     role = NodeRole(nnodes=2, rank=0, nproc=2, endpoint="h:1", rdzv_id="c")
     argv = workload_argv(this, profile, python="python3", output_dir="/out", node=role)
-    assert argv[:5] == ["nsys", "profile", "--force-overwrite=true", "--trace=cuda,nvtx,osrt",
-                        "--output=/out/profile"]
-    launcher = argv[5:5 + 10]
+    helper = ["python3", "-m", "workload.profile_run", "--tool", "nsys", "--out", "/out", "--"]
+    assert argv[:8] == helper
+    assert argv[8:15] == ["nsys", "profile", "--force-overwrite=true", "--trace=cuda,nvtx,osrt",
+                          "--output=/out/profile", "--capture-range=cudaProfilerApi",
+                          "--capture-range-end=stop"]
+    launcher = argv[15:15 + 10]
     assert launcher == python_launcher("python3", 4, role)
-    assert argv[15] == "workload" and argv[-4:] == ["--device", "cuda", "--output-dir", "/out"]
+    assert argv[25] == "workload" and argv[-4:] == ["--device", "cuda", "--output-dir", "/out"]
     assert "--standalone" not in argv
 
 

@@ -9,8 +9,9 @@ The layers, lowest first (a module may import its own layer and the ones below):
 1. the package root (``__version__``) and ``errors``: everything may raise them;
 2. ``config``: the matrix file's models;
 3. files and facts, each standing on config and errors only: run folders and results, host
-   inventories, GPU discovery parsers, image templates, the NGC release table, which values
-   are secret, the user's defaults;
+   inventories, GPU discovery parsers, image templates, the NGC release table, the profilers'
+   command lines and CSV figures, the throttle re-run rule, which values are secret, the
+   user's defaults;
 4. reports built from what is on disk (tables, trends, plots, the ETA): they never see a matrix
    or a backend, so a report can be rebuilt from any old run;
 5. ``matrix``: expansion into cells;
@@ -43,8 +44,9 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("files and facts", (
         "orchestrator.hosts", "orchestrator.gpus",
         "orchestrator.images", "orchestrator.releases", "orchestrator.stacks",
-        "orchestrator.dllog", "orchestrator.fom", "orchestrator.redact",
-        "orchestrator.userconfig",
+        "orchestrator.dllog", "orchestrator.fom",
+        "orchestrator.profilers", "orchestrator.profile_figures", "orchestrator.rerun",
+        "orchestrator.redact", "orchestrator.userconfig",
     ), False),
     ("reports", (
         "orchestrator.summary", "orchestrator.history", "orchestrator.plots", "orchestrator.eta",

@@ -473,3 +473,33 @@ def test_every_shipped_inventory_validates(path):
     from orchestrator.hosts import load_hosts
 
     assert load_hosts(path).names
+
+
+def test_content_hashes_stay_those_of_orchestrate_0_1(write_matrix):
+    """A cell that uses nothing a later version added keeps the hash orchestrate 0.1 gave it
+    (recorded from commit 6be8385): `--resume` of an older run and its history still line up."""
+    path = write_matrix("""
+        [matrix]
+        name = "hashes"
+        [workload]
+        arch = "resnet18"
+        image_size = 64
+        [axes]
+        hardware = ["cpu", "v100"]
+        precision = ["fp32", "bf16"]
+        [hardware.cpu]
+        device = "cpu"
+        env = { OMP_NUM_THREADS = "1" }
+        [hardware.v100]
+        device = "cuda"
+        image = "ngc-pytorch"
+        image_vars = { base_tag = "23.10-py3" }
+        container = { ipc = "host", shm_size = "16g" }
+    """)
+    assert {c.id: c.hash for c in load_matrix(path).cells} == {
+        "cpu-g1-bs64-fp32-r1": "54611089260c", "cpu-g1-bs64-bf16-r1": "34093e6a4730",
+        "v100-g1-bs64-fp32-r1": "6e941c841f1d", "v100-g1-bs64-bf16-r1": "ceae122c601b",
+    }
+    changed = load_matrix(write_matrix(path.read_text().replace(
+        'image_size = 64', 'image_size = 64\nprofile_iterations = 3'), name="changed.toml"))
+    assert "54611089260c" not in {c.hash for c in changed.cells}, "a used new field changes it"

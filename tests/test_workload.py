@@ -19,7 +19,13 @@ from workload.errors import ConfigError, DataError
 from workload.make_dataset import main as make_dataset_main
 from workload.make_dataset import make_dataset
 from workload.output import Reporter, clean
-from workload.telemetry import Sample, make_sampler, parse_hl_smi_csv, summarize_telemetry
+from workload.telemetry import (
+    HlSmiSampler,
+    Sample,
+    make_sampler,
+    parse_hl_smi_csv,
+    summarize_telemetry,
+)
 from workload.timing import CudaEventTimer, HostTimer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
@@ -120,12 +126,17 @@ def test_every_contract_flag_parses() -> None:
             "0",
             "--profiler",
             "nsys",
+            "--profile-start",
+            "1",
+            "--profile-iterations",
+            "2",
             "--checkpoint-dir",
             "/c",
         ]
     )
     assert a.channels_last is False and a.cuda_graphs is True and a.pretrained is True
     assert (a.mode, a.compile, a.device, a.profiler) == ("infer", "max-autotune", "hpu", "nsys")
+    assert (a.profile_start, a.profile_iterations) == (1, 2)
     # the last of a flag and its --no- form wins, both ways
     b = parse_args(["--no-channels-last", "--channels-last", "--cuda-graphs", "--no-cuda-graphs",
                     "--pretrained", "--no-pretrained"])  # fmt: skip
@@ -313,6 +324,42 @@ def test_parse_hl_smi_csv() -> None:
     assert [s.gpu for s in out] == [0, 1]
     assert out[0].power_w == 350.5 and out[0].sm_clock_mhz == 1600
     assert math.isnan(out[1].sm_clock_mhz)
+
+
+def test_summarize_telemetry_without_throttle_reasons_or_clock() -> None:
+    """hl-smi reports no throttle reason: no telemetry.throttled (unknown is not 'no'); a clock
+    no sample read gives no clock figure."""
+    samples = [Sample(1.0, 0, 300.0, 50.0, float("nan"), 90.0, 10.0)]
+    out = summarize_telemetry(samples, 0.0, 2.0, 10, reports_throttle=False)
+    assert "telemetry.throttled" not in out and "telemetry.sm_clock_mean_mhz" not in out
+    assert out["telemetry.power_mean_w"] == 300.0
+
+
+HL_SMI = """#!{python}
+# Stand-in for hl-smi (no Gaudi here): answers -Q with CSV, and refuses clocks.current.soc as an
+# hl-smi whose documented query fields lack it would.
+import sys
+fields = sys.argv[sys.argv.index("-Q") + 1].split(",")
+if "clocks.current.soc" in fields:
+    sys.stderr.write("Invalid query: clocks.current.soc\\n")
+    sys.exit(1)
+assert fields == ["index", "power.draw", "temperature.aip", "utilization.aip", "memory.used"]
+print("0, 350.5, 45, 97, 20480")
+print("1, 300, 44, 95, 20000")
+"""
+
+
+def test_hl_smi_sampler_asks_the_documented_fields_when_the_clock_is_refused(
+    tmp_path: Path,
+) -> None:
+    exe = tmp_path / "hl-smi"
+    exe.write_text(HL_SMI.replace("{python}", sys.executable))
+    exe.chmod(0o755)
+    sampler = HlSmiSampler(0.5, str(exe))
+    assert not sampler.reports_throttle
+    first = sampler.read(1.0)
+    assert [s.power_w for s in first] == [350.5, 300.0] and math.isnan(first[0].sm_clock_mhz)
+    assert len(sampler.read(2.0)) == 2  # straight to the documented fields from now on
 
 
 def test_no_sampler_without_gpu() -> None:

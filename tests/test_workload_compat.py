@@ -129,7 +129,8 @@ def test_compat_and_model_unit_tests_under_the_floor_torch() -> None:
     floor = floor_python()
     proc = subprocess.run(
         [floor, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/test_compat_unit.py", "tests/test_dle_models.py", "tests/test_workload_gaudi.py"],
+         "tests/test_compat_unit.py", "tests/test_dle_models.py", "tests/test_workload_gaudi.py",
+         "tests/test_workload_profiling.py"],
         cwd=REPO, capture_output=True, text=True, env=env(), timeout=540, check=False,
     )  # fmt: skip
     tail = (proc.stdout + proc.stderr)[-3000:]

@@ -100,7 +100,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="sampling period; 0 disables the sampler",
     )
-    p.add_argument("--profiler", choices=("none", "torch", "nsys", "ncu"), default="none")
+    p.add_argument(
+        "--profiler",
+        choices=("none", "torch", "nsys", "ncu", "nvprof"),
+        default="none",
+        help="torch: torch.profiler trace of the profile window; nsys/ncu/nvprof: mark the "
+        "window with cudaProfilerStart/Stop and NVTX for the tool the command runs under",
+    )
+    p.add_argument(
+        "--profile-start",
+        type=_non_negative,
+        default=0,
+        metavar="I",
+        help="first profiled measured iteration (0 = the first after the warmup)",
+    )
+    p.add_argument(
+        "--profile-iterations",
+        type=_positive,
+        default=5,
+        metavar="N",
+        help="measured iterations the profiler covers (the window must fit in --iterations)",
+    )
     p.add_argument(
         "--checkpoint-dir",
         default=None,
@@ -119,6 +139,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         raise ConfigError("--telemetry-interval must be >= 0 (0 disables telemetry)")
     if args.hpu_mode is not None and args.device not in ("hpu", "auto"):
         raise ConfigError(f"--hpu-mode applies to --device hpu, not --device {args.device}")
+    if args.profiler != "none":
+        from workload.profiling import window_problem
+
+        problem = window_problem(args.iterations, args.profile_start, args.profile_iterations)
+        if problem:
+            raise ConfigError(problem)
     return args
 
 

@@ -304,6 +304,67 @@ def device_uuid(props: Any) -> str | None:
     return None if uuid is None else str(uuid)
 
 
+# --------------------------------------------------------------------------- profilers
+
+
+class CudaMarkers:
+    """What the workload calls around its profile window for an outside profiler (nsys, ncu,
+    nvprof): cudaProfilerStart/Stop (``torch.cuda.profiler``), NVTX push/pop
+    (``torch.cuda.nvtx``) and a device synchronize."""
+
+    def __init__(self, profiler: Any, nvtx: Any) -> None:
+        self._profiler = profiler
+        self._nvtx = nvtx
+
+    def start(self) -> None:
+        """cudaProfilerStart."""
+        self._profiler.start()
+
+    def stop(self) -> None:
+        """cudaProfilerStop."""
+        self._profiler.stop()
+
+    def push(self, name: str) -> None:
+        """Open NVTX range ``name``."""
+        self._nvtx.range_push(name)
+
+    def pop(self) -> None:
+        """Close the innermost NVTX range."""
+        self._nvtx.range_pop()
+
+    def synchronize(self) -> None:
+        """Wait for the device (the window's last kernels end inside the capture)."""
+        torch.cuda.synchronize()
+
+
+@functools.cache
+def cuda_markers() -> Choice:
+    """The capture-range markers: ``torch.cuda.profiler.start/stop`` (cudaProfilerStart/Stop)
+    and ``torch.cuda.nvtx.range_push/pop``; unavailable on a torch without them."""
+    prof = getattr(torch.cuda, "profiler", None)
+    nvtx = getattr(torch.cuda, "nvtx", None)
+    needed = [(prof, "start"), (prof, "stop"), (nvtx, "range_push"), (nvtx, "range_pop")]
+    if all(mod is not None and callable(getattr(mod, name, None)) for mod, name in needed):
+        return Choice("torch.cuda.profiler.start/stop+torch.cuda.nvtx.range_push/pop",
+                      lambda: CudaMarkers(prof, nvtx))
+    return Choice("unavailable: torch.cuda.profiler or torch.cuda.nvtx missing", None)
+
+
+@functools.cache
+def profiler_schedule() -> Choice:
+    """``torch.profiler.schedule`` for one cycle (``repeat=1``); call it with ``wait``,
+    ``warmup`` and ``active`` step counts. ``warmup=0`` is accepted silently (torch warns that
+    it may skew the first active step; the workload says so in its own docs)."""
+    fn = torch.profiler.schedule
+
+    def make(*, wait: int, warmup: int, active: int, **kwargs: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Profiler won.t be using warmup")
+            return fn(wait=wait, warmup=warmup, active=active, **kwargs)
+
+    return Choice("torch.profiler.schedule(repeat=1)", make, {"repeat": 1})
+
+
 # --------------------------------------------------------------------------- the api block
 
 
@@ -317,6 +378,7 @@ def describe(
     decode: str | None,
     distributed: bool,
     pretrained: bool,
+    profiler: str = "none",
 ) -> dict[str, Any]:
     """The ``api`` block of ``env``: the label of every version-dependent path this run uses."""
     api: dict[str, Any] = {
@@ -342,4 +404,8 @@ def describe(
         api["ddp"] = sorted(ddp_kwargs())
     if pretrained:
         api["weights"] = weights_loader().label
+    if profiler == "torch":
+        api["profiler"] = profiler_schedule().label
+    elif profiler != "none" and device == "cuda":
+        api["profiler"] = cuda_markers().label
     return api

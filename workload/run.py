@@ -100,6 +100,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
             "seed": args.seed,
             "profiler": args.profiler,
             **({"hpu_mode": gaudi_mode} if device == "hpu" else {}),
+            **_window(args),
             "api": compat.describe(
                 device=device,
                 mode=args.mode,
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
                 decode=batches.decode_api,
                 distributed=dist.enabled,
                 pretrained=args.pretrained,
+                profiler=args.profiler,
             ),
         }
         reporter.emit({"type": "meta", "env": env})
@@ -130,6 +132,14 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
     return _report(
         args, env, dist, device, timings, last, samples, sampler, output_dir, reporter, started
     )
+
+
+def _window(args: argparse.Namespace) -> dict[str, Any]:
+    """``profile_window``: the measured iterations the profiler covers (first, last)."""
+    if args.profiler == "none":
+        return {}
+    last = args.profile_start + args.profile_iterations - 1
+    return {"profile_window": [args.profile_start, last]}
 
 
 def _batches(
@@ -279,7 +289,8 @@ def _measure(
     synchronize(device)
     timer = _timer(device, args.iterations)
     progress = _Progress(args, timer, reporter, args.batch_size * dist.world_size, device)
-    profiler = Profiler(args.profiler, device, output_dir, dist.rank, args.iterations)
+    profiler = Profiler(args.profiler, device, output_dir, dist.rank, args.iterations,
+                        args.profile_start, args.profile_iterations)
     profiler.begin()
     timer.start()
     for i in range(args.iterations):
@@ -347,7 +358,8 @@ def _report(
     window_end = timings.start_wall[-1] + timings.iteration[-1]
     if sampler is not None:
         images = args.batch_size * args.iterations * dist.local_world_size
-        data |= summarize_telemetry(samples, window_start, window_end, images)
+        data |= summarize_telemetry(samples, window_start, window_end, images,
+                                    sampler.reports_throttle)
         env = env | {"telemetry": sampler.name}
     summary = {
         "type": "summary",

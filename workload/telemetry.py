@@ -2,7 +2,11 @@
 
 * NVIDIA: ``pynvml`` (package ``nvidia-ml-py``) when importable; per GPU it samples power,
   temperature, SM clock, utilisation, memory used and the clock-throttle reasons.
-* Gaudi: ``hl-smi`` when it is on ``PATH`` (polled as a subprocess each interval).
+* Gaudi: ``hl-smi`` when it is on ``PATH`` (polled as a subprocess each interval) with the
+  query fields hl-smi's documentation lists (``index, power.draw, temperature.aip,
+  utilization.aip, memory.used``); the SoC clock (``clocks.current.soc``, not in that list) is
+  asked too and dropped for good if hl-smi refuses it. hl-smi reports no clock-throttle reason,
+  so Gaudi results carry no ``telemetry.throttled`` (unknown is not "not throttled").
 * Anything else (CPU, no NVML, no hl-smi): no sampler, and the summary has no telemetry keys.
 
 Samples carry ``time.time()`` timestamps, the clock ``iterations.csv`` uses too.
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
+import math
 import shutil
 import subprocess
 import threading
@@ -49,10 +54,13 @@ CSV_FIELDS = [f.name for f in fields(Sample)]
 
 
 def summarize_telemetry(
-    samples: Sequence[Sample], start: float, end: float, images: int
+    samples: Sequence[Sample], start: float, end: float, images: int,
+    reports_throttle: bool = True,
 ) -> dict[str, Any]:
     """Summarise the samples taken in ``[start, end]``; none inside (a window shorter than the
     sampling interval): no summary, rather than figures from idle or start-up samples.
+    ``reports_throttle`` False (a sampler that cannot see throttling): no
+    ``telemetry.throttled``; a clock no sample read: no ``telemetry.sm_clock_mean_mhz``.
 
     ``telemetry.power_mean_w`` is the mean over sampling instants of the power summed over
     the sampled devices; ``telemetry.energy_per_image_j`` is that mean power times the window
@@ -66,15 +74,18 @@ def summarize_telemetry(
         by_instant[s.timestamp] = by_instant.get(s.timestamp, 0.0) + s.power_w
     power_mean = mean(list(by_instant.values()))
     duration = max(end - start, 0.0)
+    clocks = [s.sm_clock_mhz for s in window if not math.isnan(s.sm_clock_mhz)]
     out: dict[str, Any] = {
         "telemetry.power_mean_w": power_mean,
         "telemetry.temp_max_c": max(s.temp_c for s in window),
-        "telemetry.sm_clock_mean_mhz": mean([s.sm_clock_mhz for s in window]),
         "telemetry.util_mean_pct": mean([s.util_pct for s in window]),
         "telemetry.mem_used_max_mib": max(s.mem_used_mib for s in window),
-        "telemetry.throttled": any(s.throttled for s in window),
         "telemetry.samples": len(window),
     }
+    if clocks:
+        out["telemetry.sm_clock_mean_mhz"] = mean(clocks)
+    if reports_throttle:
+        out["telemetry.throttled"] = any(s.throttled for s in window)
     if images > 0 and duration > 0:
         out["telemetry.energy_per_image_j"] = power_mean * duration / images
     return out
@@ -115,6 +126,8 @@ class Sampler:
     """Base sampler thread: subclasses implement :meth:`read` (one reading per device)."""
 
     name = "none"
+    #: Whether its samples say when the clocks were held down (throttling).
+    reports_throttle = True
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
@@ -161,10 +174,14 @@ class NvmlSampler(Sampler):
     def read(self, timestamp: float) -> list[Sample]:
         """Read every sampled GPU once."""
         nv = self._nvml
+        # nvidia-ml-py 12.535 renamed ThrottleReasons to EventReasons (the old name is kept as
+        # a deprecated alias in some releases only)
+        get_reasons = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                       or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
         out = []
         for index, h in self._handles:
             try:
-                reasons = nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+                reasons = get_reasons(h)
             except Exception:
                 reasons = 0
             out.append(
@@ -193,22 +210,36 @@ class HlSmiSampler(Sampler):
     """Samples Gaudi devices by polling ``hl-smi`` (untested here: no Gaudi on CI)."""
 
     name = "hl-smi"
-    QUERY = "index,power.draw,temperature.aip,utilization.aip,memory.used,clocks.current.soc"
+    reports_throttle = False
+    #: The fields hl-smi's documentation lists for -Q (System Management Interface Tool).
+    QUERY = "index,power.draw,temperature.aip,utilization.aip,memory.used"
+    #: Asked as well while hl-smi accepts it (not in the documented list).
+    CLOCK = "clocks.current.soc"
 
     def __init__(self, interval: float, exe: str) -> None:
         super().__init__(max(interval, 0.2))
         self._exe = exe
+        self._clock = True
 
     def read(self, timestamp: float) -> list[Sample]:
-        """Run ``hl-smi`` once and parse its CSV."""
+        """Run ``hl-smi`` once and parse its CSV (without the clock once hl-smi refused it)."""
+        if self._clock:
+            try:
+                return parse_hl_smi_csv(self._query(f"{self.QUERY},{self.CLOCK}"), timestamp)
+            except subprocess.CalledProcessError:
+                log.info("telemetry: hl-smi refuses %s; sampling without the clock", self.CLOCK)
+                self._clock = False
+        return parse_hl_smi_csv(self._query(self.QUERY), timestamp)
+
+    def _query(self, fields: str) -> str:
         proc = subprocess.run(
-            [self._exe, "-Q", self.QUERY, "-f", "csv,noheader,nounits"],
+            [self._exe, "-Q", fields, "-f", "csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
         )
-        return parse_hl_smi_csv(proc.stdout, timestamp)
+        return proc.stdout
 
 
 def nvml_device_driver_version() -> str | None:

@@ -6,6 +6,10 @@ ENV PYTHONUNBUFFERED=1 \
     PYTHONPATH=/opt/orchestrate \
     ORCHESTRATE_IMAGE_TEMPLATE=ngc-pytorch
 
+# NVML bindings for GPU telemetry, unless the base image has them
+RUN python3 -c "import pynvml" 2>/dev/null \
+ || python3 -m pip install --no-cache-dir nvidia-ml-py
+
 COPY workload/ /opt/orchestrate/workload/
 WORKDIR /opt/orchestrate
 
