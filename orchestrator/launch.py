@@ -23,6 +23,7 @@ from orchestrator import profilers
 from orchestrator.config import WRAPPING_PROFILERS, CellParams, ContainerOptions, HardwareProfile
 from orchestrator.matrix import Cell
 from orchestrator.placement import Allocation
+from orchestrator.redact import redact_env
 
 #: Multi-node rendezvous ports: RDZV_PORT_BASE + (a hash of the cell id) % RDZV_PORT_SPAN.
 RDZV_PORT_BASE = 29400
@@ -46,6 +47,9 @@ class LaunchSpec:
     labels: dict[str, str] = field(default_factory=dict)
     #: 1, or more when the cell is retried after its host was lost.
     attempt: int = 1
+    #: The cell's memory limit (``512m``, ``16g``) where the backend applies it outside a
+    #: container (the process backend's cgroup); containers carry theirs in ``container``.
+    mem_limit: str | None = None
     #: A multi-node cell's other nodes (1..n-1), each a spec of its own; this spec is node 0.
     peers: tuple[LaunchSpec, ...] = ()
     #: A batch script that runs ``argv`` (Slurm's job.sbatch), rendered with the spec; None where
@@ -73,7 +77,7 @@ class LaunchSpec:
             "cell_id": self.cell_id,
             "argv": list(self.argv),
             "shell": self.shell_line(),
-            "env": self.env,
+            "env": redact_env(self.env),  # secrets masked; $env:NAME references as written
             "device": self.device,
             "gpu_ids": list(self.gpu_ids),
             "image": self.image,
@@ -84,6 +88,7 @@ class LaunchSpec:
             "hosts": list(self.hosts),
             "attempt": self.attempt,
             "labels": self.labels,
+            **({"mem_limit": self.mem_limit} if self.mem_limit else {}),
         }
 
 

@@ -18,7 +18,7 @@ Rules:
 Layout::
 
     <results>/<matrix>/<run id>/
-        matrix.toml        the matrix file as it was
+        matrix.toml        the matrix file as it was (secrets masked)
         plan.json          the expanded cells
         run.json           backend, start/end, provenance, status counts
         summary.csv        one row per cell group (medians over repeats)

@@ -10,14 +10,23 @@ as soon as the backend can place it (:func:`place`, through
 :meth:`~orchestrator.backends.base.Backend.allocate`); every cell runs in a worker thread so the
 main thread stays free to notice Ctrl-C / SIGTERM, cancel what runs and record what did not; a
 cell that ended is collected (:func:`collect`: its allocation goes back; a profiled cell's
-profiler figures are added to its result, :func:`add_profiler_figures`) and recorded, or retried
-when its host was lost, or run again when its GPU throttled and ``[matrix] rerun_throttled``
-allows (:func:`orchestrator.rerun.should_rerun`; the throttled attempt's folder goes to
-``superseded/``). Expected failures are results; one bad cell never stops the sweep.
+profiler figures are added to its result, :func:`add_profiler_figures`) and recorded
+(:func:`record`), or retried when its host was lost, or run again when its GPU throttled and
+``[matrix] rerun_throttled`` allows (:func:`orchestrator.rerun.should_rerun`; the throttled
+attempt's folder goes to ``superseded/``). Expected failures are results; one bad cell never
+stops the sweep.
+
+Every cell given to a sweep ends with exactly one result, on disk: a worker that raised or did
+not stop after an interrupt gives a failed result; a result that cannot be written when its cell
+ends (a full disk) is written again by :func:`finish_run`, and one that still cannot be is
+counted from memory and named in :attr:`SweepOutcome.problems` (the CLI prints it, exit 1). A
+results folder that cannot take a run folder at all is a ConfigError on ``--results`` (exit 2)
+before anything runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import platform
@@ -26,8 +35,9 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,13 +46,15 @@ from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions, git_revision
 from orchestrator.checks import refuse_unrunnable
 from orchestrator.config import WRAPPING_PROFILERS
-from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.engine import controller_id
+from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
 from orchestrator.profile_figures import figures_of_cell
+from orchestrator.redact import missing_references, redact_toml
 from orchestrator.rerun import should_rerun
 from orchestrator.results import CellResult, RunPaths, Status, find_run, read_json, write_json
-from orchestrator.summary import GroupRow, write_summary
+from orchestrator.summary import GroupRow, render_table, summarize, write_summary
 
 log = logging.getLogger("orchestrator.sweep")
 
@@ -69,11 +81,16 @@ class NullEvents:
 
 @dataclass
 class SweepOutcome:
+    """What a sweep did: every cell's result, the table, and what could not be recorded."""
+
     paths: RunPaths
     results: list[CellResult]
     rows: list[GroupRow]
     table: str
     interrupted: bool = False
+    #: What the sweep could not write (a result, the summary, run.json), one line each: the
+    #: results concerned are still counted, and the exit status is not 0.
+    problems: list[str] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -82,7 +99,9 @@ class SweepOutcome:
 
     @property
     def ok(self) -> bool:
-        return not self.interrupted and all(r.status is Status.OK for r in self.results)
+        """Every cell ended ok and everything was recorded."""
+        return (not self.interrupted and not self.problems
+                and all(r.status is Status.OK for r in self.results))
 
     @property
     def exit_code(self) -> int:
@@ -124,11 +143,14 @@ def run_sweep(
     cancel: threading.Event | None = None,
     hosts_file: Path | None = None,
     resume: str | None = None,
+    lock_timeout_s: float | None = None,
 ) -> SweepOutcome:
     """Run every cell of ``matrix`` and write the run folder. Returns the outcome.
 
     ``resume``: a run id, or ``""`` for the newest run of the matrix: run again, in that run's
     folder, only the cells that did not end ok (the matrix must not have changed since).
+    ``lock_timeout_s``: how long a cell waits for GPUs another sweep holds (None: as long as it
+    takes; :mod:`orchestrator.locks`).
 
     The steps: refuse what cannot run (:mod:`orchestrator.checks`) -> pick the backend -> open
     the run -> prepare the backend -> run the cells -> finish the run (unrun cells recorded,
@@ -139,12 +161,15 @@ def run_sweep(
     # a --only subset may leave out its rows)
     refuse_unrunnable(matrix, backend_for(matrix, backend_name), comparisons=False)
     name, cls = pick_backend(matrix, backend_name)
+    check_references(matrix)
     run = open_run(matrix, name, results_root, resume)
     options = RunOptions(
         timeout_s=matrix.settings.timeout_s,
         output_hook=events.cell_output,
         cancel=cancel or threading.Event(),
         hosts_file=hosts_file or hosts_file_of(matrix),
+        lock_timeout_s=lock_timeout_s,
+        on_log=events.log,
     )
     backend = prepare_backend(cls, matrix, run, options, events)
     events.sweep_started(run.paths, run.cells)
@@ -178,29 +203,80 @@ def pick_backend(matrix: Matrix, override: str | None) -> tuple[str, type[Backen
     return name, cls
 
 
+def check_references(matrix: Matrix) -> None:
+    """Every ``$env:NAME`` value of the profiles the cells use names a variable that is set
+    here (it is read when each cell starts); else a ConfigError naming each one."""
+    problems = [
+        Problem(str(matrix.path), f"hardware.{hardware}.env.{name}",
+                f"takes its value from ${source} of this environment (\"$env:{source}\"), "
+                f"which is not set: export {source} before the sweep")
+        for hardware in sorted({c.hardware for c in matrix.cells})
+        for name, source in missing_references(matrix.profiles[hardware].env)
+    ]
+    if problems:
+        raise ConfigError(problems)
+
+
 def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | None) -> OpenRun:
     """A new run folder with the matrix, plan and run.json; or, with ``resume``, the folder of an
-    earlier run with the cells that did not end ok (their old files archived)."""
-    if resume is None:
+    earlier run with the cells that did not end ok (their old files archived).
+
+    A results folder that cannot be written (read-only, full, a file, no permission) is a
+    ConfigError on ``--results`` saying why (as :meth:`RunPaths.create` reports one it cannot
+    make the folder in); a new run's partial folder is removed.
+    """
+    if resume is not None:
+        return _reopen_run(matrix, backend, results_root, resume)
+    root = Path(results_root) / matrix.name
+    paths: RunPaths | None = None
+    try:
         paths = RunPaths.create(results_root, matrix.name)
-        paths.matrix_file.write_text(matrix.source_text, encoding="utf-8")
+        paths.matrix_file.write_text(redact_toml(matrix.source_text), encoding="utf-8")
         write_json(paths.plan, plan_json(matrix, backend))
-        cells = list(matrix.cells)
         meta: dict[str, Any] = {
             "run_id": paths.run_id, "matrix": matrix.name, "backend": backend,
             "started_at": time.time(), "finished_at": None,
             "orchestrate_version": __version__, "git_revision": git_revision(),
             "python": sys.version.split()[0], "controller_host": platform.node(),
-            "argv": sys.argv,
+            "controller": controller_id(), "argv": sys.argv,
         }
-    else:
-        paths = find_run(results_root, matrix.name, resume or None)
+        write_json(paths.run_meta, meta)
+    except OSError as exc:
+        if paths is not None:
+            shutil.rmtree(paths.root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                root.rmdir()  # the matrix's folder, when this run was its first
+        raise _unwritable(results_root, f"cannot write the run folder under {root}: "
+                          f"{_os_error(exc)}; choose a writable folder") from None
+    return OpenRun(paths, list(matrix.cells), meta, new=True)
+
+
+def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -> OpenRun:
+    """``--resume``: an earlier run's folder and the cells of it that did not end ok."""
+    paths = find_run(results_root, matrix.name, resume or None)
+    meta = read_json(paths.run_meta)  # damaged: a ConfigError naming it
+    if not isinstance(meta, dict):
+        raise ConfigError("not a JSON object; the file is damaged", file=str(paths.run_meta))
+    try:
         cells = cells_to_resume(paths, matrix)
-        meta = read_json(paths.run_meta)
         meta.setdefault("resumed", []).append(
-            {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend})
-    write_json(paths.run_meta, meta)
-    return OpenRun(paths, cells, meta, new=resume is None)
+            {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend,
+             "controller": controller_id()})
+        write_json(paths.run_meta, meta)
+    except OSError as exc:
+        raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
+                          f"{_os_error(exc)}") from None
+    return OpenRun(paths, cells, meta, new=False)
+
+
+def _unwritable(results_root: Path, message: str) -> ConfigError:
+    return ConfigError([Problem("--results", str(results_root), message)])
+
+
+def _os_error(exc: OSError) -> str:
+    """An OSError in words: ``No space left on device (/results/x/plan.json)``."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
 
 
 def prepare_backend(cls: type[Backend], matrix: Matrix, run: OpenRun, options: RunOptions,
@@ -246,16 +322,51 @@ def run_all(backend: Backend, cells: list[Cell], events: SweepEvents, retries: i
 def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrupted: bool
                ) -> SweepOutcome:
     """Record the cells that never ran, write the tables (and plot) from what is on disk, and
-    close run.json with the counts."""
+    close run.json with the counts.
+
+    Every result of this sweep is on disk when this returns, or named in the outcome's
+    ``problems``: a result that could not be written when its cell ended (a full disk) is
+    written again here, and one that still cannot be written is counted from memory.
+    """
     paths = run.paths
-    _record_unrun(paths, run.cells, results)
-    every = paths.results()  # every cell of the run, those of earlier attempts included
-    rows, table = write_summary(paths, results=every)
+    problems: list[str] = []
+    results = results + _unrun(paths, run.cells, results)
+    on_disk = {r.cell_id for r in paths.results()}
+    unsaved = []
+    for result in results:
+        if result.cell_id in on_disk:
+            continue
+        error = save_result(paths, result)
+        if error:
+            problems.append(f"cell {result.cell_id} ({result.status.value}): its result could "
+                            f"not be written: {error}")
+            unsaved.append(result)
+    every = paths.results() + unsaved  # every cell of the run, earlier attempts' included
+    try:
+        rows, table = write_summary(paths, results=every)
+    except OSError as exc:
+        problems.append(f"summary.csv / summary.txt not written: {_os_error(exc)}")
+        rows = summarize(every)
+        table = render_table(rows, list(matrix.varying), baseline=matrix.settings.baseline)
     _plot_if_possible(paths, rows, matrix.name)
-    outcome = SweepOutcome(paths, every, rows, table, interrupted)
+    outcome = SweepOutcome(paths, every, rows, table, interrupted, problems)
     run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
-    write_json(paths.run_meta, run.meta)
+    if problems:
+        run.meta["problems"] = problems
+    try:
+        write_json(paths.run_meta, run.meta)
+    except OSError as exc:
+        problems.append(f"run.json not written: {_os_error(exc)}")
     return outcome
+
+
+def save_result(paths: RunPaths, result: CellResult) -> str | None:
+    """Write a cell's result.json; the error in words when it cannot be written, else None."""
+    try:
+        write_json(paths.cell_result(result.cell_id), result.to_json())
+    except OSError as exc:
+        return _os_error(exc)
+    return None
 
 
 def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
@@ -273,10 +384,15 @@ def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
 def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
     """The cells of ``matrix`` that did not end ok in run ``paths``; their old files archived.
 
-    Refuses (ConfigError) when the matrix no longer matches the run's plan: resuming would mix
-    numbers from two different experiments in one table.
+    A result that cannot be read (a crash mid-write on an old version, a damaged disk) did not
+    end ok. Refuses (ConfigError) when the matrix no longer matches the run's plan: resuming
+    would mix numbers from two different experiments in one table.
     """
-    planned = {c["id"]: c["hash"] for c in read_json(paths.plan)["cells"]}
+    try:
+        planned = {c["id"]: c["hash"] for c in read_json(paths.plan)["cells"]}
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
+        raise ConfigError(f"the plan of run {paths.run_id} cannot be read ({exc}); start a new "
+                          "run instead of --resume", file=str(paths.plan)) from None
     changed = [c.id for c in matrix.cells if planned.get(c.id) != c.hash]
     if changed:
         raise ConfigError(
@@ -284,8 +400,7 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
             f"{changed[0]}); start a new run instead of --resume", file=str(matrix.path))
     todo = []
     for cell in matrix.cells:
-        result = paths.cell_result(cell.id)
-        if result.exists() and read_json(result).get("status") == Status.OK.value:
+        if _ended_ok(paths.cell_result(cell.id)):
             continue
         cell_dir = paths.cell_dir(cell.id)
         if cell_dir.exists():
@@ -294,6 +409,18 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
             cell_dir.rename(archive)
         todo.append(cell)
     return todo
+
+
+def _ended_ok(result: Path) -> bool:
+    """Whether ``result`` is a readable result.json saying ok."""
+    if not result.exists():
+        return False
+    try:
+        data = read_json(result)
+    except ConfigError as exc:
+        log.warning("%s cannot be read (%s): the cell runs again", result, exc)
+        return False
+    return isinstance(data, dict) and data.get("status") == Status.OK.value
 
 
 @dataclass(frozen=True)
@@ -322,79 +449,102 @@ class Running:
     allocation: Allocation
 
 
+#: After an interrupt, how long the sweep waits for a running cell to stop and report.
+CANCEL_WAIT_S = 60.0
+
+
 def run_cells(
     backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0
 ) -> list[CellResult]:
-    """Start each cell as soon as the backend can place it; collect every result.
+    """Start each cell as soon as the backend can place it; collect and record every result.
 
     The steps: cells that can never run here are recorded unplaceable; then, whenever a cell
     ends (and at the start), :func:`place` the pending ones, run each placed one in a worker
     thread (:meth:`~orchestrator.backends.base.Backend.run_cell`), and :func:`collect` each one
     that ended: its allocation goes back, and a cell whose host was lost runs again (up to
-    ``retries`` times) while one that ended otherwise is recorded. Cancelled: the running cells
-    see the flag, stop their workload and report.
+    ``retries`` times) while one that ended otherwise is recorded (:func:`record`: written to
+    disk, reported). Cancelled: the running cells see the flag, stop their workload and report;
+    one that does not report within :data:`CANCEL_WAIT_S` is recorded failed and left behind.
+
+    Every cell given ends with exactly one recorded result, whatever happened to it.
     """
     results: list[CellResult] = []
 
-    def record(cell: Cell, result: CellResult) -> None:
-        results.append(result)
-        events.cell_finished(cell, result)
+    def done(cell: Cell, result: CellResult) -> None:
+        results.append(record(backend.paths, cell, result, events))
 
     pending: deque[Attempt] = deque()
     for cell in cells:
         reason = backend.unplaceable(cell)
         if reason:
-            record(cell, record_unplaceable(backend.paths, Attempt(cell), reason))
+            done(cell, unplaceable_result(Attempt(cell), reason))
         else:
             pending.append(Attempt(cell))
     running: dict[Future[CellResult], Running] = {}
     cancel = backend.options.cancel
-
-    with ThreadPoolExecutor(max_workers=max(1, len(cells)), thread_name_prefix="cell") as pool:
-        try:
-            changed = True  # GPUs and hosts free up only when a cell ends: place only then
-            while (pending or running) and not cancel.is_set():
-                if changed:
-                    for attempt, decision in place(backend, pending):
-                        if isinstance(decision, str):
-                            record(attempt.cell,
-                                   record_unplaceable(backend.paths, attempt, decision))
-                            continue
-                        events.cell_started(attempt.cell, decision)
-                        fut = pool.submit(backend.run_cell, attempt.cell, decision,
-                                          attempt.number)
-                        running[fut] = Running(attempt, decision)
-                if not running:
-                    if not pending:
-                        break  # the rest became unplaceable
-                    raise RuntimeError("no cell can start and none is running")  # a bug
-                done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
-                changed = bool(done)
-                for fut in done:
-                    started = running.pop(fut)
-                    result = collect(backend, fut, started)
-                    attempt = started.attempt
-                    add_profiler_figures(backend, attempt.cell, result)
-                    if should_rerun(result, backend.matrix.settings, attempt.reruns):
-                        events.log(f"{attempt.cell.id}: the GPU throttled while measuring; "
-                                   f"running it again (re-run {attempt.reruns + 1} of "
-                                   f"{backend.matrix.settings.rerun_throttled})")
-                        supersede(backend.paths, attempt.cell.id, "throttled")
-                        pending.append(attempt.rerun())
+    try:
+        changed = True  # GPUs and hosts free up only when a cell ends: place only then
+        while (pending or running) and not cancel.is_set():
+            if changed:
+                for attempt, decision in place(backend, pending):
+                    if isinstance(decision, str):
+                        done(attempt.cell, unplaceable_result(attempt, decision))
                         continue
-                    if (result.status is Status.HOST_LOST
-                            and attempt.number - attempt.reruns <= retries):
-                        events.log(f"{attempt.cell.id}: {result.reason}; retrying "
-                                   f"(attempt {attempt.number + 1})")
-                        pending.appendleft(attempt.retry())
-                        continue
-                    record(attempt.cell, result)
-        except KeyboardInterrupt:
-            cancel.set()
-        # Cancelled: running cells see the flag, kill their workload and report.
-        for fut, started in list(running.items()):
-            record(started.attempt.cell, collect(backend, fut, started, wait_s=60.0))
+                    events.cell_started(attempt.cell, decision)
+                    fut = _in_worker(f"cell-{attempt.cell.id}", backend.run_cell,
+                                     attempt.cell, decision, attempt.number)
+                    running[fut] = Running(attempt, decision)
+            if not running:
+                if not pending:
+                    break  # the rest became unplaceable
+                raise RuntimeError("no cell can start and none is running")  # a bug
+            finished, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+            changed = bool(finished)
+            for fut in finished:
+                started = running.pop(fut)
+                result = collect(backend, fut, started)
+                attempt = started.attempt
+                add_profiler_figures(backend, attempt.cell, result)
+                if should_rerun(result, backend.matrix.settings, attempt.reruns) and supersede(
+                        backend.paths, attempt.cell.id, "throttled"):
+                    events.log(f"{attempt.cell.id}: the GPU throttled while measuring; "
+                               f"running it again (re-run {attempt.reruns + 1} of "
+                               f"{backend.matrix.settings.rerun_throttled})")
+                    pending.append(attempt.rerun())
+                    continue
+                if (result.status is Status.HOST_LOST
+                        and attempt.number - attempt.reruns <= retries):
+                    events.log(f"{attempt.cell.id}: {result.reason}; retrying "
+                               f"(attempt {attempt.number + 1})")
+                    pending.appendleft(attempt.retry())
+                    continue
+                done(attempt.cell, result)
+    except KeyboardInterrupt:
+        cancel.set()
+    # Cancelled: running cells see the flag, kill their workload and report.
+    for fut, started in list(running.items()):
+        done(started.attempt.cell, collect(backend, fut, started, wait_s=CANCEL_WAIT_S))
     return results
+
+
+def _in_worker(name: str, fn: Callable[..., CellResult], *args: Any) -> Future[CellResult]:
+    """Run ``fn(*args)`` in a daemon thread of its own; its future.
+
+    Not a thread pool: a cell that never returns (a launch stuck in a dead engine) must not keep
+    the orchestrator from exiting once the sweep gave up on it.
+    """
+    fut: Future[CellResult] = Future()
+
+    def work() -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # handed to the collector, which records a failed cell
+            fut.set_exception(exc)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return fut
 
 
 def place(backend: Backend, pending: deque[Attempt]) -> list[tuple[Attempt, Allocation | str]]:
@@ -417,7 +567,9 @@ def place(backend: Backend, pending: deque[Attempt]) -> list[tuple[Attempt, Allo
 
 def collect(backend: Backend, fut: Future[CellResult], started: Running,
             wait_s: float | None = None) -> CellResult:
-    """The result of a cell that ended (waiting up to ``wait_s``); its allocation goes back."""
+    """The result of a cell that ended (waiting up to ``wait_s``); its allocation goes back.
+
+    A worker that raised, or that did not report within ``wait_s``, gives a failed result."""
     result = _result_of(fut, started.attempt, wait_s)
     backend.release(started.attempt.cell, started.allocation)
     return result
@@ -426,38 +578,60 @@ def collect(backend: Backend, fut: Future[CellResult], started: Running,
 def add_profiler_figures(backend: Backend, cell: Cell, result: CellResult) -> None:
     """A cell run under nsys, ncu or nvprof: the figures of the CSV files the profiler left in
     its folder (:func:`orchestrator.profile_figures.figures_of_cell`) go into its result
-    (``metrics``, ``provenance.profiler``) and result.json."""
+    (``metrics``, ``provenance.profiler``) and result.json. Figures that cannot be read or
+    written leave the result as it was (with a warning): the cell is still recorded."""
     tool = cell.params.profiler
     cell_dir = backend.paths.cell_dir(cell.id)
     if tool not in WRAPPING_PROFILERS or not cell_dir.is_dir():
         return
-    options = profilers.options_of(backend.matrix.profile(cell), tool)
-    figures = figures_of_cell(cell_dir, tool, options)
-    result.metrics.update(figures.metrics)
-    result.provenance["profiler"] = figures.provenance()
-    if backend.paths.cell_result(cell.id).exists():  # the backend recorded the cell: update it
-        write_json(backend.paths.cell_result(cell.id), result.to_json())
+    try:
+        options = profilers.options_of(backend.matrix.profile(cell), tool)
+        figures = figures_of_cell(cell_dir, tool, options)
+        result.metrics.update(figures.metrics)
+        result.provenance["profiler"] = figures.provenance()
+        if backend.paths.cell_result(cell.id).exists():  # the backend recorded the cell
+            write_json(backend.paths.cell_result(cell.id), result.to_json())
+    except Exception as exc:  # a damaged profile or a full disk must not lose the cell
+        log.warning("%s: profiler figures not added: %s", cell.id, exc)
 
 
-def supersede(paths: RunPaths, cell_id: str, why: str) -> None:
+def supersede(paths: RunPaths, cell_id: str, why: str) -> bool:
     """Move a cell's folder to ``superseded/<cell>-<why>-<ms>`` (an attempt that is not the
-    cell's result, kept for the record)."""
+    cell's result, kept for the record). False when it cannot be moved (the attempt then stays
+    the cell's result)."""
     cell_dir = paths.cell_dir(cell_id)
-    if cell_dir.exists():
-        archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
-        archive.parent.mkdir(exist_ok=True)
-        cell_dir.rename(archive)
+    try:
+        if cell_dir.exists():
+            archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
+            archive.parent.mkdir(exist_ok=True)
+            cell_dir.rename(archive)
+    except OSError as exc:
+        log.warning("%s: its folder cannot be moved to superseded/ (%s); keeping its result",
+                    cell_id, exc)
+        return False
+    return True
 
 
-def record_unplaceable(paths: RunPaths, attempt: Attempt, reason: str) -> CellResult:
-    """The result (on disk too) of a cell that can never run: no host or GPUs for it, or (a
-    retry) none left after its host was lost."""
+def record(paths: RunPaths, cell: Cell, result: CellResult, events: SweepEvents) -> CellResult:
+    """A cell's last word: its result written into its folder (again: the backend may have
+    written it already) and reported. A result that cannot be written is reported here and
+    written again when the run finishes (:func:`finish_run`)."""
+    error = save_result(paths, result)
+    if error:
+        events.log(f"{cell.id}: its result could not be written ({error}); "
+                   "trying again when the sweep ends")
+    events.cell_finished(cell, result)
+    return result
+
+
+def unplaceable_result(attempt: Attempt, reason: str) -> CellResult:
+    """The result of a cell that can never run: no host or GPUs for it, or (a retry) none
+    left after its host was lost."""
     result = _unrun_result(attempt.cell, Status.UNPLACEABLE, reason)
     result.attempts = attempt.number - 1
     if attempt.number > 1:
         result.reason = (f"its host was lost (attempt {attempt.number - 1}) and no other can "
                          f"run it: {reason}")
-    write_json(paths.cell_result(attempt.cell.id), result.to_json())
     return result
 
 
@@ -465,11 +639,14 @@ def _result_of(fut: Future[CellResult], attempt: Attempt, wait_s: float | None =
                ) -> CellResult:
     try:
         return fut.result(timeout=wait_s)
-    except Exception as exc:  # an error starting the cell: a failed result, the sweep goes on
+    except TimeoutError:
+        reason = (f"the sweep was interrupted and the cell did not stop within {wait_s:g} s; "
+                  "it was left behind (check for its processes or containers)")
+    except Exception as exc:  # an error in the worker: a failed result, the sweep goes on
         reason = str(exc) if isinstance(exc, OrchestratorError) else f"{type(exc).__name__}: {exc}"
-        res = _unrun_result(attempt.cell, Status.FAILED, reason)
-        res.attempts = attempt.number
-        return res
+    res = _unrun_result(attempt.cell, Status.FAILED, reason)
+    res.attempts = attempt.number
+    return res
 
 
 def _unrun_result(cell: Cell, status: Status, reason: str) -> CellResult:
@@ -479,10 +656,9 @@ def _unrun_result(cell: Cell, status: Status, reason: str) -> CellResult:
     )
 
 
-def _record_unrun(paths: RunPaths, cells: list[Cell], results: list[CellResult]) -> None:
-    """Cells that never ran (interrupted sweep) get a cancelled result on disk too."""
+def _unrun(paths: RunPaths, cells: list[Cell], results: list[CellResult]) -> list[CellResult]:
+    """Cells that never ran (interrupted sweep) and have no result: cancelled results."""
     done = {r.cell_id for r in results}
-    for cell in cells:
-        if cell.id not in done and not paths.cell_result(cell.id).exists():
-            res = _unrun_result(cell, Status.CANCELLED, "not started: the sweep was interrupted")
-            write_json(paths.cell_result(cell.id), res.to_json())
+    return [_unrun_result(cell, Status.CANCELLED, "not started: the sweep was interrupted")
+            for cell in cells
+            if cell.id not in done and not paths.cell_result(cell.id).exists()]

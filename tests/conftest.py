@@ -34,3 +34,12 @@ def write_matrix(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_lock_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The tests' sweeps lock GPUs in a folder of their own (and their subprocesses too), never
+    in the machine's /tmp/orchestrate-locks where a real sweep may be running."""
+    import os
+
+    os.environ.setdefault("ORCHESTRATE_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))

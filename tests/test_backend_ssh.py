@@ -372,6 +372,13 @@ def test_lost_host_mid_sweep_is_retried_elsewhere(
     assert any("retrying (attempt 2)" in m and "stopped answering" in m for m in events.messages)
     assert [r.status for r in outcome.results] == [Status.OK, Status.OK]
     assert run_containers(docker_client, outcome.paths.run_id) == []
+    on_disk = {p.parent.name for p in outcome.paths.root.glob("cells/*/result.json")}
+    planned = {c.id for c in matrix.cells}
+    recorded = sum(1 for r in outcome.results if r.status is Status.OK and r.cell_id in on_disk)
+    duplicated = len(outcome.results) - len({r.cell_id for r in outcome.results})
+    # read by benchmarks/fault_suite.py --host-lost
+    print(f"\nfault suite: host lost: cells={len(planned)} recorded={recorded} "
+          f"lost={len(planned - on_disk)} duplicated={duplicated}")
     print("\nlost host: " + ", ".join(
         f"{m}" for m in events.messages if "retrying" in m) + "; durations: "
         + ", ".join(f"{r.cell_id} {r.duration_s:.1f}s" for r in outcome.results))

@@ -10,12 +10,14 @@ The layers, lowest first (a module may import its own layer and the ones below):
 2. ``config``: the matrix file's models;
 3. files and facts, each standing on config and errors only: run folders and results, host
    inventories, GPU discovery parsers, image templates, the NGC release table, the profilers'
-   command lines and CSV figures, the throttle re-run rule;
-4. reports built from what is on disk (tables, trends, plots): they never see a matrix or a
-   backend, so a report can be rebuilt from any old run;
+   command lines and CSV figures, the throttle re-run rule, which values are secret, the
+   user's defaults;
+4. reports built from what is on disk (tables, trends, plots, the ETA): they never see a matrix
+   or a backend, so a report can be rebuilt from any old run;
 5. ``matrix``: expansion into cells;
 6. ``placement`` and ``launch``: where a cell runs and the command that runs it (pure);
-7. the outside world: the Docker engine, SSH, Docker over SSH, image builds;
+7. the outside world: the Docker engine, SSH, Docker over SSH, image builds, a cell's local
+   processes, locks on this machine's GPUs;
 7b. the semantic checks ("can this run"): a matrix against the stacks its cells run on;
 8. the backend base and the registry of backends;
 9. what several backends share: containers, remote executions;
@@ -44,14 +46,17 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
         "orchestrator.images", "orchestrator.releases", "orchestrator.stacks",
         "orchestrator.dllog", "orchestrator.fom",
         "orchestrator.profilers", "orchestrator.profile_figures", "orchestrator.rerun",
+        "orchestrator.redact", "orchestrator.userconfig",
     ), False),
-    ("reports", ("orchestrator.summary", "orchestrator.history", "orchestrator.plots"), False),
+    ("reports", (
+        "orchestrator.summary", "orchestrator.history", "orchestrator.plots", "orchestrator.eta",
+    ), False),
     ("matrix", ("orchestrator.matrix",), False),
     ("import of results made elsewhere", ("orchestrator.importer",), False),
     ("placement and launch", ("orchestrator.placement", "orchestrator.launch"), False),
     ("outside world", (
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
-        "orchestrator.build",
+        "orchestrator.build", "orchestrator.cellprocs", "orchestrator.locks",
     ), False),
     ("semantic checks", ("orchestrator.checks",), False),
     ("backend base", ("orchestrator.backends", "orchestrator.backends.base"), False),

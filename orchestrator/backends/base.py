@@ -17,13 +17,24 @@ hooks:
 - :meth:`Backend.finish` — add what only the backend knows to the result (optional).
 - :meth:`Backend.close` — end of the sweep: remove what is left behind.
 
+- :meth:`Backend.lock_request` — what the cell holds against other sweeps while it runs
+  (:mod:`orchestrator.locks`; default: this machine's GPUs of the allocation, else its CPU).
+
 An :class:`Execution` is the started cell: a subprocess, a container, a remote channel, a job.
 How its end becomes a status (ok, failed with the reason, oom, timeout, host lost, cancelled) is
 decided here, once, from its :class:`ExitInfo` and the workload's JSON lines.
+
+:meth:`Backend.run_cell` never raises: whatever goes wrong around a cell (its folder, its
+command.json or log cannot be written, the spec or the launch raises, a hook has a bug) makes it
+``failed`` with the step and the error as its reason, and a started execution is stopped. The
+log keeps draining when it cannot be written (a full disk), and the cell is then failed: its
+numbers would have no files. The cell's secret values (:mod:`orchestrator.redact`) are replaced
+by ``***`` in its output before anything sees it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,10 +51,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
-from orchestrator import __version__
+from orchestrator import __version__, locks
+from orchestrator.errors import OrchestratorError
 from orchestrator.launch import LaunchSpec
+from orchestrator.locks import HeldLocks, Holder, LockRequest, LockWaitCancelled
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
+from orchestrator.redact import Scrubber, secret_env
 from orchestrator.results import (
     CellResult,
     RunPaths,
@@ -89,6 +103,10 @@ class Execution(ABC):
     def exit_info(self) -> ExitInfo:
         """The outcome, once :meth:`wait` returned True (or after :meth:`kill`)."""
 
+    def ended(self) -> None:  # noqa: B027 - optional hook
+        """The cell's main process ended: stop what it left running (a daemon holding its
+        output open would keep the log from ending)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the execution holds (remove the container, close the channel)."""
 
@@ -99,15 +117,47 @@ TAIL_LINES = 40
 
 @dataclass
 class _Capture:
-    """What the log pump keeps while it streams: the structured lines and the log's end."""
+    """What the log pump keeps while it streams: the structured lines, the log's end, and the
+    cell's files that could not be written (the log on a full disk)."""
 
     metrics: list[dict[str, Any]] = field(default_factory=list)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    file_errors: dict[str, str] = field(default_factory=dict)
+    #: Masks the cell's secret values in its output (inactive when it has none).
+    scrub: Scrubber = field(default_factory=lambda: Scrubber(()))
 
     def line(self, text: str) -> None:
         self.tail.append(text)
         if text.lstrip().startswith("{"):
             self.metrics += parse_metric_lines(text)
+
+    def write(self, log_file: BinaryIO, chunk: bytes) -> None:
+        """Append ``chunk`` to the log; after a failed write, the log is left as it is."""
+        if "log.txt" in self.file_errors:
+            return
+        try:
+            log_file.write(chunk)
+            log_file.flush()
+        except OSError as exc:
+            self.file_errors["log.txt"] = str(exc)
+
+
+class _Step:
+    """The step :meth:`Backend.run_cell` is in (named in the reason when one fails)."""
+
+    name = "starting"
+
+
+def describe_error(exc: BaseException) -> str:
+    """An error as a result's reason: our own errors by their message, others with their type."""
+    if isinstance(exc, OrchestratorError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _expected(exc: BaseException) -> bool:
+    """Errors of the environment (disk, names, refusals), logged without a traceback."""
+    return isinstance(exc, OrchestratorError | OSError | ValueError | OverflowError)
 
 
 @dataclass
@@ -120,6 +170,11 @@ class RunOptions:
     poll_interval_s: float = 0.2
     #: Hosts inventory for remote backends (--hosts, else [matrix] hosts).
     hosts_file: Path | None = None
+    #: How long a cell waits for GPUs another sweep holds (None: as long as it takes; 0: not
+    #: at all, the cell fails saying who holds them). See :mod:`orchestrator.locks`.
+    lock_timeout_s: float | None = None
+    #: Told what the run loop has to say beyond a cell's output (e.g. a cell waits for GPUs).
+    on_log: Callable[[str], None] | None = None
 
 
 class Backend(ABC):
@@ -199,8 +254,10 @@ class Backend(ABC):
             return None
         self._busy = True
         profile = self.matrix.profile(cell)
-        if profile.device == "cpu" or profile.wrapper == "bitfusion":
+        if profile.wrapper == "bitfusion":
             return Allocation.local(cell.id)
+        if profile.device == "cpu":  # a CPU cell holds the GPUs its profile lists, if any
+            return Allocation.local(cell.id, tuple(profile.gpu_ids or ()))
         ids = profile.gpu_ids if profile.gpu_ids is not None else range(cell.params.gpus)
         return Allocation.local(cell.id, tuple(ids)[: cell.params.gpus])
 
@@ -208,47 +265,106 @@ class Backend(ABC):
         """The cell that held ``allocation`` ended."""
         self._busy = False
 
+    def lock_request(self, cell: Cell, allocation: Allocation) -> LockRequest | None:
+        """What ``cell`` must hold against other sweeps while it runs (None: nothing).
+        Default: this machine's GPUs of the allocation, else its CPU."""
+        return LockRequest("localhost", allocation.gpu_ids)
+
     # --- the run loop -------------------------------------------------------------------------
 
     def run_cell(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> CellResult:
-        """Run one cell to an outcome. Expected failures become results, never exceptions."""
-        cell_dir = self.paths.cell_dir(cell.id)
-        cell_dir.mkdir(parents=True, exist_ok=True)
-        spec = self.spec(cell, allocation, attempt)
-        write_json(self.paths.cell_command(cell.id), spec.to_json())
-        log_path = self.paths.cell_log(cell.id)
+        """Run one cell to an outcome; always returns its result, never raises.
+
+        Expected failures become results. So does everything else that goes wrong in this frame,
+        before or after the launch: the cell folder, ``command.json`` or the log cannot be
+        written (a full disk, a name too long), the spec or the launch raises (a
+        :class:`~orchestrator.errors.LaunchError`, an invalid environment, any bug), the
+        execution cannot report: the cell ends ``failed`` with the step and the error as its
+        reason, and a started execution is stopped. The result is written into the cell folder
+        when that is possible; the sweep writes it again when it records the cell
+        (:func:`orchestrator.sweep.record`) and reports a cell whose result cannot be written.
+        """
         result = CellResult(
             cell_id=cell.id, group=cell.group, repeat=cell.repeat, status=Status.FAILED,
-            params=cell.params.model_dump(), attempts=attempt, provenance=self.provenance(spec),
+            params=cell.params.model_dump(), attempts=attempt,
         )
-        result.started_at = time.time()
-        t0 = time.monotonic()
-        capture = _Capture()
+        step = _Step()
+        try:
+            self._run(cell, allocation, attempt, result, step)
+        except LockWaitCancelled as exc:
+            result.status, result.reason = Status.CANCELLED, f"the sweep was interrupted: {exc}"
+        except Exception as exc:  # whatever it was, the cell gets a result
+            result.status = Status.FAILED
+            result.reason = f"{step.name}: {describe_error(exc)}"
+            if _expected(exc):  # the result says it; the sweep reports it
+                log.info("%s: %s", cell.id, result.reason)
+            else:  # a bug: its traceback
+                log.warning("%s: %s", cell.id, result.reason, exc_info=True)
+        try:
+            write_json(self.paths.cell_result(cell.id), result.to_json())
+        except OSError as exc:  # the sweep writes it again, and reports it if it cannot
+            log.debug("%s: result.json not written here: %s", cell.id, exc)
+        return result
+
+    def _run(self, cell: Cell, allocation: Allocation, attempt: int, result: CellResult,
+             step: _Step) -> None:
+        """The steps of :meth:`run_cell`; ``step`` names the one under way (for the reason)."""
+        step.name = "making the cell folder"
+        self.paths.cell_dir(cell.id).mkdir(parents=True, exist_ok=True)
+        step.name = "preparing the launch"
+        spec = self.spec(cell, allocation, attempt)
+        result.provenance = self.provenance(spec)
+        step.name = "writing command.json"
+        write_json(self.paths.cell_command(cell.id), spec.to_json())
+        step.name = "writing log.txt"
+        log_path = self.paths.cell_log(cell.id)
         with log_path.open("ab") as log_file:
             log_file.write(f"# {spec.shell_line()}\n".encode())
-        execution = self.launch(spec)  # LaunchError: the sweep records a failed cell
-        status, reason, info = self._execute(cell, execution, log_path, capture)
+        request = self.lock_request(cell, allocation)
+        step.name = f"waiting for {request.describe()}" if request else "launching"
+        with self._hold(cell, request) as held:
+            if held is not None and held.waited_s:
+                result.provenance["lock_wait_s"] = held.waited_s
+            result.started_at = time.time()
+            t0 = time.monotonic()
+            capture = _Capture(scrub=Scrubber(secret_env(spec.env).values()))
+            step.name = "launching"
+            execution = self.launch(spec)
+            step.name = "running"
+            status, reason, info = self._execute(cell, execution, log_path, capture)
         result.duration_s = round(time.monotonic() - t0, 3)
         result.finished_at = time.time()
         result.exit_code = info.code if info else None
+        step.name = "recording the outcome"
         self._interpret(result, status, reason, info, capture)
         self.finish(cell, result, execution)
-        write_json(self.paths.cell_result(cell.id), result.to_json())
-        return result
+
+    @contextlib.contextmanager
+    def _hold(self, cell: Cell, request: LockRequest | None) -> Iterator[HeldLocks | None]:
+        """Hold ``request``'s locks (waiting for another sweep's cells) while the body runs."""
+        if request is None:
+            yield None
+            return
+        holder = Holder(run=f"{self.matrix.name}/{self.paths.run_id}", cell=cell.id)
+        held = locks.acquire(request, holder, timeout_s=self.options.lock_timeout_s,
+                             cancel=self.options.cancel, on_wait=self.options.on_log)
+        with held:
+            yield held
 
     def _execute(
         self, cell: Cell, execution: Execution, log_path: Path, capture: _Capture
     ) -> tuple[Status | None, str, ExitInfo | None]:
+        info: ExitInfo | None = None
         with log_path.open("ab") as log_file:
             pump = threading.Thread(
                 target=self._pump, args=(cell.id, execution, log_file, capture), daemon=True,
                 name=f"log-{cell.id}",
             )
-            pump.start()
             status: Status | None = None
             reason = ""
-            deadline = time.monotonic() + self.options.timeout_s
             try:
+                pump.start()
+                deadline = time.monotonic() + self.options.timeout_s
                 while not execution.wait(self.options.poll_interval_s):
                     if self.options.cancel.is_set():
                         status, reason = Status.CANCELLED, "the sweep was interrupted"
@@ -264,16 +380,28 @@ class Backend(ABC):
                 execution.kill()
                 self.options.cancel.set()
                 status, reason = Status.CANCELLED, "the sweep was interrupted"
+            except BaseException:
+                execution.kill()  # whatever broke here, the cell does not run on unwatched
+                raise
             finally:
-                execution.wait(5.0)
-                pump.join(timeout=10.0)
-                info = execution.exit_info()
-                execution.close()
+                try:
+                    if execution.wait(5.0):
+                        execution.ended()
+                    if pump.ident is not None:  # started
+                        pump.join(timeout=10.0)
+                    info = execution.exit_info()
+                finally:
+                    execution.close()
         return status, reason, info
 
     def _pump(self, cell_id: str, execution: Execution, log_file: BinaryIO, capture: _Capture
               ) -> None:
-        """Stream output into the log as it comes; hand each line to the capture and hook."""
+        """Stream output into the log as it comes; hand each line to the capture and hook.
+
+        A log that cannot be written (a full disk) does not stop the stream: the output is still
+        read to its end (a workload blocked on a full pipe would hang until its timeout), its
+        lines still captured, and the failure is noted for the result.
+        """
         hook = self.options.output_hook
         pending = b""
 
@@ -283,16 +411,23 @@ class Backend(ABC):
             if hook:
                 hook(cell_id, text)
 
+        scrub = capture.scrub
         try:
             for chunk in execution.output():
-                log_file.write(chunk)
-                log_file.flush()
                 *lines, pending = (pending + chunk).split(b"\n")
+                if scrub:  # whole lines only: a secret split over two chunks is still found
+                    lines = [scrub(raw) for raw in lines]
+                    capture.write(log_file, b"".join(raw + b"\n" for raw in lines))
+                else:
+                    capture.write(log_file, chunk)
                 for raw in lines:
                     line(raw)
         except Exception as exc:  # a broken stream must not kill the sweep
             log.warning("output stream of %s ended: %s", cell_id, exc)
         if pending:
+            if scrub:
+                pending = scrub(pending)
+                capture.write(log_file, pending)
             line(pending)
 
     def _interpret(
@@ -301,9 +436,12 @@ class Backend(ABC):
     ) -> None:
         lines = capture.metrics
         if lines:
-            with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
-                for obj in lines:
-                    fh.write(json.dumps(obj) + "\n")
+            try:
+                with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
+                    for obj in lines:
+                        fh.write(json.dumps(obj) + "\n")
+            except OSError as exc:
+                capture.file_errors["metrics.jsonl"] = str(exc)
         summary = next((o for o in reversed(lines) if o["type"] == "summary"), None)
         meta = next((o for o in lines if o["type"] == "meta"), None)
         error = next((o for o in reversed(lines) if o["type"] == "error"), None)
@@ -329,6 +467,12 @@ class Backend(ABC):
                 reason = "the workload exited 0 but printed no summary line"
             else:
                 status = Status.OK
+        if capture.file_errors:  # numbers without their files are not a result to keep
+            lost = "; ".join(f"{name}: {err}" for name, err in capture.file_errors.items())
+            if status is Status.OK:
+                status, reason = Status.FAILED, f"the cell's files could not be written ({lost})"
+            else:
+                reason = f"{reason}; the cell's files could not be written ({lost})"
         result.status = status
         result.reason = reason
         if status is not Status.OK:

@@ -26,6 +26,7 @@ from orchestrator.backends.base import Execution, ExitInfo
 from orchestrator.config import HardwareProfile
 from orchestrator.launch import LaunchSpec, NodeRole, workload_argv, workload_env
 from orchestrator.matrix import Cell
+from orchestrator.redact import resolve_env
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "image": spec.image,
         "command": list(spec.argv),
-        "environment": dict(spec.env),
+        "environment": resolve_env(spec.env),  # secrets too: visible to `docker inspect`
         "labels": dict(spec.labels),
         "detach": True,
         "ipc_mode": opts.ipc,

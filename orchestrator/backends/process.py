@@ -1,34 +1,57 @@
 """Local process backend: a cell's workload as a subprocess of this machine.
 
 The embedded default: needs nothing but torch in this Python environment. GPUs are selected with
-``CUDA_VISIBLE_DEVICES``; several GPUs run under ``torch.distributed.run`` (torchrun). The cell
-runs in its own process group, so a timeout or an interrupt stops every rank it started.
+``CUDA_VISIBLE_DEVICES``; several GPUs run under ``torch.distributed.run`` (torchrun).
+
+Every process a cell starts is stopped when it ends, is timed out or interrupted, however it
+detached (torchrun's ranks each run in a session of their own; a daemon may double-fork):
+the cell's processes carry the marker ``ORCHESTRATE_CELL=<matrix>/<run id>/<cell id>`` and,
+where this machine allows it (root, or a delegated cgroup v2 subtree), run in a cgroup of their
+own (:mod:`orchestrator.cellprocs`). A stop is SIGTERM to all, a grace of
+:data:`TERM_GRACE_S`, then SIGKILL until a scan finds none; a process that outlives even that
+is named in the result's provenance (``leftover_processes``). A resumed run first stops what an
+orchestrator killed mid-cell left of it.
+
+``[hardware.NAME.container] mem_limit`` applies here too: the cell's memory cgroup (v2
+``memory.max`` or v1 ``memory.limit_in_bytes``, no swap), and a cell the kernel OOM-kills in it
+ends ``oom``. Where no memory cgroup can be made the sweep refuses such a profile at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import io
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from orchestrator import cellprocs
 from orchestrator.backends.base import PROJECT_ROOT, Backend, Execution, ExitInfo
-from orchestrator.errors import BackendUnavailable, LaunchError
+from orchestrator.cellprocs import CellProcesses
+from orchestrator.errors import BackendUnavailable, ConfigError, LaunchError
 from orchestrator.launch import LaunchSpec, workload_argv, workload_env
 from orchestrator.matrix import Cell
 from orchestrator.placement import Allocation
+from orchestrator.redact import resolve_env
+from orchestrator.results import CellResult
+
+#: Seconds between SIGTERM and SIGKILL when a cell is stopped (timeout, interrupt).
+TERM_GRACE_S = 5.0
 
 
 class ProcessExecution(Execution):
-    """A local subprocess in its own session (process group)."""
+    """A local subprocess and everything it starts
+    (:class:`~orchestrator.cellprocs.CellProcesses`)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]):
+    def __init__(self, proc: subprocess.Popen[bytes], procs: CellProcesses,
+                 mem_limit: int | None = None):
         self.proc = proc
+        self.procs = procs
+        self.mem_limit = mem_limit
+        #: Processes of the cell that outlived SIGKILL (normally none).
+        self.leftovers: list[str] = []
 
     def output(self) -> Iterator[bytes]:
         stdout = self.proc.stdout
@@ -44,23 +67,29 @@ class ProcessExecution(Execution):
         return True
 
     def kill(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            if self.wait(grace):
-                return
+        self.leftovers = self.procs.stop(grace=TERM_GRACE_S)
+        self.wait(5.0)
+
+    def ended(self) -> None:
+        self.leftovers = self.leftovers or self.procs.stop(grace=0)
 
     def exit_info(self) -> ExitInfo:
-        return ExitInfo(code=self.proc.poll())
+        code = self.proc.poll()
+        if code not in (0, None) and self.procs.oom_kills():
+            limit = f" (cell memory limit {self.mem_limit / 2**20:.0f} MiB)" \
+                if self.mem_limit else ""
+            return ExitInfo(code=code, oom=True,
+                            detail=f"killed by the out-of-memory killer{limit}")
+        return ExitInfo(code=code)
 
     def close(self) -> None:
-        # The leader may be gone while ranks it started linger: end the whole group.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        # The leader may be gone while processes it started linger (ranks, daemons): end them.
+        leftovers = self.procs.stop(grace=0)
+        self.leftovers = self.leftovers or leftovers
+        self.procs.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
         if self.proc.stdout:
             self.proc.stdout.close()
 
@@ -92,6 +121,7 @@ class ProcessBackend(Backend):
             workdir=str(PROJECT_ROOT),
             output_dir=out,
             attempt=attempt,
+            mem_limit=profile.container.mem_limit,
         )
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
@@ -103,16 +133,67 @@ class ProcessBackend(Backend):
             "venv": sys.prefix if sys.prefix != sys.base_prefix else None,
         }
 
+    def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
+        """Refuse a memory limit this machine cannot apply; stop what a killed orchestrator left
+        running of this run (a resumed run)."""
+        self._check_memory_limits(cells)
+        prefix = cellprocs.run_marker_prefix(self.matrix.name, self.paths.run_id)
+        stopped = cellprocs.kill_marked(prefix, prefix=True, grace=TERM_GRACE_S)
+        if stopped and on_log:
+            on_log(f"stopped {len(stopped)} processes left running by an earlier attempt of "
+                   f"run {self.paths.run_id}")
+
+    def _check_memory_limits(self, cells: list[Cell]) -> None:
+        limited = sorted({c.hardware for c in cells if self.matrix.profile(c).container.mem_limit})
+        if not limited:
+            return
+        problems = []
+        for name in limited:
+            text = self.matrix.profiles[name].container.mem_limit or ""
+            field = f"hardware.{name}.container.mem_limit"
+            try:
+                limit = cellprocs.parse_bytes(text)
+                probe = cellprocs.make_cgroups(f"probe-{os.getpid()}", limit)
+                if probe is not None:
+                    probe.remove()
+            except ValueError as exc:
+                problems.append((field, str(exc)))
+            except cellprocs.MemoryLimitUnavailable as exc:
+                problems.append((field, f"the process backend limits a cell's memory with a "
+                                        f"memory cgroup, and {exc}"))
+        if problems:
+            from orchestrator.errors import Problem
+
+            raise ConfigError([Problem(str(self.matrix.path), f, m) for f, m in problems])
+
     def launch(self, spec: LaunchSpec) -> Execution:
-        env = {**os.environ, **spec.env}
+        mem_limit = cellprocs.parse_bytes(spec.mem_limit) if spec.mem_limit else None
+        marker = cellprocs.cell_marker(self.matrix.name, self.paths.run_id, spec.cell_id)
+        try:
+            procs = CellProcesses.create(
+                marker, cellprocs.cgroup_name(self.paths.run_id, spec.cell_id), mem_limit)
+        except cellprocs.MemoryLimitUnavailable as exc:
+            raise LaunchError(f"{spec.cell_id}: cannot apply mem_limit: {exc}") from exc
+        env = {**os.environ, **resolve_env(spec.env), **procs.environment()}
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
         )
         try:
             proc = subprocess.Popen(
-                list(spec.argv), cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL,
+                procs.wrap(spec.argv), cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             )
-        except OSError as exc:
-            raise LaunchError(f"cannot start {spec.argv[0]!r} for {spec.cell_id}: {exc}") from exc
-        return ProcessExecution(proc)
+        except BaseException as exc:
+            procs.close()
+            if isinstance(exc, OSError):
+                raise LaunchError(f"cannot start {spec.argv[0]!r} for {spec.cell_id}: "
+                                  f"{exc}") from exc
+            raise
+        return ProcessExecution(proc, procs, mem_limit)
+
+    def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:
+        """How the cell's processes were tracked; any that outlived SIGKILL."""
+        assert isinstance(execution, ProcessExecution)
+        result.provenance["process_tracking"] = execution.procs.tracking
+        if execution.leftovers:
+            result.provenance["leftover_processes"] = execution.leftovers

@@ -10,9 +10,11 @@ A cell's files, all in its cell folder:
 
 - ``job.sbatch`` — the generated batch script (:func:`render_sbatch`, a pure function): the
   ``#SBATCH`` options, ``export`` of the workload's environment and ``exec`` of its argv, every
-  value shell-quoted. It is rendered into the cell's launch spec (``LaunchSpec.script``) and
+  value shell-quoted. Secret variables (:mod:`orchestrator.redact`) are named in a comment,
+  never written: ``sbatch --export=ALL`` passes them from its own environment at submission.
+  It is rendered into the cell's launch spec (``LaunchSpec.script``) and
   written when the cell is submitted. Slurm sets ``CUDA_VISIBLE_DEVICES`` for the
-``--gres=gpu:N`` it grants.
+  ``--gres=gpu:N`` it grants.
 - ``slurm-<job id>.out`` — the job's stdout and stderr, tailed live into ``log.txt``.
 - ``command.json`` gains ``slurm.job_id``; the result's provenance has the job id, its final
   Slurm state and the node it ran on.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import shlex
 import shutil
@@ -45,6 +48,7 @@ from orchestrator.errors import BackendUnavailable, LaunchError
 from orchestrator.launch import LaunchSpec, workload_argv, workload_env
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
+from orchestrator.redact import Scrubber, public_env, secret_env
 from orchestrator.results import CellResult, RunPaths, Status, write_json
 
 log = logging.getLogger("orchestrator.backends.slurm")
@@ -142,9 +146,14 @@ def render_sbatch(job: SbatchJob) -> str:
         'echo "# slurm job ${SLURM_JOB_ID:-?} on $(hostname)'
         ' CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"',
     ]
-    for key, value in job.env.items():
+    for key in job.env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise LaunchError(f"{job.cell_id}: environment variable name {key!r} is not valid")
+    secret = sorted(set(job.env) - set(public_env(job.env)))
+    if secret:
+        lines.append(f"# passed by sbatch from the submitting environment, not written here: "
+                     f"{' '.join(secret)}")
+    for key, value in public_env(job.env).items():
         lines.append(f"export {key}={shlex.quote(value)}")
     lines.append("exec " + " ".join(shlex.quote(arg) for arg in job.argv))
     return "\n".join(lines) + "\n"
@@ -251,12 +260,14 @@ def parse_scontrol(text: str) -> JobOutcome | None:
 # --- running Slurm's clients ------------------------------------------------------------------
 
 
-def _slurm(args: Sequence[str], timeout: float = COMMAND_TIMEOUT_S
-           ) -> subprocess.CompletedProcess[str]:
-    """Run a Slurm client (argv, no shell). OSError / timeout -> a failed CompletedProcess."""
+def _slurm(args: Sequence[str], timeout: float = COMMAND_TIMEOUT_S,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client (argv, no shell; ``env`` added to its environment). OSError /
+    timeout -> a failed CompletedProcess."""
     try:
         return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL,
+                              env={**os.environ, **env} if env else None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return subprocess.CompletedProcess(list(args), 255, "", str(exc))
 
@@ -335,6 +346,8 @@ class SlurmExecution(Execution):
         self._next_poll = 0.0
         self._failing_since: float | None = None
         self._lost_detail = ""
+        #: Masks the cell's secrets in the job's output file once it ended.
+        self.scrub = Scrubber(())
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -540,6 +553,10 @@ class SlurmBackend(Backend):
             self._in_flight[cell.hardware] = count + 1
         return Allocation.local(cell.id)  # the node and its GPUs: Slurm's choice
 
+    def lock_request(self, cell: Cell, allocation: Allocation) -> None:
+        """None: Slurm allocates nodes and GPUs itself, to one job at a time."""
+        return None
+
     def release(self, cell: Cell, allocation: Allocation) -> None:
         with self._lock:
             self._in_flight[cell.hardware] = max(0, self._in_flight.get(cell.hardware, 1) - 1)
@@ -584,7 +601,10 @@ class SlurmBackend(Backend):
         cell_dir = self.paths.cell_dir(spec.cell_id)
         script_path = cell_dir / SCRIPT_NAME
         script_path.write_text(spec.script, encoding="utf-8")
-        proc = _slurm(["sbatch", "--parsable", str(script_path)], timeout=60.0)
+        secrets = secret_env(spec.env)  # never in the script: sbatch's environment carries them
+        export = ["--export=ALL"] if secrets else []
+        proc = _slurm(["sbatch", "--parsable", *export, str(script_path)], timeout=60.0,
+                      env=secrets)
         if proc.returncode != 0:
             detail = proc.stderr.strip() or proc.stdout.strip() or f"exit code {proc.returncode}"
             raise LaunchError(f"sbatch refused {spec.cell_id}: {detail}")
@@ -593,6 +613,7 @@ class SlurmBackend(Backend):
         with self._lock:
             watcher = self._watchers.setdefault(cluster, QueueWatcher(cluster))
         execution = SlurmExecution(job_id, cell_dir / f"slurm-{job_id}.out", cluster, watcher)
+        execution.scrub = Scrubber(secrets.values())
         with self._lock:
             self._live.add(execution)
         self._record_job(spec.cell_id, job_id, cluster, script_path, execution.output_path)
@@ -623,6 +644,10 @@ class SlurmBackend(Backend):
         )
         if execution.cluster:
             result.provenance["slurm_cluster"] = execution.cluster
+        if execution.scrub and execution.output_path.exists():
+            # Slurm wrote what the workload printed, secrets too: mask them there as in log.txt
+            data = execution.output_path.read_bytes()
+            execution.output_path.write_bytes(execution.scrub(data))
         self._explain(result, execution)
 
     def _explain(self, result: CellResult, execution: SlurmExecution) -> None:

@@ -231,6 +231,11 @@ class SshDockerBackend(Backend):
         with self._lock:
             return self.pool.try_acquire(self._request(cell))
 
+    def lock_request(self, cell: Cell, allocation: Allocation) -> None:
+        """None: the hosts are other machines, whose locks this machine cannot hold (README:
+        "Overlapping sweeps")."""
+        return None
+
     def release(self, cell: Cell, allocation: Allocation) -> None:
         with self._lock:
             self.pool.release(allocation)  # False (nothing to do) when its host was lost

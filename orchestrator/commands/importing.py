@@ -10,9 +10,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from orchestrator.importer import ImportPlan
 
-DEFAULT_RESULTS = Path("results")
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "import", help="turn existing logs (DLLogger, DLPerf-style folders, runs copied from "
@@ -28,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--matrix", metavar="NAME|MATRIX.toml",
                    help="the matrix whose history the run joins (default for a run folder: "
                    "its own)")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, metavar="DIR",
-                   help="results root (default: ./results)")
+    p.add_argument("--results", type=Path, metavar="DIR",
+                   help="results root (default: $ORCHESTRATE_RESULTS, else `results` in the "
+                   "user's config file, else ./results)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a cell parameter of every imported log, e.g. hardware=v100 "
                    "(repeatable; wins over the log and the file name)")
@@ -53,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_import(args: argparse.Namespace) -> int:
     from orchestrator.errors import ConfigError
     from orchestrator.importer import ImportOptions, plan_import, write_import
+    from orchestrator.userconfig import results_root
+
+    args.results = results_root(args.results)
 
     figures = None
     if args.figures is not None:

@@ -1,4 +1,11 @@
-"""``orchestrate clean`` and ``orchestrate backends``."""
+"""``orchestrate clean`` and ``orchestrate backends``.
+
+``clean`` removes the containers a crashed sweep left on this machine's engine, never those of a
+sweep that still runs: each container names the orchestrator process that started it (host,
+pid, the pid's start time); one whose process is alive on this host is skipped, and so is one
+started from another host (this machine cannot tell whether it still runs) unless ``--force``.
+``--dry-run`` lists what would be removed.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--run", help="only the containers of this run id")
     p.add_argument("--matrix", help="only the containers of this matrix")
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed")
+    p.add_argument("--force", action="store_true",
+                   help="also remove containers started from another host (their sweep may "
+                   "still run)")
     p.set_defaults(handler=cmd_clean)
 
     p = sub.add_parser("backends", help="list the backends and whether each can run here")
@@ -25,12 +36,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
         check_run_id(args.run, "--run")
     if args.matrix is not None:
         check_name(args.matrix, "--matrix")
-    from orchestrator.engine import (
-        LABEL_MATRIX,
-        LABEL_RUN,
-        docker_client,
-        remove_containers,
-    )
+    from orchestrator.engine import LABEL_MATRIX, LABEL_RUN, docker_client, leftover_containers
 
     labels = {}
     if args.run:
@@ -38,11 +44,31 @@ def cmd_clean(args: argparse.Namespace) -> int:
     if args.matrix:
         labels[LABEL_MATRIX] = args.matrix
     client = docker_client()
+    removed = 0
     try:
-        removed = remove_containers(client, labels)
+        for item in leftover_containers(client, labels):
+            what = f"{item.name} (run {item.run}, cell {item.cell})"
+            if item.state == "running":
+                print(f"skipped {what}: its sweep is still running ({item.controller})")
+                continue
+            if item.state == "elsewhere" and not args.force:
+                print(f"skipped {what}: started by {item.controller} on another host, which "
+                      "this machine cannot check; --force removes it")
+                continue
+            if args.dry_run:
+                print(f"would remove {what}")
+                continue
+            try:
+                item.container.remove(force=True)
+            except Exception as exc:  # gone meanwhile
+                print(f"could not remove {what}: {exc}")
+                continue
+            print(f"removed {what}")
+            removed += 1
     finally:
         client.close()
-    print(f"removed {removed} container{'s' if removed != 1 else ''}")
+    if not args.dry_run:
+        print(f"removed {removed} container{'s' if removed != 1 else ''}")
     return 0
 
 

@@ -1,4 +1,12 @@
-"""``orchestrate matrix | plan | validate | schema | report``."""
+"""``orchestrate matrix | plan | validate | schema | report | history``.
+
+A sweep's progress goes to stderr: a progress bar in a terminal (:class:`RichEvents`), else
+(cron, CI, a pipe) one timestamped line when each cell starts and one when it ends, with
+``n/N``, the running counts and the ETA (:class:`LineEvents`). ``-q`` shows neither (errors
+and the final table only); ``-v`` adds every line the cells print. The results folder and the
+hosts inventory default from the environment and the user's config file
+(:mod:`orchestrator.userconfig`).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +16,13 @@ import logging
 import signal
 import sys
 import threading
+import time
+from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from orchestrator.errors import ConfigError
+from orchestrator.eta import estimate_eta, format_duration
 from orchestrator.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results import (
     CellResult,
@@ -21,6 +32,7 @@ from orchestrator.results import (
     parse_metric_lines,
     runs_of,
 )
+from orchestrator.userconfig import hosts_file, results_root
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -30,7 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RESULTS = Path("results")
+RESULTS_HELP = ("results root (default: $ORCHESTRATE_RESULTS, else `results` in the user's "
+                "config file, else ./results)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,8 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
     p.add_argument("--backend", help="process, docker, ssh (default: [matrix] backend)")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, metavar="DIR",
-                   help="results root (default: ./results)")
+    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                    help="run only matching cells (repeatable; same key: any value)")
     p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
@@ -51,6 +63,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="re-run, in an earlier run's folder (default: the newest), only the "
                    "cells that did not end ok")
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    p.add_argument("--lock-timeout", type=float, metavar="S",
+                   help="a cell whose GPUs another sweep holds waits at most S seconds, then "
+                   "fails (default: it waits as long as it takes)")
+    p.add_argument("--no-wait", dest="lock_timeout", action="store_const", const=0.0,
+                   help="never wait for GPUs another sweep holds (--lock-timeout 0)")
+    p.add_argument("-q", "--quiet", dest="matrix_quiet", action="count",
+                   default=argparse.SUPPRESS, help="no progress, only errors and the table")
+    p.add_argument("-v", "--verbose", dest="matrix_verbose", action="count",
+                   default=argparse.SUPPRESS, help="also every line the cells print")
     p.set_defaults(handler=cmd_matrix)
 
     p = sub.add_parser("plan", help="print the expanded cells of a matrix")
@@ -78,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="re-print the summary table of a finished run")
     p.add_argument("matrix", help="matrix name (or a path to its .toml)")
     p.add_argument("--run", help="run id (default: the newest)")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, metavar="DIR")
+    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
     p.add_argument("--baseline", metavar="KEY=VALUE",
                    help="add each row's ratio to this row, e.g. hardware=v100 "
                    "(default: [matrix] baseline)")
@@ -92,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "newest run is compared with the median of the runs before it.",
     )
     p.add_argument("matrix", help="matrix name (or a path to its .toml)")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, metavar="DIR")
+    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
     p.add_argument("--last", type=int, default=7, metavar="N", help="runs shown (default 7)")
     p.add_argument("--window", type=int, default=5, metavar="N",
                    help="previous runs forming the reference (default 5)")
@@ -193,7 +214,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.summary import write_summary
 
     name = _matrix_name(args.matrix)
-    paths = find_run(args.results, name, args.run)
+    paths = find_run(results_root(args.results), name, args.run)
     rows, table = write_summary(paths, baseline=args.baseline)
     print(f"{paths.root}\n{table}")
     if args.plot:
@@ -207,9 +228,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     from orchestrator.history import render_history, trends
 
     name = _matrix_name(args.matrix)
-    runs = runs_of(args.results, name)
+    results = results_root(args.results)
+    runs = runs_of(results, name)
     if not runs:
-        raise ConfigError(f"no runs of {name!r} under {args.results}", field="history")
+        raise ConfigError(f"no runs of {name!r} under {results}", field="history")
     # only the runs shown and those the newest is compared with are read
     runs = runs[-max(args.last, args.window + 1):]
     items = trends(runs, args.window, args.threshold)
@@ -231,7 +253,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 class RichEvents:
     """Progress on the terminal: a bar over the cells, the running cell and its last metric."""
 
-    def __init__(self) -> None:
+    def __init__(self, verbose: bool = False) -> None:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -249,6 +271,7 @@ class RichEvents:
             console=self.console, transient=True,
         )
         self.task: TaskID | None = None
+        self.verbose = verbose
         self.running: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -287,6 +310,8 @@ class RichEvents:
                                  status=self._status())
 
     def cell_output(self, cell_id: str, line: str) -> None:
+        if self.verbose:
+            self.console.print(f"{cell_id} | {line}", style="dim", highlight=False, markup=False)
         if not line.startswith("{"):
             return
         parsed = parse_metric_lines(line)
@@ -320,12 +345,92 @@ class RichEvents:
             self.progress.update(self._task, status=self._status())
 
 
+class LineEvents:
+    """Progress as timestamped lines (cron, CI, a pipe): a line when each cell starts and one
+    when it ends, with ``n/N``, the counts so far and the ETA (:func:`~orchestrator.eta.
+    estimate_eta`); ``verbose`` adds every line the cells print."""
+
+    def __init__(self, stream: TextIO | None = None, verbose: bool = False) -> None:
+        self.stream = stream or sys.stderr
+        self.verbose = verbose
+        self.total = 0
+        self.started: set[str] = set()
+        self.running: set[str] = set()
+        self.peak = 1  # most cells seen running at once
+        self.counts: Counter[str] = Counter()
+        self.durations: list[float] = []
+        self._lock = threading.Lock()
+
+    def say(self, text: str) -> None:
+        """One timestamped line."""
+        with self._lock:
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream, flush=True)
+
+    def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None:
+        self.total = len(cells)
+        self.say(f"run folder: {paths.root} ({self.total} cells)")
+
+    def log(self, message: str) -> None:
+        self.say(message)
+
+    def cell_started(self, cell: Cell, allocation: Allocation) -> None:
+        self.started.add(cell.id)
+        self.running.add(cell.id)
+        self.peak = max(self.peak, len(self.running))
+        where = f" on {allocation.host}" if allocation.host else ""
+        gpus = f" GPUs {','.join(map(str, allocation.gpu_ids))}" if allocation.gpu_ids else ""
+        self.say(f"[{len(self.started)}/{self.total}] start {cell.id}{where}{gpus}")
+
+    def cell_output(self, cell_id: str, line: str) -> None:
+        if self.verbose:
+            self.say(f"{cell_id} | {line}")
+
+    def cell_finished(self, cell: Cell, result: CellResult) -> None:
+        self.running.discard(cell.id)
+        self.counts[result.status.value] += 1
+        if result.duration_s is not None:
+            self.durations.append(result.duration_s)
+        done = sum(self.counts.values())
+        eta = estimate_eta(self.durations, self.total - done, self.peak)
+        took = f" {result.duration_s:.1f} s" if result.duration_s else ""
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(self.counts.items()))
+        self.say(f"[{done}/{self.total}] {result.status.value} {cell.id}{took}: "
+                 f"{_detail(cell, result)} | {counts} | ETA {format_duration(eta)}")
+
+
+def _detail(cell: Cell, result: CellResult) -> str:
+    """images/s of a cell that ended ok, else why it did not."""
+    from orchestrator.summary import throughput_key
+
+    ips = result.metrics.get(throughput_key(cell.params.mode))
+    return f"{ips:,.1f} images/s" if isinstance(ips, int | float) else result.reason
+
+
+def verbosity(args: argparse.Namespace) -> int:
+    """-1 quiet, 0 normal, 1 verbose: ``orchestrate -q matrix`` (the global flags, which also
+    set the log level) or ``orchestrate matrix -q`` (this command's own)."""
+    level = int(getattr(args, "verbose", 0) or 0) - (1 if getattr(args, "quiet", False) else 0)
+    level += getattr(args, "matrix_verbose", 0) - getattr(args, "matrix_quiet", 0)
+    return max(-1, min(1, level))
+
+
+def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineEvents | None:
+    """How a sweep reports progress: nothing (quiet), a bar in a terminal, else lines."""
+    stream = stream or sys.stderr
+    if level < 0:
+        return None
+    if stream.isatty():
+        return RichEvents(verbose=level > 0)
+    return LineEvents(stream, verbose=level > 0)
+
+
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from orchestrator.sweep import backend_for, run_sweep
+    from orchestrator.sweep import NullEvents, backend_for, hosts_file_of, run_sweep
 
     matrix = _load(args)
+    results = results_root(args.results)
+    backend = backend_for(matrix, args.backend)
     if args.dry_run:
-        backend = backend_for(matrix, args.backend)
         print("\n".join(plan_lines(matrix)))
         if backend in ("docker", "ssh"):
             from orchestrator.build import plan_images
@@ -334,21 +439,33 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                 print(f"image for {hw}: {plan.tag} (template {plan.template}, "
                       f"base {plan.base_image})")
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
-              f"{backend} into {args.results}/{matrix.name}/<run id>/")
+              f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
+    hosts = args.hosts
+    if backend == "ssh":
+        hosts = hosts_file(args.hosts, hosts_file_of(matrix))
     cancel = threading.Event()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    progress = sweep_events(verbosity(args))
     try:
-        with RichEvents() as events:
-            outcome = run_sweep(matrix, backend_name=args.backend, results_root=args.results,
-                                events=events, cancel=cancel, hosts_file=args.hosts,
-                                resume=args.resume)
+        if isinstance(progress, RichEvents):
+            with progress:
+                outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
+                                    events=progress, cancel=cancel, hosts_file=hosts,
+                                    resume=args.resume, lock_timeout_s=args.lock_timeout)
+        else:
+            outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
+                                events=progress or NullEvents(), cancel=cancel,
+                                hosts_file=hosts, resume=args.resume,
+                                lock_timeout_s=args.lock_timeout)
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(outcome.table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(outcome.counts.items()))
     print(f"\n{len(outcome.results)} cells: {counts}")
     print(f"results: {outcome.paths.root}")
+    for problem in outcome.problems:
+        print(f"error: {problem}", file=sys.stderr)
     if outcome.interrupted:
         print("interrupted: cells that did not finish are recorded as cancelled",
               file=sys.stderr)

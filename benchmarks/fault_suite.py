@@ -1,0 +1,336 @@
+"""Fault suite: a real small sweep hit by what a shared lab machine does to it, then counted.
+
+Every scenario runs the real CLI (``orchestrate matrix``, process backend, the tiny CPU workload,
+``--cells`` cells) in a subprocess, does its damage, repairs it, finishes the run with
+``--resume`` where that is the way back, and counts from the run folder alone:
+
+* ``kill9@T``: SIGKILL of the orchestrator T seconds into the sweep (T drawn with ``--seed``
+  over the sweep's length), then ``--resume`` (a plain run when it died before its run folder
+  existed);
+* ``disk-full``: the results folder is a tmpfs, filled up as soon as the first cell is recorded
+  and freed once the sweep has ended; then ``--resume``;
+* ``read-only-cell``: the folder of the last cell is a read-only tmpfs before it starts;
+  unmounted once the sweep has ended; then ``--resume``;
+* ``read-only-results``: the results folder is read-only from the start: the sweep must refuse
+  at once and write nothing; made writable, the sweep runs;
+* ``host-lost``: the ssh backend's test (tests/test_backend_ssh.py::
+  test_lost_host_mid_sweep_is_retried_elsewhere: a real sshd killed under a running cell) run
+  with pytest; its count line is read (with ``--host-lost``; needs Docker and sshd).
+
+Counted: ``cells`` planned; ``recorded`` cells with a readable result.json that says ok at the
+end; ``lost`` planned cells with no result at all; ``duplicated`` results beyond one per cell
+(summary rows' run counts over the distinct results); ``silent`` cells of the damaged sweep that
+had neither a result on disk nor an error line naming them; ``tracebacks`` in any output;
+``left`` processes of the run still alive at the end. Mounting needs root.
+
+    python benchmarks/fault_suite.py [--seed 1] [--kills 3] [--cells 4] [--host-lost]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tabulate import tabulate
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from orchestrator import cellprocs  # noqa: E402
+
+MATRIX = """
+[matrix]
+name = "faults"
+timeout_s = 300
+[workload]
+hardware = "cpu"
+arch = "resnet18"
+image_size = 32
+batch_size = 2
+warmup = 1
+iterations = {iterations}
+workers = 0
+num_classes = 10
+[axes]
+seed = {seeds}
+[hardware.cpu]
+device = "cpu"
+"""
+
+
+@dataclass
+class Count:
+    """One scenario's figures."""
+
+    scenario: str
+    cells: int = 0
+    recorded: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    silent: int = 0
+    tracebacks: int = 0
+    left: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def clean(self) -> bool:
+        """All cells recorded, none lost, duplicated or silent, no traceback, nothing left."""
+        return (self.recorded == self.cells and self.lost == self.duplicated == self.silent
+                == self.tracebacks == self.left == 0 and self.cells > 0)
+
+
+class Suite:
+    """The scenarios over one working folder."""
+
+    def __init__(self, work: Path, cells: int, iterations: int = 2):
+        self.work = work
+        self.cells = cells
+        self.matrix = work / "faults.toml"
+        self.matrix.write_text(MATRIX.format(iterations=iterations,
+                                             seeds=list(range(1, cells + 1))))
+        self.locks = work / "locks"
+
+    # --- running the CLI ---------------------------------------------------------------------
+
+    def start(self, results: Path, *extra: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "ORCHESTRATE_LOCK_DIR": str(self.locks),
+               "PYTHONPATH": str(REPO)}
+        return subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "matrix", str(self.matrix), "--results",
+             str(results), *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+
+    def run(self, results: Path, *extra: str, count: Count) -> str:
+        proc = self.start(results, *extra)
+        out, err = proc.communicate(timeout=900)
+        count.exit_codes.append(proc.returncode)
+        count.tracebacks += (out + err).count("Traceback")
+        return err
+
+    def finish(self, results: Path, count: Count) -> None:
+        """``--resume`` until the run is complete (at most 3 times); a plain run if there is no
+        run folder yet."""
+        for _ in range(3):
+            resume = ("--resume",) if list(results.glob("faults/*/plan.json")) else ()
+            self.run(results, *resume, count=count)
+            if count.exit_codes[-1] == 0:
+                return
+
+    # --- counting ----------------------------------------------------------------------------
+
+    def tally(self, results: Path, count: Count) -> Count:
+        runs = sorted(results.glob("faults/*/plan.json"))
+        if len(runs) != 1:
+            count.note += f" {len(runs)} run folders;"
+            if not runs:
+                count.cells, count.lost = self.cells, self.cells
+                return count
+        root = runs[-1].parent
+        planned = [c["id"] for c in json.loads(runs[-1].read_text())["cells"]]
+        count.cells = len(planned)
+        found: dict[str, str] = {}
+        for path in (root / "cells").glob("*/result.json"):
+            try:
+                found[path.parent.name] = json.loads(path.read_text())["status"]
+            except (OSError, ValueError, KeyError):
+                found[path.parent.name] = "unreadable"
+        count.recorded = sum(1 for c in planned if found.get(c) == "ok")
+        count.lost = sum(1 for c in planned if c not in found)
+        summary = root / "summary.csv"
+        if summary.exists():
+            runs_in_table = sum(int(row["runs"]) for row in csv.DictReader(summary.open()))
+            count.duplicated = max(0, runs_in_table - len(found))
+        prefix = cellprocs.run_marker_prefix("faults", root.name)
+        count.left = len(cellprocs.alive(cellprocs.marked_pids(prefix, prefix=True)))
+        return count
+
+    def silent(self, results: Path, stderr: str) -> int:
+        """Cells of a damaged sweep with neither a result on disk nor an error naming them."""
+        runs = sorted(results.glob("faults/*/plan.json"))
+        if not runs:
+            return 0
+        root = runs[-1].parent
+        planned = [c["id"] for c in json.loads(runs[-1].read_text())["cells"]]
+        reported = set(re.findall(r"cell (\S+) \(\w+\): its result could not be written",
+                                  stderr))
+        return sum(1 for c in planned
+                   if not (root / "cells" / c / "result.json").exists() and c not in reported)
+
+    # --- scenarios ---------------------------------------------------------------------------
+
+    def kill9(self, after_s: float) -> Count:
+        results = self.work / f"kill9-{after_s:.1f}"
+        count = Count(f"kill9@{after_s:.1f}s")
+        proc = self.start(results)
+        time.sleep(after_s)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        count.exit_codes.append(proc.returncode)
+        done = len(list(results.glob("faults/*/cells/*/result.json")))
+        count.note = (f"killed with {done} results on disk; resumed"
+                      if list(results.glob("faults/*/plan.json"))
+                      else "killed before its run folder existed; run again")
+        self.finish(results, count)
+        return self.tally(results, count)
+
+    def disk_full(self) -> Count:
+        count = Count("disk-full")
+        with tmpfs(self.work / "full", "16m") as results:
+            filler = results / ".filler"
+            proc = self.start(results)
+            wait_for(lambda: bool(list(results.glob("faults/*/cells/*/result.json"))), proc)
+            fill(filler)
+            out, err = proc.communicate(timeout=900)
+            count.exit_codes.append(proc.returncode)
+            count.tracebacks += (out + err).count("Traceback")
+            count.silent = self.silent(results, err)
+            count.note = f"damaged sweep: {err.count('No space left on device')} ENOSPC errors"
+            filler.unlink()
+            self.finish(results, count)
+            return self.tally(results, count)
+
+    def read_only_cell(self) -> Count:
+        count = Count("read-only-cell")
+        results = self.work / "ro-cell"
+        last = self.planned_ids()[-1]
+        proc = self.start(results)
+        wait_for(lambda: bool(list(results.glob("faults/*/cells"))), proc)
+        (cells,) = results.glob("faults/*/cells")
+        with tmpfs(cells / last, "64k", read_only=True):
+            out, err = proc.communicate(timeout=900)
+            count.exit_codes.append(proc.returncode)
+            count.tracebacks += (out + err).count("Traceback")
+            count.silent = self.silent(results, err)
+            count.note = f"damaged sweep: {err.count('Read-only file system')} EROFS errors"
+        (cells / last).rmdir()
+        self.finish(results, count)
+        return self.tally(results, count)
+
+    def read_only_results(self) -> Count:
+        count = Count("read-only-results")
+        with tmpfs(self.work / "ro", "1m", read_only=True) as results:
+            err = self.run(results, count=count)
+            refused = count.exit_codes[-1] == 2 and "cannot create the run folder" in err
+            written = [p for p in results.rglob("*")]
+            count.note = ("refused at once, nothing written" if refused and not written
+                          else f"NOT refused cleanly: {err.strip()[-200:]}")
+            subprocess.run(["mount", "-o", "remount,rw", str(results)], check=True)
+            self.finish(results, count)
+            return self.tally(results, count)
+
+    def host_lost(self) -> Count:
+        count = Count("host-lost")
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+             "tests/test_backend_ssh.py::test_lost_host_mid_sweep_is_retried_elsewhere"],
+            cwd=REPO, capture_output=True, text=True, timeout=900,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+        count.exit_codes.append(proc.returncode)
+        match = re.search(r"fault suite: host lost: cells=(\d+) recorded=(\d+) lost=(\d+) "
+                          r"duplicated=(\d+)", proc.stdout)
+        if match is None:
+            count.note = "not run: " + (proc.stdout.strip().splitlines() or ["?"])[-1]
+            return count
+        count.cells, count.recorded, count.lost, count.duplicated = map(int, match.groups())
+        count.note = "tests/test_backend_ssh.py (a real sshd killed mid-cell)"
+        return count
+
+    def planned_ids(self) -> list[str]:
+        out = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(self.matrix),
+                              "--json"], cwd=REPO, capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+        return [c["id"] for c in json.loads(out)]
+
+
+def wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str],
+             timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the sweep ended (or hung) before the fault could be made")
+        time.sleep(0.05)
+
+
+@contextmanager
+def tmpfs(path: Path, size: str, read_only: bool = False) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "fault-suite", str(path)],
+                   check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill(path: Path) -> None:
+    with path.open("ab", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+        except OSError:
+            pass
+
+
+def kill_points(seed: int, kills: int, span_s: float) -> list[float]:
+    """``kills`` moments (seconds into a sweep) drawn with ``seed`` over ``span_s``."""
+    rng = random.Random(seed)
+    return sorted(round(rng.uniform(0.5, span_s), 1) for _ in range(kills))
+
+
+def run_suite(work: Path, *, seed: int = 1, kills: int = 3, cells: int = 4,
+              host_lost: bool = False, span_s: float | None = None) -> list[Count]:
+    """Every scenario; the figures of each."""
+    suite = Suite(work, cells)
+    span = span_s if span_s is not None else 6.0 * cells
+    counts = [suite.kill9(t) for t in kill_points(seed, kills, span)]
+    counts += [suite.disk_full(), suite.read_only_cell(), suite.read_only_results()]
+    if host_lost:
+        counts.append(suite.host_lost())
+    return counts
+
+
+def table(counts: list[Count]) -> str:
+    rows = [[c.scenario, c.cells, c.recorded, c.lost, c.duplicated, c.silent, c.tracebacks,
+             c.left, " ".join(map(str, c.exit_codes)), c.note.strip()] for c in counts]
+    total = [sum(getattr(c, k) for c in counts)
+             for k in ("cells", "recorded", "lost", "duplicated", "silent", "tracebacks", "left")]
+    rows.append(["total", *total, "", ""])
+    return tabulate(rows, headers=["scenario", "cells", "recorded", "lost", "duplicated",
+                                   "silent", "tracebacks", "left", "exit codes", "note"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kills", type=int, default=3, help="kill -9 points (default 3)")
+    parser.add_argument("--cells", type=int, default=4, help="cells per sweep (default 4)")
+    parser.add_argument("--host-lost", action="store_true",
+                        help="also run the ssh backend's lost-host test (Docker, sshd)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fault-suite-") as tmp:
+        counts = run_suite(Path(tmp), seed=args.seed, kills=args.kills, cells=args.cells,
+                           host_lost=args.host_lost)
+    print(table(counts))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in counts], indent=2))
+    return 0 if all(c.clean for c in counts) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

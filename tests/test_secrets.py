@@ -1,0 +1,207 @@
+"""Secrets reach the workload and no file of the run (issue 10, item 7).
+
+A profile's environment holds a secret literal (``HF_TOKEN = "..."``), a value taken from the
+orchestrator's environment (``API_KEY = "$env:..."``) and a plain value. Real cells (a
+process, a Slurm job) print a digest of what they received, to show the secrets arrived, and
+the secret itself, to show the output is scrubbed; then every file of the run folder is
+searched for the secret values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from slurm_support import slurm_cluster  # noqa: F401 - the fixture
+from workload_support import TINY_WORKLOAD
+
+from orchestrator import sweep
+from orchestrator.backends.base import RunOptions
+from orchestrator.backends.process import ProcessBackend
+from orchestrator.errors import ConfigError
+from orchestrator.launch import LaunchSpec
+from orchestrator.matrix import load_matrix
+from orchestrator.redact import MASK, looks_secret, redact_toml
+from orchestrator.results import RunPaths, Status
+from orchestrator.sweep import NullEvents, run_cells
+
+LITERAL = "hf_literal_secret_0123456789"
+FROM_ENV = "key-from-the-environment-9876"
+SOURCE = "ORCHESTRATE_TEST_API_KEY"
+
+MATRIX = f"""
+[matrix]
+name = "secrets"
+timeout_s = 120
+[workload]
+hardware = "cpu"
+{TINY_WORKLOAD}
+[hardware.cpu]
+device = "cpu"
+# the token below must not survive in the run's copy of this file
+env = {{ HF_TOKEN = "{LITERAL}", API_KEY = "$env:{SOURCE}", PLAIN = "visible" }}
+"""
+
+PRINT = """
+import hashlib, os
+for name in ("HF_TOKEN", "API_KEY"):
+    value = os.environ[name]
+    print(name, hashlib.sha256(value.encode()).hexdigest(), "value:", value, flush=True)
+"""
+
+
+def digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def files_with_secrets(root: Path) -> list[str]:
+    return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+            and any(s.encode() in p.read_bytes() for s in (LITERAL, FROM_ENV))]
+
+
+@pytest.mark.parametrize("name, secret", [
+    ("HF_TOKEN", True), ("WANDB_API_KEY", True), ("AWS_SECRET_ACCESS_KEY", True),
+    ("DB_PASSWORD", True), ("DB_PASS", True), ("GITHUBTOKEN", True), ("MY_PASSWD", True),
+    ("NCCL_AUTH", True), ("SSH_KEY", True), ("aws_session_token", True),
+    ("api-key", True), ("CREDENTIALS_FILE", True),
+    ("NCCL_DEBUG", False), ("OMP_NUM_THREADS", False), ("KEYBOARD_LAYOUT", False),
+    ("MONKEY", False), ("PWD", False), ("PATH", False), ("AUTHOR", False),
+])
+def test_which_names_look_secret(name: str, secret: bool) -> None:
+    assert looks_secret(name) is secret
+
+
+def test_the_matrix_copy_is_masked_and_still_valid_toml() -> None:
+    text = redact_toml(MATRIX)
+    assert LITERAL not in text and f'HF_TOKEN = "{MASK}"' in text
+    assert "# the token below" in text, "the file is kept as written where it can be"
+    data = tomllib.loads(text)
+    env = data["hardware"]["cpu"]["env"]
+    assert env == {"HF_TOKEN": MASK, "API_KEY": f"$env:{SOURCE}", "PLAIN": "visible"}
+
+
+@pytest.mark.parametrize("source", [
+    '[hardware.x.env]\nHF_TOKEN = "abc\\u0041def"\n',  # an escape: masked by rewriting
+    "[hardware.x.env]\nHF_TOKEN = '''multi\nline'''\n",
+    'hardware.x.env.HF_TOKEN = "dotted-key-secret"\n',
+    '[hardware.x]\nenv = { "HF_TOKEN" = "quoted-key-secret", B = "1" }\n',
+    "[hardware.x.env]\nHF_TOKEN = 'literal-string-secret'\n",
+    '[hardware.x]\nimage_vars = { pip_token = "in-image-vars" }\n',
+])
+def test_every_spelling_of_a_secret_is_masked(source: str) -> None:
+    original = tomllib.loads(source)
+    text = redact_toml(source)
+    data = tomllib.loads(text)
+    for value in ("abcAdef", "multi\nline", "dotted-key-secret", "quoted-key-secret",
+                  "literal-string-secret", "in-image-vars"):
+        assert value not in text
+    assert set(data) == set(original) and MASK in json.dumps(data)
+    if "B" in source:
+        assert data["hardware"]["x"]["env"]["B"] == "1"
+
+
+def test_a_missing_environment_reference_stops_the_sweep_before_it_starts(write_matrix,
+                                                                          tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.delenv(SOURCE, raising=False)
+    matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))
+    with pytest.raises(ConfigError) as err:
+        sweep.run_sweep(matrix, results_root=tmp_path / "results")
+    (problem,) = err.value.problems
+    assert problem.field == "hardware.cpu.env.API_KEY" and f"export {SOURCE}" in problem.message
+    assert not (tmp_path / "results").exists()
+
+
+class PrintingProcess(ProcessBackend):
+    """The real process backend running a script that prints what it received."""
+
+    def spec(self, cell, allocation, attempt: int = 1) -> LaunchSpec:
+        return dataclasses.replace(super().spec(cell, allocation, attempt),
+                                   argv=(sys.executable, "-c", PRINT))
+
+
+def test_process_cell_gets_its_secrets_and_no_file_of_the_run_has_them(write_matrix, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv(SOURCE, FROM_ENV)
+    matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))
+    run = sweep.open_run(matrix, "process", tmp_path, None)
+    backend = PrintingProcess(matrix, run.paths, RunOptions(timeout_s=60))
+    results = run_cells(backend, run.cells, NullEvents())
+    backend.close()
+    outcome = sweep.finish_run(matrix, run, results, False)
+    (result,) = outcome.results
+    assert result.status is Status.FAILED and result.exit_code == 0  # no summary line: tail kept
+
+    log_text = run.paths.cell_log(result.cell_id).read_text()
+    assert f"HF_TOKEN {digest(LITERAL)} value: {MASK}" in log_text
+    assert f"API_KEY {digest(FROM_ENV)} value: {MASK}" in log_text
+    assert any(MASK in line for line in result.log_tail)
+    command = json.loads(run.paths.cell_command(result.cell_id).read_text())
+    assert command["env"]["HF_TOKEN"] == MASK
+    assert command["env"]["API_KEY"] == f"$env:{SOURCE}" and command["env"]["PLAIN"] == "visible"
+    assert files_with_secrets(run.paths.root) == []
+
+
+def test_containers_get_resolved_secrets_at_launch_only(write_matrix, tmp_path, monkeypatch):
+    """The container's environment (what the engine stores, `docker inspect` shows) has the
+    values; the spec written as command.json does not. As built: no engine needed."""
+    from orchestrator.backends.containers import container_kwargs
+    from orchestrator.backends.docker import DockerBackend
+    from orchestrator.placement import Allocation
+
+    monkeypatch.setenv(SOURCE, FROM_ENV)
+    matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))
+    backend = DockerBackend(matrix, RunPaths.create(tmp_path, matrix.name),
+                            RunOptions(timeout_s=60))
+    backend.image_tags = {"cpu": "orchestrate/test:cpu"}
+    (cell,) = matrix.cells
+    spec = backend.spec(cell, Allocation.local(cell.id))
+    environment = container_kwargs(spec)["environment"]
+    assert environment["HF_TOKEN"] == LITERAL and environment["API_KEY"] == FROM_ENV
+    assert LITERAL not in json.dumps(spec.to_json()) and FROM_ENV not in json.dumps(
+        spec.to_json())
+
+
+def test_the_batch_script_names_secrets_but_holds_none(write_matrix, tmp_path, monkeypatch):
+    from orchestrator.backends.slurm import SlurmBackend, render_sbatch
+
+    monkeypatch.setenv(SOURCE, FROM_ENV)
+    matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))
+    backend = SlurmBackend(matrix, RunPaths.create(tmp_path, matrix.name),
+                           RunOptions(timeout_s=60))
+    script = render_sbatch(backend.sbatch_job(matrix.cells[0]))
+    assert LITERAL not in script and FROM_ENV not in script and SOURCE not in script
+    assert ("# passed by sbatch from the submitting environment, not written here: "
+            "API_KEY HF_TOKEN") in script
+    assert "export PLAIN=visible" in script
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_gets_its_secrets_from_sbatch(slurm_cluster, write_matrix,  # noqa: F811
+                                                  tmp_path, monkeypatch):
+    from orchestrator.backends.slurm import SlurmBackend
+
+    class PrintingJob(SlurmBackend):
+        def sbatch_job(self, cell):
+            return dataclasses.replace(super().sbatch_job(cell),
+                                       argv=(sys.executable, "-c", PRINT))
+
+    monkeypatch.setenv(SOURCE, FROM_ENV)
+    matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))
+    run = sweep.open_run(matrix, "slurm", tmp_path, None)
+    backend = PrintingJob(matrix, run.paths, RunOptions(timeout_s=120))
+    results = run_cells(backend, run.cells, NullEvents())
+    backend.close()
+    sweep.finish_run(matrix, run, results, False)
+    (result,) = results
+    assert result.exit_code == 0, result.reason
+    log_text = run.paths.cell_log(result.cell_id).read_text()
+    assert f"HF_TOKEN {digest(LITERAL)} value: {MASK}" in log_text
+    assert f"API_KEY {digest(FROM_ENV)} value: {MASK}" in log_text
+    assert "value: ***" in next(run.paths.cell_dir(result.cell_id).glob("slurm-*.out")).read_text()
+    assert files_with_secrets(run.paths.root) == []
