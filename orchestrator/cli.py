@@ -17,12 +17,13 @@ from orchestrator import __version__
 from orchestrator.errors import OrchestratorError
 
 #: Modules under orchestrator.commands, each adding its subcommands, in --help order.
-COMMAND_MODULES = ("sweep", "images", "hosts", "maintenance")
+COMMAND_MODULES = ("sweep", "results", "images", "hosts", "maintenance")
 #: Which module owns each top-level command: running one imports only its module (fast start-up;
 #: `orchestrate plan` never imports paramiko or jinja2).
 COMMAND_OWNERS = {
-    "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep", "report": "sweep",
-    "history": "sweep",
+    "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep",
+    "runs": "results", "report": "results", "compare": "results", "history": "results",
+    "export": "results",
     "images": "images", "hosts": "hosts", "clean": "maintenance", "backends": "maintenance",
 }
 

@@ -151,12 +151,10 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "" if value is None else f"{value:,.{digits}f}"
 
 
-def render_table(
+def table_cells(
     rows: Sequence[GroupRow], plan_varying: Sequence[str] = (), baseline: str | None = None
-) -> str:
-    """The human table (tabulate): one row per group."""
-    if not rows:
-        return "(no results)"
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted cells of the summary table (the text and HTML tables share them)."""
     cols = varying_params(rows, plan_varying)
     infer = any(r.params.get("mode") == "infer" for r in rows)
     scaling = any(r.speedup is not None for r in rows)
@@ -170,7 +168,7 @@ def render_table(
         headers.append(f"vs {baseline}")
     table = []
     for r in rows:
-        line = [r.params.get(c, "") for c in cols]
+        line = [str(r.params.get(c, "")) for c in cols]
         line += [f"{r.ok}/{r.runs}", _fmt(r.ips),
                  f"{_fmt(r.ips_min)}..{_fmt(r.ips_max)}" if r.ips is not None else ""]
         if scaling:
@@ -180,6 +178,16 @@ def render_table(
         if ratios:
             line.append("" if r.ratio is None else f"{r.ratio:.2f}x")
         table.append(line)
+    return headers, table
+
+
+def render_table(
+    rows: Sequence[GroupRow], plan_varying: Sequence[str] = (), baseline: str | None = None
+) -> str:
+    """The human table (tabulate): one row per group."""
+    if not rows:
+        return "(no results)"
+    headers, table = table_cells(rows, plan_varying, baseline)
     return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from workload import data as data_mod
+from workload import inject
 from workload.device import (
     Dist,
     cuda_uuids,
@@ -258,6 +259,7 @@ def _measure(
     progress = _Progress(args, timer, reporter, args.batch_size * dist.world_size, device)
     profiler = Profiler(args.profiler, device, output_dir, dist.rank, args.iterations)
     profiler.begin()
+    step = inject.slowed(step, device)  # off unless WORKLOAD_INJECT_SLOWDOWN is set
     timer.start()
     for i in range(args.iterations):
         profiler.iteration_start(i)

@@ -1,4 +1,4 @@
-"""``orchestrate matrix | plan | validate | schema | report``."""
+"""``orchestrate matrix | plan | validate | schema``."""
 
 from __future__ import annotations
 
@@ -10,16 +10,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import ConfigError
 from orchestrator.matrix import Cell, Matrix, filter_cells, load_matrix
-from orchestrator.results import (
-    CellResult,
-    RunPaths,
-    Status,
-    find_run,
-    parse_metric_lines,
-    runs_of,
-)
+from orchestrator.results import CellResult, RunPaths, Status, parse_metric_lines
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Allocation
@@ -59,34 +51,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("schema", help="print the JSON Schema of matrix files (for editors)")
     p.set_defaults(handler=cmd_schema)
-
-    p = sub.add_parser("report", help="re-print the summary table of a finished run")
-    p.add_argument("matrix", help="matrix name (or a path to its .toml)")
-    p.add_argument("--run", help="run id (default: the newest)")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, metavar="DIR")
-    p.add_argument("--baseline", metavar="KEY=VALUE",
-                   help="add each row's ratio to this row, e.g. hardware=v100 "
-                   "(default: [matrix] baseline)")
-    p.add_argument("--plot", type=Path, metavar="FILE",
-                   help="also draw it (png/svg/pdf): scaling vs GPUs, or bars per configuration")
-    p.set_defaults(handler=cmd_report)
-
-    p = sub.add_parser(
-        "history", help="a matrix across runs: trend per cell group, regressions flagged",
-        description="Median images/s of each cell group in the last runs of a matrix; the "
-        "newest run is compared with the median of the runs before it.",
-    )
-    p.add_argument("matrix", help="matrix name (or a path to its .toml)")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, metavar="DIR")
-    p.add_argument("--last", type=int, default=7, metavar="N", help="runs shown (default 7)")
-    p.add_argument("--window", type=int, default=5, metavar="N",
-                   help="previous runs forming the reference (default 5)")
-    p.add_argument("--threshold", type=float, default=0.05,
-                   help="flag a drop larger than this fraction (default 0.05)")
-    p.add_argument("--fail-on-regression", action="store_true",
-                   help="exit 1 when a regression is flagged (for nightly jobs)")
-    p.add_argument("--plot", type=Path, metavar="FILE", help="also draw the trend (png/svg/pdf)")
-    p.set_defaults(handler=cmd_history)
 
 
 # --- plan / validate / schema ----------------------------------------------------------------
@@ -132,47 +96,6 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     print(json.dumps(json_schema(), indent=2))
     return 0
-
-
-def _matrix_name(arg: str) -> str:
-    """A matrix name from ``NAME`` or ``path/to/NAME.toml``."""
-    return Path(arg).stem if arg.endswith(".toml") else arg
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from orchestrator.summary import write_summary
-
-    name = _matrix_name(args.matrix)
-    paths = find_run(args.results, name, args.run)
-    rows, table = write_summary(paths, baseline=args.baseline)
-    print(f"{paths.root}\n{table}")
-    if args.plot:
-        from orchestrator.plots import plot_run
-
-        print(f"plot: {plot_run(rows, args.plot, f'{name} {paths.run_id}')}")
-    return 0
-
-
-def cmd_history(args: argparse.Namespace) -> int:
-    from orchestrator.history import render_history, trends
-
-    name = _matrix_name(args.matrix)
-    runs = runs_of(args.results, name)
-    if not runs:
-        raise ConfigError(f"no runs of {name!r} under {args.results}", field="history")
-    # only the runs shown and those the newest is compared with are read
-    runs = runs[-max(args.last, args.window + 1):]
-    items = trends(runs, args.window, args.threshold)
-    shown_runs = runs[-max(1, args.last):]
-    print(render_history(shown_runs, items))
-    if args.plot:
-        from orchestrator.plots import plot_history
-
-        print(f"plot: {plot_history(shown_runs, items, args.plot, name)}")
-    flagged = [t for t in items if t.regression]
-    if flagged:
-        print(f"\n{len(flagged)} regression(s) beyond {args.threshold:.0%} in {runs[-1].run_id}")
-    return 1 if flagged and args.fail_on_regression else 0
 
 
 # --- matrix (the sweep) ----------------------------------------------------------------------

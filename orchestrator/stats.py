@@ -1,0 +1,264 @@
+"""Statistics of repeated measurements: bootstrap intervals and the regression test. Pure.
+
+Everything here works on throughputs (higher is better) and on *relative* changes, and is exact
+rather than Monte-Carlo: a result never depends on a random seed.
+
+**Bootstrap of a median.** Resampling ``m`` values with replacement and taking the median has
+a distribution that depends only on which sorted positions end up in the middle;
+:func:`median_index_pmf` gives its exact probabilities (multinomial counting), so the bootstrap
+distribution of a median (:func:`median_bootstrap`) is exact with no resampling loop.
+
+**Compare two runs** (:func:`compare_samples`): change = median(B) / median(A) - 1; its
+confidence interval is the percentile interval of the exact bootstrap distribution of
+median(B*) / median(A*) - 1, each run's repeats resampled independently. Verdict: ``faster`` /
+``slower`` when the interval excludes 0 *and* the change is beyond the threshold, else
+``no significant change``; with fewer than 2 repeats on a side there is no interval and the
+verdict is ``no repeats``.
+
+**Regression check** (:func:`regression_test`), per configuration: the newest run's median
+against the reference, the median of the earlier runs' medians. Under "nothing changed", the
+log ratio newest/reference is the sum of
+
+* a run-to-run deviation: drawn from the *leave-one-out deviations* of earlier runs
+  (each earlier run's median against the median of the others), pooled over all
+  configurations of the matrix (3-10 runs of one configuration cannot show a tail), smoothed
+  with a Gaussian kernel (Silverman's bandwidth, at least ``min_noise``) so the null has tails
+  beyond the deviations seen;
+* the newest run's own sampling noise: the exact bootstrap distribution of its median over
+  its repeats.
+
+The one-sided p-value is the null probability of a ratio at least as low as the one observed
+(computed exactly as a sum over both discrete parts of Gaussian tail probabilities). The verdict
+is ``regression`` when p < ``alpha`` *and* the drop is beyond the threshold; ``faster`` the
+same way upwards; else ``no significant change``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+#: A discrete distribution: (value, probability) pairs, sorted by value.
+Dist = list[tuple[float, float]]
+
+
+# --- exact bootstrap of a median -------------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def _multinomial(counts: tuple[int, ...]) -> float:
+    """``n! / (c1! c2! ...)`` with ``n = sum(counts)``, as a float."""
+    return math.exp(math.lgamma(sum(counts) + 1) - sum(math.lgamma(c + 1) for c in counts))
+
+
+@lru_cache(maxsize=128)
+def median_index_pmf(m: int) -> tuple[tuple[int, int, float], ...]:
+    """Exact ``P(lo, hi)`` of the middle sorted positions of a size-``m`` resample with
+    replacement from ``m`` sorted values (0-based; ``lo == hi`` for odd ``m``).
+
+    The resample's median is ``(x[lo] + x[hi]) / 2``.
+    """
+    if m < 1:
+        raise ValueError("need at least one value")
+    out: list[tuple[int, int, float]] = []
+    if m % 2:
+        k = (m + 1) // 2  # the median is the k-th order statistic (1-based)
+
+        def at_least_k(p: float) -> float:  # P(Binomial(m, p) >= k)
+            return sum(math.comb(m, n) * p**n * (1 - p) ** (m - n) for n in range(k, m + 1))
+
+        for i in range(m):
+            prob = at_least_k((i + 1) / m) - at_least_k(i / m)
+            if prob > 0:
+                out.append((i, i, prob))
+        return tuple(out)
+    a = m // 2  # the median averages order statistics a and a + 1 (1-based)
+    unit = 1.0 / m
+    for i in range(m):
+        below = i / m
+        above_i = (m - 1 - i) / m
+        # both middle statistics at position i: fewer than a draws below i, and at least
+        # a + 1 draws at or below i
+        same = 0.0
+        for n1 in range(a):
+            for n2 in range(a + 1 - n1, m - n1 + 1):
+                rest = m - n1 - n2
+                same += (_multinomial((n1, n2, rest))
+                         * below**n1 * unit**n2 * above_i**rest)
+        if same > 0:
+            out.append((i, i, same))
+        for j in range(i + 1, m):
+            above_j = (m - 1 - j) / m
+            # exactly a draws at or below i (at least one at i), none strictly between i
+            # and j, at least one at j
+            prob = 0.0
+            for n1 in range(a):
+                for n3 in range(1, m - a + 1):
+                    rest = m - a - n3
+                    prob += (_multinomial((n1, a - n1, n3, rest))
+                             * below**n1 * unit ** (a - n1) * unit**n3 * above_j**rest)
+            if prob > 0:
+                out.append((i, j, prob))
+    return tuple(out)
+
+
+def _merge(points: list[tuple[float, float]]) -> Dist:
+    points.sort()
+    out: Dist = []
+    for value, prob in points:
+        if out and out[-1][0] == value:
+            out[-1] = (value, out[-1][1] + prob)
+        else:
+            out.append((value, prob))
+    return out
+
+
+def median_bootstrap(values: Sequence[float]) -> Dist:
+    """The exact bootstrap distribution of the median of ``values``."""
+    x = sorted(float(v) for v in values)
+    return _merge([((x[lo] + x[hi]) / 2.0, p) for lo, hi, p in median_index_pmf(len(x))])
+
+
+def quantile(dist: Dist, q: float) -> float:
+    """The ``q`` quantile of a discrete distribution (the smallest value with CDF >= q)."""
+    total = 0.0
+    for value, prob in dist:
+        total += prob
+        if total >= q - 1e-12:
+            return value
+    return dist[-1][0]
+
+
+# --- compare two runs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Change:
+    """Run B against run A for one configuration."""
+
+    change: float  # median(B) / median(A) - 1
+    low: float | None  # confidence interval of the change (None: fewer than 2 repeats a side)
+    high: float | None
+    verdict: str  # faster | slower | no significant change | no repeats
+
+
+def compare_samples(a: Sequence[float], b: Sequence[float], confidence: float = 0.95,
+                    threshold: float = 0.0) -> Change:
+    """Compare B's repeats with A's (both non-empty): change, bootstrap interval, verdict."""
+    if not a or not b:
+        raise ValueError("both samples need values")
+    change = statistics.median(b) / statistics.median(a) - 1.0
+    if len(a) < 2 or len(b) < 2:
+        return Change(change, None, None, "no repeats")
+    dist_a, dist_b = median_bootstrap(a), median_bootstrap(b)
+    ratio = _merge([(vb / va - 1.0, pa * pb) for va, pa in dist_a for vb, pb in dist_b])
+    tail = (1.0 - confidence) / 2.0
+    low, high = quantile(ratio, tail), quantile(ratio, 1.0 - tail)
+    if low > 0 and change > threshold:
+        verdict = "faster"
+    elif high < 0 and change < -threshold:
+        verdict = "slower"
+    else:
+        verdict = "no significant change"
+    return Change(change, low, high, verdict)
+
+
+# --- the regression test ---------------------------------------------------------------------
+
+
+def loo_deviations(run_medians: Sequence[float]) -> list[float]:
+    """log(median of run j / median of the other runs), for each earlier run j (2 or more)."""
+    out = []
+    for j, value in enumerate(run_medians):
+        others = [v for k, v in enumerate(run_medians) if k != j]
+        if others and value > 0:
+            out.append(math.log(value / statistics.median(others)))
+    return out
+
+
+def bandwidth(deviations: Sequence[float], floor: float) -> float:
+    """Silverman's rule-of-thumb bandwidth of the pooled deviations, at least ``floor``."""
+    if len(deviations) < 2:
+        return floor
+    sd = statistics.stdev(deviations)
+    q = statistics.quantiles(deviations, n=4, method="inclusive")
+    iqr = (q[2] - q[0]) / 1.349
+    spread = min(sd, iqr) if iqr > 0 else sd
+    return max(floor, 0.9 * spread * len(deviations) ** -0.2)
+
+
+@dataclass(frozen=True)
+class Check:
+    """The newest run of one configuration against its history."""
+
+    change: float  # newest median / reference - 1
+    reference: float
+    p_slower: float  # P(a ratio this low | nothing changed)
+    p_faster: float
+    noise: float  # the null's 95 % half-width, as a relative change
+    verdict: str  # regression | faster | no significant change
+
+
+def _phi(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def regression_test(
+    newest: Sequence[float],
+    earlier: Sequence[Sequence[float]],
+    null_deviations: Sequence[float],
+    threshold: float,
+    alpha: float = 0.01,
+    min_noise: float = 0.005,
+) -> Check:
+    """Test the newest run's repeats against the earlier runs' (each a non-empty list).
+
+    ``null_deviations``: the pooled leave-one-out deviations (:func:`loo_deviations` of every
+    configuration's earlier run medians, concatenated). ``threshold``: the smallest relative
+    change worth flagging (0.05 for 5 %).
+    """
+    reference = statistics.median(statistics.median(run) for run in earlier)
+    now = statistics.median(newest)
+    observed = math.log(now / reference)
+    devs = list(null_deviations) or [0.0]
+    h = bandwidth(devs, min_noise)
+    own = [(math.log(v / now), p) for v, p in median_bootstrap(newest)]
+    weight = 1.0 / len(devs)
+    p_low = p_high = 0.0
+    for d in devs:
+        for e, p in own:
+            z = (observed - d - e) / h
+            p_low += weight * p * _phi(z)
+            p_high += weight * p * _phi(-z)
+    spread = math.sqrt(statistics.fmean(d * d for d in devs)
+                       + sum(p * e * e for e, p in own) + h * h)
+    change = now / reference - 1.0
+    if p_low < alpha and change < -threshold:
+        verdict = "regression"
+    elif p_high < alpha and change > threshold:
+        verdict = "faster"
+    else:
+        verdict = "no significant change"
+    return Check(change, reference, p_low, p_high, math.expm1(1.96 * spread), verdict)
+
+
+def parse_percent(text: str, signed: bool = False) -> float:
+    """``"5%"`` -> 0.05 (``"-10%"``, ``"+15%"`` with ``signed``). The unit is required: a bare
+    ``5`` is refused (ValueError) rather than read as 500 %."""
+    raw = str(text).strip()
+    if not raw.endswith("%"):
+        raise ValueError(f"{text!r} has no unit: write a percentage, e.g. "
+                         f"{'-10%' if signed else '5%'}")
+    number = raw[:-1].strip()
+    if not signed and number[:1] in "+-" and number:
+        raise ValueError(f"{text!r}: expected a percentage without a sign, e.g. 5%")
+    try:
+        value = float(number) / 100.0
+    except ValueError:
+        raise ValueError(f"{text!r} is not a percentage (e.g. 5%)") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite percentage")
+    return value
