@@ -33,9 +33,9 @@ def order_cells(cells: Sequence[Cell], expected: Mapping[str, float]) -> list[Ce
     index = {id(c): i for i, c in enumerate(cells)}
 
     def key(cell: Cell) -> tuple[int, int, float, int, int]:
-        known = cell.hash in expected
-        duration = float(expected[cell.hash]) if known else 0.0
-        return (cell.repeat, 0 if not known else 1, -duration, -cell.params.gpus,
+        if cell.hash not in expected:  # unknown: first, in matrix order
+            return (cell.repeat, 0, 0.0, 0, index[id(cell)])
+        return (cell.repeat, 1, -float(expected[cell.hash]), -cell.params.gpus,
                 index[id(cell)])
 
     return sorted(cells, key=key)
