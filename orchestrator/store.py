@@ -5,10 +5,15 @@ Rules:
 * **The run folders are the source of truth.** The index (``<results>/.orchestrate-index.sqlite``,
   stdlib :mod:`sqlite3`) only caches what they hold; deleting it loses nothing, and every query
   first brings it up to date with the folders (:meth:`Store.refresh`).
-* **Staleness is detected cheaply**: each run folder has a *signature*, the size and mtime of its
-  ``run.json`` and ``plan.json`` and of every ``cells/*/result.json`` (``stat`` calls only, no
-  reads). A run whose signature differs from the indexed one is read again; a run folder that
-  is gone is dropped; an index of another schema version is rebuilt from scratch.
+* **Staleness is detected cheaply**: each run folder has a *signature* of sizes and mtimes
+  (``stat`` calls only, no reads). A run still going (no ``finished_at`` in ``run.json``): its
+  ``run.json``, ``plan.json`` and every ``cells/*/result.json``. A run that has ended: its
+  ``run.json``, ``plan.json`` and ``cells`` folder only (3 stat calls, so a year of nightlies
+  refreshes in milliseconds): its results change only through ``--resume``, which rewrites
+  ``run.json`` at its end. A result edited by hand in an ended run is not noticed:
+  ``orchestrate runs --reindex`` rebuilds the index. A run whose signature differs from the
+  indexed one is read again; a run folder that is gone is dropped; an index of another schema
+  version is rebuilt from scratch.
 * **Concurrency**: WAL journal (readers never block the writer nor each other), a 30 s busy
   timeout, every change in an ``IMMEDIATE`` transaction, one run per transaction, so a reader
   sees each run either wholly indexed or not at all. Parsing happens outside transactions.
@@ -271,15 +276,24 @@ def _stat(path: Path) -> str:
     return f"{st.st_mtime_ns}:{st.st_size}"
 
 
+def shallow_signature(run_dir: Path) -> str:
+    """``run.json``, ``plan.json`` and the ``cells`` folder (3 stat calls): enough for a run
+    that has ended, whose results change only through ``--resume``, which rewrites
+    ``run.json`` when it ends and moves replaced cell folders out of ``cells``."""
+    parts = [_stat(run_dir / "run.json"), _stat(run_dir / "plan.json"), _stat(run_dir / "cells")]
+    return "s:" + hashlib.sha1("|".join(parts).encode()).hexdigest()
+
+
 def run_signature(run_dir: Path) -> str:
-    """Sizes and mtimes of the files of a run the index reads; stat calls only."""
+    """Sizes and mtimes of every file of a run the index reads, ``result.json`` files included;
+    stat calls only (for a run still going)."""
     parts = [_stat(run_dir / "run.json"), _stat(run_dir / "plan.json")]
     try:
         entries = sorted(e.name for e in os.scandir(run_dir / "cells") if e.is_dir())
     except OSError:
         entries = []
     parts += [f"{name}={_stat(run_dir / 'cells' / name / 'result.json')}" for name in entries]
-    return hashlib.sha1("|".join(parts).encode()).hexdigest()
+    return "d:" + hashlib.sha1("|".join(parts).encode()).hexdigest()
 
 
 def params_hash(params: dict[str, Any]) -> str:
@@ -352,10 +366,10 @@ class ParsedRun:
     results: list[dict[str, Any]]
 
 
-def read_run_folder(run_dir: Path, signature: str | None = None) -> ParsedRun:
-    """Everything the index keeps of one run folder (``signature`` first: a file written while
-    we read makes the next refresh read it again)."""
-    signature = signature or run_signature(run_dir)
+def read_run_folder(run_dir: Path) -> ParsedRun:
+    """Everything the index keeps of one run folder. The signatures are taken first: a file
+    written while we read makes the next refresh read the run again."""
+    shallow, deep = shallow_signature(run_dir), run_signature(run_dir)
     meta = _read(run_dir / "run.json") or {}
     plan = _read(run_dir / "plan.json") or {}
     results = []
@@ -366,8 +380,10 @@ def read_run_folder(run_dir: Path, signature: str | None = None) -> ParsedRun:
             data = _read(path) if entry.is_dir() and path.is_file() else None  # not yet
             if isinstance(data, dict) and "status" in data:
                 results.append(data)
-    return ParsedRun(run_dir.parent.name, run_dir.name, str(run_dir), signature,
-                     meta if isinstance(meta, dict) else {},
+    meta = meta if isinstance(meta, dict) else {}
+    ended = bool(meta.get("finished_at") or meta.get("interrupted"))
+    return ParsedRun(run_dir.parent.name, run_dir.name, str(run_dir), shallow if ended else deep,
+                     meta,
                      plan if isinstance(plan, dict) else {}, results)
 
 
@@ -489,20 +505,24 @@ class Store:
         indexed = self._signatures(names if matrices is not None else None)
         changed = []
         for key, run_dir in sorted(on_disk.items()):
-            signature = run_signature(run_dir)
-            if indexed.get(key) != signature:
-                changed.append((run_dir, signature))
+            known = indexed.get(key)
+            if known is not None and known.startswith("s:"):
+                if known == shallow_signature(run_dir):
+                    continue
+            elif known is not None and known == run_signature(run_dir):
+                continue
+            changed.append(run_dir)
         gone = [key for key in indexed if key not in on_disk]
         for key in gone:
             with self._write() as conn:
                 conn.execute("DELETE FROM runs WHERE path = ?", (key,))
-        for run_dir, signature in changed:
-            parsed = read_run_folder(run_dir, signature)
+        for run_dir in changed:
+            parsed = read_run_folder(run_dir)
             with self._write() as conn:
                 # another process may have indexed this very state meanwhile
                 row = conn.execute("SELECT signature FROM runs WHERE path = ?",
                                    (parsed.path,)).fetchone()
-                if row and row[0] == signature:
+                if row and row[0] == parsed.signature:
                     continue
                 conn.execute("DELETE FROM runs WHERE path = ?", (parsed.path,))
                 self._insert(conn, parsed)

@@ -89,21 +89,25 @@ def test_resolve_run_specs(tmp_path):
             store.resolve("nope")
 
 
+def rewrite_value(run_dir: Path, value: float) -> None:
+    result = next((run_dir / "cells").glob("*-r3/result.json"))
+    data = read_json(result)
+    data["metrics"]["train.total_ips"] = value
+    time.sleep(0.01)
+    write_json(result, data)
+
+
 def test_stale_runs_are_read_again_and_removed_runs_dropped(tmp_path):
     three_runs(tmp_path)
     with open_store(tmp_path) as store:
         assert store.refresh() == 0  # nothing changed since open_store refreshed
-        first = store.runs()[0]
-        # a result rewritten (e.g. by --resume): its run is read again
-        path = Path(first.path) / "cells"
-        result = next(path.glob("*-r3/result.json"))
-        data = read_json(result)
-        data["metrics"]["train.total_ips"] = 1234.5
-        time.sleep(0.01)
-        write_json(result, data)
+        first = Path(store.runs()[0].path)
+        # --resume rewrites results, then run.json at its end: the run is read again
+        rewrite_value(first, 1234.5)
+        meta = read_json(first / "run.json")
+        write_json(first / "run.json", {**meta, "resumed": [{"cells": 1}]})
         assert store.refresh() == 1
-        values = [c.value for c in store.cells([store.runs()[0].pk])]
-        assert 1234.5 in values
+        assert 1234.5 in [c.value for c in store.cells([store.runs()[0].pk])]
         # a run folder removed: dropped from the index
         import shutil
 
@@ -115,15 +119,27 @@ def test_stale_runs_are_read_again_and_removed_runs_dropped(tmp_path):
         assert store.refresh() == 1 and len(store.runs()) == 3
 
 
-def test_signature_changes_with_any_result_and_not_otherwise(tmp_path):
-    paths = write_run(tmp_path, "m", run_id(1), [Config(params(), [1.0, 2.0])])
-    before = run_signature(paths.root)
-    assert run_signature(paths.root) == before
-    (paths.root / "summary.txt").write_text("rewritten by report\n")
-    assert run_signature(paths.root) == before  # summary files are not indexed
-    result = paths.cell_result(next(iter(os.listdir(paths.root / "cells"))))
-    os.utime(result, ns=(0, 1))
-    assert run_signature(paths.root) != before
+def test_a_run_still_going_is_watched_file_by_file(tmp_path):
+    paths = write_run(tmp_path, "m", run_id(1), [Config(params(), [1.0, 2.0, 3.0])],
+                      finished=False)
+    with open_store(tmp_path) as store:
+        assert store.runs()[0].status == "unfinished"
+        rewrite_value(paths.root, 99.0)  # a cell ends while the sweep goes on
+        assert store.refresh() == 1
+        assert 99.0 in [c.value for c in store.cells([store.runs()[0].pk])]
+        meta = read_json(paths.run_meta)
+        write_json(paths.run_meta, {**meta, "finished_at": meta["started_at"] + 5})
+        assert store.refresh() == 1 and store.runs()[0].status == "ok"
+
+
+def test_a_hand_edit_of_an_ended_run_needs_reindex(tmp_path):
+    three_runs(tmp_path)
+    with open_store(tmp_path) as store:
+        rewrite_value(Path(store.runs()[0].path), 4321.0)
+        assert store.refresh() == 0  # by design: an ended run is checked by 3 stat calls
+    with open_store(tmp_path, refresh=False) as store:
+        assert store.rebuild() == 3
+        assert 4321.0 in [c.value for c in store.cells([store.runs()[0].pk])]
 
 
 def test_index_of_another_schema_version_is_rebuilt(tmp_path, monkeypatch):
@@ -240,11 +256,14 @@ WRITER = textwrap.dedent("""
             write_run(root, "m", f"20261201-{n:06d}-wwww",
                       [Config(params(gpus=g), [float(n), float(n) + 1]) for g in (1, 2, 4)],
                       started=1.8e9 + n)
-            if n % 3 == 0:  # rewrite an older run: it is read again
+            if n % 3 == 0:  # resume an older run: it is read again (a new key)
                 old = next((root / "m").glob("*/cells/*/result.json"))
                 data = read_json(old)
                 data["duration_s"] = float(n)
                 write_json(old, data)
+                meta_file = old.parents[2] / "run.json"
+                meta = read_json(meta_file)
+                write_json(meta_file, {**meta, "resumed": meta.get("resumed", []) + [n]})
             store.refresh()
     (root / "writer-done").write_text("done")
 """)
