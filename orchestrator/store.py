@@ -720,7 +720,8 @@ class Store:
     def expected_durations(self, matrix: str, last: int = 5) -> dict[str, float]:
         """Median duration (s) of each configuration's ok cells over the last ``last`` runs of
         ``matrix`` that have any: what :mod:`orchestrator.ordering` sorts by."""
-        runs = self.runs(matrix=matrix)[-last:] if last > 0 else []
+        runs = [r for r in self.runs(matrix=matrix) if r.ok > 0]
+        runs = runs[-last:] if last > 0 else []
         durations: dict[str, list[float]] = {}
         for cell in self.cells([r.pk for r in runs]):
             if cell.ok and cell.duration_s is not None:

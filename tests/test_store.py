@@ -18,7 +18,13 @@ from results_support import Config, day, params, run_id, write_run
 from orchestrator import store as store_mod
 from orchestrator.errors import ConfigError
 from orchestrator.results import read_json, write_json
-from orchestrator.store import INDEX_NAME, Stack, open_store, run_signature
+from orchestrator.store import (
+    INDEX_NAME,
+    Stack,
+    open_store,
+    run_signature,
+    shallow_signature,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,6 +148,19 @@ def test_a_hand_edit_of_an_ended_run_needs_reindex(tmp_path):
         assert 4321.0 in [c.value for c in store.cells([store.runs()[0].pk])]
 
 
+def test_signatures_see_results_but_not_summary_files(tmp_path):
+    paths = write_run(tmp_path, "m", run_id(1), [Config(params(), [1.0, 2.0])])
+    deep, shallow = run_signature(paths.root), shallow_signature(paths.root)
+    (paths.root / "summary.txt").write_text("rewritten by report\n")
+    assert (run_signature(paths.root), shallow_signature(paths.root)) == (deep, shallow)
+    result = paths.cell_result(sorted(os.listdir(paths.root / "cells"))[0])
+    os.utime(result, ns=(0, 1))
+    assert run_signature(paths.root) != deep
+    assert shallow_signature(paths.root) == shallow  # only run.json, plan.json, cells/
+    os.utime(paths.run_meta, ns=(0, 1))
+    assert shallow_signature(paths.root) != shallow
+
+
 def test_index_of_another_schema_version_is_rebuilt(tmp_path, monkeypatch):
     three_runs(tmp_path)
     with open_store(tmp_path) as store:
@@ -176,6 +195,10 @@ def test_expected_durations_are_medians_of_ok_cells(tmp_path):
         assert store.expected_durations("m", last=1) == {config: 20.0}
         assert store.expected_durations("m", last=2) == {config: 25.0}
         assert store.expected_durations("nope") == {}
+    # a run that has just begun (no result yet) does not push older ones out
+    write_run(tmp_path, "m", run_id(4), [], started=day(4), finished=False)
+    with open_store(tmp_path) as store:
+        assert store.expected_durations("m", last=2) == {config: 25.0}
 
 
 def test_old_folders_without_hashes_fall_back_to_the_parameters(tmp_path):
