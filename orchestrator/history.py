@@ -8,8 +8,10 @@ Built from the results store (:mod:`orchestrator.store`), so only what is on dis
   ``host`` for a pool of identical machines). The newest run's ok repeats of the line are
   compared with the same configuration on the same stack in the ``window`` runs before it.
 * **Verdicts.** ``regression`` / ``faster`` / ``no significant change``: the test of
-  :func:`orchestrator.stats.regression_test` (bootstrap of the newest run's repeats plus the
-  pooled run-to-run noise of the earlier runs; p < ``alpha`` and a change beyond ``threshold``).
+  :func:`orchestrator.stats.regression_test` (the newest run's repeats, through the exact
+  bootstrap variance of their median, against the run-to-run noise of the earlier runs of the
+  whole matrix; p < ``alpha``, Holm-adjusted over the run's configurations, and a change beyond
+  ``threshold``).
   ``insufficient history``: fewer than ``min_history`` earlier runs with this configuration and
   stack (nothing is called). ``stack changed``: too few earlier runs on this stack but some on
   another: the difference of stacks is reported, not a regression. ``failed``: the newest run
@@ -23,6 +25,7 @@ Built from the results store (:mod:`orchestrator.store`), so only what is on dis
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -34,7 +37,15 @@ from tabulate import tabulate
 
 from orchestrator.errors import ConfigError
 from orchestrator.references import ReferenceCheck, ReferenceEntry, check
-from orchestrator.stats import Check, loo_deviations, regression_test
+from orchestrator.stats import (
+    Check,
+    between_run_variance,
+    holm,
+    loo_deviations,
+    median_log_variance,
+    regression_test,
+    verdict,
+)
 from orchestrator.store import CellRecord, RunRecord, Stack, Store, headline, is_throughput
 from orchestrator.summary import varying_keys
 
@@ -48,7 +59,7 @@ class Options:
     window: int = 10  # earlier runs considered
     min_history: int = 3  # earlier runs of a configuration needed before anything is called
     threshold: float = 0.05  # smallest relative change worth flagging
-    alpha: float = 0.01  # one-sided significance level, per configuration
+    alpha: float = 0.05  # family-wise: chance of any false alarm in a run (Holm over configs)
     ignore_stack: tuple[str, ...] = ()
     metric: str | None = None  # a throughput figure (``*_ips``); None: the headline images/s
 
@@ -91,10 +102,13 @@ class Line:
     newest: list[float] = field(default_factory=list)
     failed_cells: list[CellRecord] = field(default_factory=list)
     medians: dict[int, float] = field(default_factory=dict)  # run pk -> median, same stack
+    repeats: dict[int, list[float]] = field(default_factory=dict)  # run pk -> values, same stack
     other_stack: dict[int, float] = field(default_factory=dict)  # run pk -> median, other stack
     used_runs: list[int] = field(default_factory=list)
     stack_change: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     check: Check | None = None
+    p_slower: float | None = None  # Holm-adjusted over the run's tested configurations
+    p_faster: float | None = None
     verdict: str = "insufficient history"
     references: list[ReferenceCheck] = field(default_factory=list)
 
@@ -109,8 +123,8 @@ class Line:
             "stack": None if self.stack is None else self.stack.as_dict(),
             "newest": self.newest, "reference": self.check.reference if self.check else None,
             "change": self.check.change if self.check else None,
-            "p_slower": self.check.p_slower if self.check else None,
-            "p_faster": self.check.p_faster if self.check else None,
+            "p_slower": self.p_slower, "p_faster": self.p_faster,
+            "p_slower_unadjusted": self.check.p_slower if self.check else None,
             "noise": self.check.noise if self.check else None,
             "earlier_runs_used": len(self.used_runs),
             "verdict": self.verdict, "failing": self.failing,
@@ -132,7 +146,7 @@ class HistoryReport:
     shown: list[RunRecord]
     lines: list[Line]
     options: Options
-    null_size: int = 0
+    noise: Noise | None = None
     references_file: str | None = None
 
     @property
@@ -154,16 +168,32 @@ class HistoryReport:
             "options": {"window": o.window, "min_history": o.min_history,
                         "threshold": o.threshold, "alpha": o.alpha,
                         "ignore_stack": list(o.ignore_stack)},
-            "method": METHOD, "pooled_deviations": self.null_size,
+            "method": METHOD,
+            "between_run_sd": math.sqrt(self.noise.tau2) if self.noise else None,
+            "pooled_deviations": self.noise.pairs if self.noise else 0,
             "references_file": self.references_file,
             "counts": self.counts(), "failing": len(self.failing),
             "lines": [line.to_json() for line in self.lines],
         }
 
 
-METHOD = ("newest median vs the median of earlier runs' medians; one-sided p from the exact "
-          "bootstrap of the newest repeats plus the pooled leave-one-out run-to-run deviations "
-          "(Gaussian-kernel smoothed)")
+METHOD = ("log(newest median / median of earlier runs' medians), one-sided Student-t test with "
+          "variance tau^2 + v_new + v_ref: tau^2 the between-run variance pooled over the "
+          "matrix's earlier runs (median Paule-Mandel on leave-one-out deviations), v the exact "
+          "bootstrap variance of a run's median over its repeats")
+
+#: Smallest run-to-run noise assumed (relative): identical numbers do not make every change
+#: significant.
+MIN_NOISE = 0.005
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The between-run noise of the matrix's earlier runs."""
+
+    tau2: float  # variance of a run's own offset, log scale
+    dof: int
+    pairs: int  # earlier (configuration, run) deviations it is estimated from
 
 
 def _median(values: Sequence[float]) -> float:
@@ -213,15 +243,19 @@ def _analyze(store: Store, matrix: str, options: Options, run: RunRecord | None,
     in_window = {r.pk for r in earlier}
     for line in lines:
         line.used_runs = [pk for pk in line.used_runs if pk in in_window]
-    null = [d for line in lines if len(line.used_runs) >= 2
-            for d in loo_deviations([line.medians[pk] for pk in line.used_runs])]
+    pairs = [pair for line in lines if len(line.used_runs) >= 2 for pair in zip(
+        loo_deviations([line.medians[pk] for pk in line.used_runs]),
+        [median_log_variance(line.repeats[pk]) for pk in line.used_runs], strict=True)]
+    tau2 = between_run_variance(pairs, MIN_NOISE)
+    noise = Noise(tau2, max(1, len(pairs) - 1), len(pairs))
     position = {r.pk: i for i, r in enumerate(runs)}
     for line in lines:
-        _judge(line, null, options, in_window, position)
+        _judge(line, noise, options, in_window, position)
+    _adjust(lines, options)
     lines += _missing(run, by_run, [r.pk for r in reversed(earlier)], lines)
     if references:
         _check_references(lines, by_run[run.pk], references, references_file or "")
-    return HistoryReport(matrix, run, earlier, shown_runs, lines, options, len(null),
+    return HistoryReport(matrix, run, earlier, shown_runs, lines, options, noise,
                          references_file)
 
 
@@ -264,6 +298,7 @@ def _attach_history(lines: list[Line], run_pks: list[int],
             own = (line.config, _stack_key(line.stack, options.ignore_stack))
             if own in values:
                 line.medians[pk] = _median(values[own])
+                line.repeats[pk] = values[own]
                 line.used_runs.append(pk)
                 continue
             others = [k for k in values if k[0] == line.config]
@@ -274,7 +309,7 @@ def _attach_history(lines: list[Line], run_pks: list[int],
                         line.stack, options.ignore_stack)
 
 
-def _judge(line: Line, null: list[float], options: Options, in_window: set[int],
+def _judge(line: Line, noise: Noise, options: Options, in_window: set[int],
            position: dict[int, int]) -> None:
     if not line.newest:
         line.verdict = "failed"
@@ -282,14 +317,24 @@ def _judge(line: Line, null: list[float], options: Options, in_window: set[int],
     other = [position[pk] for pk in line.other_stack if pk in in_window]
     used = [position[pk] for pk in line.used_runs]
     if len(line.used_runs) >= options.min_history:
-        earlier = [[line.medians[pk]] for pk in line.used_runs]
-        line.check = regression_test(line.newest, earlier, null, options.threshold,
-                                     options.alpha)
+        earlier = [line.repeats[pk] for pk in line.used_runs]
+        line.check = regression_test(line.newest, earlier, noise.tau2, noise.dof,
+                                     options.threshold, options.alpha)
         line.verdict = line.check.verdict
     elif other and (not used or max(other) > max(used)):
         line.verdict = "stack changed"
     else:
         line.verdict = "insufficient history"
+
+
+def _adjust(lines: list[Line], options: Options) -> None:
+    """Holm-adjusted p-values over the tested lines; verdicts from them."""
+    tested = [ln for ln in lines if ln.check is not None]
+    slower = holm([ln.check.p_slower for ln in tested])
+    faster = holm([ln.check.p_faster for ln in tested])
+    for ln, ps, pf in zip(tested, slower, faster, strict=True):
+        ln.p_slower, ln.p_faster = ps, pf
+        ln.verdict = verdict(ln.check.change, ps, pf, options.alpha, options.threshold)
 
 
 def _missing(run: RunRecord, by_run: dict[int, list[CellRecord]], earlier_newest_first: list[int],
@@ -383,7 +428,7 @@ def render_history(report: HistoryReport) -> str:
         c = ln.check
         row += [_fmt(c.reference) if c else "", f"{c.change:+.1%}" if c else "",
                 f"{c.noise:.1%}" if c else "",
-                f"{min(c.p_slower, c.p_faster):.3f}" if c else "", _verdict_text(ln)]
+                f"{min(ln.p_slower, ln.p_faster):.3f}" if c else "", _verdict_text(ln)]
         rows.append(row)
     out = [tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)]
     notes = _notes(report)
@@ -412,7 +457,8 @@ def _notes(report: HistoryReport) -> list[str]:
     notes.append(
         f"newest {report.newest.run_id} vs up to {o.window} earlier run(s) "
         f"({len(report.earlier)} found); at least {o.min_history} needed; flagged: p < "
-        f"{o.alpha:g} and a change beyond {o.threshold:.1%}"
+        f"{o.alpha:g} (Holm-adjusted over the run's configurations) and a change beyond "
+        f"{o.threshold:.1%}"
         + (f"; stack fields ignored: {', '.join(o.ignore_stack)}" if o.ignore_stack else ""))
     if report.references_file:
         checked = sum(len(ln.references) for ln in report.lines)

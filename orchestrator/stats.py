@@ -16,21 +16,20 @@ median(B*) / median(A*) - 1, each run's repeats resampled independently. Verdict
 verdict is ``no repeats``.
 
 **Regression check** (:func:`regression_test`), per configuration: the newest run's median
-against the reference, the median of the earlier runs' medians. Under "nothing changed", the
-log ratio newest/reference is the sum of
-
-* a run-to-run deviation: drawn from the *leave-one-out deviations* of earlier runs
-  (each earlier run's median against the median of the others), pooled over all
-  configurations of the matrix (3-10 runs of one configuration cannot show a tail), smoothed
-  with a Gaussian kernel (Silverman's bandwidth, at least ``min_noise``) so the null has tails
-  beyond the deviations seen;
-* the newest run's own sampling noise: the exact bootstrap distribution of its median over
-  its repeats.
-
-The one-sided p-value is the null probability of a ratio at least as low as the one observed
-(computed exactly as a sum over both discrete parts of Gaussian tail probabilities). The verdict
-is ``regression`` when p < ``alpha`` *and* the drop is beyond the threshold; ``faster`` the
-same way upwards; else ``no significant change``.
+against the reference, the median of the earlier runs' medians, in a random-effects model on
+the log scale. A run's median deviates from the truth by the run's own offset (load, clocks,
+placement: variance tau^2, shared by the runs of a matrix) plus its sampling noise over its
+repeats (variance v: the exact bootstrap variance of the median of its repeats, different for
+every run). tau^2 comes from the earlier runs of every configuration of the matrix, pooled: each
+earlier run's leave-one-out deviation d (its median against the median of the others) with its
+v, solved for ``median(d^2 / (tau^2 + v)) = median of chi^2_1`` (:func:`between_run_variance`),
+so runs whose own repeats were noisy, and a few wild runs, do not inflate it. The newest run is
+then a Student-t test of log(newest / reference) with variance tau^2 + v_new + v_ref, degrees of
+freedom from the pooled deviations. Verdict: ``regression`` when the one-sided p < ``alpha``
+*and* the drop is beyond the threshold; ``faster`` the same way upwards; else ``no significant
+change``. Over the configurations of a run the p-values are adjusted with Holm's method
+(:func:`holm`), so ``alpha`` bounds the chance of *any* false alarm in a night, whatever the
+number of configurations.
 """
 
 from __future__ import annotations
@@ -169,6 +168,14 @@ def compare_samples(a: Sequence[float], b: Sequence[float], confidence: float = 
 # --- the regression test ---------------------------------------------------------------------
 
 
+def median_log_variance(values: Sequence[float]) -> float:
+    """Variance of log(median) under the exact bootstrap of ``values`` (0 for one value)."""
+    now = statistics.median(values)
+    dist = [(math.log(v / now), p) for v, p in median_bootstrap(values)]
+    mean = sum(p * e for e, p in dist)
+    return sum(p * (e - mean) ** 2 for e, p in dist)
+
+
 def loo_deviations(run_medians: Sequence[float]) -> list[float]:
     """log(median of run j / median of the other runs), for each earlier run j (2 or more)."""
     out = []
@@ -179,15 +186,54 @@ def loo_deviations(run_medians: Sequence[float]) -> list[float]:
     return out
 
 
-def bandwidth(deviations: Sequence[float], floor: float) -> float:
-    """Silverman's rule-of-thumb bandwidth of the pooled deviations, at least ``floor``."""
-    if len(deviations) < 2:
-        return floor
-    sd = statistics.stdev(deviations)
-    q = statistics.quantiles(deviations, n=4, method="inclusive")
-    iqr = (q[2] - q[0]) / 1.349
-    spread = min(sd, iqr) if iqr > 0 else sd
-    return max(floor, 0.9 * spread * len(deviations) ** -0.2)
+#: The median of a chi-squared variable with one degree of freedom.
+_CHI2_1_MEDIAN = 0.454936
+
+
+def between_run_variance(pairs: Sequence[tuple[float, float]], floor: float) -> float:
+    """tau^2, the variance of a run's own offset, from (deviation, its within-run variance)
+    pairs of earlier runs: the value with ``median(d^2 / (tau^2 + v)) = median of chi^2_1``
+    (a median version of the Paule-Mandel estimator), at least ``floor^2``.
+
+    A run whose deviation its own repeats explain (large ``v``) does not raise tau^2; a few
+    wild runs move a median, not a mean.
+    """
+    if not pairs:
+        return floor * floor
+
+    def excess(tau2: float) -> float:
+        return statistics.median(d * d / max(tau2 + v, 1e-300) for d, v in pairs) - (
+            _CHI2_1_MEDIAN)
+
+    lo, hi = 0.0, max(d * d for d, _ in pairs) / _CHI2_1_MEDIAN + 1e-12
+    if excess(lo) <= 0:
+        return floor * floor
+    for _ in range(100):  # bisection: excess() falls as tau^2 grows
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+    return max(hi, floor * floor)
+
+
+def student_t_cdf(t: float, dof: int) -> float:
+    """P(T <= t) for Student's t with ``dof`` >= 1 degrees of freedom (exact series for integer
+    dof up to 200, the normal distribution beyond)."""
+    if dof > 200:
+        return 0.5 * math.erfc(-t / math.sqrt(2.0))
+    theta = math.atan(t / math.sqrt(dof))
+    c, s = math.cos(theta), math.sin(theta)
+    if dof % 2:  # Abramowitz & Stegun 26.7.3
+        total, term = 0.0, c
+        for k in range(1, (dof - 1) // 2 + 1):
+            total += term
+            term *= c * c * (2 * k) / (2 * k + 1)
+        a = (2.0 / math.pi) * (theta + (s * total if dof > 1 else 0.0))
+    else:  # 26.7.4
+        total, term = 0.0, 1.0
+        for k in range(1, dof // 2 + 1):
+            total += term
+            term *= c * c * (2 * k - 1) / (2 * k)
+        a = s * total
+    return 0.5 * (1.0 + a)
 
 
 @dataclass(frozen=True)
@@ -202,47 +248,59 @@ class Check:
     verdict: str  # regression | faster | no significant change
 
 
-def _phi(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
 def regression_test(
     newest: Sequence[float],
     earlier: Sequence[Sequence[float]],
-    null_deviations: Sequence[float],
+    tau2: float,
+    dof: int,
     threshold: float,
     alpha: float = 0.01,
-    min_noise: float = 0.005,
 ) -> Check:
     """Test the newest run's repeats against the earlier runs' (each a non-empty list).
 
-    ``null_deviations``: the pooled leave-one-out deviations (:func:`loo_deviations` of every
-    configuration's earlier run medians, concatenated). ``threshold``: the smallest relative
-    change worth flagging (0.05 for 5 %).
+    ``tau2``: the between-run variance (:func:`between_run_variance` over the pooled earlier
+    runs of every configuration), ``dof`` its degrees of freedom. ``threshold``: the smallest
+    relative change worth flagging (0.05 for 5 %).
+
+    Under "nothing changed", log(newest median / reference) has variance
+    tau^2 + v_new + v_ref: the newest run's offset, its own sampling noise (the exact bootstrap
+    variance of the median of its repeats) and the reference's (the median of ``n`` run
+    medians: about pi/2 times their mean variance over n). The p-values are Student's t tails.
     """
-    reference = statistics.median(statistics.median(run) for run in earlier)
+    medians = [statistics.median(run) for run in earlier]
+    reference = statistics.median(medians)
     now = statistics.median(newest)
     observed = math.log(now / reference)
-    devs = list(null_deviations) or [0.0]
-    h = bandwidth(devs, min_noise)
-    own = [(math.log(v / now), p) for v, p in median_bootstrap(newest)]
-    weight = 1.0 / len(devs)
-    p_low = p_high = 0.0
-    for d in devs:
-        for e, p in own:
-            z = (observed - d - e) / h
-            p_low += weight * p * _phi(z)
-            p_high += weight * p * _phi(-z)
-    spread = math.sqrt(statistics.fmean(d * d for d in devs)
-                       + sum(p * e * e for e, p in own) + h * h)
+    v_new = median_log_variance(newest)
+    v_runs = [tau2 + median_log_variance(run) for run in earlier]
+    v_ref = (math.pi / 2) * statistics.fmean(v_runs) / len(earlier)
+    scale = math.sqrt(tau2 + v_new + v_ref)
+    z = observed / scale
+    p_low, p_high = student_t_cdf(z, dof), student_t_cdf(-z, dof)
     change = now / reference - 1.0
-    if p_low < alpha and change < -threshold:
-        verdict = "regression"
-    elif p_high < alpha and change > threshold:
-        verdict = "faster"
-    else:
-        verdict = "no significant change"
-    return Check(change, reference, p_low, p_high, math.expm1(1.96 * spread), verdict)
+    return Check(change, reference, p_low, p_high, math.expm1(1.96 * scale),
+                 verdict(change, p_low, p_high, alpha, threshold))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment: family-wise error control over several tests (in order)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    out = [1.0] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        out[i] = running
+    return out
+
+
+def verdict(change: float, p_slower: float, p_faster: float, alpha: float, threshold: float
+            ) -> str:
+    """regression / faster / no significant change, from (adjusted) one-sided p-values."""
+    if p_slower < alpha and change < -threshold:
+        return "regression"
+    if p_faster < alpha and change > threshold:
+        return "faster"
+    return "no significant change"
 
 
 def parse_percent(text: str, signed: bool = False) -> float:

@@ -46,6 +46,28 @@ def test_a_real_drop_is_a_regression_and_the_rest_is_not(tmp_path):
     assert "REGRESSION" in text and "-12.5%" in text
 
 
+def test_many_configurations_do_not_multiply_false_alarms(tmp_path):
+    """40 configurations, nothing changed: one by one, some pass p < 0.05 by chance; Holm's
+    adjustment keeps the run's family-wise level, so none is called a regression."""
+    import random
+
+    rng = random.Random(3)
+    configs = [params(batch_size=b) for b in range(1, 41)]
+    for n in range(6):
+        write_run(tmp_path, "nightly", run_id(n + 1), [
+            Config(c, [100 * rng.gauss(1, 0.02) for _ in range(3)]) for c in configs],
+            started=day(n + 1))
+    write_run(tmp_path, "nightly", run_id(9), [
+        Config(c, [100 * rng.gauss(1, 0.02) for _ in range(3)]) for c in configs],
+        started=day(9))
+    with open_store(tmp_path) as store:
+        report = analyze(store, "nightly", Options(threshold=0.0))
+    raw = [ln.check.p_slower for ln in report.lines]
+    assert sum(p < 0.05 for p in raw) >= 1  # would be flagged one by one
+    assert all(ln.p_slower >= p for ln, p in zip(report.lines, raw, strict=True))
+    assert not [ln for ln in report.lines if ln.verdict == "regression"]
+
+
 def test_noise_alone_is_not_a_regression(tmp_path):
     """Earlier runs scatter by +-10 %: a newest run 7 % low is within that noise."""
     for n, scale in enumerate((1.0, 1.1, 0.9, 1.05, 0.93)):

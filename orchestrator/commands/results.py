@@ -87,8 +87,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="earlier runs of a configuration needed before it is judged (default 3)")
     p.add_argument("--threshold", default="5%", metavar="PCT",
                    help="smallest drop called a regression, a percentage (default 5%%)")
-    p.add_argument("--alpha", type=float, default=0.01,
-                   help="one-sided significance level per configuration (default 0.01)")
+    p.add_argument("--alpha", type=float, default=0.05,
+                   help="chance of any false alarm in a run: one-sided level, Holm-adjusted "
+                   "over its configurations (default 0.05)")
     _metric_arg(p)
     p.add_argument("--ignore-stack", action="append", default=[], metavar="FIELD",
                    help="stack field not to match on, e.g. host (repeatable)")
