@@ -201,6 +201,14 @@ def test_expected_durations_are_medians_of_ok_cells(tmp_path):
         assert store.expected_durations("m", last=2) == {config: 25.0}
 
 
+def test_the_results_own_config_hash_comes_first(tmp_path):
+    paths = write_run(tmp_path, "m", run_id(1), [Config(params(), [1.0], config_hash="planhash")])
+    result = next((paths.root / "cells").glob("*/result.json"))
+    write_json(result, {**read_json(result), "config_hash": "ownhash"})
+    with open_store(tmp_path) as store:
+        assert [c.config for c in store.cells([store.runs()[0].pk])] == ["ownhash"]
+
+
 def test_old_folders_without_hashes_fall_back_to_the_parameters(tmp_path):
     paths = write_run(tmp_path, "m", run_id(1), [Config(params(), [1.0])])
     plan = read_json(paths.plan)

@@ -221,6 +221,7 @@ class Backend(ABC):
         result = CellResult(
             cell_id=cell.id, group=cell.group, repeat=cell.repeat, status=Status.FAILED,
             params=cell.params.model_dump(), attempts=attempt, provenance=self.provenance(spec),
+            config_hash=cell.hash,
         )
         result.started_at = time.time()
         t0 = time.monotonic()
