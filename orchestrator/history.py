@@ -17,7 +17,8 @@ Built from the results store (:mod:`orchestrator.store`), so only what is on dis
   another: the difference of stacks is reported, not a regression. ``failed``: the newest run
   has no ok repeat of a configuration it ran (repeats that failed beside ok ones are counted
   too). ``missing``: a configuration of the earlier runs that the newest run planned but has no
-  result for. ``dropped``: one the newest run's plan no longer has (not a failure).
+  result for (a sweep that died leaves its run unfinished: it is judged all the same).
+  ``dropped``: one the newest run's plan no longer has (not a failure).
 * **Failing lines** (``--fail-on-regression``): regression, failed (any failed repeat),
   missing, and any absolute reference (:mod:`orchestrator.references`) not met.
 """
@@ -213,7 +214,9 @@ def analyze(
     references: Sequence[ReferenceEntry] = (),
     references_file: str | None = None,
 ) -> HistoryReport:
-    """The newest run of ``matrix`` (or ``run``) against the ``window`` runs before it."""
+    """The newest run of ``matrix`` (or ``run``) against the ``window`` runs before it. The
+    newest run is judged even if it has not finished (still going, or its sweep died): its
+    configurations without a result are then ``missing``."""
     options = options or Options()
     options.validate()
     with store.snapshot():
@@ -227,8 +230,7 @@ def _analyze(store: Store, matrix: str, options: Options, run: RunRecord | None,
     if not runs:
         raise ConfigError(f"no runs of {matrix!r} under {store.root}", field="history")
     if run is None:
-        finished = [r for r in runs if r.status != "unfinished"]
-        run = (finished or runs)[-1]
+        run = runs[-1]  # even unfinished: a sweep that crashed must not pass as yesterday's
     idx = next(i for i, r in enumerate(runs) if r.pk == run.pk)
     earlier = runs[max(0, idx - options.window):idx]
     shown_runs = runs[max(0, idx + 1 - max(1, shown)):idx + 1]
@@ -439,6 +441,9 @@ def render_history(report: HistoryReport) -> str:
 
 def _notes(report: HistoryReport) -> list[str]:
     notes = []
+    if report.newest.status == "unfinished":
+        notes.append(f"run {report.newest.run_id} has not finished (still running, or its sweep "
+                     "died): configurations without a result count as missing")
     if any(ln.other_stack for ln in report.lines):
         notes.append("* measured on another stack: not part of the reference")
     for ln in report.lines:

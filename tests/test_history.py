@@ -141,6 +141,17 @@ def test_missing_versus_dropped(tmp_path):
     assert lines[8].verdict == "missing" and lines[8].failing
 
 
+def test_a_sweep_that_died_is_judged_not_skipped(tmp_path, capsys):
+    nightly(tmp_path, [])
+    write_run(tmp_path, "nightly", run_id(9), [Config(G1, [100.0, 100.0, 100.0])],
+              started=day(9), finished=False, plan_extra=[Config(G8, [0.0])])
+    lines, report = check(tmp_path)
+    assert report.newest.run_id == run_id(9)
+    assert lines[8].verdict == "missing" and lines[8].failing
+    assert "has not finished" in render_history(report)
+    assert main(["history", "nightly", "--results", str(tmp_path), "--fail-on-regression"]) == 1
+
+
 def test_a_configuration_taken_out_of_the_matrix_is_dropped_not_failing(tmp_path):
     nightly(tmp_path, [Config(G1, [100.0, 100.0, 100.0])])
     lines, _ = check(tmp_path)

@@ -79,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "configuration regressed, failed, is missing, or misses its reference.")
     p.add_argument("matrix", help="matrix name (or a path to its .toml)")
     _results_arg(p)
-    p.add_argument("--run", help="check this run instead of the newest finished one")
+    p.add_argument("--run", help="check this run instead of the newest (finished or not)")
     p.add_argument("--last", type=int, default=7, metavar="N", help="runs shown (default 7)")
     p.add_argument("--window", type=int, default=10, metavar="N",
                    help="earlier runs the newest is compared with (default 10)")
@@ -347,8 +347,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         if not store.runs(matrix=name):
             raise ConfigError(f"no runs of {name!r} under {args.results}", field="history")
         run = store.resolve(args.run, name) if args.run else None
-        newest = run or next((r for r in reversed(store.runs(matrix=name))
-                              if r.status != "unfinished"), store.runs(matrix=name)[-1])
+        newest = run or store.runs(matrix=name)[-1]
         refs, ref_file = _references(args, _plan_source(newest.path))
         report = analyze(store, name, options, run=newest, shown=args.last, references=refs,
                          references_file=ref_file)
