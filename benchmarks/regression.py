@@ -116,6 +116,44 @@ def flagged(earlier: list[Path], newest: Path, options: list[str]) -> tuple[bool
     return code == 1, json.loads(buf.getvalue())["counts"]
 
 
+def noise_summary(folder: Path, metric: str | None) -> str:
+    """How noisy the plain runs are and how big the injected change came out, per
+    configuration: robust sd (1.4826 x MAD) of plain runs' medians against the median of the
+    other plain runs, and the injected runs' median change against the median of all plain
+    runs."""
+    import math
+    import statistics
+
+    from orchestrator.stats import loo_deviations
+    from orchestrator.store import open_store
+
+    def medians(kind: str) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        with open_store(folder / kind) as store, store.snapshot():
+            for run in store.runs(MATRIX):
+                if run.status == "unfinished":
+                    continue
+                values: dict[str, list[float]] = {}
+                for cell in store.cells([run.pk], metric=metric):
+                    if cell.ok and cell.value:
+                        values.setdefault(cell.group, []).append(cell.value)
+                for group, vals in values.items():
+                    out.setdefault(group, []).append(statistics.median(vals))
+        return out
+
+    plain, injected = medians("noise"), medians("injected")
+    lines = []
+    for group, meds in sorted(plain.items()):
+        devs = loo_deviations(meds)
+        centre = statistics.median(devs)
+        sd = 1.4826 * statistics.median(abs(d - centre) for d in devs)
+        ref = statistics.median(meds)
+        change = statistics.median(v / ref - 1 for v in injected.get(group, [ref]))
+        lines.append(f"  {group}: plain runs' sd {math.expm1(sd):.1%}, injected runs' median "
+                     f"change {change:+.1%}")
+    return "\n".join(lines)
+
+
 def rate(results: list[bool]) -> str:
     if not results:
         return "no trials"
@@ -128,6 +166,8 @@ def evaluate(folder: Path, window: int, min_history: int, trials: int, options: 
     injected = finished_runs(folder / "injected")
     print(f"runs: {len(noise)} plain, {len(injected)} injected ({SLOWDOWN} slowdown); "
           f"window {window}, min history {min_history}; options: {' '.join(options) or '-'}")
+    metric = options[options.index("--metric") + 1] if "--metric" in options else None
+    print(noise_summary(folder, metric))
     opts = ["--window", str(window), "--min-history", str(min_history), *options]
     rng = random.Random(seed)
 
