@@ -435,11 +435,14 @@ def _check_commands(mf: MatrixFile, file: str) -> list[Problem]:
 def _check_program_names(mf: MatrixFile, file: str) -> list[Problem]:
     """Every ``program`` value (cells and profiles) names the workload or a command."""
     known = [WORKLOAD_PROGRAM, *mf.commands]
-    places: list[tuple[str, Any]] = [("workload.program", mf.workload.program)]
-    places += [(f"axes.program[{i}]", v) for i, v in enumerate(mf.axes.program or [])]
+    places: list[tuple[str, Any]] = [("workload.program", _set_keys(mf.workload).get("program"))]
+    places += [(f"axes.program[{i}]", v)
+               for i, v in enumerate(_set_keys(mf.axes).get("program") or [])]
     for z, group in enumerate(mf.zip):
-        places += [(f"zip[{z}].program[{i}]", v) for i, v in enumerate(group.program or [])]
-    places += [(f"include[{i}].program", e.program) for i, e in enumerate(mf.include)]
+        places += [(f"zip[{z}].program[{i}]", v)
+                   for i, v in enumerate(_set_keys(group).get("program") or [])]
+    places += [(f"include[{i}].program", _set_keys(e).get("program"))
+               for i, e in enumerate(mf.include)]
     places += [(f"hardware.{hw}.program", p.program) for hw, p in mf.hardware.items()]
     problems = []
     for where, value in places:
