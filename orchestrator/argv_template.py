@@ -53,6 +53,7 @@ class TemplateError(ValueError):
 
 def parse(text: str) -> tuple[Word, ...]:
     """The words of template ``text``. Raises :class:`TemplateError` with the first problem."""
+    text = re.sub(r"\\\r?\n", " ", text)  # a line continued as a shell continues it
     try:
         raw_words = shlex.split(text, comments=False, posix=True)
     except ValueError as exc:  # "No closing quotation", "No escaped character"
