@@ -57,6 +57,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -594,6 +595,19 @@ PlaceholderName = Annotated[str, Field(pattern=argv_template.NAME_RE.pattern, ma
 ArgText = Annotated[str, Field(max_length=4096, pattern=r"^[^\x00-\x1f\x7f]*$")]
 
 
+def _items(value: Any) -> Any:
+    """A placeholder entry as argv items: a string is one item (``"x"`` is ``["x"]``)."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError(f"give a string (one argv item) or a list of strings (got {value!r})")
+    return value
+
+
+#: What a placeholder entry stands for: argv items (a string in the file is one item).
+ArgItems = Annotated[list[ArgText], BeforeValidator(_items), Field(max_length=256)]
+
+
 def value_text(value: Any) -> str:
     """A parameter's value as a command gets it (and as a placeholder's ``values`` key names
     it): booleans as TOML writes them (``true``), numbers and texts as they are."""
@@ -623,15 +637,14 @@ class Placeholder(StrictModel):
         None, description="The cell parameter whose value picks the entry (default: the "
         "placeholder's own name, e.g. {arch} maps arch).",
     )
-    values: dict[Annotated[str, Field(min_length=1, max_length=256)],
-                 ArgText | list[ArgText]] = Field(
+    values: dict[Annotated[str, Field(min_length=1, max_length=256)], ArgItems] = Field(
         ..., min_length=1, max_length=MAX_LIST,
         description="Parameter value -> one argv item (a string) or several (a list, [] for "
         "none), e.g. amp = [\"--amp\", \"--static-loss-scale\", \"256\"]. A value the cells "
         "take that is not listed is an error.",
     )
 
-    def entry(self, param: str, value: Any) -> str | list[str] | None:
+    def entry(self, param: str, value: Any) -> list[str] | None:
         """What the placeholder stands for when ``param`` is ``value`` (None: not listed)."""
         wanted = value_text(value)
         for key, mapped in self.values.items():
@@ -767,9 +780,9 @@ class CommandTemplate(StrictModel):
                 message = _adapter_message(param, key)
                 out.append((f"{where}.values.{key}", f"{key!r} is not a value of {param}: "
                                                       f"{message}"))
-            elif isinstance(mapped, list) and name in embedded:
+            elif len(mapped) != 1 and name in embedded:
                 out.append((f"{where}.values.{key}", (
-                    f"a list ({len(mapped)} argv items), but {{{name}}} sits inside a word "
+                    f"{len(mapped)} argv items, but {{{name}}} sits inside a word "
                     "with other text: make it a string, or give {" + name + "} a word of "
                     "its own")))
         return out
@@ -791,7 +804,7 @@ class CommandTemplate(StrictModel):
                         f"no entry for {param} = {value_text(values.get(param))!r}: add it "
                         f"(or exclude those cells)")))
                     return ""
-                return mapped
+                return mapped[0] if len(mapped) == 1 else mapped
             got = values.get(name)
             if got is None:
                 problems.append(("command", f"{{{name}}} has no value in this cell (set "
