@@ -359,6 +359,31 @@ def test_the_process_backend_pins_gpus_and_runs_in_the_workdir(write_matrix, tmp
     assert Path(spec.output_dir or "").is_absolute()
 
 
+def test_a_commands_secrets_are_passed_never_written(write_matrix, tmp_path,
+                                                     monkeypatch) -> None:
+    from orchestrator.backends.base import RunOptions
+    from orchestrator.backends.slurm import SlurmBackend
+    from orchestrator.placement import Allocation
+    from orchestrator.redact import secret_env
+
+    text = matrix_text().replace(
+        'env = { LAB_BENCH_MARK = "from the command" }',
+        'env = { LAB_API_TOKEN = "tok-literal-0123456789", LAB_DATA_KEY = "$env:LAB_SECRET" }')
+    matrix = load_matrix(write_matrix(text, cpu_profile=False))
+    monkeypatch.setenv("LAB_SECRET", "from-the-environment-42")
+    lab = matrix.cells[1]
+    backend = SlurmBackend(matrix, RunPaths.create(tmp_path / "r", "foreign"),
+                           RunOptions(timeout_s=60))
+    spec = backend.spec(lab, Allocation.local(lab.id))
+    shown = spec.to_json()["env"]
+    assert shown["LAB_API_TOKEN"] == "***" and shown["LAB_DATA_KEY"] == "$env:LAB_SECRET"
+    assert secret_env(spec.env) == {"LAB_API_TOKEN": "tok-literal-0123456789",
+                                    "LAB_DATA_KEY": "from-the-environment-42"}
+    assert spec.script is not None and "0123456789" not in spec.script
+    assert "from-the-environment" not in spec.script
+    assert "LAB_API_TOKEN LAB_DATA_KEY" in spec.script  # named, passed by sbatch
+
+
 # --- checks ------------------------------------------------------------------------------------
 
 
