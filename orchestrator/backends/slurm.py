@@ -96,6 +96,8 @@ class SbatchJob:
     time_limit: str
     gpus: int = 0  # --gres=gpu:N; 0 for CPU cells (and Bitfusion, whose GPUs are remote)
     options: SlurmOptions = field(default_factory=SlurmOptions)
+    #: What program the job runs (for command.json and provenance; not in the script).
+    program: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def job_name(self) -> str:
@@ -570,9 +572,6 @@ class SlurmBackend(Backend):
         """The batch script's content for ``cell`` (what :func:`render_sbatch` renders): its
         program (:func:`~orchestrator.launch.cell_command`) with this Python, in this checkout
         or the command's ``workdir``."""
-        return self._sbatch_job(cell)[0]
-
-    def _sbatch_job(self, cell: Cell) -> tuple[SbatchJob, dict[str, Any]]:
         profile = self.matrix.profile(cell)
         cell_dir = self.paths.cell_dir(cell.id).resolve()  # the job may run elsewhere
         command = cell_command(cell, profile, self.matrix.program(cell), python=sys.executable,
@@ -589,18 +588,19 @@ class SlurmBackend(Backend):
             time_limit=opts.time_limit or slurm_time(self.options.timeout_s + TIME_MARGIN_S),
             gpus=self._gpus_requested(cell, profile),
             options=opts,
-        ), command.program
+            program=command.program,
+        )
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         """The cell's argv and environment, with the batch script that runs them."""
-        job, program = self._sbatch_job(cell)
+        job = self.sbatch_job(cell)
         profile = self.matrix.profile(cell)
         env = {k: v for k, v in job.env.items() if k != "PYTHONPATH"}
         return LaunchSpec(
             cell_id=cell.id, argv=job.argv, env=env, device=profile.device,
             workdir=job.workdir, output_dir=str(self.paths.cell_dir(cell.id)),
             labels={"slurm.script": str(self.paths.cell_dir(cell.id) / SCRIPT_NAME)},
-            attempt=attempt, script=render_sbatch(job), program=program,
+            attempt=attempt, script=render_sbatch(job), program=job.program,
         )
 
     def launch(self, spec: LaunchSpec) -> Execution:
