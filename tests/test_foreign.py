@@ -477,9 +477,10 @@ def ranks(cell_dir: Path) -> list[dict[str, Any]]:
 
 
 def find(outcome: Any, program: str, gpus: int = 1, data: str = "synthetic") -> CellResult:
-    """The result of the one cell of ``program`` with ``gpus`` and ``data``."""
-    (found,) = [r for r in outcome.results if (r.params["program"], r.params["gpus"],
-                                               r.params["data"]) == (program, gpus, data)]
+    """The result of the one cell of ``program`` on hardware cpu with ``gpus`` and ``data``."""
+    (found,) = [r for r in outcome.results
+                if (r.params["hardware"], r.params["program"], r.params["gpus"],
+                    r.params["data"]) == ("cpu", program, gpus, data)]
     return found
 
 
@@ -550,6 +551,14 @@ program = "lab-broken"
 
 [[include]]
 program = "lab-silent"
+
+[[include]]
+hardware = "cpu-strict"
+program = "workload"
+
+[hardware.cpu-strict]
+device = "cpu"
+figures = {{ bounds = {{ "train.total_ips" = {{ lower = 1e12 }} }} }}
 """)
     matrix = load_matrix(write_matrix(text, cpu_profile=False))
     assert check_matrix(matrix).errors == []
@@ -585,6 +594,10 @@ program = "lab-silent"
     silent = find(outcome, "lab-silent")
     assert silent.status is Status.FAILED
     assert "raport.json" in silent.reason and "not found in the cell folder" in silent.reason
+    # our workload is read by the same run loop: its profile's figures judge it too
+    (strict,) = [r for r in outcome.results if r.params["hardware"] == "cpu-strict"]
+    assert strict.status is Status.FAILED and strict.metrics["train.total_ips"] > 0
+    assert "train.total_ips" in strict.reason and "below its declared lower bound" in strict.reason
 
 
 # --- containers: the lab's checkout copied into the image ----------------------------------------
