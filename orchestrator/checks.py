@@ -31,6 +31,15 @@ Rules; an error names the file and the field where the value is set (``axes.arch
   to a profile's env.
 * baseline: its key is a cell parameter and its value one of that parameter's; some cell has it,
   and some other cell has a row to compare with (equal in every other parameter).
+* a cell that runs another program (a ``[commands.NAME]`` template): arch, pretrained, compile,
+  precision and cuda_graphs are the template's business (what they mean to the program is its
+  mapping), so the workload's rules are not applied; the stack, image and profiler rules are.
+  ``profiler = "torch"`` is refused (it lives inside our workload); a wrapping profiler whose
+  capture waits for markers the program may not set gets a note. A parameter the matrix varies
+  that the template never uses is a warning (its cells would run the same command). Our
+  workload's cells must be read by the ``workload`` parser (a ``[figures]`` table meant for
+  another program, applied to them, is an error); a command read by the ``workload`` parser
+  gets a note.
 
 Warnings (``validate --strict`` makes them errors): a baseline that pairs profiles whose planned
 stacks differ (the ratio would mix software and hardware; the table marks such rows too), CUDA
@@ -55,9 +64,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from orchestrator import gpus, images, profilers, releases, stacks
 from orchestrator.config import (
+    ORCHESTRATOR_PARAMS,
     PARAM_NAMES,
     CellParams,
     HardwareProfile,
+    Program,
     param_type,
     profile_window_problem,
 )
@@ -152,9 +163,11 @@ def check_matrix(
     for hw in sorted({c.hardware for c in matrix.cells}):
         found.stacks[hw] = _profile_checks(found, file, hw, matrix.profiles[hw], backend)
     places = _Places(matrix.source_text)
-    for cell in _configurations(matrix.cells):
+    configurations = _configurations(matrix.cells)
+    for cell in configurations:
         _CellCheck(found, file, places, cell.params, matrix.profiles[cell.hardware],
-                   found.stacks[cell.hardware]).run()
+                   found.stacks[cell.hardware], matrix.program(cell)).run()
+    _program_checks(found, file, matrix, configurations)
     if comparisons and matrix.settings.baseline:
         _baseline_checks(found, file, matrix)
     return found
@@ -407,6 +420,7 @@ class _CellCheck:
     params: CellParams
     profile: HardwareProfile
     stack: Stack
+    program: Program = Program("workload")
 
     @property
     def hw(self) -> str:
@@ -430,10 +444,11 @@ class _CellCheck:
         self.found.note(Problem(self.file, f"hardware.{self.hw}", message))
 
     def run(self) -> None:
-        self.arch()
-        self.compile()
-        self.precision()
-        self.cuda_graphs()
+        if self.program.command is None:  # what the workload's flags mean is ours to check
+            self.arch()
+            self.compile()
+            self.precision()
+            self.cuda_graphs()
         self.profiler()
         self.gaudi()
 
@@ -532,11 +547,25 @@ class _CellCheck:
         tool = self.params.profiler
         if tool == "none":
             return
-        window = profile_window_problem(self.params)
+        foreign = self.program.command is not None
+        if foreign and tool == "torch":
+            self.error("profiler", (
+                f"profiler = \"torch\" is torch.profiler inside our workload; program "
+                f"{self.program.name!r} is another program: use nsys or ncu (they wrap any "
+                "command), or profile it its own way"))
+            return
+        window = "" if foreign else profile_window_problem(self.params)
         if window:
             self.error("profile_start", window)
         if tool not in _TOOLS:
             return
+        capture = profilers.options_of(self.profile, tool).capture
+        if foreign and capture != "whole":
+            marks = "cudaProfilerStart/Stop" if capture == "range" else "NVTX range"
+            self.note(f"profiler {tool} with capture = {capture!r} records only between the "
+                      f"program's own {marks} (program {self.program.name!r}: orchestrate "
+                      "cannot tell whether it sets them); capture = \"whole\" records it start "
+                      "to end")
         if self.profile.device != "cuda":
             self.error("profiler", (
                 f"{_TOOLS[tool]} profiles CUDA GPUs; hardware {self.hw!r} is device "
@@ -574,6 +603,50 @@ class _CellCheck:
             if missing:
                 self.error("hpu_mode", f"hpu_mode = \"compile\" on hardware {self.hw!r}: "
                                        f"{missing} ({self.stack.label})")
+
+
+# --- programs: our workload and command templates ---------------------------------------------
+
+#: Parameters that reach every program without a placeholder: where it runs, how many GPUs,
+#: which program, the wrapping profiler.
+_ALWAYS_USED = ORCHESTRATOR_PARAMS | {"profiler"}
+
+
+def _program_checks(found: Findings, file: str, matrix: Matrix, configs: list[Cell]) -> None:
+    """Figures parsers against programs; parameters a command never sees."""
+    by_program: dict[str, list[Cell]] = {}
+    for cell in configs:
+        program = matrix.program(cell)
+        by_program.setdefault(program.name, []).append(cell)
+        if program.command is None and program.parser != "workload":
+            profile = matrix.profiles[cell.hardware]
+            where = (f"hardware.{cell.hardware}.figures.parser" if profile.figures is not None
+                     else "figures.parser")
+            found.error(Problem(file, where, (
+                f"our workload's cells (hardware {cell.hardware!r}) print JSON lines, which "
+                f"parser {program.parser!r} does not read: set parser = \"workload\" here, or "
+                "give the other program's figures in its [commands.NAME.figures]")))
+    for name, cells in by_program.items():
+        command = matrix.commands.get(name)
+        if command is None:
+            continue
+        if matrix.program(cells[0]).parser == "workload":
+            found.note(Problem(file, f"commands.{name}", (
+                f"no figures declared for program {name!r}: its output is read as our "
+                "workload's JSON lines (give [commands." + name + ".figures] parser = "
+                "\"dllogger\" or \"regex\" for other programs)")))
+        used = command.params_used() | _ALWAYS_USED
+        figures = matrix.program(cells[0]).figures
+        if figures is not None and figures.parser == "dllogger" and figures.warmup is None:
+            used.add("warmup")  # the parser drops the cell's warmup iterations
+        dumps = [c.params.model_dump() for c in cells]
+        for key in PARAM_NAMES:
+            if key in used or len({json.dumps(d[key]) for d in dumps}) < 2:
+                continue
+            found.warning(Problem(file, f"commands.{name}.command", (
+                f"{key} varies among the cells of program {name!r}, but its command never "
+                f"uses it ({{{key}}} or a placeholder mapping it): those cells run the same "
+                "command")))
 
 
 # --- the matrix: its baseline ------------------------------------------------------------------

@@ -14,6 +14,14 @@ A matrix file is TOML with these tables (see README, "Matrix files"):
     partial assignments to drop / extra cells to add.
 ``[hardware.NAME]``
     what a ``hardware`` value means (:class:`HardwareProfile`).
+``[commands.NAME]``
+    another program a cell can run instead of our workload (:class:`CommandTemplate`): a
+    command line with ``{placeholders}`` (:mod:`orchestrator.argv_template`), how it is started
+    for several GPUs, its working directory, environment and figures. A cell's ``program``
+    (else its profile's) names it; :func:`program_of` resolves what a cell runs.
+``[figures]``
+    how the cells' figures of merit are read and judged (:mod:`orchestrator.fom_config`); also
+    per profile and per command, the closest winning.
 
 Validation reports every problem at once with the file and the field path.
 
@@ -34,27 +42,36 @@ Rules for every user file (matrix, hosts inventory, image manifest):
 from __future__ import annotations
 
 import difflib
+import functools
 import os
+import re
 import stat
 import tomllib
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
+    TypeAdapter,
     ValidationError,
     create_model,
     field_validator,
     model_validator,
 )
 
+from orchestrator import argv_template
+from orchestrator.argv_template import TemplateError, Word
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.fom_config import FiguresConfig
 from orchestrator.results import NAME_PATTERN
 
 # --- limits ----------------------------------------------------------------------------------
@@ -108,7 +125,9 @@ WRAPPING_PROFILERS = ("nsys", "ncu", "nvprof")
 MIN_TELEMETRY_INTERVAL_S = 0.05
 
 #: Parameters the orchestrator consumes itself; every other one is passed to the workload.
-ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus"})
+ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "program"})
+#: The program name of our own benchmark workload (every other program is a [commands.NAME]).
+WORKLOAD_PROGRAM = "workload"
 
 
 def _telemetry_period(value: float) -> float:
@@ -193,6 +212,12 @@ class CellParams(StrictModel):
         None, description="Gaudi execution mode (device = 'hpu' profiles only): eager "
         "(PT_HPU_LAZY_MODE=0), lazy (graph mode, PT_HPU_LAZY_MODE=1, mark_step) or compile "
         "(PT_HPU_LAZY_MODE=0, torch.compile with the hpu_backend). Unset: lazy.",
+    )
+    program: Name | None = Field(
+        None, description="What the cell runs: 'workload' (our benchmark workload) or the name "
+        "of a [commands.NAME] template (another program, e.g. NVIDIA's main.py). Unset: its "
+        "hardware profile's program, else the workload. An axis of it runs programs side by "
+        "side (baseline = 'program=NAME' gives ours/theirs per configuration).",
     )
 
     def workload_params(self) -> dict[str, Any]:
@@ -517,6 +542,14 @@ class HardwareProfile(StrictModel):
     nsys: NsysOptions = NsysOptions()
     ncu: NcuOptions = NcuOptions()
     nvprof: NvprofOptions = NvprofOptions()
+    program: Name | None = Field(
+        None, description="What this profile's cells run unless a cell's own program says "
+        "otherwise: 'workload' or a [commands.NAME] template. Unset: the workload.",
+    )
+    figures: FiguresConfig | None = Field(
+        None, description="How this profile's cells' figures are read and judged (a [figures] "
+        "table); a command's own figures come first, the matrix's [figures] after.",
+    )
 
     @field_validator("gpu_ids")
     @classmethod
@@ -537,6 +570,320 @@ class HardwareProfile(StrictModel):
             raise ValueError("gpu names the accelerator of a cuda or hpu profile; this "
                              "profile's device is 'cpu'")
         return self
+
+
+# --- command templates: a cell that runs another program ---------------------------------------
+
+#: Placeholders every command template has besides the cell parameters and its own
+#: ``[commands.NAME.placeholders]``: what only the backend knows, and a derived count.
+BUILTIN_PLACEHOLDERS: dict[str, str] = {
+    "python": "the Python interpreter where the cell runs (this one for the process and slurm "
+    "backends, python3 in an image)",
+    "output_dir": "the cell's folder as the program sees it: what the program writes there "
+    "(a DLLogger raport, a trace) ends up in the cell folder",
+    "total_iterations": "warmup + iterations, for a program that counts its warmup in (DLE's "
+    "--prof)",
+    "cell_id": "the cell's id",
+}
+#: How a command is started for several GPUs: ``torchrun`` starts one process per GPU with
+#: torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR ...); ``self`` starts it
+#: once, and it spawns its own ranks (it gets ``{gpus}`` and CUDA_VISIBLE_DEVICES).
+Launcher = Literal["torchrun", "self"]
+#: A placeholder's name, as templates write it.
+PlaceholderName = Annotated[str, Field(pattern=argv_template.NAME_RE.pattern, max_length=64)]
+#: One argv item a placeholder stands for: any one-line text (it never meets a shell).
+ArgText = Annotated[str, Field(max_length=4096, pattern=r"^[^\x00-\x1f\x7f]*$")]
+
+
+def _items(value: Any) -> Any:
+    """A placeholder entry as argv items: a string is one item (``"x"`` is ``["x"]``)."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError(f"give a string (one argv item) or a list of strings (got {value!r})")
+    return value
+
+
+#: What a placeholder entry stands for: argv items (a string in the file is one item).
+ArgItems = Annotated[list[ArgText], BeforeValidator(_items), Field(max_length=256)]
+
+
+def value_text(value: Any) -> str:
+    """A parameter's value as a command gets it (and as a placeholder's ``values`` key names
+    it): booleans as TOML writes them (``true``), numbers and texts as they are."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@functools.cache
+def _adapter(param: str) -> TypeAdapter[Any]:
+    return TypeAdapter(param_type(param))
+
+
+def _canonical(param: str, key: str) -> str | None:
+    """``key`` as :func:`value_text` writes a value of ``param`` (``True`` -> ``true``), or None
+    when it is no value of ``param``."""
+    try:
+        return value_text(_adapter(param).validate_strings(key))
+    except ValidationError:
+        return None
+
+
+class Placeholder(StrictModel):
+    """``[commands.NAME.placeholders.P]``: what ``{P}`` stands for, per value of a parameter."""
+
+    param: PlaceholderName | None = Field(
+        None, description="The cell parameter whose value picks the entry (default: the "
+        "placeholder's own name, e.g. {arch} maps arch).",
+    )
+    values: dict[Annotated[str, Field(min_length=1, max_length=256)], ArgItems] = Field(
+        ..., min_length=1, max_length=MAX_LIST,
+        description="Parameter value -> one argv item (a string) or several (a list, [] for "
+        "none), e.g. amp = [\"--amp\", \"--static-loss-scale\", \"256\"]. A value the cells "
+        "take that is not listed is an error.",
+    )
+
+    def entry(self, param: str, value: Any) -> list[str] | None:
+        """What the placeholder stands for when ``param`` is ``value`` (None: not listed)."""
+        wanted = value_text(value)
+        for key, mapped in self.values.items():
+            if (_canonical(param, key) or key) == wanted:
+                return mapped
+        return None
+
+
+class CommandRenderError(ValueError):
+    """A cell whose values do not fit a command template: ``problems`` are (field under the
+    command's table, message) pairs, every one of them."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        super().__init__("; ".join(message for _, message in problems))
+        self.problems = problems
+
+
+class CommandTemplate(StrictModel):
+    """``[commands.NAME]``: another program a cell can run instead of our workload."""
+
+    description: str = ""
+    command: Annotated[str, Field(min_length=1, max_length=65536)] = Field(
+        description="The command line: words as a shell splits them (quotes group), never run "
+        "by a shell; {name} is a cell parameter, a [commands.NAME.placeholders] entry or "
+        f"{', '.join('{' + n + '}' for n in BUILTIN_PLACEHOLDERS)}; a value is one argv item "
+        "(a list mapping: several), never split or parsed.",
+    )
+    launcher: Launcher = Field(
+        "torchrun", description="Several GPUs: 'torchrun' starts one process per GPU under "
+        "torch.distributed.run (RANK, LOCAL_RANK, WORLD_SIZE ... in the environment; several "
+        "nodes: one torchrun per node); 'self' starts the program once, it spawns its own ranks "
+        "({gpus}, CUDA_VISIBLE_DEVICES).",
+    )
+    workdir: PathText | None = Field(
+        None, description="Working directory of the program: an absolute path where the cell "
+        "runs (in the image for docker/ssh), or \"$env:NAME\" (read from this environment when "
+        "the cell starts). Default: the backend's (this checkout; the image's).",
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        {}, description="Environment of the program, added to its hardware profile's (names as "
+        "shells accept them; \"$env:NAME\" values are read when the cell starts, kept secret).",
+    )
+    placeholders: dict[PlaceholderName, Placeholder] = Field(
+        {}, max_length=256, description="Placeholders whose value depends on a parameter's "
+        "value: precision amp -> [\"--amp\", \"--static-loss-scale\", \"256\"], our arch names "
+        "-> the program's.",
+    )
+    figures: FiguresConfig | None = Field(
+        None, description="How the program's figures are read and judged (parser dllogger, "
+        "regex ...); default: the hardware profile's, the matrix's [figures], else our "
+        "workload's JSON lines.",
+    )
+    _words: tuple[Word, ...] = PrivateAttr(default=())
+
+    @field_validator("command")
+    @classmethod
+    def _splits(cls, value: str) -> str:
+        try:
+            argv_template.parse(value)
+        except TemplateError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute_or_reference(cls, value: str | None) -> str | None:
+        if value is None or value.startswith("/"):
+            return value
+        if value.startswith("$env:") and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value[5:]):
+            return value
+        raise ValueError("must be an absolute path (where the cell runs) or \"$env:NAME\"")
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._words = argv_template.parse(self.command)
+
+    @property
+    def words(self) -> tuple[Word, ...]:
+        """The template's words, split once when it was loaded."""
+        return self._words
+
+    def uses(self) -> list[str]:
+        """Every placeholder of the template, each once, in order."""
+        return argv_template.names(self._words)
+
+    def params_used(self) -> set[str]:
+        """The cell parameters whose values reach the command (directly or through a
+        placeholder; ``total_iterations`` uses warmup and iterations)."""
+        used: set[str] = set()
+        for name in self.uses():
+            if name in self.placeholders:
+                used.add(self.placeholders[name].param or name)
+            elif name == "total_iterations":
+                used |= {"warmup", "iterations"}
+            elif name in PARAM_NAMES:
+                used.add(name)
+        return used
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Every problem of the template's names: (field under its table, message). Checked
+        when the matrix is loaded."""
+        out: list[tuple[str, str]] = []
+        known = [*PARAM_NAMES, *BUILTIN_PLACEHOLDERS, *self.placeholders]
+        used = self.uses()
+        for name in used:
+            if name not in known:
+                out.append(("command", f"unknown placeholder {{{name}}}{_did_you_mean(name, known)}"
+                            f"; a template knows the cell parameters, "
+                            f"{', '.join('{' + n + '}' for n in BUILTIN_PLACEHOLDERS)} and its "
+                            "[placeholders] entries"))
+        embedded = argv_template.embedded(self._words)
+        for name, holder in self.placeholders.items():
+            out += self._placeholder_problems(name, holder, used, embedded)
+        return out
+
+    def _placeholder_problems(self, name: str, holder: Placeholder, used: list[str],
+                              embedded: set[str]) -> list[tuple[str, str]]:
+        where = f"placeholders.{name}"
+        if name in BUILTIN_PLACEHOLDERS:
+            return [(where, f"{{{name}}} is given by orchestrate ({BUILTIN_PLACEHOLDERS[name]}); "
+                            "name this placeholder otherwise")]
+        param = holder.param or name
+        if param not in PARAM_NAMES:
+            field = f"{where}.param" if holder.param else where
+            hint = "" if holder.param else " (set param = the parameter it maps)"
+            return [(field, f"{param!r} is not a cell parameter"
+                            f"{_did_you_mean(param, PARAM_NAMES)}{hint}")]
+        out = []
+        if name not in used:
+            out.append((where, f"not used: the command has no {{{name}}}"
+                               f"{_did_you_mean(name, used)}"))
+        for key, mapped in holder.values.items():
+            if _canonical(param, key) is None:
+                message = _adapter_message(param, key)
+                out.append((f"{where}.values.{key}", f"{key!r} is not a value of {param}: "
+                                                      f"{message}"))
+            elif len(mapped) != 1 and name in embedded:
+                out.append((f"{where}.values.{key}", (
+                    f"{len(mapped)} argv items, but {{{name}}} sits inside a word "
+                    "with other text: make it a string, or give {" + name + "} a word of "
+                    "its own")))
+        return out
+
+    def render(self, values: Mapping[str, Any]) -> list[str]:
+        """The argv items of the template for one cell: ``values`` has every cell parameter
+        and every built-in placeholder. Raises :class:`CommandRenderError` with every problem
+        (a value no placeholder entry lists, a parameter value that would be read as an
+        option)."""
+        problems: list[tuple[str, str]] = []
+
+        def value(name: str) -> str | list[str]:
+            holder = self.placeholders.get(name)
+            if holder is not None:
+                param = holder.param or name
+                mapped = holder.entry(param, values.get(param))
+                if mapped is None:
+                    problems.append((f"placeholders.{name}.values", (
+                        f"no entry for {param} = {value_text(values.get(param))!r}: add it "
+                        f"(or exclude those cells)")))
+                    return ""
+                return mapped[0] if len(mapped) == 1 else mapped
+            got = values.get(name)
+            if got is None:
+                problems.append(("command", f"{{{name}}} has no value in this cell (set "
+                                            f"{name}, or map it under placeholders.{name})"))
+                return ""
+            return value_text(got)
+
+        try:
+            items = argv_template.render(self._words, value)
+        except TemplateError as exc:
+            problems.append(("command", str(exc)))
+            items = []
+        for word in self._words:  # a parameter's own value never becomes an option
+            name = argv_template.whole(word)
+            if (name in PARAM_NAMES and name not in self.placeholders
+                    and value_text(values.get(name)).startswith("-")):
+                problems.append(("command", (
+                    f"{{{name}}} is a word of its own, and {name} = "
+                    f"{value_text(values.get(name))!r} starts with '-': the program would read "
+                    f"it as an option; write it inside a word (--{name.replace('_', '-')}="
+                    f"{{{name}}}) or map it under placeholders.{name}")))
+        if not items and not problems:
+            problems.append(("command", "renders to no word at all for this cell"))
+        if problems:
+            raise CommandRenderError(list(dict.fromkeys(problems)))
+        return items
+
+
+def _adapter_message(param: str, key: str) -> str:
+    try:
+        _adapter(param).validate_strings(key)
+    except ValidationError as exc:
+        return str(exc.errors(include_url=False)[0]["msg"])
+    return ""
+
+
+def _did_you_mean(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {{{close[0]}}}?)" if close else ""
+
+
+def command_values(params: CellParams, program: str, *, python: str, output_dir: str,
+                   cell_id: str) -> dict[str, Any]:
+    """What a command template's placeholders read for one cell: every parameter (``program``
+    as resolved) and the built-in placeholders."""
+    return {**params.model_dump(), "program": program, "python": python,
+            "output_dir": output_dir, "cell_id": cell_id,
+            "total_iterations": params.warmup + params.iterations}
+
+
+@dataclass(frozen=True)
+class Program:
+    """What a cell runs: our workload (``command`` None) or a matrix's command template, and
+    how its figures are read (``figures`` None: our workload's JSON lines)."""
+
+    name: str
+    command: CommandTemplate | None = None
+    figures: FiguresConfig | None = None
+
+    @property
+    def parser(self) -> str:
+        """The figures parser of the cell (workload, dllogger, regex)."""
+        return self.figures.parser if self.figures is not None else "workload"
+
+
+def program_of(params: CellParams, profile: HardwareProfile,
+               commands: Mapping[str, CommandTemplate],
+               figures: FiguresConfig | None = None) -> Program:
+    """The program of a cell: its ``program``, else its profile's, else the workload; its
+    figures: the command's ``figures``, else the profile's, else the matrix's (``figures``).
+    A name that is no command is a :class:`ConfigError` (``load_matrix`` reports it first)."""
+    name = params.program or profile.program or WORKLOAD_PROGRAM
+    command = None
+    if name != WORKLOAD_PROGRAM:
+        command = commands.get(name)
+        if command is None:
+            raise ConfigError(f"no [commands.{name}] template for program {name!r}")
+    found = (command.figures if command else None) or profile.figures or figures
+    return Program(name, command, found)
 
 
 # --- the matrix file -------------------------------------------------------------------------
@@ -585,6 +932,14 @@ class MatrixFile(StrictModel):
         description=f"At most {MAX_EXCLUDES} rules (each is matched against every combination).",
     )
     hardware: dict[Name, HardwareProfile] = Field({}, max_length=1024)
+    commands: dict[Name, CommandTemplate] = Field(
+        {}, max_length=256, description="Programs cells can run instead of our workload "
+        "(a cell's program = NAME).",
+    )
+    figures: FiguresConfig | None = Field(
+        None, description="How every cell's figures are read and judged, unless its command or "
+        "hardware profile says otherwise (default: our workload's JSON lines).",
+    )
 
 
 def json_schema() -> dict[str, Any]:

@@ -20,6 +20,8 @@ Each template directory holds a ``template.toml`` manifest and the template file
     default = "24.05-py3"
     description = "..."
     file = false                   # true: the value is a host path copied into the build context
+                                   # (a file, or a folder with everything under it; "" where
+                                   # the default is "": optional, nothing copied)
 
     [variables.threads]
     type = "int"
@@ -386,8 +388,8 @@ class Template:
         """
         context = dict(resolved)
         for vname, var in self.variables.items():
-            if var.file:
-                context[vname] = _file_context_name(resolved[vname])
+            if var.file:  # "" stays "": an optional file or folder that is not set
+                context[vname] = _file_context_name(resolved[vname]) if resolved[vname] else ""
         context["template_name"] = self.name
         context["base"] = self.base_ref(resolved)
         return context
@@ -412,15 +414,19 @@ class Template:
             files[f"workload/{path.relative_to(workload).as_posix()}"] = path.read_bytes()
         problems = []
         for vname, var in self.variables.items():
-            if not var.file:
-                continue
+            if not var.file or (resolved[vname] == "" and var.default == ""):
+                continue  # not a file variable, or an optional one that is not set
             source = Path(resolved[vname]).expanduser()
-            if not source.is_file():
-                problems.append(
-                    Problem("--set", vname, f"file {str(source)!r} not found ({var.description})")
-                )
+            name = _file_context_name(resolved[vname])
+            if source.is_dir():  # a folder (a lab's checkout): every file under it
+                for path in _iter_tree(source):
+                    files[f"{name}/{path.relative_to(source).as_posix()}"] = path.read_bytes()
                 continue
-            files[_file_context_name(resolved[vname])] = source.read_bytes()
+            if not source.is_file():
+                problems.append(Problem("--set", vname, f"file or folder {str(source)!r} not "
+                                                        f"found ({var.description})"))
+                continue
+            files[name] = source.read_bytes()
         if problems:
             raise ConfigError(problems)
         return dict(sorted(files.items()))

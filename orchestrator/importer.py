@@ -420,7 +420,8 @@ def generated_matrix(name: str, configs: list[dict[str, Any]], device: str, note
         # an include takes [workload] for what it leaves out: give the defaults back
         full = {**{k: CellParams.model_fields[k].default for k in first if k not in config},
                 **config}
-        lines += [f"{k} = {_toml_value(v)}" for k, v in full.items()]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in full.items()
+                  if v is not None]  # unset (program, hpu_mode): TOML has no null
         lines.append("")
     for hw in sorted({c["hardware"] for c in configs}):
         lines += [f"[hardware.{hw}]", f"device = {_toml_value(device)}", ""]

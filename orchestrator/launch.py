@@ -1,26 +1,55 @@
 """From a cell to the command that runs it: the same argv for every backend.
 
-The workload command is a list of arguments, never a shell string: backends hand it to
+A cell's command is a list of arguments, never a shell string: backends hand it to
 ``subprocess`` (argv), the Docker SDK (a list ``command``), or quote each element with
 :func:`shlex.quote` before a remote shell sees it.
 
-A command is built in layers, each a function of plain values: the Python launcher
-(:func:`python_launcher`: ``python -m``, or torchrun for several processes, standalone or as one
-node of a multi-node cell described by a :class:`NodeRole`), the workload and its flags
-(:func:`workload_flags`), then the profiler and runtime wrappers (nsys/ncu/nvprof under their
-capture ranges, :mod:`orchestrator.profilers`; ``bitfusion run``).
+**The program** is one concept, asked the same way by every backend: :func:`cell_command` turns
+a cell and its :class:`~orchestrator.config.Program` (our workload, or a ``[commands.NAME]``
+template: :meth:`orchestrator.matrix.Matrix.program`) into a :class:`CellCommand` (argv,
+environment, working directory, and what ran for the provenance), given what only the backend
+knows: the Python where the cell runs, the cell's folder as the program sees it, the local GPU
+ids to pin, the node's role in a multi-node cell.
+
+A command is built in layers, each a function of plain values:
+
+1. the program: our workload and its flags (:func:`workload_flags`), or the template rendered
+   for the cell (:meth:`~orchestrator.config.CommandTemplate.render`: each value one argv
+   item, a list mapping several);
+2. its launcher: for the workload, ``python -m`` or torchrun for several processes
+   (:func:`python_launcher`); for a command, nothing for one process, ``python -m
+   torch.distributed.run ... --no_python`` for several (one process per GPU with torchrun's
+   environment), nothing either when the command spawns its own ranks (``launcher = "self"``);
+   standalone, or as one node of a multi-node cell (:class:`NodeRole`);
+3. the profiler and runtime wrappers (nsys/ncu/nvprof under their capture ranges,
+   :mod:`orchestrator.profilers`; ``bitfusion run``), the same for every program.
+
+The environment (:func:`workload_env`) pins the local GPUs (``CUDA_VISIBLE_DEVICES``) and the
+Gaudi mode for every program; a command adds its own ``env``.
 :class:`LaunchSpec` is everything a backend needs to start one cell, decided before it starts.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import profilers
-from orchestrator.config import WRAPPING_PROFILERS, CellParams, ContainerOptions, HardwareProfile
+from orchestrator.config import (
+    WORKLOAD_PROGRAM,
+    WRAPPING_PROFILERS,
+    CellParams,
+    CommandTemplate,
+    ContainerOptions,
+    HardwareProfile,
+    Program,
+    command_values,
+)
+from orchestrator.errors import LaunchError
 from orchestrator.matrix import Cell
 from orchestrator.placement import Allocation
 from orchestrator.redact import redact_env
@@ -55,6 +84,9 @@ class LaunchSpec:
     #: A batch script that runs ``argv`` (Slurm's job.sbatch), rendered with the spec; None where
     #: the backend starts ``argv`` itself. Written beside command.json, not into it.
     script: str | None = field(default=None, repr=False)
+    #: What program runs (:attr:`CellCommand.program`): its name, and for a command template
+    #: the template, its rendered argv items, launcher and figures parser.
+    program: dict[str, Any] = field(default_factory=dict)
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -89,6 +121,7 @@ class LaunchSpec:
             "attempt": self.attempt,
             "labels": self.labels,
             **({"mem_limit": self.mem_limit} if self.mem_limit else {}),
+            **({"program": self.program} if self.program else {}),
         }
 
 
@@ -163,6 +196,92 @@ def python_launcher(python: str, gpus: int, node: NodeRole | None = None) -> lis
         return [python, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={gpus}", "-m"]
     return [python, "-m"]
+
+
+@dataclass(frozen=True)
+class CellCommand:
+    """What a backend starts for a cell, whatever its program."""
+
+    argv: list[str]
+    env: dict[str, str]
+    #: The program's working directory (a command's ``workdir``, resolved); None: the
+    #: backend's own (this checkout, the image's WORKDIR).
+    workdir: str | None
+    #: For command.json and the result's provenance: the program's name and, for a command
+    #: template, the template, its rendered argv items, launcher, working directory and the
+    #: parser that reads its figures.
+    program: dict[str, Any]
+
+
+def cell_command(
+    cell: Cell,
+    profile: HardwareProfile,
+    program: Program,
+    *,
+    python: str = "python",
+    output_dir: str | None = None,
+    gpu_ids: tuple[int, ...] = (),
+    node: NodeRole | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> CellCommand:
+    """The command of ``cell`` running ``program``, as every backend starts it.
+
+    ``python``: the interpreter where the cell runs; ``output_dir``: the cell's folder as the
+    program sees it; ``gpu_ids``: local GPUs to pin with the environment (none where a device
+    request or Slurm picks them); ``node``: this node's role in a multi-node cell;
+    ``environ``: where ``$env:NAME`` in a command's ``workdir`` is read (default: this
+    process's environment). A ``workdir`` whose variable is not set is a
+    :class:`~orchestrator.errors.LaunchError` (the sweep checks them all before it starts).
+    """
+    env = workload_env(cell, profile, gpu_ids)
+    command = program.command
+    if command is None:
+        argv = workload_argv(cell, profile, python=python, output_dir=output_dir, node=node)
+        return CellCommand(argv, env, None, {"name": WORKLOAD_PROGRAM, "parser": program.parser})
+    items = command.render(command_values(cell.params, program.name, python=python,
+                                          output_dir=output_dir or ".", cell_id=cell.id))
+    argv = [*command_launcher(command, python, cell.params.gpus, node), *items]
+    argv = profiler_wrap(cell, profile, argv, output_dir, python)
+    if profile.wrapper == "bitfusion":
+        argv = bitfusion_wrap(profile, cell.params.gpus, argv)
+    env.update(command.env)
+    workdir = resolve_workdir(command.workdir, environ)
+    record = {"name": program.name, "command": command.command, "argv": items,
+              "launcher": command.launcher, "workdir": workdir, "parser": program.parser}
+    return CellCommand(argv, env, workdir, record)
+
+
+def command_launcher(command: CommandTemplate, python: str, gpus: int,
+                     node: NodeRole | None = None) -> list[str]:
+    """What starts a command template's argv: nothing for one process or a program that
+    spawns its own ranks; torchrun with ``--no_python`` (the argv is run as it is, one process
+    per GPU) for several, standalone or as ``node`` of a multi-node cell."""
+    if command.launcher == "self":
+        if node is not None:
+            raise LaunchError("a command with launcher = 'self' runs on one host; this cell "
+                              "spans several")
+        return []
+    if node is not None:
+        return [python, "-m", "torch.distributed.run", *node.torchrun_flags(), "--no_python"]
+    if gpus > 1:
+        return [python, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={gpus}", "--no_python"]
+    return []
+
+
+def resolve_workdir(workdir: str | None, environ: Mapping[str, str] | None = None
+                    ) -> str | None:
+    """A command's ``workdir``: ``$env:NAME`` read from ``environ`` (default: this process's
+    environment), which must hold an absolute path."""
+    if workdir is None or not workdir.startswith("$env:"):
+        return workdir
+    name = workdir[len("$env:"):]
+    value = (os.environ if environ is None else environ).get(name)
+    if not value:
+        raise LaunchError(f"workdir {workdir!r}: ${name} is not set in this environment")
+    if not value.startswith("/"):
+        raise LaunchError(f"workdir {workdir!r}: ${name} is {value!r}, not an absolute path")
+    return value
 
 
 def workload_argv(

@@ -32,6 +32,7 @@ question. This module knows nothing of backends:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
@@ -49,15 +50,22 @@ from orchestrator.config import (
     MAX_CELLS,
     MAX_COMBINATIONS,
     PARAM_NAMES,
+    WORKLOAD_PROGRAM,
     CellParams,
+    CommandRenderError,
+    CommandTemplate,
     HardwareProfile,
     MatrixFile,
     MatrixSettings,
+    Program,
+    command_values,
     hardware_reference_problems,
     param_type,
     parse_matrix_file,
+    program_of,
 )
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.fom_config import FiguresConfig
 from orchestrator.results import name_problem
 
 #: Longest cell group id (the cell id adds ``-rN``; a folder name may have 255 bytes).
@@ -99,14 +107,23 @@ class Matrix:
     cells: tuple[Cell, ...]
     varying: tuple[str, ...]
     source_text: str = field(repr=False, default="")
+    #: ``[commands.NAME]``: the programs cells may run besides our workload.
+    commands: dict[str, CommandTemplate] = field(default_factory=dict)
+    #: ``[figures]``: how cells' figures are read unless a command or profile says otherwise.
+    figures: FiguresConfig | None = None
 
     def profile(self, cell: Cell) -> HardwareProfile:
         return self.profiles[cell.hardware]
 
+    def program(self, cell: Cell) -> Program:
+        """What ``cell`` runs (our workload or a command template) and how its figures are
+        read (:func:`orchestrator.config.program_of`)."""
+        return program_of(cell.params, self.profile(cell), self.commands, self.figures)
+
     def with_cells(self, cells: Iterable[Cell]) -> Matrix:
         return Matrix(
             self.name, self.path, self.settings, self.profiles, tuple(cells), self.varying,
-            self.source_text,
+            self.source_text, self.commands, self.figures,
         )
 
 
@@ -269,15 +286,18 @@ def _slug(value: Any) -> str:
     return re.sub(r"[^a-z0-9.]+", "_", str(value).lower()).strip("_") or "x"
 
 
-def _id_parts(params: dict[str, Any], varying: Sequence[str]) -> list[str]:
+def _id_parts(params: dict[str, Any], varying: Sequence[str], program: str = WORKLOAD_PROGRAM
+              ) -> list[str]:
     parts = [_slug(params["hardware"])]
+    if "program" in varying:  # the program's name says what it is: h100-dle-g1-...
+        parts.append(_slug(program))
     for key in ("arch", "mode"):
         if key in varying:
             parts.append(_slug(params[key]))
     parts += [f"g{params['gpus']}", f"bs{params['batch_size']}", params["precision"]]
     for key in PARAM_NAMES:
-        if key not in varying or key in ("hardware", "arch", "mode", "gpus", "batch_size",
-                                         "precision"):
+        if key not in varying or key in ("hardware", "program", "arch", "mode", "gpus",
+                                         "batch_size", "precision"):
             continue
         value = params[key]
         if key == "hpu_mode":  # eager / lazy / compile say what they are
@@ -297,9 +317,10 @@ def _id_parts(params: dict[str, Any], varying: Sequence[str]) -> list[str]:
 #: before it existed), and a retired field keeps the value it always had there.
 HASH_NEUTRAL_PARAMS: dict[str, Any] = {
     "hpu_mode": None, "profile_start": 0, "profile_iterations": 5, "telemetry_interval": 0.5,
+    "program": None,
 }
 HASH_NEUTRAL_PROFILE: dict[str, Any] = {
-    "gpu": None, "compute_capability": None,
+    "gpu": None, "compute_capability": None, "program": None, "figures": None,
     **{tool: HardwareProfile.model_fields[tool].get_default(call_default_factory=True)
        for tool in ("nsys", "ncu", "nvprof")},
 }
@@ -313,14 +334,24 @@ def _hashed(dump: dict[str, Any], neutral: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in dump.items() if not (k in neutral and v == plain(neutral[k]))}
 
 
-def content_hash(params: CellParams, profile: HardwareProfile) -> str:
-    """A short hash of everything that defines a cell's run (not its repeat)."""
-    blob = json.dumps(
-        {"params": _hashed(params.model_dump(), HASH_NEUTRAL_PARAMS),
-         "profile": {**_hashed(profile.model_dump(), HASH_NEUTRAL_PROFILE),
-                     **HASH_RETIRED_PROFILE}},
-        sort_keys=True,
-    )
+def content_hash(params: CellParams, profile: HardwareProfile, program: Program | None = None
+                 ) -> str:
+    """A short hash of everything that defines a cell's run (not its repeat): its parameters,
+    its hardware profile and, where it is not our workload's default, its ``program`` (the
+    command template it runs, the figures parser that reads it)."""
+    dump = params.model_dump()
+    if program is not None and program.command is None:
+        dump["program"] = None  # our workload, however it was named: as before programs
+    content: dict[str, Any] = {
+        "params": _hashed(dump, HASH_NEUTRAL_PARAMS),
+        "profile": {**_hashed(profile.model_dump(), HASH_NEUTRAL_PROFILE),
+                    **HASH_RETIRED_PROFILE},
+    }
+    if program is not None and program.command is not None:
+        content["command"] = {"name": program.name, **program.command.model_dump()}
+    if program is not None and program.figures is not None:
+        content["figures"] = program.figures.model_dump()
+    blob = json.dumps(content, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -332,7 +363,8 @@ def _short(group: str, digest: str) -> str:
 
 
 def make_cells(
-    assignments: list[CellParams], profiles: dict[str, HardwareProfile], repeats: int
+    assignments: list[CellParams], profiles: dict[str, HardwareProfile], repeats: int,
+    commands: dict[str, CommandTemplate] | None = None, figures: FiguresConfig | None = None,
 ) -> tuple[list[Cell], tuple[str, ...]]:
     """Give every assignment a stable id and hash, then copy it ``repeats`` times."""
     dumped = [a.model_dump() for a in assignments]
@@ -340,8 +372,10 @@ def make_cells(
     groups: list[tuple[str, CellParams, str]] = []
     seen: dict[str, int] = {}
     for params, d in zip(assignments, dumped, strict=True):
-        digest = content_hash(params, profiles[params.hardware])
-        group = "-".join(_id_parts(d, varying))
+        profile = profiles[params.hardware]
+        program = program_of(params, profile, commands or {}, figures)
+        digest = content_hash(params, profile, program)
+        group = "-".join(_id_parts(d, varying, program.name))
         seen[group] = seen.get(group, 0) + 1
         groups.append((group, params, digest))
     groups = [(_short(g if seen[g] == 1 else f"{g}-{h[:6]}", h), p, h) for g, p, h in groups]
@@ -385,6 +419,71 @@ def _check_image(file: str, where: str, profile: HardwareProfile) -> list[Proble
     ]
 
 
+def _check_commands(mf: MatrixFile, file: str) -> list[Problem]:
+    """Every ``[commands.NAME]`` template's names: placeholders, their parameters and values."""
+    problems = []
+    for name, command in mf.commands.items():
+        where = f"commands.{name}"
+        if name == WORKLOAD_PROGRAM:
+            problems.append(Problem(file, where, f"{WORKLOAD_PROGRAM!r} is our own workload's "
+                                                 "program name: name the command otherwise"))
+        problems += [Problem(file, f"{where}.{field}", message)
+                     for field, message in command.problems()]
+    return problems
+
+
+def _check_program_names(mf: MatrixFile, file: str) -> list[Problem]:
+    """Every ``program`` value (cells and profiles) names the workload or a command."""
+    known = [WORKLOAD_PROGRAM, *mf.commands]
+    places: list[tuple[str, Any]] = [("workload.program", _set_keys(mf.workload).get("program"))]
+    places += [(f"axes.program[{i}]", v)
+               for i, v in enumerate(_set_keys(mf.axes).get("program") or [])]
+    for z, group in enumerate(mf.zip):
+        places += [(f"zip[{z}].program[{i}]", v)
+                   for i, v in enumerate(_set_keys(group).get("program") or [])]
+    places += [(f"include[{i}].program", _set_keys(e).get("program"))
+               for i, e in enumerate(mf.include)]
+    places += [(f"hardware.{hw}.program", p.program) for hw, p in mf.hardware.items()]
+    problems = []
+    for where, value in places:
+        if value is None or value in known:
+            continue
+        close = difflib.get_close_matches(value, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        problems.append(Problem(file, where, (
+            f"unknown program {value!r}; {hint}a program is {WORKLOAD_PROGRAM!r} (our workload) "
+            f"or a [commands.NAME] table ({', '.join(mf.commands) or 'none defined'})")))
+    return problems
+
+
+def _check_rendering(cells: Sequence[Cell], mf: MatrixFile, file: str) -> list[Problem]:
+    """Every configuration that runs a command renders: each value it takes has an entry in
+    the placeholders that map it, none is read as an option, a self-launching command is not
+    asked for several nodes. One problem per field and message (the first cell named)."""
+    found: dict[tuple[str, str], str] = {}
+    for cell in {c.group: c for c in cells}.values():
+        profile = mf.hardware[cell.hardware]
+        program = program_of(cell.params, profile, mf.commands, mf.figures)
+        command = program.command
+        if command is None:
+            continue
+        where = f"commands.{program.name}"
+        if command.launcher == "self" and profile.multi_node:
+            found.setdefault((f"{where}.launcher", (
+                f"'self' starts the program once, on one host; hardware {cell.hardware!r} may "
+                "span several (multi_node = true): use launcher = \"torchrun\" or set "
+                "multi_node = false")), cell.group)
+        values = command_values(cell.params, program.name, python="python",
+                                output_dir="/out", cell_id=cell.id)
+        try:
+            command.render(values)
+        except CommandRenderError as exc:
+            for field_, message in exc.problems:
+                found.setdefault((f"{where}.{field_}", message), cell.group)
+    return [Problem(file, field_, f"{message} (cell {group})")
+            for (field_, message), group in found.items()]
+
+
 def _check_hardware_values(
     mf: MatrixFile, raw: dict[str, Any], file: str, assignments: list[dict[str, Any]]
 ) -> list[Problem]:
@@ -421,6 +520,8 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
     mf, raw, text = parse_matrix_file(path)
     problems = _check_backend(mf, file, backends)
     problems += _check_profiles(mf, file)
+    problems += _check_commands(mf, file)
+    problems += _check_program_names(mf, file)
     name = mf.matrix.name or path.stem
     if mf.matrix.name is None and name_problem(name):
         problems.append(Problem(file, "matrix.name", (
@@ -449,7 +550,10 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
             params.append(CellParams.model_validate(assignment))
         except ValidationError as exc:  # pragma: no cover - types were checked field by field
             raise ConfigError(f"invalid cell {assignment}: {exc}", file=file) from None
-    cells, varying = make_cells(params, mf.hardware, mf.matrix.repeats)
+    cells, varying = make_cells(params, mf.hardware, mf.matrix.repeats, mf.commands, mf.figures)
+    rendering = _check_rendering(cells, mf, file)
+    if rendering:
+        raise ConfigError(rendering)
     return Matrix(
         name=name,
         path=path,
@@ -458,6 +562,8 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
         cells=tuple(cells),
         varying=varying,
         source_text=text,
+        commands=dict(mf.commands),
+        figures=mf.figures,
     )
 
 

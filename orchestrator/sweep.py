@@ -226,14 +226,22 @@ def pick_backend(matrix: Matrix, override: str | None) -> tuple[str, type[Backen
 
 
 def check_references(matrix: Matrix) -> None:
-    """Every ``$env:NAME`` value of the profiles the cells use names a variable that is set
-    here (it is read when each cell starts); else a ConfigError naming each one."""
+    """Every ``$env:NAME`` value of the profiles and commands the cells use (their ``env``, a
+    command's ``workdir``) names a variable that is set here (it is read when each cell
+    starts); else a ConfigError naming each one."""
+    refs = [(f"hardware.{hardware}.env", matrix.profiles[hardware].env)
+            for hardware in sorted({c.hardware for c in matrix.cells})]
+    for name in sorted({p.name for p in map(matrix.program, matrix.cells) if p.command}):
+        command = matrix.commands[name]
+        refs.append((f"commands.{name}.env", command.env))
+        if command.workdir is not None:
+            refs.append((f"commands.{name}", {"workdir": command.workdir}))
     problems = [
-        Problem(str(matrix.path), f"hardware.{hardware}.env.{name}",
+        Problem(str(matrix.path), f"{where}.{name}",
                 f"takes its value from ${source} of this environment (\"$env:{source}\"), "
                 f"which is not set: export {source} before the sweep")
-        for hardware in sorted({c.hardware for c in matrix.cells})
-        for name, source in missing_references(matrix.profiles[hardware].env)
+        for where, env in refs
+        for name, source in missing_references(env)
     ]
     if problems:
         raise ConfigError(problems)

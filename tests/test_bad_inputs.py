@@ -876,6 +876,105 @@ good_run("plan-accepts-resnext", gx(workload='arch = "resnext101_32x4d"'), 1,
          ("v100-g1-bs64-fp32-r1",), argv=("plan",))
 
 
+# --- command templates: another program in a cell ---------------------------------------------
+
+_CMD = """
+[commands.lab]
+command = "{{python}} ./bench.py -b {{batch_size}} {command} {{flags}}"
+{lines}
+[commands.lab.placeholders.flags]
+param = "precision"
+values = {{ fp32 = [], bf16 = ["--bf16"]{values} }}
+"""
+
+
+def cx(command: str = "", lines: str = "", values: str = "", workload: str = 'program = "lab"',
+       axes: str = "", matrix: str = "", hardware: str = "", more: str = "") -> str:
+    """A matrix whose cells run the command template ``lab`` (``{flags}`` maps precision)."""
+    return mx(matrix=matrix, workload=workload, axes=axes, hardware=hardware,
+              extra=_CMD.format(command=command, lines=lines, values=values) + more)
+
+
+for _name, _text, _field, _more in [
+    ("placeholder-typo", cx("--size {image_sise}"), "commands.lab.command",
+     ("unknown placeholder {image_sise}", "did you mean {image_size}?")),
+    ("unclosed-quote", cx("--name 'a b"), "commands.lab.command",
+     ("cannot be split into words",)),
+    ("lone-brace", cx("--x {"), "commands.lab.command", ("literal braces",)),
+    ("format-spec", cx("--x {batch_size:>4}"), "commands.lab.command", ("has a format",)),
+    ("attribute-access", cx("--x {arch.__class__}"), "commands.lab.command",
+     ("is no placeholder name",)),
+    ("quoted-line-break", cx("'a\\nb'"), "commands.lab.command", ("control character",)),
+    ("command-key-typo", cx(lines='comand = "x"'), "commands.lab.comand",
+     ("did you mean 'command'",)),
+    ("launcher-unknown", cx(lines='launcher = "mpirun"'), "commands.lab.launcher",
+     ("'torchrun' or 'self'",)),
+    ("workdir-relative", cx(lines='workdir = "ConvNets"'), "commands.lab.workdir",
+     ("absolute path",)),
+    ("workdir-bad-reference", cx(lines='workdir = "$env:1X"'), "commands.lab.workdir",
+     ("absolute path",)),
+    ("env-name", cx(lines='env = { "A B" = "1" }'), "commands.lab.env",
+     ("should match pattern",)),
+    ("figures-parser-typo", cx(lines='figures = { parser = "dlloger" }'),
+     "commands.lab.figures.parser", ("'workload', 'dllogger' or 'regex'",)),
+    ("figures-regex-without-group", cx(lines='figures = { parser = "regex", regex = [{ name = '
+                                             '"x", pattern = "ips" }] }'),
+     "commands.lab.figures.regex[0].pattern", ("has no group capturing the number",)),
+    ("unknown-program", cx(workload="", axes='program = ["workload", "lba"]'),
+     "axes.program[1]", ("unknown program 'lba'", "did you mean 'lab'?")),
+    ("unknown-program-of-a-profile", cx(workload="", hardware='program = "dle"'),
+     "hardware.cpu.program", ("unknown program 'dle'",)),
+    ("command-named-workload", mx(extra='[commands.workload]\ncommand = "prog"'),
+     "commands.workload", ("our own workload's program name",)),
+    ("unmapped-value", cx(axes='precision = ["fp32", "amp"]'),
+     "commands.lab.placeholders.flags.values", ("no entry for precision = 'amp'",
+                                                "(cell cpu-g1-bs64-amp)")),
+    ("mapping-key-not-a-value", cx(values=', ampp = ["--amp"]'),
+     "commands.lab.placeholders.flags.values.ampp", ("'ampp' is not a value of precision",)),
+    ("mapping-line-break", cx(values=', amp = ["--a\\nmp"]'),
+     "commands.lab.placeholders.flags.values.amp", ("should match pattern",)),
+    ("mapping-param-typo", cx().replace('param = "precision"', 'param = "precison"'),
+     "commands.lab.placeholders.flags.param", ("did you mean {precision}?",)),
+    ("mapping-not-used", cx().replace("{{flags}}", "").replace("{flags}", ""),
+     "commands.lab.placeholders.flags", ("not used: the command has no {flags}",)),
+    ("list-inside-a-word", cx("--f={flags}").replace(" {flags}\"", "\""),
+     "commands.lab.placeholders.flags.values.fp32", ("0 argv items", "sits inside a word")),
+    ("builtin-redefined", cx("{output_dir}", more='[commands.lab.placeholders.output_dir]\n'
+                                                  'param = "data"\nvalues = { synthetic = "x" }'),
+     "commands.lab.placeholders.output_dir", ("is given by orchestrate",)),
+    ("value-would-be-an-option", cx("{data}", workload='program = "lab"\ndata = "--help"'),
+     "commands.lab.command", ("starts with '-'", "--data={data}")),
+    ("self-launch-on-several-nodes", cx(lines='launcher = "self"',
+                                        hardware="multi_node = true"),
+     "commands.lab.launcher", ("'self' starts the program once",)),
+    ("torch-profiler-in-another-program", cx(workload='program = "lab"\nprofiler = "torch"'),
+     "workload.profiler", ("inside our workload",)),
+    ("our-cells-read-by-another-parser", mx(extra='[figures]\nparser = "dllogger"'),
+     "figures.parser", ("print JSON lines",)),
+]:
+    bad_matrix("commands", _name, _text, _field, err=_more,
+               subprocess=_name in ("placeholder-typo", "unmapped-value"))
+
+bad_matrix("commands", "workdir-variable-not-set",
+           cx(lines='workdir = "$env:ORCHESTRATE_TEST_UNSET_DLE_DIR"'), "commands.lab.workdir",
+           command=("matrix", "--results", "{dir}/results"), check=_NO_RUN_FOLDER,
+           err=("ORCHESTRATE_TEST_UNSET_DLE_DIR", "not set"))
+# hostile values are one argv item each: accepted, and the plan shows them unharmed
+good_matrix("commands", "hostile-values-are-plain-text",
+            cx("--data={data} {data}", workload="program = \"lab\"",
+               axes='data = ["/d/a b", "/d/x; rm -rf ~", "/d/$(touch PWNED)", "/d/`id`", '
+                    '"/d/it\'s \\"q\\""]'), 5,
+            check=lambda d: None if not (d / "PWNED").exists() else (_ for _ in ()).throw(
+                AssertionError("a value ran")))
+good_matrix("commands", "side-by-side-baseline", cx(workload="", matrix='baseline = '
+                                                    '"program=lab"',
+                                                    axes='program = ["workload", "lab"]'), 2)
+case("commands", "unused-parameter-is-a-warning", ["validate", "{dir}/m.toml"],
+     files={"m.toml": cx(axes="seed = [1, 2]")}, expect=0,
+     out=("ok (2 cells)", "warning:", "m.toml: commands.lab.command: seed varies among the "
+          "cells of program 'lab'"))
+
+
 # --- the runner ------------------------------------------------------------------------------
 
 HANG_LIMIT_S = 60

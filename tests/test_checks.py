@@ -33,6 +33,8 @@ SHIPPED: dict[str, dict[str, tuple[str, str] | None]] = {
     "v100_profile": {"v100": ("23.10", "2.1.0a0+32f93b1")},
     "gaudi": {"gaudi": ("installer 1.18.0", "2.4.0")},
     "h100_speed": {"h100": None},
+    "dle_vs_workload": {"h100": None},
+    "dle_vs_workload_v100": {"v100": ("23.10", "2.1.0a0+32f93b1")},
     "cpu_smoke": {"cpu": None},
     "slurm_smoke": {"cpu": None},
     "docker_smoke": {"cpu-container": None},

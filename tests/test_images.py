@@ -42,6 +42,15 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
             "bitfusion_dir": "/etc/bf",
         },
     },
+    "dle-convnets": {  # dllogger_dir set: the optional block is part of what is checked
+        "defaults": {"parent_image": PARENT, "dllogger_dir": "dllogger"},
+        "overrides": {
+            "parent_image": PARENT,
+            "dle_dir": "/labs/DeepLearningExamples/PyTorch/Classification/ConvNets",
+            "dle_install_dir": "/opt/dle",
+            "dllogger_dir": "/labs/dllogger",
+        },
+    },
     "habana": {
         "defaults": {},
         "overrides": {
@@ -99,7 +108,7 @@ def test_unknown_template_lists_known_ones() -> None:
         images.load_template("ngc-pytroch")
     message = str(err.value)
     assert "unknown image template 'ngc-pytroch'" in message
-    for name in ("bitfusion", "habana", "ngc-pytorch", "singularity"):
+    for name in ("bitfusion", "dle-convnets", "habana", "ngc-pytorch", "singularity"):
         assert name in message
 
 
@@ -461,6 +470,32 @@ def test_a_file_variable_enters_the_context_under_a_safe_name(tmp_path: Path) ->
     files = images.context_files("bitfusion", values, workload_dir=tmp_path)
     assert "Bitfusion_Client___x_.deb" in files
     assert "COPY Bitfusion_Client___x_.deb /tmp/" in files["Dockerfile"].decode()
+
+
+def test_a_folder_variable_enters_the_context_whole_and_an_unset_one_not_at_all(
+        tmp_path: Path) -> None:
+    """dle-convnets copies a lab's checkout (a folder) into the image; dllogger_dir is
+    optional. The checkout here is a stand-in folder: the project ships none of NVIDIA's."""
+    checkout = tmp_path / "Conv Nets (lab)"
+    (checkout / "image_classification").mkdir(parents=True)
+    (checkout / "main.py").write_text("print('main')\n")
+    (checkout / "image_classification" / "logger.py").write_text("# logger\n")
+    (checkout / "__pycache__").mkdir()
+    (checkout / "__pycache__" / "main.cpython-311.pyc").write_bytes(b"x")
+    values = {"parent_image": PARENT, "dle_dir": str(checkout)}
+    workload = tmp_path / "workload"
+    workload.mkdir()
+    files = images.context_files("dle-convnets", values, workload_dir=workload)
+    assert {k for k in files if k.startswith("Conv_Nets__lab_/")} == {
+        "Conv_Nets__lab_/main.py", "Conv_Nets__lab_/image_classification/logger.py"}
+    text = files["Dockerfile"].decode()
+    assert "COPY Conv_Nets__lab_ /workspace/dle-convnets/\n" in text
+    assert "dllogger" not in text.lower().replace("orchestrate_dle_dir", "")
+    with pytest.raises(ConfigError) as err:
+        images.context_files("dle-convnets", {**values, "dle_dir": str(tmp_path / "nowhere")},
+                             workload_dir=workload)
+    assert err.value.problems[0].field == "dle_dir"
+    assert "file or folder" in err.value.problems[0].message
 
 
 def test_matrix_image_vars_are_checked_by_kind(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import ORCHESTRATOR_PARAMS, CellParams, HardwareProfile
+from orchestrator.config import ORCHESTRATOR_PARAMS, CellParams, HardwareProfile, Program
 from orchestrator.launch import (
     NodeRole,
     node_roles,
@@ -134,8 +134,8 @@ def test_each_gaudi_cell_gets_its_mode(params: dict[str, object], mode: str, laz
     assert argv.count("--hpu-mode") == 1
     parsed = build_parser().parse_args(argv[argv.index("workload") + 1:])
     assert parsed.hpu_mode == mode and parsed.device == "hpu"
-    spec = container_spec(this, GAUDI, image="orchestrate/habana:x", output_dir="/out",
-                          labels={})
+    spec = container_spec(this, GAUDI, Program("workload"), image="orchestrate/habana:x",
+                          output_dir="/out", labels={})
     environment = container_kwargs(spec)["environment"]
     assert environment["PT_HPU_LAZY_MODE"] == lazy
     assert environment["HABANA_VISIBLE_DEVICES"] == "all"

@@ -22,7 +22,13 @@ hooks:
 
 An :class:`Execution` is the started cell: a subprocess, a container, a remote channel, a job.
 How its end becomes a status (ok, failed with the reason, oom, timeout, host lost, cancelled) is
-decided here, once, from its :class:`ExitInfo` and the workload's JSON lines.
+decided here, once, from its :class:`ExitInfo` and its figures of merit: when the cell has
+ended, :func:`orchestrator.fom.evaluate` reads this attempt's part of the log and the cell
+folder with the cell's parser (our workload's JSON lines, DLLogger, regex: its program's
+``figures``) and judges them (a program that exits 0 without its figures, with a NaN or a
+figure out of its bounds, failed). The result's provenance says which program ran
+(``program``: the command template, its rendered argv, its parser) and how the figures were
+read (``figures``).
 
 :meth:`Backend.run_cell` never raises: whatever goes wrong around a cell (its folder, its
 command.json or log cannot be written, the spec or the launch raises, a hook has a bug) makes it
@@ -53,18 +59,13 @@ from typing import Any, BinaryIO, ClassVar
 
 from orchestrator import __version__, locks
 from orchestrator.errors import OrchestratorError
+from orchestrator.fom import CellOutput, evaluate
 from orchestrator.launch import LaunchSpec
 from orchestrator.locks import HeldLocks, Holder, LockRequest, LockWaitCancelled
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
 from orchestrator.redact import Scrubber, secret_env
-from orchestrator.results import (
-    CellResult,
-    RunPaths,
-    Status,
-    parse_metric_lines,
-    write_json,
-)
+from orchestrator.results import CellResult, RunPaths, Status, write_json
 
 log = logging.getLogger("orchestrator.backends")
 
@@ -117,10 +118,10 @@ TAIL_LINES = 40
 
 @dataclass
 class _Capture:
-    """What the log pump keeps while it streams: the structured lines, the log's end, and the
-    cell's files that could not be written (the log on a full disk)."""
+    """What the log pump keeps while it streams: the log's end, and the cell's files that could
+    not be written (the log on a full disk). Figures are read from the log file once the cell
+    ended (:mod:`orchestrator.fom`)."""
 
-    metrics: list[dict[str, Any]] = field(default_factory=list)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     file_errors: dict[str, str] = field(default_factory=dict)
     #: Masks the cell's secret values in its output (inactive when it has none).
@@ -128,8 +129,6 @@ class _Capture:
 
     def line(self, text: str) -> None:
         self.tail.append(text)
-        if text.lstrip().startswith("{"):
-            self.metrics += parse_metric_lines(text)
 
     def write(self, log_file: BinaryIO, chunk: bytes) -> None:
         """Append ``chunk`` to the log; after a failed write, the log is left as it is."""
@@ -220,6 +219,8 @@ class Backend(ABC):
         }
         if spec.hosts:
             info["hosts"] = list(spec.hosts)
+        if spec.program:
+            info["program"] = dict(spec.program)
         return info
 
     def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:  # noqa: B027
@@ -321,6 +322,7 @@ class Backend(ABC):
         log_path = self.paths.cell_log(cell.id)
         with log_path.open("ab") as log_file:
             log_file.write(f"# {spec.shell_line()}\n".encode())
+        log_offset = log_path.stat().st_size  # this attempt's output starts here
         request = self.lock_request(cell, allocation)
         step.name = f"waiting for {request.describe()}" if request else "launching"
         with self._hold(cell, request) as held:
@@ -336,8 +338,11 @@ class Backend(ABC):
         result.duration_s = round(time.monotonic() - t0, 3)
         result.finished_at = time.time()
         result.exit_code = info.code if info else None
+        step.name = "reading its figures"
+        output = CellOutput.from_cell_dir(self.paths.cell_dir(cell.id), result.params,
+                                          log_offset, log_path.name)
         step.name = "recording the outcome"
-        self._interpret(result, status, reason, info, capture)
+        self._interpret(cell, result, status, reason, info, capture, output)
         self.finish(cell, result, execution)
 
     @contextlib.contextmanager
@@ -432,25 +437,24 @@ class Backend(ABC):
             line(pending)
 
     def _interpret(
-        self, result: CellResult, status: Status | None, reason: str, info: ExitInfo | None,
-        capture: _Capture,
+        self, cell: Cell, result: CellResult, status: Status | None, reason: str,
+        info: ExitInfo | None, capture: _Capture, output: CellOutput,
     ) -> None:
-        lines = capture.metrics
-        if lines:
+        """The cell's figures (its program's parser: :func:`orchestrator.fom.evaluate`) and its
+        status: the backend's account of its end first, then the figures' verdict."""
+        exited_ok = (status is None and info is not None and info.code == 0
+                     and not info.oom and not info.host_lost)
+        evaluation = evaluate(output, self.matrix.program(cell).figures, exited_ok=exited_ok)
+        figures = evaluation.figures
+        if figures.records:
             try:
                 with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
-                    for obj in lines:
-                        fh.write(json.dumps(obj) + "\n")
+                    fh.writelines(json.dumps(obj) + "\n" for obj in figures.records)
             except OSError as exc:
                 capture.file_errors["metrics.jsonl"] = str(exc)
-        summary = next((o for o in reversed(lines) if o["type"] == "summary"), None)
-        meta = next((o for o in lines if o["type"] == "meta"), None)
-        error = next((o for o in reversed(lines) if o["type"] == "error"), None)
-        if summary:
-            result.metrics = dict(summary.get("data", {}))
-            if "iteration_times" in summary:
-                result.metrics["iteration_times"] = summary["iteration_times"]
-        result.env = dict((summary or meta or {}).get("env", {}))
+        result.metrics = dict(figures.metrics)
+        result.env = dict(figures.env)
+        result.provenance["figures"] = figures.info()
 
         if status is None:
             if info is None:
@@ -462,10 +466,9 @@ class Backend(ABC):
                 reason = info.detail or "killed by the out-of-memory killer"
             elif info.code != 0:
                 status = Status.FAILED
-                reason = _failure_reason(info, error, capture.tail)
-            elif summary is None:
-                status = Status.FAILED
-                reason = "the workload exited 0 but printed no summary line"
+                reason = _failure_reason(info, figures.program_error, capture.tail)
+            elif not evaluation.ok:
+                status, reason = Status.FAILED, evaluation.reason
             else:
                 status = Status.OK
         if capture.file_errors:  # numbers without their files are not a result to keep
@@ -480,7 +483,7 @@ class Backend(ABC):
             result.log_tail = list(capture.tail)
 
 
-def _failure_reason(info: ExitInfo, error: dict[str, Any] | None, tail: Iterable[str]) -> str:
+def _failure_reason(info: ExitInfo, error: str | None, tail: Iterable[str]) -> str:
     code = info.code
     if code is not None and code < 0:
         try:
@@ -489,8 +492,8 @@ def _failure_reason(info: ExitInfo, error: dict[str, Any] | None, tail: Iterable
             what = f"killed by signal {-code}"
     else:
         what = f"exit code {code}"
-    if error and error.get("message"):
-        return f"{what}: {error['message']}"
+    if error:
+        return f"{what}: {error}"
     last = [ln for ln in tail if ln.strip()]
     detail = info.detail or (last[-1].strip() if last else "")
     return f"{what}: {detail}" if detail else what

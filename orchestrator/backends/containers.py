@@ -3,9 +3,11 @@
 The local :mod:`~orchestrator.backends.docker` backend and the lab hosts'
 :mod:`~orchestrator.backends.ssh` backend both use these, and nothing else of each other:
 
-* :func:`container_spec` — a cell's :class:`~orchestrator.launch.LaunchSpec` in a container: the
-  workload argv with the image's Python, its output at :data:`CONTAINER_OUT`, the profile's
-  container options, the cell's labels. GPUs come from a device request, not the environment.
+* :func:`container_spec` — a cell's :class:`~orchestrator.launch.LaunchSpec` in a container: its
+  program's argv (:func:`~orchestrator.launch.cell_command`: our workload, or a command template)
+  with the image's Python, its output at :data:`CONTAINER_OUT`, the command's working directory
+  (else the image's), the profile's container options, the cell's labels. GPUs come from a
+  device request, not the environment.
 * :func:`container_kwargs` — what a lab types by hand (``docker run --gpus '"device=0,1"'
   --ipc=host --shm-size=16g --ulimit memlock=-1 -v /data/imagenet:/imagenet ...``) as the
   arguments of ``client.containers.run``: a pure function of the spec, checked by tests as built.
@@ -23,8 +25,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from orchestrator.backends.base import Execution, ExitInfo
-from orchestrator.config import HardwareProfile
-from orchestrator.launch import LaunchSpec, NodeRole, workload_argv, workload_env
+from orchestrator.config import HardwareProfile, Program
+from orchestrator.launch import LaunchSpec, NodeRole, cell_command
 from orchestrator.matrix import Cell
 from orchestrator.redact import resolve_env
 
@@ -39,6 +41,7 @@ CONTAINER_PYTHON = "python3"
 def container_spec(
     cell: Cell,
     profile: HardwareProfile,
+    program: Program,
     *,
     image: str | None,
     output_dir: str,
@@ -57,19 +60,22 @@ def container_spec(
     container = profile.container
     if node is not None:
         container = container.model_copy(update={"network": "host"})
+    command = cell_command(cell, profile, program, python=CONTAINER_PYTHON,
+                           output_dir=CONTAINER_OUT, node=node)  # GPUs: the device request
     return LaunchSpec(
         cell_id=cell.id,
-        argv=tuple(workload_argv(cell, profile, python=CONTAINER_PYTHON,
-                                 output_dir=CONTAINER_OUT, node=node)),
-        env=workload_env(cell, profile, ()),  # GPUs: the device request
+        argv=tuple(command.argv),
+        env=command.env,
         device=profile.device,
         gpu_ids=gpu_ids,
         image=image,
         container=container,
+        workdir=command.workdir,
         output_dir=output_dir,
         host=host,
         labels=labels,
         attempt=attempt,
+        program=command.program,
     )
 
 

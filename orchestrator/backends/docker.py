@@ -67,7 +67,7 @@ class DockerBackend(Backend):
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         return container_spec(
-            cell, self.matrix.profile(cell),
+            cell, self.matrix.profile(cell), self.matrix.program(cell),
             image=self.image_tags.get(cell.hardware),
             output_dir=str(self.paths.cell_dir(cell.id).resolve()),
             labels=container_labels(self.matrix.name, self.paths.run_id, cell.id),

@@ -1,7 +1,9 @@
-"""Local process backend: a cell's workload as a subprocess of this machine.
+"""Local process backend: a cell's program as a subprocess of this machine.
 
 The embedded default: needs nothing but torch in this Python environment. GPUs are selected with
-``CUDA_VISIBLE_DEVICES``; several GPUs run under ``torch.distributed.run`` (torchrun).
+``CUDA_VISIBLE_DEVICES``; several GPUs run under ``torch.distributed.run`` (torchrun). The
+program is our workload, run with this Python from this checkout, or a ``[commands.NAME]``
+template (:func:`orchestrator.launch.cell_command`), in its ``workdir`` when it has one.
 
 Every process a cell starts is stopped when it ends, is timed out or interrupted, however it
 detached (torchrun's ranks each run in a session of their own; a daemon may double-fork):
@@ -31,7 +33,7 @@ from orchestrator import cellprocs
 from orchestrator.backends.base import PROJECT_ROOT, Backend, Execution, ExitInfo
 from orchestrator.cellprocs import CellProcesses
 from orchestrator.errors import BackendUnavailable, ConfigError, LaunchError
-from orchestrator.launch import LaunchSpec, workload_argv, workload_env
+from orchestrator.launch import LaunchSpec, cell_command
 from orchestrator.matrix import Cell
 from orchestrator.placement import Allocation
 from orchestrator.redact import resolve_env
@@ -109,19 +111,23 @@ class ProcessBackend(Backend):
             )
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
+        """The cell's program (:func:`~orchestrator.launch.cell_command`) with this Python, in
+        this checkout (or the command's ``workdir``), its GPUs pinned by the environment."""
         profile = self.matrix.profile(cell)
-        out = str(self.paths.cell_dir(cell.id))
-        env = workload_env(cell, profile, allocation.gpu_ids)
+        out = str(self.paths.cell_dir(cell.id).resolve())  # the program may run elsewhere
+        command = cell_command(cell, profile, self.matrix.program(cell), python=sys.executable,
+                               output_dir=out, gpu_ids=allocation.gpu_ids)
         return LaunchSpec(
             cell_id=cell.id,
-            argv=tuple(workload_argv(cell, profile, python=sys.executable, output_dir=out)),
-            env=env,
+            argv=tuple(command.argv),
+            env=command.env,
             device=profile.device,
             gpu_ids=allocation.gpu_ids,
-            workdir=str(PROJECT_ROOT),
+            workdir=command.workdir or str(PROJECT_ROOT),
             output_dir=out,
             attempt=attempt,
             mem_limit=profile.container.mem_limit,
+            program=command.program,
         )
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:

@@ -2,9 +2,11 @@
 
 Slurm does the placement: every cell is submitted as soon as the sweep reaches it (optionally
 capped per profile with ``[hardware.NAME.slurm] max_jobs``) and Slurm queues it until a node is
-free. The job runs the same workload argv as the process backend, with this Python
-(``sys.executable``) and this checkout as its working directory, so the compute nodes must share
-this machine's filesystem (the usual cluster setup; a single-node test cluster is this machine).
+free. The job runs the same program argv as the process backend (our workload, or a
+``[commands.NAME]`` template: :func:`orchestrator.launch.cell_command`), with this Python
+(``sys.executable``) and this checkout (or the command's ``workdir``) as its working
+directory, so the compute nodes must share this machine's filesystem (the usual cluster
+setup; a single-node test cluster is this machine).
 
 A cell's files, all in its cell folder:
 
@@ -41,11 +43,12 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator.backends.base import PROJECT_ROOT, Backend, Execution, ExitInfo, RunOptions
 from orchestrator.config import HardwareProfile, SlurmOptions
 from orchestrator.errors import BackendUnavailable, LaunchError
-from orchestrator.launch import LaunchSpec, workload_argv, workload_env
+from orchestrator.launch import LaunchSpec, cell_command
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
 from orchestrator.redact import Scrubber, public_env, secret_env
@@ -93,6 +96,8 @@ class SbatchJob:
     time_limit: str
     gpus: int = 0  # --gres=gpu:N; 0 for CPU cells (and Bitfusion, whose GPUs are remote)
     options: SlurmOptions = field(default_factory=SlurmOptions)
+    #: What program the job runs (for command.json and provenance; not in the script).
+    program: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def job_name(self) -> str:
@@ -564,22 +569,26 @@ class SlurmBackend(Backend):
     # --- cells ---------------------------------------------------------------------------------
 
     def sbatch_job(self, cell: Cell) -> SbatchJob:
-        """The batch script's content for ``cell`` (what :func:`render_sbatch` renders)."""
+        """The batch script's content for ``cell`` (what :func:`render_sbatch` renders): its
+        program (:func:`~orchestrator.launch.cell_command`) with this Python, in this checkout
+        or the command's ``workdir``."""
         profile = self.matrix.profile(cell)
-        cell_dir = self.paths.cell_dir(cell.id)
-        argv = workload_argv(cell, profile, python=sys.executable, output_dir=str(cell_dir))
-        env = workload_env(cell, profile, ())  # GPUs: Slurm sets CUDA_VISIBLE_DEVICES
+        cell_dir = self.paths.cell_dir(cell.id).resolve()  # the job may run elsewhere
+        command = cell_command(cell, profile, self.matrix.program(cell), python=sys.executable,
+                               output_dir=str(cell_dir))  # GPUs: Slurm sets CUDA_VISIBLE_DEVICES
+        env = dict(command.env)
         env["PYTHONPATH"] = str(PROJECT_ROOT)
         opts = profile.slurm
         return SbatchJob(
             cell_id=cell.id,
-            argv=tuple(argv),
+            argv=tuple(command.argv),
             env=env,
             output=output_pattern(cell_dir),
-            workdir=str(PROJECT_ROOT),
+            workdir=command.workdir or str(PROJECT_ROOT),
             time_limit=opts.time_limit or slurm_time(self.options.timeout_s + TIME_MARGIN_S),
             gpus=self._gpus_requested(cell, profile),
             options=opts,
+            program=command.program,
         )
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
@@ -591,7 +600,7 @@ class SlurmBackend(Backend):
             cell_id=cell.id, argv=job.argv, env=env, device=profile.device,
             workdir=job.workdir, output_dir=str(self.paths.cell_dir(cell.id)),
             labels={"slurm.script": str(self.paths.cell_dir(cell.id) / SCRIPT_NAME)},
-            attempt=attempt, script=render_sbatch(job),
+            attempt=attempt, script=render_sbatch(job), program=job.program,
         )
 
     def launch(self, spec: LaunchSpec) -> Execution:

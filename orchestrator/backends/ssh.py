@@ -328,18 +328,20 @@ class SshDockerBackend(Backend):
         """The cell's container on its host; a multi-node cell's spec is node 0's, with one peer
         spec per other host (each with its :class:`~orchestrator.launch.NodeRole`)."""
         profile = self.matrix.profile(cell)
+        program = self.matrix.program(cell)
         image = self.image_tags.get(cell.hardware)
         output_dir = remote_dir(self.paths.run_id, cell.id, attempt)
         labels = container_labels(self.matrix.name, self.paths.run_id, cell.id)
         if not allocation.multi_node:
-            return container_spec(cell, profile, image=image, output_dir=output_dir,
+            return container_spec(cell, profile, program, image=image, output_dir=output_dir,
                                   labels=labels, attempt=attempt, host=allocation.host,
                                   gpu_ids=allocation.gpu_ids)
         assert allocation.host is not None  # a pool's allocation names its hosts
         roles = node_roles(allocation, self.targets[allocation.host].hostname)
         nodes = [
-            container_spec(cell, profile, image=image, output_dir=output_dir, labels=labels,
-                           attempt=attempt, host=slot.host, gpu_ids=slot.gpu_ids, node=role)
+            container_spec(cell, profile, program, image=image, output_dir=output_dir,
+                           labels=labels, attempt=attempt, host=slot.host, gpu_ids=slot.gpu_ids,
+                           node=role)
             for slot, role in zip(allocation.slots, roles, strict=True)
         ]
         return dataclasses.replace(nodes[0], peers=tuple(nodes[1:]))
