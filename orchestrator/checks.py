@@ -9,10 +9,17 @@ validate``, ``plan`` and ``matrix`` (before a run folder exists) and
 The *stack* of a profile (:class:`Stack`) is the software its cells run on, as far as it is known
 without building anything. The backends that run images (docker, ssh) run the profile's image:
 the base image at the root of its template chain (``bitfusion`` -> ``ngc-pytorch`` -> its base)
-names an NGC PyTorch release (torch, torchvision and tools from ``data/ngc_releases.toml``), a
-Habana PyTorch installer (its torch version), or something else (unknown). The backends that run
-this machine's Python (process, slurm) run this interpreter's torch, read from its package
-metadata (torch is never imported).
+names an NGC PyTorch release (torch, torchvision and tools from ``data/ngc_releases.toml``; a
+lab mirror's ``.../pytorch:YY.MM-py3`` counts as that release), a Habana PyTorch installer (its
+torch version), or something else (unknown). A cell's ``ngc_release`` replaces its profile's
+release (the cell's stack is that release's). A profile with ``release = "auto"`` has its release
+chosen per host from the host's driver when the sweep runs: its cells are checked against every
+release a host may get (the offered NGC releases that support the profile's GPU, or the Intel
+Gaudi releases of ``data/habana_releases.toml``); what fails on every one of them is an error,
+what fails only on older ones a warning naming them. The backends that run this machine's Python
+(process, slurm) run this interpreter's torch, read from its package metadata (torch is never
+imported): a release there is not theirs to pick (``ngc_release`` is refused, ``release =
+"auto"`` noted as unused).
 
 Rules; an error names the file and the field where the value is set (``axes.arch[1]``,
 ``hardware.v100.image_vars.base_tag``), every problem at once:
@@ -29,13 +36,20 @@ Rules; an error names the file and the field where the value is set (``axes.arch
   tool (NGC PyTorch does, Habana's does not); ncu needs compute capability 7.0+.
 * hpu_mode only on hpu profiles; ``PT_HPU_LAZY_MODE`` belongs to the cell (from hpu_mode), not
   to a profile's env.
+* release: ``ngc_release`` only where the backend runs images and the profile's template takes
+  an NGC release it does not fix otherwise (no ``base_image``, no ``release = "auto"``); a
+  release below the floor is refused. ``release = "auto"`` needs a template with a release
+  family (NGC ``base_tag``, Gaudi ``synapse_version``) that image_vars leave to it.
 * baseline: its key is a cell parameter and its value one of that parameter's; some cell has it,
   and some other cell has a row to compare with (equal in every other parameter).
 
 Warnings (``validate --strict`` makes them errors): a baseline that pairs profiles whose planned
 stacks differ (the ratio would mix software and hardware; the table marks such rows too), CUDA
-graphs the workload would not capture (with compile, or with several GPUs). Notes say what could
-not be checked (an unknown GPU, a base image outside the release table, the host's profilers).
+graphs the workload would not capture (with compile, or with several GPUs), what an auto release
+cannot do on the older releases a host may get. A baseline on ``ngc_release`` compares releases
+on the same hardware by design: a note says so, not a warning (the table labels those ratios as
+the release comparison). Notes say what could not be checked (an unknown GPU, a base image
+outside the release table, the host's profilers, the release an auto profile gets per host).
 """
 
 from __future__ import annotations
@@ -53,7 +67,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator import gpus, images, profilers, releases, stacks
+from orchestrator import gpus, images, profilers, releases, selection, stacks
 from orchestrator.config import (
     PARAM_NAMES,
     CellParams,
@@ -75,10 +89,11 @@ BACKEND_RUNS: dict[str, str] = {
     "process": "host", "slurm": "host", "docker": "image", "ssh": "image",
 }
 
-_NGC_BASE = re.compile(r"^nvcr\.io/nvidia/pytorch:(\d\d\.\d\d)-py3$")
+#: NGC PyTorch's repository, or a lab mirror of it (``registry.lab:5000/nvidia/pytorch``).
+_NGC_BASE = re.compile(r"^(?:[^@]*/)?pytorch:(\d\d\.\d\d)-py3$")
 _HABANA_BASE = re.compile(
     r"^vault\.habana\.ai/gaudi-docker/([^/]+)/([^/]+)/habanalabs/pytorch-installer-([^/:]+)"
-    r":latest$"
+    r":[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 )
 _TOOLS = {"nsys": "Nsight Systems (nsys)", "ncu": "Nsight Compute (ncu)", "nvprof": "nvprof"}
 
@@ -101,6 +116,9 @@ class Stack:
     profilers: frozenset[str] | None = None
     #: False where the stack could not be told (an unknown base image or backend).
     known: bool = True
+    #: ``release = "auto"``: the stacks a host may get, oldest first (the stack itself is
+    #: decided per host when the sweep runs).
+    candidates: tuple[Stack, ...] = ()
 
     @property
     def identity(self) -> tuple[str | None, str | None]:
@@ -117,6 +135,15 @@ class Findings:
     warnings: list[Problem] = field(default_factory=list)
     notes: list[Problem] = field(default_factory=list)
     stacks: dict[str, Stack] = field(default_factory=dict)
+    #: (hardware, ngc_release) -> the stack of cells that pin a release
+    release_stacks: dict[tuple[str, str], Stack] = field(default_factory=dict)
+
+    def stack_of(self, cell: Cell) -> Stack:
+        """The stack ``cell`` runs on: its pinned release's, else its profile's."""
+        release = cell.params.ngc_release
+        if release is not None and (cell.hardware, release) in self.release_stacks:
+            return self.release_stacks[(cell.hardware, release)]
+        return self.stacks[cell.hardware]
 
     def error(self, problem: Problem) -> None:
         if problem not in self.errors:
@@ -152,9 +179,17 @@ def check_matrix(
     for hw in sorted({c.hardware for c in matrix.cells}):
         found.stacks[hw] = _profile_checks(found, file, hw, matrix.profiles[hw], backend)
     places = _Places(matrix.source_text)
+    for hw, release in sorted({(c.hardware, c.params.ngc_release) for c in matrix.cells
+                               if c.params.ngc_release is not None}):
+        found.release_stacks[(hw, release)] = _release_checks(
+            found, file, places, hw, matrix.profiles[hw], release, backend)
     for cell in _configurations(matrix.cells):
-        _CellCheck(found, file, places, cell.params, matrix.profiles[cell.hardware],
-                   found.stacks[cell.hardware]).run()
+        stack = found.stack_of(cell)
+        profile = matrix.profiles[cell.hardware]
+        if stack.candidates:
+            _check_candidates(found, file, places, cell, profile, stack)
+        else:
+            _CellCheck(found, file, places, cell.params, profile, stack).run()
     if comparisons and matrix.settings.baseline:
         _baseline_checks(found, file, matrix)
     return found
@@ -245,7 +280,13 @@ def _profile_checks(
             found.note(Problem(file, f"{where}.image", (
                 f"not used: the {backend} backend runs this machine's Python and its torch, not "
                 f"the image {profile.image!r}")))
+        if profile.release is not None:
+            found.note(Problem(file, f"{where}.release", (
+                f"not used: the {backend} backend runs this machine's Python, whose torch no "
+                "release picks (release = 'auto' applies to the docker and ssh backends)")))
         return host_stack()
+    if profile.release == selection.AUTO:
+        return _auto_stack(found, file, hw, profile)
     return _image_stack(found, file, hw, profile, backend)
 
 
@@ -325,6 +366,124 @@ def root_base_image(template: images.Template, values: dict[str, Any]) -> str:
     return template.base_ref(resolved)
 
 
+def _auto_stack(found: Findings, file: str, hw: str, profile: HardwareProfile) -> Stack:
+    """The stacks a host may get for a profile whose release is chosen per host."""
+    where = f"hardware.{hw}"
+    assert profile.image is not None  # the profile model requires an image with release = auto
+    try:
+        template = images.load_template(profile.image)
+    except ConfigError:  # load_matrix reported it
+        return Stack("not checked", known=False)
+    kind = selection.family(template)
+    fixed = [v for v in ("base_image", "base_tag", "synapse_version", "torch_version")
+             if profile.image_vars.get(v)]
+    if kind is None:
+        found.error(Problem(file, f"{where}.release", (
+            f"release = 'auto' picks a release of the base image, but the template "
+            f"{profile.image!r} names none (it has neither base_tag nor synapse_version/"
+            "torch_version)")))
+        return Stack("not checked", known=False)
+    if fixed:
+        found.error(Problem(file, f"{where}.image_vars.{fixed[0]}", (
+            f"{fixed[0]} fixes the base image, which release = 'auto' chooses per host from its "
+            "driver: remove one of them")))
+    if kind == "habana":
+        candidates = tuple(
+            Stack(f"Intel Gaudi {r.name} (torch {r.torch})", torch=r.torch,
+                  profilers=frozenset(), release=r.name)
+            for r in releases.load_habana_releases())
+    else:
+        cc = _capability(profile)
+        shown = f"{cc[0]}.{cc[1]}" if cc else None
+        candidates = tuple(_release_stack(r, r.base_tag) for r in releases.load_releases()
+                           if r.offered and r.runs_on(shown))
+    span = f"{candidates[0].release}..{candidates[-1].release}" if candidates else "none"
+    label = selection.FAMILY_LABEL[kind]
+    found.note(Problem(file, f"{where}.release", (
+        f"release = 'auto': each host gets the {label} release its driver runs when the sweep "
+        f"reaches it ({span} possible); the cells are checked against each of them")))
+    return Stack(f"{label} chosen per host from its driver (release = 'auto')", known=False,
+                 candidates=candidates)
+
+
+def _release_stack(release: releases.Release, base: str) -> Stack:
+    return Stack(
+        f"NGC PyTorch {release.name} (torch {release.torch}, torchvision {release.torchvision},"
+        f" CUDA {release.cuda})",
+        base=base, release=release.name, torch=release.torch, torchvision=release.torchvision,
+        cuda=release.cuda, profilers=releases.container_profilers(),
+    )
+
+
+def _check_candidates(found: Findings, file: str, places: _Places, cell: Cell,
+                      profile: HardwareProfile, stack: Stack) -> None:
+    """A cell of an auto profile against every stack a host may get: what fails on the newest
+    is an error; what fails only on older ones, a warning naming them."""
+    results = []
+    for candidate in stack.candidates:
+        sub = Findings()
+        _CellCheck(sub, file, places, cell.params, profile, candidate).run()
+        results.append((candidate, sub))
+    newest, last = results[-1]
+    for problem in last.errors:
+        found.error(problem)
+    for problem in [*last.warnings, *(n for _, s in results for n in s.notes)]:
+        (found.warning if problem in last.warnings else found.note)(problem)
+    failing = {p.field for p in last.errors}
+    worst: dict[str, tuple[Stack, Problem]] = {}
+    for candidate, sub in results[:-1]:
+        for problem in sub.errors:
+            if problem.field not in failing:
+                worst[problem.field] = (candidate, problem)  # the newest release it fails on
+    for fld, (candidate, problem) in worst.items():
+        found.warning(Problem(file, fld, (
+            f"on hosts whose driver gets {candidate.release} or older (release = 'auto'): "
+            f"{problem.message}")))
+
+
+def _release_checks(found: Findings, file: str, places: _Places, hw: str,
+                    profile: HardwareProfile, release: str, backend: str) -> Stack:
+    """The stack of cells of ``hw`` that pin ``ngc_release = release``, and whether they can."""
+    unknown = Stack(f"NGC PyTorch {release} (not checked)", known=False)
+
+    def error(message: str) -> Stack:
+        for where in places.of("ngc_release", release):
+            found.error(Problem(file, where, message))
+        return unknown
+
+    runs = BACKEND_RUNS.get(backend)
+    if runs == "host":
+        return error(f"ngc_release picks the NGC image of hardware {hw!r}'s cells; the {backend} "
+                     "backend runs this machine's Python instead: remove it, or run with "
+                     "--backend docker or ssh")
+    if runs is None or profile.image is None:
+        return unknown  # the profile's own checks said so
+    try:
+        template = images.load_template(profile.image)
+    except ConfigError:
+        return unknown
+    if selection.family(template) != "ngc":
+        return error(f"ngc_release picks an NGC PyTorch base, but hardware {hw!r} builds "
+                     f"{profile.image!r}, which takes none")
+    if profile.release == selection.AUTO:
+        return error(f"hardware {hw!r} has release = 'auto' (each host's driver picks); a cell's "
+                     "ngc_release pins one: remove one of them")
+    if profile.image_vars.get("base_image"):
+        found.error(Problem(file, f"hardware.{hw}.image_vars.base_image", (
+            f"base_image fixes the base image, which the cells' ngc_release = {release} is to "
+            "pick: remove it (a lab mirror: set base_repository)")))
+        return unknown
+    try:
+        base = root_base_image(template, {**profile.image_vars, "base_tag": f"{release}-py3"})
+    except (ConfigError, BuildError):
+        return unknown
+    ngc = _NGC_BASE.match(base)
+    if ngc is None:
+        return unknown
+    fields = places.of("ngc_release", release)
+    return _ngc_stack(found, file, f"hardware.{hw}", profile, base, ngc[1], fields)
+
+
 def _classify_base(
     found: Findings, file: str, where: str, profile: HardwareProfile, base: str
 ) -> Stack:
@@ -343,31 +502,29 @@ def _classify_base(
 
 
 def _ngc_stack(
-    found: Findings, file: str, where: str, profile: HardwareProfile, base: str, name: str
+    found: Findings, file: str, where: str, profile: HardwareProfile, base: str, name: str,
+    fields: list[str] | None = None,
 ) -> Stack:
     fld = f"{where}.image_vars.base_tag" if "base_tag" in profile.image_vars else f"{where}.image"
     release = releases.find_release(name)
     if release is None:
         oldest = releases.load_releases()[0].name
         floor = releases.floor()["release"]
-        if _release_key(name) < _release_key(oldest):
-            found.error(Problem(file, fld, (
-                f"{base}: NGC PyTorch {name} is older than the workload's floor (torch "
-                f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")))
-        else:
-            found.note(Problem(file, fld, (
-                f"{base}: NGC PyTorch {name} is not in orchestrator/data/ngc_releases.toml: its "
-                "torch, models and profilers are not checked")))
+        for at in fields or [fld]:
+            if _release_key(name) < _release_key(oldest):
+                found.error(Problem(file, at, (
+                    f"{base}: NGC PyTorch {name} is older than the workload's floor (torch "
+                    f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")))
+            else:
+                found.note(Problem(file, at, (
+                    f"{base}: NGC PyTorch {name} is not in orchestrator/data/ngc_releases.toml: "
+                    "its torch, models and profilers are not checked")))
         return Stack(f"{base} (not in the release table)", base=base, known=False)
     if release.refused:
-        found.error(Problem(file, fld, (
-            f"NGC PyTorch {release.name} ({base}) is not offered: {release.refused}")))
-    return Stack(
-        f"NGC PyTorch {release.name} (torch {release.torch}, torchvision {release.torchvision},"
-        f" CUDA {release.cuda})",
-        base=base, release=release.name, torch=release.torch, torchvision=release.torchvision,
-        cuda=release.cuda, profilers=releases.container_profilers(),
-    )
+        for at in fields or [fld]:
+            found.error(Problem(file, at, (
+                f"NGC PyTorch {release.name} ({base}) is not offered: {release.refused}")))
+    return _release_stack(release, base)
 
 
 def _release_key(name: str) -> tuple[int, int]:
@@ -616,6 +773,12 @@ def _baseline_checks(found: Findings, file: str, matrix: Matrix) -> None:
             f"no cell has a {key} = {value} row to compare with: every cell with another {key} "
             "also differs in other parameters, so no row would get a ratio")))
         return
+    if key == selection.RELEASE_PARAM:
+        found.note(Problem(file, where, (
+            f"compares NGC releases on the same hardware (each row against ngc_release = "
+            f"{value}): the stacks differ by design, and the table labels those ratios as the "
+            "release comparison")))
+        return
     _stack_pairs(found, file, where, pairs)
 
 
@@ -633,7 +796,7 @@ def _stack_pairs(
         if names[0] == names[1] or names in seen:
             continue
         seen.add(names)
-        mine, theirs = found.stacks[names[0]], found.stacks[names[1]]
+        mine, theirs = found.stack_of(cell), found.stack_of(ref)
         if not (mine.known and theirs.known):
             found.note(Problem(file, where, (
                 f"whether hardware {names[0]!r} and {names[1]!r} run the same software stack is "

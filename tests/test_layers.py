@@ -46,17 +46,20 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
         "orchestrator.images", "orchestrator.releases", "orchestrator.stacks",
         "orchestrator.dllog", "orchestrator.fom",
         "orchestrator.profilers", "orchestrator.profile_figures", "orchestrator.rerun",
-        "orchestrator.redact", "orchestrator.userconfig",
+        "orchestrator.redact", "orchestrator.userconfig", "orchestrator.imagestate",
     ), False),
     ("reports", (
         "orchestrator.summary", "orchestrator.history", "orchestrator.plots", "orchestrator.eta",
     ), False),
     ("matrix", ("orchestrator.matrix",), False),
     ("import of results made elsewhere", ("orchestrator.importer",), False),
-    ("placement and launch", ("orchestrator.placement", "orchestrator.launch"), False),
+    ("placement and launch", (
+        "orchestrator.placement", "orchestrator.launch", "orchestrator.selection",
+    ), False),
     ("outside world", (
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
         "orchestrator.build", "orchestrator.cellprocs", "orchestrator.locks",
+        "orchestrator.refresh",
     ), False),
     ("semantic checks", ("orchestrator.checks",), False),
     ("backend base", ("orchestrator.backends", "orchestrator.backends.base"), False),

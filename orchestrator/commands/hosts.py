@@ -3,7 +3,7 @@
 Prints one row per host (reachable or why not, Docker version, GPUs, driver, CUDA) and exits
 non-zero if any host is unreachable or could not be checked (a missing key file, a corrupt
 known_hosts line: said so, not called "unreachable"). An SSH library error is one host's reason,
-never a traceback. :func:`driver_from_host` serves ``--driver-from HOST`` of
+never a traceback. :func:`facts_from_host` serves ``--driver-from HOST`` of
 the image builder.
 """
 
@@ -158,8 +158,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if down or failed else 0
 
 
-def driver_from_host(inventory: Inventory, name: str) -> str:
-    """The accelerator driver version of host ``name`` (for ``--driver-from HOST``).
+def facts_from_host(inventory: Inventory, name: str) -> HostFacts:
+    """What host ``name`` reports (for ``--driver-from HOST``): its GPUs and driver.
 
     Raises :class:`HostError` if the host is unreachable or reports no NVIDIA/Gaudi driver.
     """
@@ -171,4 +171,11 @@ def driver_from_host(inventory: Inventory, name: str) -> str:
             f"host {name} reports no GPU driver (neither nvidia-smi nor hl-smi answered); "
             f"pass the driver version explicitly instead of --driver-from"
         )
-    return facts.driver
+    return facts
+
+
+def driver_from_host(inventory: Inventory, name: str) -> str:
+    """The accelerator driver version of host ``name`` (see :func:`facts_from_host`)."""
+    driver = facts_from_host(inventory, name).driver
+    assert driver is not None  # facts_from_host refuses a host without one
+    return driver
