@@ -375,8 +375,7 @@ def _auto_stack(found: Findings, file: str, hw: str, profile: HardwareProfile) -
     except ConfigError:  # load_matrix reported it
         return Stack("not checked", known=False)
     kind = selection.family(template)
-    fixed = [v for v in ("base_image", "base_tag", "synapse_version", "torch_version")
-             if profile.image_vars.get(v)]
+    fixed = selection.fixed_base(template, profile.image_vars)
     if kind is None:
         found.error(Problem(file, f"{where}.release", (
             f"release = 'auto' picks a release of the base image, but the template "
@@ -468,9 +467,10 @@ def _release_checks(found: Findings, file: str, places: _Places, hw: str,
     if profile.release == selection.AUTO:
         return error(f"hardware {hw!r} has release = 'auto' (each host's driver picks); a cell's "
                      "ngc_release pins one: remove one of them")
-    if profile.image_vars.get("base_image"):
-        found.error(Problem(file, f"hardware.{hw}.image_vars.base_image", (
-            f"base_image fixes the base image, which the cells' ngc_release = {release} is to "
+    fixed = [v for v in selection.fixed_base(template, profile.image_vars) if v != "base_tag"]
+    if fixed:
+        found.error(Problem(file, f"hardware.{hw}.image_vars.{fixed[0]}", (
+            f"{fixed[0]} fixes the base image, which the cells' ngc_release = {release} is to "
             "pick: remove it (a lab mirror: set base_repository)")))
         return unknown
     try:

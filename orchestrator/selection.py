@@ -120,6 +120,15 @@ def family(template: images.Template) -> str | None:
     return None
 
 
+def fixed_base(template: images.Template, values: dict[str, Any]) -> list[str]:
+    """The variables of ``values`` that fix ``template``'s base image, leaving no release to
+    choose: a full ``base_image``, a parent image given outright, the release variables."""
+    names = ["base_image", "base_tag", "synapse_version", "torch_version"]
+    if template.parent is not None:
+        names.insert(0, template.parent.variable)
+    return [v for v in names if values.get(v) and v in template.variables]
+
+
 def profile_image_vars(matrix: Matrix, hardware: str) -> dict[str, Any]:
     """A profile's image variables; relative paths of file variables (a client .deb, a CA
     certificate) are taken relative to the matrix file's folder, not the current directory."""
@@ -192,10 +201,8 @@ def _check_pinnable(file: str, hardware: str, template: images.Template, kind: s
         raise ConfigError([Problem(file, f"{where}.image", (
             f"{what}: the template {template.name!r} names no release (it has neither base_tag "
             "nor synapse_version/torch_version)"))])
-    fixed = [v for v in ("base_image", "base_tag", "synapse_version", "torch_version")
-             if values.get(v) and v in template.variables]
-    if kind == "ngc" and what == RELEASE_PARAM:
-        fixed = [v for v in fixed if v == "base_image"]
+    fixed = [v for v in fixed_base(template, values)
+             if not (kind == "ngc" and what == RELEASE_PARAM and v == "base_tag")]
     if kind == "habana" and what == RELEASE_PARAM:
         raise ConfigError([Problem(file, f"{where}.image", (
             f"ngc_release picks an NGC PyTorch base; {template.name!r} builds on Intel Gaudi's "

@@ -32,6 +32,8 @@ SHIPPED: dict[str, dict[str, tuple[str, str] | None]] = {
     "v100_scaling": {"v100": ("23.10", "2.1.0a0+32f93b1")},
     "v100_profile": {"v100": ("23.10", "2.1.0a0+32f93b1")},
     "gaudi": {"gaudi": ("installer 1.18.0", "2.4.0")},
+    # the profile's own release; its cells pin 24.05, 24.10, 25.01 (ngc_release axis)
+    "ngc_releases": {"h100": ("24.05", "2.4.0a0+07cecf4168")},
     "h100_speed": {"h100": None},
     "cpu_smoke": {"cpu": None},
     "slurm_smoke": {"cpu": None},

@@ -288,3 +288,35 @@ def test_a_release_axis_compares_releases_on_the_same_hardware(
     row = next(line for line in outcome.table.splitlines() if "| 24.10" in line)
     assert "x (release comparison: NGC 24.10 vs 24.05)" in row
     assert "cross-stack" not in outcome.table
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_the_docker_backend_takes_this_machines_driver(
+    tmp_path: Path, release_bases: dict[str, str], built: set[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``release = "auto"`` with the local docker backend: this machine's nvidia-smi (the
+    STAND-IN first on PATH, reporting driver 560.35.03) picks NGC 24.10."""
+    from orchestrator import gpus
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text(NVIDIA_SMI_STANDIN)
+    (bindir / "nvidia-smi").chmod(0o755)
+    (bindir / "driver").write_text("560.35.03\n")
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    gpus.local_facts.cache_clear()
+    try:
+        path = matrix_file(tmp_path, '[matrix]\nname = "local_auto"\nbackend = "docker"\n'
+                                     'timeout_s = 300\n')
+        outcome = run_sweep(load_matrix(path), results_root=tmp_path / "results")
+    finally:
+        gpus.local_facts.cache_clear()
+    (res,) = outcome.results
+    assert res.status is Status.OK, res.reason
+    built.add(res.provenance["image"])
+    assert (res.provenance["release"], res.provenance["host_driver"]) == ("24.10", "560.35.03")
+    assert res.env["container_release"] == "24.10"
+    state = imagestate.load_state(imagestate.state_path(tmp_path / "results"))
+    assert [(r.host, r.release) for r in state.images.values()] == [("localhost", "24.10")]

@@ -189,8 +189,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     matrix, findings = _checked(args.matrix_file, args.backend, strict=args.strict)
     backend = args.backend or matrix.settings.backend
     print(f"{args.matrix_file}: ok ({len(matrix.cells)} cells)")
+    pinned = {hw for hw, _ in findings.release_stacks}
     for hw, stack in findings.stacks.items():
+        if hw in pinned and all(c.params.ngc_release for c in matrix.cells if c.hardware == hw):
+            continue  # every cell pins its release: the lines below say which
         print(f"  hardware {hw} ({backend} backend): {stack.label}")
+    for (hw, release), stack in findings.release_stacks.items():
+        print(f"  hardware {hw}, ngc_release {release} ({backend} backend): {stack.label}")
     for problem in findings.warnings:
         print(f"  warning: {problem}")
     for problem in findings.notes:
