@@ -263,6 +263,21 @@ def _named(hardware: str, template_name: str, template: images.Template, kind: s
     return ImageChoice(hardware, template_name, values, None, None, "profile")
 
 
+def newest_release(host: HostDriver) -> str:
+    """For people (``hosts check``): the release ``release = "auto"`` gives the host —
+    ``NGC 24.10``, ``Gaudi 1.18.0``, ``none (...)`` when its driver runs none, ``-`` without a
+    driver."""
+    if host.driver is None or host.accelerator not in ("nvidia", "gaudi"):
+        return "-"
+    try:
+        if host.accelerator == "gaudi":
+            return f"Gaudi {releases.resolve_habana(host.driver)[0]}"
+        found = releases.resolve_release(host.driver, compute_capability=host.compute_capability)
+        return f"NGC {found.name}"
+    except ConfigError:
+        return "none (driver too old or unknown)"
+
+
 def host_profiles(matrix: Matrix, inventory: Inventory) -> dict[str, set[str]]:
     """host -> the profile names it may run: those listing it in ``hosts``, and those without a
     ``hosts`` list whose name the host carries as a tag. A listed host missing from the

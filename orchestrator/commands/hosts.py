@@ -1,6 +1,7 @@
 """``orchestrate hosts check HOSTS.toml``: is every lab host reachable, and what does it have?
 
-Prints one row per host (reachable or why not, Docker version, GPUs, driver, CUDA) and exits
+Prints one row per host (reachable or why not, Docker version, GPUs, driver, CUDA, the release a
+``release = "auto"`` profile would get there) and exits
 non-zero if any host is unreachable or could not be checked (a missing key file, a corrupt
 known_hosts line: said so, not called "unreachable"). An SSH library error is one host's reason,
 never a traceback. :func:`facts_from_host` serves ``--driver-from HOST`` of
@@ -19,6 +20,7 @@ from tabulate import tabulate
 
 from orchestrator.errors import HostError
 from orchestrator.gpus import HostFacts, discover
+from orchestrator.selection import HostDriver, newest_release
 
 if TYPE_CHECKING:  # paramiko is imported only when a host is contacted (fast `--help`)
     from orchestrator.hosts import Inventory
@@ -125,10 +127,12 @@ def render_check_table(inventory: Inventory, facts: list[HostFacts]) -> str:
                 _gpu_summary(f) if f.reachable else "-",
                 f.driver or "-",
                 f.cuda or "-",
+                newest_release(HostDriver.from_facts(f)) if f.reachable else "-",
                 ",".join(entry.tags) or "-",
             ]
         )
-    headers = ["host", "address", "reachable", "docker", "GPUs", "driver", "CUDA", "tags"]
+    headers = ["host", "address", "reachable", "docker", "GPUs", "driver", "CUDA", "auto release",
+               "tags"]
     text = tabulate(rows, headers=headers, tablefmt="simple")
     down = [f"  {f.name}: {f.reason}" for f in facts if not f.reachable and _unreachable(f)]
     failed = [f"  {f.name}: {f.reason}" for f in facts if not f.reachable and not _unreachable(f)]
