@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import build, gpus, placement, selection
+from orchestrator import build, gpus, placement, releases, selection
 from orchestrator.backends.base import Backend, Execution, RunOptions
 from orchestrator.backends.containers import container_kwargs, container_spec
 from orchestrator.backends.remote import (
@@ -337,6 +337,9 @@ class SshDockerBackend(Backend):
                     self._exclude(name, key.hardware, exc.why)
                     say(f"host {name}: not used for hardware {key.hardware!r}: {exc.why}")
                     continue
+                old = self._driver_too_old(choice, driver)
+                if old:
+                    say(f"host {name}: warning: {old}")
                 outcome = build.ensure_image(plan, host.client, build_log(name),
                                              resolve=resolve)
                 record = build.record_of(name, self.matrix, hkey, choice, outcome,
@@ -363,6 +366,21 @@ class SshDockerBackend(Backend):
                                  self.drivers.values())
         if problem:
             say(problem)
+
+    @staticmethod
+    def _driver_too_old(choice: selection.ImageChoice, driver: selection.HostDriver
+                        ) -> str | None:
+        """Why a host's driver (where probed) may not run a release the profile or a cell pins
+        (None: it does, or it is not known)."""
+        if choice.how == "auto" or choice.family != "ngc" or driver.accelerator != "nvidia":
+            return None
+        release = releases.find_release(choice.release or "")
+        if release is None or driver.driver is None or release.driver_runs(driver.driver):
+            return None
+        return (f"driver {driver.driver} is older than NGC PyTorch {release.name} needs "
+                f"(>= {release.min_driver}) for hardware {choice.hardware!r}: its cells there "
+                "may fail to start (unless CUDA forward compatibility covers it; release = "
+                "'auto' picks what the driver runs)")
 
     def _exclude(self, host: str, hardware: str, why: str) -> None:
         """``host`` runs no image of ``hardware``: the pool places none of its cells there."""
