@@ -9,11 +9,12 @@ validate``, ``plan`` and ``matrix`` (before a run folder exists) and
 The *stack* of a profile (:class:`Stack`) is the software its cells run on, as far as it is known
 without building anything. The backends that run images (docker, ssh) run the profile's image:
 the base image at the root of its template chain (``bitfusion`` -> ``ngc-pytorch`` -> its base)
-names an NGC PyTorch release (torch, torchvision and tools from ``data/ngc_releases.toml``; a
-lab mirror's ``.../pytorch:YY.MM-py3`` counts as that release), a Habana PyTorch installer (its
-torch version), or something else (unknown). A cell's ``ngc_release`` replaces its profile's
-release (the cell's stack is that release's). A profile with ``release = "auto"`` has its release
-chosen per host from the host's driver when the sweep runs: its cells are checked against every
+names an NGC PyTorch release (torch, torchvision and tools from ``data/ngc_releases.toml``;
+its ``base_tag`` names it, from nvcr.io or a mirror's ``base_repository``), a Habana PyTorch
+installer (its torch version), or something else (unknown). A cell's ``ngc_release`` replaces
+its profile's release (the cell's stack is that release's). A profile with ``release = "auto"``
+has its release chosen per host from the host's driver when the sweep runs: its cells are
+checked against every
 release a host may get (the offered NGC releases that support the profile's GPU, or the Intel
 Gaudi releases of ``data/habana_releases.toml``); what fails on every one of them is an error,
 what fails only on older ones a warning naming them. The backends that run this machine's Python
@@ -89,8 +90,9 @@ BACKEND_RUNS: dict[str, str] = {
     "process": "host", "slurm": "host", "docker": "image", "ssh": "image",
 }
 
-#: NGC PyTorch's repository, or a lab mirror of it (``registry.lab:5000/nvidia/pytorch``).
-_NGC_BASE = re.compile(r"^(?:[^@]*/)?pytorch:(\d\d\.\d\d)-py3$")
+_NGC_BASE = re.compile(r"^nvcr\.io/nvidia/pytorch:(\d\d\.\d\d)-py3$")
+#: An NGC release tag, as base_tag names it (from nvcr.io or a mirror's base_repository).
+_NGC_TAG = re.compile(r"^(\d\d\.\d\d)-py3$")
 _HABANA_BASE = re.compile(
     r"^vault\.habana\.ai/gaudi-docker/([^/]+)/([^/]+)/habanalabs/pytorch-installer-([^/:]+)"
     r":[A-Za-z0-9_][A-Za-z0-9_.-]*$"
@@ -346,24 +348,45 @@ def _image_stack(
             f"({', '.join(docker)})")))
         return unknown
     try:
-        base = root_base_image(template, profile.image_vars)
+        root, resolved = _chain_root(template, profile.image_vars)
+        base = root.base_ref(resolved)
     except (ConfigError, BuildError) as exc:
         found.note(Problem(file, f"{where}.image_vars", f"base image not resolved ({exc}): "
                            "its stack is not checked"))
         return unknown
+    tagged = _ngc_tag(root, resolved)
+    if tagged is not None:  # nvcr.io's or a mirror's (base_repository) release
+        return _ngc_stack(found, file, where, profile, base, tagged)
     return _classify_base(found, file, where, profile, base)
+
+
+def _chain_root(template: images.Template, values: dict[str, Any]
+                ) -> tuple[images.Template, dict[str, Any]]:
+    """The template at the root of ``template``'s chain and its resolved values (a template
+    whose parent image is left to the build is built FROM its parent's image)."""
+    resolved = template.resolve(values)
+    while template.parent and not resolved.get(template.parent.variable):
+        forwarded = {k: resolved[k] for k in template.parent.forward}
+        template = images.load_template(template.parent.template)
+        resolved = template.resolve(forwarded)
+    return template, resolved
+
+
+def _ngc_tag(root: images.Template, resolved: dict[str, Any]) -> str | None:
+    """The NGC release a root template's ``base_tag`` names, where no ``base_image`` replaces
+    it (the repository may be a lab mirror); None otherwise."""
+    if selection.family(root) != "ngc" or resolved.get("base_image"):
+        return None
+    match = _NGC_TAG.match(str(resolved.get("base_tag", "")))
+    return match[1] if match else None
 
 
 def root_base_image(template: images.Template, values: dict[str, Any]) -> str:
     """The base image at the root of ``template``'s chain for the profile's ``values``: a
     template whose parent image is left to the build (``bitfusion``) is built FROM its parent's
     image, which is built FROM the parent's base."""
-    resolved = template.resolve(values)
-    while template.parent and not resolved.get(template.parent.variable):
-        forwarded = {k: resolved[k] for k in template.parent.forward}
-        template = images.load_template(template.parent.template)
-        resolved = template.resolve(forwarded)
-    return template.base_ref(resolved)
+    root, resolved = _chain_root(template, values)
+    return root.base_ref(resolved)
 
 
 def _auto_stack(found: Findings, file: str, hw: str, profile: HardwareProfile) -> Stack:
@@ -477,11 +500,8 @@ def _release_checks(found: Findings, file: str, places: _Places, hw: str,
         base = root_base_image(template, {**profile.image_vars, "base_tag": f"{release}-py3"})
     except (ConfigError, BuildError):
         return unknown
-    ngc = _NGC_BASE.match(base)
-    if ngc is None:
-        return unknown
     fields = places.of("ngc_release", release)
-    return _ngc_stack(found, file, f"hardware.{hw}", profile, base, ngc[1], fields)
+    return _ngc_stack(found, file, f"hardware.{hw}", profile, base, release, fields)
 
 
 def _classify_base(

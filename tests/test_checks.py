@@ -311,3 +311,20 @@ def test_what_a_release_axis_cannot_do(tmp_path: Path, kwargs: dict[str, str], f
         path = releases_matrix(tmp_path, **kwargs)
     found = check_matrix(load_matrix(path), comparisons=False)
     assert any(p.field == field and message in p.message for p in found.errors), found.errors
+
+
+def test_a_mirror_of_nvcr_keeps_its_release_a_base_of_its_own_does_not(tmp_path: Path) -> None:
+    """base_repository (a lab mirror of nvcr.io) keeps the release base_tag names; a base_image
+    of the lab's own, however it is named, is not assumed to be an NGC release."""
+    path = tmp_path / "m.toml"
+    path.write_text('[matrix]\nbackend = "docker"\n[axes]\nhardware = ["mirror", "own"]\n'
+                    '[hardware.mirror]\ndevice = "cuda"\nimage = "ngc-pytorch"\n'
+                    'image_vars = { base_repository = "registry.lab:5000/nvidia/pytorch", '
+                    'base_tag = "23.10-py3" }\n'
+                    '[hardware.own]\ndevice = "cuda"\nimage = "ngc-pytorch"\n'
+                    'image_vars = { base_image = "lab/pytorch:23.10-py3" }\n')
+    found = check_matrix(load_matrix(path))
+    mirror, own = found.stacks["mirror"], found.stacks["own"]
+    assert (mirror.release, mirror.known) == ("23.10", True)
+    assert mirror.base == "registry.lab:5000/nvidia/pytorch:23.10-py3"
+    assert (own.release, own.known) == (None, False)
