@@ -156,3 +156,24 @@ def test_a_pinned_release_the_hosts_driver_cannot_run_is_warned() -> None:
         "driver 550.54.15 is older than NGC PyTorch 24.10 needs (>= 560.35.03)")
     assert SshDockerBackend._driver_too_old(pinned, HostDriver("b", "560.35.03", "nvidia")) is None
     assert SshDockerBackend._driver_too_old(pinned, HostDriver("c")) is None  # not probed
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.mark.parametrize(("sample", "driver", "capability", "shown"), [
+    ("nvidia-smi-query-8xh100.csv", "550.54.15", "9.0", "NGC 24.05"),
+    ("nvidia-smi-query-mixed.csv", "470.223.02", "7.0", "none (driver too old or unknown)"),
+])
+def test_nvidia_smi_output_as_hosts_print_it_decides_the_release(
+    sample: str, driver: str, capability: str, shown: str
+) -> None:
+    """The query lines of nvidia-smi (saved samples of that output format) through the probe's
+    parser: the driver and the oldest GPU a host reports pick its release."""
+    from orchestrator.gpus import parse_gpu_csv
+
+    found, drv = parse_gpu_csv((DATA / sample).read_text())
+    host = HostDriver.from_facts(HostFacts("h", True, gpus=tuple(found), driver=drv,
+                                           accelerator="nvidia"))
+    assert (host.driver, host.compute_capability) == (driver, capability)
+    assert selection.newest_release(host) == shown
