@@ -107,10 +107,17 @@ def wanted_images(inventory: Inventory, matrices: Sequence[Matrix], state: Image
     notes: list[str] = []
     if not matrices:
         matrices, notes = _recorded_matrices(state, names)
+    recorded = not matrices
     wanted: list[Wanted] = []
     for matrix in matrices:
-        profiles = selection.host_profiles(matrix, inventory)
-        build.check_image_templates(matrix, matrix.cells, "ssh")
+        try:
+            profiles = selection.host_profiles(matrix, inventory)
+            build.check_image_templates(matrix, matrix.cells, "ssh")
+        except ConfigError as exc:
+            if not recorded:
+                raise  # a matrix the user named: its mistake is theirs to fix now
+            notes.append(f"{matrix.path}: not refreshed with {inventory.source}: {exc}")
+            continue
         for key in selection.needed_keys(matrix, matrix.cells):
             wanted += [Wanted(h, matrix, key) for h in names if key.hardware in profiles[h]]
     return wanted, notes
