@@ -217,10 +217,10 @@ def cmd_build(args: argparse.Namespace) -> int:
         console.print(f"release:    {release}", markup=False, highlight=False)
     for node in build.plan_chain(plan):
         console.print(f"{node.template}:")
-        console.print(f"  base image: {node.base_image}")
+        console.print(f"  base image: {node.base_image}", soft_wrap=True)
         if args.dry_run:
             console.print(f"  tag:        {node.tag} (before the base is pinned: the build's tag "
-                          "also covers the base image's digest or ID)")
+                          "also covers the base image's digest or ID)", soft_wrap=True)
     if args.dry_run:
         return 0
     with console.status(f"building {plan.tag}") as status:
@@ -234,7 +234,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     while step is not None:
         pinned = step.plan.base_pin if step.plan is not None else None
         base = f" (base {pinned.ref} = {pinned.identity})" if pinned else ""
-        console.print(f"{step.tag}: {step.summary}{base}", markup=False, highlight=False)
+        console.print(f"{step.tag}: {step.summary}{base}", markup=False, highlight=False,
+                      soft_wrap=True)
         step = step.parent
     return 0
 
