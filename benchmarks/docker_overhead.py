@@ -102,10 +102,10 @@ def main() -> None:
             assert outcome.ok, [r.reason for r in outcome.results]
             inside += [r.duration_s for r in outcome.results]
 
-        life_bare, life_ours = lifecycle(plan.tag, profile.container, Path(tmp), args.cells * 3)
+        life_bare, life_ours = lifecycle(first.tag, profile.container, Path(tmp), args.cells * 3)
 
     b, o = statistics.median(bare), statistics.median(orch)
-    print(f"image: {plan.tag} ({'built now' if first.built else 'already there'})")
+    print(f"image: {first.tag} ({'built now' if first.built else 'already there'})")
     print(f"cells: {args.cells} x {args.rounds} rounds, workload: resnet18 32px bs4, "
           "1 warmup + 5 iterations, CPU")
     print()
