@@ -24,12 +24,13 @@ from orchestrator import __version__
 from orchestrator.errors import OrchestratorError
 
 #: Modules under orchestrator.commands, each adding its subcommands, in --help order.
-COMMAND_MODULES = ("sweep", "importing", "images", "hosts", "maintenance")
+COMMAND_MODULES = ("sweep", "results", "importing", "images", "hosts", "maintenance")
 #: Which module owns each top-level command: running one imports only its module (fast start-up;
 #: `orchestrate plan` never imports paramiko; jinja2 only to resolve a profile's base image).
 COMMAND_OWNERS = {
-    "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep", "report": "sweep",
-    "history": "sweep", "import": "importing",
+    "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep",
+    "runs": "results", "report": "results", "compare": "results", "history": "results",
+    "export": "results", "import": "importing",
     "images": "images", "hosts": "hosts", "clean": "maintenance", "backends": "maintenance",
 }
 #: Exit status after a broken pipe: 128 + SIGPIPE, what a shell reports for such a tool.

@@ -1,28 +1,99 @@
-"""When a sweep will be done: the estimate its progress lines show.
+"""When a sweep will be done: the estimate its progress display and lines show. Pure: no I/O,
+no clocks (the caller says how long running cells have run).
 
-Pure: durations in, seconds out. For now the mean duration of the cells that finished, times the
-cells left, divided by how many run at once. (Meant to be replaced by an estimator that knows
-the durations of earlier runs of the same matrix; the signature is what callers rely on.)
+:class:`Eta`: the expected seconds of work left (cells not started, plus what is left of running
+ones) from the durations of earlier runs of the same matrix (the results store's
+:meth:`~orchestrator.store.Store.expected_durations`, by content hash), scaled by how today's
+finished cells compare with their expectation (median of actual / expected), divided by the
+number of cells the sweep runs at once, and never less than the longest single cell left. With
+no history it learns from today's finished cells (their median duration).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator.matrix import Cell
 
 
-def estimate_eta(finished_s: Sequence[float], remaining: int, concurrency: int = 1
-                 ) -> float | None:
-    """Seconds until ``remaining`` more cells are done, or None before any cell finished.
+@dataclass
+class Eta:
+    """Time left in a sweep, from expected durations (seconds) per content hash.
 
-    ``finished_s``: durations of the cells that finished (seconds); ``concurrency``: how many
-    cells run at once."""
-    if remaining <= 0:
-        return 0.0
-    durations = [d for d in finished_s if d is not None and math.isfinite(d) and d >= 0]
-    if not durations:
-        return None
-    return sum(durations) / len(durations) * remaining / max(1, concurrency)
+    ``concurrency``: how many cells run at once on average (1 for a serial backend; for a GPU
+    pool about total GPUs / GPUs per cell). Feed it :meth:`started` and :meth:`finished` as
+    cells go, and ask :meth:`remaining_s` with the running cells' elapsed seconds.
+    """
+
+    cells: Sequence[Cell]
+    expected: Mapping[str, float]
+    concurrency: float = 1.0
+    _pending: dict[str, Cell] = field(init=False)
+    _running: dict[str, Cell] = field(init=False)
+    _ratios: list[float] = field(init=False, default_factory=list)
+    _actual: list[float] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.concurrency <= 0:
+            raise ValueError("concurrency must be positive")
+        self._pending = {c.id: c for c in self.cells}
+        self._running = {}
+
+    def started(self, cell_id: str) -> None:
+        """A cell started."""
+        cell = self._pending.pop(cell_id, None)
+        if cell is not None:
+            self._running[cell_id] = cell
+
+    def finished(self, cell_id: str, duration_s: float | None) -> None:
+        """A cell ended (any status); ``duration_s``: how long it ran, if it ran."""
+        cell = self._running.pop(cell_id, None) or self._pending.pop(cell_id, None)
+        if cell is None or duration_s is None or duration_s <= 0:
+            return
+        self._actual.append(duration_s)
+        guess = self.expected.get(cell.hash)
+        if guess:
+            self._ratios.append(duration_s / guess)
+
+    @property
+    def pace(self) -> float:
+        """Actual / expected duration of today's finished cells (median; 1.0 before any)."""
+        return statistics.median(self._ratios) if self._ratios else 1.0
+
+    def _guess(self, cell: Cell) -> float | None:
+        """Expected seconds of ``cell`` today."""
+        if cell.hash in self.expected:
+            return float(self.expected[cell.hash]) * self.pace
+        known = list(self.expected.values())
+        if known:  # an unknown configuration: a typical cell of this matrix
+            return statistics.median(known) * self.pace
+        return statistics.median(self._actual) if self._actual else None
+
+    def remaining_s(self, elapsed: Mapping[str, float] | None = None) -> float | None:
+        """Seconds until the sweep ends, or None while nothing is known to estimate from.
+
+        ``elapsed``: seconds each running cell has run so far (missing: 0).
+        """
+        elapsed = elapsed or {}
+        left = []
+        for cell in self._pending.values():
+            guess = self._guess(cell)
+            if guess is None:
+                return None
+            left.append(guess)
+        for cell_id, cell in self._running.items():
+            guess = self._guess(cell)
+            if guess is None:
+                return None
+            left.append(max(0.0, guess - elapsed.get(cell_id, 0.0)))
+        # cells run side by side, but no sooner than the longest one left can end
+        return max(sum(left) / self.concurrency, max(left, default=0.0))
+
+    @property
+    def pending(self) -> Iterable[str]:
+        return tuple(self._pending)
 
 
 def format_duration(seconds: float | None) -> str:

@@ -27,7 +27,7 @@ Layout::
             command.json   what was launched (argv, env, image, GPUs, host)
             log.txt        everything the workload printed
             metrics.jsonl  the workload's structured lines
-            result.json    status, reason, timings, metrics, provenance
+            result.json    status, reason, timings, metrics, provenance, config_hash
             ...            files the workload wrote (iterations.csv, telemetry.csv, profiles)
 """
 
@@ -117,6 +117,9 @@ class CellResult:
     env: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     log_tail: list[str] = field(default_factory=list)
+    #: The cell's content hash (parameters + hardware profile): what it measures. Empty in
+    #: results written before it was recorded (the run's plan.json has it).
+    config_hash: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -321,12 +321,10 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "" if value is None else f"{value:,.{digits}f}"
 
 
-def render_table(
+def table_cells(
     rows: Sequence[GroupRow], plan_varying: Sequence[str] = (), baseline: str | None = None
-) -> str:
-    """The human table (tabulate): one row per group."""
-    if not rows:
-        return "(no results)"
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted cells of the summary table (the text and HTML tables share them)."""
     cols = varying_params(rows, plan_varying)
     infer = any(r.params.get("mode") == "infer" or r.latency_p50_ms is not None
                 or r.latency_p99_ms is not None for r in rows)
@@ -346,7 +344,7 @@ def render_table(
         headers.insert(len(cols), "release")
     table = []
     for r in rows:
-        line = [r.params.get(c, "") for c in cols]
+        line = [str(r.params.get(c, "")) for c in cols]
         if shown_release:
             line.append("/".join(r.releases) + ("*" if len(r.releases) > 1 else ""))
         mark = "!" if r.throttled else ""
@@ -361,9 +359,19 @@ def render_table(
             line.append("" if r.ratio is None else f"{r.ratio:.2f}x" + _cross_note(r, "ratio"))
         line += [_fmt(r.extra.get(c.csv), c.digits) for c in optional]
         table.append(line)
+    return headers, table
+
+
+def render_table(
+    rows: Sequence[GroupRow], plan_varying: Sequence[str] = (), baseline: str | None = None
+) -> str:
+    """The human table (tabulate): one row per group; a footnote when a group throttled."""
+    if not rows:
+        return "(no results)"
+    headers, table = table_cells(rows, plan_varying, baseline)
     text = tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
     notes = [THROTTLE_NOTE] if any(r.throttled for r in rows) else []
-    if shown_release and any(len(r.releases) > 1 for r in rows):
+    if "release" in headers and any(len(r.releases) > 1 for r in rows):
         notes.append(MIXED_NOTE)
     return "\n\n".join([text, *notes])
 

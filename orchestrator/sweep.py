@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +49,7 @@ from orchestrator.config import WRAPPING_PROFILERS
 from orchestrator.engine import controller_id
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.matrix import Cell, Matrix
+from orchestrator.ordering import order_cells
 from orchestrator.placement import Allocation
 from orchestrator.profile_figures import figures_of_cell
 from orchestrator.redact import missing_references, redact_toml
@@ -62,7 +63,8 @@ log = logging.getLogger("orchestrator.sweep")
 class SweepEvents(Protocol):
     """What a sweep reports as it goes (the CLI renders it; tests may record it)."""
 
-    def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None: ...
+    def sweep_started(self, paths: RunPaths, cells: list[Cell],
+                      expected: Mapping[str, float]) -> None: ...
     def log(self, message: str) -> None: ...
     def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
     def cell_output(self, cell_id: str, line: str) -> None: ...
@@ -72,7 +74,8 @@ class SweepEvents(Protocol):
 class NullEvents:
     """Report nothing."""
 
-    def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None: ...
+    def sweep_started(self, paths: RunPaths, cells: list[Cell],
+                      expected: Mapping[str, float]) -> None: ...
     def log(self, message: str) -> None: ...
     def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
     def cell_output(self, cell_id: str, line: str) -> None: ...
@@ -162,7 +165,7 @@ def run_sweep(
     refuse_unrunnable(matrix, backend_for(matrix, backend_name), comparisons=False)
     name, cls = pick_backend(matrix, backend_name)
     check_references(matrix)
-    run = open_run(matrix, name, results_root, resume)
+    run = order_run(open_run(matrix, name, results_root, resume), results_root)
     options = RunOptions(
         timeout_s=matrix.settings.timeout_s,
         output_hook=events.cell_output,
@@ -172,7 +175,7 @@ def run_sweep(
         on_log=events.log,
     )
     backend = prepare_backend(cls, matrix, run, options, events)
-    events.sweep_started(run.paths, run.cells)
+    events.sweep_started(run.paths, run.cells, run.expected)
     results, interrupted = run_all(backend, run.cells, events, retries=matrix.settings.retries)
     return finish_run(matrix, run, results, interrupted)
 
@@ -186,6 +189,25 @@ class OpenRun:
     meta: dict[str, Any]
     #: Created by this sweep (removed again when the sweep fails before any cell ran).
     new: bool
+    #: Seconds each configuration (content hash) took in earlier runs of the matrix (median).
+    expected: dict[str, float] = field(default_factory=dict)
+
+
+def order_run(run: OpenRun, results_root: Path) -> OpenRun:
+    """The run's cells in the order to try them (:func:`~orchestrator.ordering.order_cells`:
+    repeats interleaved, longest expected first), with the durations of earlier runs of the
+    matrix from the results store (none when it cannot tell: a sweep never stops for that)."""
+    from orchestrator.store import open_store
+
+    name = run.meta.get("matrix")
+    try:
+        with open_store(results_root, [name] if isinstance(name, str) else None) as store:
+            run.expected = store.expected_durations(str(name))
+    except Exception as exc:  # an unreadable index costs the order, never the sweep
+        log.warning("no expected durations from the results store (%s): plan order", exc)
+        run.expected = {}
+    run.cells = order_cells(run.cells, run.expected)
+    return run
 
 
 def pick_backend(matrix: Matrix, override: str | None) -> tuple[str, type[Backend]]:

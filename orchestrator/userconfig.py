@@ -67,6 +67,11 @@ def _from_file(value: str, config: Path) -> Path:
     return path if path.is_absolute() else config.parent / path
 
 
+#: --help text of every command's --results.
+RESULTS_HELP = ("results root (default: $ORCHESTRATE_RESULTS, else `results` in the user's "
+                "config file, else ./results)")
+
+
 def results_root(cli: Path | None = None) -> Path:
     """The results folder: ``--results`` > $ORCHESTRATE_RESULTS > the config file > ./results."""
     if cli is not None:

@@ -92,7 +92,8 @@ class Recorder:
         self.on_started: Callable[[Cell, Allocation], None] | None = None
         self.on_output: Callable[[str, str], None] | None = None
 
-    def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None: ...
+    def sweep_started(self, paths: RunPaths, cells: list[Cell],
+                      expected: dict[str, float]) -> None: ...
 
     def log(self, message: str) -> None:
         self.messages.append(message)

@@ -33,7 +33,7 @@ def test_version(capsys):
 @pytest.mark.parametrize("command", [
     [], ["matrix"], ["plan"], ["validate"], ["schema"], ["report"], ["images"],
     ["images", "render"], ["images", "build"], ["images", "list"], ["hosts", "check"],
-    ["clean"], ["backends"], ["history"],
+    ["clean"], ["backends"], ["history"], ["runs"], ["compare"], ["export"],
 ])
 def test_help_for_every_command(command, capsys):
     with pytest.raises(SystemExit) as info:

@@ -18,7 +18,7 @@ from workload_support import TINY_WORKLOAD
 
 from orchestrator.commands.sweep import LineEvents, verbosity
 from orchestrator.errors import ConfigError
-from orchestrator.eta import estimate_eta, format_duration
+from orchestrator.eta import Eta, format_duration
 from orchestrator.matrix import load_matrix
 from orchestrator.placement import Allocation
 from orchestrator.results import CellResult, RunPaths, Status
@@ -38,11 +38,23 @@ seed = [1, 2]
 """
 
 
-def test_eta_is_the_mean_duration_times_what_is_left_over_concurrency() -> None:
-    assert estimate_eta([], 4) is None
-    assert estimate_eta([10.0, 20.0], 4) == 60.0
-    assert estimate_eta([10.0, 20.0], 4, concurrency=2) == 30.0
-    assert estimate_eta([10.0], 0) == 0.0
+def test_without_history_the_eta_learns_from_todays_cells(write_matrix) -> None:
+    """No earlier run: the median duration of the cells that ended, times what is left, over
+    the cells running at once (never less than one cell)."""
+    cells = list(load_matrix(write_matrix(TINY + "batch_size = [1, 2]\n")).cells)
+    assert len(cells) == 4
+    eta = Eta(cells, {})
+    assert eta.remaining_s() is None
+    for cell, took in zip(cells[:2], (10.0, 20.0), strict=True):
+        eta.started(cell.id)
+        eta.finished(cell.id, took)
+    assert eta.remaining_s() == 30.0
+    eta.concurrency = 2
+    assert eta.remaining_s() == 15.0
+    for cell in cells[2:]:
+        eta.started(cell.id)
+        eta.finished(cell.id, 15.0)
+    assert eta.remaining_s() == 0.0
     assert format_duration(None) == "?" and format_duration(62) == "1:02"
     assert format_duration(3723) == "1:02:03"
 
@@ -52,7 +64,7 @@ def test_line_events_say_start_end_counts_and_eta(write_matrix, tmp_path) -> Non
     first, second = matrix.cells
     stream = io.StringIO()
     events = LineEvents(stream, verbose=True)
-    events.sweep_started(RunPaths(tmp_path / "run"), list(matrix.cells))
+    events.sweep_started(RunPaths(tmp_path / "run"), list(matrix.cells), {})
     events.cell_started(first, Allocation.local(first.id, (0, 1)))
     events.cell_output(first.id, "a line of output")
     events.cell_finished(first, CellResult(first.id, first.group, 1, Status.OK, duration_s=12.0,
@@ -162,7 +174,7 @@ def test_every_command_with_results_uses_the_defaults(write_matrix, tmp_path, co
     for command in ("report", "history"):
         proc = orchestrate(command, "cron", env={"ORCHESTRATE_RESULTS": str(tmp_path / "env"),
                                                  "XDG_CONFIG_HOME": str(config_home.parent)})
-        assert proc.returncode == 2 and f"under {tmp_path / 'env'}" in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and str(tmp_path / "env") in proc.stderr, proc.stderr
 
 
 # --- clean -------------------------------------------------------------------------------------

@@ -39,22 +39,25 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (layer name, modules, isolated: whether modules of the layer may import each other).
 LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("foundation", ("orchestrator", "orchestrator.errors"), False),
+    ("statistics", ("orchestrator.stats",), False),
     ("run-folder values", ("orchestrator.results",), False),
     ("config", ("orchestrator.config",), False),
     ("files and facts", (
         "orchestrator.hosts", "orchestrator.gpus",
         "orchestrator.images", "orchestrator.releases", "orchestrator.stacks",
-        "orchestrator.dllog", "orchestrator.fom",
+        "orchestrator.dllog", "orchestrator.fom", "orchestrator.store", "orchestrator.references",
         "orchestrator.profilers", "orchestrator.profile_figures", "orchestrator.rerun",
         "orchestrator.redact", "orchestrator.userconfig", "orchestrator.imagestate",
     ), False),
     ("reports", (
-        "orchestrator.summary", "orchestrator.history", "orchestrator.plots", "orchestrator.eta",
+        "orchestrator.summary", "orchestrator.history", "orchestrator.compare",
+        "orchestrator.export", "orchestrator.plots", "orchestrator.report_html",
     ), False),
     ("matrix", ("orchestrator.matrix",), False),
     ("import of results made elsewhere", ("orchestrator.importer",), False),
     ("placement and launch", (
-        "orchestrator.placement", "orchestrator.launch", "orchestrator.selection",
+        "orchestrator.placement", "orchestrator.launch", "orchestrator.ordering",
+        "orchestrator.eta", "orchestrator.selection",
     ), False),
     ("outside world", (
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
@@ -74,7 +77,7 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("commands", (
         "orchestrator.commands", "orchestrator.commands.sweep", "orchestrator.commands.images",
         "orchestrator.commands.hosts", "orchestrator.commands.maintenance",
-        "orchestrator.commands.importing",
+        "orchestrator.commands.importing", "orchestrator.commands.results",
     ), False),
     ("cli", ("orchestrator.cli", "orchestrator.__main__"), False),
 ]

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.results import CellResult, RunPaths, Status, write_json
+from orchestrator.summary import GroupRow
 
 pytest.importorskip("matplotlib", reason="the plots extra is not installed")
 
@@ -16,22 +17,26 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def write_run(root: Path, run_id: str, scale: float = 1.0) -> RunPaths:
     paths = RunPaths.create(root, "scaling", run_id)
-    write_json(paths.plan, {"cells": [], "varying": ["gpus", "precision"]})
+    write_json(paths.plan, {"cells": [], "varying": ["gpus", "precision"], "repeats": 2})
     for precision, base in (("fp32", 400.0), ("amp", 1200.0)):
         for gpus in (1, 2, 4):
             group = f"v100-g{gpus}-{precision}"
-            res = CellResult(
-                cell_id=f"{group}-r1", group=group, repeat=1, status=Status.OK,
-                params={"hardware": "v100", "gpus": gpus, "precision": precision},
-                metrics={"train.total_ips": base * gpus * 0.9 * scale},
-            )
-            write_json(paths.cell_result(res.cell_id), res.to_json())
+            for rep, jitter in ((1, 1.0), (2, 1.01)):
+                res = CellResult(
+                    cell_id=f"{group}-r{rep}", group=group, repeat=rep, status=Status.OK,
+                    params={"hardware": "v100", "gpus": gpus, "precision": precision},
+                    metrics={"train.total_ips": base * gpus * 0.9 * scale * jitter},
+                    env={"torch_version": "2.4.0", "device": "cuda",
+                         "device_name": "Tesla V100"},
+                )
+                write_json(paths.cell_result(res.cell_id), res.to_json())
     return paths
 
 
 def test_report_and_history_plots(tmp_path, capsys):
-    write_run(tmp_path, "20261101-000000-aaaa")
-    write_run(tmp_path, "20261102-000000-aaaa", scale=0.8)
+    for day in range(1, 5):
+        write_run(tmp_path, f"2026110{day}-000000-aaaa")
+    write_run(tmp_path, "20261105-000000-aaaa", scale=0.8)
     out = tmp_path / "scaling.png"
     assert main(["report", "scaling", "--results", str(tmp_path), "--plot", str(out)]) == 0
     assert out.read_bytes().startswith(PNG) and out.stat().st_size > 10_000
@@ -39,3 +44,56 @@ def test_report_and_history_plots(tmp_path, capsys):
     assert main(["history", "scaling", "--results", str(tmp_path), "--plot", str(trend)]) == 0
     assert "<svg" in trend.read_text()[:500]
     assert "REGRESSION" in capsys.readouterr().out
+
+
+def row(precision: str, batch: int, ips: float, ok: int, spread: float = 0.1) -> GroupRow:
+    return GroupRow(f"cpu-{precision}-{batch}", {"hardware": "cpu", "precision": precision,
+                                                   "batch_size": batch},
+                    runs=ok, ok=ok, ips=ips, ips_min=ips * (1 - spread),
+                    ips_max=ips * (1 + spread))
+
+
+def axes_of(draw, rows):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from orchestrator import plots
+
+    fig, ax = plt.subplots()
+    draw(ax, rows, plt)
+    return fig, ax, plots
+
+
+def test_bars_are_coloured_by_precision_with_error_bars_only_for_repeats():
+    from orchestrator.plots import _bars
+
+    rows = [row("fp32", 8, 100.0, ok=3), row("bf16", 8, 150.0, ok=1), row("fp32", 16, 180.0, 3)]
+    fig, ax, _ = axes_of(_bars, rows)
+    bars = [p for p in ax.patches]
+    assert len(bars) == 3
+    assert bars[0].get_facecolor() == bars[2].get_facecolor() != bars[1].get_facecolor()
+    (errors,) = ax.containers[1:]  # one errorbar container beside the bars
+    segments = errors.lines[2][0].get_segments()
+    assert len(segments) == 2  # the two repeated rows, not the single measurement
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["precision fp32",
+                                                                    "precision bf16"]
+    assert ax.get_xscale() == "linear"
+
+
+def test_values_spanning_decades_get_a_log_scale():
+    from orchestrator.plots import _bars, spans_decades
+
+    rows = [row("fp32", 1, 5.0, ok=1), row("fp32", 256, 4000.0, ok=1)]
+    _, ax, _ = axes_of(_bars, rows)
+    assert ax.get_xscale() == "log"
+    assert spans_decades([1.0, 11.0]) and not spans_decades([1.0, 9.0, None])
+
+
+def test_subtitle_names_the_stack_and_repeats():
+    from orchestrator.plots import stack_line
+
+    line = stack_line({"torch": ["2.4.0"], "cuda": ["12.4"], "gpu": ["NVIDIA H100"],
+                       "host": ["dgx1", "dgx2"]}, 5)
+    assert line == "torch 2.4.0 · CUDA 12.4 · NVIDIA H100 · host dgx1 +1 more · 5 repeats"

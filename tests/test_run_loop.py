@@ -127,7 +127,7 @@ def test_enospc_writing_command_json_gives_a_failed_cell_on_disk(write_matrix, t
         state: dict[str, object] = {}
 
         class FillThenFree(NullEvents):
-            def sweep_started(self, paths, cells) -> None:
+            def sweep_started(self, paths, cells, expected) -> None:
                 state["paths"] = paths
                 state["filler"] = fill(disk)
 

@@ -173,44 +173,6 @@ def test_a_bool_baseline_is_written_as_toml_writes_it(tmp_path):
     assert rows[1].ratio == pytest.approx(1.1)
 
 
-def write_run(root, run_id: str, ips: dict[int, float]) -> RunPaths:
-    paths = RunPaths.create(root, "nightly", run_id)
-    write_json(paths.plan, {"cells": [], "varying": ["gpus"]})
-    for gpus, value in ips.items():
-        res = result(gpus, 1, value)
-        write_json(paths.cell_result(res.cell_id), res.to_json())
-    return paths
-
-
-def test_history_flags_a_regression_of_the_newest_run(tmp_path):
-    from orchestrator.history import render_history, trends
-    from orchestrator.results import runs_of
-
-    write_run(tmp_path, "20261101-000000-aaaa", {1: 100.0, 8: 700.0})
-    write_run(tmp_path, "20261102-000000-aaaa", {1: 104.0, 8: 710.0})
-    write_run(tmp_path, "20261103-000000-aaaa", {1: 102.0, 8: 690.0})
-    write_run(tmp_path, "20261104-000000-aaaa", {1: 101.0, 8: 600.0})
-    runs = runs_of(tmp_path, "nightly")
-    assert [r.run_id[:8] for r in runs] == ["20261101", "20261102", "20261103", "20261104"]
-    items = {t.params["gpus"]: t for t in trends(runs, window=5, threshold=0.05)}
-    assert items[1].reference == pytest.approx(102.0) and not items[1].regression
-    assert items[8].reference == pytest.approx(700.0)
-    assert items[8].change == pytest.approx(600 / 700 - 1) and items[8].regression
-    table = render_history(runs[-2:], list(items.values()))
-    assert "REGRESSION" in table and "-14.3%" in table and "20261101" not in table
-
-
-def test_history_cli_exit_code(tmp_path, capsys):
-    from orchestrator.cli import main
-
-    write_run(tmp_path, "20261101-000000-aaaa", {1: 100.0})
-    write_run(tmp_path, "20261102-000000-aaaa", {1: 80.0})
-    assert main(["history", "nightly", "--results", str(tmp_path)]) == 0
-    assert main(["history", "nightly", "--results", str(tmp_path), "--fail-on-regression"]) == 1
-    assert "1 regression(s) beyond 5%" in capsys.readouterr().out
-    assert main(["history", "nope", "--results", str(tmp_path)]) == 2
-
-
 def release_result(host: str, release: str, repeat: int, ips: float, *,
                    ngc_release: str | None = None, env_release: bool = False) -> CellResult:
     params = {"hardware": "h100", "gpus": 1, "precision": "bf16"}

@@ -65,6 +65,7 @@ def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path):
         assert r.provenance["backend"] == "process" and r.provenance["host"]
         assert r.provenance["python"] == sys.executable and r.provenance["python_version"]
         assert r.duration_s and r.duration_s > 0
+        assert r.config_hash == next(c.hash for c in matrix.cells if c.id == r.cell_id)
 
     (bad,) = [r for r in outcome.results if r.status is not Status.OK]
     assert bad.status is Status.FAILED

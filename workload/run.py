@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workload import compat
+from workload import compat, inject
 from workload import data as data_mod
 from workload.device import (
     Dist,
@@ -292,6 +292,7 @@ def _measure(
     profiler = Profiler(args.profiler, device, output_dir, dist.rank, args.iterations,
                         args.profile_start, args.profile_iterations)
     profiler.begin()
+    step = inject.slowed(step, device)  # off unless WORKLOAD_INJECT_SLOWDOWN is set
     timer.start()
     for i in range(args.iterations):
         profiler.iteration_start(i)

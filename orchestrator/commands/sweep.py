@@ -1,4 +1,5 @@
-"""``orchestrate matrix | plan | validate | schema | report | history``.
+"""``orchestrate matrix | plan | validate | schema`` (runs, report, compare, history and export
+are :mod:`orchestrator.commands.results`).
 
 A sweep's progress goes to stderr: a progress bar in a terminal (:class:`RichEvents`), else
 (cron, CI, a pipe) one timestamped line when each cell starts and one when it ends, with
@@ -18,21 +19,20 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from orchestrator.errors import ConfigError
-from orchestrator.eta import estimate_eta, format_duration
+from orchestrator.eta import Eta, format_duration
 from orchestrator.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results import (
     CellResult,
     RunPaths,
     Status,
-    find_run,
     parse_metric_lines,
-    runs_of,
 )
-from orchestrator.userconfig import hosts_file, results_root
+from orchestrator.userconfig import RESULTS_HELP, hosts_file, results_root
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RESULTS_HELP = ("results root (default: $ORCHESTRATE_RESULTS, else `results` in the user's "
-                "config file, else ./results)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -95,34 +93,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("schema", help="print the JSON Schema of matrix files (for editors)")
     p.set_defaults(handler=cmd_schema)
-
-    p = sub.add_parser("report", help="re-print the summary table of a finished run")
-    p.add_argument("matrix", help="matrix name (or a path to its .toml)")
-    p.add_argument("--run", help="run id (default: the newest)")
-    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
-    p.add_argument("--baseline", metavar="KEY=VALUE",
-                   help="add each row's ratio to this row, e.g. hardware=v100 "
-                   "(default: [matrix] baseline)")
-    p.add_argument("--plot", type=Path, metavar="FILE",
-                   help="also draw it (png/svg/pdf): scaling vs GPUs, or bars per configuration")
-    p.set_defaults(handler=cmd_report)
-
-    p = sub.add_parser(
-        "history", help="a matrix across runs: trend per cell group, regressions flagged",
-        description="Median images/s of each cell group in the last runs of a matrix; the "
-        "newest run is compared with the median of the runs before it.",
-    )
-    p.add_argument("matrix", help="matrix name (or a path to its .toml)")
-    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
-    p.add_argument("--last", type=int, default=7, metavar="N", help="runs shown (default 7)")
-    p.add_argument("--window", type=int, default=5, metavar="N",
-                   help="previous runs forming the reference (default 5)")
-    p.add_argument("--threshold", type=float, default=0.05,
-                   help="flag a drop larger than this fraction (default 0.05)")
-    p.add_argument("--fail-on-regression", action="store_true",
-                   help="exit 1 when a regression is flagged (for nightly jobs)")
-    p.add_argument("--plot", type=Path, metavar="FILE", help="also draw the trend (png/svg/pdf)")
-    p.set_defaults(handler=cmd_history)
 
 
 # --- plan / validate / schema ----------------------------------------------------------------
@@ -210,49 +180,32 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _matrix_name(arg: str) -> str:
-    """A matrix name from ``NAME`` or ``path/to/NAME.toml``."""
-    return Path(arg).stem if arg.endswith(".toml") else arg
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from orchestrator.summary import write_summary
-
-    name = _matrix_name(args.matrix)
-    paths = find_run(results_root(args.results), name, args.run)
-    rows, table = write_summary(paths, baseline=args.baseline)
-    print(f"{paths.root}\n{table}")
-    if args.plot:
-        from orchestrator.plots import plot_run
-
-        print(f"plot: {plot_run(rows, args.plot, f'{name} {paths.run_id}')}")
-    return 0
-
-
-def cmd_history(args: argparse.Namespace) -> int:
-    from orchestrator.history import render_history, trends
-
-    name = _matrix_name(args.matrix)
-    results = results_root(args.results)
-    runs = runs_of(results, name)
-    if not runs:
-        raise ConfigError(f"no runs of {name!r} under {results}", field="history")
-    # only the runs shown and those the newest is compared with are read
-    runs = runs[-max(args.last, args.window + 1):]
-    items = trends(runs, args.window, args.threshold)
-    shown_runs = runs[-max(1, args.last):]
-    print(render_history(shown_runs, items))
-    if args.plot:
-        from orchestrator.plots import plot_history
-
-        print(f"plot: {plot_history(shown_runs, items, args.plot, name)}")
-    flagged = [t for t in items if t.regression]
-    if flagged:
-        print(f"\n{len(flagged)} regression(s) beyond {args.threshold:.0%} in {runs[-1].run_id}")
-    return 1 if flagged and args.fail_on_regression else 0
-
-
 # --- matrix (the sweep) ----------------------------------------------------------------------
+
+
+class SweepClock:
+    """What the progress displays share to show an ETA: when each running cell started, and how
+    many cells have run at once at most (the ETA's concurrency)."""
+
+    def __init__(self) -> None:
+        self.since: dict[str, float] = {}
+
+    def started(self, eta: Eta | None, cell_id: str, running: int) -> None:
+        self.since[cell_id] = time.monotonic()
+        if eta is not None:
+            eta.concurrency = max(eta.concurrency, float(running))
+            eta.started(cell_id)
+
+    def finished(self, eta: Eta | None, cell_id: str, duration_s: float | None) -> None:
+        self.since.pop(cell_id, None)
+        if eta is not None:
+            eta.finished(cell_id, duration_s)
+
+    def eta_text(self, eta: Eta | None) -> str:
+        if eta is None:
+            return format_duration(None)
+        now = time.monotonic()
+        return format_duration(eta.remaining_s({c: now - t for c, t in self.since.items()}))
 
 
 class RichEvents:
@@ -278,6 +231,8 @@ class RichEvents:
         self.task: TaskID | None = None
         self.verbose = verbose
         self.running: dict[str, str] = {}
+        self.eta: Eta | None = None
+        self.clock = SweepClock()
         self._lock = threading.Lock()
 
     def __enter__(self) -> RichEvents:
@@ -294,12 +249,16 @@ class RichEvents:
         return self.task
 
     def _status(self) -> str:
+        left = self.clock.eta_text(self.eta)
         if len(self.running) == 1:
-            return next(iter(self.running.values()))
-        return " | ".join(f"{cid}: {last}" for cid, last in self.running.items())[:120]
+            return f"{next(iter(self.running.values()))} | ETA {left}"
+        text = " | ".join(f"{cid}: {last}" for cid, last in self.running.items())[:110]
+        return f"{text} | ETA {left}"
 
-    def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None:
+    def sweep_started(self, paths: RunPaths, cells: list[Cell],
+                      expected: Mapping[str, float]) -> None:
         self.console.print(f"run folder: {paths.root}")
+        self.eta = Eta(cells, expected)
         self.progress.start()
         self.task = self.progress.add_task("sweep", total=len(cells), status="")
 
@@ -308,6 +267,7 @@ class RichEvents:
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         with self._lock:
+            self.clock.started(self.eta, cell.id, len(self.running) + 1)
             self.running[cell.id] = "starting"
             where = f" on {allocation.host}" if allocation.host else ""
             gpus = f" GPUs {list(allocation.gpu_ids)}" if allocation.gpu_ids else ""
@@ -338,6 +298,7 @@ class RichEvents:
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
         with self._lock:
             self.running.pop(cell.id, None)
+            self.clock.finished(self.eta, cell.id, result.duration_s)
             mark = "[green]ok[/green]" if result.status is Status.OK else \
                 f"[red]{result.status.value}[/red]"
             from orchestrator.summary import throughput_key
@@ -352,8 +313,8 @@ class RichEvents:
 
 class LineEvents:
     """Progress as timestamped lines (cron, CI, a pipe): a line when each cell starts and one
-    when it ends, with ``n/N``, the counts so far and the ETA (:func:`~orchestrator.eta.
-    estimate_eta`); ``verbose`` adds every line the cells print."""
+    when it ends, with ``n/N``, the counts so far and the ETA (:class:`~orchestrator.eta.Eta`,
+    from earlier runs' durations); ``verbose`` adds every line the cells print."""
 
     def __init__(self, stream: TextIO | None = None, verbose: bool = False) -> None:
         self.stream = stream or sys.stderr
@@ -361,9 +322,9 @@ class LineEvents:
         self.total = 0
         self.started: set[str] = set()
         self.running: set[str] = set()
-        self.peak = 1  # most cells seen running at once
         self.counts: Counter[str] = Counter()
-        self.durations: list[float] = []
+        self.eta: Eta | None = None
+        self.clock = SweepClock()
         self._lock = threading.Lock()
 
     def say(self, text: str) -> None:
@@ -371,8 +332,10 @@ class LineEvents:
         with self._lock:
             print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream, flush=True)
 
-    def sweep_started(self, paths: RunPaths, cells: list[Cell]) -> None:
+    def sweep_started(self, paths: RunPaths, cells: list[Cell],
+                      expected: Mapping[str, float]) -> None:
         self.total = len(cells)
+        self.eta = Eta(cells, expected)
         self.say(f"run folder: {paths.root} ({self.total} cells)")
 
     def log(self, message: str) -> None:
@@ -381,7 +344,7 @@ class LineEvents:
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         self.started.add(cell.id)
         self.running.add(cell.id)
-        self.peak = max(self.peak, len(self.running))
+        self.clock.started(self.eta, cell.id, len(self.running))
         where = f" on {allocation.host}" if allocation.host else ""
         gpus = f" GPUs {','.join(map(str, allocation.gpu_ids))}" if allocation.gpu_ids else ""
         self.say(f"[{len(self.started)}/{self.total}] start {cell.id}{where}{gpus}")
@@ -393,14 +356,12 @@ class LineEvents:
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
         self.running.discard(cell.id)
         self.counts[result.status.value] += 1
-        if result.duration_s is not None:
-            self.durations.append(result.duration_s)
+        self.clock.finished(self.eta, cell.id, result.duration_s)
         done = sum(self.counts.values())
-        eta = estimate_eta(self.durations, self.total - done, self.peak)
         took = f" {result.duration_s:.1f} s" if result.duration_s else ""
         counts = ", ".join(f"{n} {status}" for status, n in sorted(self.counts.items()))
         self.say(f"[{done}/{self.total}] {result.status.value} {cell.id}{took}: "
-                 f"{_detail(cell, result)} | {counts} | ETA {format_duration(eta)}")
+                 f"{_detail(cell, result)} | {counts} | ETA {self.clock.eta_text(self.eta)}")
 
 
 def _detail(cell: Cell, result: CellResult) -> str:

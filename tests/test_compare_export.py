@@ -1,0 +1,150 @@
+"""`runs`, `compare` and `export`: matching by configuration, verdicts, stacks, formats, CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from results_support import Config, day, params, run_id, write_run
+
+from orchestrator.cli import main
+from orchestrator.compare import compare_runs, render_compare, render_compare_csv
+from orchestrator.store import open_store
+
+G1, G2, G4, G8 = (params(gpus=g) for g in (1, 2, 4, 8))
+
+
+def two_runs(root):
+    write_run(root, "m", run_id(1), [
+        Config(G1, [100.0, 101.0, 99.0]), Config(G2, [200.0, 202.0, 198.0]),
+        Config(G4, [400.0, 401.0, 399.0]), Config(G8, [800.0, 790.0, 810.0]),
+    ], started=day(1))
+    write_run(root, "m", run_id(2), [
+        Config(G1, [110.0, 111.0, 109.0]),  # faster
+        Config(G2, [150.0, 151.0, 149.0], env={"torch_version": "2.5.0"}),  # slower
+        Config(G4, [None, None, None]),  # failed
+        Config(params(gpus=16), [1500.0, 1510.0, 1490.0]),  # new; G8 missing
+    ], started=day(2))
+
+
+def test_compare_verdicts_and_stack_differences(tmp_path):
+    two_runs(tmp_path)
+    with open_store(tmp_path) as store:
+        comp = compare_runs(store, store.resolve("m:latest~1"), store.resolve("m:latest"))
+    rows = {r.params["gpus"]: r for r in comp.rows}
+    assert rows[1].verdict == "faster" and rows[1].change.change == pytest.approx(0.1)
+    assert rows[1].change.low > 0
+    assert rows[2].verdict == "slower" and rows[2].change.high < 0
+    assert rows[4].verdict == "failed in B"
+    assert rows[8].verdict == "missing in B" and rows[16].verdict == "missing in A"
+    assert comp.stacks == {"torch": (["2.4.0"], ["2.4.0", "2.5.0"])}
+    text = render_compare(comp)
+    assert "+10.0%" in text and "torch: 2.4.0 -> 2.4.0, 2.5.0" in text
+    data = comp.to_json()
+    assert data["stack_differences"]["torch"] == {"a": ["2.4.0"], "b": ["2.4.0", "2.5.0"]}
+    assert {r["verdict"] for r in data["rows"]} == {"faster", "slower", "failed in B",
+                                                    "missing in B", "missing in A"}
+
+
+def test_single_repeats_give_no_interval(tmp_path):
+    write_run(tmp_path, "m", run_id(1), [Config(G1, [100.0])], started=day(1))
+    write_run(tmp_path, "m", run_id(2), [Config(G1, [50.0])], started=day(2))
+    with open_store(tmp_path) as store:
+        (row,) = compare_runs(store, *store.runs()).rows
+    assert row.verdict == "no repeats" and row.change.low is None
+    assert row.change.change == pytest.approx(-0.5)
+
+
+def test_a_changed_hardware_profile_is_matched_by_parameters(tmp_path):
+    write_run(tmp_path, "m", run_id(1), [Config(G1, [100.0, 100.0], config_hash="aaaa")],
+              started=day(1))
+    write_run(tmp_path, "m", run_id(2), [Config(G1, [90.0, 90.5], config_hash="bbbb",
+                                                image="orchestrate/ngc-pytorch:new")],
+              started=day(2))
+    with open_store(tmp_path) as store:
+        comp = compare_runs(store, *store.runs())
+    (row,) = comp.rows
+    assert row.profile_changed and row.verdict == "slower"
+    assert comp.stacks["image"] == (["orchestrate/ngc-pytorch:abc123"],
+                                    ["orchestrate/ngc-pytorch:new"])
+    assert "(profile changed)" in render_compare(comp)
+
+
+def test_compare_csv_is_plain_numbers(tmp_path):
+    two_runs(tmp_path)
+    with open_store(tmp_path) as store:
+        comp = compare_runs(store, *store.runs())
+    rows = list(csv.DictReader(io.StringIO(render_compare_csv(comp))))
+    g1 = next(r for r in rows if r["gpus"] == "1")
+    assert float(g1["change"]) == pytest.approx(0.1) and float(g1["a_median"]) == 100.0
+    assert g1["a_n"] == "3" and g1["verdict"] == "faster"
+    g8 = next(r for r in rows if r["gpus"] == "8")
+    assert g8["b_median"] == "" and g8["change"] == ""
+
+
+def test_compare_cli(tmp_path, capsys):
+    two_runs(tmp_path)
+    base = ["compare", "--results", str(tmp_path)]
+    assert main([*base, "m:latest~1", "m:latest"]) == 0
+    assert "faster" in capsys.readouterr().out
+    assert main([*base, run_id(1), run_id(2), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["a"]["run_id"] == run_id(1) and data["confidence"] == 0.95
+    assert main([*base, "m:latest~1", "m:latest", "--csv"]) == 0
+    assert capsys.readouterr().out.startswith("config,label,")
+    assert main([*base, "m:latest~5", "m:latest"]) == 2
+    assert "has 2 run(s)" in capsys.readouterr().err
+    assert main([*base, "m:latest~1", "m:latest", "--confidence", "95"]) == 2
+    assert "no unit" in capsys.readouterr().err
+    assert main([*base, "m:latest~1", "m:latest", "--metric", "train.loss"]) == 2
+    assert "throughput" in capsys.readouterr().err
+
+
+def test_runs_cli_lists_and_filters(tmp_path, capsys):
+    two_runs(tmp_path)
+    write_run(tmp_path, "other", run_id(3, "cccc"), [Config(G1, [1.0])], started=day(3))
+    assert main(["runs", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 5 and "other" in out and "0:01:40" in out
+    assert main(["runs", "m", "--results", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in data] == [run_id(1), run_id(2)]
+    assert (data[1]["ok"], data[1]["failed"], data[1]["status"]) == (9, 3, "failed")
+    assert main(["runs", "--results", str(tmp_path), "--status", "ok", "--json"]) == 0
+    assert [r["matrix"] for r in json.loads(capsys.readouterr().out)] == ["m", "other"]
+    assert main(["runs", "--results", str(tmp_path), "--since", "2026-11-02", "--until",
+                 "2026-11-03", "--json"]) == 0
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)] == [run_id(2)]
+    assert main(["runs", "--results", str(tmp_path), "--since", "yesterday"]) == 2
+    assert "--since" in capsys.readouterr().err
+    assert main(["runs", "--results", str(tmp_path / "nope")]) == 2
+    assert "no results folder" in capsys.readouterr().err
+
+
+def test_export_long_format_csv_and_json(tmp_path, capsys):
+    two_runs(tmp_path)
+    assert main(["export", "m", "--results", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    ok_cells = 3 * 4 + 3 * 3  # ok cells of both runs
+    assert len(rows) == ok_cells * 3 + 3  # 3 figures each; one row per failed cell
+    first = rows[0]
+    assert first["matrix"] == "m" and first["run_started"] == "2026-11-01T00:00:00Z"
+    assert first["param.gpus"] in {"1", "2", "4", "8"} and first["stack.torch"] == "2.4.0"
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert len(failed) == 3 and all(r["figure"] == "" and r["value"] == "" for r in failed)
+    ips = [r for r in rows if r["figure"] == "train.total_ips" and r["run_id"] == run_id(1)
+           and r["param.gpus"] == "1"]
+    assert sorted(float(r["value"]) for r in ips) == [99.0, 100.0, 101.0]
+
+    out = tmp_path / "x.json"
+    assert main(["export", "--results", str(tmp_path), "--run", "m:latest", "--where",
+                 "gpus=1", "--where", "gpus=2", "--figure", "train.total_ips", "--format",
+                 "json", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert {r["run_id"] for r in data} == {run_id(2)}
+    assert sorted((r["param.gpus"], r["value"]) for r in data) == [
+        (1, 109.0), (1, 110.0), (1, 111.0), (2, 149.0), (2, 150.0), (2, 151.0)]
+    assert "6 rows from 1 run(s)" in capsys.readouterr().err
+    assert main(["export", "--results", str(tmp_path), "--where", "gpus"]) == 2
