@@ -49,7 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
         "orchestrator.images", "orchestrator.releases", "orchestrator.stacks",
         "orchestrator.dllog", "orchestrator.fom", "orchestrator.store", "orchestrator.references",
         "orchestrator.profilers", "orchestrator.profile_figures", "orchestrator.rerun",
-        "orchestrator.redact", "orchestrator.userconfig",
+        "orchestrator.redact", "orchestrator.userconfig", "orchestrator.imagestate",
     ), False),
     ("reports", (
         "orchestrator.summary", "orchestrator.history", "orchestrator.compare",
@@ -59,11 +59,12 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("import of results made elsewhere", ("orchestrator.importer",), False),
     ("placement and launch", (
         "orchestrator.placement", "orchestrator.launch", "orchestrator.ordering",
-        "orchestrator.eta",
+        "orchestrator.eta", "orchestrator.selection",
     ), False),
     ("outside world", (
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
         "orchestrator.build", "orchestrator.cellprocs", "orchestrator.locks",
+        "orchestrator.refresh",
     ), False),
     ("semantic checks", ("orchestrator.checks",), False),
     ("backend base", ("orchestrator.backends", "orchestrator.backends.base"), False),
