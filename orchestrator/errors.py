@@ -93,3 +93,16 @@ class RemoteTimeout(HostError):
         super().__init__(message)
         self.stdout = stdout
         self.stderr = stderr
+
+
+def cannot_write(option: str, path: object, exc: OSError) -> ConfigError:
+    """The error for an output file the user named (``--plot``, ``--html``, ``--out``) that
+    cannot be written: the option, the path and the system's reason, one line (exit 2)."""
+    if isinstance(exc, IsADirectoryError):
+        reason = "it is a folder"
+    elif isinstance(exc, FileExistsError | NotADirectoryError):
+        reason = "a folder on its path is a file"
+    else:
+        reason = exc.strerror or str(exc)
+    return ConfigError([Problem(option, str(path), f"cannot write it: {reason}; give a "
+                                "writable file (its folder is created if missing)")])
