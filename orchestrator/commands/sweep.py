@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, Problem
 from orchestrator.eta import Eta, format_duration
 from orchestrator.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results import (
@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "RESULTS/<matrix>/<run id>/.",
     )
     p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--backend", help="process, docker, ssh (default: [matrix] backend)")
+    p.add_argument("--backend", help=f"{_backends_help()} (default: [matrix] backend)")
     p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                    help="run only matching cells (repeatable; same key: any value)")
@@ -72,9 +72,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    default=argparse.SUPPRESS, help="also every line the cells print")
     p.set_defaults(handler=cmd_matrix)
 
-    p = sub.add_parser("plan", help="print the expanded cells of a matrix")
+    p = sub.add_parser(
+        "plan", help="print the expanded cells of a matrix",
+        description="Print the cells MATRIX.toml expands to (id, varying parameters, repeat, "
+        "content hash), after the same checks as `validate`; builds and runs nothing.")
     p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                   help="only matching cells (repeatable; same key: any value)")
     p.add_argument("--json", action="store_true", help="a JSON list, one object per cell")
     p.set_defaults(handler=cmd_plan)
 
@@ -86,13 +90,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "stack, warnings and what could not be checked.",
     )
     p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--backend", help="check for this backend (default: [matrix] backend)")
+    p.add_argument("--backend", help=f"check for this backend: {_backends_help()} "
+                   "(default: [matrix] backend)")
     p.add_argument("--strict", action="store_true",
                    help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
 
     p = sub.add_parser("schema", help="print the JSON Schema of matrix files (for editors)")
     p.set_defaults(handler=cmd_schema)
+
+
+def _backends_help() -> str:
+    """The backends of this build, for --help ("process, docker, ssh or slurm")."""
+    from orchestrator.backends import backend_names
+
+    names = backend_names()
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 # --- plan / validate / schema ----------------------------------------------------------------
@@ -149,15 +162,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    if args.backend is not None:
-        from orchestrator.backends import backend_names
+def _check_backend(name: str | None) -> None:
+    """``--backend NAME`` must name a backend of this build (ConfigError on ``--backend``)."""
+    if name is None:
+        return
+    from orchestrator.backends import backend_names
 
-        if args.backend not in backend_names():
-            raise ConfigError(f"unknown backend {args.backend!r}; known: "
-                              f"{', '.join(backend_names())}", field="--backend")
+    if name not in backend_names():
+        raise ConfigError(f"unknown backend {name!r}; known: {', '.join(backend_names())}",
+                          field="--backend")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    _check_backend(args.backend)
     matrix, findings = _checked(args.matrix_file, args.backend, strict=args.strict)
     backend = args.backend or matrix.settings.backend
+    build_problems = _image_problems(matrix, backend)
+    if build_problems and args.strict:
+        raise ConfigError(build_problems)
     print(f"{args.matrix_file}: ok ({len(matrix.cells)} cells)")
     pinned = {hw for hw, _ in findings.release_stacks}
     for hw, stack in findings.stacks.items():
@@ -168,9 +190,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  hardware {hw}, ngc_release {release} ({backend} backend): {stack.label}")
     for problem in findings.warnings:
         print(f"  warning: {problem}")
+    for problem in build_problems:
+        print(f"  warning: {problem}; `orchestrate matrix` refuses to run until it is fixed")
     for problem in findings.notes:
         print(f"  note: {problem}")
     return 0
+
+
+def _image_problems(matrix: Matrix, backend: str) -> list[Problem]:
+    """What ``matrix --dry-run`` and a sweep refuse in the images of a docker/ssh matrix beyond
+    the checks: a file a profile copies into the build context that is not on this machine
+    (the Bitfusion client .deb, a lab's checkout). A warning for ``validate``: the matrix is
+    right, this machine lacks the file."""
+    if backend not in ("docker", "ssh"):
+        return []
+    try:
+        image_lines(matrix, backend)
+    except ConfigError as exc:
+        return exc.problems
+    return []
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -391,15 +429,17 @@ def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineE
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    from orchestrator.results import check_results_root
     from orchestrator.sweep import NullEvents, backend_for, hosts_file_of, run_sweep
 
+    _check_backend(args.backend)
     matrix = _load(args)
     results = results_root(args.results)
     backend = backend_for(matrix, args.backend)
-    if args.dry_run:
-        print("\n".join(plan_lines(matrix)))
-        if backend in ("docker", "ssh"):
-            print("\n".join(image_lines(matrix, backend)))
+    if args.dry_run:  # every refusal before the (long) plan, as a real sweep would refuse
+        check_results_root(results)
+        images = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
+        print("\n".join([*plan_lines(matrix), *images]))
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
