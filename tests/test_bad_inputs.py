@@ -637,6 +637,47 @@ case("cli", "build-dry-run-driver-accepted",
      ["images", "build", "ngc-pytorch", "--driver", "535.104.05", "--dry-run"], expect=0,
      out=("release:", "base image: nvcr.io/nvidia/pytorch:"))
 
+
+# output files the user names: refused before any work (a plot's format) or one error line naming
+# the option when they cannot be written (root here: a file on the path, not a read-only folder)
+_RR = ["--results", "{results}"]
+for _name, _argv, _err in [
+    ("report-plot-txt", ["report", "m", *_RR, "--plot", "{dir}/x.txt"],
+     ("--plot", "'.txt' is not a plot format", ".png, .svg, .pdf")),
+    ("report-plot-no-suffix", ["report", "m", *_RR, "--plot", "{dir}/plotfile"],
+     ("--plot", "no suffix")),
+    ("history-plot-txt", ["history", "m", *_RR, "--plot", "{dir}/x.txt"],
+     ("--plot", "not a plot format")),
+    ("report-plot-under-a-file", ["report", "m", *_RR, "--plot", "{dir}/m.toml/x.png"],
+     ("--plot", "m.toml/x.png: cannot write it: a folder on its path is a file")),
+    ("report-html-under-a-file", ["report", "m", *_RR, "--html", "{dir}/m.toml/x.html"],
+     ("--html", "cannot write it: a folder on its path is a file")),
+    ("compare-html-under-a-file", ["compare", RUN, RUN, *_RR, "--html", "{dir}/m.toml/c.html"],
+     ("--html", "cannot write it")),
+    ("history-plot-under-a-file", ["history", "m", *_RR, "--plot", "{dir}/m.toml/x.png"],
+     ("--plot", "cannot write it")),
+    ("export-out-a-folder", ["export", *_RR, "--out", "{dir}"],
+     ("--out", "cannot write it: it is a folder")),
+    ("dry-run-unknown-backend", ["matrix", "{dir}/m.toml", "--backend", "nope", "--dry-run"],
+     ("--backend: unknown backend 'nope'",)),
+    ("dry-run-results-file", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
+                              "{dir}/m.toml"], ("--results", "is not a folder")),
+]:
+    case("cli", _name, _argv, files={"m.toml": mx()}, setup=_a_run, err=_err,
+         subprocess=_name == "report-plot-under-a-file")
+
+
+def _summary_is_a_folder(d: Path) -> None:
+    """A run whose summary files cannot be rewritten (as in a read-only archive: root ignores
+    permissions, so summary.csv is a folder here)."""
+    _a_run(d)
+    (d / "results" / "m" / RUN / "summary.csv").mkdir()
+
+
+case("old-runs", "report-of-a-read-only-run", ["report", "m", "--results", "{results}"],
+     setup=_summary_is_a_folder, expect=0, out=("100.0",),
+     err=("note: summary.csv and summary.txt not refreshed in",), subprocess=True)
+
 # --- old runs on disk ------------------------------------------------------------------------
 
 _R = ["report", "m", "--results", "{results}"]
@@ -915,6 +956,17 @@ good_run("same-stack-bitfusion-baseline",
             after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
                   'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3" }\n'), 2,
          ("hardware bf (docker backend): NGC PyTorch 23.10",))
+_BF = gx(axes='hardware = ["v100", "bf"]', hw=None,
+         after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
+               'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3", client_deb = '
+               '"client.deb", ca_cert = "ca.crt" }\n')
+good_run("missing-build-file-is-a-warning", _BF, 2,
+         ("warning:", "hardware.bf.image_vars.client_deb: file or folder",
+          "`orchestrate matrix` refuses to run until it is fixed"))
+bad_matrix("can-it-run", "missing-build-file-strict", _BF, "hardware.bf.image_vars.client_deb",
+           command=("validate", "--strict"), err=("hardware.bf.image_vars.ca_cert",))
+bad_matrix("can-it-run", "missing-build-file-dry-run", _BF, "hardware.bf.image_vars.client_deb",
+           command=("matrix", "--dry-run", "--results", "{dir}/results"), check=_NO_RUN_FOLDER)
 good_run("cross-stack-baseline-warns",
          gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
             after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
