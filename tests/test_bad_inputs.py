@@ -718,6 +718,23 @@ case("old-runs", "resume-truncated-run", ["matrix", "{dir}/m.toml", "--resume", 
                                           "{results}"],
      setup=_resume_setup("run"), err=("run.json: unreadable",))
 
+
+
+def _narrow_run(d: Path) -> None:
+    """A run that ran only ``--only batch_size=8`` of a two-cell matrix."""
+    from orchestrator.matrix import filter_cells, load_matrix
+    from orchestrator.sweep import plan_json
+
+    (d / "m.toml").write_text(mx(axes="batch_size = [8, 16]"))
+    narrow = filter_cells(load_matrix(d / "m.toml"), ["batch_size=8"])
+    _a_run(d, {}, plan=json.dumps(plan_json(narrow, "process")))
+
+
+case("old-runs", "resume-with-a-wider-only", ["matrix", "{dir}/m.toml", "--resume", "--results",
+                                              "{results}"],
+     setup=_narrow_run, err=("--resume: 1 of the selected cells are not in run",
+                             "resume with the --only it ran with"))
+
 # --- can it run: the semantic checks (orchestrator/checks.py) ---------------------------------
 # A cell that cannot run where it is planned is refused before anything is built or launched,
 # naming the field where its value is set; what cannot be checked is a note, not an error.
