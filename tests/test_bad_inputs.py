@@ -658,6 +658,8 @@ for _name, _argv, _err in [
      ("--plot", "cannot write it")),
     ("export-out-a-folder", ["export", *_RR, "--out", "{dir}"],
      ("--out", "cannot write it: it is a folder")),
+    ("export-where-typo", ["export", *_RR, "--where", "gpu=8"],
+     ("--where: gpu: unknown parameter (did you mean 'gpus'?",)),
     ("dry-run-unknown-backend", ["matrix", "{dir}/m.toml", "--backend", "nope", "--dry-run"],
      ("--backend: unknown backend 'nope'",)),
     ("dry-run-results-file", ["matrix", "{dir}/m.toml", "--dry-run", "--results",

@@ -425,12 +425,24 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def _where(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``--where KEY=VALUE`` items by key; a key that is no cell parameter is refused (a typo
+    would otherwise export nothing, silently)."""
+    import difflib
+
+    from orchestrator.config import PARAM_NAMES
+
     out: dict[str, list[str]] = {}
     problems = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             problems.append(Problem("", "--where", f"{item!r}: expected KEY=VALUE"))
+            continue
+        if key.strip() not in PARAM_NAMES:
+            close = difflib.get_close_matches(key.strip(), PARAM_NAMES, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?; " if close else ""
+            problems.append(Problem("--where", key.strip(), f"unknown parameter ({hint}known: "
+                                    f"{', '.join(PARAM_NAMES)})"))
             continue
         out.setdefault(key.strip(), []).append(value.strip())
     if problems:
