@@ -660,6 +660,8 @@ for _name, _argv, _err in [
      ("--out", "cannot write it: it is a folder")),
     ("export-where-typo", ["export", *_RR, "--where", "gpu=8"],
      ("--where: gpu: unknown parameter (did you mean 'gpus'?",)),
+    ("runs-results-file", ["runs", "--results", "{dir}/m.toml"],
+     ("--results", "m.toml is not a folder")),
     ("dry-run-unknown-backend", ["matrix", "{dir}/m.toml", "--backend", "nope", "--dry-run"],
      ("--backend: unknown backend 'nope'",)),
     ("dry-run-results-file", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
