@@ -633,6 +633,9 @@ case("cli", "report-accepted", ["report", "m", "--results", "{results}", "--base
 case("cli", "dry-run-accepted", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
                                  "{results}"],
      files={"m.toml": mx()}, expect=0, out=("dry run: would run 1 cells",))
+case("cli", "render-out-with-brackets-accepted",
+     ["images", "render", "ngc-pytorch", "--out", "{results}/c[/x]"], expect=0,
+     out=("c[/x]/Dockerfile (tag would be orchestrate/ngc-pytorch:",))
 case("cli", "build-dry-run-driver-accepted",
      ["images", "build", "ngc-pytorch", "--driver", "535.104.05", "--dry-run"], expect=0,
      out=("release:", "base image: nvcr.io/nvidia/pytorch:"))

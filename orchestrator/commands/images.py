@@ -202,7 +202,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         Console(stderr=True).print(f"[dim]parent image: {node.tag} ({node.template})[/dim]")
     images.write_context(plan.files, args.out)
     rendered = args.out / images.KINDS[plan.kind]
-    Console().print(f"wrote {rendered} (tag would be {plan.tag})")
+    Console().print(f"wrote {rendered} (tag would be {plan.tag})", markup=False,
+                    highlight=False, soft_wrap=True)
     return 0
 
 

@@ -246,8 +246,19 @@ class SweepClock:
         return format_duration(eta.remaining_s({c: now - t for c, t in self.since.items()}))
 
 
+def escape(text: str) -> str:
+    """``text`` shown as it is by rich (its ``[`` are not markup); rich is imported lazily."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
 class RichEvents:
-    """Progress on the terminal: a bar over the cells, the running cell and its last metric."""
+    """Progress on the terminal: a bar over the cells, the running cell and its last metric.
+
+    Text from outside (paths, cell ids, reasons such as ``[Errno 28] No space left``, what a
+    cell prints) is escaped before it meets rich's markup: it is shown as it is, and a ``[/x]``
+    in it cannot stop the sweep with a markup error."""
 
     def __init__(self, verbose: bool = False) -> None:
         from rich.console import Console
@@ -289,19 +300,19 @@ class RichEvents:
     def _status(self) -> str:
         left = self.clock.eta_text(self.eta)
         if len(self.running) == 1:
-            return f"{next(iter(self.running.values()))} | ETA {left}"
+            return escape(f"{next(iter(self.running.values()))} | ETA {left}")
         text = " | ".join(f"{cid}: {last}" for cid, last in self.running.items())[:110]
-        return f"{text} | ETA {left}"
+        return escape(f"{text} | ETA {left}")
 
     def sweep_started(self, paths: RunPaths, cells: list[Cell],
                       expected: Mapping[str, float]) -> None:
-        self.console.print(f"run folder: {paths.root}")
+        self.console.print(f"run folder: {paths.root}", markup=False, highlight=False)
         self.eta = Eta(cells, expected)
         self.progress.start()
         self.task = self.progress.add_task("sweep", total=len(cells), status="")
 
     def log(self, message: str) -> None:
-        self.console.print(f"[dim]{message}[/dim]", highlight=False)
+        self.console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         with self._lock:
@@ -309,7 +320,7 @@ class RichEvents:
             self.running[cell.id] = "starting"
             where = f" on {allocation.host}" if allocation.host else ""
             gpus = f" GPUs {list(allocation.gpu_ids)}" if allocation.gpu_ids else ""
-            self.progress.update(self._task, description=f"{cell.id}{where}{gpus}",
+            self.progress.update(self._task, description=escape(f"{cell.id}{where}{gpus}"),
                                  status=self._status())
 
     def cell_output(self, cell_id: str, line: str) -> None:
@@ -344,7 +355,8 @@ class RichEvents:
             ips = result.metrics.get(throughput_key(cell.params.mode))
             detail = f"{ips:,.1f} images/s" if isinstance(ips, int | float) else result.reason
             took = f" ({result.duration_s:.1f} s)" if result.duration_s else ""
-            self.console.print(f"{mark} {cell.id}{took}: {detail}", highlight=False)
+            self.console.print(f"{mark} {escape(f'{cell.id}{took}: {detail}')}",
+                               highlight=False)
             self.progress.advance(self._task)
             self.progress.update(self._task, status=self._status())
 
