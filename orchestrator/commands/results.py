@@ -283,6 +283,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     paths = find_run(args.results, name, args.run)
     results = paths.results()
     rows, table = summarize_run(paths, baseline=args.baseline, results=results)
+    if args.baseline:
+        _check_baseline(args.baseline, rows)
     print(f"{paths.root}\n{table}")
     try:
         write_summary_files(paths, rows, table)
@@ -308,6 +310,26 @@ def cmd_report(args: argparse.Namespace) -> int:
             out = report_html.write(args.html, html)
         print(f"html: {out}")
     return 0
+
+
+def _check_baseline(text: str, rows: list[Any]) -> None:
+    """``--baseline KEY=VALUE`` must name a parameter and a value some row of the run has (a
+    typo would otherwise print the table without its ratio column, silently)."""
+    import difflib
+
+    from orchestrator.config import PARAM_NAMES
+    from orchestrator.summary import param_matches, parse_baseline
+
+    key, value = parse_baseline(text) or ("", "")
+    if key not in PARAM_NAMES:
+        close = difflib.get_close_matches(key, PARAM_NAMES, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?; " if close else ""
+        raise ConfigError([Problem("--baseline", key, f"unknown parameter ({hint}known: "
+                                   f"{', '.join(PARAM_NAMES)})")])
+    if not any(param_matches(r.params.get(key), value) for r in rows):
+        found = sorted({str(r.params.get(key)) for r in rows})
+        raise ConfigError([Problem("--baseline", text, f"no row of this run has {key} = "
+                                   f"{value!r} (it has: {', '.join(found)})")])
 
 
 # --- compare -----------------------------------------------------------------------------------
