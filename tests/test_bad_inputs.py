@@ -633,6 +633,9 @@ case("cli", "report-accepted", ["report", "m", "--results", "{results}", "--base
 case("cli", "dry-run-accepted", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
                                  "{results}"],
      files={"m.toml": mx()}, expect=0, out=("dry run: would run 1 cells",))
+case("cli", "export-of-no-run-says-so", ["export", "mm", "--results", "{results}"], setup=_a_run,
+     expect=0, out=("matrix,run_id",),
+     err=("note: nothing exported: no runs of 'mm' under", "`orchestrate runs` lists the runs"))
 case("cli", "render-out-with-brackets-accepted",
      ["images", "render", "ngc-pytorch", "--out", "{results}/c[/x]"], expect=0,
      out=("c[/x]/Dockerfile (tag would be orchestrate/ngc-pytorch:",))
@@ -665,6 +668,8 @@ for _name, _argv, _err in [
      ("--baseline: hardwre: unknown parameter (did you mean 'hardware'?",)),
     ("report-baseline-no-such-row", ["report", "m", *_RR, "--baseline", "hardware=v100"],
      ("--baseline: hardware=v100: no row of this run has hardware = 'v100' (it has: cpu)",)),
+    ("export-status-typo", ["export", *_RR, "--status", "okk"],
+     ("--status: invalid choice: 'okk'",)),
     ("export-where-typo", ["export", *_RR, "--where", "gpu=8"],
      ("--where: gpu: unknown parameter (did you mean 'gpus'?",)),
     ("runs-results-file", ["runs", "--results", "{dir}/m.toml"],

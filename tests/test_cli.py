@@ -156,3 +156,10 @@ def test_dry_run_refuses_a_missing_build_file_before_printing_the_plan(tmp_path,
     (tmp_path / "bitfusion" / "bitfusion-ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     assert main(["validate", str(path), "--strict"]) == 0
     assert "warning" not in capsys.readouterr().out
+
+
+def test_export_status_choices_are_the_cell_statuses():
+    from orchestrator.commands.results import CELL_STATUSES
+    from orchestrator.results import Status
+
+    assert tuple(s.value for s in Status) == CELL_STATUSES

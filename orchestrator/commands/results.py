@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from orchestrator.store import Store
 
 RUN_STATUSES = ("ok", "failed", "interrupted", "unfinished", "empty")
+#: A cell result's status (orchestrator.results.Status), for export --status.
+CELL_STATUSES = ("ok", "failed", "timeout", "oom", "host_lost", "cancelled", "unplaceable")
 #: What ``--plot FILE`` can write, by the file's suffix.
 PLOT_FORMATS = ("png", "svg", "pdf")
 
@@ -149,7 +151,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--figure", action="append", default=[], metavar="NAME",
                    help="only this figure, e.g. train.total_ips (repeatable)")
     p.add_argument("--status", action="append", default=[], metavar="STATUS",
-                   help="only cells with this status, e.g. ok (repeatable)")
+                   choices=CELL_STATUSES, help="only cells with this status: "
+                   f"{', '.join(CELL_STATUSES)} (repeatable)")
     p.add_argument("--format", choices=("csv", "json"), default="csv")
     p.add_argument("--out", type=Path, metavar="FILE", help="write here (default: stdout)")
     p.set_defaults(handler=cmd_export)
@@ -500,4 +503,11 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(f"{n} rows from {len(runs)} run(s): {args.out}", file=sys.stderr)
         else:
             n = write(store, runs, selection, sys.stdout)
+    if n == 0:  # say why on stderr (a misspelt matrix, figure or status gives no rows)
+        sys.stdout.flush()
+        why = (f"no runs of {', '.join(repr(m) for m in names)}" if names else "no runs"
+               ) + f" under {args.results}" if not runs else (
+            f"{len(runs)} run(s) selected, but no cell result matches --where/--figure/--status")
+        print(f"note: nothing exported: {why} (`orchestrate runs` lists the runs)",
+              file=sys.stderr)
     return 0
