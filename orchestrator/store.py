@@ -779,8 +779,9 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
                           "$ORCHESTRATE_RESULTS or `results` in the config file)",
                           field="--results")
     if not root.is_dir():
-        raise ConfigError(f"no results folder {root} (run a matrix first, or pass --results)",
-                          field="--results")
+        raise ConfigError(f"no results folder {root} (run a matrix first, or give the results "
+                          "folder: --results, $ORCHESTRATE_RESULTS or `results` in the config "
+                          "file)", field="--results")
     candidates: list[tuple[str, str | None]] = []
     index = root / INDEX_NAME
     if _writable(root) and (not index.exists() or os.access(index, os.W_OK)):

@@ -672,6 +672,8 @@ for _name, _argv, _err in [
      ("--status: invalid choice: 'okk'",)),
     ("export-where-typo", ["export", *_RR, "--where", "gpu=8"],
      ("--where: gpu: unknown parameter (did you mean 'gpus'?",)),
+    ("runs-no-results-folder", ["runs", "--results", "{dir}/none"],
+     ("--results: no results folder", "$ORCHESTRATE_RESULTS or `results` in the config file")),
     ("runs-results-file", ["runs", "--results", "{dir}/m.toml"],
      ("--results", "m.toml is not a folder")),
     ("dry-run-unknown-backend", ["matrix", "{dir}/m.toml", "--backend", "nope", "--dry-run"],
