@@ -636,6 +636,13 @@ case("cli", "dry-run-accepted", ["matrix", "{dir}/m.toml", "--dry-run", "--resul
 case("cli", "export-of-no-run-says-so", ["export", "mm", "--results", "{results}"], setup=_a_run,
      expect=0, out=("matrix,run_id",),
      err=("note: nothing exported: no runs of 'mm' under", "`orchestrate runs` lists the runs"))
+case("cli", "render-out-a-file", ["images", "render", "ngc-pytorch", "--out", "{dir}/m.toml"],
+     files={"m.toml": mx()},
+     err=("--out: ", "m.toml: cannot write it: a folder on its path is a file; give a writable "
+          "folder",), subprocess=True)
+case("cli", "render-out-under-a-file",
+     ["images", "render", "ngc-pytorch", "--out", "{dir}/m.toml/ctx"], files={"m.toml": mx()},
+     err=("--out: ", "cannot write it"))
 case("cli", "render-out-with-brackets-accepted",
      ["images", "render", "ngc-pytorch", "--out", "{results}/c[/x]"], expect=0,
      out=("c[/x]/Dockerfile (tag would be orchestrate/ngc-pytorch:",))
