@@ -633,6 +633,20 @@ case("cli", "report-accepted", ["report", "m", "--results", "{results}", "--base
 case("cli", "dry-run-accepted", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
                                  "{results}"],
      files={"m.toml": mx()}, expect=0, out=("dry run: would run 1 cells",))
+_SSH_SMOKE = (ROOT / "matrices" / "ssh_smoke.toml").read_text()
+case("cli", "dry-run-ssh-missing-hosts",
+     ["matrix", "{dir}/s.toml", "--dry-run", "--hosts", "{dir}/none.toml"],
+     files={"s.toml": _SSH_SMOKE}, err=("none.toml: no such file",))
+case("cli", "dry-run-ssh-bad-hosts",
+     ["matrix", "{dir}/s.toml", "--dry-run", "--hosts", "{dir}/h.toml"],
+     files={"s.toml": _SSH_SMOKE, "h.toml": '[[hosts]]\nname = "a"\nadress = "x"\n'},
+     err=("h.toml: hosts[0] (a).adress: unknown key (did you mean 'address'?",))
+case("cli", "dry-run-ssh-accepted",
+     ["matrix", "{dir}/s.toml", "--dry-run", "--hosts", "{dir}/h.toml", "--results",
+      "{results}"],
+     files={"s.toml": _SSH_SMOKE, "h.toml": '[[hosts]]\nname = "a"\naddress = "127.0.0.1"\n'
+            'tags = ["cpu"]\n'},
+     expect=0, out=("h.toml (1 hosts; not contacted by a dry run)", "dry run: would run 4"))
 case("cli", "export-of-no-run-says-so", ["export", "mm", "--results", "{results}"], setup=_a_run,
      expect=0, out=("matrix,run_id",),
      err=("note: nothing exported: no runs of 'mm' under", "`orchestrate runs` lists the runs"))

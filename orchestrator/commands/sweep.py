@@ -451,7 +451,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     if args.dry_run:  # every refusal before the (long) plan, as a real sweep would refuse
         check_results_root(results)
         images = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
-        print("\n".join([*plan_lines(matrix), *images]))
+        inventory = _inventory_line(matrix, args.hosts) if backend == "ssh" else []
+        print("\n".join([*plan_lines(matrix), *images, *inventory]))
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
@@ -488,6 +489,20 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         for r in failed:
             print(f"  {r.cell_id}: {r.status.value}: {r.reason}", file=sys.stderr)
     return outcome.exit_code
+
+
+def _inventory_line(matrix: Matrix, cli_hosts: Path | None) -> list[str]:
+    """What ``--dry-run`` says of an ssh sweep's inventory: read and checked as the sweep reads
+    it (a missing or invalid file is refused here too); no host is contacted."""
+    from orchestrator.backends.ssh import NO_INVENTORY_HINT
+    from orchestrator.hosts import load_hosts
+    from orchestrator.sweep import hosts_file_of
+
+    path = hosts_file(cli_hosts, hosts_file_of(matrix))
+    if path is None:
+        raise ConfigError(NO_INVENTORY_HINT, file=str(matrix.path), field="matrix.hosts")
+    inventory = load_hosts(path)
+    return [f"hosts: {path} ({len(inventory.hosts)} hosts; not contacted by a dry run)"]
 
 
 def image_lines(matrix: Matrix, backend: str) -> list[str]:
