@@ -44,6 +44,21 @@ log = logging.getLogger(__name__)
 
 
 
+def _seconds(text: str) -> float:
+    """``--lock-timeout S``: a finite number of seconds, 0 or more (``nan`` would wait forever,
+    a negative number give up at once)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 or more seconds (leave it out to "
+                                         "wait as long as it takes)")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "matrix", help="run a sweep: every cell of a matrix file",
@@ -61,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="re-run, in an earlier run's folder (default: the newest), only the "
                    "cells that did not end ok")
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
-    p.add_argument("--lock-timeout", type=float, metavar="S",
+    p.add_argument("--lock-timeout", type=_seconds, metavar="S",
                    help="a cell whose GPUs another sweep holds waits at most S seconds, then "
                    "fails (default: it waits as long as it takes)")
     p.add_argument("--no-wait", dest="lock_timeout", action="store_const", const=0.0,
