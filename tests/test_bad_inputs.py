@@ -647,6 +647,22 @@ case("cli", "dry-run-ssh-accepted",
      files={"s.toml": _SSH_SMOKE, "h.toml": '[[hosts]]\nname = "a"\naddress = "127.0.0.1"\n'
             'tags = ["cpu"]\n'},
      expect=0, out=("h.toml (1 hosts; not contacted by a dry run)", "dry run: would run 4"))
+def _two_runs(d: Path) -> None:
+    _a_run(d)
+    _a_run(d, {"a-r1": _result("a-r1", ips=50.0)}, run="20260102-000000-abcd")
+
+
+for _name, _run, _expect, _text in [
+    ("report-run-prefix-accepted", "20260101", 0, "results/m/20260101-000000-abcd"),
+    ("report-run-latest-back-accepted", "latest~1", 0, "results/m/20260101-000000-abcd"),
+    ("report-run-latest-accepted", "latest", 0, "results/m/20260102-000000-abcd"),
+    ("report-run-ambiguous-prefix", "2026", 2, "no run '2026' under"),
+    ("report-run-latest-too-far", "latest~2", 2, "'latest~2': 'm' has 2 run(s)"),
+]:
+    case("cli", _name, ["report", "m", "--results", "{results}", "--run", _run],
+         setup=_two_runs, expect=_expect, out=(_text,) if _expect == 0 else (),
+         err=(_text, "(2 runs start with it)") if _name.endswith("ambiguous-prefix")
+         else () if _expect == 0 else (_text,))
 case("cli", "export-of-no-run-says-so", ["export", "mm", "--results", "{results}"], setup=_a_run,
      expect=0, out=("matrix,run_id",),
      err=("note: nothing exported: no runs of 'mm' under", "`orchestrate runs` lists the runs"))

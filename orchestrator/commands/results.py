@@ -74,7 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("report", help="re-print the summary table of a run; --html for a report")
     p.add_argument("matrix", help="matrix name (or a path to its .toml)")
-    p.add_argument("--run", help="run id (default: the newest)")
+    p.add_argument("--run", help="run id, a unique prefix of one, latest or latest~N "
+                   "(default: the newest)")
     _results_arg(p)
     p.add_argument("--baseline", metavar="KEY=VALUE",
                    help="add each row's ratio to this row, e.g. hardware=v100 "
