@@ -1159,6 +1159,10 @@ def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any], str]:
     text it was parsed from (saved with each run)."""
     text = read_config_text(path)
     raw = parse_toml(text, str(path))
+    if raw and set(raw) <= {"hosts", "options"}:  # a mix-up, not a matrix with a typo
+        raise ConfigError("this is a hosts inventory, not a matrix file (`orchestrate hosts "
+                          "check FILE` reads it; a matrix names it with --hosts or [matrix] "
+                          "hosts)", file=str(path))
     try:
         return MatrixFile.model_validate(raw), raw, text
     except ValidationError as exc:

@@ -663,6 +663,12 @@ for _name, _run, _expect, _text in [
          setup=_two_runs, expect=_expect, out=(_text,) if _expect == 0 else (),
          err=(_text, "(2 runs start with it)") if _name.endswith("ambiguous-prefix")
          else () if _expect == 0 else (_text,))
+case("cli", "validate-a-hosts-file", ["validate", "{dir}/h.toml"],
+     files={"h.toml": '[options]\nconnect_timeout = 5\n[[hosts]]\nname = "a"\n'
+            'address = "127.0.0.1"\n'},
+     err=("h.toml: this is a hosts inventory, not a matrix file",))
+case("hosts", "a-matrix-file", ["hosts", "check", "{dir}/h.toml"], files={"h.toml": mx()},
+     err=("h.toml: this is a matrix file, not a hosts inventory",))
 case("cli", "export-of-no-run-says-so", ["export", "mm", "--results", "{results}"], setup=_a_run,
      expect=0, out=("matrix,run_id",),
      err=("note: nothing exported: no runs of 'mm' under", "`orchestrate runs` lists the runs"))
