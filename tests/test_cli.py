@@ -163,3 +163,19 @@ def test_export_status_choices_are_the_cell_statuses():
     from orchestrator.results import Status
 
     assert tuple(s.value for s in Status) == CELL_STATUSES
+
+
+def test_images_refresh_summary_says_nothing_changed_only_when_every_host_answered(tmp_path):
+    from orchestrator.commands.images import _summary
+    from orchestrator.refresh import HostRefresh, ImageRefresh, RefreshReport
+
+    state = tmp_path / ".orchestrate-images.json"
+    fresh = ImageRefresh(matrix="m", hardware="h100", ngc_release=None, action="up to date")
+    ok = RefreshReport(hosts=[HostRefresh("a", images=[fresh])], notes=[], state_file=state)
+    assert _summary(ok, dry_run=True).startswith("nothing changed: 1 image(s) up to date")
+    lost = RefreshReport(hosts=[HostRefresh("a", images=[fresh]), HostRefresh("b", False)],
+                         notes=[], state_file=state)
+    assert _summary(lost, dry_run=True).startswith("nothing rebuilt: 1 image(s) up to date")
+    assert _summary(lost, dry_run=True).endswith("1 host(s) not reached")
+    empty = RefreshReport(hosts=[HostRefresh("a")], notes=[], state_file=state)
+    assert "no image recorded for them (give the MATRIX files" in _summary(empty, dry_run=True)

@@ -318,8 +318,12 @@ def _summary(report: RefreshReport, dry_run: bool) -> str:
     lost = sum(not h.reachable for h in report.hosts)
     tail = "".join([f", {failed} failed" if failed else "",
                     f", {lost} host(s) not reached" if lost else ""])
-    if changed == 0:
-        return (f"nothing changed: {current} image(s) up to date on {hosts} host(s), nothing "
+    if changed == 0 and not images_ and not lost:
+        return (f"nothing to refresh on {hosts} host(s): no image recorded for them (give the "
+                "MATRIX files whose images to keep fresh)")
+    if changed == 0:  # "nothing changed" only where every host answered and built
+        head = "nothing changed" if not (failed or lost) else "nothing rebuilt"
+        return (f"{head}: {current} image(s) up to date on {hosts} host(s), nothing "
                 f"built{tail}")
     verb = "would be rebuilt" if dry_run else "rebuilt"
     return f"{changed} image(s) {verb}, {current} up to date on {hosts} host(s){tail}"
