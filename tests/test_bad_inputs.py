@@ -669,6 +669,8 @@ case("cli", "validate-a-hosts-file", ["validate", "{dir}/h.toml"],
      err=("h.toml: this is a hosts inventory, not a matrix file",))
 case("hosts", "a-matrix-file", ["hosts", "check", "{dir}/h.toml"], files={"h.toml": mx()},
      err=("h.toml: this is a matrix file, not a hosts inventory",))
+case("cli", "matrix-without-toml", ["validate", "{dir}/m"], files={"m.toml": mx()},
+     err=("m: no such file", "did you mean ", "/m.toml?"))
 case("cli", "export-of-no-run-says-so", ["export", "mm", "--results", "{results}"], setup=_a_run,
      expect=0, out=("matrix,run_id",),
      err=("note: nothing exported: no runs of 'mm' under", "`orchestrate runs` lists the runs"))
