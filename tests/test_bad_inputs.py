@@ -583,6 +583,8 @@ for _name, _only, _err in [
     ("only-gpus-65", "gpus=65", "--only: gpus=65"),
     ("only-precision", "precision=fp8", "--only: precision=fp8"),
     ("only-matches-nothing", "batch_size=32", "--only batch_size=32 matches no cell"),
+    ("only-comma-list", "batch_size=8,16",
+     "(several values: repeat --only, e.g. --only batch_size=8 --only batch_size=16)"),
 ]:
     case("cli", _name, [*_PLAN, "--only", _only], files=_TWO, err=(_err,),
          subprocess=_name == "only-not-a-number")
