@@ -43,7 +43,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     modules = (COMMAND_OWNERS[first],) if first in COMMAND_OWNERS else COMMAND_MODULES
     parser = argparse.ArgumentParser(
         prog="orchestrate",
-        description="Run GPU benchmark experiment matrices: locally, in Docker, over SSH.",
+        description="Run GPU benchmark experiment matrices: locally, in Docker, over SSH or as "
+        "Slurm jobs.",
     )
     parser.add_argument("--version", action="version", version=f"orchestrate {__version__}")
     noise = parser.add_mutually_exclusive_group()

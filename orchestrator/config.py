@@ -1073,6 +1073,19 @@ def read_toml(path: Path) -> dict[str, Any]:
     return parse_toml(read_config_text(path), str(path))
 
 
+def _nearby(path: Path) -> str:
+    """"; did you mean X?" for a missing file given without its ``.toml`` or its folder
+    (``cpu_smoke`` for ``matrices/cpu_smoke.toml``); else ""."""
+    name = path.name if path.suffix == ".toml" else f"{path.name}.toml"
+    try:
+        for candidate in (path.with_name(name), Path("matrices") / name, Path("hosts") / name):
+            if candidate != path and candidate.is_file():
+                return f"; did you mean {candidate}?"
+    except (OSError, ValueError):  # a name that cannot be a file's: no guess
+        pass
+    return ""
+
+
 def read_config_text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
     """A user file's text: the one way every user file (matrix, hosts, manifest, template) is read.
 
@@ -1095,7 +1108,8 @@ def read_config_text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
                 raise ConfigError("not a regular file", file=str(path))
             data = fh.read(limit + 1)
     except FileNotFoundError:
-        raise ConfigError(f"no such file (looked at {path.absolute()})", file=str(path)) from None
+        raise ConfigError(f"no such file (looked at {path.absolute()}){_nearby(path)}",
+                          file=str(path)) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
     if len(data) > limit:
@@ -1159,6 +1173,10 @@ def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any], str]:
     text it was parsed from (saved with each run)."""
     text = read_config_text(path)
     raw = parse_toml(text, str(path))
+    if raw and set(raw) <= {"hosts", "options"}:  # a mix-up, not a matrix with a typo
+        raise ConfigError("this is a hosts inventory, not a matrix file (`orchestrate hosts "
+                          "check FILE` reads it; a matrix names it with --hosts or [matrix] "
+                          "hosts)", file=str(path))
     try:
         return MatrixFile.model_validate(raw), raw, text
     except ValidationError as exc:

@@ -93,3 +93,18 @@ class RemoteTimeout(HostError):
         super().__init__(message)
         self.stdout = stdout
         self.stderr = stderr
+
+
+def cannot_write(option: str, path: object, exc: OSError, what: str = "file") -> ConfigError:
+    """The error for an output the user named (``--plot``, ``--html``, ``--out``; ``what``:
+    ``file`` or ``folder``) that cannot be written: the option, the path and the system's
+    reason, one line (exit 2)."""
+    if isinstance(exc, IsADirectoryError):
+        reason = "it is a folder"
+    elif isinstance(exc, FileExistsError | NotADirectoryError):
+        reason = "a folder on its path is a file"
+    else:
+        reason = exc.strerror or str(exc)
+    hint = ("a writable folder (created if missing)" if what == "folder"
+            else "a writable file (its folder is created if missing)")
+    return ConfigError([Problem(option, str(path), f"cannot write it: {reason}; give {hint}")])

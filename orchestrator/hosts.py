@@ -249,8 +249,17 @@ def load_hosts(path: str | Path) -> Inventory:
     return inventory
 
 
+#: Top-level tables of a matrix file: a hosts file made of them is a mix-up, not a typo.
+_MATRIX_TABLES = frozenset({"matrix", "workload", "axes", "zip", "include", "exclude",
+                            "hardware", "commands", "figures"})
+
+
 def _validate(raw: dict[str, Any], source: str | Path) -> Inventory:
     file = str(source)
+    if "hosts" not in raw and raw and set(raw) <= _MATRIX_TABLES:
+        raise ConfigError("this is a matrix file, not a hosts inventory (see "
+                          "hosts/example.toml; `orchestrate validate FILE` reads a matrix)",
+                          file=file)
     problems = _duplicate_names(raw, file)
     try:
         parsed = _InventoryFile.model_validate(raw)

@@ -878,9 +878,14 @@ def write_import(plan: ImportPlan, options: ImportOptions) -> RunPaths:
     from orchestrator.summary import write_summary
 
     base = options.results_root / plan.target.name
-    base.mkdir(parents=True, exist_ok=True)
     final = base / plan.run_id
-    tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".import-{plan.run_id}-"))
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".import-{plan.run_id}-"))
+    except OSError as exc:  # a read-only or full results folder: nothing was written
+        raise ConfigError([Problem("--results", str(options.results_root),
+                                   f"cannot create the run folder {final}: "
+                                   f"{exc.strerror or exc}")]) from None
     try:
         paths = RunPaths(tmp)
         (tmp / "cells").mkdir()

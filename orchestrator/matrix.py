@@ -590,6 +590,10 @@ def parse_only(only: Sequence[str]) -> dict[str, list[Any]]:
                 value = TypeAdapter(param_type(key)).validate_strings(text.strip())
             except ValidationError as exc:
                 msg = exc.errors(include_url=False)[0]["msg"]
+                if "," in text:  # a list, as a shell user would write it
+                    first, second = (v.strip() for v in text.split(",")[:2])
+                    msg += (f" (several values: repeat --only, e.g. --only {key}={first} "
+                            f"--only {key}={second})")
                 problems.append(Problem("--only", item, msg))
                 continue
         wanted.setdefault(key, []).append(value)

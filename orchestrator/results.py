@@ -335,19 +335,30 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
 
 
 def find_run(results_root: Path, matrix_name: str, run_id: str | None = None) -> RunPaths:
-    """A run folder: ``run_id`` or the newest run of the matrix."""
+    """A run folder: ``run_id`` (a run id, a unique prefix of one, ``latest`` or ``latest~N``,
+    as the results store names runs) or the newest run of the matrix."""
     check_name(matrix_name, "matrix")
     base = check_results_root(results_root) / matrix_name
-    if run_id is not None:
+    latest = re.fullmatch(r"latest(?:~(\d{1,6}))?", run_id or "")
+    if run_id is not None and not latest:
         check_run_id(run_id)
         root = base / run_id
-        if not root.is_dir():
-            raise ConfigError(f"no run {run_id!r} under {base}", field="run")
-        return RunPaths(root)
+        if root.is_dir():
+            return RunPaths(root)
+        matches = [r for r in runs_of(results_root, matrix_name) if r.run_id.startswith(run_id)]
+        if len(matches) == 1:
+            return matches[0]
+        many = f" ({len(matches)} runs start with it)" if matches else ""
+        raise ConfigError(f"no run {run_id!r} under {base}{many}; `orchestrate runs "
+                          f"{matrix_name}` lists them", field="run")
     runs = runs_of(results_root, matrix_name)
     if not runs:
         raise ConfigError(f"no runs of {matrix_name!r} under {results_root}", field="run")
-    return runs[-1]
+    back = int(latest.group(1) or 0) if latest else 0
+    if back >= len(runs):
+        raise ConfigError(f"{run_id!r}: {matrix_name!r} has {len(runs)} run(s) under "
+                          f"{results_root}", field="run")
+    return runs[-1 - back]
 
 
 def runs_of(results_root: Path, matrix_name: str) -> list[RunPaths]:

@@ -774,9 +774,14 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
     (default: every matrix). Falls back to a cache file, then to memory, where the results
     folder cannot be written."""
     root = Path(results_root)
-    if not root.is_dir():
-        raise ConfigError(f"no results folder {root} (run a matrix first, or pass --results)",
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root} is not a folder (give the results folder: --results, "
+                          "$ORCHESTRATE_RESULTS or `results` in the config file)",
                           field="--results")
+    if not root.is_dir():
+        raise ConfigError(f"no results folder {root} (run a matrix first, or give the results "
+                          "folder: --results, $ORCHESTRATE_RESULTS or `results` in the config "
+                          "file)", field="--results")
     candidates: list[tuple[str, str | None]] = []
     index = root / INDEX_NAME
     if _writable(root) and (not index.exists() or os.access(index, os.W_OK)):

@@ -434,6 +434,16 @@ def write_summary(
     ``baseline`` (``KEY=VALUE``) adds each row's images/s ratio to the matching baseline row.
     ``results``: the run's results when the caller has just read them (else read from disk).
     """
+    rows, table = summarize_run(paths, baseline, results)
+    write_summary_files(paths, rows, table)
+    return rows, table
+
+
+def summarize_run(
+    paths: RunPaths, baseline: str | None = None, results: list[CellResult] | None = None
+) -> tuple[list[GroupRow], str]:
+    """The rows and the table of a run folder, as :func:`write_summary` makes them, writing
+    nothing (a read-only archive can still be reported)."""
     rows = summarize(paths.results() if results is None else results)
     plan = paths.plan_data() or {}  # a damaged plan.json only loses its column order
     varying = plan.get("varying")
@@ -443,6 +453,10 @@ def write_summary(
     if base:
         add_ratios(rows, *base)
     table = render_table(rows, plan_varying, baseline=baseline)
+    return rows, table
+
+
+def write_summary_files(paths: RunPaths, rows: Sequence[GroupRow], table: str) -> None:
+    """summary.csv and summary.txt of a run folder (an OSError when they cannot be written)."""
     paths.summary_csv.write_text(render_csv(rows), encoding="utf-8")
     paths.summary_txt.write_text(table + "\n", encoding="utf-8")
-    return rows, table

@@ -423,7 +423,14 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
     except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
         raise ConfigError(f"the plan of run {paths.run_id} cannot be read ({exc}); start a new "
                           "run instead of --resume", file=str(paths.plan)) from None
-    changed = [c.id for c in matrix.cells if planned.get(c.id) != c.hash]
+    changed = [c.id for c in matrix.cells if c.id in planned and planned[c.id] != c.hash]
+    unplanned = [c.id for c in matrix.cells if c.id not in planned]
+    if unplanned and not changed:  # the same matrix, a wider selection than the run had
+        raise ConfigError(
+            f"{len(unplanned)} of the selected cells are not in run {paths.run_id} (e.g. "
+            f"{unplanned[0]}): it ran fewer cells; resume with the --only it ran with, or start "
+            "a new run", field="--resume")
+    changed += unplanned
     if changed:
         raise ConfigError(
             f"the matrix changed since run {paths.run_id} ({len(changed)} cells differ, e.g. "

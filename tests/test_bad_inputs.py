@@ -583,6 +583,8 @@ for _name, _only, _err in [
     ("only-gpus-65", "gpus=65", "--only: gpus=65"),
     ("only-precision", "precision=fp8", "--only: precision=fp8"),
     ("only-matches-nothing", "batch_size=32", "--only batch_size=32 matches no cell"),
+    ("only-comma-list", "batch_size=8,16",
+     "(several values: repeat --only, e.g. --only batch_size=8 --only batch_size=16)"),
 ]:
     case("cli", _name, [*_PLAN, "--only", _only], files=_TWO, err=(_err,),
          subprocess=_name == "only-not-a-number")
@@ -633,9 +635,119 @@ case("cli", "report-accepted", ["report", "m", "--results", "{results}", "--base
 case("cli", "dry-run-accepted", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
                                  "{results}"],
      files={"m.toml": mx()}, expect=0, out=("dry run: would run 1 cells",))
+_SSH_SMOKE = (ROOT / "matrices" / "ssh_smoke.toml").read_text()
+case("cli", "dry-run-ssh-missing-hosts",
+     ["matrix", "{dir}/s.toml", "--dry-run", "--hosts", "{dir}/none.toml"],
+     files={"s.toml": _SSH_SMOKE}, err=("none.toml: no such file",))
+case("cli", "dry-run-ssh-bad-hosts",
+     ["matrix", "{dir}/s.toml", "--dry-run", "--hosts", "{dir}/h.toml"],
+     files={"s.toml": _SSH_SMOKE, "h.toml": '[[hosts]]\nname = "a"\nadress = "x"\n'},
+     err=("h.toml: hosts[0] (a).adress: unknown key (did you mean 'address'?",))
+case("cli", "dry-run-ssh-accepted",
+     ["matrix", "{dir}/s.toml", "--dry-run", "--hosts", "{dir}/h.toml", "--results",
+      "{results}"],
+     files={"s.toml": _SSH_SMOKE, "h.toml": '[[hosts]]\nname = "a"\naddress = "127.0.0.1"\n'
+            'tags = ["cpu"]\n'},
+     expect=0, out=("h.toml (1 hosts; not contacted by a dry run)", "dry run: would run 4"))
+def _two_runs(d: Path) -> None:
+    _a_run(d)
+    _a_run(d, {"a-r1": _result("a-r1", ips=50.0)}, run="20260102-000000-abcd")
+
+
+for _name, _run, _expect, _text in [
+    ("report-run-prefix-accepted", "20260101", 0, "results/m/20260101-000000-abcd"),
+    ("report-run-latest-back-accepted", "latest~1", 0, "results/m/20260101-000000-abcd"),
+    ("report-run-latest-accepted", "latest", 0, "results/m/20260102-000000-abcd"),
+    ("report-run-ambiguous-prefix", "2026", 2, "no run '2026' under"),
+    ("report-run-latest-too-far", "latest~2", 2, "'latest~2': 'm' has 2 run(s)"),
+]:
+    case("cli", _name, ["report", "m", "--results", "{results}", "--run", _run],
+         setup=_two_runs, expect=_expect, out=(_text,) if _expect == 0 else (),
+         err=(_text, "(2 runs start with it)") if _name.endswith("ambiguous-prefix")
+         else () if _expect == 0 else (_text,))
+case("cli", "validate-a-hosts-file", ["validate", "{dir}/h.toml"],
+     files={"h.toml": '[options]\nconnect_timeout = 5\n[[hosts]]\nname = "a"\n'
+            'address = "127.0.0.1"\n'},
+     err=("h.toml: this is a hosts inventory, not a matrix file",))
+case("hosts", "a-matrix-file", ["hosts", "check", "{dir}/h.toml"], files={"h.toml": mx()},
+     err=("h.toml: this is a matrix file, not a hosts inventory",))
+case("cli", "matrix-without-toml", ["validate", "{dir}/m"], files={"m.toml": mx()},
+     err=("m: no such file", "did you mean ", "/m.toml?"))
+case("cli", "export-of-no-run-says-so", ["export", "mm", "--results", "{results}"], setup=_a_run,
+     expect=0, out=("matrix,run_id",),
+     err=("note: nothing exported: no runs of 'mm' under", "`orchestrate runs` lists the runs"))
+case("cli", "render-out-a-file", ["images", "render", "ngc-pytorch", "--out", "{dir}/m.toml"],
+     files={"m.toml": mx()},
+     err=("--out: ", "m.toml: cannot write it: a folder on its path is a file; give a writable "
+          "folder",), subprocess=True)
+case("cli", "render-out-under-a-file",
+     ["images", "render", "ngc-pytorch", "--out", "{dir}/m.toml/ctx"], files={"m.toml": mx()},
+     err=("--out: ", "cannot write it"))
+case("cli", "render-out-with-brackets-accepted",
+     ["images", "render", "ngc-pytorch", "--out", "{results}/c[/x]"], expect=0,
+     out=("c[/x]/Dockerfile (tag would be orchestrate/ngc-pytorch:",))
 case("cli", "build-dry-run-driver-accepted",
      ["images", "build", "ngc-pytorch", "--driver", "535.104.05", "--dry-run"], expect=0,
      out=("release:", "base image: nvcr.io/nvidia/pytorch:"))
+
+
+# output files the user names: refused before any work (a plot's format) or one error line naming
+# the option when they cannot be written (root here: a file on the path, not a read-only folder)
+_RR = ["--results", "{results}"]
+for _name, _argv, _err in [
+    ("report-plot-txt", ["report", "m", *_RR, "--plot", "{dir}/x.txt"],
+     ("--plot", "'.txt' is not a plot format", ".png, .svg, .pdf")),
+    ("report-plot-no-suffix", ["report", "m", *_RR, "--plot", "{dir}/plotfile"],
+     ("--plot", "no suffix")),
+    ("history-plot-txt", ["history", "m", *_RR, "--plot", "{dir}/x.txt"],
+     ("--plot", "not a plot format")),
+    ("report-plot-under-a-file", ["report", "m", *_RR, "--plot", "{dir}/m.toml/x.png"],
+     ("--plot", "m.toml/x.png: cannot write it: a folder on its path is a file")),
+    ("report-html-under-a-file", ["report", "m", *_RR, "--html", "{dir}/m.toml/x.html"],
+     ("--html", "cannot write it: a folder on its path is a file")),
+    ("compare-html-under-a-file", ["compare", RUN, RUN, *_RR, "--html", "{dir}/m.toml/c.html"],
+     ("--html", "cannot write it")),
+    ("history-plot-under-a-file", ["history", "m", *_RR, "--plot", "{dir}/m.toml/x.png"],
+     ("--plot", "cannot write it")),
+    ("export-out-a-folder", ["export", *_RR, "--out", "{dir}"],
+     ("--out", "cannot write it: it is a folder")),
+    ("report-baseline-typo", ["report", "m", *_RR, "--baseline", "hardwre=cpu"],
+     ("--baseline: hardwre: unknown parameter (did you mean 'hardware'?",)),
+    ("report-baseline-no-such-row", ["report", "m", *_RR, "--baseline", "hardware=v100"],
+     ("--baseline: hardware=v100: no row of this run has hardware = 'v100' (it has: cpu)",)),
+    ("export-status-typo", ["export", *_RR, "--status", "okk"],
+     ("--status: invalid choice: 'okk'",)),
+    ("export-where-typo", ["export", *_RR, "--where", "gpu=8"],
+     ("--where: gpu: unknown parameter (did you mean 'gpus'?",)),
+    ("runs-no-results-folder", ["runs", "--results", "{dir}/none"],
+     ("--results: no results folder", "$ORCHESTRATE_RESULTS or `results` in the config file")),
+    ("runs-results-file", ["runs", "--results", "{dir}/m.toml"],
+     ("--results", "m.toml is not a folder")),
+    ("lock-timeout-negative", ["matrix", "{dir}/m.toml", "--dry-run", "--lock-timeout", "-1"],
+     ("--lock-timeout: '-1': give 0 or more seconds",)),
+    ("lock-timeout-nan", ["matrix", "{dir}/m.toml", "--dry-run", "--lock-timeout", "nan"],
+     ("--lock-timeout: 'nan': give 0 or more seconds",)),
+    ("lock-timeout-word", ["matrix", "{dir}/m.toml", "--dry-run", "--lock-timeout", "soon"],
+     ("--lock-timeout: 'soon' is not a number of seconds",)),
+    ("dry-run-unknown-backend", ["matrix", "{dir}/m.toml", "--backend", "nope", "--dry-run"],
+     ("--backend: unknown backend 'nope'",)),
+    ("dry-run-results-file", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
+                              "{dir}/m.toml"], ("--results", "is not a folder")),
+]:
+    case("cli", _name, _argv, files={"m.toml": mx()}, setup=_a_run, err=_err,
+         subprocess=_name == "report-plot-under-a-file")
+
+
+def _summary_is_a_folder(d: Path) -> None:
+    """A run whose summary files cannot be rewritten (as in a read-only archive: root ignores
+    permissions, so summary.csv is a folder here)."""
+    _a_run(d)
+    (d / "results" / "m" / RUN / "summary.csv").mkdir()
+
+
+case("old-runs", "report-of-a-read-only-run", ["report", "m", "--results", "{results}"],
+     setup=_summary_is_a_folder, expect=0, out=("100.0",),
+     err=("note: summary.csv and summary.txt not refreshed in",), subprocess=True)
 
 # --- old runs on disk ------------------------------------------------------------------------
 
@@ -676,6 +788,23 @@ case("old-runs", "resume-truncated-plan", ["matrix", "{dir}/m.toml", "--resume",
 case("old-runs", "resume-truncated-run", ["matrix", "{dir}/m.toml", "--resume", "--results",
                                           "{results}"],
      setup=_resume_setup("run"), err=("run.json: unreadable",))
+
+
+
+def _narrow_run(d: Path) -> None:
+    """A run that ran only ``--only batch_size=8`` of a two-cell matrix."""
+    from orchestrator.matrix import filter_cells, load_matrix
+    from orchestrator.sweep import plan_json
+
+    (d / "m.toml").write_text(mx(axes="batch_size = [8, 16]"))
+    narrow = filter_cells(load_matrix(d / "m.toml"), ["batch_size=8"])
+    _a_run(d, {}, plan=json.dumps(plan_json(narrow, "process")))
+
+
+case("old-runs", "resume-with-a-wider-only", ["matrix", "{dir}/m.toml", "--resume", "--results",
+                                              "{results}"],
+     setup=_narrow_run, err=("--resume: 1 of the selected cells are not in run",
+                             "resume with the --only it ran with"))
 
 # --- can it run: the semantic checks (orchestrator/checks.py) ---------------------------------
 # A cell that cannot run where it is planned is refused before anything is built or launched,
@@ -915,6 +1044,17 @@ good_run("same-stack-bitfusion-baseline",
             after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
                   'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3" }\n'), 2,
          ("hardware bf (docker backend): NGC PyTorch 23.10",))
+_BF = gx(axes='hardware = ["v100", "bf"]', hw=None,
+         after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
+               'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3", client_deb = '
+               '"client.deb", ca_cert = "ca.crt" }\n')
+good_run("missing-build-file-is-a-warning", _BF, 2,
+         ("warning:", "hardware.bf.image_vars.client_deb: file or folder",
+          "`orchestrate matrix` refuses to run until it is fixed"))
+bad_matrix("can-it-run", "missing-build-file-strict", _BF, "hardware.bf.image_vars.client_deb",
+           command=("validate", "--strict"), err=("hardware.bf.image_vars.ca_cert",))
+bad_matrix("can-it-run", "missing-build-file-dry-run", _BF, "hardware.bf.image_vars.client_deb",
+           command=("matrix", "--dry-run", "--results", "{dir}/results"), check=_NO_RUN_FOLDER)
 good_run("cross-stack-baseline-warns",
          gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
             after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'

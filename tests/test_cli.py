@@ -34,6 +34,7 @@ def test_version(capsys):
     [], ["matrix"], ["plan"], ["validate"], ["schema"], ["report"], ["images"],
     ["images", "render"], ["images", "build"], ["images", "list"], ["hosts", "check"],
     ["clean"], ["backends"], ["history"], ["runs"], ["compare"], ["export"],
+    ["images", "refresh"], ["hosts"], ["import"],
 ])
 def test_help_for_every_command(command, capsys):
     with pytest.raises(SystemExit) as info:
@@ -120,3 +121,61 @@ def test_dry_run_runs_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "cpu_smoke: 8 cells" in out and "dry run: would run 8 cells" in out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_help_names_every_backend(capsys):
+    """`matrix --help` and `validate --help` list the backends the registry has; the
+    top-level description names the four the README's table shows."""
+    from orchestrator.backends import backend_names
+
+    for command in ("matrix", "validate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert all(name in out for name in backend_names()), out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split()).lower()
+    assert all(word in out for word in ("locally", "docker", "ssh", "slurm")), out
+
+
+def test_dry_run_refuses_a_missing_build_file_before_printing_the_plan(tmp_path, capsys):
+    """The Bitfusion client .deb is the lab's own: validate warns, a dry run refuses at once
+    (one screen: no 36-row plan above the error)."""
+    path = tmp_path / "bitfusion_vs_native.toml"
+    path.write_text((ROOT / "matrices" / "bitfusion_vs_native.toml").read_text())
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ok (36 cells)" in out and "warning:" in out and "image_vars.client_deb" in out
+    assert main(["matrix", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "hardware.v100-bitfusion.image_vars.client_deb: file or folder" in captured.err
+    (tmp_path / "bitfusion").mkdir()
+    (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2004_4.5.4-3_amd64.deb").write_bytes(b"x")
+    (tmp_path / "bitfusion" / "bitfusion-ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    assert main(["validate", str(path), "--strict"]) == 0
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_export_status_choices_are_the_cell_statuses():
+    from orchestrator.commands.results import CELL_STATUSES
+    from orchestrator.results import Status
+
+    assert tuple(s.value for s in Status) == CELL_STATUSES
+
+
+def test_images_refresh_summary_says_nothing_changed_only_when_every_host_answered(tmp_path):
+    from orchestrator.commands.images import _summary
+    from orchestrator.refresh import HostRefresh, ImageRefresh, RefreshReport
+
+    state = tmp_path / ".orchestrate-images.json"
+    fresh = ImageRefresh(matrix="m", hardware="h100", ngc_release=None, action="up to date")
+    ok = RefreshReport(hosts=[HostRefresh("a", images=[fresh])], notes=[], state_file=state)
+    assert _summary(ok, dry_run=True).startswith("nothing changed: 1 image(s) up to date")
+    lost = RefreshReport(hosts=[HostRefresh("a", images=[fresh]), HostRefresh("b", False)],
+                         notes=[], state_file=state)
+    assert _summary(lost, dry_run=True).startswith("nothing rebuilt: 1 image(s) up to date")
+    assert _summary(lost, dry_run=True).endswith("1 host(s) not reached")
+    empty = RefreshReport(hosts=[HostRefresh("a")], notes=[], state_file=state)
+    assert "no image recorded for them (give the MATRIX files" in _summary(empty, dry_run=True)

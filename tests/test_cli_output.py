@@ -91,3 +91,36 @@ def test_shell_pipeline_into_head(tmp_path: Path) -> None:
     assert proc.stdout.startswith("{\n")
     assert proc.stdout.splitlines()[-1] in ("status 0", f"status {EXIT_BROKEN_PIPE}")
     assert proc.stderr == ""
+
+
+def test_terminal_progress_shows_brackets_as_they_are(tmp_path):
+    """A reason such as ``[Errno 28] ...`` or a path with ``[/x]`` is text, not rich markup:
+    shown whole, and never a MarkupError in the middle of a sweep."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress, TextColumn
+
+    from orchestrator.commands.sweep import RichEvents
+    from orchestrator.matrix import load_matrix
+    from orchestrator.placement import Allocation
+    from orchestrator.results import CellResult, RunPaths, Status
+
+    (tmp_path / "m.toml").write_text('[matrix]\nname = "m"\n[axes]\nhardware = ["cpu"]\n'
+                                     '[hardware.cpu]\ndevice = "cpu"\n')
+    cell = load_matrix(tmp_path / "m.toml").cells[0]
+    buf = io.StringIO()
+    events = RichEvents()
+    events.console = Console(file=buf, width=300, color_system=None)
+    events.progress = Progress(TextColumn("[bold]{task.description}"),
+                               TextColumn("{task.fields[status]}"), console=events.console)
+    with events:
+        events.sweep_started(RunPaths(tmp_path / "r[/x]"), [cell], {})
+        events.log("waiting for [/dim] the CPU")
+        events.cell_started(cell, Allocation.local(cell.id))
+        events.cell_finished(cell, CellResult(cell.id, cell.group, 1, Status.FAILED,
+                                              reason="[Errno 28] No space left on device [/x]"))
+    out = buf.getvalue()
+    assert f"run folder: {tmp_path / 'r[/x]'}" in out
+    assert "waiting for [/dim] the CPU" in out
+    assert "[Errno 28] No space left on device [/x]" in out

@@ -223,6 +223,9 @@ def test_clean_spares_running_sweeps_and_can_dry_run(docker_client, base_image, 
         assert cells_left() == {"alive", "other"}
         assert "removed 1 container" in orchestrate("clean", "--run", run, "--force").stdout
         assert cells_left() == {"alive"}
+        none = orchestrate("clean", "--run", f"{run}-none", "--dry-run")
+        assert none.returncode == 0 and none.stdout == (
+            f"no containers of orchestrate for run {run}-none on this engine: nothing to remove\n")
     finally:
         for container in made:
             subprocess.run(["docker", "rm", "-f", container.id], capture_output=True)

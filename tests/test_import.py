@@ -246,6 +246,21 @@ def test_own_run_folder_round_trip(logs, results, tmp_path, capsys):
     assert "already imported into dle_cal" in capsys.readouterr().err
 
 
+def test_a_results_folder_that_cannot_take_the_run_is_one_error_line(logs, results, tmp_path,
+                                                                     capsys):
+    """As `matrix` does for a read-only or full results folder (root here: a file stands where
+    the matrix's folder would be): exit 2 naming --results, nothing written."""
+    paths, _ = import_results([logs["amp"][0]], options(results))
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "dle_cal").write_text("")
+    capsys.readouterr()
+    assert main(["import", str(paths.root), "--results", str(blocked)]) == 2
+    err = capsys.readouterr().err
+    assert f"--results: {blocked}: cannot create the run folder {blocked / 'dle_cal'}" in err
+    assert sorted(p.name for p in blocked.iterdir()) == ["dle_cal"]
+
+
 def test_own_run_folder_reindexed_to_another_matrix(logs, results, tmp_path):
     paths, _ = import_results([logs["amp"][0]], options(results))
     other = tmp_path / "other.toml"

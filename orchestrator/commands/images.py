@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator import build, images
-from orchestrator.errors import BackendUnavailable, ConfigError
+from orchestrator.errors import BackendUnavailable, ConfigError, cannot_write
 from orchestrator.releases import Release, resolve_habana, resolve_release
 from orchestrator.selection import family
 
@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_render = sub.add_parser("render", help="write a template's build context to a directory")
     p_render.add_argument("name", help="template name (see `orchestrate images list`)")
     _add_set(p_render)
-    p_render.add_argument("--out", required=True, type=Path, help="directory to write into")
+    p_render.add_argument("--out", required=True, type=Path, metavar="DIR",
+                          help="directory to write into (created if missing)")
     p_render.set_defaults(handler=cmd_render)
 
     p_build = sub.add_parser("build", help="build a template's image unless its tag exists")
@@ -200,9 +201,13 @@ def cmd_render(args: argparse.Namespace) -> int:
     plan = build.plan_image(args.name, values)
     for node in build.plan_chain(plan)[:-1]:
         Console(stderr=True).print(f"[dim]parent image: {node.tag} ({node.template})[/dim]")
-    images.write_context(plan.files, args.out)
+    try:
+        images.write_context(plan.files, args.out)
+    except OSError as exc:
+        raise cannot_write("--out", args.out, exc, "folder") from None
     rendered = args.out / images.KINDS[plan.kind]
-    Console().print(f"wrote {rendered} (tag would be {plan.tag})")
+    Console().print(f"wrote {rendered} (tag would be {plan.tag})", markup=False,
+                    highlight=False, soft_wrap=True)
     return 0
 
 
@@ -313,8 +318,12 @@ def _summary(report: RefreshReport, dry_run: bool) -> str:
     lost = sum(not h.reachable for h in report.hosts)
     tail = "".join([f", {failed} failed" if failed else "",
                     f", {lost} host(s) not reached" if lost else ""])
-    if changed == 0:
-        return (f"nothing changed: {current} image(s) up to date on {hosts} host(s), nothing "
+    if changed == 0 and not images_ and not lost:
+        return (f"nothing to refresh on {hosts} host(s): no image recorded for them (give the "
+                "MATRIX files whose images to keep fresh)")
+    if changed == 0:  # "nothing changed" only where every host answered and built
+        head = "nothing changed" if not (failed or lost) else "nothing rebuilt"
+        return (f"{head}: {current} image(s) up to date on {hosts} host(s), nothing "
                 f"built{tail}")
     verb = "would be rebuilt" if dry_run else "rebuilt"
     return f"{changed} image(s) {verb}, {current} up to date on {hosts} host(s){tail}"

@@ -44,9 +44,10 @@ def cmd_clean(args: argparse.Namespace) -> int:
     if args.matrix:
         labels[LABEL_MATRIX] = args.matrix
     client = docker_client()
-    removed = 0
+    removed = found = 0
     try:
         for item in leftover_containers(client, labels):
+            found += 1
             what = f"{item.name} (run {item.run}, cell {item.cell})"
             if item.state == "running":
                 print(f"skipped {what}: its sweep is still running ({item.controller})")
@@ -67,7 +68,12 @@ def cmd_clean(args: argparse.Namespace) -> int:
             removed += 1
     finally:
         client.close()
-    if not args.dry_run:
+    if not found:
+        which = " and ".join(f"{k} {v}" for k, v in (("run", args.run), ("matrix", args.matrix))
+                             if v)
+        print("no containers of orchestrate" + (f" for {which}" if which else "")
+              + " on this engine: nothing to remove")
+    elif not args.dry_run:
         print(f"removed {removed} container{'s' if removed != 1 else ''}")
     return 0
 

@@ -1,8 +1,13 @@
 """``orchestrate runs | report | compare | history | export``: reading results across runs.
 
-``report`` works on one run folder (and still rewrites its summary files); the others query the
-results store (:mod:`orchestrator.store`), which they refresh from the folders first. When the
-index cannot live in the results folder (read-only archive), a note on stderr says where it is.
+``report`` works on one run folder (and still rewrites its summary files; in a read-only
+archive it prints the table and a note instead); the others query the results store
+(:mod:`orchestrator.store`), which they refresh from the folders first. When the index cannot
+live in the results folder (read-only archive), a note on stderr says where it is.
+
+Output files the user names (``--plot``, ``--html``, ``--out``) are checked before any work
+(a plot's format from its suffix) and a file that cannot be written is one ``error:`` line
+naming the option (exit 2), never a traceback.
 """
 
 from __future__ import annotations
@@ -13,16 +18,43 @@ import json
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.errors import ConfigError, Problem, cannot_write
 from orchestrator.userconfig import RESULTS_HELP, results_root
 
 if TYPE_CHECKING:
     from orchestrator.store import Store
 
 RUN_STATUSES = ("ok", "failed", "interrupted", "unfinished", "empty")
+#: A cell result's status (orchestrator.results.Status), for export --status.
+CELL_STATUSES = ("ok", "failed", "timeout", "oom", "host_lost", "cancelled", "unplaceable")
+#: What ``--plot FILE`` can write, by the file's suffix.
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_file(path: Path | None) -> Path | None:
+    """``--plot FILE``, refused before any work unless its suffix names a format we draw."""
+    if path is None:
+        return None
+    fmt = path.suffix.lstrip(".").lower()
+    if fmt not in PLOT_FORMATS:
+        what = f"'.{fmt}' is not a plot format" if fmt else "no suffix to say the format"
+        raise ConfigError([Problem("--plot", str(path), f"{what}; give a file ending "
+                                   + ", ".join(f".{f}" for f in PLOT_FORMATS))])
+    return path
+
+
+@contextmanager
+def writing(option: str, path: Path) -> Iterator[None]:
+    """Turn an OSError while writing the file of ``option`` into one clear error line."""
+    try:
+        yield
+    except OSError as exc:
+        raise cannot_write(option, path, exc) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("report", help="re-print the summary table of a run; --html for a report")
     p.add_argument("matrix", help="matrix name (or a path to its .toml)")
-    p.add_argument("--run", help="run id (default: the newest)")
+    p.add_argument("--run", help="run id, a unique prefix of one, latest or latest~N "
+                   "(default: the newest)")
     _results_arg(p)
     p.add_argument("--baseline", metavar="KEY=VALUE",
                    help="add each row's ratio to this row, e.g. hardware=v100 "
@@ -119,7 +152,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--figure", action="append", default=[], metavar="NAME",
                    help="only this figure, e.g. train.total_ips (repeatable)")
     p.add_argument("--status", action="append", default=[], metavar="STATUS",
-                   help="only cells with this status, e.g. ok (repeatable)")
+                   choices=CELL_STATUSES, help="only cells with this status: "
+                   f"{', '.join(CELL_STATUSES)} (repeatable)")
     p.add_argument("--format", choices=("csv", "json"), default="csv")
     p.add_argument("--out", type=Path, metavar="FILE", help="write here (default: stdout)")
     p.set_defaults(handler=cmd_export)
@@ -246,13 +280,22 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     args.results = results_root(args.results)
     from orchestrator.results import find_run
-    from orchestrator.summary import write_summary
+    from orchestrator.summary import summarize_run, write_summary_files
 
     name = matrix_name(args.matrix)
+    plot_file(args.plot)
     paths = find_run(args.results, name, args.run)
     results = paths.results()
-    rows, table = write_summary(paths, baseline=args.baseline, results=results)
+    rows, table = summarize_run(paths, baseline=args.baseline, results=results)
+    if args.baseline:
+        _check_baseline(args.baseline, rows)
     print(f"{paths.root}\n{table}")
+    try:
+        write_summary_files(paths, rows, table)
+    except OSError as exc:  # a read-only archive: the table above is all we can give
+        sys.stdout.flush()
+        print(f"note: {paths.summary_csv.name} and {paths.summary_txt.name} not refreshed in "
+              f"{paths.root}: {exc.strerror or exc}", file=sys.stderr)
     if args.plot:
         from orchestrator.plots import plot_run, stack_line
         from orchestrator.report_html import stacks_of
@@ -260,13 +303,37 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         repeats = read_json(paths.plan).get("repeats") if paths.plan.exists() else None
         subtitle = stack_line(stacks_of(results), repeats)
-        print(f"plot: {plot_run(rows, args.plot, f'{name} {paths.run_id}', subtitle)}")
+        with writing("--plot", args.plot):
+            out = plot_run(rows, args.plot, f"{name} {paths.run_id}", subtitle)
+        print(f"plot: {out}")
     if args.html:
         from orchestrator import report_html
 
         html = report_html.run_report(paths, rows, results, baseline=args.baseline)
-        print(f"html: {report_html.write(args.html, html)}")
+        with writing("--html", args.html):
+            out = report_html.write(args.html, html)
+        print(f"html: {out}")
     return 0
+
+
+def _check_baseline(text: str, rows: list[Any]) -> None:
+    """``--baseline KEY=VALUE`` must name a parameter and a value some row of the run has (a
+    typo would otherwise print the table without its ratio column, silently)."""
+    import difflib
+
+    from orchestrator.config import PARAM_NAMES
+    from orchestrator.summary import param_matches, parse_baseline
+
+    key, value = parse_baseline(text) or ("", "")
+    if key not in PARAM_NAMES:
+        close = difflib.get_close_matches(key, PARAM_NAMES, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?; " if close else ""
+        raise ConfigError([Problem("--baseline", key, f"unknown parameter ({hint}known: "
+                                   f"{', '.join(PARAM_NAMES)})")])
+    if not any(param_matches(r.params.get(key), value) for r in rows):
+        found = sorted({str(r.params.get(key)) for r in rows})
+        raise ConfigError([Problem("--baseline", text, f"no row of this run has {key} = "
+                                   f"{value!r} (it has: {', '.join(found)})")])
 
 
 # --- compare -----------------------------------------------------------------------------------
@@ -302,7 +369,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.html:
         from orchestrator import report_html
 
-        out = report_html.write(args.html, report_html.compare_report(comp))
+        with writing("--html", args.html):
+            out = report_html.write(args.html, report_html.compare_report(comp))
         print(f"html: {out}", file=sys.stderr if args.json or args.csv else sys.stdout)
     return 0
 
@@ -344,6 +412,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     from orchestrator.history import Options, analyze, render_history
 
     name = matrix_name(args.matrix)
+    plot_file(args.plot)
     options = Options(window=args.window, min_history=args.min_history,
                       threshold=percent(args.threshold, "--threshold"), alpha=args.alpha,
                       ignore_stack=tuple(args.ignore_stack), metric=args.metric)
@@ -372,8 +441,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.plot:
         from orchestrator.plots import plot_history
 
-        print(f"plot: {plot_history(report, args.plot, name)}",
-              file=sys.stderr if args.json else sys.stdout)
+        with writing("--plot", args.plot):
+            out = plot_history(report, args.plot, name)
+        print(f"plot: {out}", file=sys.stderr if args.json else sys.stdout)
     return 1 if failing and args.fail_on_regression else 0
 
 
@@ -381,12 +451,24 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def _where(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``--where KEY=VALUE`` items by key; a key that is no cell parameter is refused (a typo
+    would otherwise export nothing, silently)."""
+    import difflib
+
+    from orchestrator.config import PARAM_NAMES
+
     out: dict[str, list[str]] = {}
     problems = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             problems.append(Problem("", "--where", f"{item!r}: expected KEY=VALUE"))
+            continue
+        if key.strip() not in PARAM_NAMES:
+            close = difflib.get_close_matches(key.strip(), PARAM_NAMES, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?; " if close else ""
+            problems.append(Problem("--where", key.strip(), f"unknown parameter ({hint}known: "
+                                    f"{', '.join(PARAM_NAMES)})"))
             continue
         out.setdefault(key.strip(), []).append(value.strip())
     if problems:
@@ -415,10 +497,18 @@ def cmd_export(args: argparse.Namespace) -> int:
         runs.sort(key=lambda r: (r.started_at or 0, r.run_id))
         write = export.write_csv if args.format == "csv" else export.write_json
         if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            with args.out.open("w", encoding="utf-8", newline="") as fh:
-                n = write(store, runs, selection, fh)
+            with writing("--out", args.out):
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                with args.out.open("w", encoding="utf-8", newline="") as fh:
+                    n = write(store, runs, selection, fh)
             print(f"{n} rows from {len(runs)} run(s): {args.out}", file=sys.stderr)
         else:
             n = write(store, runs, selection, sys.stdout)
+    if n == 0:  # say why on stderr (a misspelt matrix, figure or status gives no rows)
+        sys.stdout.flush()
+        why = (f"no runs of {', '.join(repr(m) for m in names)}" if names else "no runs"
+               ) + f" under {args.results}" if not runs else (
+            f"{len(runs)} run(s) selected, but no cell result matches --where/--figure/--status")
+        print(f"note: nothing exported: {why} (`orchestrate runs` lists the runs)",
+              file=sys.stderr)
     return 0

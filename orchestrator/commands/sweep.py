@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, Problem
 from orchestrator.eta import Eta, format_duration
 from orchestrator.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results import (
@@ -44,6 +44,21 @@ log = logging.getLogger(__name__)
 
 
 
+def _seconds(text: str) -> float:
+    """``--lock-timeout S``: a finite number of seconds, 0 or more (``nan`` would wait forever,
+    a negative number give up at once)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 or more seconds (leave it out to "
+                                         "wait as long as it takes)")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "matrix", help="run a sweep: every cell of a matrix file",
@@ -51,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "RESULTS/<matrix>/<run id>/.",
     )
     p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--backend", help="process, docker, ssh (default: [matrix] backend)")
+    p.add_argument("--backend", help=f"{_backends_help()} (default: [matrix] backend)")
     p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                    help="run only matching cells (repeatable; same key: any value)")
@@ -61,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="re-run, in an earlier run's folder (default: the newest), only the "
                    "cells that did not end ok")
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
-    p.add_argument("--lock-timeout", type=float, metavar="S",
+    p.add_argument("--lock-timeout", type=_seconds, metavar="S",
                    help="a cell whose GPUs another sweep holds waits at most S seconds, then "
                    "fails (default: it waits as long as it takes)")
     p.add_argument("--no-wait", dest="lock_timeout", action="store_const", const=0.0,
@@ -72,9 +87,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    default=argparse.SUPPRESS, help="also every line the cells print")
     p.set_defaults(handler=cmd_matrix)
 
-    p = sub.add_parser("plan", help="print the expanded cells of a matrix")
+    p = sub.add_parser(
+        "plan", help="print the expanded cells of a matrix",
+        description="Print the cells MATRIX.toml expands to (id, varying parameters, repeat, "
+        "content hash), after the same checks as `validate`; builds and runs nothing.")
     p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                   help="only matching cells (repeatable; same key: any value)")
     p.add_argument("--json", action="store_true", help="a JSON list, one object per cell")
     p.set_defaults(handler=cmd_plan)
 
@@ -86,13 +105,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "stack, warnings and what could not be checked.",
     )
     p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--backend", help="check for this backend (default: [matrix] backend)")
+    p.add_argument("--backend", help=f"check for this backend: {_backends_help()} "
+                   "(default: [matrix] backend)")
     p.add_argument("--strict", action="store_true",
                    help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
 
     p = sub.add_parser("schema", help="print the JSON Schema of matrix files (for editors)")
     p.set_defaults(handler=cmd_schema)
+
+
+def _backends_help() -> str:
+    """The backends of this build, for --help ("process, docker, ssh or slurm")."""
+    from orchestrator.backends import backend_names
+
+    names = backend_names()
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 # --- plan / validate / schema ----------------------------------------------------------------
@@ -149,15 +177,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    if args.backend is not None:
-        from orchestrator.backends import backend_names
+def _check_backend(name: str | None) -> None:
+    """``--backend NAME`` must name a backend of this build (ConfigError on ``--backend``)."""
+    if name is None:
+        return
+    from orchestrator.backends import backend_names
 
-        if args.backend not in backend_names():
-            raise ConfigError(f"unknown backend {args.backend!r}; known: "
-                              f"{', '.join(backend_names())}", field="--backend")
+    if name not in backend_names():
+        raise ConfigError(f"unknown backend {name!r}; known: {', '.join(backend_names())}",
+                          field="--backend")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    _check_backend(args.backend)
     matrix, findings = _checked(args.matrix_file, args.backend, strict=args.strict)
     backend = args.backend or matrix.settings.backend
+    build_problems = _image_problems(matrix, backend)
+    if build_problems and args.strict:
+        raise ConfigError(build_problems)
     print(f"{args.matrix_file}: ok ({len(matrix.cells)} cells)")
     pinned = {hw for hw, _ in findings.release_stacks}
     for hw, stack in findings.stacks.items():
@@ -168,9 +205,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  hardware {hw}, ngc_release {release} ({backend} backend): {stack.label}")
     for problem in findings.warnings:
         print(f"  warning: {problem}")
+    for problem in build_problems:
+        print(f"  warning: {problem}; `orchestrate matrix` refuses to run until it is fixed")
     for problem in findings.notes:
         print(f"  note: {problem}")
     return 0
+
+
+def _image_problems(matrix: Matrix, backend: str) -> list[Problem]:
+    """What ``matrix --dry-run`` and a sweep refuse in the images of a docker/ssh matrix beyond
+    the checks: a file a profile copies into the build context that is not on this machine
+    (the Bitfusion client .deb, a lab's checkout). A warning for ``validate``: the matrix is
+    right, this machine lacks the file."""
+    if backend not in ("docker", "ssh"):
+        return []
+    try:
+        image_lines(matrix, backend)
+    except ConfigError as exc:
+        return exc.problems
+    return []
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -208,8 +261,19 @@ class SweepClock:
         return format_duration(eta.remaining_s({c: now - t for c, t in self.since.items()}))
 
 
+def escape(text: str) -> str:
+    """``text`` shown as it is by rich (its ``[`` are not markup); rich is imported lazily."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
 class RichEvents:
-    """Progress on the terminal: a bar over the cells, the running cell and its last metric."""
+    """Progress on the terminal: a bar over the cells, the running cell and its last metric.
+
+    Text from outside (paths, cell ids, reasons such as ``[Errno 28] No space left``, what a
+    cell prints) is escaped before it meets rich's markup: it is shown as it is, and a ``[/x]``
+    in it cannot stop the sweep with a markup error."""
 
     def __init__(self, verbose: bool = False) -> None:
         from rich.console import Console
@@ -251,19 +315,19 @@ class RichEvents:
     def _status(self) -> str:
         left = self.clock.eta_text(self.eta)
         if len(self.running) == 1:
-            return f"{next(iter(self.running.values()))} | ETA {left}"
+            return escape(f"{next(iter(self.running.values()))} | ETA {left}")
         text = " | ".join(f"{cid}: {last}" for cid, last in self.running.items())[:110]
-        return f"{text} | ETA {left}"
+        return escape(f"{text} | ETA {left}")
 
     def sweep_started(self, paths: RunPaths, cells: list[Cell],
                       expected: Mapping[str, float]) -> None:
-        self.console.print(f"run folder: {paths.root}")
+        self.console.print(f"run folder: {paths.root}", markup=False, highlight=False)
         self.eta = Eta(cells, expected)
         self.progress.start()
         self.task = self.progress.add_task("sweep", total=len(cells), status="")
 
     def log(self, message: str) -> None:
-        self.console.print(f"[dim]{message}[/dim]", highlight=False)
+        self.console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         with self._lock:
@@ -271,7 +335,7 @@ class RichEvents:
             self.running[cell.id] = "starting"
             where = f" on {allocation.host}" if allocation.host else ""
             gpus = f" GPUs {list(allocation.gpu_ids)}" if allocation.gpu_ids else ""
-            self.progress.update(self._task, description=f"{cell.id}{where}{gpus}",
+            self.progress.update(self._task, description=escape(f"{cell.id}{where}{gpus}"),
                                  status=self._status())
 
     def cell_output(self, cell_id: str, line: str) -> None:
@@ -306,7 +370,8 @@ class RichEvents:
             ips = result.metrics.get(throughput_key(cell.params.mode))
             detail = f"{ips:,.1f} images/s" if isinstance(ips, int | float) else result.reason
             took = f" ({result.duration_s:.1f} s)" if result.duration_s else ""
-            self.console.print(f"{mark} {cell.id}{took}: {detail}", highlight=False)
+            self.console.print(f"{mark} {escape(f'{cell.id}{took}: {detail}')}",
+                               highlight=False)
             self.progress.advance(self._task)
             self.progress.update(self._task, status=self._status())
 
@@ -391,15 +456,18 @@ def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineE
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    from orchestrator.results import check_results_root
     from orchestrator.sweep import NullEvents, backend_for, hosts_file_of, run_sweep
 
+    _check_backend(args.backend)
     matrix = _load(args)
     results = results_root(args.results)
     backend = backend_for(matrix, args.backend)
-    if args.dry_run:
-        print("\n".join(plan_lines(matrix)))
-        if backend in ("docker", "ssh"):
-            print("\n".join(image_lines(matrix, backend)))
+    if args.dry_run:  # every refusal before the (long) plan, as a real sweep would refuse
+        check_results_root(results)
+        images = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
+        inventory = _inventory_line(matrix, args.hosts) if backend == "ssh" else []
+        print("\n".join([*plan_lines(matrix), *images, *inventory]))
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
@@ -436,6 +504,20 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         for r in failed:
             print(f"  {r.cell_id}: {r.status.value}: {r.reason}", file=sys.stderr)
     return outcome.exit_code
+
+
+def _inventory_line(matrix: Matrix, cli_hosts: Path | None) -> list[str]:
+    """What ``--dry-run`` says of an ssh sweep's inventory: read and checked as the sweep reads
+    it (a missing or invalid file is refused here too); no host is contacted."""
+    from orchestrator.backends.ssh import NO_INVENTORY_HINT
+    from orchestrator.hosts import load_hosts
+    from orchestrator.sweep import hosts_file_of
+
+    path = hosts_file(cli_hosts, hosts_file_of(matrix))
+    if path is None:
+        raise ConfigError(NO_INVENTORY_HINT, file=str(matrix.path), field="matrix.hosts")
+    inventory = load_hosts(path)
+    return [f"hosts: {path} ({len(inventory.hosts)} hosts; not contacted by a dry run)"]
 
 
 def image_lines(matrix: Matrix, backend: str) -> list[str]:
