@@ -19,6 +19,13 @@ Rules; an error names the file and the field where the value is set (``axes.arch
 
 * image: docker/ssh need an image template that builds a Docker image (not a Singularity
   definition); an NGC release below the workload's floor is refused with the reason.
+* runtime: a profile with ``runtime = "apptainer"`` (or ``"singularity"``) runs its image (a
+  Singularity definition, a Dockerfile template converted, or a ready ``apptainer.sif``) on the
+  process, ssh and slurm backends, never on docker; CUDA or CPU profiles only (no Gaudi, no
+  Bitfusion wrapper, no multi-host cells on ssh); its bind paths are absolute and free of
+  apptainer's separators ``,`` and ``:``; a runtime binary missing from this machine's PATH
+  is a note (the sweep refuses it where the cells run: :func:`orchestrator.sif.prepare_runtime`).
+  ``runtime = "docker"`` on the process or slurm backend is refused.
 * arch: a model the workload builds on the stack's torchvision (else ``did you mean``);
   ``pretrained`` is refused for the workload's own DeepLearningExamples models (no weights).
 * compile: needs torch >= 2.0 on the stack and, on CUDA, a GPU Triton compiles for (7.0+); on
@@ -54,7 +61,9 @@ import functools
 import importlib.metadata
 import json
 import logging
+import os
 import re
+import shutil
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -62,7 +71,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator import gpus, images, profilers, releases, stacks
+from orchestrator import apptainer, gpus, images, profilers, releases, stacks
 from orchestrator.config import (
     ORCHESTRATOR_PARAMS,
     PARAM_NAMES,
@@ -248,6 +257,12 @@ def _profile_checks(
             "the Gaudi mode is a per-cell choice: set hpu_mode (eager, lazy or compile) and "
             "remove PT_HPU_LAZY_MODE here (orchestrate sets it in each cell's environment)")))
     runs = BACKEND_RUNS.get(backend)
+    if profile.apptainer_runtime:
+        return _apptainer_stack(found, file, hw, profile, backend)
+    if profile.runtime == "docker" and runs == "host":
+        found.error(Problem(file, f"{where}.runtime", (
+            f"runtime 'docker' runs on the docker and ssh backends; the {backend} backend runs "
+            "this machine's Python, or an Apptainer image with runtime = \"apptainer\"")))
     if runs is None:
         found.note(Problem(file, where, (
             f"the {backend} backend is not known to these checks: its image and stack are not "
@@ -315,9 +330,78 @@ def _image_stack(
         found.error(Problem(file, f"{where}.image", (
             f"{profile.image!r} is a {template.kind} definition, which the {backend} backend "
             f"cannot run (it runs Docker images): pick a Dockerfile template "
-            f"({', '.join(docker)})")))
+            f"({', '.join(docker)})"
+            + ("" if backend == "docker" else ", or set runtime = \"apptainer\" to run it "
+               "with Apptainer"))))
         return unknown
     try:
+        base = root_base_image(template, profile.image_vars)
+    except (ConfigError, BuildError) as exc:
+        found.note(Problem(file, f"{where}.image_vars", f"base image not resolved ({exc}): "
+                           "its stack is not checked"))
+        return unknown
+    return _classify_base(found, file, where, profile, base)
+
+
+def _apptainer_stack(
+    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
+) -> Stack:
+    """A profile whose cells run under Apptainer: where it can run, its binds, its image."""
+    where = f"hardware.{hw}"
+    unknown = Stack("not checked", known=False)
+    runtime = profile.runtime
+    if backend == "docker":
+        found.error(Problem(file, f"{where}.runtime", (
+            f"runtime {runtime!r} runs `{runtime} exec` on the process, ssh and slurm backends; "
+            "the docker backend runs Docker containers (pick another backend, or remove "
+            "runtime)")))
+        return unknown
+    if backend not in BACKEND_RUNS:
+        found.note(Problem(file, where, (
+            f"the {backend} backend is not known to these checks: its image and stack are not "
+            "checked")))
+        return unknown
+    if profile.device == "hpu":
+        found.error(Problem(file, f"{where}.runtime", (
+            f"runtime {runtime!r} runs CUDA (--nv) and CPU profiles; Gaudi (device hpu) runs in "
+            "Docker with the habana runtime")))
+    if profile.wrapper != "none":
+        found.error(Problem(file, f"{where}.wrapper", (
+            f"wrapper {profile.wrapper!r} is not available under runtime {runtime!r}: the "
+            "Bitfusion client runs in a Docker image of its own (runtime docker)")))
+    if profile.multi_node and backend == "ssh":
+        found.error(Problem(file, f"{where}.multi_node", (
+            f"cells spanning several hosts are not run under runtime {runtime!r} (one host per "
+            "cell): set multi_node = false")))
+    for table, mounts in (("container.mounts", profile.container.mounts),
+                          ("apptainer.binds", profile.apptainer.binds)):
+        for i, mount in enumerate(mounts):
+            for side in ("source", "target"):
+                value = getattr(mount, side)
+                if side == "source" and value.startswith("~/"):
+                    continue  # expanded where the cell runs
+                problem = apptainer.bind_problem(value)
+                if problem:
+                    found.error(Problem(file, f"{where}.{table}[{i}].{side}", problem))
+    binary = apptainer.binary_of(profile)
+    if backend in ("process", "slurm") and shutil.which(binary) is None and not (
+            binary.startswith("/") and os.access(binary, os.X_OK)):
+        found.note(Problem(file, f"{where}.apptainer.binary", (
+            f"{binary!r} is not on this machine's PATH: a sweep here refuses to start until it "
+            "is (install Apptainer or SingularityCE, or name the program's path)")))
+    if profile.image is None:
+        if profile.apptainer.sif is None:
+            found.error(Problem(file, f"{where}.image", (
+                f"runtime {runtime!r} runs an image: name a template (singularity, or a "
+                "Dockerfile template to convert) or a ready .sif in apptainer.sif")))
+        else:
+            found.note(Problem(file, f"{where}.apptainer.sif", (
+                f"a ready image ({profile.apptainer.sif}): its torch, models and profilers are "
+                "not checked (name the template it was built from in image to have them "
+                "checked)")))
+        return unknown
+    try:
+        template = images.load_template(profile.image)
         base = root_base_image(template, profile.image_vars)
     except (ConfigError, BuildError) as exc:
         found.note(Problem(file, f"{where}.image_vars", f"base image not resolved ({exc}): "

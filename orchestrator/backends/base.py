@@ -186,6 +186,8 @@ class Backend(ABC):
         self.paths = paths
         self.options = options
         self._busy = False
+        #: The image of each Apptainer profile where its cells run (set by ``prepare``).
+        self.sif_paths: dict[str, str] = {}
 
     # --- hooks ----------------------------------------------------------------------------
 
@@ -206,6 +208,17 @@ class Backend(ABC):
     def launch(self, spec: LaunchSpec) -> Execution:
         """Start the cell. Raise LaunchError if it cannot start at all."""
 
+    def runtime_image(self, cell: Cell) -> str:
+        """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
+        where it would be on this machine (:func:`orchestrator.sif.plan_sifs`)."""
+        path = self.sif_paths.get(cell.hardware)
+        if path is None:
+            from orchestrator import sif
+
+            plan = sif.plan_sifs(self.matrix, [cell])[cell.hardware]
+            path = sif.LocalMachine().expand(plan.path)
+        return path
+
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """What ran where, beyond what the workload reports itself."""
         info: dict[str, Any] = {
@@ -221,6 +234,8 @@ class Backend(ABC):
             info["hosts"] = list(spec.hosts)
         if spec.program:
             info["program"] = dict(spec.program)
+        if spec.runtime:
+            info["runtime"] = dict(spec.runtime)
         return info
 
     def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:  # noqa: B027

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from orchestrator import cellprocs
+from orchestrator import apptainer, cellprocs, sif
 from orchestrator.backends.base import PROJECT_ROOT, Backend, Execution, ExitInfo
 from orchestrator.cellprocs import CellProcesses
 from orchestrator.errors import BackendUnavailable, ConfigError, LaunchError
@@ -112,9 +112,12 @@ class ProcessBackend(Backend):
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         """The cell's program (:func:`~orchestrator.launch.cell_command`) with this Python, in
-        this checkout (or the command's ``workdir``), its GPUs pinned by the environment."""
+        this checkout (or the command's ``workdir``), its GPUs pinned by the environment; under
+        Apptainer, the same program in the profile's image (:mod:`orchestrator.apptainer`)."""
         profile = self.matrix.profile(cell)
         out = str(self.paths.cell_dir(cell.id).resolve())  # the program may run elsewhere
+        if profile.apptainer_runtime:
+            return self._apptainer_spec(cell, allocation, attempt, out)
         command = cell_command(cell, profile, self.matrix.program(cell), python=sys.executable,
                                output_dir=out, gpu_ids=allocation.gpu_ids)
         return LaunchSpec(
@@ -130,8 +133,24 @@ class ProcessBackend(Backend):
             program=command.program,
         )
 
+    def _apptainer_spec(self, cell: Cell, allocation: Allocation, attempt: int, out: str
+                        ) -> LaunchSpec:
+        profile = self.matrix.profile(cell)
+        image = self.runtime_image(cell)
+        command = apptainer.apptainer_command(cell, profile, self.matrix.program(cell),
+                                              image=image, output_dir=out,
+                                              gpu_ids=allocation.gpu_ids)
+        return LaunchSpec(
+            cell_id=cell.id, argv=tuple(command.argv), env=command.env, device=profile.device,
+            gpu_ids=allocation.gpu_ids, image=image, workdir=out, output_dir=out,
+            attempt=attempt, mem_limit=profile.container.mem_limit, program=command.program,
+            runtime=apptainer.runtime_record(apptainer.binary_of(profile), image),
+        )
+
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
-        """Adds the Python environment that ran the workload (no image here)."""
+        """Adds the Python environment that ran the workload (none: an Apptainer image's)."""
+        if spec.runtime:
+            return super().provenance(spec)
         return {
             **super().provenance(spec),
             "python": sys.executable,
@@ -143,6 +162,9 @@ class ProcessBackend(Backend):
         """Refuse a memory limit this machine cannot apply; stop what a killed orchestrator left
         running of this run (a resumed run)."""
         self._check_memory_limits(cells)
+        if any(self.matrix.profile(c).apptainer_runtime for c in cells):
+            self.sif_paths = sif.prepare_runtime(self.matrix, cells, sif.LocalMachine(),
+                                                 on_log=on_log)
         prefix = cellprocs.run_marker_prefix(self.matrix.name, self.paths.run_id)
         stopped = cellprocs.kill_marked(prefix, prefix=True, grace=TERM_GRACE_S)
         if stopped and on_log:
@@ -181,6 +203,10 @@ class ProcessBackend(Backend):
         except cellprocs.MemoryLimitUnavailable as exc:
             raise LaunchError(f"{spec.cell_id}: cannot apply mem_limit: {exc}") from exc
         env = {**os.environ, **resolve_env(spec.env), **procs.environment()}
+        if spec.runtime:  # --cleanenv: what the container gets travels with the runtime's prefix
+            prefix = spec.runtime["env_prefix"]
+            env.update(apptainer.launcher_env(spec.env, prefix))
+            env.update({prefix + k: v for k, v in procs.environment().items()})
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
         )
