@@ -82,9 +82,9 @@ def main() -> None:
         plan = build.plan_image(profile.image, profile.image_vars)
         first = build.ensure_image(plan)  # may build once; not part of the per-cell figure
         t0 = time.perf_counter()
-        again = build.ensure_image(plan)
+        again = build.ensure_image(plan)  # pins the base (one inspect) and finds the tag
         check_s = time.perf_counter() - t0
-        assert not again.built
+        assert not again.built and again.tag == first.tag
 
         bare: list[float] = []
         orch: list[float] = []
@@ -94,7 +94,7 @@ def main() -> None:
                 argv = workload_argv(cell, profile, python=CONTAINER_PYTHON)
                 t0 = time.perf_counter()
                 subprocess.run(["docker", "run", "--rm", "--ipc=host", "--shm-size=1g",
-                                plan.tag, *argv], check=True, capture_output=True)
+                                first.tag, *argv], check=True, capture_output=True)
                 bare.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             outcome = run_sweep(matrix, results_root=Path(tmp) / "results")
@@ -102,10 +102,10 @@ def main() -> None:
             assert outcome.ok, [r.reason for r in outcome.results]
             inside += [r.duration_s for r in outcome.results]
 
-        life_bare, life_ours = lifecycle(plan.tag, profile.container, Path(tmp), args.cells * 3)
+        life_bare, life_ours = lifecycle(first.tag, profile.container, Path(tmp), args.cells * 3)
 
     b, o = statistics.median(bare), statistics.median(orch)
-    print(f"image: {plan.tag} ({'built now' if first.built else 'already there'})")
+    print(f"image: {first.tag} ({'built now' if first.built else 'already there'})")
     print(f"cells: {args.cells} x {args.rounds} rounds, workload: resnet18 32px bs4, "
           "1 warmup + 5 iterations, CPU")
     print()

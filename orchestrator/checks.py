@@ -9,10 +9,18 @@ validate``, ``plan`` and ``matrix`` (before a run folder exists) and
 The *stack* of a profile (:class:`Stack`) is the software its cells run on, as far as it is known
 without building anything. The backends that run images (docker, ssh) run the profile's image:
 the base image at the root of its template chain (``bitfusion`` -> ``ngc-pytorch`` -> its base)
-names an NGC PyTorch release (torch, torchvision and tools from ``data/ngc_releases.toml``), a
-Habana PyTorch installer (its torch version), or something else (unknown). The backends that run
-this machine's Python (process, slurm) run this interpreter's torch, read from its package
-metadata (torch is never imported).
+names an NGC PyTorch release (torch, torchvision and tools from ``data/ngc_releases.toml``;
+its ``base_tag`` names it, from nvcr.io or a mirror's ``base_repository``), a Habana PyTorch
+installer (its torch version), or something else (unknown). A cell's ``ngc_release`` replaces
+its profile's release (the cell's stack is that release's). A profile with ``release = "auto"``
+has its release chosen per host from the host's driver when the sweep runs: its cells are
+checked against every
+release a host may get (the offered NGC releases that support the profile's GPU, or the Intel
+Gaudi releases of ``data/habana_releases.toml``); what fails on every one of them is an error,
+what fails only on older ones a warning naming them. The backends that run this machine's Python
+(process, slurm) run this interpreter's torch, read from its package metadata (torch is never
+imported): a release there is not theirs to pick (``ngc_release`` is refused, ``release =
+"auto"`` noted as unused).
 
 Rules; an error names the file and the field where the value is set (``axes.arch[1]``,
 ``hardware.v100.image_vars.base_tag``), every problem at once:
@@ -36,6 +44,10 @@ Rules; an error names the file and the field where the value is set (``axes.arch
   tool (NGC PyTorch does, Habana's does not); ncu needs compute capability 7.0+.
 * hpu_mode only on hpu profiles; ``PT_HPU_LAZY_MODE`` belongs to the cell (from hpu_mode), not
   to a profile's env.
+* release: ``ngc_release`` only where the backend runs images and the profile's template takes
+  an NGC release it does not fix otherwise (no ``base_image``, no ``release = "auto"``); a
+  release below the floor is refused. ``release = "auto"`` needs a template with a release
+  family (NGC ``base_tag``, Gaudi ``synapse_version``) that image_vars leave to it.
 * baseline: its key is a cell parameter and its value one of that parameter's; some cell has it,
   and some other cell has a row to compare with (equal in every other parameter).
 * a cell that runs another program (a ``[commands.NAME]`` template): arch, pretrained, compile,
@@ -50,8 +62,11 @@ Rules; an error names the file and the field where the value is set (``axes.arch
 
 Warnings (``validate --strict`` makes them errors): a baseline that pairs profiles whose planned
 stacks differ (the ratio would mix software and hardware; the table marks such rows too), CUDA
-graphs the workload would not capture (with compile, or with several GPUs). Notes say what could
-not be checked (an unknown GPU, a base image outside the release table, the host's profilers).
+graphs the workload would not capture (with compile, or with several GPUs), what an auto release
+cannot do on the older releases a host may get. A baseline on ``ngc_release`` compares releases
+on the same hardware by design: a note says so, not a warning (the table labels those ratios as
+the release comparison). Notes say what could not be checked (an unknown GPU, a base image
+outside the release table, the host's profilers, the release an auto profile gets per host).
 """
 
 from __future__ import annotations
@@ -71,7 +86,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator import apptainer, gpus, images, profilers, releases, stacks
+from orchestrator import apptainer, gpus, images, profilers, releases, selection, stacks
 from orchestrator.config import (
     ORCHESTRATOR_PARAMS,
     PARAM_NAMES,
@@ -96,9 +111,11 @@ BACKEND_RUNS: dict[str, str] = {
 }
 
 _NGC_BASE = re.compile(r"^nvcr\.io/nvidia/pytorch:(\d\d\.\d\d)-py3$")
+#: An NGC release tag, as base_tag names it (from nvcr.io or a mirror's base_repository).
+_NGC_TAG = re.compile(r"^(\d\d\.\d\d)-py3$")
 _HABANA_BASE = re.compile(
     r"^vault\.habana\.ai/gaudi-docker/([^/]+)/([^/]+)/habanalabs/pytorch-installer-([^/:]+)"
-    r":latest$"
+    r":[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 )
 _TOOLS = {"nsys": "Nsight Systems (nsys)", "ncu": "Nsight Compute (ncu)", "nvprof": "nvprof"}
 
@@ -121,6 +138,9 @@ class Stack:
     profilers: frozenset[str] | None = None
     #: False where the stack could not be told (an unknown base image or backend).
     known: bool = True
+    #: ``release = "auto"``: the stacks a host may get, oldest first (the stack itself is
+    #: decided per host when the sweep runs).
+    candidates: tuple[Stack, ...] = ()
 
     @property
     def identity(self) -> tuple[str | None, str | None]:
@@ -137,6 +157,15 @@ class Findings:
     warnings: list[Problem] = field(default_factory=list)
     notes: list[Problem] = field(default_factory=list)
     stacks: dict[str, Stack] = field(default_factory=dict)
+    #: (hardware, ngc_release) -> the stack of cells that pin a release
+    release_stacks: dict[tuple[str, str], Stack] = field(default_factory=dict)
+
+    def stack_of(self, cell: Cell) -> Stack:
+        """The stack ``cell`` runs on: its pinned release's, else its profile's."""
+        release = cell.params.ngc_release
+        if release is not None and (cell.hardware, release) in self.release_stacks:
+            return self.release_stacks[(cell.hardware, release)]
+        return self.stacks[cell.hardware]
 
     def error(self, problem: Problem) -> None:
         if problem not in self.errors:
@@ -172,10 +201,19 @@ def check_matrix(
     for hw in sorted({c.hardware for c in matrix.cells}):
         found.stacks[hw] = _profile_checks(found, file, hw, matrix.profiles[hw], backend)
     places = _Places(matrix.source_text)
+    for hw, release in sorted({(c.hardware, c.params.ngc_release) for c in matrix.cells
+                               if c.params.ngc_release is not None}):
+        found.release_stacks[(hw, release)] = _release_checks(
+            found, file, places, hw, matrix.profiles[hw], release, backend)
     configurations = _configurations(matrix.cells)
     for cell in configurations:
-        _CellCheck(found, file, places, cell.params, matrix.profiles[cell.hardware],
-                   found.stacks[cell.hardware], matrix.program(cell)).run()
+        stack = found.stack_of(cell)
+        profile = matrix.profiles[cell.hardware]
+        program = matrix.program(cell)
+        if stack.candidates:
+            _check_candidates(found, file, places, cell, profile, stack, program)
+        else:
+            _CellCheck(found, file, places, cell.params, profile, stack, program).run()
     _program_checks(found, file, matrix, configurations)
     if comparisons and matrix.settings.baseline:
         _baseline_checks(found, file, matrix)
@@ -273,7 +311,13 @@ def _profile_checks(
             found.note(Problem(file, f"{where}.image", (
                 f"not used: the {backend} backend runs this machine's Python and its torch, not "
                 f"the image {profile.image!r}")))
+        if profile.release is not None:
+            found.note(Problem(file, f"{where}.release", (
+                f"not used: the {backend} backend runs this machine's Python, whose torch no "
+                "release picks (release = 'auto' applies to the docker and ssh backends)")))
         return host_stack()
+    if profile.release == selection.AUTO:
+        return _auto_stack(found, file, hw, profile)
     return _image_stack(found, file, hw, profile, backend)
 
 
@@ -334,12 +378,22 @@ def _image_stack(
             + ("" if backend == "docker" else ", or set runtime = \"apptainer\" to run it "
                "with Apptainer"))))
         return unknown
+    return _template_stack(found, file, where, profile, template)
+
+
+def _template_stack(found: Findings, file: str, where: str, profile: HardwareProfile,
+                    template: images.Template) -> Stack:
+    """The stack an image template builds on: its chain's root base, classified."""
     try:
-        base = root_base_image(template, profile.image_vars)
+        root, resolved = _chain_root(template, profile.image_vars)
+        base = root.base_ref(resolved)
     except (ConfigError, BuildError) as exc:
         found.note(Problem(file, f"{where}.image_vars", f"base image not resolved ({exc}): "
                            "its stack is not checked"))
-        return unknown
+        return Stack("not checked", known=False)
+    tagged = _ngc_tag(root, resolved)
+    if tagged is not None:  # nvcr.io's or a mirror's (base_repository) release
+        return _ngc_stack(found, file, where, profile, base, tagged)
     return _classify_base(found, file, where, profile, base)
 
 
@@ -400,26 +454,161 @@ def _apptainer_stack(
                 "not checked (name the template it was built from in image to have them "
                 "checked)")))
         return unknown
+    if profile.release == selection.AUTO:
+        found.error(Problem(file, f"{where}.release", (
+            f"release = 'auto' (a release per host's driver) is not offered under runtime "
+            f"{runtime!r}: pin the release in image_vars (base_tag), or make it an axis "
+            "(ngc_release)")))
+        return unknown
     try:
         template = images.load_template(profile.image)
-        base = root_base_image(template, profile.image_vars)
-    except (ConfigError, BuildError) as exc:
-        found.note(Problem(file, f"{where}.image_vars", f"base image not resolved ({exc}): "
-                           "its stack is not checked"))
+    except ConfigError:  # load_matrix reported it
         return unknown
-    return _classify_base(found, file, where, profile, base)
+    return _template_stack(found, file, where, profile, template)
+
+
+def _chain_root(template: images.Template, values: dict[str, Any]
+                ) -> tuple[images.Template, dict[str, Any]]:
+    """The template at the root of ``template``'s chain and its resolved values (a template
+    whose parent image is left to the build is built FROM its parent's image)."""
+    resolved = template.resolve(values)
+    while template.parent and not resolved.get(template.parent.variable):
+        forwarded = {k: resolved[k] for k in template.parent.forward}
+        template = images.load_template(template.parent.template)
+        resolved = template.resolve(forwarded)
+    return template, resolved
+
+
+def _ngc_tag(root: images.Template, resolved: dict[str, Any]) -> str | None:
+    """The NGC release a root template's ``base_tag`` names, where no ``base_image`` replaces
+    it (the repository may be a lab mirror); None otherwise."""
+    if selection.family(root) != "ngc" or resolved.get("base_image"):
+        return None
+    match = _NGC_TAG.match(str(resolved.get("base_tag", "")))
+    return match[1] if match else None
 
 
 def root_base_image(template: images.Template, values: dict[str, Any]) -> str:
     """The base image at the root of ``template``'s chain for the profile's ``values``: a
     template whose parent image is left to the build (``bitfusion``) is built FROM its parent's
     image, which is built FROM the parent's base."""
-    resolved = template.resolve(values)
-    while template.parent and not resolved.get(template.parent.variable):
-        forwarded = {k: resolved[k] for k in template.parent.forward}
-        template = images.load_template(template.parent.template)
-        resolved = template.resolve(forwarded)
-    return template.base_ref(resolved)
+    root, resolved = _chain_root(template, values)
+    return root.base_ref(resolved)
+
+
+def _auto_stack(found: Findings, file: str, hw: str, profile: HardwareProfile) -> Stack:
+    """The stacks a host may get for a profile whose release is chosen per host."""
+    where = f"hardware.{hw}"
+    assert profile.image is not None  # the profile model requires an image with release = auto
+    try:
+        template = images.load_template(profile.image)
+    except ConfigError:  # load_matrix reported it
+        return Stack("not checked", known=False)
+    kind = selection.family(template)
+    fixed = selection.fixed_base(template, profile.image_vars)
+    if kind is None:
+        found.error(Problem(file, f"{where}.release", (
+            f"release = 'auto' picks a release of the base image, but the template "
+            f"{profile.image!r} names none (it has neither base_tag nor synapse_version/"
+            "torch_version)")))
+        return Stack("not checked", known=False)
+    if fixed:
+        found.error(Problem(file, f"{where}.image_vars.{fixed[0]}", (
+            f"{fixed[0]} fixes the base image, which release = 'auto' chooses per host from its "
+            "driver: remove one of them")))
+    if kind == "habana":
+        candidates = tuple(
+            Stack(f"Intel Gaudi {r.name} (torch {r.torch})", torch=r.torch,
+                  profilers=frozenset(), release=r.name)
+            for r in releases.load_habana_releases())
+    else:
+        cc = _capability(profile)
+        shown = f"{cc[0]}.{cc[1]}" if cc else None
+        candidates = tuple(_release_stack(r, r.base_tag) for r in releases.load_releases()
+                           if r.offered and r.runs_on(shown))
+    span = f"{candidates[0].release}..{candidates[-1].release}" if candidates else "none"
+    label = selection.FAMILY_LABEL[kind]
+    found.note(Problem(file, f"{where}.release", (
+        f"release = 'auto': each host gets the {label} release its driver runs when the sweep "
+        f"reaches it ({span} possible); the cells are checked against each of them")))
+    return Stack(f"{label} chosen per host from its driver (release = 'auto')", known=False,
+                 candidates=candidates)
+
+
+def _release_stack(release: releases.Release, base: str) -> Stack:
+    return Stack(
+        f"NGC PyTorch {release.name} (torch {release.torch}, torchvision {release.torchvision},"
+        f" CUDA {release.cuda})",
+        base=base, release=release.name, torch=release.torch, torchvision=release.torchvision,
+        cuda=release.cuda, profilers=releases.container_profilers(),
+    )
+
+
+def _check_candidates(found: Findings, file: str, places: _Places, cell: Cell,
+                      profile: HardwareProfile, stack: Stack, program: Program) -> None:
+    """A cell of an auto profile against every stack a host may get: what fails on the newest
+    is an error; what fails only on older ones, a warning naming them."""
+    results = []
+    for candidate in stack.candidates:
+        sub = Findings()
+        _CellCheck(sub, file, places, cell.params, profile, candidate, program).run()
+        results.append((candidate, sub))
+    newest, last = results[-1]
+    for problem in last.errors:
+        found.error(problem)
+    for problem in [*last.warnings, *(n for _, s in results for n in s.notes)]:
+        (found.warning if problem in last.warnings else found.note)(problem)
+    failing = {p.field for p in last.errors}
+    worst: dict[str, tuple[Stack, Problem]] = {}
+    for candidate, sub in results[:-1]:
+        for problem in sub.errors:
+            if problem.field not in failing:
+                worst[problem.field] = (candidate, problem)  # the newest release it fails on
+    for fld, (candidate, problem) in worst.items():
+        found.warning(Problem(file, fld, (
+            f"on hosts whose driver gets {candidate.release} or older (release = 'auto'): "
+            f"{problem.message}")))
+
+
+def _release_checks(found: Findings, file: str, places: _Places, hw: str,
+                    profile: HardwareProfile, release: str, backend: str) -> Stack:
+    """The stack of cells of ``hw`` that pin ``ngc_release = release``, and whether they can."""
+    unknown = Stack(f"NGC PyTorch {release} (not checked)", known=False)
+
+    def error(message: str) -> Stack:
+        for where in places.of("ngc_release", release):
+            found.error(Problem(file, where, message))
+        return unknown
+
+    runs = BACKEND_RUNS.get(backend)
+    if runs == "host" and not profile.apptainer_runtime:
+        return error(f"ngc_release picks the NGC image of hardware {hw!r}'s cells; the {backend} "
+                     "backend runs this machine's Python instead: remove it, or run with "
+                     "--backend docker or ssh")
+    if runs is None or profile.image is None:
+        return unknown  # the profile's own checks said so
+    try:
+        template = images.load_template(profile.image)
+    except ConfigError:
+        return unknown
+    if selection.family(template) != "ngc":
+        return error(f"ngc_release picks an NGC PyTorch base, but hardware {hw!r} builds "
+                     f"{profile.image!r}, which takes none")
+    if profile.release == selection.AUTO:
+        return error(f"hardware {hw!r} has release = 'auto' (each host's driver picks); a cell's "
+                     "ngc_release pins one: remove one of them")
+    fixed = [v for v in selection.fixed_base(template, profile.image_vars) if v != "base_tag"]
+    if fixed:
+        found.error(Problem(file, f"hardware.{hw}.image_vars.{fixed[0]}", (
+            f"{fixed[0]} fixes the base image, which the cells' ngc_release = {release} is to "
+            "pick: remove it (a lab mirror: set base_repository)")))
+        return unknown
+    try:
+        base = root_base_image(template, {**profile.image_vars, "base_tag": f"{release}-py3"})
+    except (ConfigError, BuildError):
+        return unknown
+    fields = places.of("ngc_release", release)
+    return _ngc_stack(found, file, f"hardware.{hw}", profile, base, release, fields)
 
 
 def _classify_base(
@@ -440,31 +629,29 @@ def _classify_base(
 
 
 def _ngc_stack(
-    found: Findings, file: str, where: str, profile: HardwareProfile, base: str, name: str
+    found: Findings, file: str, where: str, profile: HardwareProfile, base: str, name: str,
+    fields: list[str] | None = None,
 ) -> Stack:
     fld = f"{where}.image_vars.base_tag" if "base_tag" in profile.image_vars else f"{where}.image"
     release = releases.find_release(name)
     if release is None:
         oldest = releases.load_releases()[0].name
         floor = releases.floor()["release"]
-        if _release_key(name) < _release_key(oldest):
-            found.error(Problem(file, fld, (
-                f"{base}: NGC PyTorch {name} is older than the workload's floor (torch "
-                f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")))
-        else:
-            found.note(Problem(file, fld, (
-                f"{base}: NGC PyTorch {name} is not in orchestrator/data/ngc_releases.toml: its "
-                "torch, models and profilers are not checked")))
+        for at in fields or [fld]:
+            if _release_key(name) < _release_key(oldest):
+                found.error(Problem(file, at, (
+                    f"{base}: NGC PyTorch {name} is older than the workload's floor (torch "
+                    f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")))
+            else:
+                found.note(Problem(file, at, (
+                    f"{base}: NGC PyTorch {name} is not in orchestrator/data/ngc_releases.toml: "
+                    "its torch, models and profilers are not checked")))
         return Stack(f"{base} (not in the release table)", base=base, known=False)
     if release.refused:
-        found.error(Problem(file, fld, (
-            f"NGC PyTorch {release.name} ({base}) is not offered: {release.refused}")))
-    return Stack(
-        f"NGC PyTorch {release.name} (torch {release.torch}, torchvision {release.torchvision},"
-        f" CUDA {release.cuda})",
-        base=base, release=release.name, torch=release.torch, torchvision=release.torchvision,
-        cuda=release.cuda, profilers=releases.container_profilers(),
-    )
+        for at in fields or [fld]:
+            found.error(Problem(file, at, (
+                f"NGC PyTorch {release.name} ({base}) is not offered: {release.refused}")))
+    return _release_stack(release, base)
 
 
 def _release_key(name: str) -> tuple[int, int]:
@@ -773,6 +960,12 @@ def _baseline_checks(found: Findings, file: str, matrix: Matrix) -> None:
             f"no cell has a {key} = {value} row to compare with: every cell with another {key} "
             "also differs in other parameters, so no row would get a ratio")))
         return
+    if key == selection.RELEASE_PARAM:
+        found.note(Problem(file, where, (
+            f"compares NGC releases on the same hardware (each row against ngc_release = "
+            f"{value}): the stacks differ by design, and the table labels those ratios as the "
+            "release comparison")))
+        return
     _stack_pairs(found, file, where, pairs)
 
 
@@ -790,7 +983,7 @@ def _stack_pairs(
         if names[0] == names[1] or names in seen:
             continue
         seen.add(names)
-        mine, theirs = found.stacks[names[0]], found.stacks[names[1]]
+        mine, theirs = found.stack_of(cell), found.stack_of(ref)
         if not (mine.known and theirs.known):
             found.note(Problem(file, where, (
                 f"whether hardware {names[0]!r} and {names[1]!r} run the same software stack is "

@@ -125,9 +125,13 @@ WRAPPING_PROFILERS = ("nsys", "ncu", "nvprof")
 MIN_TELEMETRY_INTERVAL_S = 0.05
 
 #: Parameters the orchestrator consumes itself; every other one is passed to the workload.
-ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "program"})
+#: ``program`` picks what the cell runs; ``ngc_release`` the image it runs in (its profile's
+#: ``base_tag``): neither is a flag of the workload.
+ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "program", "ngc_release"})
 #: The program name of our own benchmark workload (every other program is a [commands.NAME]).
 WORKLOAD_PROGRAM = "workload"
+#: An NGC PyTorch release as a cell parameter: ``YY.MM`` (its image tag is ``YY.MM-py3``).
+NGC_RELEASE_PATTERN = r"^[0-9]{2}\.[0-9]{2}$"
 
 
 def _telemetry_period(value: float) -> float:
@@ -218,6 +222,12 @@ class CellParams(StrictModel):
         "of a [commands.NAME] template (another program, e.g. NVIDIA's main.py). Unset: its "
         "hardware profile's program, else the workload. An axis of it runs programs side by "
         "side (baseline = 'program=NAME' gives ours/theirs per configuration).",
+    )
+    ngc_release: Annotated[str, Field(pattern=NGC_RELEASE_PATTERN)] | None = Field(
+        None, description="NGC PyTorch release the cell's image is built on, 'YY.MM' (e.g. "
+        "'24.05'): sets its profile's base_tag to 'YY.MM-py3', so an axis of releases compares "
+        "them on the same hardware (docker and ssh backends; the workload never sees it). "
+        "Unset: the profile's own base_tag or release.",
     )
 
     def workload_params(self) -> dict[str, Any]:
@@ -558,6 +568,18 @@ class HardwareProfile(StrictModel):
         "`gpu` does not name, or to override it.",
     )
     image: str | None = Field(None, description="Image template name (images/NAME).")
+    release: Literal["auto"] | None = Field(
+        None, description="'auto': every host gets the image of the newest release its driver "
+        "runs, decided when the sweep reaches it: NGC PyTorch from the NVIDIA driver (and the "
+        "GPU's architecture) and orchestrator/data/ngc_releases.toml, Intel Gaudi from the "
+        "host's Gaudi software version (orchestrator/data/habana_releases.toml). Unset: the "
+        "release image_vars name (base_tag, or synapse_version and torch_version).",
+    )
+    forward_compat: bool = Field(
+        False, description="With release = 'auto' on data-center GPUs: also count releases the "
+        "driver runs through CUDA forward compatibility (NVIDIA's compatibility package in the "
+        "container; not for GeForce/RTX cards).",
+    )
     image_vars: dict[str, Any] = Field(
         {}, description="Template variables (checked by the template's declared types and kinds)."
     )
@@ -616,6 +638,12 @@ class HardwareProfile(StrictModel):
         if self.gpu is not None and self.device == "cpu":
             raise ValueError("gpu names the accelerator of a cuda or hpu profile; this "
                              "profile's device is 'cpu'")
+        if self.forward_compat and self.release != "auto":
+            raise ValueError("forward_compat is how release = 'auto' picks on data-center GPUs; "
+                             "set release = 'auto' or remove forward_compat")
+        if self.release == "auto" and self.image is None:
+            raise ValueError("release = 'auto' picks the base of the profile's image: give an "
+                             "image template")
         if self.runtime not in APPTAINER_RUNTIMES and self.apptainer != ApptainerOptions():
             raise ValueError("[apptainer] options apply to runtime = 'apptainer' or "
                              "'singularity'; set runtime, or remove the table")

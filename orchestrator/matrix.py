@@ -278,7 +278,7 @@ def _too_many_cells(
 
 _ABBREV = {
     "image_size": "px", "warmup": "w", "iterations": "it", "num_classes": "nc", "workers": "wk",
-    "seed": "seed",
+    "seed": "seed", "ngc_release": "ngc",
 }
 
 
@@ -317,10 +317,11 @@ def _id_parts(params: dict[str, Any], varying: Sequence[str], program: str = WOR
 #: before it existed), and a retired field keeps the value it always had there.
 HASH_NEUTRAL_PARAMS: dict[str, Any] = {
     "hpu_mode": None, "profile_start": 0, "profile_iterations": 5, "telemetry_interval": 0.5,
-    "program": None,
+    "program": None, "ngc_release": None,
 }
 HASH_NEUTRAL_PROFILE: dict[str, Any] = {
     "gpu": None, "compute_capability": None, "program": None, "figures": None,
+    "release": None, "forward_compat": False,
     **{tool: HardwareProfile.model_fields[tool].get_default(call_default_factory=True)
        for tool in ("nsys", "ncu", "nvprof")},
 }

@@ -1,22 +1,28 @@
-"""NGC PyTorch releases: which container release a host's driver can run.
+"""Container releases: which NGC PyTorch or Intel Gaudi release a host's driver can run.
 
-The table is ``orchestrator/data/ngc_releases.toml`` (its header documents the keys and where
+The NGC table is ``orchestrator/data/ngc_releases.toml`` (its header documents the keys and where
 each value was checked): one ``[releases."YY.MM"]`` table per release with its ``cuda`` version,
 the ``min_driver`` it needs, where known the older driver branches that work through CUDA forward
-compatibility (``forward_compat``), the ``torch`` and ``torchvision`` it ships, NVIDIA's notes
+compatibility (``forward_compat``) and the oldest GPU architecture it supports
+(``min_compute_capability``), the ``torch`` and ``torchvision`` it ships, NVIDIA's notes
 (``source``) and, on releases below the workload's floor, why they are ``refused``; and the
 ``[floor]``: the oldest torch/torchvision pair CI proves the workload on; ``[container]``: what
-every release's container ships besides torch (the profilers). This module is the one
-reader of that file; :mod:`orchestrator.stacks` answers questions about the stacks it lists.
+every release's container ships besides torch (the profilers). The Gaudi table is
+``orchestrator/data/habana_releases.toml``: the PyTorch of each Intel Gaudi software release's
+installer image. This module is the one reader of both files; :mod:`orchestrator.stacks`
+answers questions about the stacks they list.
 
-:func:`resolve_release` picks the newest offered release a driver supports (``images build
---driver``); a driver that only a refused release supports is refused with that release's reason.
-Pure apart from reading the packaged table; a malformed driver string is a
+:func:`resolve_release` picks the newest offered NGC release a driver supports (``images build
+--driver``, profiles with ``release = "auto"``), skipping releases that dropped the host's GPU
+architecture; a driver that only a refused release supports is refused with that release's
+reason. :func:`resolve_habana` picks the Gaudi installer of a host's own software version.
+Pure apart from reading the packaged tables; a malformed driver string is a
 :class:`~orchestrator.errors.ConfigError` naming ``--driver``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import tomllib
@@ -27,6 +33,8 @@ from typing import Any
 from orchestrator.errors import ConfigError
 
 _DRIVER_RE = re.compile(r"^\d+(\.\d+){0,2}$")
+#: ``hl-smi``'s driver version: the Intel Gaudi software version and its build (``1.15.1-62f612b``).
+_HABANA_DRIVER_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:-[0-9A-Za-z.]+)?$")
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,9 @@ class Release:
     #: Why the release is no longer offered, and what to pick instead (None: offered).
     refused: str | None = None
     source: str | None = None
+    #: The oldest GPU architecture it supports, as its notes say (None: not recorded on this
+    #: row; :func:`load_releases` fills it in from the previous release).
+    min_compute_capability: str | None = None
 
     @property
     def base_tag(self) -> str:
@@ -59,7 +70,28 @@ class Release:
         """A release from its TOML table; keys other than the fields (``verified``) are ignored."""
         return cls(name, table["cuda"], table["min_driver"],
                    tuple(table.get("forward_compat", ())), table.get("torch"),
-                   table.get("torchvision"), table.get("refused"), table.get("source"))
+                   table.get("torchvision"), table.get("refused"), table.get("source"),
+                   table.get("min_compute_capability"))
+
+    def runs_on(self, compute_capability: str | None) -> bool:
+        """Whether the release supports a GPU of ``compute_capability`` (None: unknown, yes)."""
+        if compute_capability is None or self.min_compute_capability is None:
+            return True
+        return _cc_key(compute_capability) >= _cc_key(self.min_compute_capability)
+
+    def driver_runs(self, driver: str, *, datacenter: bool = False) -> bool:
+        """Whether ``driver`` runs this release: at or above its minimum driver or, with
+        ``datacenter``, at or above a forward-compatible version of the same branch."""
+        have = driver_key(driver)
+        return have >= driver_key(self.min_driver) or (datacenter and any(
+            have[0] == driver_key(fc)[0] and have >= driver_key(fc)
+            for fc in self.forward_compat
+        ))
+
+
+def _cc_key(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return int(major), int(minor or 0)
 
 
 def driver_key(driver: str) -> tuple[int, ...]:
@@ -74,10 +106,17 @@ def _table() -> dict[str, Any]:
 
 
 def load_releases() -> list[Release]:
-    """Every NGC PyTorch release of the table (refused ones too), oldest first."""
+    """Every NGC PyTorch release of the table (refused ones too), oldest first; a release
+    without ``min_compute_capability`` carries the previous release's."""
     raw = _table()["releases"]
     releases = [Release.from_table(name, table) for name, table in raw.items()]
-    return sorted(releases, key=lambda r: tuple(int(p) for p in r.name.split(".")))
+    releases.sort(key=lambda r: tuple(int(p) for p in r.name.split(".")))
+    inherited: str | None = None
+    for i, release in enumerate(releases):
+        if release.min_compute_capability is None and inherited is not None:
+            releases[i] = dataclasses.replace(release, min_compute_capability=inherited)
+        inherited = releases[i].min_compute_capability
+    return releases
 
 
 @functools.cache
@@ -102,29 +141,37 @@ def floor() -> dict[str, str]:
     return dict(_table()["floor"])
 
 
-def resolve_release(driver: str, *, datacenter: bool = False) -> Release:
-    """The newest offered NGC PyTorch release whose minimum driver is <= ``driver``
-    (e.g. "535.129.03").
-
-    With ``datacenter=True``, releases usable through CUDA forward compatibility count too
-    (the driver is at or above a listed version of the same branch). A malformed driver string,
-    one older than every release, or one that only a refused release supports (below the
-    workload's floor: the message says why and what to do) is a :class:`ConfigError`.
-    """
+def check_driver(driver: str, what: str = "--driver") -> str:
+    """``driver`` stripped, or a :class:`ConfigError` naming ``what`` if it is not a driver
+    version such as ``535.129.03``."""
     text = driver.strip()
     if not _DRIVER_RE.match(text):
         raise ConfigError(
             f"malformed driver version {driver!r}; expected e.g. 535.129.03 "
             "(see `nvidia-smi --query-gpu=driver_version --format=csv,noheader`)",
-            file="--driver",
+            file=what,
         )
-    have = driver_key(text)
-    releases = load_releases()
+    return text
+
+
+def resolve_release(
+    driver: str, *, datacenter: bool = False, compute_capability: str | None = None,
+    what: str = "--driver",
+) -> Release:
+    """The newest offered NGC PyTorch release whose minimum driver is <= ``driver``
+    (e.g. "535.129.03") and that supports a GPU of ``compute_capability`` (None: unknown, not
+    filtered).
+
+    With ``datacenter=True``, releases usable through CUDA forward compatibility count too
+    (the driver is at or above a listed version of the same branch). A malformed driver string,
+    one older than every release, or one that only a refused release supports (below the
+    workload's floor: the message says why and what to do) is a :class:`ConfigError` naming
+    ``what`` (the flag or field the driver came from).
+    """
+    text = check_driver(driver, what)
+    releases = [r for r in load_releases() if r.runs_on(compute_capability)]
     for release in reversed(releases):
-        supported = have >= driver_key(release.min_driver) or (datacenter and any(
-            have[0] == driver_key(fc)[0] and have >= driver_key(fc)
-            for fc in release.forward_compat
-        ))
+        supported = release.driver_runs(text, datacenter=datacenter)
         if supported and release.offered:
             return release
         if supported:
@@ -132,12 +179,65 @@ def resolve_release(driver: str, *, datacenter: bool = False) -> Release:
                 f"driver {text} runs NGC PyTorch {release.name} at the newest, which is no "
                 f"longer offered: {release.refused}; upgrade the driver"
                 + ("" if datacenter else " (or, on a data-center GPU, try --datacenter)"),
-                file="--driver",
+                file=what,
             )
-    oldest = releases[0]
+    oldest = releases[0] if releases else load_releases()[0]
+    gpu = (f" for a GPU of compute capability {compute_capability}"
+           if compute_capability is not None and len(releases) < len(load_releases()) else "")
     raise ConfigError(
-        f"driver {text} is older than every known NGC PyTorch release (the oldest, "
+        f"driver {text} is older than every known NGC PyTorch release{gpu} (the oldest, "
         f"{oldest.name}, needs >= {oldest.min_driver}); upgrade the driver or set base_tag "
         "explicitly",
-        file="--driver",
+        file=what,
     )
+
+
+# --- Intel Gaudi ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HabanaRelease:
+    """One Intel Gaudi software series (``1.18``) and the PyTorch of its installer image."""
+
+    name: str
+    torch: str
+    source: str | None = None
+
+
+@functools.cache
+def load_habana_releases() -> tuple[HabanaRelease, ...]:
+    """Every Intel Gaudi release of ``data/habana_releases.toml``, oldest first."""
+    text = resources.files("orchestrator").joinpath("data/habana_releases.toml").read_text(
+        "utf-8")
+    raw = tomllib.loads(text)["releases"]
+    found = [HabanaRelease(name, row["torch"], row.get("source")) for name, row in raw.items()]
+    return tuple(sorted(found, key=lambda r: tuple(int(p) for p in r.name.split("."))))
+
+
+def habana_version(driver: str, what: str = "--driver") -> str:
+    """The Intel Gaudi software version of an ``hl-smi`` driver version: ``"1.15.1-62f612b"``
+    -> ``"1.15.1"``; a :class:`ConfigError` naming ``what`` if it is not one."""
+    match = _HABANA_DRIVER_RE.match(driver.strip())
+    if match is None or int(match[1]) >= 100:  # NVIDIA's branches are 3-digit (535, 550, ...)
+        nvidia = " (that is an NVIDIA driver version)" if match is not None else ""
+        raise ConfigError(
+            f"not an Intel Gaudi driver version: {driver!r}{nvidia}; the habana template takes "
+            "the Gaudi software version, e.g. 1.18.0-524 (see `hl-smi -Q driver_version -f "
+            "csv,noheader`)", file=what)
+    return ".".join(match.groups())
+
+
+def resolve_habana(driver: str, what: str = "--driver") -> tuple[str, HabanaRelease]:
+    """``(software version, release)`` of the installer image for a host whose ``hl-smi``
+    reports ``driver``: the same Intel Gaudi software version. A series not in the table is a
+    :class:`ConfigError` saying what to set instead."""
+    version = habana_version(driver, what)
+    series = ".".join(version.split(".")[:2])
+    for release in load_habana_releases():
+        if release.name == series:
+            return version, release
+    known = ", ".join(r.name for r in load_habana_releases())
+    raise ConfigError(
+        f"Intel Gaudi software {version} (driver {driver.strip()}) is not in "
+        f"orchestrator/data/habana_releases.toml (known series: {known}); set synapse_version "
+        "and torch_version of the habana template explicitly", file=what)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -46,9 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator import build, images
+from orchestrator import build, images, selection
 from orchestrator.apptainer import binary_of, bind_problem
 from orchestrator.errors import BuildError, ConfigError, HostError, Problem
+from orchestrator.selection import ImageKey
 
 if TYPE_CHECKING:
     from orchestrator.matrix import Cell, Matrix
@@ -119,35 +121,31 @@ def plan_sif(plan: build.ImagePlan, *, binary: str = "apptainer", directory: str
     return SifPlan(path, source, plan, binary, fakeroot)
 
 
-def plan_sifs(matrix: Matrix, cells: Iterable[Cell]) -> dict[str, SifPlan]:
-    """The ``.sif`` of every Apptainer profile the cells use, by profile (nothing built).
+def plan_sifs(matrix: Matrix, cells: Iterable[Cell]) -> dict[ImageKey, SifPlan]:
+    """The ``.sif`` of every image the Apptainer cells need, by image key (a profile, and the
+    release a cell pins with ``ngc_release``); nothing built. A Docker conversion's name here
+    is the unpinned plan's: :func:`ensure_sif` names it by the pinned Docker image's hash.
 
     A profile with neither an image template nor ``apptainer.sif`` is a :class:`ConfigError`.
     """
     problems: list[Problem] = []
-    plans: dict[str, SifPlan] = {}
-    for hw in sorted({c.hardware for c in cells}):
-        profile = matrix.profiles[hw]
-        if not profile.apptainer_runtime:
-            continue
+    plans: dict[ImageKey, SifPlan] = {}
+    for key in sorted({selection.image_key(matrix, c) for c in cells
+                       if matrix.profiles[c.hardware].apptainer_runtime},
+                      key=lambda k: (k.hardware, k.ngc_release or "")):
+        profile = matrix.profiles[key.hardware]
         binary = binary_of(profile)
         opts = profile.apptainer
         if opts.sif:
-            plans[hw] = SifPlan(opts.sif, "given", None, binary, opts.fakeroot)
-            continue
-        if profile.image is None:
-            problems.append(Problem(str(matrix.path), f"hardware.{hw}.image", (
-                f"runtime {profile.runtime!r} runs an image: name a template (singularity, or "
-                "a Dockerfile template to convert) or a ready .sif in apptainer.sif")))
+            plans[key] = SifPlan(opts.sif, "given", None, binary, opts.fakeroot)
             continue
         try:
-            image = build.plan_image(profile.image, build.profile_image_vars(matrix, hw))
+            image = build.plan_key(matrix, key)[1]
         except ConfigError as exc:
-            problems += [Problem(str(matrix.path), f"hardware.{hw}.image_vars.{p.field}",
-                                 p.message) for p in exc.problems]
+            problems += exc.problems
             continue
-        plans[hw] = plan_sif(image, binary=binary, directory=opts.image_dir,
-                             fakeroot=opts.fakeroot)
+        plans[key] = plan_sif(image, binary=binary, directory=opts.image_dir,
+                              fakeroot=opts.fakeroot)
     if problems:
         raise ConfigError(problems)
     return plans
@@ -316,21 +314,25 @@ def ensure_sif(plan: SifPlan, machine: Machine, on_log: Callable[[str], None] | 
                docker: Any = None) -> SifOutcome:
     """Make sure ``plan``'s image is on ``machine``, building it only when missing.
 
-    A given ``.sif`` that is missing is a :class:`ConfigError`. A conversion first makes the
-    Docker image on ``docker`` (an engine client on that machine; None: this machine's). A
-    failing build is a :class:`BuildError` with the command and the last log lines.
+    A given ``.sif`` that is missing is a :class:`ConfigError`. A conversion first makes sure
+    of the Docker image on ``docker`` (an engine client on that machine; None: this machine's),
+    pinned to its base's bits, and names the ``.sif`` by that image's hash. A failing build is
+    a :class:`BuildError` with the command and the last log lines.
     """
     start = time.monotonic()
+    converted = None
+    if plan.source == "docker-daemon":
+        assert plan.image is not None
+        converted = build.ensure_image(plan.image, docker, on_log)
+        if converted.plan is not None:
+            plan = dataclasses.replace(plan, path=posixpath.join(
+                posixpath.dirname(plan.path), sif_name(converted.plan)), image=converted.plan)
     path = machine.expand(plan.path)
     if machine.exists(path):
         log.info("%s: %s is up to date", machine.name, path)
-        return SifOutcome(path, False, time.monotonic() - start)
+        return SifOutcome(path, False, time.monotonic() - start, converted)
     if plan.source == "given":
         raise ConfigError(f"{path} does not exist on {machine.name}", field="apptainer.sif")
-    assert plan.image is not None
-    converted = None
-    if plan.source == "docker-daemon":
-        converted = build.ensure_image(plan.image, docker, on_log)
     temporary = f"{path}.building-{os.getpid()}"
     machine.discard(temporary)
     code, tail = machine.build(plan, temporary, on_log)
@@ -355,28 +357,49 @@ def prepare_runtime(
     cells: Iterable[Cell],
     machine: Machine,
     *,
-    plans: dict[str, SifPlan] | None = None,
+    plans: dict[ImageKey, SifPlan] | None = None,
     on_log: Callable[[str], None] | None = None,
     docker: Any = None,
     check_binary: bool = True,
-) -> dict[str, str]:
+) -> dict[ImageKey, str]:
     """Before a backend's first cell on ``machine``: refuse (every problem at once, a
     :class:`ConfigError` naming the field) a runtime binary that is not there or a bind source
-    that does not exist there; then make sure every Apptainer profile's image is there.
-    Returns the image path of each profile, by profile name. ``check_binary`` False: the binary
-    is not looked for (the slurm backend's nodes may find it where its submit host does not)."""
+    that does not exist there; then make sure every image the Apptainer cells need is there.
+    Returns each image's path there, by image key. ``check_binary`` False: the binary is not
+    looked for."""
     cells = list(cells)
     plans = plan_sifs(matrix, cells) if plans is None else plans
+    problems = runtime_problems(matrix, sorted({k.hardware for k in plans}), machine,
+                                check_binary=check_binary)
+    if problems:
+        raise ConfigError(problems)
+    paths = {}
+    for key, plan in plans.items():
+        try:
+            outcome = ensure_sif(plan, machine, on_log, docker)
+        except ConfigError as exc:
+            raise ConfigError([Problem(str(matrix.path), f"hardware.{key.hardware}.apptainer.sif",
+                                       p.message) for p in exc.problems]) from None
+        if on_log is not None:
+            on_log(f"{machine.name}: image {outcome.path} ({plan.source}): {outcome.summary}")
+        paths[key] = outcome.path
+    return paths
+
+
+def runtime_problems(matrix: Matrix, profiles: Iterable[str], machine: Machine, *,
+                     check_binary: bool = True) -> list[Problem]:
+    """What stops the profiles' cells on ``machine``: a runtime binary that is not there, a bind
+    source that does not exist there (apptainer refuses to bind a missing path)."""
     file = str(matrix.path)
     problems: list[Problem] = []
-    for hw in sorted(plans):
+    for hw in profiles:
         profile = matrix.profiles[hw]
         where = f"hardware.{hw}"
         binary = binary_of(profile)
         if check_binary and machine.which(binary) is None:
             problems.append(Problem(file, f"{where}.apptainer.binary", (
                 f"{binary!r} is not on PATH on {machine.name}: install Apptainer (or "
-                "SingularityCE), or name its program in [hardware." + hw + ".apptainer] binary "
+                f"SingularityCE), or name its program in [hardware.{hw}.apptainer] binary "
                 "(an absolute path, or 'singularity')")))
         mounts = [("container.mounts", profile.container.mounts),
                   ("apptainer.binds", profile.apptainer.binds)]
@@ -387,16 +410,4 @@ def prepare_runtime(
                     problems.append(Problem(file, f"{where}.{table}[{i}].source", (
                         f"{source} does not exist on {machine.name}: apptainer refuses to bind "
                         "a missing path (create it, or fix the path)")))
-    if problems:
-        raise ConfigError(problems)
-    paths = {}
-    for hw, plan in sorted(plans.items()):
-        try:
-            outcome = ensure_sif(plan, machine, on_log, docker)
-        except ConfigError as exc:
-            raise ConfigError([Problem(file, f"hardware.{hw}.apptainer.sif", p.message)
-                               for p in exc.problems]) from None
-        if on_log is not None:
-            on_log(f"{machine.name}: image {outcome.path} ({plan.source}): {outcome.summary}")
-        paths[hw] = outcome.path
-    return paths
+    return problems

@@ -6,8 +6,16 @@ against the 1-GPU group with otherwise equal parameters.
 
 Comparisons stay within one software stack: a ratio to a baseline row or a speedup between rows
 whose cells ran on different stacks (:func:`stack_key`: torch, torchvision, CUDA, cuDNN, the NGC
-release, Gaudi software, as each result.json's ``env`` records them) is marked as a cross-stack
-comparison that names what differs (``cross-stack: torch 2.1.0 vs 2.4.0``), never a bare ratio.
+release, Gaudi software, as each result.json's ``env`` records them, the release from the
+result's ``provenance`` where the env does not say) is marked as a cross-stack comparison that
+names what differs (``cross-stack: torch 2.1.0 vs 2.4.0``), never a bare ratio. A baseline on
+``ngc_release`` compares releases by design: its ratios are labelled as the release comparison
+(``release comparison: NGC 24.10 vs 24.05, torch ...``), not as a cross-stack warning.
+
+Which release each row ran (:func:`release_of`: the image's release as the backend recorded it,
+or the NGC/Gaudi release the workload saw) is a ``release`` column when rows differ in it and no
+``ngc_release`` column already says so; a row whose repeats ran different releases (hosts with
+different drivers, ``release = "auto"``) shows them all and is marked ``*``.
 
 Optional columns (:data:`METRIC_COLUMNS`: telemetry and profiler figures) are shown, and written
 to summary.csv, when any row has them. A group with a repeat whose GPU throttled during the
@@ -94,6 +102,10 @@ class GroupRow:
     stacks: list[StackKey] = field(default_factory=list)
     #: "ratio" / "speedup" -> what differs from the row it is compared with (cross-stack only).
     cross_stack: dict[str, str] = field(default_factory=dict)
+    #: "ratio" -> what differs from the baseline row, where the baseline compares releases.
+    release_comparison: dict[str, str] = field(default_factory=dict)
+    #: The releases its ok cells ran (:func:`release_of`), distinct, in order.
+    releases: list[str] = field(default_factory=list)
     #: METRIC_COLUMNS values by csv name (only those the group's results have).
     extra: dict[str, float] = field(default_factory=dict)
     #: ok repeats whose GPU throttled; None when no ok repeat says.
@@ -110,6 +122,11 @@ class GroupRow:
             efficiency=self.efficiency, ratio_vs_baseline=self.ratio,
             cross_stack="; ".join(f"{k}: {v}" for k, v in sorted(self.cross_stack.items())),
         )
+        if self.releases:
+            row["release"] = "/".join(self.releases)
+        if self.release_comparison:
+            row["release_comparison"] = "; ".join(
+                f"{k}: {v}" for k, v in sorted(self.release_comparison.items()))
         row.update(self.extra)
         if self.throttled is not None:
             row["throttled"] = self.throttled
@@ -126,11 +143,34 @@ STACK_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
+#: The part of the stack a backend's provenance names, by the image's release family.
+_RELEASE_PART = {"ngc": ("NGC", "container_release"), "habana": ("Gaudi software",
+                                                                 "habana_version")}
+#: The cell parameter that pins a release (orchestrator.selection.RELEASE_PARAM).
+RELEASE_PARAM = "ngc_release"
+
+
 def stack_key(result: CellResult) -> StackKey:
-    """The software stack ``result`` ran on, as far as its env (the workload's account) says."""
-    env = result.env if isinstance(result.env, dict) else {}
+    """The software stack ``result`` ran on, as far as its env (the workload's account) says,
+    with the image's release from its provenance where the env does not name one."""
+    env = dict(result.env) if isinstance(result.env, dict) else {}
+    prov = result.provenance if isinstance(result.provenance, dict) else {}
+    part = _RELEASE_PART.get(str(prov.get("release_family")))
+    if part and prov.get("release") and env.get(part[1]) in (None, ""):
+        env[part[1]] = prov["release"]
     return tuple((name, str(env[key])) for name, key in STACK_FIELDS
                  if env.get(key) not in (None, ""))
+
+
+def release_of(result: CellResult) -> str | None:
+    """The release ``result`` ran: the image's as the backend recorded it (``provenance``),
+    else the NGC or Gaudi release the workload saw in its container; None when neither says."""
+    prov = result.provenance if isinstance(result.provenance, dict) else {}
+    if prov.get("release"):
+        return str(prov["release"])
+    env = result.env if isinstance(result.env, dict) else {}
+    found = env.get("container_release") or env.get("habana_version")
+    return str(found) if found else None
 
 
 def stack_difference(row: GroupRow, ref: GroupRow) -> str:
@@ -158,6 +198,9 @@ def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
             ok_by_group.setdefault(res.group, []).append(res)
             if stack_key(res) not in row.stacks:
                 row.stacks.append(stack_key(res))
+            release = release_of(res)
+            if release is not None and release not in row.releases:
+                row.releases.append(release)
     for row in rows.values():
         ok = ok_by_group.get(row.group, [])
         row.ok = len(ok)
@@ -234,12 +277,19 @@ def add_ratios(rows: Sequence[GroupRow], key: str, value: str) -> int:
     """Ratio of each row's images/s to the row with ``key = value`` and otherwise equal params.
 
     E.g. ``hardware=v100`` gives Bitfusion/native. A pair that ran on different software stacks
-    is marked (``row.cross_stack["ratio"]``). Returns how many rows got a ratio.
+    is marked (``row.cross_stack["ratio"]``), unless the baseline is a release
+    (``ngc_release=24.05``): then what differs is the point, recorded as the release comparison
+    (``row.release_comparison["ratio"]``). Returns how many rows got a ratio.
     """
     pairs = _baselines(rows, key, value)
     for row, ref in pairs:
         row.ratio = _ips_ratio(row, ref)
-        _mark_cross_stack(row, ref, "ratio")
+        if key == RELEASE_PARAM:
+            if row is not ref:
+                row.release_comparison["ratio"] = stack_difference(row, ref) or (
+                    f"NGC {row.params.get(key)} vs {value}")
+        else:
+            _mark_cross_stack(row, ref, "ratio")
     return len(pairs)
 
 
@@ -289,9 +339,14 @@ def table_cells(
         headers.append(f"vs {baseline}")
     optional = [c for c in METRIC_COLUMNS if any(c.csv in r.extra for r in rows)]
     headers += [c.header for c in optional]
+    shown_release = release_column(rows, cols)
+    if shown_release:
+        headers.insert(len(cols), "release")
     table = []
     for r in rows:
         line = [str(r.params.get(c, "")) for c in cols]
+        if shown_release:
+            line.append("/".join(r.releases) + ("*" if len(r.releases) > 1 else ""))
         mark = "!" if r.throttled else ""
         line += [f"{r.ok}/{r.runs}", _fmt(r.ips) + mark,
                  f"{_fmt(r.ips_min)}..{_fmt(r.ips_max)}" if r.ips is not None else ""]
@@ -315,10 +370,33 @@ def render_table(
         return "(no results)"
     headers, table = table_cells(rows, plan_varying, baseline)
     text = tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
-    return text + "\n\n" + THROTTLE_NOTE if any(r.throttled for r in rows) else text
+    notes = [THROTTLE_NOTE] if any(r.throttled for r in rows) else []
+    if "release" in headers and any(len(r.releases) > 1 for r in rows):
+        notes.append(MIXED_NOTE)
+    return "\n\n".join([text, *notes])
+
+
+#: The footnote of a row whose repeats ran different releases.
+MIXED_NOTE = ("* the row's repeats ran different releases (hosts with different drivers, "
+              "release = \"auto\"): its median mixes software stacks")
+
+
+def release_column(rows: Sequence[GroupRow], cols: Sequence[str]) -> bool:
+    """Whether the table shows which release each row ran: when rows differ in it (or a row
+    mixes several), unless an ``ngc_release`` column already says exactly that."""
+    found = [tuple(r.releases) for r in rows if r.releases]
+    if not found or (len(set(found)) == 1 and len(found[0]) == 1):
+        return False
+    if RELEASE_PARAM in cols:
+        return any(r.releases and r.releases != [str(r.params.get(RELEASE_PARAM))]
+                   for r in rows)
+    return True
 
 
 def _cross_note(row: GroupRow, what: str) -> str:
+    release = row.release_comparison.get(what)
+    if release:
+        return f" (release comparison: {release})"
     note = row.cross_stack.get(what)
     return f" (cross-stack: {note})" if note else ""
 

@@ -62,6 +62,9 @@ class SshdServer:
     host_key_pub: Path
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(default=Path("/dev/null"))
+    #: Environment of every session this sshd starts (``SetEnv``; e.g. a PATH that puts a
+    #: per-host stand-in tool first: the loopback "hosts" are all this machine).
+    setenv: dict[str, str] = field(default_factory=dict)
 
     @property
     def user(self) -> str:
@@ -111,6 +114,7 @@ class SshdServer:
                     "PrintMotd no",
                     "LogLevel VERBOSE",
                     # no "Subsystem sftp": many lab hosts turn it off, nothing may need it
+                    *(f'SetEnv "{k}={v}"' for k, v in self.setenv.items()),
                     "",
                 ]
             )
@@ -139,19 +143,20 @@ class SshdServer:
         )
 
 
-SshdFactory = Callable[[str], SshdServer]
+SshdFactory = Callable[..., SshdServer]
 
 
 @pytest.fixture(scope="session")
 def sshd_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdFactory]:
-    """Start sshd instances by name: ``sshd_factory("lab-a")``; all stopped at session end."""
+    """Start sshd instances by name: ``sshd_factory("lab-a")`` (``setenv={...}``: the
+    environment of its sessions); all stopped at session end."""
     require_sshd()
     started: list[SshdServer] = []
     client_dir = tmp_path_factory.mktemp("ssh-client")
     client_key = client_dir / "id_ed25519"
     _keygen(client_key)
 
-    def start(name: str) -> SshdServer:
+    def start(name: str, *, setenv: dict[str, str] | None = None) -> SshdServer:
         root = tmp_path_factory.mktemp(f"sshd-{name}")
         _keygen(root / "host_key")
         server = SshdServer(
@@ -160,6 +165,7 @@ def sshd_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdFacto
             root=root,
             client_key=client_key,
             host_key_pub=root / "host_key.pub",
+            setenv=dict(setenv or {}),
         )
         server.start()
         started.append(server)

@@ -609,7 +609,11 @@ for _name, _argv, _err in [
     ("driver-from-without-hosts", ["images", "build", "ngc-pytorch", "--driver-from", "a"],
      "--driver-from needs --hosts"),
     ("driver-for-habana", ["images", "build", "habana", "--driver", "535.104.05", "--dry-run"],
-     "has no base_tag"),
+     "that is an NVIDIA driver version"),
+    ("driver-habana-unknown-series", ["images", "build", "habana", "--driver", "1.9.0",
+                                      "--dry-run"], "not in orchestrator/data/habana"),
+    ("gpu-unknown", ["images", "build", "ngc-pytorch", "--driver", "570.86.15", "--gpu", "V1OO",
+                     "--dry-run"], "--gpu: unknown GPU 'V1OO'"),
     ("images-unknown", ["images", "render", "nope", "--out", "{results}/x"],
      "unknown image template 'nope'"),
     ("backend-unknown", ["matrix", "{dir}/m.toml", "--backend", "nope"],
@@ -799,6 +803,50 @@ for _name, _text, _field, _more in [
                subprocess=_name in ("made-up-arch", "compile-on-torch-1.x",
                                     "singularity-on-docker"))
 
+# releases: per host (release = "auto") and as an axis (ngc_release)
+for _name, _text, _field, _more in [
+    ("release-newest", gx(profile='release = "newest"'), "hardware.v100.release",
+     ("Input should be 'auto'",)),
+    ("forward-compat-without-auto", gx(profile="forward_compat = true"), "hardware.v100",
+     ("forward_compat is how release = 'auto' picks",)),
+    ("auto-without-image", mx(hardware='release = "auto"'), "hardware.cpu",
+     ("give an image template",)),
+    ("auto-and-base_tag", gx(profile='release = "auto"'),
+     "hardware.v100.image_vars.base_tag", ("which release = 'auto' chooses per host",)),
+    ("auto-with-a-fixed-parent", gx(profile='release = "auto"').replace(
+        'image = "ngc-pytorch"\nimage_vars = { base_tag = "23.10-py3" }',
+        'image = "bitfusion"\nimage_vars = { parent_image = "lab/pytorch:1" }'),
+     "hardware.v100.image_vars.parent_image", ("fixes the base image",)),
+    ("ngc_release-malformed", gx(axes='ngc_release = ["24.5"]'), "axes.ngc_release[0]",
+     ("should match pattern",)),
+    ("ngc_release-refused", gx(axes='ngc_release = ["24.05", "23.04"]'), "axes.ngc_release[1]",
+     ("NGC PyTorch 23.04", "not offered", "pick 23.06 or 23.07")),
+    ("ngc_release-below-the-table", gx(axes='ngc_release = ["21.03"]'), "axes.ngc_release[0]",
+     ("older than the workload's floor",)),
+    ("ngc_release-on-process", mx(axes='ngc_release = ["24.05"]'), "axes.ngc_release[0]",
+     ("the process backend runs this machine's Python instead",)),
+    ("ngc_release-on-habana", hx(axes='ngc_release = ["24.05"]'), "axes.ngc_release[0]",
+     ("builds 'habana', which takes none",)),
+    ("ngc_release-with-base_image", gx(axes='ngc_release = ["24.05"]').replace(
+        'base_tag = "23.10-py3"', 'base_image = "lab/pytorch:1"'),
+     "hardware.v100.image_vars.base_image", ("which the cells' ngc_release = 24.05 is to pick",)),
+    ("ngc_release-with-auto", gx(axes='ngc_release = ["24.05"]').replace(
+        'image_vars = { base_tag = "23.10-py3" }', 'release = "auto"'),
+     "axes.ngc_release[0]", ("has release = 'auto'",)),
+]:
+    bad_matrix("can-it-run", _name, _text, _field, err=_more)
+
+good_run_later = [
+    ("release-axis", gx(axes='ngc_release = ["24.05", "24.10", "25.01"]',
+                        matrix='baseline = "ngc_release=24.05"').replace('"V100"', '"H100"'),
+     3, ("hardware v100, ngc_release 25.01 (docker backend): NGC PyTorch 25.01 (torch "
+         "2.6.0a0+ecf3bae", "release comparison")),
+    ("release-auto", gx().replace('image_vars = { base_tag = "23.10-py3" }',
+                                  'release = "auto"'), 1,
+     ("NGC PyTorch chosen per host from its driver (release = 'auto')",
+      "23.06..24.12 possible")),  # a V100: the releases that still run Volta
+]
+
 # every problem at once: three profiles, three kinds of problem
 case("can-it-run", "every-problem-at-once", ["validate", "{dir}/m.toml"],
      files={"m.toml": gx(workload='compile = "default"', axes='arch = ["resnet50", "resnet5"]',
@@ -839,6 +887,8 @@ def good_run(name: str, text: str, cells: int, out: tuple[str, ...] = (),
          out=(f"ok ({cells} cells)", *out) if argv == ("validate",) else out)
 
 
+for _name, _text, _cells, _out in good_run_later:
+    good_run(_name, _text, _cells, _out)
 good_run("dle-resnext-exists", gx(workload='arch = "resnext101_32x4d"'), 1,
          ("NGC PyTorch 23.10 (torch 2.1.0a0+32f93b1",))
 good_run("dle-se-resnext-exists", gx(axes='arch = ["resnext101_32x4d", "se_resnext101_32x4d"]'),

@@ -210,31 +210,44 @@ def _run(docker_client: Any, tag: str, command: list[str]) -> str:
     return output.decode()
 
 
+def _pinned(docker_client: Any, plan: build.ImagePlan) -> build.ImagePlan:
+    """``plan`` pinned to its base on the test engine (what ensure_image builds)."""
+    return build.pin(plan, build.engine_resolver(docker_client, pull=False))
+
+
 @pytest.mark.docker
 def test_build_ngc_pytorch_on_local_base(
     docker_client: Any, base_image: str, workload: Path, built_tags: list[str]
 ) -> None:
     plan = build.plan_image("ngc-pytorch", {"base_image": base_image, "install_nvml": False},
                             workload_dir=workload)
-    assert plan.base_image == base_image
-    _fresh(docker_client, plan, built_tags)
+    assert plan.base_image == base_image and not plan.pinned
+    pinned = _pinned(docker_client, plan)
+    _fresh(docker_client, pinned, built_tags)
 
     lines: list[str] = []
     first = build.ensure_image(plan, client=docker_client, on_log=lines.append)
-    assert first.built and first.tag == plan.tag
+    assert first.built and first.tag == pinned.tag != plan.tag
     assert any(line.startswith("Step 1/") for line in lines)
+    # a locally imported base has no registry digest: its image ID pins it
+    base_id = docker_client.images.get(base_image).id
+    assert first.base_pin == build.BasePin(base_image, base_id, None)
+    assert first.image_id == docker_client.images.get(first.tag).id
 
     logged = len(lines)
     second = build.ensure_image(plan, client=docker_client, on_log=lines.append)
     assert not second.built and len(lines) == logged  # no build step ran
+    assert second.tag == first.tag and second.image_id == first.image_id
 
-    image = docker_client.images.get(plan.tag)
-    assert image.labels[build.LABEL_HASH] == plan.content_hash
-    assert plan.tag in build.local_tags(docker_client).get("ngc-pytorch", [])
+    image = docker_client.images.get(first.tag)
+    assert image.labels[build.LABEL_HASH] == pinned.content_hash
+    assert image.labels[build.LABEL_BASE] == base_image
+    assert image.labels[build.LABEL_BASE_PIN] == base_id
+    assert first.tag in build.local_tags(docker_client).get("ngc-pytorch", [])
 
     out = _run(
         docker_client,
-        plan.tag,
+        first.tag,
         [
             "python3",
             "-c",
@@ -249,12 +262,13 @@ def test_build_ngc_pytorch_on_local_base(
     changed = build.plan_image("ngc-pytorch", {"base_image": base_image, "install_nvml": False},
                             workload_dir=workload)
     assert changed.tag != plan.tag
-    _fresh(docker_client, changed, built_tags)
-    assert build.ensure_image(changed, client=docker_client).built
+    _fresh(docker_client, _pinned(docker_client, changed), built_tags)
+    rebuilt = build.ensure_image(changed, client=docker_client)
+    assert rebuilt.built
     assert (
         _run(
             docker_client,
-            changed.tag,
+            rebuilt.tag,
             ["python3", "-c", "import workload.orchestrate_test_marker as m; print(m.MARKER)"],
         ).strip()
         == "changed"
@@ -281,7 +295,7 @@ def test_failing_build_names_the_step(
     )
     monkeypatch.setattr(images, "IMAGES_DIR", root)
     plan = build.plan_image("broken", {"base_image": base_image}, workload_dir=workload)
-    _fresh(docker_client, plan, built_tags)
+    _fresh(docker_client, _pinned(docker_client, plan), built_tags)
     with pytest.raises(BuildError) as err:
         build.ensure_image(plan, client=docker_client)
     message = str(err.value)
@@ -309,9 +323,11 @@ def test_nvml_bindings_of_the_base_image_are_kept(
     docker_client.images.build(path=str(ctx), tag=base_tag, rm=True)
     plan = build.plan_image("ngc-pytorch", {"base_image": base_tag}, workload_dir=workload)
     assert "import pynvml" in images.render_text("ngc-pytorch", {"base_image": base_tag})
-    _fresh(docker_client, plan, built_tags)
-    assert build.ensure_image(plan, client=docker_client).built
-    out = _run(docker_client, plan.tag, ["python3", "-c", "import pynvml; print(pynvml.STAND_IN)"])
+    _fresh(docker_client, _pinned(docker_client, plan), built_tags)
+    outcome = build.ensure_image(plan, client=docker_client)
+    assert outcome.built
+    out = _run(docker_client, outcome.tag,
+               ["python3", "-c", "import pynvml; print(pynvml.STAND_IN)"])
     assert out.strip() == "True"
 
 
@@ -329,16 +345,21 @@ def test_bitfusion_image_on_top_of_ngc(
               "install_nvml": False}
     plan = build.plan_image("bitfusion", values, workload_dir=workload)
     assert plan.parent is not None and plan.base_image == plan.parent.tag
-    _fresh(docker_client, plan, built_tags)
+    pinned = _pinned(docker_client, plan)
+    # the child is rendered again FROM its pinned parent's tag: both tags cover the base's bits
+    assert pinned.parent is not None and pinned.base_image == pinned.parent.tag != plan.parent.tag
+    assert f"FROM {pinned.parent.tag}" in pinned.files["Dockerfile"].decode()
+    _fresh(docker_client, pinned, built_tags)
 
     outcome = build.ensure_image(plan, client=docker_client)
     assert outcome.built and outcome.parent is not None and outcome.parent.built
+    assert outcome.tag == pinned.tag and outcome.base_pin is not None
     again = build.ensure_image(plan, client=docker_client)
     assert not again.built and again.parent is not None and not again.parent.built
 
     out = _run(
         docker_client,
-        plan.tag,
+        outcome.tag,
         [
             "sh",
             "-c",
@@ -348,6 +369,83 @@ def test_bitfusion_image_on_top_of_ngc(
     )
     assert out.startswith("inside\n")
     assert cert.read_text().strip() in out
+
+
+@pytest.mark.docker
+def test_the_tag_covers_the_bits_of_the_base_not_its_name(
+    docker_client: Any, base_image: str, workload: Path, built_tags: list[str], tmp_path: Path
+) -> None:
+    """Two bases under one name (a re-pushed or re-imported tag) give two images: the base's
+    image ID (a local base has no registry digest) is in the content hash, resolved on the
+    engine at build time. The second base is a thin layer on the test base (same torch)."""
+    name = "orchestrate-test/moving-base:latest"
+    built_tags.append(name)
+    values = {"base_image": name, "install_nvml": False}
+    tags = []
+    for marker in ("first", "second"):
+        ctx = tmp_path / marker
+        ctx.mkdir()
+        (ctx / "Dockerfile").write_text(f"FROM {base_image}\nENV BASE_MARKER={marker}\n")
+        docker_client.images.build(path=str(ctx), tag=name, rm=True)
+        plan = build.plan_image("ngc-pytorch", values, workload_dir=workload)
+        pinned = _pinned(docker_client, plan)
+        assert pinned.base_pin is not None
+        assert pinned.base_pin.image_id == docker_client.images.get(name).id
+        _fresh(docker_client, pinned, built_tags)
+        outcome = build.ensure_image(plan, client=docker_client)
+        assert outcome.built
+        tags.append(outcome.tag)
+        env = _run(docker_client, outcome.tag, ["sh", "-c", "echo $BASE_MARKER"]).strip()
+        assert env == marker
+    assert tags[0] != tags[1]
+    # the plan (context only) is the same for both: only the pin tells them apart
+    assert build.plan_image("ngc-pytorch", values, workload_dir=workload).tag == plan.tag
+
+
+@pytest.mark.docker
+def test_a_missing_base_is_a_build_error_naming_it(docker_client: Any, workload: Path) -> None:
+    """A base that is not on the engine: a short name is never pulled (it would go to Docker
+    Hub); a registry name is pulled first, and a registry that does not answer (here: nothing
+    listens on localhost:1) is a BuildError naming the base and the engine."""
+    local = build.plan_image("ngc-pytorch", {"base_image": "orchestrate-test/no-such-base:1"},
+                             workload_dir=workload)
+    with pytest.raises(BuildError, match=r"no-such-base:1 is not on this machine and it is not "
+                                         r"a registry reference"):
+        build.ensure_image(local, client=docker_client)
+    remote = build.plan_image("ngc-pytorch", {"base_image": "localhost:1/nvidia/pytorch:24.05-py3"},
+                              workload_dir=workload)
+    with pytest.raises(BuildError, match=r"pulling base image localhost:1/nvidia/pytorch:24.05-py3"
+                                         r" on this machine failed"):
+        build.ensure_image(remote, client=docker_client)
+
+
+def test_registry_digests_pin_registry_bases() -> None:
+    """The digest a registry base is pinned to: the RepoDigests entry of its own repository
+    (unverified against a real registry here: there is none on these machines)."""
+    digests = ["nvcr.io/nvidia/pytorch@sha256:" + "a" * 64,
+               "mirror.lab:5000/nvidia/pytorch@sha256:" + "b" * 64]
+    assert build._repo_digest("nvcr.io/nvidia/pytorch:24.05-py3", digests) == digests[0]
+    assert build._repo_digest("mirror.lab:5000/nvidia/pytorch:24.05-py3", digests) == digests[1]
+    assert build._repo_digest("other/pytorch:24.05-py3", digests) is None
+    assert build._repo_digest("orchestrate-test/base:1", []) is None
+    pinned = "nvcr.io/nvidia/pytorch:24.05-py3@sha256:" + "c" * 64
+    assert build._repo_digest(pinned, []) == "nvcr.io/nvidia/pytorch@sha256:" + "c" * 64
+    assert build.split_ref("registry:5000/a/b:1") == ("registry:5000/a/b", "1", None)
+    assert build.split_ref("registry:5000/a/b") == ("registry:5000/a/b", None, None)
+    assert build._registry_ref("nvcr.io/nvidia/pytorch:24.05-py3")
+    assert build._registry_ref("localhost:5000/x:1") and build._registry_ref("localhost/x")
+    assert not build._registry_ref("orchestrate-test/base:1") and not build._registry_ref("ubuntu")
+
+
+def test_pinning_changes_the_tag_and_keeps_the_context(workload: Path) -> None:
+    plan = build.plan_image("ngc-pytorch", {}, workload_dir=workload)
+    a = build.pin(plan, lambda ref: build.BasePin(ref, "sha256:" + "1" * 64))
+    b = build.pin(plan, lambda ref: build.BasePin(ref, "sha256:" + "2" * 64))
+    digest = build.pin(plan, lambda ref: build.BasePin(ref, "sha256:" + "1" * 64,
+                                                       "nvcr.io/nvidia/pytorch@sha256:" + "9" * 64))
+    assert len({plan.tag, a.tag, b.tag, digest.tag}) == 4
+    assert a.files == plan.files and a.pinned and not plan.pinned
+    assert build.pin(a, lambda ref: pytest.fail("a pinned plan is not resolved again")) is a
 
 
 def test_file_variables_hash_by_content_not_host_path(

@@ -32,6 +32,8 @@ SHIPPED: dict[str, dict[str, tuple[str, str] | None]] = {
     "v100_scaling": {"v100": ("23.10", "2.1.0a0+32f93b1")},
     "v100_profile": {"v100": ("23.10", "2.1.0a0+32f93b1")},
     "gaudi": {"gaudi": ("installer 1.18.0", "2.4.0")},
+    # the profile's own release; its cells pin 24.05, 24.10, 25.01 (ngc_release axis)
+    "ngc_releases": {"h100": ("24.05", "2.4.0a0+07cecf4168")},
     "h100_speed": {"h100": None},
     "dle_vs_workload": {"h100": None},
     "dle_vs_workload_v100": {"v100": ("23.10", "2.1.0a0+32f93b1")},
@@ -208,3 +210,123 @@ def test_an_arch_newer_than_the_stacks_torchvision(tmp_path: Path,
     (problem,) = check_matrix(load_matrix(path)).errors
     assert problem.field == "axes.arch[1]"
     assert problem.message.startswith("'resnet18' is not in torchvision 0.16, which hardware 'old'")
+
+
+# --- releases: auto per host, and ngc_release as an axis -------------------------------------
+
+AUTO = ('[matrix]\nbackend = "ssh"\n[workload]\nhardware = "h100"\n[axes]\narch = {archs}\n'
+        '[hardware.h100]\ndevice = "cuda"\ngpu = "{gpu}"\nimage = "ngc-pytorch"\n'
+        'release = "auto"\n')
+
+
+def test_auto_is_checked_against_every_release_a_host_may_get(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What fails on the newest release a host may get is an error; what fails only on older
+    ones (a host with an older driver) is a warning naming them. The model table is made to
+    say resnet18 came with torchvision 0.19 (NGC 24.05), as a future model would."""
+    from orchestrator import stacks
+
+    monkeypatch.setattr(stacks, "arch_available",
+                        lambda arch, version: arch != "resnet18" or version >= "0.19")
+    path = tmp_path / "m.toml"
+    path.write_text(AUTO.format(archs='["resnet50", "resnet18", "resnet5x"]', gpu="H100"))
+    found = check_matrix(load_matrix(path))
+    stack = found.stacks["h100"]
+    assert not stack.known and stack.candidates[0].release == "23.06"
+    assert stack.candidates[-1].release == "25.12"
+    assert [p.field for p in found.errors] == ["axes.arch[2]"]  # fails everywhere
+    (warning,) = found.warnings
+    assert warning.field == "axes.arch[1]"
+    assert warning.message.startswith("on hosts whose driver gets 24.04 or older "
+                                      "(release = 'auto'): 'resnet18' is not in torchvision 0.18")
+    assert any(n.field == "hardware.h100.release" and "23.06..25.12 possible" in n.message
+               for n in found.notes)
+
+
+def test_auto_on_a_v100_is_only_checked_against_releases_that_run_volta(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(AUTO.format(archs='["resnet50"]', gpu="V100"))
+    stack = check_matrix(load_matrix(path)).stacks["h100"]
+    assert stack.candidates[-1].release == "24.12"
+
+
+@pytest.mark.parametrize(("profile", "field", "message"), [
+    ('image_vars = { base_tag = "24.05-py3" }', "hardware.h100.image_vars.base_tag",
+     "base_tag fixes the base image, which release = 'auto' chooses"),
+])
+def test_auto_with_a_fixed_base_is_an_error(tmp_path: Path, profile: str, field: str,
+                                            message: str) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(AUTO.format(archs='["resnet50"]', gpu="H100") + profile + "\n")
+    (problem,) = check_matrix(load_matrix(path)).errors
+    assert problem.field == field and message in problem.message
+
+
+RELEASES = ('[matrix]\nbackend = "{backend}"\nbaseline = "ngc_release=24.05"\n'
+            '[workload]\nhardware = "h100"\n[axes]\nngc_release = {releases}\n'
+            '[hardware.h100]\ndevice = "cuda"\ngpu = "H100"\nimage = "{image}"\n{extra}\n')
+
+
+def releases_matrix(tmp_path: Path, *, backend: str = "docker", image: str = "ngc-pytorch",
+                    releases: str = '["24.05", "24.10"]', extra: str = "") -> Path:
+    path = tmp_path / "m.toml"
+    path.write_text(RELEASES.format(backend=backend, image=image, releases=releases,
+                                    extra=extra))
+    return path
+
+
+def test_a_release_axis_gives_each_release_its_stack_and_notes_the_comparison(
+    tmp_path: Path
+) -> None:
+    matrix = load_matrix(releases_matrix(tmp_path))
+    found = check_matrix(matrix)
+    assert found.errors == [] and found.warnings == []
+    by_release = {c.params.ngc_release: found.stack_of(c) for c in matrix.cells}
+    assert by_release["24.05"].torch == "2.4.0a0+07cecf4168"
+    assert by_release["24.10"].base == "nvcr.io/nvidia/pytorch:24.10-py3"
+    assert any(n.field == "matrix.baseline" and "release comparison" in n.message
+               for n in found.notes)
+    assert {c.id for c in matrix.cells} == {"h100-g1-bs64-fp32-ngc24.05-r1",
+                                            "h100-g1-bs64-fp32-ngc24.10-r1"}
+
+
+@pytest.mark.parametrize(("kwargs", "field", "message"), [
+    ({"backend": "process"}, "axes.ngc_release[0]",
+     "the process backend runs this machine's Python instead"),
+    ({"image": "habana", "extra": 'device = "hpu"'}, "axes.ngc_release[0]",
+     "builds 'habana', which takes none"),
+    ({"extra": 'release = "auto"'}, "axes.ngc_release[0]", "has release = 'auto'"),
+    ({"extra": 'image_vars = { base_image = "lab/pytorch:1" }'},
+     "hardware.h100.image_vars.base_image", "base_image fixes the base image"),
+    ({"releases": '["24.05", "23.02"]'}, "axes.ngc_release[1]",
+     "NGC PyTorch 23.02 (nvcr.io/nvidia/pytorch:23.02-py3) is not offered"),
+])
+def test_what_a_release_axis_cannot_do(tmp_path: Path, kwargs: dict[str, str], field: str,
+                                       message: str) -> None:
+    if kwargs.get("image") == "habana":  # the device line replaces the profile's cuda one
+        path = tmp_path / "m.toml"
+        path.write_text(RELEASES.format(backend="docker", image="habana", releases='["24.05"]',
+                                        extra="").replace('device = "cuda"\ngpu = "H100"',
+                                                          'device = "hpu"'))
+    else:
+        path = releases_matrix(tmp_path, **kwargs)
+    found = check_matrix(load_matrix(path), comparisons=False)
+    assert any(p.field == field and message in p.message for p in found.errors), found.errors
+
+
+def test_a_mirror_of_nvcr_keeps_its_release_a_base_of_its_own_does_not(tmp_path: Path) -> None:
+    """base_repository (a lab mirror of nvcr.io) keeps the release base_tag names; a base_image
+    of the lab's own, however it is named, is not assumed to be an NGC release."""
+    path = tmp_path / "m.toml"
+    path.write_text('[matrix]\nbackend = "docker"\n[axes]\nhardware = ["mirror", "own"]\n'
+                    '[hardware.mirror]\ndevice = "cuda"\nimage = "ngc-pytorch"\n'
+                    'image_vars = { base_repository = "registry.lab:5000/nvidia/pytorch", '
+                    'base_tag = "23.10-py3" }\n'
+                    '[hardware.own]\ndevice = "cuda"\nimage = "ngc-pytorch"\n'
+                    'image_vars = { base_image = "lab/pytorch:23.10-py3" }\n')
+    found = check_matrix(load_matrix(path))
+    mirror, own = found.stacks["mirror"], found.stacks["own"]
+    assert (mirror.release, mirror.known) == ("23.10", True)
+    assert mirror.base == "registry.lab:5000/nvidia/pytorch:23.10-py3"
+    assert (own.release, own.known) == (None, False)

@@ -172,6 +172,24 @@ def test_render_table_is_pure() -> None:
     text = render_check_table(inv, facts)
     assert "2x Tesla V100 32 GiB" in text and "470.223.02" in text and "11.4" in text
     assert "NO: connection refused" in text and "unreachable:\n  b: host b" in text
+    assert "auto release" in text
+
+
+@pytest.mark.parametrize(("driver", "accelerator", "model", "shown"), [
+    ("570.86.15", "nvidia", "NVIDIA H100 80GB HBM3", "NGC 25.01"),
+    ("570.86.15", "nvidia", "Tesla V100-SXM2-32GB", "NGC 24.12"),  # 25.01 dropped Volta
+    ("1.18.0-524", "gaudi", "HL-225", "Gaudi 1.18.0"),
+    ("470.223.02", "nvidia", "Tesla V100", "none (driver too old or unknown)"),
+    (None, None, "", "-"),
+])
+def test_hosts_check_says_which_release_auto_gives_a_host(
+    driver: str | None, accelerator: str | None, model: str, shown: str
+) -> None:
+    inv = parse_hosts(MINIMAL)
+    facts = HostFacts("a", True, driver=driver, accelerator=accelerator,
+                      gpus=(GpuInfo(0, model, 1024),) if model else ())
+    row = render_check_table(inv, [facts]).splitlines()[2]
+    assert f" {shown} " in f"{row} "
 
 
 # -- end to end against real sshd servers ------------------------------------------------------

@@ -49,7 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
         "orchestrator.images", "orchestrator.releases", "orchestrator.stacks",
         "orchestrator.dllog", "orchestrator.fom", "orchestrator.store", "orchestrator.references",
         "orchestrator.profilers", "orchestrator.profile_figures", "orchestrator.rerun",
-        "orchestrator.redact", "orchestrator.userconfig",
+        "orchestrator.redact", "orchestrator.userconfig", "orchestrator.imagestate",
     ), False),
     ("reports", (
         "orchestrator.summary", "orchestrator.history", "orchestrator.compare",
@@ -59,12 +59,12 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("import of results made elsewhere", ("orchestrator.importer",), False),
     ("placement and launch", (
         "orchestrator.placement", "orchestrator.launch", "orchestrator.ordering",
-        "orchestrator.eta", "orchestrator.apptainer",
+        "orchestrator.eta", "orchestrator.selection", "orchestrator.apptainer",
     ), False),
     ("outside world", (
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
         "orchestrator.build", "orchestrator.cellprocs", "orchestrator.locks",
-        "orchestrator.sif",
+        "orchestrator.refresh", "orchestrator.sif",
     ), False),
     ("semantic checks", ("orchestrator.checks",), False),
     ("backend base", ("orchestrator.backends", "orchestrator.backends.base"), False),

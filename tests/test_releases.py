@@ -21,7 +21,12 @@ from orchestrator.releases import Release, driver_key, load_releases, resolve_re
         ("550.54.15", "24.05"),
         ("555.42.06", "24.07"),
         ("560.35.03", "24.10"),
-        ("570.86.15", "24.10"),
+        ("560.35.05", "24.12"),
+        ("570.86.15", "25.01"),
+        ("570.124.06", "25.03"),
+        ("575.57.08", "25.03"),  # 25.04-25.09 are not in the table (their torch is not known)
+        ("580.95.05", "25.10"),
+        ("590.48.01", "25.12"),
         ("550", "24.02"),  # 550.0.0 is below 550.54.14
     ],
 )
@@ -29,10 +34,39 @@ def test_resolve_release_picks_newest_supported(driver: str, release: str) -> No
     assert resolve_release(driver).name == release
 
 
+@pytest.mark.parametrize(("driver", "gpu", "release"), [
+    ("570.86.15", "7.0", "24.12"),   # V100: 25.01 dropped Volta
+    ("590.48.01", "7.0", "24.12"),
+    ("590.48.01", "7.5", "25.12"),   # T4 (Turing) stays
+    ("590.48.01", "9.0", "25.12"),
+    ("590.48.01", None, "25.12"),    # unknown GPU: not filtered
+])
+def test_a_release_that_dropped_the_gpu_is_never_picked(driver: str, gpu: str | None,
+                                                        release: str) -> None:
+    assert resolve_release(driver, compute_capability=gpu).name == release
+
+
+def test_a_gpu_too_old_for_every_release_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError, match="compute capability 5.2"):
+        resolve_release("590.48.01", compute_capability="5.2")
+
+
+def test_habana_driver_picks_its_own_software_release() -> None:
+    version, series = releases.resolve_habana("1.15.1-62f612b")  # hl-smi's driver_version
+    assert (version, series.name, series.torch) == ("1.15.1", "1.15", "2.2.0")
+    assert releases.resolve_habana("1.18.0")[1].torch == "2.4.0"
+    with pytest.raises(ConfigError, match=r"1\.20\.1.*not in .*habana_releases.*synapse_version"):
+        releases.resolve_habana("1.20.1-97")
+    with pytest.raises(ConfigError, match="NVIDIA driver version"):
+        releases.resolve_habana("550.54.15")
+    with pytest.raises(ConfigError, match="not an Intel Gaudi driver version"):
+        releases.resolve_habana("latest")
+
+
 def test_release_data_is_consistent() -> None:
     releases = load_releases()
     names = [r.name for r in releases]
-    assert names[0] == "22.12" and names[-1] == "24.10" and "23.05" in names
+    assert names[0] == "22.12" and names[-1] == "25.12" and "23.05" in names
     by_name = {r.name: r for r in releases}
     assert by_name["22.12"].cuda == "11.8.0" and by_name["22.12"].min_driver.startswith("520")
     assert by_name["23.10"].cuda.startswith("12.2") and by_name["23.10"].min_driver.startswith(
@@ -45,8 +79,11 @@ def test_release_data_is_consistent() -> None:
 
 def test_datacenter_forward_compat() -> None:
     assert resolve_release("535.161.08").name == "23.10"
-    assert resolve_release("535.161.08", datacenter=True).name == "24.10"
-    assert resolve_release("470.57.02", datacenter=True).name == "24.10"
+    # the CUDA 12.8 releases list the same forward-compatible branches; the CUDA 13 ones none
+    assert resolve_release("535.161.08", datacenter=True).name == "25.03"
+    assert resolve_release("470.57.02", datacenter=True).name == "25.03"
+    assert resolve_release("535.161.08", datacenter=True, compute_capability="7.0").name == (
+        "24.12")
     # R515 left the forward-compatible branches with 23.08, R450 with 24.03
     assert resolve_release("515.65.01", datacenter=True).name == "23.07"
     assert resolve_release("450.51.06", datacenter=True).name == "23.12"

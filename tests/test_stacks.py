@@ -29,8 +29,10 @@ RELEASES: dict[str, dict[str, Any]] = TABLE["releases"]
 MODELS: dict[str, Any] = tomllib.loads((DATA / "torchvision_models.toml").read_text())
 
 REQUIRED = {"cuda", "min_driver", "torch", "torchvision", "source", "verified"}
-OPTIONAL = {"forward_compat", "refused"}
+OPTIONAL = {"forward_compat", "refused", "min_compute_capability"}
 DRIVER = re.compile(r"^\d+\.\d+(\.\d+)?$")
+HABANA: dict[str, dict[str, Any]] = tomllib.loads(
+    (DATA / "habana_releases.toml").read_text())["releases"]
 
 
 def _key(release: str) -> tuple[int, int]:
@@ -68,6 +70,44 @@ def test_every_release_is_complete_and_parses(release: str) -> None:
 def test_drivers_never_go_backwards() -> None:
     keys = [stacks.parse_version(r["min_driver"]) for r in RELEASES.values()]
     assert keys == sorted(keys)
+
+
+def test_architectures_are_only_ever_dropped() -> None:
+    """A release's oldest GPU architecture is never older than an earlier release's (the
+    resolver lets a release without the key inherit the previous one's)."""
+    seen = [tuple(map(int, r["min_compute_capability"].split(".")))
+            for r in RELEASES.values() if "min_compute_capability" in r]
+    assert seen == sorted(seen) and seen[0] == (6, 0)
+    inherited = [r.min_compute_capability for r in releases.load_releases()]
+    assert all(inherited) and inherited[-1] == "7.5"
+
+
+def test_newest_rows_have_their_driver_from_the_cuda_table() -> None:
+    """From 24.12 on, min_driver is the driver of the release's CUDA toolkit (Table 3 of the
+    CUDA release notes), checked: never the release notes' stale branch ("560 or later")."""
+    toolkit = {"12.6.3": "560.35.05", "12.8.0": "570.26", "12.8.1": "570.124.06",
+               "13.0.2": "580.95.05", "13.1.0": "590.44.01"}
+    newer = {n: r for n, r in RELEASES.items() if _key(n) >= (24, 12)}
+    assert list(newer) == ["24.12", "25.01", "25.03", "25.10", "25.12"]
+    for name, row in newer.items():
+        assert row["min_driver"] == toolkit[row["cuda"]], name
+        assert {"cuda", "min_driver", "torch"} <= set(row["verified"]), name
+        if row["cuda"].startswith("13."):  # the notes' R470.. list was copied text: left out
+            assert "forward_compat" not in row, name
+
+
+def test_habana_table_is_ordered_complete_and_above_the_floor() -> None:
+    names = list(HABANA)
+    assert names == sorted(names, key=_key)
+    for name, row in HABANA.items():
+        assert set(row) == {"torch", "source", "verified"}, name
+        assert re.fullmatch(r"\d+\.\d+", name)
+        assert re.fullmatch(r"\d+\.\d+\.\d+", row["torch"]), name  # names the installer image
+        assert stacks.series(row["torch"]) >= stacks.series(TABLE["floor"]["torch"]), name
+        assert row["source"].endswith(f"Support_Matrix_v{name}.0.html"), name
+        assert set(row["verified"]) <= {"torch"}
+    torches = [stacks.parse_version(r["torch"]) for r in HABANA.values()]
+    assert torches == sorted(torches)
 
 
 @pytest.mark.parametrize("release", list(RELEASES))

@@ -171,3 +171,64 @@ def test_a_bool_baseline_is_written_as_toml_writes_it(tmp_path):
                       stacked("h100", 1100.0, {}, cuda_graphs=True)])
     assert add_ratios(rows, "cuda_graphs", "false") == 2
     assert rows[1].ratio == pytest.approx(1.1)
+
+
+def release_result(host: str, release: str, repeat: int, ips: float, *,
+                   ngc_release: str | None = None, env_release: bool = False) -> CellResult:
+    params = {"hardware": "h100", "gpus": 1, "precision": "bf16"}
+    if ngc_release is not None:
+        params["ngc_release"] = ngc_release
+    group = "h100" + (f"-ngc{ngc_release}" if ngc_release else "")
+    env = {"torch_version": {"24.05": "2.4.0a0", "24.10": "2.5.0a0"}[release]}
+    if env_release:
+        env["container_release"] = release
+    return CellResult(
+        cell_id=f"{group}-r{repeat}", group=group, repeat=repeat, status=Status.OK,
+        params=params, metrics={"train.total_ips": ips}, env=env,
+        provenance={"host": host, "release": release, "release_family": "ngc",
+                    "image_id": f"sha256:{release}"})
+
+
+def test_the_table_says_which_release_each_row_ran_and_marks_a_mixed_row():
+    """release = "auto" on hosts with different drivers: one group's repeats ran two releases
+    (the provenance says which; the stack key takes it where the env has no NGC release)."""
+    rows = summarize([release_result("a", "24.05", 1, 100.0), release_result("b", "24.10", 2,
+                                                                             120.0)])
+    (row,) = rows
+    assert row.releases == ["24.05", "24.10"]
+    assert len(row.stacks) == 2 and ("NGC", "24.05") in row.stacks[0]
+    table = render_table(rows)
+    assert "| release" in table and "24.05/24.10*" in table
+    assert "* the row's repeats ran different releases" in table
+    assert "release" in render_csv(rows).splitlines()[0].split(",")
+
+
+def test_one_release_everywhere_adds_no_column():
+    rows = summarize([release_result("a", "24.05", 1, 100.0),
+                      release_result("b", "24.05", 2, 110.0)])
+    assert "release" not in render_table(rows)
+
+
+def test_a_release_baseline_is_labelled_the_release_comparison_not_cross_stack():
+    rows = summarize([
+        release_result("a", "24.05", 1, 100.0, ngc_release="24.05", env_release=True),
+        release_result("a", "24.10", 1, 125.0, ngc_release="24.10", env_release=True),
+    ])
+    assert add_ratios(rows, "ngc_release", "24.05") == 2  # the baseline row too (1.00x)
+    new = next(r for r in rows if r.params["ngc_release"] == "24.10")
+    assert new.ratio == pytest.approx(1.25) and new.cross_stack == {}
+    assert new.release_comparison == {"ratio": "torch 2.5.0a0 vs 2.4.0a0, NGC 24.10 vs 24.05"}
+    table = render_table(rows, baseline="ngc_release=24.05")
+    assert "1.25x (release comparison: torch 2.5.0a0 vs 2.4.0a0, NGC 24.10 vs 24.05)" in table
+    assert "cross-stack" not in table
+    assert "| release" not in table  # the ngc_release column says it already
+    # the same rows compared on another key stay a cross-stack warning
+    rows = summarize([
+        release_result("a", "24.05", 1, 100.0, ngc_release="24.05", env_release=True),
+        release_result("a", "24.10", 1, 125.0, ngc_release="24.10", env_release=True),
+    ])
+    for row in rows:
+        row.params.pop("ngc_release")
+        row.params["hardware"] = "h100" if row.releases == ["24.05"] else "h100-new"
+    add_ratios(rows, "hardware", "h100")
+    assert "cross-stack: torch 2.5.0a0 vs 2.4.0a0" in render_table(rows, baseline="hardware=h100")

@@ -57,7 +57,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
-from orchestrator import __version__, locks
+from orchestrator import __version__, locks, selection, sif
 from orchestrator.errors import OrchestratorError
 from orchestrator.fom import CellOutput, evaluate
 from orchestrator.launch import LaunchSpec
@@ -66,6 +66,7 @@ from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
 from orchestrator.redact import Scrubber, secret_env
 from orchestrator.results import CellResult, RunPaths, Status, write_json
+from orchestrator.selection import ImageKey
 
 log = logging.getLogger("orchestrator.backends")
 
@@ -187,7 +188,7 @@ class Backend(ABC):
         self.options = options
         self._busy = False
         #: The image of each Apptainer profile where its cells run (set by ``prepare``).
-        self.sif_paths: dict[str, str] = {}
+        self.sif_paths: dict[ImageKey, str] = {}
 
     # --- hooks ----------------------------------------------------------------------------
 
@@ -211,11 +212,10 @@ class Backend(ABC):
     def runtime_image(self, cell: Cell) -> str:
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
         where it would be on this machine (:func:`orchestrator.sif.plan_sifs`)."""
-        path = self.sif_paths.get(cell.hardware)
+        key = selection.image_key(self.matrix, cell)
+        path = self.sif_paths.get(key)
         if path is None:
-            from orchestrator import sif
-
-            plan = sif.plan_sifs(self.matrix, [cell])[cell.hardware]
+            plan = sif.plan_sifs(self.matrix, [cell])[key]
             path = sif.LocalMachine().expand(plan.path)
         return path
 

@@ -1,7 +1,12 @@
 """Docker backend: each cell in a container on this machine's Docker engine, one at a time.
 
-Images are planned (:func:`orchestrator.build.plan_images`) and built once per sweep, per
-distinct template and variables, before any cell runs. A cell's container is
+Images are planned (:func:`orchestrator.build.plan_key`) and built once per sweep, per distinct
+image (:class:`~orchestrator.selection.ImageKey`: a profile, and the ``ngc_release`` a cell pins),
+before any cell runs; a profile with ``release = "auto"`` gets the release this machine's driver
+runs (``nvidia-smi`` / ``hl-smi``). Each image is pinned to the bits of its base on this engine
+(:func:`orchestrator.build.pin`), and every cell's result records the image it ran (image ID,
+base, release: :meth:`DockerBackend.provenance`); the builds are added to the results folder's
+image state (:mod:`orchestrator.imagestate`, host ``localhost``). A cell's container is
 :func:`~orchestrator.backends.containers.container_spec` /
 :func:`~orchestrator.backends.containers.container_kwargs`, shared with the ssh backend; its
 GPUs are the allocation's ids, given as a device request. Every container carries the sweep's
@@ -15,7 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator import build
+from orchestrator import build, gpus, selection
 from orchestrator.backends.base import Backend, Execution, RunOptions
 from orchestrator.backends.containers import DockerExecution, container_kwargs, container_spec
 from orchestrator.engine import (
@@ -26,6 +31,7 @@ from orchestrator.engine import (
     remove_containers,
 )
 from orchestrator.errors import LaunchError
+from orchestrator.imagestate import ImageRecord
 from orchestrator.launch import LaunchSpec
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
@@ -42,7 +48,10 @@ class DockerBackend(Backend):
     def __init__(self, matrix: Matrix, paths: RunPaths, options: RunOptions):
         super().__init__(matrix, paths, options)
         self._client: Any = None
-        self.image_tags: dict[str, str] = {}  # hardware profile -> image tag
+        #: hardware profile -> image tag of its own release (a fallback: cells look up ``images``)
+        self.image_tags: dict[str, str] = {}
+        #: every image prepared, by key (a profile, and the release a cell pins)
+        self.images: dict[selection.ImageKey, ImageRecord] = {}
 
     @property
     def client(self) -> Any:
@@ -56,19 +65,47 @@ class DockerBackend(Backend):
         docker_client().close()
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
-        """Build (or find) every image the cells need, once per distinct image."""
-        by_profile = build.plan_images(self.matrix, cells, self.name)
-        self.image_tags = {hw: plan.tag for hw, plan in by_profile.items()}
-        plans = {plan.tag: plan for plan in by_profile.values()}
-        for tag, plan in plans.items():
-            outcome = build.ensure_image(plan, self.client, on_log)
+        """Build (or find) every image the cells need, once per distinct image, each pinned to
+        its base's bits on this engine; record them in the results folder's image state."""
+        build.check_image_templates(self.matrix, cells, self.name)
+        keys = selection.needed_keys(self.matrix, cells)
+        host = None
+        if any(k.ngc_release is None and selection.is_auto(self.matrix, k.hardware)
+               for k in keys):
+            host = selection.HostDriver.from_facts(gpus.local_facts())
+        resolve = build.engine_resolver(self.client, on_log=on_log)
+        for key in keys:
+            choice, plan = build.plan_key(self.matrix, key, host)
+            outcome = build.ensure_image(plan, self.client, on_log, resolve=resolve)
+            self.images[key] = build.record_of("localhost", self.matrix, key, choice, outcome,
+                                               host.driver if host else None)
             if on_log:
-                on_log(f"image {tag} ({plan.template}): {outcome.summary}")
+                on_log(f"image {outcome.tag} ({plan.template}, {choice.label}): "
+                       f"{outcome.summary}")
+        self.image_tags = {k.hardware: r.tag for k, r in self.images.items()
+                           if k.ngc_release is None}
+        problem = build.remember(self.paths.root.parent.parent, self.images.values(),
+                                 [host] if host else [])
+        if problem and on_log:
+            on_log(problem)
+
+    def image_for(self, cell: Cell) -> str | None:
+        """The tag of the image ``cell`` runs (None: none was prepared for it)."""
+        record = self.images.get(selection.image_key(self.matrix, cell))
+        return record.tag if record else self.image_tags.get(cell.hardware)
+
+    def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
+        """The base's provenance, and what the image's build recorded (image ID, base, release)."""
+        info = super().provenance(spec)
+        record = next((r for r in self.images.values() if r.tag == spec.image), None)
+        if record is not None:
+            info.update(record.provenance())
+        return info
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         return container_spec(
             cell, self.matrix.profile(cell), self.matrix.program(cell),
-            image=self.image_tags.get(cell.hardware),
+            image=self.image_for(cell),
             output_dir=str(self.paths.cell_dir(cell.id).resolve()),
             labels=container_labels(self.matrix.name, self.paths.run_id, cell.id),
             attempt=attempt,

@@ -14,7 +14,14 @@ never holds a client for this machine's engine). What differs:
   the hosts tagged with its name. The allocation travels with the cell: ``spec`` reads its hosts
   and GPU ids, ``release`` gives it back to the pool.
 * **Images** are built on each host that may run them, once per host and image, in
-  :meth:`SshDockerBackend.prepare` (content-hash tags: an up-to-date host builds nothing).
+  :meth:`SshDockerBackend.prepare` (content-hash tags: an up-to-date host builds nothing), each
+  pinned to the bits of its base on that host's engine. A profile with ``release = "auto"``
+  gets, on every host, the release that host's driver runs (probed with ``nvidia-smi`` /
+  ``hl-smi``: :mod:`orchestrator.selection`), so hosts with different drivers run different
+  images; a host whose driver runs none of them is taken out of that profile's hosts (said why).
+  Every cell's result records the image it ran (image ID, base, release, the host's driver), and
+  the builds are added to the results folder's image state (:mod:`orchestrator.imagestate`) that
+  ``orchestrate images refresh`` compares with.
 * **Output.** A cell writes into ``/tmp/orchestrate/<run id>/<cell id>/attempt-<n>`` on its host
   (mounted at ``/orchestrate/out``); its log streams back live; when it ends the files are copied
   into the local cell folder (:class:`~orchestrator.backends.remote.RemoteExecution`).
@@ -38,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import build, gpus, placement
+from orchestrator import build, gpus, placement, releases, selection
 from orchestrator.backends.base import Backend, Execution, RunOptions
 from orchestrator.backends.containers import container_kwargs, container_spec
 from orchestrator.backends.remote import (
@@ -57,8 +64,9 @@ from orchestrator.engine import (
     is_engine_error,
     remove_containers,
 )
-from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError, Problem
+from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError
 from orchestrator.hosts import Inventory, load_hosts, resolve_hosts
+from orchestrator.imagestate import ImageRecord
 from orchestrator.launch import LaunchSpec, node_roles
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
@@ -136,7 +144,14 @@ class SshDockerBackend(Backend):
         self.targets = resolve_hosts(self.inventory)
         self.placement_tags = self._placement_tags()
         self.hosts: dict[str, RemoteHost] = {}
-        self.image_tags: dict[str, str] = {}  # hardware profile -> image tag
+        #: hardware profile -> image tag (a fallback: cells look up ``images``, per host)
+        self.image_tags: dict[str, str] = {}
+        #: every image prepared, by (host, key)
+        self.images: dict[tuple[str, selection.ImageKey], ImageRecord] = {}
+        #: each host's driver as probed in prepare (hosts not probed: absent)
+        self.drivers: dict[str, selection.HostDriver] = {}
+        #: hardware -> {host: why it cannot run that profile's image there}
+        self.excluded: dict[str, dict[str, str]] = {}
         self._pool: placement.GpuPool | None = None
         self._lock = threading.RLock()
         self._lost: dict[str, str] = {}  # host -> why it was taken out
@@ -149,25 +164,7 @@ class SshDockerBackend(Backend):
 
     def _placement_tags(self) -> dict[str, set[str]]:
         """host -> the profile names it may run: listed in ``hosts``, else tagged with the name."""
-        known = set(self.inventory.names)
-        problems = []
-        tags: dict[str, set[str]] = {h: set() for h in self.inventory.names}
-        for name, profile in self.matrix.profiles.items():
-            if profile.hosts:
-                for host in profile.hosts:
-                    if host in known:
-                        tags[host].add(name)
-                    else:
-                        problems.append(Problem(
-                            str(self.matrix.path), f"hardware.{name}.hosts",
-                            f"no host named {host!r} in {self.inventory.source} "
-                            f"(hosts: {', '.join(self.inventory.names)})"))
-            else:
-                for entry in self.inventory.tagged(name):
-                    tags[entry.name].add(name)
-        if problems:
-            raise ConfigError(problems)
-        return tags
+        return selection.host_profiles(self.matrix, self.inventory)
 
     def _host(self, name: str) -> RemoteHost:
         with self._lock:
@@ -219,6 +216,11 @@ class SshDockerBackend(Backend):
     def unplaceable(self, cell: Cell) -> str | None:
         with self._lock:
             reason = self.pool.why_unplaceable(self._request(cell))
+        excluded = self.excluded.get(cell.hardware)
+        if reason and excluded and not any(cell.hardware in ts
+                                           for ts in self.placement_tags.values()):
+            return (f"no host runs an image of hardware {cell.hardware!r}: "
+                    + "; ".join(f"{h}: {why}" for h, why in sorted(excluded.items())))
         if reason and cell.hardware not in {t for ts in self.placement_tags.values() for t in ts}:
             profile = self.matrix.profile(cell)
             return (f"no host in {self.inventory.source} may run hardware {cell.hardware!r}: "
@@ -269,13 +271,16 @@ class SshDockerBackend(Backend):
     # --- prepare: connect, discover GPUs, build images per host --------------------------------
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
-        """Connect to every host the cells may use, discover GPUs, build images on each host."""
+        """Connect to every host the cells may use, discover GPUs (and, for profiles whose
+        release is auto, the driver), build each host's images on it; record them."""
         say: Callable[[str], None] = on_log or (lambda _msg: None)
-        plans = build.plan_images(self.matrix, cells, self.name)
-        needed = sorted(plans)
-        self.image_tags = {hw: plan.tag for hw, plan in plans.items()}
+        build.check_image_templates(self.matrix, cells, self.name)
+        keys = selection.needed_keys(self.matrix, cells)
+        needed = {k.hardware for k in keys}
+        auto = {k.hardware for k in keys
+                if k.ngc_release is None and selection.is_auto(self.matrix, k.hardware)}
         wanted = [h for h in self.inventory.names
-                  if self.placement_tags[h] & set(needed) and h not in self._lost]
+                  if self.placement_tags[h] & needed and h not in self._lost]
         discovered: dict[str, list[int]] = {}
 
         def connect(name: str) -> None:
@@ -290,26 +295,60 @@ class SshDockerBackend(Backend):
         def build_log(name: str) -> Callable[[str], None] | None:
             return (lambda line: say(f"{name} | {line}")) if on_log else None
 
-        def ready(name: str) -> None:
-            host = self._host(name)
+        def probe(name: str, host: RemoteHost) -> gpus.HostFacts | None:
+            """The host's GPUs and driver (None: it was lost while probing)."""
+            try:
+                facts = gpus.probe(host.ssh)  # connected above
+            except HostError as exc:
+                if not _unreachable(exc):
+                    raise
+                self.mark_host_lost(name, str(exc))
+                say(f"host {name}: {exc}; not used in this sweep")
+                return None
+            driver = selection.HostDriver.from_facts(facts)
+            with self._lock:
+                self.drivers[name] = driver
             if self.inventory.get(name).gpus is None:
-                try:
-                    facts = gpus.probe(host.ssh)  # connected above
-                except HostError as exc:
-                    if not _unreachable(exc):
-                        raise
-                    self.mark_host_lost(name, str(exc))
-                    say(f"host {name}: {exc}; not used in this sweep")
-                    return
                 discovered[name] = facts.gpu_ids
                 say(f"host {name}: {len(facts.gpu_ids)} GPUs discovered")
-            for hw in sorted(self.placement_tags[name] & set(needed)):
-                plan = plans[hw]
-                if plan.tag in host.images:
+            if self.placement_tags[name] & auto:
+                say(f"host {name}: driver {driver.driver or '(none)'}"
+                    + (f" ({driver.accelerator})" if driver.accelerator else ""))
+            return facts
+
+        def ready(name: str) -> None:
+            host = self._host(name)
+            driver = selection.HostDriver(name)
+            if self.inventory.get(name).gpus is None or self.placement_tags[name] & auto:
+                if probe(name, host) is None:
+                    return
+                driver = self.drivers[name]
+            resolve = build.engine_resolver(host.client, where=f"host {name}",
+                                            on_log=build_log(name))
+            for key in keys:
+                if key.hardware not in self.placement_tags[name]:
                     continue
-                outcome = build.ensure_image(plan, host.client, build_log(name))
-                host.images.add(plan.tag)
-                say(f"host {name}: image {plan.tag} ({plan.template}): {outcome.summary}")
+                hkey = selection.ImageKey(key.hardware, key.ngc_release,
+                                          name if key.hardware in auto and not key.ngc_release
+                                          else None)
+                try:
+                    choice, plan = build.plan_key(self.matrix, hkey, driver)
+                except selection.NoRelease as exc:
+                    self._exclude(name, key.hardware, exc.why)
+                    say(f"host {name}: not used for hardware {key.hardware!r}: {exc.why}")
+                    continue
+                old = self._driver_too_old(choice, driver)
+                if old:
+                    say(f"host {name}: warning: {old}")
+                outcome = build.ensure_image(plan, host.client, build_log(name),
+                                             resolve=resolve)
+                record = build.record_of(name, self.matrix, hkey, choice, outcome,
+                                         driver.driver)
+                with self._lock:
+                    self.images[(name, hkey)] = record
+                host.images.add(outcome.tag)
+                say(f"host {name}: image {outcome.tag} ({plan.template}, {choice.label}): "
+                    f"{outcome.summary}")
 
         # Every host is connected (host keys checked) before any of them builds anything.
         with ThreadPoolExecutor(max_workers=max(1, len(wanted)),
@@ -321,6 +360,53 @@ class SshDockerBackend(Backend):
                 fut.result()
         with self._lock:
             self._pool = self._build_pool(discovered)
+        problem = build.remember(self.paths.root.parent.parent,
+                                 [r for _, r in sorted(self.images.items(),
+                                                       key=lambda kv: kv[1].key)],
+                                 self.drivers.values())
+        if problem:
+            say(problem)
+
+    @staticmethod
+    def _driver_too_old(choice: selection.ImageChoice, driver: selection.HostDriver
+                        ) -> str | None:
+        """Why a host's driver (where probed) may not run a release the profile or a cell pins
+        (None: it does, or it is not known)."""
+        if choice.how == "auto" or choice.family != "ngc" or driver.accelerator != "nvidia":
+            return None
+        release = releases.find_release(choice.release or "")
+        if release is None or driver.driver is None or release.driver_runs(driver.driver):
+            return None
+        return (f"driver {driver.driver} is older than NGC PyTorch {release.name} needs "
+                f"(>= {release.min_driver}) for hardware {choice.hardware!r}: its cells there "
+                "may fail to start (unless CUDA forward compatibility covers it; release = "
+                "'auto' picks what the driver runs)")
+
+    def _exclude(self, host: str, hardware: str, why: str) -> None:
+        """``host`` runs no image of ``hardware``: the pool places none of its cells there."""
+        with self._lock:
+            self.excluded.setdefault(hardware, {})[host] = why
+            self.placement_tags[host].discard(hardware)
+
+    def image_for(self, cell: Cell, host: str | None) -> ImageRecord | None:
+        """What was built of ``cell``'s image on ``host`` (None: nothing was)."""
+        if host is None:
+            return None
+        return self.images.get((host, selection.image_key(self.matrix, cell, host)))
+
+    def _image_tag(self, cell: Cell, host: str | None) -> str | None:
+        record = self.image_for(cell, host)
+        return record.tag if record else self.image_tags.get(cell.hardware)
+
+    def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
+        """The base's provenance, and what the image's build on the cell's host recorded
+        (image ID, base, release, the host's driver)."""
+        info = super().provenance(spec)
+        record = next((r for (host, _), r in self.images.items()
+                       if host == spec.host and r.tag == spec.image), None)
+        if record is not None:
+            info.update(record.provenance())
+        return info
 
     # --- cells --------------------------------------------------------------------------------
 
@@ -329,22 +415,33 @@ class SshDockerBackend(Backend):
         spec per other host (each with its :class:`~orchestrator.launch.NodeRole`)."""
         profile = self.matrix.profile(cell)
         program = self.matrix.program(cell)
-        image = self.image_tags.get(cell.hardware)
         output_dir = remote_dir(self.paths.run_id, cell.id, attempt)
         labels = container_labels(self.matrix.name, self.paths.run_id, cell.id)
         if not allocation.multi_node:
-            return container_spec(cell, profile, program, image=image, output_dir=output_dir,
-                                  labels=labels, attempt=attempt, host=allocation.host,
-                                  gpu_ids=allocation.gpu_ids)
+            return container_spec(cell, profile, program,
+                                  image=self._image_tag(cell, allocation.host),
+                                  output_dir=output_dir, labels=labels, attempt=attempt,
+                                  host=allocation.host, gpu_ids=allocation.gpu_ids)
         assert allocation.host is not None  # a pool's allocation names its hosts
+        self._one_release(cell, [slot.host for slot in allocation.slots if slot.host])
         roles = node_roles(allocation, self.targets[allocation.host].hostname)
         nodes = [
-            container_spec(cell, profile, program, image=image, output_dir=output_dir,
-                           labels=labels, attempt=attempt, host=slot.host, gpu_ids=slot.gpu_ids,
-                           node=role)
+            container_spec(cell, profile, program, image=self._image_tag(cell, slot.host),
+                           output_dir=output_dir, labels=labels, attempt=attempt,
+                           host=slot.host, gpu_ids=slot.gpu_ids, node=role)
             for slot, role in zip(allocation.slots, roles, strict=True)
         ]
         return dataclasses.replace(nodes[0], peers=tuple(nodes[1:]))
+
+    def _one_release(self, cell: Cell, hosts: list[str]) -> None:
+        """A multi-node cell runs one release on all its hosts: a LaunchError if their drivers
+        picked different ones (``release = "auto"`` on hosts with different drivers)."""
+        found = {h: r.release for h in hosts if (r := self.image_for(cell, h)) is not None}
+        if len(set(found.values())) > 1:
+            shown = ", ".join(f"{h}: {rel}" for h, rel in sorted(found.items()))
+            raise LaunchError(f"{cell.id}: its hosts' drivers run different releases ({shown});"
+                              " one multi-node cell needs one: pin the release (image_vars "
+                              "base_tag) or list hosts with equal drivers")
 
     def launch(self, spec: LaunchSpec) -> Execution:
         """Start the cell's container on every node's host (node 0 first)."""

@@ -1,9 +1,10 @@
 """``orchestrate hosts check HOSTS.toml``: is every lab host reachable, and what does it have?
 
-Prints one row per host (reachable or why not, Docker version, GPUs, driver, CUDA) and exits
+Prints one row per host (reachable or why not, Docker version, GPUs, driver, CUDA, the release a
+``release = "auto"`` profile would get there) and exits
 non-zero if any host is unreachable or could not be checked (a missing key file, a corrupt
 known_hosts line: said so, not called "unreachable"). An SSH library error is one host's reason,
-never a traceback. :func:`driver_from_host` serves ``--driver-from HOST`` of
+never a traceback. :func:`facts_from_host` serves ``--driver-from HOST`` of
 the image builder.
 """
 
@@ -19,6 +20,7 @@ from tabulate import tabulate
 
 from orchestrator.errors import HostError
 from orchestrator.gpus import HostFacts, discover
+from orchestrator.selection import HostDriver, newest_release
 
 if TYPE_CHECKING:  # paramiko is imported only when a host is contacted (fast `--help`)
     from orchestrator.hosts import Inventory
@@ -125,10 +127,12 @@ def render_check_table(inventory: Inventory, facts: list[HostFacts]) -> str:
                 _gpu_summary(f) if f.reachable else "-",
                 f.driver or "-",
                 f.cuda or "-",
+                newest_release(HostDriver.from_facts(f)) if f.reachable else "-",
                 ",".join(entry.tags) or "-",
             ]
         )
-    headers = ["host", "address", "reachable", "docker", "GPUs", "driver", "CUDA", "tags"]
+    headers = ["host", "address", "reachable", "docker", "GPUs", "driver", "CUDA", "auto release",
+               "tags"]
     text = tabulate(rows, headers=headers, tablefmt="simple")
     down = [f"  {f.name}: {f.reason}" for f in facts if not f.reachable and _unreachable(f)]
     failed = [f"  {f.name}: {f.reason}" for f in facts if not f.reachable and not _unreachable(f)]
@@ -158,8 +162,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if down or failed else 0
 
 
-def driver_from_host(inventory: Inventory, name: str) -> str:
-    """The accelerator driver version of host ``name`` (for ``--driver-from HOST``).
+def facts_from_host(inventory: Inventory, name: str) -> HostFacts:
+    """What host ``name`` reports (for ``--driver-from HOST``): its GPUs and driver.
 
     Raises :class:`HostError` if the host is unreachable or reports no NVIDIA/Gaudi driver.
     """
@@ -171,4 +175,11 @@ def driver_from_host(inventory: Inventory, name: str) -> str:
             f"host {name} reports no GPU driver (neither nvidia-smi nor hl-smi answered); "
             f"pass the driver version explicitly instead of --driver-from"
         )
-    return facts.driver
+    return facts
+
+
+def driver_from_host(inventory: Inventory, name: str) -> str:
+    """The accelerator driver version of host ``name`` (see :func:`facts_from_host`)."""
+    driver = facts_from_host(inventory, name).driver
+    assert driver is not None  # facts_from_host refuses a host without one
+    return driver

@@ -1,24 +1,35 @@
-"""``orchestrate images``: list, render and build the image templates."""
+"""``orchestrate images``: list, render, build the image templates; refresh a lab's images.
+
+``images refresh --hosts HOSTS.toml [MATRIX ...]`` is the nightly rebuild step
+(:mod:`orchestrator.refresh`): it prints, per host, its driver (and how it changed since the last
+build recorded), then each image: rebuilt and why (driver old -> new, release old -> new, base),
+up to date, or not built there and why; and a last line with the counts ("nothing changed: ..."
+on a run that built nothing). Exit 0 when every host was reached and every image is up to date
+or built, 1 otherwise."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from orchestrator import build, images
 from orchestrator.errors import BackendUnavailable, ConfigError
-from orchestrator.releases import Release, resolve_release
+from orchestrator.releases import Release, resolve_habana, resolve_release
+from orchestrator.selection import family
+
+if TYPE_CHECKING:
+    from orchestrator.refresh import ImageRefresh, RefreshReport
 
 log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``images list|render|build`` to the CLI."""
+    """Add ``images list|render|build|refresh`` to the CLI."""
     parser = subparsers.add_parser("images", help="list, render and build image templates")
     sub = parser.add_subparsers(dest="images_command", metavar="ACTION")
     sub.required = True
@@ -53,9 +64,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --driver: also allow releases reachable through CUDA forward compatibility",
     )
     p_build.add_argument(
+        "--gpu", metavar="MODEL",
+        help="with --driver: the target GPU (e.g. V100), so no release that dropped its "
+        "architecture is picked (--driver-from reads it from the host)",
+    )
+    p_build.add_argument(
         "--dry-run", action="store_true", help="print base image, release and tag; build nothing"
     )
     p_build.set_defaults(handler=cmd_build)
+
+    p_refresh = sub.add_parser(
+        "refresh",
+        help="nightly: rebuild, on every host, the images whose base changed (drivers, releases)",
+        description="Probe every host of the inventory over SSH, choose each image's release "
+        "from the host's driver as it is now, and build exactly the images whose tag changed "
+        "since the last build recorded in <results>/.orchestrate-images.json (which sweeps "
+        "write too); print what changed and why. A second run with nothing changed builds "
+        "nothing. Without MATRIX files: the images the state records for these hosts.",
+    )
+    p_refresh.add_argument("matrices", nargs="*", type=Path, metavar="MATRIX",
+                           help="matrix files whose images to keep fresh (default: recorded)")
+    p_refresh.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
+                           help="the inventory (default: $ORCHESTRATE_HOSTS or the user config)")
+    p_refresh.add_argument("--host", action="append", default=None, metavar="NAME",
+                           help="only this host (repeat)")
+    p_refresh.add_argument("--results", type=Path, metavar="DIR",
+                           help="results folder holding the image state (default as `matrix`)")
+    p_refresh.add_argument("--jobs", type=int, default=8, help="hosts at once (default 8)")
+    p_refresh.add_argument("--dry-run", action="store_true",
+                           help="probe and compare, build nothing, write nothing")
+    p_refresh.set_defaults(handler=cmd_refresh)
 
 
 def _add_set(parser: argparse.ArgumentParser) -> None:
@@ -69,31 +107,62 @@ def _add_set(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _values(args: argparse.Namespace) -> tuple[dict[str, Any], Release | None]:
+def _values(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
+    """The template variables of ``--set``, with the release ``--driver`` / ``--driver-from``
+    picks; and a line saying which release that is (None without a driver)."""
     values = images.coerce_set(args.name, args.assignments)
-    release = None
     driver = getattr(args, "driver", None)
     host = getattr(args, "driver_from", None)
+    gpu = getattr(args, "gpu", None)
+    capability = compute_capability(gpu) if gpu else None
     if host:
         if driver:
             raise ConfigError("give either --driver or --driver-from, not both", file="--driver")
         if not args.hosts:
             raise ConfigError("--driver-from needs --hosts HOSTS.toml", file="--driver-from")
-        from orchestrator.commands.hosts import driver_from_host
+        from orchestrator.commands.hosts import facts_from_host
         from orchestrator.hosts import load_hosts
+        from orchestrator.selection import HostDriver
 
-        driver = driver_from_host(load_hosts(args.hosts), host)
-    if driver:
-        template = images.load_template(args.name)
-        if "base_tag" not in template.variables:
-            raise ConfigError(
-                f"template {args.name} has no base_tag; --driver does not apply", file="--driver"
-            )
-        if "base_tag" in values:
-            raise ConfigError("give either --driver or --set base_tag, not both", file="--driver")
-        release = resolve_release(driver, datacenter=getattr(args, "datacenter", False))
-        values["base_tag"] = release.base_tag
-    return values, release
+        found = HostDriver.from_facts(facts_from_host(load_hosts(args.hosts), host))
+        driver, capability = found.driver, capability or found.compute_capability
+    if not driver:
+        return values, None
+    template = images.load_template(args.name)
+    kind = family(template)
+    if kind == "habana":
+        if {"synapse_version", "torch_version"} & set(values):
+            raise ConfigError("give either --driver or --set synapse_version/torch_version, "
+                              "not both", file="--driver")
+        version, series = resolve_habana(driver)
+        values.update(synapse_version=version, torch_version=series.torch)
+        return values, f"Intel Gaudi {version} (PyTorch {series.torch}; driver {driver})"
+    if kind != "ngc":
+        raise ConfigError(
+            f"template {args.name} has no base_tag; --driver does not apply", file="--driver"
+        )
+    if "base_tag" in values:
+        raise ConfigError("give either --driver or --set base_tag, not both", file="--driver")
+    release = resolve_release(driver, datacenter=getattr(args, "datacenter", False),
+                              compute_capability=capability)
+    values["base_tag"] = release.base_tag
+    return values, _release_line(release)
+
+
+def _release_line(release: Release) -> str:
+    return f"{release.name} (CUDA {release.cuda}, driver >= {release.min_driver})"
+
+
+def compute_capability(gpu: str) -> str:
+    """The compute capability of ``--gpu MODEL``; a ConfigError naming the flag if unknown."""
+    from orchestrator.gpus import compute_capability as lookup
+    from orchestrator.gpus import known_accelerators
+
+    found = lookup(gpu)
+    if found is None:
+        raise ConfigError(f"unknown GPU {gpu!r} (known: {', '.join(known_accelerators())})",
+                          file="--gpu")
+    return found
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -138,29 +207,114 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """Build the image (and its parents) unless its content-hash tag already exists."""
+    """Build the image (and its parents) unless its content-hash tag already exists; the tag
+    covers the base's bits on this engine (resolved before the build: the dry run's tag is the
+    context's alone)."""
     values, release = _values(args)
     plan = build.plan_image(args.name, values)
     console = Console()
     if release is not None:
-        console.print(
-            f"release:    {release.name} (CUDA {release.cuda}, driver >= {release.min_driver})"
-        )
+        console.print(f"release:    {release}", markup=False, highlight=False)
     for node in build.plan_chain(plan):
         console.print(f"{node.template}:")
-        console.print(f"  base image: {node.base_image}")
-        console.print(f"  tag:        {node.tag}")
+        console.print(f"  base image: {node.base_image}", soft_wrap=True)
+        if args.dry_run:
+            console.print(f"  tag:        {node.tag} (before the base is pinned: the build's tag "
+                          "also covers the base image's digest or ID)", soft_wrap=True)
     if args.dry_run:
         return 0
     with console.status(f"building {plan.tag}") as status:
 
         def on_log(line: str) -> None:
             console.print(line, style="dim", markup=False, highlight=False, soft_wrap=True)
-            status.update(f"building {plan.tag}: {line[:80]}")
+            status.update(f"building {plan.template}: {line[:80]}")
 
         outcome = build.ensure_image(plan, on_log=on_log)
     step: build.BuildOutcome | None = outcome
     while step is not None:
-        console.print(f"{step.tag}: {step.summary}")
+        pinned = step.plan.base_pin if step.plan is not None else None
+        base = f" (base {pinned.ref} = {pinned.identity})" if pinned else ""
+        console.print(f"{step.tag}: {step.summary}{base}", markup=False, highlight=False,
+                      soft_wrap=True)
         step = step.parent
     return 0
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    """Rebuild, host by host, the images whose base changed; print what changed and why."""
+    from orchestrator.hosts import load_hosts
+    from orchestrator.matrix import load_matrix
+    from orchestrator.refresh import refresh
+    from orchestrator.userconfig import hosts_file, results_root
+
+    inventory_file = hosts_file(args.hosts)
+    if inventory_file is None:
+        raise ConfigError("give the inventory: --hosts HOSTS.toml (or $ORCHESTRATE_HOSTS, or "
+                          "hosts in the user config)", file="--hosts")
+    inventory = load_hosts(inventory_file)
+    matrices = [load_matrix(path) for path in args.matrices]
+    report = refresh(inventory, matrices, results_root(args.results), hosts=args.host,
+                     dry_run=args.dry_run, jobs=max(1, args.jobs),
+                     on_log=lambda line: log.info("%s", line))
+    print("\n".join(refresh_lines(report, dry_run=args.dry_run)))
+    return 0 if report.ok else 1
+
+
+def refresh_lines(report: RefreshReport, *, dry_run: bool = False) -> list[str]:
+    """The refresh report as the CLI prints it (pure)."""
+    lines = []
+    for host in report.hosts:
+        if not host.reachable:
+            lines.append(f"{host.host}: not reached: {host.reason}")
+            continue
+        new = host.driver.driver if host.driver else None
+        if host.driver_changed:
+            lines.append(f"{host.host}: driver {host.old_driver} -> {new or '(none)'}")
+        else:
+            lines.append(f"{host.host}: driver {new or '(none)'}"
+                         + (" (unchanged)" if host.old_driver else ""))
+        if not host.images:
+            lines.append("  no image of the given matrices runs here")
+        for image in host.images:
+            lines.append(f"  {image.name}: {_image_line(image)}")
+    lines += [f"note: {n}" for n in report.notes]
+    if report.problem:
+        lines.append(f"error: {report.problem}")
+    lines.append(_summary(report, dry_run))
+    return lines
+
+
+def _image_line(image: ImageRefresh) -> str:
+    label = image.new.release if image.new else None
+    old = image.old.release if image.old else None
+    release = (f"{old} -> {label}" if old and label and old != label else label or old or "")
+    prefix = f"{release}: " if release else ""
+    if image.action == "built":
+        assert image.new is not None
+        return (f"{prefix}rebuilt {image.new.tag} in {image.seconds or 0:.1f} s "
+                f"({image.why})")
+    if image.action == "would build":
+        tag = f" {image.new.tag}" if image.new else ""
+        return f"{prefix}would rebuild{tag} ({image.why})"
+    if image.action == "up to date":
+        tag = image.new.tag if image.new else ""
+        return f"{prefix}up to date ({tag}{'; ' + image.why if image.why else ''})"
+    if image.action == "skipped":
+        return f"not built here: {image.why}"
+    return f"failed: {image.why}"
+
+
+def _summary(report: RefreshReport, dry_run: bool) -> str:
+    images_ = [i for h in report.hosts for i in h.images]
+    hosts = len(report.hosts)
+    changed = len(report.changed)
+    current = sum(i.action == "up to date" for i in images_)
+    failed = sum(i.action == "failed" for i in images_)
+    lost = sum(not h.reachable for h in report.hosts)
+    tail = "".join([f", {failed} failed" if failed else "",
+                    f", {lost} host(s) not reached" if lost else ""])
+    if changed == 0:
+        return (f"nothing changed: {current} image(s) up to date on {hosts} host(s), nothing "
+                f"built{tail}")
+    verb = "would be rebuilt" if dry_run else "rebuilt"
+    return f"{changed} image(s) {verb}, {current} up to date on {hosts} host(s){tail}"

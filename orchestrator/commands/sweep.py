@@ -159,8 +159,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     matrix, findings = _checked(args.matrix_file, args.backend, strict=args.strict)
     backend = args.backend or matrix.settings.backend
     print(f"{args.matrix_file}: ok ({len(matrix.cells)} cells)")
+    pinned = {hw for hw, _ in findings.release_stacks}
     for hw, stack in findings.stacks.items():
+        if hw in pinned and all(c.params.ngc_release for c in matrix.cells if c.hardware == hw):
+            continue  # every cell pins its release: the lines below say which
         print(f"  hardware {hw} ({backend} backend): {stack.label}")
+    for (hw, release), stack in findings.release_stacks.items():
+        print(f"  hardware {hw}, ngc_release {release} ({backend} backend): {stack.label}")
     for problem in findings.warnings:
         print(f"  warning: {problem}")
     for problem in findings.notes:
@@ -394,11 +399,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     if args.dry_run:
         print("\n".join(plan_lines(matrix)))
         if backend in ("docker", "ssh"):
-            from orchestrator.build import plan_images
-
-            for hw, plan in plan_images(matrix, list(matrix.cells), backend).items():
-                print(f"image for {hw}: {plan.tag} (template {plan.template}, "
-                      f"base {plan.base_image})")
+            print("\n".join(image_lines(matrix, backend)))
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
@@ -435,6 +436,27 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         for r in failed:
             print(f"  {r.cell_id}: {r.status.value}: {r.reason}", file=sys.stderr)
     return outcome.exit_code
+
+
+def image_lines(matrix: Matrix, backend: str) -> list[str]:
+    """What ``--dry-run`` says of the images the cells need (no engine: the tags shown cover
+    the build context; the build's also cover the base image's digest or ID)."""
+    from orchestrator import build, selection
+
+    build.check_image_templates(matrix, matrix.cells, backend)
+    lines = []
+    for key in selection.needed_keys(matrix, matrix.cells):
+        name = key.hardware + (f" (ngc_release {key.ngc_release})" if key.ngc_release else "")
+        if key.ngc_release is None and selection.is_auto(matrix, key.hardware):
+            where = "each host's" if backend == "ssh" else "this machine's"
+            lines.append(f"image for {name}: release chosen from {where} driver when the sweep "
+                         f"runs (release = 'auto', template {matrix.profiles[key.hardware].image})")
+            continue
+        choice, plan = build.plan_key(matrix, key)
+        lines.append(f"image for {name}: {plan.tag} (template {plan.template}, base "
+                     f"{plan.base_image}; {choice.label}; the tag is pinned to the base's "
+                     "digest or ID when built)")
+    return lines
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -1,0 +1,135 @@
+"""The image state next to the results, and the refresh step's parts that need no engine.
+
+The whole refresh against real sshd hosts and the real engine is tests/test_drivers.py; here: the
+state file's rules (round trip, a damaged file named, concurrent updates keep every record), the
+report a refresh prints, and a host that cannot be reached (a closed port on loopback).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from ssh_support import free_port
+
+from orchestrator import cli, imagestate, selection
+from orchestrator.commands.images import refresh_lines
+from orchestrator.errors import ConfigError
+from orchestrator.hosts import load_hosts
+from orchestrator.imagestate import ImageRecord, load_state, state_path, update_state
+from orchestrator.matrix import load_matrix
+from orchestrator.refresh import HostRefresh, ImageRefresh, RefreshReport, refresh
+
+
+def record(host: str = "a", hardware: str = "h100", **kw: object) -> ImageRecord:
+    values: dict[str, object] = dict(
+        host=host, matrix="m", matrix_file="/lab/m.toml", hardware=hardware,
+        template="ngc-pytorch", tag=f"orchestrate/ngc-pytorch:{host}{hardware}", how="auto",
+        family="ngc", release="24.05", driver="550.54.15",
+        base_image="nvcr.io/nvidia/pytorch:24.05-py3", base_image_id="sha256:1")
+    values.update(kw)
+    return ImageRecord(**values)  # type: ignore[arg-type]
+
+
+def test_the_state_round_trips_and_replaces_a_keys_older_build(tmp_path: Path) -> None:
+    path = state_path(tmp_path)
+    update_state(path, lambda s: (s.put(record()), s.host_seen("a", "550.54.15", "nvidia",
+                                                                 "9.0")))
+    update_state(path, lambda s: s.put(record(release="24.10", tag="t2")))
+    update_state(path, lambda s: s.put(record(hardware="v100")))
+    state = load_state(path)
+    assert [(r.hardware, r.release) for r in state.of_host("a")] == [("h100", "24.10"),
+                                                                     ("v100", "24.05")]
+    assert state.hosts["a"]["driver"] == "550.54.15"
+    prov = record(base_digest="nvcr.io/nvidia/pytorch@sha256:9").provenance()
+    assert prov["base_digest"] == "nvcr.io/nvidia/pytorch@sha256:9"
+    assert set(prov) == {"image_id", "image_template", "base_image", "base_digest",
+                         "base_image_id", "release", "release_family", "release_how",
+                         "release_reason", "host_driver"}
+
+
+def test_concurrent_updates_keep_every_record(tmp_path: Path) -> None:
+    path = state_path(tmp_path)
+    threads = [threading.Thread(target=update_state,
+                                args=(path, lambda s, i=i: s.put(record(host=f"h{i}"))))
+               for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert {r.host for r in load_state(path).images.values()} == {f"h{i}" for i in range(8)}
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"images": [{"host": 1}]}'])
+def test_a_damaged_state_is_named(tmp_path: Path, text: str) -> None:
+    path = state_path(tmp_path)
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=imagestate.STATE_NAME):
+        load_state(path)
+
+
+def test_the_report_says_what_changed_and_why() -> None:
+    old = record()
+    new = record(release="25.01", driver="570.86.15", tag="orchestrate/ngc-pytorch:new")
+    report = RefreshReport([
+        HostRefresh("a", old_driver="550.54.15",
+                    driver=selection.HostDriver("a", "570.86.15", "nvidia", "9.0"),
+                    images=[ImageRefresh("m", "h100", None, "built", old, new,
+                                         "driver 550.54.15 -> 570.86.15, release 24.05 -> 25.01",
+                                         12.25)]),
+        HostRefresh("b", reachable=False, reason="host b: connection refused"),
+    ], ["x.toml: not refreshed"], Path("/r/.orchestrate-images.json"))
+    assert refresh_lines(report) == [
+        "a: driver 550.54.15 -> 570.86.15",
+        "  m/h100: 24.05 -> 25.01: rebuilt orchestrate/ngc-pytorch:new in 12.2 s (driver "
+        "550.54.15 -> 570.86.15, release 24.05 -> 25.01)",
+        "b: not reached: host b: connection refused",
+        "note: x.toml: not refreshed",
+        "1 image(s) rebuilt, 0 up to date on 2 host(s), 1 host(s) not reached",
+    ]
+    assert not report.ok
+
+
+MATRIX = """
+[matrix]
+name = "nightly"
+backend = "ssh"
+[workload]
+hardware = "gpu"
+[hardware.gpu]
+device = "cuda"
+image = "ngc-pytorch"
+release = "auto"
+"""
+
+
+def test_a_host_that_cannot_be_reached_is_reported_and_left_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(f'[options]\nknown_hosts = "{tmp_path}/kh"\nssh_config = ""\n'
+                     f'connect_timeout = 2\n[[hosts]]\nname = "gone"\naddress = "127.0.0.1"\n'
+                     f'port = {free_port()}\ntags = ["gpu"]\n')
+    matrix = tmp_path / "nightly.toml"
+    matrix.write_text(MATRIX)
+    results = tmp_path / "results"
+    update_state(state_path(results), lambda s: s.host_seen("gone", "550.54.15", "nvidia", None))
+    before = state_path(results).read_text()
+    report = refresh(load_hosts(hosts), [load_matrix(matrix)], results)
+    (host,) = report.hosts
+    assert not host.reachable and "gone" in host.reason and not report.ok
+    assert load_state(state_path(results)).hosts["gone"]["driver"] == "550.54.15"
+    assert cli.main(["images", "refresh", "--hosts", str(hosts), str(matrix), "--results",
+                     str(results), "--dry-run"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("gone: not reached: ") and "1 host(s) not reached" in out
+    assert state_path(results).read_text() == before  # a dry run writes nothing
+
+
+def test_refresh_needs_an_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("ORCHESTRATE_HOSTS", raising=False)
+    monkeypatch.setenv("ORCHESTRATE_CONFIG", str(tmp_path / "none.toml"))
+    assert cli.main(["images", "refresh", "--results", str(tmp_path)]) == 2
+    assert "--hosts: give the inventory" in capsys.readouterr().err
