@@ -400,6 +400,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         print("\n".join(plan_lines(matrix)))
         if backend in ("docker", "ssh"):
             print("\n".join(image_lines(matrix, backend)))
+        print("\n".join(runtime_lines(matrix, backend, results)))
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
@@ -456,6 +457,44 @@ def image_lines(matrix: Matrix, backend: str) -> list[str]:
         lines.append(f"image for {name}: {plan.tag} (template {plan.template}, base "
                      f"{plan.base_image}; {choice.label}; the tag is pinned to the base's "
                      "digest or ID when built)")
+    return lines
+
+
+def runtime_lines(matrix: Matrix, backend: str, results: Path) -> list[str]:
+    """What ``--dry-run`` says of cells that run under Apptainer (process and slurm backends):
+    each cell's ``apptainer exec ...`` command as the backend builds it, and, under Slurm, its
+    batch script: the first one shown, every one written into a fresh folder (paths printed).
+    Cell folders read ``<run id>``; nothing is built or submitted."""
+    import shlex
+    import tempfile
+
+    from orchestrator.backends import backend_class
+    from orchestrator.backends.base import RunOptions
+    from orchestrator.placement import Allocation
+    from orchestrator.results import RunPaths
+
+    cells = [c for c in matrix.cells if matrix.profiles[c.hardware].apptainer_runtime]
+    if not cells or backend not in ("process", "slurm"):
+        return []
+    paths = RunPaths(results.resolve() / matrix.name / "<run id>")
+    runner = backend_class(backend)(matrix, paths, RunOptions(timeout_s=matrix.settings.timeout_s))
+    lines = ["apptainer commands (GPU ids: " + ("Slurm's allocation, passed in by the batch "
+             "script" if backend == "slurm" else "as placed when the sweep runs; 0.. shown")
+             + "):"]
+    scripts: Path | None = None
+    for cell in cells:
+        gpus = range(cell.params.gpus) if matrix.profile(cell).device == "cuda" else ()
+        spec = runner.spec(cell, Allocation.local(cell.id, gpus))
+        lines.append(f"  {cell.id}: {shlex.join(spec.argv)}")
+        if spec.script is None:
+            continue
+        if scripts is None:
+            scripts = Path(tempfile.mkdtemp(prefix=f"orchestrate-dry-run-{matrix.name}-"))
+            lines += [f"  batch script of {cell.id}:",
+                      *(f"    {line}" for line in spec.script.splitlines())]
+        script = scripts / f"{cell.id}.sbatch"
+        script.write_text(spec.script, encoding="utf-8")
+        lines.append(f"    written: {script}")
     return lines
 
 
