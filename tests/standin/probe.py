@@ -1,20 +1,23 @@
 """A tiny program for the Apptainer-path tests: says what it sees from inside the "container".
 
-Writes ``probe-rank<RANK>.json`` (its environment's GPU, rank and marker variables, its working
-directory, whether each ``--check`` path exists) into ``--out``, prints one line the tests' regex
-figures read (``probe images/s: 100.0``), then sleeps ``--sleep`` seconds (timeout and cancel
-tests). Stdlib only.
+Writes ``probe-rank<RANK>.json`` (its environment's GPU, rank and marker variables, the SHA-256
+of the secret, its working directory, whether each ``--check`` path exists) into ``--out``,
+prints one line the tests' regex figures read (``probe images/s: 100.0``), then sleeps
+``--sleep`` seconds (timeout and cancel tests). Stdlib only.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
 
 KEYS = ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "PUBLIC_VAR", "TRICKY_VAR",
-        "PROBE_TOKEN", "ORCHESTRATE_CELL", "HOSTNAME_OF_LAUNCHER", "PYTHONUNBUFFERED")
+        "ORCHESTRATE_CELL", "PYTHONUNBUFFERED")
+#: A secret the test passes: recorded as its SHA-256 only (the test checks no file holds it).
+SECRET_KEY = "PROBE_TOKEN"
 
 
 def main() -> None:
@@ -26,6 +29,7 @@ def main() -> None:
     rank = os.environ.get("RANK", "0")
     seen = {
         "env": {k: os.environ.get(k) for k in KEYS},
+        "secret_sha256": hashlib.sha256(os.environ.get(SECRET_KEY, "").encode()).hexdigest(),
         "env_names": sorted(os.environ),
         "cwd": os.getcwd(),
         "exists": {p: os.path.exists(p) for p in args.check},
