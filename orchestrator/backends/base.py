@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
 from orchestrator import __version__, locks, selection, sif
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.fom import CellOutput, evaluate
 from orchestrator.launch import LaunchSpec
 from orchestrator.locks import HeldLocks, Holder, LockRequest, LockWaitCancelled
@@ -195,6 +195,18 @@ class Backend(ABC):
     @classmethod
     def check_available(cls) -> None:  # noqa: B027 - optional hook
         """Raise :class:`~orchestrator.errors.BackendUnavailable` if this backend can't run here."""
+
+    @classmethod
+    def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
+        """Before a run folder exists: a :class:`~orchestrator.errors.ConfigError` naming every
+        Apptainer profile whose runtime binary is not on this machine's PATH or whose bind
+        source does not exist here (:func:`orchestrator.sif.runtime_problems`; the process
+        backend runs the cells here, the slurm backend on nodes that share this filesystem)."""
+        profiles = sorted({c.hardware for c in cells
+                           if matrix.profiles[c.hardware].apptainer_runtime})
+        problems = sif.runtime_problems(matrix, profiles, sif.LocalMachine())
+        if problems:
+            raise ConfigError(problems)
 
     def prepare(  # noqa: B027 - optional hook
         self, cells: list[Cell], on_log: Callable[[str], None] | None = None
