@@ -451,3 +451,22 @@ def test_standin_refuses_a_missing_bind_source(tmp_path, standin) -> None:
     proc = subprocess.run(["apptainer", "exec", "--bind", "/no/such:/x", str(tmp_path / "img.sif"),
                            "true"], capture_output=True, text=True)
     assert proc.returncode == 255 and "doesn't exist" in proc.stderr
+
+
+@pytest.mark.docker
+def test_sif_converted_from_the_docker_image(tmp_path, standin, docker_client, base_image,
+                                             capsys) -> None:
+    """A Dockerfile template's .sif: the Docker image the docker backend would run is made
+    (pinned to its base's bits) and converted from docker-daemon://; the .sif carries that
+    image's hash; a second build converts nothing."""
+    argv = ["images", "build", "ngc-pytorch", "--sif", "--sif-dir", str(tmp_path / "sif"),
+            "--set", f"base_image={base_image}", "--set", "install_nvml=false"]
+    assert cli_main(argv) == 0
+    assert "built in" in capsys.readouterr().out
+    (call,) = calls(standin)
+    tag = call["docker_image"]
+    assert call["argv"][-1] == f"docker-daemon://{tag}" and "--fakeroot" not in call["argv"]
+    (made,) = (tmp_path / "sif").iterdir()
+    assert made.name == f"ngc-pytorch-{tag.rpartition(':')[2]}.sif"
+    assert cli_main(argv) == 0
+    assert "up to date" in capsys.readouterr().out and len(calls(standin)) == 1
