@@ -10,8 +10,8 @@ several GPUs under torchrun *inside* the container) as::
 
 * ``--nv`` (CUDA profiles) binds the host's NVIDIA driver libraries and every GPU device into
   the container; which GPUs the program uses is ``CUDA_VISIBLE_DEVICES``, passed in explicitly
-  because ``--cleanenv`` drops the host environment: the local GPU ids the process and ssh
-  backends pin (an ``--env`` argument), or, under Slurm, the job's own value from Slurm's
+  because ``--cleanenv`` drops the host environment: the local GPU ids the process backend
+  pins (an ``--env`` argument), or, under Slurm, the job's own value from Slurm's
   allocation at run time (the batch script exports ``APPTAINERENV_CUDA_VISIBLE_DEVICES``).
 * ``--cleanenv``: the container sees its image's environment (``%environment``) plus what is
   passed, nothing else of the launcher's: the same cell gets the same environment wherever it

@@ -400,7 +400,7 @@ class SlurmOptions(StrictModel):
 
 
 #: A container runtime a profile's cells run in: ``docker`` (the docker and ssh backends' engine)
-#: or Apptainer / SingularityCE (``apptainer exec``; the process, ssh and slurm backends).
+#: or Apptainer / SingularityCE (``apptainer exec``; the process and slurm backends).
 Runtime = Literal["docker", "apptainer", "singularity"]
 #: The Apptainer-family runtimes (one flavour each: the binary's name and its environment prefix).
 APPTAINER_RUNTIMES = ("apptainer", "singularity")
@@ -590,7 +590,7 @@ class HardwareProfile(StrictModel):
     runtime: Runtime | None = Field(
         None, description="What the cells run in: 'docker' (the docker and ssh backends), "
         "'apptainer' or 'singularity' (apptainer exec --nv --cleanenv IMAGE.sif on the "
-        "process, ssh and slurm backends). Unset: what the backend implies (docker for "
+        "process and slurm backends). Unset: what the backend implies (docker for "
         "docker/ssh, none for process/slurm).",
     )
     apptainer: ApptainerOptions = ApptainerOptions()

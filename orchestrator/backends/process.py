@@ -17,6 +17,13 @@ orchestrator killed mid-cell left of it.
 ``[hardware.NAME.container] mem_limit`` applies here too: the cell's memory cgroup (v2
 ``memory.max`` or v1 ``memory.limit_in_bytes``, no swap), and a cell the kernel OOM-kills in it
 ends ``oom``. Where no memory cgroup can be made the sweep refuses such a profile at once.
+
+A profile with ``runtime = "apptainer"`` (or ``"singularity"``) runs the same program in its
+image: ``apptainer exec --nv --cleanenv ... IMAGE.sif <argv>`` (:mod:`orchestrator.apptainer`),
+its GPUs passed as ``--env CUDA_VISIBLE_DEVICES``, every other value and secret as
+``APPTAINERENV_*`` in the launcher's environment (the cell marker too, so the stop above
+reaches the processes in the container). ``prepare`` makes sure of the ``.sif``
+(:func:`orchestrator.sif.prepare_runtime`).
 """
 
 from __future__ import annotations

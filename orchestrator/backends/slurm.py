@@ -25,6 +25,15 @@ The job's state comes from ``squeue`` (polled at most once a second), its outcom
 where accounting is enabled, else from ``scontrol show job`` (which knows a finished job for
 ``MinJobAge`` seconds). A per-cell timeout or an interrupt ``scancel``\\ s the job and waits until
 it has left the queue.
+
+Under ``runtime = "apptainer"`` (or ``"singularity"``) the script runs ``srun apptainer exec
+--nv --cleanenv ... IMAGE.sif <argv>`` in the cell folder (:mod:`orchestrator.apptainer`): the
+nodes need the image and the results folder, not this checkout. ``--cleanenv`` drops the job's
+environment, so the script exports what the container gets with the runtime's prefix
+(``APPTAINERENV_*``; secrets again only named) and the GPUs Slurm granted as
+``APPTAINERENV_CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"``. ``prepare`` checks the
+runtime binary and bind sources on this (submit) host and makes sure of the ``.sif`` here, in
+an image dir the nodes must see (:func:`orchestrator.sif.prepare_runtime`).
 """
 
 from __future__ import annotations
