@@ -38,6 +38,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,7 +104,7 @@ def assemble(dest: Path, earlier: list[Path], newest: Path) -> None:
 
 
 def flagged(earlier: list[Path], newest: Path, options: list[str]) -> tuple[bool, dict]:
-    """Run the history check on these runs; (exit code was 1, per-verdict counts)."""
+    """Run the history check on these runs; (exit code was 1, its --json report)."""
     with tempfile.TemporaryDirectory(prefix="regbench-") as tmp:
         assemble(Path(tmp), earlier, newest)
         argv = ["history", MATRIX, "--results", tmp, "--fail-on-regression",
@@ -113,7 +114,7 @@ def flagged(earlier: list[Path], newest: Path, options: list[str]) -> tuple[bool
             code = main(argv)
     if code not in (0, 1):
         raise SystemExit(f"history exited {code}")
-    return code == 1, json.loads(buf.getvalue())["counts"]
+    return code == 1, json.loads(buf.getvalue())
 
 
 def noise_summary(folder: Path, metric: str | None) -> str:
@@ -122,7 +123,6 @@ def noise_summary(folder: Path, metric: str | None) -> str:
     other plain runs, and the injected runs' median change against the median of all plain
     runs."""
     import math
-    import statistics
 
     from orchestrator.stats import loo_deviations
     from orchestrator.store import open_store
@@ -174,7 +174,10 @@ def evaluate(folder: Path, window: int, min_history: int, trials: int, options: 
     def before(run: Path) -> list[Path]:
         return [r for r in noise if r.name < run.name][-window:]
 
-    fp_roll = [flagged(before(r), r, opts)[0] for r in noise if len(before(r)) >= min_history]
+    rolled = [flagged(before(r), r, opts) for r in noise if len(before(r)) >= min_history]
+    fp_roll = [hit for hit, _ in rolled]
+    detectable = [line["detectable_drop"] for _, report in rolled for line in report["lines"]
+                  if line.get("detectable_drop") is not None]
     tp_roll = [flagged(before(r), r, opts)[0] for r in injected
                if len(before(r)) >= min_history]
     fp_res, tp_res = [], []
@@ -193,6 +196,10 @@ def evaluate(folder: Path, window: int, min_history: int, trials: int, options: 
     print(f"  detection, rolling:                       {rate(tp_roll)}")
     print(f"  detection, resampled histories:           {rate(tp_res)} "
           f"({len(injected)} distinct injected runs under test)")
+    if detectable:
+        print(f"  drop the check catches 95 % of the time (history's 'detects', rolling): "
+              f"median {statistics.median(detectable):.1%}, range "
+              f"{min(detectable):.1%}..{max(detectable):.1%}")
 
 
 def main_() -> None:

@@ -41,6 +41,7 @@ from orchestrator.references import ReferenceCheck, ReferenceEntry, check
 from orchestrator.stats import (
     Check,
     between_run_variance,
+    detectable_drop,
     holm,
     loo_deviations,
     median_log_variance,
@@ -110,6 +111,8 @@ class Line:
     check: Check | None = None
     p_slower: float | None = None  # Holm-adjusted over the run's tested configurations
     p_faster: float | None = None
+    #: The smallest drop this line's test catches 95 % of the time (:func:`detectable_drop`).
+    detectable: float | None = None
     verdict: str = "insufficient history"
     references: list[ReferenceCheck] = field(default_factory=list)
 
@@ -127,6 +130,7 @@ class Line:
             "p_slower": self.p_slower, "p_faster": self.p_faster,
             "p_slower_unadjusted": self.check.p_slower if self.check else None,
             "noise": self.check.noise if self.check else None,
+            "detectable_drop": self.detectable,
             "earlier_runs_used": len(self.used_runs),
             "verdict": self.verdict, "failing": self.failing,
             "failed_cells": [{"cell_id": c.cell_id, "status": c.status, "reason": c.reason}
@@ -336,6 +340,7 @@ def _adjust(lines: list[Line], options: Options) -> None:
     faster = holm([test.p_faster for _, test in tested])
     for (ln, test), ps, pf in zip(tested, slower, faster, strict=True):
         ln.p_slower, ln.p_faster = ps, pf
+        ln.detectable = detectable_drop(test, options.alpha / len(tested), options.threshold)
         ln.verdict = verdict(test.change, ps, pf, options.alpha, options.threshold)
 
 
@@ -420,7 +425,7 @@ def render_history(report: HistoryReport) -> str:
         return f"(no cells in run {report.newest.run_id})"
     keys = varying_keys([ln.params for ln in report.lines], always=("hardware",))
     headers = [*keys, *[r.run_id[:15] for r in report.shown], "reference", "change",
-               "noise ±", "p", "verdict"]
+               "noise ±", "detects", "p", "verdict"]
     rows = []
     for ln in report.lines:
         row = [ln.params.get(k, "") for k in keys]
@@ -436,6 +441,7 @@ def render_history(report: HistoryReport) -> str:
         c = ln.check
         row += [_fmt(c.reference) if c else "", f"{c.change:+.1%}" if c else "",
                 f"{c.noise:.1%}" if c else "",
+                f"-{ln.detectable:.1%}" if ln.detectable is not None else "",
                 _p_text(ln), _verdict_text(ln)]
         rows.append(row)
     out = [tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)]
@@ -471,6 +477,10 @@ def _notes(report: HistoryReport) -> list[str]:
         f"{o.alpha:g} (Holm-adjusted over the run's configurations) and a change beyond "
         f"{o.threshold:.1%}"
         + (f"; stack fields ignored: {', '.join(o.ignore_stack)}" if o.ignore_stack else ""))
+    if any(ln.detectable is not None for ln in report.lines):
+        notes.append("detects: the smallest drop flagged 95 % of the time at this run-to-run "
+                     "noise; a regression smaller than that can pass as noise (a quieter or "
+                     "dedicated machine lowers it)")
     if report.references_file:
         checked = sum(len(ln.references) for ln in report.lines)
         notes.append(f"references: {report.references_file} ({checked} check(s))")

@@ -246,6 +246,8 @@ class Check:
     p_faster: float
     noise: float  # the null's 95 % half-width, as a relative change
     verdict: str  # regression | faster | no significant change
+    scale: float = 0.0  # sd of log(newest / reference) under the null
+    dof: int = 1
 
 
 def regression_test(
@@ -279,7 +281,32 @@ def regression_test(
     p_low, p_high = student_t_cdf(z, dof), student_t_cdf(-z, dof)
     change = now / reference - 1.0
     return Check(change, reference, p_low, p_high, math.expm1(1.96 * scale),
-                 verdict(change, p_low, p_high, alpha, threshold))
+                 verdict(change, p_low, p_high, alpha, threshold), scale, dof)
+
+
+def student_t_quantile(q: float, dof: int) -> float:
+    """The ``q`` quantile of Student's t with ``dof`` degrees of freedom (bisection on
+    :func:`student_t_cdf`; 0 < q < 1)."""
+    if not 0.0 < q < 1.0:
+        raise ValueError("q must be between 0 and 1")
+    lo, hi = -1e3, 1e3
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if student_t_cdf(mid, dof) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def detectable_drop(check: Check, alpha: float, threshold: float, power: float = 0.95) -> float:
+    """The smallest drop (a positive fraction: 0.1 for -10 %) that the test flags with
+    probability ``power`` given ``check``'s noise: log-drop = (t_(1-alpha) + t_power) * scale,
+    and never below ``threshold``. ``alpha`` is the level the p-value must reach (the run's
+    Holm worst case: alpha over the number of configurations tested).
+
+    It tells whether a nightly can catch the slowdown a lab cares about at all: with 5 %
+    run-to-run noise a 10 % drop is a coin toss, whatever the test.
+    """
+    z = student_t_quantile(1.0 - alpha, check.dof) + student_t_quantile(power, check.dof)
+    return max(threshold, -math.expm1(-z * check.scale))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -77,6 +77,23 @@ def test_noise_alone_is_not_a_regression(tmp_path):
     lines, _ = check(tmp_path)
     assert lines[1].check.change < -0.05
     assert lines[1].verdict == "no significant change"
+    # ... and the report says why: at this noise only a much larger drop is caught reliably
+    assert lines[1].detectable > 0.15
+
+
+def test_the_report_says_which_drop_the_check_can_catch(tmp_path, capsys):
+    """Steady history (about 1 % noise): a 10 % drop is well within reach, and the table, the
+    notes and --json say so."""
+    nightly(tmp_path, [Config(G1, [99.0, 100.0, 101.0]), Config(G8, [700.0, 702.0, 698.0])])
+    lines, report = check(tmp_path)
+    assert all(0.05 <= ln.detectable < 0.10 for ln in lines.values())
+    text = render_history(report)
+    assert "detects" in text and f"-{lines[1].detectable:.1%}" in text
+    assert "smallest drop flagged 95 % of the time" in text
+    assert main(["history", "nightly", "--results", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [ln["detectable_drop"] for ln in out["lines"]] == pytest.approx(
+        [ln.detectable for ln in report.lines])
 
 
 def test_too_few_earlier_runs_is_insufficient_history_never_a_regression(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 from orchestrator.stats import (
     between_run_variance,
     compare_samples,
+    detectable_drop,
     holm,
     loo_deviations,
     median_bootstrap,
@@ -20,6 +21,7 @@ from orchestrator.stats import (
     quantile,
     regression_test,
     student_t_cdf,
+    student_t_quantile,
 )
 
 
@@ -89,6 +91,45 @@ def test_student_t_cdf_matches_known_values():
     assert student_t_cdf(-31.821, 1) == pytest.approx(0.01, abs=1e-4)
     assert student_t_cdf(-2.326, 1000) == pytest.approx(0.01, abs=1e-4)  # normal
     assert student_t_cdf(1.812, 10) == pytest.approx(0.95, abs=1e-4)
+
+
+def test_student_t_quantile_inverts_the_cdf():
+    assert student_t_quantile(0.99, 10) == pytest.approx(2.764, abs=1e-3)
+    assert student_t_quantile(0.01, 2) == pytest.approx(-6.965, abs=1e-3)
+    assert student_t_quantile(0.95, 1000) == pytest.approx(1.645, abs=1e-3)
+    with pytest.raises(ValueError):
+        student_t_quantile(1.0, 5)
+
+
+def test_a_drop_of_the_detectable_size_is_flagged_with_the_stated_power():
+    """Simulate the test's own model: log(newest / reference) = -drop + noise of sd ``scale``
+    (normal: many degrees of freedom). A drop of exactly ``detectable_drop`` must reach
+    p < alpha in 95 % of draws; half of it far less often."""
+    import random
+
+    check = regression_test([100.0, 100.0, 100.0], STEADY, 0.05**2, 1000, threshold=0.0)
+    drop = detectable_drop(check, alpha=0.025, threshold=0.0)
+    assert 0.15 < drop < 0.20  # (1.96 + 1.645) x ~5 % noise, as a relative drop
+
+    def power(size: float) -> float:
+        rng = random.Random(7)
+        log_drop = -math.log1p(-size)
+        hits = 0
+        for _ in range(20000):
+            z = (-log_drop + rng.gauss(0.0, check.scale)) / check.scale
+            hits += student_t_cdf(z, check.dof) < 0.025
+        return hits / 20000
+
+    assert power(drop) == pytest.approx(0.95, abs=0.01)
+    assert power(drop / 2) < 0.5
+
+
+def test_detectable_drop_is_never_below_the_threshold_and_grows_with_noise():
+    calm = regression_test([100.0, 100.0, 100.0], STEADY, 0.001**2, 20, threshold=0.05)
+    noisy = regression_test([100.0, 100.0, 100.0], STEADY, 0.05**2, 20, threshold=0.05)
+    assert detectable_drop(calm, 0.05, 0.05) == pytest.approx(0.05)
+    assert detectable_drop(noisy, 0.05, 0.05) > detectable_drop(noisy, 0.05, 0.0) * 0.99 > 0.05
+    assert detectable_drop(noisy, 0.01, 0.0) > detectable_drop(noisy, 0.05, 0.0)
 
 
 def test_between_run_variance_is_robust_to_runs_their_repeats_explain():
