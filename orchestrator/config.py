@@ -407,6 +407,12 @@ APPTAINER_RUNTIMES = ("apptainer", "singularity")
 #: ``apptainer`` / ``singularity`` on PATH where the cell runs, or an absolute path to one.
 RuntimeBinary = Annotated[str, Field(
     pattern=r"^(/[A-Za-z0-9._+@%,/-]{1,4095}|[A-Za-z0-9][A-Za-z0-9._+-]{0,63})$")]
+#: A path where the cells run: absolute, or ``~/...`` (expanded on that machine).
+MachinePath = Annotated[str, Field(min_length=2, max_length=4096,
+                                   pattern=r"^(/|~/)[^\x00-\x1f\x7f]*$")]
+#: One option of ``apptainer exec`` (an argv item that starts with ``-``).
+ExecOption = Annotated[str, Field(min_length=2, max_length=4096,
+                                  pattern=r"^-[^\x00-\x1f\x7f]*$")]
 
 
 class ApptainerOptions(StrictModel):
@@ -417,12 +423,12 @@ class ApptainerOptions(StrictModel):
         None, description="The runtime's program: a name looked up on PATH where the cell runs "
         "('apptainer', 'singularity') or an absolute path. Default: the runtime's name.",
     )
-    sif: PathText | None = Field(
-        None, description="A ready .sif image (an absolute path where the cells run, e.g. one "
+    sif: MachinePath | None = Field(
+        None, description="A ready .sif image (an absolute or ~/ path where the cells run, e.g. one "
         "a centre's admins keep on a shared filesystem): nothing is built. Default: the .sif "
         "built from the profile's image template, named by its content hash.",
     )
-    image_dir: PathText | None = Field(
+    image_dir: MachinePath | None = Field(
         None, description="Folder of the built .sif files (absolute, or ~/...): "
         "<template>-<content hash>.sif. Default: $ORCHESTRATE_SIF_DIR, else "
         "~/.cache/orchestrate/sif (the slurm backend's nodes must see it: a shared filesystem).",
@@ -431,7 +437,7 @@ class ApptainerOptions(StrictModel):
         [], max_length=256, description="Bind mounts for Apptainer only (container.mounts are "
         "bound too): --bind SOURCE:TARGET[:ro].",
     )
-    extra_args: list[PathText] = Field(
+    extra_args: list[ExecOption] = Field(
         [], max_length=64, description="More options of `apptainer exec`, one argv item each "
         "(e.g. '--contain', '--writable-tmpfs').",
     )

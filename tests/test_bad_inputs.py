@@ -1058,6 +1058,11 @@ for _name, _text, _field, _more in [
      "hardware.cpu.release", ("not offered under runtime",)),
     ("no-image-at-all", mx(hardware='runtime = "apptainer"'), "hardware.cpu.image",
      ("ready .sif",)),
+    ("image-dir-relative", mx(hardware=_APPT + '[hardware.cpu.apptainer]\nimage_dir = "sif"'),
+     "hardware.cpu.apptainer.image_dir", ("should match pattern",)),
+    ("extra-arg-not-an-option", mx(hardware=_APPT + '[hardware.cpu.apptainer]\nextra_args = '
+                                   '["/other.sif"]'),
+     "hardware.cpu.apptainer.extra_args[0]", ("should match pattern",)),
 ]:
     bad_matrix("apptainer", _name, _text, _field, err=_more,
                subprocess=_name == "runtime-on-the-docker-backend")
