@@ -424,8 +424,8 @@ class ApptainerOptions(StrictModel):
         "('apptainer', 'singularity') or an absolute path. Default: the runtime's name.",
     )
     sif: MachinePath | None = Field(
-        None, description="A ready .sif image (an absolute or ~/ path where the cells run, e.g. one "
-        "a centre's admins keep on a shared filesystem): nothing is built. Default: the .sif "
+        None, description="A ready .sif image (an absolute or ~/ path where the cells run, e.g. "
+        "one a centre's admins keep on a shared filesystem): nothing is built. Default: the .sif "
         "built from the profile's image template, named by its content hash.",
     )
     image_dir: MachinePath | None = Field(
