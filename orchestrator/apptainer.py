@@ -10,8 +10,8 @@ several GPUs under torchrun *inside* the container) as::
 
 * ``--nv`` (CUDA profiles) binds the host's NVIDIA driver libraries and every GPU device into
   the container; which GPUs the program uses is ``CUDA_VISIBLE_DEVICES``, passed in explicitly
-  because ``--cleanenv`` drops the host environment: the local GPU ids the process backend
-  pins (an ``--env`` argument), or, under Slurm, the job's own value from Slurm's
+  because ``--cleanenv`` drops the host environment: the local GPU ids the process and ssh
+  backends pin (an ``--env`` argument), or, under Slurm, the job's own value from Slurm's
   allocation at run time (the batch script exports ``APPTAINERENV_CUDA_VISIBLE_DEVICES``).
 * ``--cleanenv``: the container sees its image's environment (``%environment``) plus what is
   passed, nothing else of the launcher's: the same cell gets the same environment wherever it
@@ -27,13 +27,16 @@ several GPUs under torchrun *inside* the container) as::
   machine. Every other variable, and every secret, travels in the launcher's environment as
   ``APPTAINERENV_NAME`` (``SINGULARITYENV_NAME`` for ``singularity``), which the runtime puts
   into the container even under ``--cleanenv``: nothing written, nothing in ``ps`` (a process's
-  environment is readable by its user and root only) — :func:`launcher_env`.
+  environment is readable by its user and root only) — :func:`launcher_env`; over SSH they are
+  written to the command's stdin and exported there (:func:`remote_argv`).
 """
 
 from __future__ import annotations
 
+import base64
 import posixpath
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +47,8 @@ from orchestrator.redact import is_secret, resolve_env
 
 #: The interpreter inside the images (NGC's, and the test base image's).
 PYTHON = "python3"
+#: A variable name as shells accept it.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Environment prefixes the runtimes read from the launcher's environment, by flavour.
 ENV_PREFIXES = {"apptainer": "APPTAINERENV_", "singularity": "SINGULARITYENV_"}
 
@@ -142,6 +147,25 @@ def exec_argv(
     for key, value in flag_env(env).items():
         out += ["--env", f"{key}={value}"]
     return [*out, *extra_args, image, *argv]
+
+
+#: What runs an Apptainer cell over SSH before its argv: reads ``NAME=<base64 value>`` lines
+#: from stdin and exports them (a value's trailing newlines are lost: shell command
+#: substitution), then ``exec``-s the argv. Fixed text; the names and values are data.
+ENV_READER = ('while IFS= read -r line; do case $line in *=*) '
+              'export "${line%%=*}=$(printf %s "${line#*=}" | base64 -d)";; esac; done; '
+              'exec "$@"')
+
+
+def remote_argv(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], bytes]:
+    """The command that runs ``argv`` on an SSH host with ``env`` exported, and the bytes to
+    write to its stdin: the variables travel there (base64), never in a command line that
+    ``ps`` or a log on the host would show."""
+    for name in env:
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"invalid environment variable name {name!r}")
+    payload = "".join(f"{k}={base64.b64encode(v.encode()).decode()}\n" for k, v in env.items())
+    return ["sh", "-c", ENV_READER, "sh", *argv], payload.encode()
 
 
 def runtime_record(binary: str, image: str) -> dict[str, Any]:

@@ -29,12 +29,13 @@ Rules; an error names the file and the field where the value is set (``axes.arch
   definition); an NGC release below the workload's floor is refused with the reason.
 * runtime: a profile with ``runtime = "apptainer"`` (or ``"singularity"``) runs its image (a
   Singularity definition, a Dockerfile template converted, or a ready ``apptainer.sif``) on the
-  process and slurm backends, not on docker or ssh; CUDA or CPU profiles only (no Gaudi, no
-  Bitfusion wrapper), a release of its own (no ``release = "auto"``); its bind paths are
-  absolute and free of apptainer's separators ``,`` and ``:``; a runtime binary missing from
-  this machine's PATH is a note (the sweep refuses it where the cells run:
-  :func:`orchestrator.sif.prepare_runtime`, with bind sources that do not exist there).
-  ``runtime = "docker"`` on the process or slurm backend is refused.
+  process, ssh and slurm backends, not on docker; CUDA or CPU profiles only (no Gaudi, no
+  Bitfusion wrapper, no multi-host cells on ssh), a release of its own (no ``release =
+  "auto"``); its bind paths are absolute and free of apptainer's separators ``,`` and ``:``; a
+  runtime binary missing from this machine's PATH is a note (the sweep refuses it where the
+  cells run, with bind sources that do not exist there:
+  :func:`orchestrator.sif.runtime_problems`). ``runtime = "docker"`` on the process or slurm
+  backend is refused.
 * arch: a model the workload builds on the stack's torchvision (else ``did you mean``);
   ``pretrained`` is refused for the workload's own DeepLearningExamples models (no weights).
 * compile: needs torch >= 2.0 on the stack and, on CUDA, a GPU Triton compiles for (7.0+); on
@@ -375,8 +376,9 @@ def _image_stack(
         found.error(Problem(file, f"{where}.image", (
             f"{profile.image!r} is a {template.kind} definition, which the {backend} backend "
             f"cannot run (it runs Docker images): pick a Dockerfile template "
-            f"({', '.join(docker)}), or run it with runtime = \"apptainer\" on the process or "
-            "slurm backend")))
+            f"({', '.join(docker)})"
+            + ("" if backend == "docker" else ", or set runtime = \"apptainer\" to run it "
+               "with Apptainer"))))
         return unknown
     return _template_stack(found, file, where, profile, template)
 
@@ -404,11 +406,11 @@ def _apptainer_stack(
     where = f"hardware.{hw}"
     unknown = Stack("not checked", known=False)
     runtime = profile.runtime
-    if backend in ("docker", "ssh"):
+    if backend == "docker":
         found.error(Problem(file, f"{where}.runtime", (
-            f"runtime {runtime!r} runs `{runtime} exec` on the process and slurm backends; "
-            f"the {backend} backend runs Docker containers (Apptainer over SSH is not offered "
-            "yet): pick --backend process or slurm, or remove runtime")))
+            f"runtime {runtime!r} runs `{runtime} exec` on the process, ssh and slurm backends; "
+            "the docker backend runs Docker containers (pick another backend, or remove "
+            "runtime)")))
         return unknown
     if backend not in BACKEND_RUNS:
         found.note(Problem(file, where, (
@@ -423,6 +425,10 @@ def _apptainer_stack(
         found.error(Problem(file, f"{where}.wrapper", (
             f"wrapper {profile.wrapper!r} is not available under runtime {runtime!r}: the "
             "Bitfusion client runs in a Docker image of its own (runtime docker)")))
+    if profile.multi_node and backend == "ssh":
+        found.error(Problem(file, f"{where}.multi_node", (
+            f"cells spanning several hosts are not run under runtime {runtime!r} (one host per "
+            "cell): set multi_node = false")))
     for table, mounts in (("container.mounts", profile.container.mounts),
                           ("apptainer.binds", profile.apptainer.binds)):
         for i, mount in enumerate(mounts):

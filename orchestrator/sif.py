@@ -20,8 +20,9 @@ machine that builds. A profile's ``apptainer.sif`` names a ready image instead (
 kept on a shared filesystem): nothing is built, the file must exist.
 
 **Where**: a :class:`Machine` runs the steps: :class:`LocalMachine` (the process and slurm
-backends, ``orchestrate images build``; a lab host over SSH would be another one, not written
-yet). :func:`prepare_runtime` is what a backend
+backends, ``orchestrate images build``) or :class:`SshMachine` (the ssh backend: each lab host
+makes its own image, a definition's build context sent over our verified SSH connection as a
+tar stream, a conversion from that host's engine). :func:`prepare_runtime` is what a backend
 calls before its first cell: it refuses, every problem at once, a missing runtime binary or a
 bind source that does not exist on that machine, then makes sure each profile's image is there.
 """
@@ -31,12 +32,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import io
 import logging
 import os
 import posixpath
 import shlex
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -46,11 +49,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator import build, images, selection
 from orchestrator.apptainer import binary_of, bind_problem
-from orchestrator.errors import BuildError, ConfigError, Problem
+from orchestrator.errors import BuildError, ConfigError, HostError, Problem
 from orchestrator.selection import ImageKey
 
 if TYPE_CHECKING:
     from orchestrator.matrix import Cell, Matrix
+    from orchestrator.ssh import SshHost
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +223,88 @@ class LocalMachine:
     def discard(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+class SshMachine:
+    """A lab host over our verified SSH connection (``ssh`` is connected on first use)."""
+
+    def __init__(self, ssh: SshHost):
+        self.ssh = ssh
+        self.name = ssh.name
+        self._home: str | None = None
+
+    def _run(self, argv: list[str], timeout: float | None = 120) -> tuple[int, str, str]:
+        code, out, err = self.ssh.run(argv, timeout=timeout)
+        return code, out, err
+
+    def expand(self, path: str) -> str:
+        if path != "~" and not path.startswith("~/"):
+            return path
+        if self._home is None:
+            code, out, err = self._run(["sh", "-c", 'printf %s "$HOME"'])
+            if code != 0 or not out.startswith("/"):
+                raise HostError(f"host {self.name}: cannot tell its home folder: {err.strip()}")
+            self._home = out
+        return self._home + path[1:]
+
+    def exists(self, path: str) -> bool:
+        return self._run(["test", "-e", path])[0] == 0
+
+    def which(self, binary: str) -> str | None:
+        if binary.startswith("/"):
+            return binary if self._run(["test", "-x", binary])[0] == 0 else None
+        code, out, _ = self._run(["sh", "-c", 'command -v "$1"', "sh", binary])
+        return out.strip() or None if code == 0 else None
+
+    def build(self, plan: SifPlan, output: str, on_log: Callable[[str], None] | None
+              ) -> tuple[int, list[str]]:
+        assert plan.image is not None
+        code, out, err = self._run(["mktemp", "-d", "/tmp/orchestrate-sif-XXXXXX"])
+        folder = out.strip()
+        if code != 0 or not folder.startswith("/tmp/orchestrate-sif-"):
+            return code or 1, [f"mktemp on {self.name}: {err.strip()}"]
+        try:
+            self._run(["mkdir", "-p", "--", posixpath.dirname(output)])
+            if plan.source == "definition":
+                self.ssh.push_tar(_tar_bytes(plan.image.files), folder)
+            line = shlex.join(plan.build_argv(output))
+            proc = self.ssh.start(["sh", "-c", f"cd {shlex.quote(folder)} && exec {line}"],
+                                  combine_stderr=True)
+            tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+            pending = b""
+            for chunk in proc.output():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for raw in lines:
+                    text = raw.decode(errors="replace").rstrip()
+                    tail.append(text)
+                    if on_log is not None:
+                        on_log(text)
+            if pending:
+                tail.append(pending.decode(errors="replace"))
+            return proc.wait(), list(tail)
+        finally:
+            self._run(["rm", "-rf", "--", folder])
+
+    def commit(self, temporary: str, final: str) -> None:
+        code, _, err = self._run(["mv", "-f", "--", temporary, final])
+        if code != 0:
+            raise BuildError(f"host {self.name}: cannot move {temporary} to {final}: "
+                             f"{err.strip()}")
+
+    def discard(self, path: str) -> None:
+        self._run(["rm", "-f", "--", path])
+
+
+def _tar_bytes(files: dict[str, bytes]) -> bytes:
+    """A build context as an uncompressed tar archive."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for rel, data in sorted(files.items()):
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 # --- building --------------------------------------------------------------------------------

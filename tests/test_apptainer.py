@@ -470,3 +470,80 @@ def test_sif_converted_from_the_docker_image(tmp_path, standin, docker_client, b
     assert made.name == f"ngc-pytorch-{tag.rpartition(':')[2]}.sif"
     assert cli_main(argv) == 0
     assert "up to date" in capsys.readouterr().out and len(calls(standin)) == 1
+
+
+# --- the ssh backend: a real sshd on loopback, the stand-in on the host's PATH ------------------
+
+
+@pytest.fixture(scope="session")
+def standin_host(sshd_factory, tmp_path_factory):
+    """An sshd "host" whose sessions find the stand-in first on PATH (SetEnv) and record its
+    calls in a folder of their own."""
+    record = tmp_path_factory.mktemp("standin-ssh-calls")
+    python_dir = str(Path(sys.executable).parent)
+    server = sshd_factory("appt-host", setenv={
+        "PATH": f"{STANDIN}:{python_dir}:/usr/bin:/bin",
+        "ORCHESTRATE_STANDIN_RECORD": str(record),
+        "ORCHESTRATE_STANDIN_PATH": f"{python_dir}:/usr/bin:/bin",
+    })
+    return server, record
+
+
+def ssh_inventory(tmp_path: Path, server) -> Path:
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_hosts_line())
+    path = tmp_path / "hosts.toml"
+    path.write_text(f'[options]\nknown_hosts = "{known}"\nssh_config = ""\nconnect_timeout = 5\n'
+                    + server.host_toml(tags=("node",), extra="gpus = [0, 1, 2, 3]"))
+    return path
+
+
+@pytest.mark.ssh
+@pytest.mark.timeout(300)
+def test_ssh_sweep_runs_in_the_standin_on_the_host(tmp_path, standin_host, monkeypatch) -> None:
+    """Apptainer cells on an SSH host (no engine used): GPUs placed and pinned by --env, the
+    other variables and the secret over stdin (never in a command line or a file), output
+    copied back, the remote folder removed; a timed-out cell's processes are stopped there."""
+    server, record = standin_host
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    hosts = ssh_inventory(tmp_path, server)
+    matrix = load_matrix(probe_matrix(tmp_path, backend="ssh", device="cuda", hardware="node",
+                                      workload="[axes]\ngpus = [1, 2]"))
+    outcome = run_sweep(matrix, results_root=tmp_path / "results", hosts_file=hosts)
+    assert [r.status for r in outcome.results] == [Status.OK, Status.OK], \
+        [r.reason for r in outcome.results]
+    by_cell = {Path(c["pwd"]).parent.name: c for c in calls(record)}
+    for res in outcome.results:
+        gpus = 2 if "-g2-" in res.cell_id else 1
+        cell = outcome.paths.cell_dir(res.cell_id)
+        command = json.loads(outcome.paths.cell_command(res.cell_id).read_text())
+        pinned = ",".join(map(str, command["gpu_ids"]))
+        assert len(command["gpu_ids"]) == gpus and command["host"] == server.name
+        call = by_cell[res.cell_id]
+        assert call["flags"] == ["--nv", "--cleanenv"]
+        assert call["container_cuda_visible_devices"] == pinned
+        assert "APPTAINERENV_PROBE_TOKEN" in call["prefixed"]
+        assert SECRET not in " ".join(call["argv"])
+        ranks = sorted(cell.glob("probe-rank*.json"))  # copied back from the host
+        assert len(ranks) == gpus
+        for rank in ranks:
+            seen = json.loads(rank.read_text())
+            assert seen["env"]["CUDA_VISIBLE_DEVICES"] == pinned
+            assert seen["secret_sha256"] == SECRET_SHA and seen["env"]["TRICKY_VAR"] == "a=b"
+            assert seen["exists"] == {str(tmp_path / "data"): True}
+        assert res.metrics["probe.ips"] == 100.0 and res.provenance["host"] == server.name
+        assert not Path(call["pwd"]).exists()  # the remote folder is gone
+        for path in cell.rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), path
+
+    matrix = load_matrix(probe_matrix(tmp_path, backend="ssh", device="cuda", hardware="node",
+                                      timeout=5, sleep=300))
+    before = len(calls(record))
+    (res,) = run_sweep(matrix, results_root=tmp_path / "r2", hosts_file=hosts).results
+    assert res.status is Status.TIMEOUT, res.reason
+    (call,) = calls(record)[before:]
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{call['pid']}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not Path(f"/proc/{call['pid']}").exists(), "the cell's process outlived its timeout"

@@ -1030,12 +1030,13 @@ case("commands", "unused-parameter-is-a-warning", ["validate", "{dir}/m.toml"],
 _APPT = 'runtime = "apptainer"\nimage = "singularity"\n'
 for _name, _text, _field, _more in [
     ("runtime-on-the-docker-backend", mx(matrix='backend = "docker"', hardware=_APPT),
-     "hardware.cpu.runtime", ("process and slurm backends",)),
-    ("runtime-on-the-ssh-backend", mx(matrix='backend = "ssh"', hardware=_APPT),
-     "hardware.cpu.runtime", ("not offered yet",)),
+     "hardware.cpu.runtime", ("process, ssh and slurm backends",)),
+    ("multi-host-cells-on-ssh", mx(matrix='backend = "ssh"', hardware=_APPT +
+                                   'multi_node = true'),
+     "hardware.cpu.multi_node", ("one host per cell",)),
     ("singularity-definition-on-docker", mx(matrix='backend = "docker"',
                                             hardware='image = "singularity"'),
-     "hardware.cpu.image", ("singularity definition", 'runtime = "apptainer"')),
+     "hardware.cpu.image", ("singularity definition", "pick a Dockerfile template")),
     ("runtime-typo", mx(hardware='runtime = "apptainr"'), "hardware.cpu.runtime",
      ("'docker', 'apptainer' or 'singularity'",)),
     ("docker-runtime-on-the-process-backend", mx(hardware='runtime = "docker"\nimage = '
