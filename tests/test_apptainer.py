@@ -1,5 +1,5 @@
 """Apptainer / SingularityCE: the argv every path builds, the batch script, the .sif cache, the
-checks, and real sweeps through the process and slurm backends.
+checks, and real sweeps through the process, ssh and slurm backends.
 
 A STAND-IN RUNTIME: Apptainer and SingularityCE are not packaged for Debian 12 and not on the
 package index, and this machine reaches no other source, so no real runtime runs here or in CI.
@@ -13,7 +13,8 @@ real container adds (the image's filesystem, ``--nv``'s driver libraries, a bind
 differs from its source) is NOT exercised by these tests.
 
 What is real: the argv and the batch script (golden files, UPDATE_GOLDEN=1 rewrites them), the
-process backend's processes (timeout and cancel kill them), and Slurm: the ``slurm``-marked tests
+process backend's processes (timeout and cancel kill them), an sshd on loopback (the ``ssh``
+test: the stand-in on that host's PATH through sshd's SetEnv), and Slurm: the ``slurm``-marked tests
 submit the generated scripts to the single-node test cluster, whose ``--gres=gpu:N`` allocation
 (placeholder GPUs) sets the ``CUDA_VISIBLE_DEVICES`` the script passes into the "container".
 """

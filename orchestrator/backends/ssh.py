@@ -31,6 +31,13 @@ never holds a client for this machine's engine). What differs:
   per host, each with its :class:`~orchestrator.launch.NodeRole` (torchrun ``--nnodes
   --node_rank --rdzv_endpoint=<first host>:PORT``), on the host network.
 
+**Apptainer** profiles (``runtime = "apptainer"``) need no engine on their hosts: ``prepare``
+checks the runtime binary and bind sources on each host and makes its ``.sif`` there
+(:class:`orchestrator.sif.SshMachine`); a cell is ``apptainer exec ... IMAGE.sif <argv>`` run over
+its own connection (:class:`~orchestrator.backends.remote.ProcessExecution`), its GPUs pinned by
+an ``--env`` argument, the variables ``--env`` cannot carry (secrets among them) written to the
+command's stdin (:func:`orchestrator.apptainer.remote_argv`). One host per cell.
+
 Each running cell has its own SSH connection (sshd allows 10 sessions per connection by default;
 a cell holds two long-lived channels), so many cells on one host never exhaust it.
 """
