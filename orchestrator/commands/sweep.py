@@ -398,9 +398,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     backend = backend_for(matrix, args.backend)
     if args.dry_run:
         print("\n".join(plan_lines(matrix)))
-        if backend in ("docker", "ssh"):
-            print("\n".join(image_lines(matrix, backend)))
-        print("\n".join(runtime_lines(matrix, backend, results)))
+        extra = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
+        for line in [*extra, *runtime_lines(matrix, backend, results)]:
+            print(line)
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
@@ -444,9 +444,10 @@ def image_lines(matrix: Matrix, backend: str) -> list[str]:
     the build context; the build's also cover the base image's digest or ID)."""
     from orchestrator import build, selection
 
-    build.check_image_templates(matrix, matrix.cells, backend)
+    cells = [c for c in matrix.cells if not matrix.profile(c).apptainer_runtime]
+    build.check_image_templates(matrix, cells, backend)
     lines = []
-    for key in selection.needed_keys(matrix, matrix.cells):
+    for key in selection.needed_keys(matrix, cells):
         name = key.hardware + (f" (ngc_release {key.ngc_release})" if key.ngc_release else "")
         if key.ngc_release is None and selection.is_auto(matrix, key.hardware):
             where = "each host's" if backend == "ssh" else "this machine's"
