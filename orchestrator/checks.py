@@ -27,6 +27,15 @@ Rules; an error names the file and the field where the value is set (``axes.arch
 
 * image: docker/ssh need an image template that builds a Docker image (not a Singularity
   definition); an NGC release below the workload's floor is refused with the reason.
+* runtime: a profile with ``runtime = "apptainer"`` (or ``"singularity"``) runs its image (a
+  Singularity definition, a Dockerfile template converted, or a ready ``apptainer.sif``) on the
+  process, ssh and slurm backends, not on docker; CUDA or CPU profiles only (no Gaudi, no
+  Bitfusion wrapper, no multi-host cells on ssh), a release of its own (no ``release =
+  "auto"``); its bind paths are absolute and free of apptainer's separators ``,`` and ``:``; a
+  runtime binary missing from this machine's PATH is a note (the sweep refuses it where the
+  cells run, with bind sources that do not exist there:
+  :func:`orchestrator.sif.runtime_problems`). ``runtime = "docker"`` on the process or slurm
+  backend is refused.
 * arch: a model the workload builds on the stack's torchvision (else ``did you mean``);
   ``pretrained`` is refused for the workload's own DeepLearningExamples models (no weights).
 * compile: needs torch >= 2.0 on the stack and, on CUDA, a GPU Triton compiles for (7.0+); on
@@ -69,7 +78,9 @@ import functools
 import importlib.metadata
 import json
 import logging
+import os
 import re
+import shutil
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -77,7 +88,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator import gpus, images, profilers, releases, selection, stacks
+from orchestrator import apptainer, gpus, images, profilers, releases, selection, stacks
 from orchestrator.config import (
     ORCHESTRATOR_PARAMS,
     PARAM_NAMES,
@@ -286,6 +297,12 @@ def _profile_checks(
             "the Gaudi mode is a per-cell choice: set hpu_mode (eager, lazy or compile) and "
             "remove PT_HPU_LAZY_MODE here (orchestrate sets it in each cell's environment)")))
     runs = BACKEND_RUNS.get(backend)
+    if profile.apptainer_runtime:
+        return _apptainer_stack(found, file, hw, profile, backend)
+    if profile.runtime == "docker" and runs == "host":
+        found.error(Problem(file, f"{where}.runtime", (
+            f"runtime 'docker' runs on the docker and ssh backends; the {backend} backend runs "
+            "this machine's Python, or an Apptainer image with runtime = \"apptainer\"")))
     if runs is None:
         found.note(Problem(file, where, (
             f"the {backend} backend is not known to these checks: its image and stack are not "
@@ -359,19 +376,97 @@ def _image_stack(
         found.error(Problem(file, f"{where}.image", (
             f"{profile.image!r} is a {template.kind} definition, which the {backend} backend "
             f"cannot run (it runs Docker images): pick a Dockerfile template "
-            f"({', '.join(docker)})")))
+            f"({', '.join(docker)})"
+            + ("" if backend == "docker" else ", or set runtime = \"apptainer\" to run it "
+               "with Apptainer"))))
         return unknown
+    return _template_stack(found, file, where, profile, template)
+
+
+def _template_stack(found: Findings, file: str, where: str, profile: HardwareProfile,
+                    template: images.Template) -> Stack:
+    """The stack an image template builds on: its chain's root base, classified."""
     try:
         root, resolved = _chain_root(template, profile.image_vars)
         base = root.base_ref(resolved)
     except (ConfigError, BuildError) as exc:
         found.note(Problem(file, f"{where}.image_vars", f"base image not resolved ({exc}): "
                            "its stack is not checked"))
-        return unknown
+        return Stack("not checked", known=False)
     tagged = _ngc_tag(root, resolved)
     if tagged is not None:  # nvcr.io's or a mirror's (base_repository) release
         return _ngc_stack(found, file, where, profile, base, tagged)
     return _classify_base(found, file, where, profile, base)
+
+
+def _apptainer_stack(
+    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
+) -> Stack:
+    """A profile whose cells run under Apptainer: where it can run, its binds, its image."""
+    where = f"hardware.{hw}"
+    unknown = Stack("not checked", known=False)
+    runtime = profile.runtime
+    if backend == "docker":
+        found.error(Problem(file, f"{where}.runtime", (
+            f"runtime {runtime!r} runs `{runtime} exec` on the process, ssh and slurm backends; "
+            "the docker backend runs Docker containers (pick another backend, or remove "
+            "runtime)")))
+        return unknown
+    if backend not in BACKEND_RUNS:
+        found.note(Problem(file, where, (
+            f"the {backend} backend is not known to these checks: its image and stack are not "
+            "checked")))
+        return unknown
+    if profile.device == "hpu":
+        found.error(Problem(file, f"{where}.runtime", (
+            f"runtime {runtime!r} runs CUDA (--nv) and CPU profiles; Gaudi (device hpu) runs in "
+            "Docker with the habana runtime")))
+    if profile.wrapper != "none":
+        found.error(Problem(file, f"{where}.wrapper", (
+            f"wrapper {profile.wrapper!r} is not available under runtime {runtime!r}: the "
+            "Bitfusion client runs in a Docker image of its own (runtime docker)")))
+    if profile.multi_node and backend == "ssh":
+        found.error(Problem(file, f"{where}.multi_node", (
+            f"cells spanning several hosts are not run under runtime {runtime!r} (one host per "
+            "cell): set multi_node = false")))
+    for table, mounts in (("container.mounts", profile.container.mounts),
+                          ("apptainer.binds", profile.apptainer.binds)):
+        for i, mount in enumerate(mounts):
+            for side in ("source", "target"):
+                value = getattr(mount, side)
+                if side == "source" and value.startswith("~/"):
+                    continue  # expanded where the cell runs
+                problem = apptainer.bind_problem(value)
+                if problem:
+                    found.error(Problem(file, f"{where}.{table}[{i}].{side}", problem))
+    binary = apptainer.binary_of(profile)
+    if backend in ("process", "slurm") and shutil.which(binary) is None and not (
+            binary.startswith("/") and os.access(binary, os.X_OK)):
+        found.note(Problem(file, f"{where}.apptainer.binary", (
+            f"{binary!r} is not on this machine's PATH: a sweep here refuses to start until it "
+            "is (install Apptainer or SingularityCE, or name the program's path)")))
+    if profile.image is None:
+        if profile.apptainer.sif is None:
+            found.error(Problem(file, f"{where}.image", (
+                f"runtime {runtime!r} runs an image: name a template (singularity, or a "
+                "Dockerfile template to convert) or a ready .sif in apptainer.sif")))
+        else:
+            found.note(Problem(file, f"{where}.apptainer.sif", (
+                f"a ready image ({profile.apptainer.sif}): its torch, models and profilers are "
+                "not checked (name the template it was built from in image to have them "
+                "checked)")))
+        return unknown
+    if profile.release == selection.AUTO:
+        found.error(Problem(file, f"{where}.release", (
+            f"release = 'auto' (a release per host's driver) is not offered under runtime "
+            f"{runtime!r}: pin the release in image_vars (base_tag), or make it an axis "
+            "(ngc_release)")))
+        return unknown
+    try:
+        template = images.load_template(profile.image)
+    except ConfigError:  # load_matrix reported it
+        return unknown
+    return _template_stack(found, file, where, profile, template)
 
 
 def _chain_root(template: images.Template, values: dict[str, Any]
@@ -488,7 +583,7 @@ def _release_checks(found: Findings, file: str, places: _Places, hw: str,
         return unknown
 
     runs = BACKEND_RUNS.get(backend)
-    if runs == "host":
+    if runs == "host" and not profile.apptainer_runtime:
         return error(f"ngc_release picks the NGC image of hardware {hw!r}'s cells; the {backend} "
                      "backend runs this machine's Python instead: remove it, or run with "
                      "--backend docker or ssh")

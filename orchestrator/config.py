@@ -399,6 +399,52 @@ class SlurmOptions(StrictModel):
         return value
 
 
+#: A container runtime a profile's cells run in: ``docker`` (the docker and ssh backends' engine)
+#: or Apptainer / SingularityCE (``apptainer exec``; the process and slurm backends).
+Runtime = Literal["docker", "apptainer", "singularity"]
+#: The Apptainer-family runtimes (one flavour each: the binary's name and its environment prefix).
+APPTAINER_RUNTIMES = ("apptainer", "singularity")
+#: ``apptainer`` / ``singularity`` on PATH where the cell runs, or an absolute path to one.
+RuntimeBinary = Annotated[str, Field(
+    pattern=r"^(/[A-Za-z0-9._+@%,/-]{1,4095}|[A-Za-z0-9][A-Za-z0-9._+-]{0,63})$")]
+#: A path where the cells run: absolute, or ``~/...`` (expanded on that machine).
+MachinePath = Annotated[str, Field(min_length=2, max_length=4096,
+                                   pattern=r"^(/|~/)[^\x00-\x1f\x7f]*$")]
+#: One option of ``apptainer exec`` (an argv item that starts with ``-``).
+ExecOption = Annotated[str, Field(min_length=2, max_length=4096,
+                                  pattern=r"^-[^\x00-\x1f\x7f]*$")]
+
+
+class ApptainerOptions(StrictModel):
+    """``[hardware.NAME.apptainer]``: how cells run under Apptainer / SingularityCE
+    (``runtime = "apptainer"`` or ``"singularity"``)."""
+
+    binary: RuntimeBinary | None = Field(
+        None, description="The runtime's program: a name looked up on PATH where the cell runs "
+        "('apptainer', 'singularity') or an absolute path. Default: the runtime's name.",
+    )
+    sif: MachinePath | None = Field(
+        None, description="A ready .sif image (an absolute or ~/ path where the cells run, e.g. "
+        "one a centre's admins keep on a shared filesystem): nothing is built. Default: the .sif "
+        "built from the profile's image template, named by its content hash.",
+    )
+    image_dir: MachinePath | None = Field(
+        None, description="Folder of the built .sif files (absolute, or ~/...): "
+        "<template>-<content hash>.sif. Default: $ORCHESTRATE_SIF_DIR, else "
+        "~/.cache/orchestrate/sif (the slurm backend's nodes must see it: a shared filesystem).",
+    )
+    binds: list[Mount] = Field(
+        [], max_length=256, description="Bind mounts for Apptainer only (container.mounts are "
+        "bound too): --bind SOURCE:TARGET[:ro].",
+    )
+    extra_args: list[ExecOption] = Field(
+        [], max_length=64, description="More options of `apptainer exec`, one argv item each "
+        "(e.g. '--contain', '--writable-tmpfs').",
+    )
+    fakeroot: bool = Field(
+        True, description="Build .sif files with `apptainer build --fakeroot` (no root needed).")
+
+
 #: An accelerator model as vendors and nvidia-smi name it ("V100", "Tesla V100-SXM2-32GB",
 #: "H100 80GB HBM3", "HL-205").
 AcceleratorName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._+-]{0,63}$")]
@@ -547,6 +593,13 @@ class HardwareProfile(StrictModel):
     bitfusion: BitfusionOptions = BitfusionOptions()
     container: ContainerOptions = ContainerOptions()
     slurm: SlurmOptions = SlurmOptions()
+    runtime: Runtime | None = Field(
+        None, description="What the cells run in: 'docker' (the docker and ssh backends), "
+        "'apptainer' or 'singularity' (apptainer exec --nv --cleanenv IMAGE.sif on the "
+        "process and slurm backends). Unset: what the backend implies (docker for "
+        "docker/ssh, none for process/slurm).",
+    )
+    apptainer: ApptainerOptions = ApptainerOptions()
     env: dict[EnvName, EnvValue] = Field(
         {}, description="Environment of every cell (names as shells accept them; no NUL)."
     )
@@ -597,7 +650,15 @@ class HardwareProfile(StrictModel):
         if self.release == "auto" and self.image is None:
             raise ValueError("release = 'auto' picks the base of the profile's image: give an "
                              "image template")
+        if self.runtime not in APPTAINER_RUNTIMES and self.apptainer != ApptainerOptions():
+            raise ValueError("[apptainer] options apply to runtime = 'apptainer' or "
+                             "'singularity'; set runtime, or remove the table")
         return self
+
+    @property
+    def apptainer_runtime(self) -> bool:
+        """Whether the cells run under Apptainer / SingularityCE."""
+        return self.runtime in APPTAINER_RUNTIMES
 
 
 # --- command templates: a cell that runs another program ---------------------------------------

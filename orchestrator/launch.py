@@ -87,6 +87,10 @@ class LaunchSpec:
     #: What program runs (:attr:`CellCommand.program`): its name, and for a command template
     #: the template, its rendered argv items, launcher and figures parser.
     program: dict[str, Any] = field(default_factory=dict)
+    #: The container runtime that runs ``argv`` when the backend starts it as a process
+    #: (Apptainer: :func:`orchestrator.apptainer.runtime_record`: its name, binary, image and
+    #: the prefix of the variables the launcher passes); empty otherwise.
+    runtime: dict[str, Any] = field(default_factory=dict)
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -122,6 +126,7 @@ class LaunchSpec:
             "labels": self.labels,
             **({"mem_limit": self.mem_limit} if self.mem_limit else {}),
             **({"program": self.program} if self.program else {}),
+            **({"runtime": self.runtime} if self.runtime else {}),
         }
 
 

@@ -321,9 +321,9 @@ HASH_NEUTRAL_PARAMS: dict[str, Any] = {
 }
 HASH_NEUTRAL_PROFILE: dict[str, Any] = {
     "gpu": None, "compute_capability": None, "program": None, "figures": None,
-    "release": None, "forward_compat": False,
+    "release": None, "forward_compat": False, "runtime": None,
     **{tool: HardwareProfile.model_fields[tool].get_default(call_default_factory=True)
-       for tool in ("nsys", "ncu", "nvprof")},
+       for tool in ("nsys", "ncu", "nvprof", "apptainer")},
 }
 HASH_RETIRED_PROFILE: dict[str, Any] = {"backend": None}
 

@@ -265,6 +265,14 @@ class RemoteProcess:
             return None
         return self._channel.recv_exit_status()
 
+    def ended(self) -> bool:
+        """Whether the command finished or its session is gone (neither blocks nor reads, so
+        another thread may be reading :meth:`output`)."""
+        ch = self._channel
+        transport = ch.get_transport()
+        return (ch.exit_status_ready() or ch.closed or transport is None
+                or not transport.is_active())
+
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the command to finish (keeping its output); :class:`RemoteTimeout` if not."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -575,6 +583,25 @@ class SshHost:
             raise HostError(f"{failed}: {err or f'tar exited with {code}'}")
         return count
 
+    def push_tar(self, data: bytes, remote_dir: str) -> None:
+        """Unpack the tar archive ``data`` into the existing folder ``remote_dir`` (one
+        ``tar -x`` stream; no SFTP). :class:`HostError` when tar fails."""
+        channel = self.open_stream(["tar", "-x", "-C", remote_dir, "-f", "-"])
+        channel.settimeout(self.command_timeout)
+        try:
+            channel.sendall(data)
+            channel.shutdown_write()
+            code = channel.recv_exit_status()
+            err = _read_stderr(channel)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise HostError(f"host {self.name}: sending files to {remote_dir} failed: "
+                            f"{exc}") from None
+        finally:
+            channel.close()
+        if code != 0:
+            raise HostError(f"host {self.name}: unpacking files into {remote_dir} failed: "
+                            f"{err or f'tar exited with {code}'}")
+
     # -- commands --------------------------------------------------------------------------
     def start(
         self,
@@ -582,10 +609,21 @@ class SshHost:
         env: Mapping[str, str] | None = None,
         *,
         combine_stderr: bool = False,
+        stdin: bytes | None = None,
     ) -> RemoteProcess:
-        """Start ``argv`` on the host and return at once; read with ``output()``."""
+        """Start ``argv`` on the host and return at once; read with ``output()``.
+
+        ``stdin``: bytes written to the command's standard input, which is then closed (what
+        must not appear on a command line, e.g. secrets the command reads and exports)."""
         command = build_command(argv, env)
         channel = self._open_channel(command, combine_stderr)
+        if stdin is not None:
+            try:
+                channel.sendall(stdin)
+                channel.shutdown_write()
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                channel.close()
+                raise HostError(f"host {self.name}: cannot write to the command: {exc}") from None
         log.debug("%s: started %s", self.name, shlex.join(argv))
         return RemoteProcess(self, channel, argv, combine_stderr, self.connect_timeout)
 

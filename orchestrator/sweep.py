@@ -165,6 +165,7 @@ def run_sweep(
     refuse_unrunnable(matrix, backend_for(matrix, backend_name), comparisons=False)
     name, cls = pick_backend(matrix, backend_name)
     check_references(matrix)
+    cls.check_runtime(matrix, matrix.cells)
     run = order_run(open_run(matrix, name, results_root, resume), results_root)
     options = RunOptions(
         timeout_s=matrix.settings.timeout_s,

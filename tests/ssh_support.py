@@ -114,7 +114,9 @@ class SshdServer:
                     "PrintMotd no",
                     "LogLevel VERBOSE",
                     # no "Subsystem sftp": many lab hosts turn it off, nothing may need it
-                    *(f'SetEnv "{k}={v}"' for k, v in self.setenv.items()),
+                    # one SetEnv line: sshd uses the first of repeated SetEnv lines only
+                    *(["SetEnv " + " ".join(f'"{k}={v}"' for k, v in self.setenv.items())]
+                      if self.setenv else []),
                     "",
                 ]
             )

@@ -1165,6 +1165,60 @@ case("commands", "unused-parameter-is-a-warning", ["validate", "{dir}/m.toml"],
           "cells of program 'lab'"))
 
 
+# --- Apptainer / Singularity: where it can run, its options, what must exist where cells run --
+
+_APPT = 'runtime = "apptainer"\nimage = "singularity"\n'
+for _name, _text, _field, _more in [
+    ("runtime-on-the-docker-backend", mx(matrix='backend = "docker"', hardware=_APPT),
+     "hardware.cpu.runtime", ("process, ssh and slurm backends",)),
+    ("multi-host-cells-on-ssh", mx(matrix='backend = "ssh"', hardware=_APPT +
+                                   'multi_node = true'),
+     "hardware.cpu.multi_node", ("one host per cell",)),
+    ("singularity-definition-on-docker", mx(matrix='backend = "docker"',
+                                            hardware='image = "singularity"'),
+     "hardware.cpu.image", ("singularity definition", "pick a Dockerfile template")),
+    ("runtime-typo", mx(hardware='runtime = "apptainr"'), "hardware.cpu.runtime",
+     ("'docker', 'apptainer' or 'singularity'",)),
+    ("docker-runtime-on-the-process-backend", mx(hardware='runtime = "docker"\nimage = '
+                                                 '"ngc-pytorch"'),
+     "hardware.cpu.runtime", ("docker and ssh backends",)),
+    ("options-without-the-runtime", mx(hardware='[hardware.cpu.apptainer]\nbinary = '
+                                       '"singularity"'),
+     "hardware.cpu", ("set runtime",)),
+    ("binary-with-shell-syntax", mx(hardware=_APPT + '[hardware.cpu.apptainer]\nbinary = '
+                                    '"apptainer; id"'),
+     "hardware.cpu.apptainer.binary", ("should match pattern",)),
+    ("bind-source-with-a-colon", mx(hardware=_APPT + '[hardware.cpu.apptainer]\nbinds = '
+                                    '[{ source = "/data/a:b", target = "/d" }]'),
+     "hardware.cpu.apptainer.binds[0].source", ("separators",)),
+    ("bind-target-relative", mx(hardware=_APPT + 'container = { mounts = [{ source = "/data", '
+                                'target = "d" }] }'),
+     "hardware.cpu.container.mounts[0].target", ()),
+    ("release-auto", mx(hardware='runtime = "apptainer"\nimage = "ngc-pytorch"\n'
+                        'release = "auto"'),
+     "hardware.cpu.release", ("not offered under runtime",)),
+    ("no-image-at-all", mx(hardware='runtime = "apptainer"'), "hardware.cpu.image",
+     ("ready .sif",)),
+    ("image-dir-relative", mx(hardware=_APPT + '[hardware.cpu.apptainer]\nimage_dir = "sif"'),
+     "hardware.cpu.apptainer.image_dir", ("should match pattern",)),
+    ("extra-arg-not-an-option", mx(hardware=_APPT + '[hardware.cpu.apptainer]\nextra_args = '
+                                   '["/other.sif"]'),
+     "hardware.cpu.apptainer.extra_args[0]", ("should match pattern",)),
+]:
+    bad_matrix("apptainer", _name, _text, _field, err=_more,
+               subprocess=_name == "runtime-on-the-docker-backend")
+
+# what must exist where the cells run: refused at the sweep's start, every problem at once
+bad_matrix("apptainer", "binary-and-bind-source-missing-at-start",
+           mx(hardware='runtime = "apptainer"\n[hardware.cpu.apptainer]\n'
+                       'binary = "/no/such/apptainer"\nsif = "/no/such/image.sif"\n'
+                       'binds = [{ source = "/no/such/data", target = "/data" }]'),
+           "hardware.cpu.apptainer.binary", command=("matrix", "--results", "{dir}/results"),
+           check=_NO_RUN_FOLDER, err=("not on PATH on localhost",
+                                      "m.toml: hardware.cpu.apptainer.binds[0].source",
+                                      "/no/such/data does not exist on localhost"))
+
+
 # --- the runner ------------------------------------------------------------------------------
 
 HANG_LIMIT_S = 60

@@ -59,12 +59,12 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("import of results made elsewhere", ("orchestrator.importer",), False),
     ("placement and launch", (
         "orchestrator.placement", "orchestrator.launch", "orchestrator.ordering",
-        "orchestrator.eta", "orchestrator.selection",
+        "orchestrator.eta", "orchestrator.selection", "orchestrator.apptainer",
     ), False),
     ("outside world", (
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
         "orchestrator.build", "orchestrator.cellprocs", "orchestrator.locks",
-        "orchestrator.refresh",
+        "orchestrator.refresh", "orchestrator.sif",
     ), False),
     ("semantic checks", ("orchestrator.checks",), False),
     ("backend base", ("orchestrator.backends", "orchestrator.backends.base"), False),

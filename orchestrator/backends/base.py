@@ -57,8 +57,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
-from orchestrator import __version__, locks
-from orchestrator.errors import OrchestratorError
+from orchestrator import __version__, locks, selection, sif
+from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.fom import CellOutput, evaluate
 from orchestrator.launch import LaunchSpec
 from orchestrator.locks import HeldLocks, Holder, LockRequest, LockWaitCancelled
@@ -66,6 +66,7 @@ from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
 from orchestrator.redact import Scrubber, secret_env
 from orchestrator.results import CellResult, RunPaths, Status, write_json
+from orchestrator.selection import ImageKey
 
 log = logging.getLogger("orchestrator.backends")
 
@@ -186,12 +187,26 @@ class Backend(ABC):
         self.paths = paths
         self.options = options
         self._busy = False
+        #: The image of each Apptainer profile where its cells run (set by ``prepare``).
+        self.sif_paths: dict[ImageKey, str] = {}
 
     # --- hooks ----------------------------------------------------------------------------
 
     @classmethod
     def check_available(cls) -> None:  # noqa: B027 - optional hook
         """Raise :class:`~orchestrator.errors.BackendUnavailable` if this backend can't run here."""
+
+    @classmethod
+    def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
+        """Before a run folder exists: a :class:`~orchestrator.errors.ConfigError` naming every
+        Apptainer profile whose runtime binary is not on this machine's PATH or whose bind
+        source does not exist here (:func:`orchestrator.sif.runtime_problems`; the process
+        backend runs the cells here, the slurm backend on nodes that share this filesystem)."""
+        profiles = sorted({c.hardware for c in cells
+                           if matrix.profiles[c.hardware].apptainer_runtime})
+        problems = sif.runtime_problems(matrix, profiles, sif.LocalMachine())
+        if problems:
+            raise ConfigError(problems)
 
     def prepare(  # noqa: B027 - optional hook
         self, cells: list[Cell], on_log: Callable[[str], None] | None = None
@@ -205,6 +220,16 @@ class Backend(ABC):
     @abstractmethod
     def launch(self, spec: LaunchSpec) -> Execution:
         """Start the cell. Raise LaunchError if it cannot start at all."""
+
+    def runtime_image(self, cell: Cell) -> str:
+        """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
+        where it would be on this machine (:func:`orchestrator.sif.plan_sifs`)."""
+        key = selection.image_key(self.matrix, cell)
+        path = self.sif_paths.get(key)
+        if path is None:
+            plan = sif.plan_sifs(self.matrix, [cell])[key]
+            path = sif.LocalMachine().expand(plan.path)
+        return path
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """What ran where, beyond what the workload reports itself."""
@@ -221,6 +246,8 @@ class Backend(ABC):
             info["hosts"] = list(spec.hosts)
         if spec.program:
             info["program"] = dict(spec.program)
+        if spec.runtime:
+            info["runtime"] = dict(spec.runtime)
         return info
 
     def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:  # noqa: B027

@@ -17,6 +17,13 @@ orchestrator killed mid-cell left of it.
 ``[hardware.NAME.container] mem_limit`` applies here too: the cell's memory cgroup (v2
 ``memory.max`` or v1 ``memory.limit_in_bytes``, no swap), and a cell the kernel OOM-kills in it
 ends ``oom``. Where no memory cgroup can be made the sweep refuses such a profile at once.
+
+A profile with ``runtime = "apptainer"`` (or ``"singularity"``) runs the same program in its
+image: ``apptainer exec --nv --cleanenv ... IMAGE.sif <argv>`` (:mod:`orchestrator.apptainer`),
+its GPUs passed as ``--env CUDA_VISIBLE_DEVICES``, every other value and secret as
+``APPTAINERENV_*`` in the launcher's environment (the cell marker too, so the stop above
+reaches the processes in the container). ``prepare`` makes sure of the ``.sif``
+(:func:`orchestrator.sif.prepare_runtime`).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from orchestrator import cellprocs
+from orchestrator import apptainer, cellprocs, sif
 from orchestrator.backends.base import PROJECT_ROOT, Backend, Execution, ExitInfo
 from orchestrator.cellprocs import CellProcesses
 from orchestrator.errors import BackendUnavailable, ConfigError, LaunchError
@@ -112,9 +119,12 @@ class ProcessBackend(Backend):
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         """The cell's program (:func:`~orchestrator.launch.cell_command`) with this Python, in
-        this checkout (or the command's ``workdir``), its GPUs pinned by the environment."""
+        this checkout (or the command's ``workdir``), its GPUs pinned by the environment; under
+        Apptainer, the same program in the profile's image (:mod:`orchestrator.apptainer`)."""
         profile = self.matrix.profile(cell)
         out = str(self.paths.cell_dir(cell.id).resolve())  # the program may run elsewhere
+        if profile.apptainer_runtime:
+            return self._apptainer_spec(cell, allocation, attempt, out)
         command = cell_command(cell, profile, self.matrix.program(cell), python=sys.executable,
                                output_dir=out, gpu_ids=allocation.gpu_ids)
         return LaunchSpec(
@@ -130,8 +140,24 @@ class ProcessBackend(Backend):
             program=command.program,
         )
 
+    def _apptainer_spec(self, cell: Cell, allocation: Allocation, attempt: int, out: str
+                        ) -> LaunchSpec:
+        profile = self.matrix.profile(cell)
+        image = self.runtime_image(cell)
+        command = apptainer.apptainer_command(cell, profile, self.matrix.program(cell),
+                                              image=image, output_dir=out,
+                                              gpu_ids=allocation.gpu_ids)
+        return LaunchSpec(
+            cell_id=cell.id, argv=tuple(command.argv), env=command.env, device=profile.device,
+            gpu_ids=allocation.gpu_ids, image=image, workdir=out, output_dir=out,
+            attempt=attempt, mem_limit=profile.container.mem_limit, program=command.program,
+            runtime=apptainer.runtime_record(apptainer.binary_of(profile), image),
+        )
+
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
-        """Adds the Python environment that ran the workload (no image here)."""
+        """Adds the Python environment that ran the workload (none: an Apptainer image's)."""
+        if spec.runtime:
+            return super().provenance(spec)
         return {
             **super().provenance(spec),
             "python": sys.executable,
@@ -143,6 +169,9 @@ class ProcessBackend(Backend):
         """Refuse a memory limit this machine cannot apply; stop what a killed orchestrator left
         running of this run (a resumed run)."""
         self._check_memory_limits(cells)
+        if any(self.matrix.profile(c).apptainer_runtime for c in cells):
+            self.sif_paths = sif.prepare_runtime(self.matrix, cells, sif.LocalMachine(),
+                                                 on_log=on_log)
         prefix = cellprocs.run_marker_prefix(self.matrix.name, self.paths.run_id)
         stopped = cellprocs.kill_marked(prefix, prefix=True, grace=TERM_GRACE_S)
         if stopped and on_log:
@@ -181,6 +210,10 @@ class ProcessBackend(Backend):
         except cellprocs.MemoryLimitUnavailable as exc:
             raise LaunchError(f"{spec.cell_id}: cannot apply mem_limit: {exc}") from exc
         env = {**os.environ, **resolve_env(spec.env), **procs.environment()}
+        if spec.runtime:  # --cleanenv: what the container gets travels with the runtime's prefix
+            prefix = spec.runtime["env_prefix"]
+            env.update(apptainer.launcher_env(spec.env, prefix))
+            env.update({prefix + k: v for k, v in procs.environment().items()})
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
         )

@@ -14,7 +14,8 @@ The ssh backend starts the containers (:mod:`orchestrator.backends.ssh`); what r
   cell folder, node N into ``nodeN/``) as one tar stream, then removes containers and folders.
   Remote folders live under :data:`REMOTE_ROOT` only; nothing outside it is ever removed.
 
-:class:`LostExecution` is a cell whose host was lost before its container started.
+:class:`ProcessExecution` is a cell that runs as a plain command on its host (the ssh backend's
+Apptainer cells); :class:`LostExecution` is a cell whose host was lost before it started.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 import posixpath
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ import paramiko
 from orchestrator.backends.base import Execution, ExitInfo
 from orchestrator.backends.containers import DockerExecution
 from orchestrator.errors import HostError
-from orchestrator.ssh import SshHost
+from orchestrator.ssh import RemoteProcess, SshHost
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +208,71 @@ class RemoteExecution(Execution):
             remove_remote_dir(node.ssh, node.remote_dir)
         for node in self.nodes:
             close_node(node)
+
+
+class ProcessExecution(Execution):
+    """A cell run as a plain command on one host over its own SSH connection (the ssh
+    backend's Apptainer cells: ``apptainer exec ...`` is the command; no engine involved).
+
+    Output streams from the command's channel; a kill stops the remote process group
+    (:meth:`~orchestrator.ssh.RemoteProcess.kill`); :meth:`close` copies the output folder back
+    and removes it there, like :class:`RemoteExecution`.
+    """
+
+    def __init__(self, cell_id: str, node: RemoteNode, proc: RemoteProcess, local_dir: Path,
+                 reachable: Callable[[str], bool]):
+        self.cell_id = cell_id
+        self.node = node
+        self.proc = proc
+        self.local_dir = local_dir
+        self._reachable = reachable
+        self._lost: dict[str, str] = {}
+
+    @property
+    def lost_hosts(self) -> dict[str, str]:
+        """The host, when it stopped answering while the cell ran: name -> why."""
+        return dict(self._lost)
+
+    def output(self) -> Iterator[bytes]:
+        try:
+            yield from self.proc.output()
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            log.debug("%s: output from %s ended: %s", self.cell_id, self.node.host, exc)
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.proc.ended():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(0.1, left))
+        return True
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+        except (HostError, OSError, paramiko.SSHException, EOFError) as exc:
+            log.debug("kill %s on %s: %s", self.cell_id, self.node.host, exc)
+
+    def exit_info(self) -> ExitInfo:
+        code = self.proc.exit_code
+        if code is not None and code >= 0:
+            return ExitInfo(code=code)
+        if not self._reachable(self.node.host):
+            self._lost[self.node.host] = f"host {self.node.host} stopped answering"
+            return ExitInfo(code=None, host_lost=True, detail=self._lost[self.node.host])
+        return ExitInfo(code=None, detail="the SSH session ended without an exit status")
+
+    def close(self) -> None:
+        node = self.node
+        if node.host not in self._lost:
+            try:
+                node.ssh.fetch_dir(node.remote_dir, self.local_dir)
+            except (HostError, OSError, paramiko.SSHException, EOFError) as exc:
+                log.warning("%s: copying %s:%s back failed: %s", self.cell_id, node.host,
+                            node.remote_dir, exc)
+            remove_remote_dir(node.ssh, node.remote_dir)
+        close_node(node)
 
 
 class LostExecution(Execution):

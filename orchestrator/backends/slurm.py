@@ -25,6 +25,15 @@ The job's state comes from ``squeue`` (polled at most once a second), its outcom
 where accounting is enabled, else from ``scontrol show job`` (which knows a finished job for
 ``MinJobAge`` seconds). A per-cell timeout or an interrupt ``scancel``\\ s the job and waits until
 it has left the queue.
+
+Under ``runtime = "apptainer"`` (or ``"singularity"``) the script runs ``srun apptainer exec
+--nv --cleanenv ... IMAGE.sif <argv>`` in the cell folder (:mod:`orchestrator.apptainer`): the
+nodes need the image and the results folder, not this checkout. ``--cleanenv`` drops the job's
+environment, so the script exports what the container gets with the runtime's prefix
+(``APPTAINERENV_*``; secrets again only named) and the GPUs Slurm granted as
+``APPTAINERENV_CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"``. ``prepare`` checks the
+runtime binary and bind sources on this (submit) host and makes sure of the ``.sif`` here, in
+an image dir the nodes must see (:func:`orchestrator.sif.prepare_runtime`).
 """
 
 from __future__ import annotations
@@ -40,11 +49,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import apptainer, sif
 from orchestrator.backends.base import PROJECT_ROOT, Backend, Execution, ExitInfo, RunOptions
 from orchestrator.config import HardwareProfile, SlurmOptions
 from orchestrator.errors import BackendUnavailable, LaunchError
@@ -98,6 +108,12 @@ class SbatchJob:
     options: SlurmOptions = field(default_factory=SlurmOptions)
     #: What program the job runs (for command.json and provenance; not in the script).
     program: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: A variable the script sets to the job's ``CUDA_VISIBLE_DEVICES`` (Slurm's allocation, at
+    #: run time) before ``argv`` starts: ``APPTAINERENV_CUDA_VISIBLE_DEVICES`` carries it into
+    #: an Apptainer container, whose ``--cleanenv`` drops the job's own environment.
+    gpu_env: str | None = None
+    #: The container runtime that runs ``argv`` (command.json and provenance; not in the script).
+    runtime: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def job_name(self) -> str:
@@ -160,6 +176,12 @@ def render_sbatch(job: SbatchJob) -> str:
                      f"{' '.join(secret)}")
     for key, value in public_env(job.env).items():
         lines.append(f"export {key}={shlex.quote(value)}")
+    if job.gpu_env and job.gpus:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", job.gpu_env):
+            raise LaunchError(f"{job.cell_id}: environment variable name {job.gpu_env!r} is "
+                              "not valid")
+        lines.append("# the GPUs Slurm gave this job, passed into the container explicitly")
+        lines.append(f'export {job.gpu_env}="${{CUDA_VISIBLE_DEVICES-}}"')
     lines.append("exec " + " ".join(shlex.quote(arg) for arg in job.argv))
     return "\n".join(lines) + "\n"
 
@@ -574,6 +596,8 @@ class SlurmBackend(Backend):
         or the command's ``workdir``."""
         profile = self.matrix.profile(cell)
         cell_dir = self.paths.cell_dir(cell.id).resolve()  # the job may run elsewhere
+        if profile.apptainer_runtime:
+            return self._apptainer_job(cell, cell_dir)
         command = cell_command(cell, profile, self.matrix.program(cell), python=sys.executable,
                                output_dir=str(cell_dir))  # GPUs: Slurm sets CUDA_VISIBLE_DEVICES
         env = dict(command.env)
@@ -591,6 +615,43 @@ class SlurmBackend(Backend):
             program=command.program,
         )
 
+    def _apptainer_job(self, cell: Cell, cell_dir: Path) -> SbatchJob:
+        """The batch script of an Apptainer cell: ``srun apptainer exec ... IMAGE.sif <argv>``
+        in the cell folder (the nodes need the image and that folder, not this checkout); the
+        variables ``--env`` cannot carry exported with the runtime's prefix (secrets: passed by
+        sbatch, never written), the job's GPUs passed in at run time."""
+        profile = self.matrix.profile(cell)
+        image = self.runtime_image(cell)
+        command = apptainer.apptainer_command(cell, profile, self.matrix.program(cell),
+                                              image=image, output_dir=str(cell_dir))
+        binary = apptainer.binary_of(profile)
+        prefix = apptainer.env_prefix(binary)
+        passed = apptainer.flag_env(command.env)
+        env = {prefix + k: v for k, v in command.env.items() if k not in passed}
+        gpus = self._gpus_requested(cell, profile)
+        opts = profile.slurm
+        return SbatchJob(
+            cell_id=cell.id,
+            argv=("srun", *command.argv),
+            env=env,
+            output=output_pattern(cell_dir),
+            workdir=str(cell_dir),
+            time_limit=opts.time_limit or slurm_time(self.options.timeout_s + TIME_MARGIN_S),
+            gpus=gpus,
+            options=opts,
+            program=command.program,
+            gpu_env=f"{prefix}CUDA_VISIBLE_DEVICES" if gpus else None,
+            runtime=apptainer.runtime_record(binary, image),
+        )
+
+    def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
+        """Apptainer profiles: their runtime binary and bind sources on this (submit) host, the
+        best proxy for the nodes that share its filesystem; their images made here, where the
+        nodes see them (a shared image dir)."""
+        if any(self.matrix.profile(c).apptainer_runtime for c in cells):
+            self.sif_paths = sif.prepare_runtime(self.matrix, cells, sif.LocalMachine(),
+                                                 on_log=on_log)
+
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         """The cell's argv and environment, with the batch script that runs them."""
         job = self.sbatch_job(cell)
@@ -601,6 +662,7 @@ class SlurmBackend(Backend):
             workdir=job.workdir, output_dir=str(self.paths.cell_dir(cell.id)),
             labels={"slurm.script": str(self.paths.cell_dir(cell.id) / SCRIPT_NAME)},
             attempt=attempt, script=render_sbatch(job), program=job.program,
+            image=job.runtime.get("image"), runtime=job.runtime,
         )
 
     def launch(self, spec: LaunchSpec) -> Execution:

@@ -31,6 +31,13 @@ never holds a client for this machine's engine). What differs:
   per host, each with its :class:`~orchestrator.launch.NodeRole` (torchrun ``--nnodes
   --node_rank --rdzv_endpoint=<first host>:PORT``), on the host network.
 
+**Apptainer** profiles (``runtime = "apptainer"``) need no engine on their hosts: ``prepare``
+checks the runtime binary and bind sources on each host and makes its ``.sif`` there
+(:class:`orchestrator.sif.SshMachine`); a cell is ``apptainer exec ... IMAGE.sif <argv>`` run over
+its own connection (:class:`~orchestrator.backends.remote.ProcessExecution`), its GPUs pinned by
+an ``--env`` argument, the variables ``--env`` cannot carry (secrets among them) written to the
+command's stdin (:func:`orchestrator.apptainer.remote_argv`). One host per cell.
+
 Each running cell has its own SSH connection (sshd allows 10 sessions per connection by default;
 a cell holds two long-lived channels), so many cells on one host never exhaust it.
 """
@@ -40,16 +47,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import build, gpus, placement, releases, selection
+from orchestrator import apptainer, build, gpus, placement, releases, selection, sif
 from orchestrator.backends.base import Backend, Execution, RunOptions
 from orchestrator.backends.containers import container_kwargs, container_spec
 from orchestrator.backends.remote import (
     LostExecution,
+    ProcessExecution,
     RemoteExecution,
     RemoteNode,
     close_node,
@@ -94,11 +102,12 @@ class RemoteHost:
     images: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def connect(self) -> RemoteHost:
-        """Connect (verifying the host key) and open the engine client once."""
+    def connect(self, engine: bool = True) -> RemoteHost:
+        """Connect (verifying the host key) and open the engine client once (``engine``
+        False: not needed, the host runs Apptainer cells only)."""
         with self.lock:
             self.ssh.connect()
-            if self.client is None:
+            if self.client is None and engine:
                 self.client = remote_docker_client(self.ssh)
                 self.api_version = self.client.api.api_version
         return self
@@ -155,10 +164,16 @@ class SshDockerBackend(Backend):
         self._pool: placement.GpuPool | None = None
         self._lock = threading.RLock()
         self._lost: dict[str, str] = {}  # host -> why it was taken out
+        #: the .sif of each Apptainer image on each host, by (host, key)
+        self.host_sifs: dict[tuple[str, selection.ImageKey], str] = {}
 
     @classmethod
     def check_available(cls) -> None:
         check_sdk()
+
+    @classmethod
+    def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
+        """Nothing here: the cells run on the hosts, where :meth:`prepare` checks each one."""
 
     # --- hosts and placement ---------------------------------------------------------------
 
@@ -274,9 +289,14 @@ class SshDockerBackend(Backend):
         """Connect to every host the cells may use, discover GPUs (and, for profiles whose
         release is auto, the driver), build each host's images on it; record them."""
         say: Callable[[str], None] = on_log or (lambda _msg: None)
-        build.check_image_templates(self.matrix, cells, self.name)
-        keys = selection.needed_keys(self.matrix, cells)
-        needed = {k.hardware for k in keys}
+        build.check_image_templates(
+            self.matrix, [c for c in cells if not self.matrix.profile(c).apptainer_runtime],
+            self.name)
+        every = selection.needed_keys(self.matrix, cells)
+        needed = {k.hardware for k in every}
+        sifs = [k for k in every if self.matrix.profiles[k.hardware].apptainer_runtime]
+        keys = [k for k in every if k not in sifs]
+        docker_profiles = {k.hardware for k in keys}
         auto = {k.hardware for k in keys
                 if k.ngc_release is None and selection.is_auto(self.matrix, k.hardware)}
         wanted = [h for h in self.inventory.names
@@ -285,7 +305,7 @@ class SshDockerBackend(Backend):
 
         def connect(name: str) -> None:
             try:
-                self._host(name).connect()
+                self._host(name).connect(engine=bool(self.placement_tags[name] & docker_profiles))
             except HostError as exc:
                 if not _unreachable(exc):
                     raise  # unknown or changed host key, failed authentication: the user acts
@@ -323,6 +343,9 @@ class SshDockerBackend(Backend):
                 if probe(name, host) is None:
                     return
                 driver = self.drivers[name]
+            self._prepare_sifs(name, host, sifs, build_log(name), say)
+            if not self.placement_tags[name] & docker_profiles:
+                return
             resolve = build.engine_resolver(host.client, where=f"host {name}",
                                             on_log=build_log(name))
             for key in keys:
@@ -366,6 +389,26 @@ class SshDockerBackend(Backend):
                                  self.drivers.values())
         if problem:
             say(problem)
+
+    def _prepare_sifs(self, name: str, host: RemoteHost, keys: list[selection.ImageKey],
+                      build_log: Callable[[str], None] | None, say: Callable[[str], None]
+                      ) -> None:
+        """The Apptainer images ``name`` runs: its runtime binary and bind sources checked
+        there (a ConfigError naming the host), each .sif made there unless it is up to date."""
+        keys = [k for k in keys if k.hardware in self.placement_tags[name]]
+        if not keys:
+            return
+        machine = sif.SshMachine(host.ssh)
+        problems = sif.runtime_problems(self.matrix, sorted({k.hardware for k in keys}), machine)
+        if problems:
+            raise ConfigError(problems)
+        plans = sif.plan_sifs(self.matrix, [c for c in self.matrix.cells
+                                            if selection.image_key(self.matrix, c) in keys])
+        for key, plan in plans.items():
+            outcome = sif.ensure_sif(plan, machine, build_log, host.client)
+            with self._lock:
+                self.host_sifs[(name, key)] = outcome.path
+            say(f"host {name}: image {outcome.path} ({plan.source}): {outcome.summary}")
 
     @staticmethod
     def _driver_too_old(choice: selection.ImageChoice, driver: selection.HostDriver
@@ -416,6 +459,8 @@ class SshDockerBackend(Backend):
         profile = self.matrix.profile(cell)
         program = self.matrix.program(cell)
         output_dir = remote_dir(self.paths.run_id, cell.id, attempt)
+        if profile.apptainer_runtime:
+            return self._apptainer_spec(cell, allocation, attempt, output_dir)
         labels = container_labels(self.matrix.name, self.paths.run_id, cell.id)
         if not allocation.multi_node:
             return container_spec(cell, profile, program,
@@ -433,6 +478,55 @@ class SshDockerBackend(Backend):
         ]
         return dataclasses.replace(nodes[0], peers=tuple(nodes[1:]))
 
+    def _apptainer_spec(self, cell: Cell, allocation: Allocation, attempt: int,
+                        output_dir: str) -> LaunchSpec:
+        """An Apptainer cell on its host: ``apptainer exec ... IMAGE.sif <argv>`` writing into
+        its remote folder, its GPUs pinned by an ``--env`` argument (one host per cell)."""
+        if allocation.multi_node or allocation.host is None:
+            raise LaunchError(f"{cell.id}: Apptainer cells run on one host each")
+        profile = self.matrix.profile(cell)
+        key = selection.image_key(self.matrix, cell)
+        image = self.host_sifs.get((allocation.host, key))
+        if image is None:  # a dry run: where it would be (~ unexpanded)
+            image = sif.plan_sifs(self.matrix, [cell])[key].path
+        command = apptainer.apptainer_command(cell, profile, self.matrix.program(cell),
+                                              image=image, output_dir=output_dir,
+                                              gpu_ids=allocation.gpu_ids)
+        return LaunchSpec(
+            cell_id=cell.id, argv=tuple(command.argv), env=command.env, device=profile.device,
+            gpu_ids=allocation.gpu_ids, image=image, workdir=output_dir, output_dir=output_dir,
+            host=allocation.host, attempt=attempt, program=command.program,
+            runtime=apptainer.runtime_record(apptainer.binary_of(profile), image),
+        )
+
+    def _start_apptainer(self, spec: LaunchSpec) -> Execution:
+        """Start an Apptainer cell's command on its host over a connection of its own; the
+        variables ``--env`` does not carry (secrets among them) go over stdin, never into a
+        command line (:func:`orchestrator.apptainer.remote_argv`)."""
+        assert spec.host is not None and spec.output_dir is not None
+        ssh = self._ssh(spec.host)
+        node = RemoteNode(spec.host, ssh, None, spec.output_dir)
+        try:
+            code, _, err = ssh.run(["install", "-d", "-m", "0777", "--", spec.output_dir],
+                                   timeout=60)
+            if code != 0:
+                raise LaunchError(f"{spec.cell_id}: cannot make {spec.output_dir} on "
+                                  f"{spec.host}: {err.strip()}")
+            argv, stdin = apptainer.remote_argv(spec.argv, apptainer.launcher_env(
+                spec.env, spec.runtime["env_prefix"]))
+            proc = ssh.start(argv, combine_stderr=True, stdin=stdin)
+        except LaunchError:
+            close_node(node)
+            raise
+        except HostError as exc:
+            close_node(node)
+            if _unreachable(exc) and not self._reachable(spec.host):
+                return LostExecution(spec.host, f"host {spec.host} stopped answering while "
+                                                f"starting the cell ({exc})")
+            raise LaunchError(f"{spec.cell_id}: {exc}") from exc
+        return ProcessExecution(spec.cell_id, node, proc, self.paths.cell_dir(spec.cell_id),
+                                self._reachable)
+
     def _one_release(self, cell: Cell, hosts: list[str]) -> None:
         """A multi-node cell runs one release on all its hosts: a LaunchError if their drivers
         picked different ones (``release = "auto"`` on hosts with different drivers)."""
@@ -444,7 +538,10 @@ class SshDockerBackend(Backend):
                               "base_tag) or list hosts with equal drivers")
 
     def launch(self, spec: LaunchSpec) -> Execution:
-        """Start the cell's container on every node's host (node 0 first)."""
+        """Start the cell's container on every node's host (node 0 first); an Apptainer
+        cell's command on its host."""
+        if spec.runtime:
+            return self._start_apptainer(spec)
         if spec.image is None:
             raise LaunchError(f"{spec.cell_id}: no image was prepared for it")
         nodes: list[RemoteNode] = []
@@ -503,7 +600,7 @@ class SshDockerBackend(Backend):
     def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:
         """A cell that lost its host takes that host out of the pool (the sweep retries it)."""
         if result.status is Status.HOST_LOST:
-            assert isinstance(execution, RemoteExecution | LostExecution)
+            assert isinstance(execution, RemoteExecution | ProcessExecution | LostExecution)
             for host, why in execution.lost_hosts.items():
                 self.mark_host_lost(host, why)
 

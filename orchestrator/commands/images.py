@@ -72,6 +72,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_build.add_argument(
         "--dry-run", action="store_true", help="print base image, release and tag; build nothing"
     )
+    p_build.add_argument(
+        "--sif", action="store_true",
+        help="make an Apptainer/Singularity .sif (implied for the singularity template; a "
+        "Dockerfile template's image is built, then converted from docker-daemon://)",
+    )
+    p_build.add_argument(
+        "--apptainer", metavar="BINARY",
+        help="the runtime's program for --sif (default: apptainer, else singularity, on PATH)",
+    )
+    p_build.add_argument(
+        "--sif-dir", metavar="DIR",
+        help="folder of the .sif files (default: $ORCHESTRATE_SIF_DIR, else "
+        "~/.cache/orchestrate/sif)",
+    )
     p_build.set_defaults(handler=cmd_build)
 
     p_refresh = sub.add_parser(
@@ -220,6 +234,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     console = Console()
     if release is not None:
         console.print(f"release:    {release}", markup=False, highlight=False)
+    if args.sif or plan.kind == "singularity":
+        return _build_sif(args, plan, console)
     for node in build.plan_chain(plan):
         console.print(f"{node.template}:")
         console.print(f"  base image: {node.base_image}", soft_wrap=True)
@@ -242,6 +258,35 @@ def cmd_build(args: argparse.Namespace) -> int:
         console.print(f"{step.tag}: {step.summary}{base}", markup=False, highlight=False,
                       soft_wrap=True)
         step = step.parent
+    return 0
+
+
+def _build_sif(args: argparse.Namespace, plan: build.ImagePlan, console: Console) -> int:
+    """``images build --sif``: the .sif of ``plan`` in the image dir, built unless its
+    content-hash name is there (:func:`orchestrator.sif.ensure_sif`)."""
+    from orchestrator import sif
+
+    machine = sif.LocalMachine()
+    binary = args.apptainer or next(
+        (b for b in ("apptainer", "singularity") if machine.which(b)), "apptainer")
+    target = sif.plan_sif(plan, binary=binary, directory=args.sif_dir)
+    console.print(f"{plan.template}: {target.source} -> {machine.expand(target.path)}",
+                  markup=False, highlight=False, soft_wrap=True)
+    if args.dry_run:
+        console.print(f"  base image: {plan.base_image}; build: "
+                      f"{' '.join(target.build_argv('OUT.sif'))}", markup=False,
+                      highlight=False, soft_wrap=True)
+        return 0
+    if machine.which(binary) is None:
+        raise ConfigError(f"{binary!r} is not on PATH: install Apptainer (or SingularityCE), "
+                          "or name its program", field="--apptainer")
+
+    def on_log(line: str) -> None:
+        console.print(line, style="dim", markup=False, highlight=False, soft_wrap=True)
+
+    outcome = sif.ensure_sif(target, machine, on_log)
+    console.print(f"{outcome.path}: {outcome.summary}", markup=False, highlight=False,
+                  soft_wrap=True)
     return 0
 
 

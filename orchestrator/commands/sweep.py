@@ -467,7 +467,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         check_results_root(results)
         images = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
         inventory = _inventory_line(matrix, args.hosts) if backend == "ssh" else []
-        print("\n".join([*plan_lines(matrix), *images, *inventory]))
+        runtime = runtime_lines(matrix, backend, results)
+        print("
+".join([*plan_lines(matrix), *images, *inventory, *runtime]))
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
@@ -525,9 +527,10 @@ def image_lines(matrix: Matrix, backend: str) -> list[str]:
     the build context; the build's also cover the base image's digest or ID)."""
     from orchestrator import build, selection
 
-    build.check_image_templates(matrix, matrix.cells, backend)
+    cells = [c for c in matrix.cells if not matrix.profile(c).apptainer_runtime]
+    build.check_image_templates(matrix, cells, backend)
     lines = []
-    for key in selection.needed_keys(matrix, matrix.cells):
+    for key in selection.needed_keys(matrix, cells):
         name = key.hardware + (f" (ngc_release {key.ngc_release})" if key.ngc_release else "")
         if key.ngc_release is None and selection.is_auto(matrix, key.hardware):
             where = "each host's" if backend == "ssh" else "this machine's"
@@ -538,6 +541,44 @@ def image_lines(matrix: Matrix, backend: str) -> list[str]:
         lines.append(f"image for {name}: {plan.tag} (template {plan.template}, base "
                      f"{plan.base_image}; {choice.label}; the tag is pinned to the base's "
                      "digest or ID when built)")
+    return lines
+
+
+def runtime_lines(matrix: Matrix, backend: str, results: Path) -> list[str]:
+    """What ``--dry-run`` says of cells that run under Apptainer (process and slurm backends):
+    each cell's ``apptainer exec ...`` command as the backend builds it, and, under Slurm, its
+    batch script: the first one shown, every one written into a fresh folder (paths printed).
+    Cell folders read ``<run id>``; nothing is built or submitted."""
+    import shlex
+    import tempfile
+
+    from orchestrator.backends import backend_class
+    from orchestrator.backends.base import RunOptions
+    from orchestrator.placement import Allocation
+    from orchestrator.results import RunPaths
+
+    cells = [c for c in matrix.cells if matrix.profiles[c.hardware].apptainer_runtime]
+    if not cells or backend not in ("process", "slurm"):
+        return []
+    paths = RunPaths(results.resolve() / matrix.name / "<run id>")
+    runner = backend_class(backend)(matrix, paths, RunOptions(timeout_s=matrix.settings.timeout_s))
+    lines = ["apptainer commands (GPU ids: " + ("Slurm's allocation, passed in by the batch "
+             "script" if backend == "slurm" else "as placed when the sweep runs; 0.. shown")
+             + "):"]
+    scripts: Path | None = None
+    for cell in cells:
+        gpus = range(cell.params.gpus) if matrix.profile(cell).device == "cuda" else ()
+        spec = runner.spec(cell, Allocation.local(cell.id, gpus))
+        lines.append(f"  {cell.id}: {shlex.join(spec.argv)}")
+        if spec.script is None:
+            continue
+        if scripts is None:
+            scripts = Path(tempfile.mkdtemp(prefix=f"orchestrate-dry-run-{matrix.name}-"))
+            lines += [f"  batch script of {cell.id}:",
+                      *(f"    {line}" for line in spec.script.splitlines())]
+        script = scripts / f"{cell.id}.sbatch"
+        script.write_text(spec.script, encoding="utf-8")
+        lines.append(f"    written: {script}")
     return lines
 
 
