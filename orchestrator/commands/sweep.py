@@ -468,8 +468,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         images = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
         inventory = _inventory_line(matrix, args.hosts) if backend == "ssh" else []
         runtime = runtime_lines(matrix, backend, results)
-        print("
-".join([*plan_lines(matrix), *images, *inventory, *runtime]))
+        print("\n".join([*plan_lines(matrix), *images, *inventory, *runtime]))
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
