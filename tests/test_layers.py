@@ -64,6 +64,7 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("outside world", (
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
         "orchestrator.build", "orchestrator.cellprocs", "orchestrator.locks",
+        "orchestrator.remote_locks",
         "orchestrator.refresh",
     ), False),
     ("semantic checks", ("orchestrator.checks",), False),

@@ -68,8 +68,10 @@ from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchE
 from orchestrator.hosts import Inventory, load_hosts, resolve_hosts
 from orchestrator.imagestate import ImageRecord
 from orchestrator.launch import LaunchSpec, node_roles
+from orchestrator.locks import Holder, Locker, LockRequest
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
+from orchestrator.remote_locks import SshLocker, remote_lock_dir
 from orchestrator.results import CellResult, RunPaths, Status
 from orchestrator.ssh import SshHost
 from orchestrator.ssh_docker import remote_docker_client
@@ -155,6 +157,8 @@ class SshDockerBackend(Backend):
         self._pool: placement.GpuPool | None = None
         self._lock = threading.RLock()
         self._lost: dict[str, str] = {}  # host -> why it was taken out
+        #: the lock folder on the hosts (None: no remote locks)
+        self.lock_dir = remote_lock_dir(self.inventory)
 
     @classmethod
     def check_available(cls) -> None:
@@ -233,10 +237,21 @@ class SshDockerBackend(Backend):
         with self._lock:
             return self.pool.try_acquire(self._request(cell))
 
-    def lock_request(self, cell: Cell, allocation: Allocation) -> None:
-        """None: the hosts are other machines, whose locks this machine cannot hold (README:
-        "Overlapping sweeps")."""
-        return None
+    def lock_requests(self, cell: Cell, allocation: Allocation) -> tuple[LockRequest, ...]:
+        """The GPUs (else the CPU; all of it for a cell that holds its hosts) of every host of
+        the allocation, hosts in name order (so two sweeps cannot deadlock), each locked on
+        that host (:mod:`orchestrator.remote_locks`); nothing when the inventory turns remote
+        locks off (``lock_dir = ""``)."""
+        if self.lock_dir is None:
+            return ()
+        return tuple(LockRequest(slot.host, slot.gpu_ids, allocation.exclusive)
+                     for slot in sorted(allocation.slots, key=lambda s: s.host or "")
+                     if slot.host is not None)
+
+    def locker(self, request: LockRequest, holder: Holder) -> Locker:
+        """``request``'s locks, held on its host over a connection of their own."""
+        assert self.lock_dir is not None
+        return SshLocker(request, holder, self._ssh(request.host), self.lock_dir)
 
     def release(self, cell: Cell, allocation: Allocation) -> None:
         with self._lock:

@@ -1,0 +1,279 @@
+"""Locks on a lab host's GPUs, taken on that host over SSH (issue 10, item 10, ssh backend).
+
+The "lab hosts" are real sshd servers on loopback (tests/ssh_support.py): the lock script runs
+in a real sshd session with this machine's ``sh`` and ``flock(1)``, so the lock folder "on the
+host" is a folder of this machine, and a local :class:`~orchestrator.locks.FileLocker` on the
+same folder meets the remote locks exactly as a local sweep on a lab host would. The sweeps at
+the end are real ssh-backend sweeps (Docker over SSH, the tiny real workload on the CPU); their
+inventories list fake GPU ids, which the cells lock as GPU cells do. The unit tests at the top
+need no sshd: they check the command built and run the lock script itself with ``sh``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ssh_support import SshdFactory, SshdServer
+
+from orchestrator.errors import ConfigError, LaunchError
+from orchestrator.hosts import load_hosts, parse_hosts
+from orchestrator.locks import Holder, LockBusy, LockRequest, LockWaitCancelled, acquire, hold
+from orchestrator.remote_locks import LOCK_SCRIPT, SshLocker, lock_argv, remote_lock_dir
+from orchestrator.ssh import SshHost
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = "/tmp/orchestrate lock's $(touch pwned) `x`;dir"
+
+
+# --- the command, and the script alone (no sshd) -------------------------------------------------
+
+
+def test_every_value_is_a_quoted_word_of_its_own() -> None:
+    record = Holder("m/r1", "c'1 $(x)").to_json()
+    argv = lock_argv(HOSTILE, record, LockRequest("lab-a", (3, 1)))
+    assert argv[:6] == ["sh", "-c", LOCK_SCRIPT, "orchestrate-lock", HOSTILE, record]
+    assert argv[6:] == ["s", "lab-a.lock", "x", "lab-a-gpu1.lock", "x", "lab-a-gpu3.lock"]
+    assert shlex.split(shlex.join(argv)) == argv  # what open_stream sends parses back the same
+    assert lock_argv("/l", "{}", LockRequest("h"))[6:] == ["s", "h.lock", "x", "h-cpu.lock"]
+    assert lock_argv("/l", "{}", LockRequest("h", whole_host=True))[6:] == ["x", "h.lock"]
+
+
+def run_script(argv: list[str], stdin: str) -> tuple[int, str]:
+    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=30,
+                          cwd="/tmp")
+    return proc.returncode, proc.stdout
+
+
+def test_the_script_takes_the_locks_of_a_hostile_folder_name_and_writes_the_holder(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "x y;$(touch pwned)"
+    record = Holder("m/r1", "cell-1").to_json()
+    code, out = run_script(lock_argv(str(folder), record, LockRequest("h", (0,))), "")
+    assert (code, out.split()) == (0, ["TAKEN", "TAKEN", "HELD"])
+    assert sorted(p.name for p in folder.iterdir()) == ["h-gpu0.lock", "h.lock"]
+    assert oct(folder.stat().st_mode & 0o7777) == "0o1777"
+    assert json.loads((folder / "h-gpu0.lock").read_text().splitlines()[0])["cell"] == "cell-1"
+    assert not (tmp_path / "pwned").exists() and not Path("/tmp/pwned").exists()
+
+
+def test_the_script_says_busy_with_the_holder_and_gives_up_when_its_stdin_ends(
+    tmp_path: Path,
+) -> None:
+    with acquire(LockRequest("h", (0,)), Holder("m/first", "c0"), folder=tmp_path):
+        code, out = run_script(lock_argv(str(tmp_path), "{}", LockRequest("h", (1, 0))),
+                               "again\n")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "TAKEN"  # the host's lock; GPU 0 comes before GPU 1
+    assert [ln.split(" ", 1)[0] for ln in lines[1:]] == ["BUSY", "BUSY"]  # tried, again, EOF
+    assert json.loads(lines[1].split(" ", 1)[1])["run"] == "m/first"
+    # gave up: nothing is left held
+    with acquire(LockRequest("h", (0, 1), whole_host=True), Holder("m/x", "c"), timeout_s=0,
+                 folder=tmp_path):
+        pass
+
+
+def test_the_script_refuses_a_symlinked_folder_or_file(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    code, out = run_script(lock_argv(str(tmp_path / "link"), "{}", LockRequest("h")), "")
+    assert code == 3 and out.startswith("ERROR the lock folder") and "symlink" in out
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "h.lock").symlink_to(tmp_path / "victim")
+    code, out = run_script(lock_argv(str(tmp_path / "real"), "{}", LockRequest("h")), "")
+    assert code == 3 and "is a symbolic link" in out and not (tmp_path / "victim").exists()
+
+
+def test_the_lock_folder_on_the_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = '[[hosts]]\nname = "a"\naddress = "h"\n'
+    monkeypatch.setenv("ORCHESTRATE_LOCK_DIR", "/var/lock/orch")
+    assert remote_lock_dir(parse_hosts(base)) == "/var/lock/orch"
+    monkeypatch.delenv("ORCHESTRATE_LOCK_DIR")
+    assert remote_lock_dir(parse_hosts(base)) == "/tmp/orchestrate-locks"
+    assert remote_lock_dir(parse_hosts('[options]\nlock_dir = "/srv/l"\n' + base)) == "/srv/l"
+    assert remote_lock_dir(parse_hosts('[options]\nlock_dir = ""\n' + base)) is None
+    with pytest.raises(ConfigError) as err:
+        parse_hosts('[options]\nlock_dir = "locks"\n' + base)
+    assert "options.lock_dir" in str(err.value)
+
+
+# --- through a real sshd ---------------------------------------------------------------------
+
+
+def inventory(tmp_path: Path, server: SshdServer, lock_dir: Path, gpus: str = "[0, 1]") -> Path:
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_hosts_line())
+    path = tmp_path / "hosts.toml"
+    path.write_text(f'[options]\nknown_hosts = "{known}"\nssh_config = ""\nconnect_timeout = 5\n'
+                    f'lock_dir = "{lock_dir}"\n' + server.host_toml(extra=f"gpus = {gpus}"))
+    return path
+
+
+def remote(hosts: Path, name: str) -> Any:
+    """A locker factory for :func:`hold`: the host's locks, over a fresh connection each."""
+    inv = load_hosts(hosts)
+    folder = remote_lock_dir(inv)
+    assert folder is not None
+    return lambda request, holder: SshLocker(request, holder,
+                                             SshHost.from_inventory(inv, name), folder)
+
+
+@pytest.fixture
+def lab(sshd_factory: SshdFactory, tmp_path: Path) -> tuple[SshdServer, Path, Path]:
+    server = sshd_factory("lock-lab")
+    folder = tmp_path / "host-locks"
+    return server, inventory(tmp_path, server, folder), folder
+
+
+def lock_processes(folder: Path) -> list[int]:
+    """Pids of lock scripts (sh or cat under them) still running for ``folder``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"orchestrate-lock" in cmd and str(folder).encode() in cmd:
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.ssh
+@pytest.mark.timeout(120)
+def test_a_remote_lock_makes_others_wait_naming_the_holder(lab) -> None:
+    server, hosts, folder = lab
+    on_host = remote(hosts, server.name)
+    first = hold([LockRequest(server.name, (0,))], Holder("nightly/r1", "g1-r1"), on_host)
+    assert lock_processes(folder), "the lock script runs on the host while the lock is held"
+    assert json.loads((folder / f"{server.name}-gpu0.lock").read_text().splitlines()[0])[
+        "cell"] == "g1-r1"
+    heard: list[str] = []
+    with pytest.raises(LockBusy) as err:
+        hold([LockRequest(server.name, (1, 0))], Holder("manual/r2", "g2-r1"), on_host,
+             timeout_s=1.2, on_wait=heard.append)
+    assert f"GPUs 0,1 on {server.name} held by run nightly/r1 (pid {os.getpid()} on " in str(
+        err.value)
+    assert "cell g1-r1) since" in str(err.value) and "(--lock-timeout 1.2)" in str(err.value)
+    assert heard == [f"g2-r1: waiting for GPUs 0,1 on {server.name}: "
+                     + str(err.value).split(f"{server.name} ", 1)[1].split("; gave up")[0]]
+    with pytest.raises(LockBusy, match=r"--lock-timeout 0\)"):  # --no-wait
+        hold([LockRequest(server.name, (0,))], Holder("m/r3", "c"), on_host, timeout_s=0)
+    # another GPU is free; the whole host is not; a local sweep on the host meets the same lock
+    with hold([LockRequest(server.name, (1,))], Holder("m/r4", "c"), on_host, timeout_s=0):
+        pass
+    with pytest.raises(LockBusy):
+        hold([LockRequest(server.name, whole_host=True)], Holder("m/r5", "c"), on_host,
+             timeout_s=0)
+    with pytest.raises(LockBusy, match="held by run nightly/r1"):
+        acquire(LockRequest(server.name, (0,)), Holder("local/r6", "c"), timeout_s=0,
+                folder=folder)
+    first.release()  # the script has ended when release returns: the lock is free at once
+    assert lock_processes(folder) == []
+    with hold([LockRequest(server.name, (0, 1))], Holder("m/r7", "c"), on_host, timeout_s=0):
+        pass
+
+
+@pytest.mark.ssh
+@pytest.mark.timeout(120)
+def test_a_wait_ends_when_the_holder_releases_or_the_sweep_is_cancelled(lab) -> None:
+    server, hosts, folder = lab
+    on_host = remote(hosts, server.name)
+    first = hold([LockRequest(server.name, (0,))], Holder("m/a", "c"), on_host)
+    threading.Timer(1.0, first.release).start()
+    with hold([LockRequest(server.name, (0,))], Holder("m/b", "c"), on_host) as second:
+        assert second.waited_s >= 0.9
+    blocker = hold([LockRequest(server.name, (0,))], Holder("m/a", "c"), on_host)
+    holding = sorted(lock_processes(folder))
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    with pytest.raises(LockWaitCancelled):
+        hold([LockRequest(server.name, (0,))], Holder("m/b", "c"), on_host, cancel=cancel)
+    assert sorted(lock_processes(folder)) == holding  # the waiter's script has left
+    blocker.release()
+    assert lock_processes(folder) == []
+
+
+@pytest.mark.ssh
+@pytest.mark.timeout(120)
+def test_two_hosts_are_locked_in_name_order_and_an_error_releases_the_first(
+    sshd_factory: SshdFactory, tmp_path: Path
+) -> None:
+    a, b = sshd_factory("lock-b"), sshd_factory("lock-a")  # name order: lock-a first
+    folder = tmp_path / "host-locks"
+    lockers = {s.name: remote(inventory(tmp_path / s.name, s, folder), s.name)
+               for s in (a, b) if (tmp_path / s.name).mkdir() is None}
+    made: list[str] = []
+
+    def either(request: LockRequest, holder: Holder) -> Any:
+        made.append(request.host)
+        return lockers[request.host](request, holder)
+
+    requests = sorted([LockRequest(a.name, (0,)), LockRequest(b.name, (0,))],
+                      key=lambda r: r.host)
+    with hold(requests, Holder("m/r", "mn"), either):
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "lock-a-gpu0.lock", "lock-a.lock", "lock-b-gpu0.lock", "lock-b.lock"]
+    assert made == ["lock-a", "lock-b"]
+    (folder / "lock-b.lock").unlink()
+    (folder / "lock-b.lock").symlink_to(tmp_path / "victim")
+    with pytest.raises(LaunchError, match="is a symbolic link"):
+        hold(requests, Holder("m/r", "mn"), either)
+    assert lock_processes(folder) == []  # lock-a's locks went with the error
+
+
+HOLDER = """
+import sys, time
+from orchestrator.hosts import load_hosts
+from orchestrator.locks import Holder, LockRequest, hold
+from orchestrator.remote_locks import SshLocker, remote_lock_dir
+from orchestrator.ssh import SshHost
+inv = load_hosts(sys.argv[1])
+name = inv.names[0]
+hold([LockRequest(name, (0,))], Holder("killed/r1", "c"),
+     lambda r, h: SshLocker(r, h, SshHost.from_inventory(inv, name), remote_lock_dir(inv)))
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.ssh
+@pytest.mark.timeout(120)
+def test_the_remote_lock_of_a_controller_killed_with_sigkill_is_released(lab) -> None:
+    server, hosts, folder = lab
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(hosts)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+        on_host = remote(hosts, server.name)
+        with pytest.raises(LockBusy, match=f"held by run killed/r1 \\(pid {proc.pid} on "):
+            hold([LockRequest(server.name, (0,))], Holder("m/b", "c"), on_host, timeout_s=0)
+        proc.send_signal(signal.SIGKILL)  # no cleanup of any kind
+        proc.wait(10)
+        # sshd sees the connection close and ends the session: the script's stdin ends
+        with hold([LockRequest(server.name, (0,))], Holder("m/b", "c"), on_host,
+                  timeout_s=30) as held:
+            assert held.waited_s < 30
+        assert lock_processes(folder) == []
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_flock_modes_match_the_local_ones() -> None:
+    """The script's ``s``/``x`` are the local LOCK_SH/LOCK_EX of the same files."""
+    request = LockRequest("h", (2,), whole_host=True)
+    modes = {fcntl.LOCK_SH: "s", fcntl.LOCK_EX: "x"}
+    assert lock_argv("/l", "{}", request)[6:] == [w for n, m in request.files()
+                                                  for w in (modes[m], n)]
