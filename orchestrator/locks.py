@@ -232,24 +232,26 @@ def hold(
     machine's lock folder), so a later machine is not touched before the earlier ones are held.
     ``timeout_s``: None waits as long as it takes, 0 not at all; past it :class:`LockBusy`.
     ``cancel`` set while waiting: :class:`LockWaitCancelled`. ``on_wait`` hears once what the
-    cell waits for and who holds it. On any error every lock taken so far is released."""
+    cell waits for and who holds it. On any error every lock taken so far is released.
+    The result's ``waited_s`` counts from the first lock found held (0: none was), not the time
+    it takes to reach the machine."""
     make: LockerFactory = locker or FileLocker
     held = HeldLocks(tuple(requests))
-    started = time.monotonic()
-    told = False
+    started: float | None = None  # when a lock was first found held by someone else
     try:
         for request in requests:
             taker = make(request, holder)
             held.lockers.append(taker)
             for name, mode in request.files():
                 while (record := taker.take(name, mode)) is not None:
-                    waited = time.monotonic() - started
+                    now = time.monotonic()
+                    waited = 0.0 if started is None else now - started
                     who = describe_holder(record)
                     if timeout_s is not None and waited >= timeout_s:
                         raise LockBusy(f"{request.describe()} {who}; gave up after "
                                        f"{waited:.0f} s (--lock-timeout {timeout_s:g})")
-                    if not told:
-                        told = True
+                    if started is None:
+                        started = now
                         message = f"waiting for {request.describe()}: {who}"
                         log.info("%s: %s", holder.cell, message)
                         if on_wait:
@@ -263,7 +265,7 @@ def hold(
     except BaseException:
         held.release()
         raise
-    held.waited_s = round(time.monotonic() - started, 3)
+    held.waited_s = 0.0 if started is None else round(time.monotonic() - started, 3)
     return held
 
 

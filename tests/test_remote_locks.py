@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,161 @@ def test_flock_modes_match_the_local_ones() -> None:
     modes = {fcntl.LOCK_SH: "s", fcntl.LOCK_EX: "x"}
     assert lock_argv("/l", "{}", request)[6:] == [w for n, m in request.files()
                                                   for w in (modes[m], n)]
+
+
+# --- real ssh-backend sweeps (Docker over SSH) ---------------------------------------------------
+
+SWEEP = """
+[matrix]
+name = "{name}"
+backend = "ssh"
+timeout_s = 240
+
+[workload]
+hardware = "cpu"
+arch = "resnet18"
+image_size = 32
+batch_size = 2
+warmup = 0
+iterations = 1
+workers = 0
+num_classes = 10
+
+[hardware.cpu]
+device = "cpu"
+image = "ngc-pytorch"
+image_vars = {{ base_image = "{base}", install_nvml = false }}
+env = {{ OMP_NUM_THREADS = "1" }}
+container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} }}
+{body}
+"""
+
+
+def sweep_matrix(tmp_path: Path, name: str, base: str, body: str = "") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(SWEEP.format(name=name, base=base, body=body))
+    return path
+
+
+class Said:
+    """Sweep events: only what the run loop says (e.g. that a cell waits for a GPU)."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def log(self, message: str) -> None:
+        self.messages.append(message)
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+@pytest.mark.timeout(300)
+def test_an_ssh_sweep_waits_for_its_gpu_held_on_the_host_and_not_for_another(
+    lab, tmp_path: Path, docker_client: Any, base_image: str
+) -> None:
+    from orchestrator.matrix import load_matrix
+    from orchestrator.results import Status
+    from orchestrator.sweep import run_sweep
+
+    server, hosts, folder = lab
+    on_host = remote(hosts, server.name)
+    other = hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host)
+    matrix = load_matrix(sweep_matrix(tmp_path, "overlap", base_image, "[axes]\nseed = [1, 2]"))
+    said = Said()
+    released: dict[str, float] = {}
+
+    def release() -> None:
+        released["at"] = time.time()
+        other.release()
+
+    def release_when_waited() -> None:
+        """GPU 0 is let go once the sweep says it waits for it (its other cell on GPU 1)."""
+        deadline = time.monotonic() + 240
+        while not any("waiting for" in m for m in said.messages):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)
+        release()
+
+    threading.Thread(target=release_when_waited, daemon=True).start()
+    outcome = run_sweep(matrix, backend_name="ssh", results_root=tmp_path / "results",
+                        hosts_file=hosts, events=said)
+    assert [r.status for r in outcome.results] == [Status.OK, Status.OK], [
+        r.reason for r in outcome.results]
+    by_gpu = {tuple(json.loads(outcome.paths.cell_command(r.cell_id).read_text())["gpu_ids"]): r
+              for r in outcome.results}
+    assert set(by_gpu) == {(0,), (1,)}
+    waited, free = by_gpu[(0,)], by_gpu[(1,)]
+    assert waited.provenance["lock_wait_s"] > 0 and waited.started_at >= released["at"]
+    assert "lock_wait_s" not in free.provenance and free.started_at < released["at"]
+    (message,) = [m for m in said.messages if "waiting for" in m]
+    assert message.startswith(f"{waited.cell_id}: waiting for GPU 0 on {server.name}: held by "
+                              f"run nightly/r0 (pid {os.getpid()} on ")
+    assert lock_processes(folder) == []  # every cell's locks went when it ended
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+@pytest.mark.timeout(300)
+def test_no_wait_fails_the_ssh_cell_saying_who_holds_the_gpu(
+    lab, tmp_path: Path, docker_client: Any, base_image: str
+) -> None:
+    from orchestrator.matrix import load_matrix
+    from orchestrator.results import Status
+    from orchestrator.sweep import run_sweep
+
+    server, _, folder = lab
+    hosts = inventory(tmp_path, server, folder, gpus="[0]")
+    on_host = remote(hosts, server.name)
+    with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
+        outcome = run_sweep(load_matrix(sweep_matrix(tmp_path, "nowait", base_image)),
+                            backend_name="ssh", results_root=tmp_path / "results",
+                            hosts_file=hosts, lock_timeout_s=0)
+    (result,) = outcome.results
+    assert result.status is Status.FAILED
+    assert result.reason.startswith(f"waiting for GPU 0 on {server.name}: GPU 0 on "
+                                    f"{server.name} held by run nightly/r0 (pid {os.getpid()}")
+    assert result.reason.endswith("(--lock-timeout 0)")
+    assert lock_processes(folder) == []
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+@pytest.mark.timeout(300)
+def test_sigint_ends_an_ssh_sweep_waiting_for_its_gpu(
+    lab, tmp_path: Path, docker_client: Any, base_image: str
+) -> None:
+    server, _, folder = lab
+    hosts = inventory(tmp_path, server, folder, gpus="[0]")
+    on_host = remote(hosts, server.name)
+    results = tmp_path / "results"
+    with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
+        holding = sorted(lock_processes(folder))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "matrix",
+             str(sweep_matrix(tmp_path, "sigint", base_image)), "--hosts", str(hosts),
+             "--results", str(results)],
+            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:  # until the cell says it waits (after the image is ready)
+            lines.append(line)
+            if "waiting for GPU 0 on" in line:
+                break
+        assert "held by run nightly/r0" in lines[-1], lines
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        rest = proc.stderr.read()
+        code = proc.wait(60)
+        took = time.monotonic() - t0
+        assert code == 130, (lines, rest)
+        assert sorted(lock_processes(folder)) == holding  # the waiter's script has left
+    (path,) = results.glob("sigint/*/cells/*/result.json")
+    result = json.loads(path.read_text())
+    assert result["status"] == "cancelled" and "waiting for GPU 0" in result["reason"]
+    assert "Traceback" not in rest
+    print(f"\nSIGINT during a remote lock wait: exit 130 after {took:.1f} s")
