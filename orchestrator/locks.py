@@ -10,18 +10,21 @@ sweeps meet there):
 * ``<host>-cpu.lock`` — exclusive, for a cell that holds no GPU (CPU cells share the cores);
 * ``<host>.lock`` — shared by every cell, exclusive for a cell that holds the whole host.
 
-They are always taken in that order (host, then CPU or GPUs by number), so two sweeps waiting
-for each other's GPUs cannot deadlock. A cell that has to wait says once what it waits for and
-who holds it ("waiting for GPUs 0,1 on localhost: held by run nightly/20261122-031500-ab12
-(pid 4242 on node1, cell v100-g2-r1) since 03:15:02"): each holder writes that into the files it
-holds. ``--lock-timeout S`` gives up after S seconds (``--no-wait``: at once), the cell then
+They are always taken in that order (host, then CPU or GPUs by number; a cell on several
+machines: machine after machine, in name order), so two sweeps waiting for each other's GPUs
+cannot deadlock. A cell that has to wait says once what it waits for and who holds it
+("waiting for GPUs 0,1 on localhost: held by run nightly/20261122-031500-ab12 (pid 4242 on
+node1, cell v100-g2-r1) since 03:15:02"): each holder writes that line into the files it holds.
+``--lock-timeout S`` gives up after S seconds of waiting (``--no-wait``: at once), the cell then
 failing with that message. ``flock`` locks belong to the open file: when a sweep dies, even by
 ``kill -9``, the kernel releases them; no stale lock outlives its process.
 
-Which cells lock what is the backend's call (``Backend.lock_request``): the process and docker
-backends lock this machine's GPUs; Slurm needs no lock (it allocates the GPUs itself); the ssh
-backend's hosts are other machines, whose locks this folder cannot hold (see the README: a lab
-host shared by several controllers needs one inventory, or Slurm).
+:func:`hold` is the one wait loop (order, timeout, cancel, messages) of every machine; a
+:class:`Locker` only tries one lock file at a time where the locks live: :class:`FileLocker` in
+this machine's folder, :class:`orchestrator.remote_locks.SshLocker` on a lab host over SSH.
+Which cells lock what, and where, is the backend's call (``Backend.lock_requests`` and
+``Backend.locker``): the process and docker backends lock this machine's GPUs; Slurm needs no
+lock (it allocates the GPUs itself); the ssh backend locks each host's GPUs on that host.
 """
 
 from __future__ import annotations

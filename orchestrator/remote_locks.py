@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import time
 
 import paramiko
 
@@ -186,9 +187,14 @@ class SshLocker(Locker):
             return
         try:
             channel.shutdown_write()
-            if not channel.status_event.wait(RELEASE_WAIT_S):
-                log.warning("%s: the lock command did not end within %g s; closing",
-                            self.ssh.name, RELEASE_WAIT_S)
+            deadline = time.monotonic() + RELEASE_WAIT_S
+            while not channel.status_event.wait(0.05):
+                if channel.closed or not self.ssh.connected:
+                    break  # the connection went, and the locks with it
+                if time.monotonic() > deadline:
+                    log.warning("%s: the lock command did not end within %g s; closing",
+                                self.ssh.name, RELEASE_WAIT_S)
+                    break
         except (OSError, paramiko.SSHException, EOFError) as exc:
             log.debug("%s: releasing locks: %s", self.ssh.name, exc)  # the session went too
         finally:

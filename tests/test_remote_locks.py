@@ -436,3 +436,32 @@ def test_sigint_ends_an_ssh_sweep_waiting_for_its_gpu(
     assert result["status"] == "cancelled" and "waiting for GPU 0" in result["reason"]
     assert "Traceback" not in rest
     print(f"\nSIGINT during a remote lock wait: exit 130 after {took:.1f} s")
+
+
+def test_the_ssh_backend_locks_every_host_of_a_cell_in_name_order(tmp_path: Path) -> None:
+    """No engine, no sshd: what the backend asks to lock, and where."""
+    from orchestrator.backends.base import RunOptions
+    from orchestrator.backends.ssh import SshDockerBackend
+    from orchestrator.matrix import load_matrix
+    from orchestrator.placement import Allocation, Slot
+    from orchestrator.results import RunPaths
+
+    matrix = load_matrix(sweep_matrix(tmp_path, "mn", "unused:1", "multi_node = true"))
+    hosts = tmp_path / "hosts.toml"
+
+    def backend(options: str) -> SshDockerBackend:
+        hosts.write_text(options + "".join(
+            f'[[hosts]]\nname = "{n}"\naddress = "127.0.0.1"\ntags = ["cpu"]\ngpus = [0, 1]\n'
+            for n in ("zeta", "alpha")))
+        return SshDockerBackend(matrix, RunPaths.create(tmp_path / "results", matrix.name),
+                                RunOptions(timeout_s=60, hosts_file=hosts))
+
+    cell = matrix.cells[0]
+    one = Allocation(cell.id, (Slot("zeta", (1,)),))
+    many = Allocation(cell.id, (Slot("zeta", (0, 1)), Slot("alpha", (1, 0))), exclusive=True)
+    ssh = backend('[options]\nlock_dir = "/srv/locks"\n')
+    assert ssh.lock_dir == "/srv/locks"
+    assert ssh.lock_requests(cell, one) == (LockRequest("zeta", (1,)),)
+    assert ssh.lock_requests(cell, many) == (LockRequest("alpha", (1, 0), whole_host=True),
+                                             LockRequest("zeta", (0, 1), whole_host=True))
+    assert backend('[options]\nlock_dir = ""\n').lock_requests(cell, many) == ()

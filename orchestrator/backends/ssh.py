@@ -13,6 +13,8 @@ never holds a client for this machine's engine). What differs:
   once, never two on one GPU. A profile runs on the hosts it lists (``hosts = [...]``), else on
   the hosts tagged with its name. The allocation travels with the cell: ``spec`` reads its hosts
   and GPU ids, ``release`` gives it back to the pool.
+* **Locks.** Against other controllers' sweeps, each cell locks its GPUs on each of its hosts
+  while it runs (:mod:`orchestrator.remote_locks`: the local locks' files, order and messages).
 * **Images** are built on each host that may run them, once per host and image, in
   :meth:`SshDockerBackend.prepare` (content-hash tags: an up-to-date host builds nothing), each
   pinned to the bits of its base on that host's engine. A profile with ``release = "auto"``
