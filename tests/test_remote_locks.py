@@ -465,3 +465,55 @@ def test_the_ssh_backend_locks_every_host_of_a_cell_in_name_order(tmp_path: Path
     assert ssh.lock_requests(cell, many) == (LockRequest("alpha", (1, 0), whole_host=True),
                                              LockRequest("zeta", (0, 1), whole_host=True))
     assert backend('[options]\nlock_dir = ""\n').lock_requests(cell, many) == ()
+
+
+def cli_sweep(matrix: Path, hosts: Path, results: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "matrix", str(matrix), "--hosts", str(hosts),
+         "--results", str(results)],
+        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+@pytest.mark.timeout(400)
+def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
+    lab, tmp_path: Path, docker_client: Any, base_image: str
+) -> None:
+    """Two controllers (two CLI sweeps) on one GPU of one host: the second waits, naming the
+    first; the first dies by SIGKILL; its host lock goes with its connection; the second runs."""
+    from docker_support import run_containers
+
+    server, _, folder = lab
+    hosts = inventory(tmp_path, server, folder, gpus="[0]")
+    results = tmp_path / "results"
+    first = cli_sweep(sweep_matrix(tmp_path, "first", base_image,
+                                   "[axes]\niterations = [1000000]"), hosts, results)
+    second: subprocess.Popen[str] | None = None
+    try:
+        lock = folder / f"{server.name}-gpu0.lock"
+        deadline = time.monotonic() + 240
+        while f'"pid": {first.pid}' not in (lock.read_text() if lock.exists() else ""):
+            assert time.monotonic() < deadline and first.poll() is None, "never held GPU 0"
+            time.sleep(0.2)
+        second = cli_sweep(sweep_matrix(tmp_path, "second", base_image), hosts, results)
+        assert second.stderr is not None
+        for line in second.stderr:
+            if "waiting for GPU 0 on" in line:
+                break
+        assert "held by run first/" in line and f"(pid {first.pid} on " in line, line
+        first.kill()  # SIGKILL: no cleanup of any kind
+        first.wait(30)
+        rest = second.stderr.read()
+        assert second.wait(240) == 0, rest
+        (path,) = results.glob("second/*/cells/*/result.json")
+        result = json.loads(path.read_text())
+        assert result["status"] == "ok" and result["provenance"]["lock_wait_s"] > 0
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+        for run in results.glob("first/*"):  # the killed sweep's container
+            for container in run_containers(docker_client, run.name):
+                container.remove(force=True)
