@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -484,6 +485,8 @@ def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
     first; the first dies by SIGKILL; its host lock goes with its connection; the second runs."""
     from docker_support import run_containers
 
+    from orchestrator.backends.remote import REMOTE_ROOT
+
     server, _, folder = lab
     hosts = inventory(tmp_path, server, folder, gpus="[0]")
     results = tmp_path / "results"
@@ -514,6 +517,7 @@ def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(30)
-        for run in results.glob("first/*"):  # the killed sweep's container
+        for run in results.glob("first/*"):  # the killed sweep's container and folder
             for container in run_containers(docker_client, run.name):
                 container.remove(force=True)
+            shutil.rmtree(Path(REMOTE_ROOT, run.name), ignore_errors=True)
