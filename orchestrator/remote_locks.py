@@ -11,7 +11,7 @@ the same modes and order (:meth:`~orchestrator.locks.LockRequest.files`), the sa
 :class:`~orchestrator.locks.Locker` differs: :class:`SshLocker`.
 
 How it holds them: over its own verified SSH connection (:class:`~orchestrator.ssh.SshHost`), it
-runs :data:`LOCK_SCRIPT` — POSIX ``sh`` and ``flock(1)`` of util-linux, nothing else — with every
+runs :data:`LOCK_SCRIPT` — POSIX ``sh``, coreutils and ``flock(1)`` of util-linux — with every
 word quoted (:func:`lock_argv`). The script opens each file in turn (refusing symlinks), tries a
 non-blocking ``flock`` and answers on one line:
 
