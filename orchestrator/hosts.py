@@ -79,6 +79,12 @@ class HostOptions(_Strict):
     ssh_config: str | None = Field(
         DEFAULT_SSH_CONFIG, description="OpenSSH client config to honour; empty string disables"
     )
+    lock_dir: str | None = Field(
+        None, max_length=4096, pattern=r"^(/[^\x00-\x1f\x7f]*)?$",
+        description="absolute path of the folder, on every host, where cells lock the GPUs they "
+        "use (else the controller's: $ORCHESTRATE_LOCK_DIR, else /tmp/orchestrate-locks); "
+        "empty string: no locks on the hosts",
+    )
 
 
 class HostEntry(_Strict):

@@ -10,18 +10,21 @@ sweeps meet there):
 * ``<host>-cpu.lock`` — exclusive, for a cell that holds no GPU (CPU cells share the cores);
 * ``<host>.lock`` — shared by every cell, exclusive for a cell that holds the whole host.
 
-They are always taken in that order (host, then CPU or GPUs by number), so two sweeps waiting
-for each other's GPUs cannot deadlock. A cell that has to wait says once what it waits for and
-who holds it ("waiting for GPUs 0,1 on localhost: held by run nightly/20261122-031500-ab12
-(pid 4242 on node1, cell v100-g2-r1) since 03:15:02"): each holder writes that into the files it
-holds. ``--lock-timeout S`` gives up after S seconds (``--no-wait``: at once), the cell then
+They are always taken in that order (host, then CPU or GPUs by number; a cell on several
+machines: machine after machine, in name order), so two sweeps waiting for each other's GPUs
+cannot deadlock. A cell that has to wait says once what it waits for and who holds it
+("waiting for GPUs 0,1 on localhost: held by run nightly/20261122-031500-ab12 (pid 4242 on
+node1, cell v100-g2-r1) since 03:15:02"): each holder writes that line into the files it holds.
+``--lock-timeout S`` gives up after S seconds of waiting (``--no-wait``: at once), the cell then
 failing with that message. ``flock`` locks belong to the open file: when a sweep dies, even by
 ``kill -9``, the kernel releases them; no stale lock outlives its process.
 
-Which cells lock what is the backend's call (``Backend.lock_request``): the process and docker
-backends lock this machine's GPUs; Slurm needs no lock (it allocates the GPUs itself); the ssh
-backend's hosts are other machines, whose locks this folder cannot hold (see the README: a lab
-host shared by several controllers needs one inventory, or Slurm).
+:func:`hold` is the one wait loop (order, timeout, cancel, messages) of every machine; a
+:class:`Locker` only tries one lock file at a time where the locks live: :class:`FileLocker` in
+this machine's folder, :class:`orchestrator.remote_locks.SshLocker` on a lab host over SSH.
+Which cells lock what, and where, is the backend's call (``Backend.lock_requests`` and
+``Backend.locker``): the process and docker backends lock this machine's GPUs; Slurm needs no
+lock (it allocates the GPUs itself); the ssh backend locks each host's GPUs on that host.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import platform
 import stat
 import threading
 import time
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,21 +109,72 @@ class LockWaitCancelled(Exception):
     """The sweep was interrupted while a cell waited for its locks."""
 
 
-@dataclass
-class HeldLocks:
-    """The locks a running cell holds; :meth:`release` (or the process's end) frees them."""
+class Locker(ABC):
+    """The locks of one :class:`LockRequest` on one machine, tried one at a time in the order of
+    :meth:`LockRequest.files` (by :func:`hold`, which owns waiting, timeouts and messages)."""
 
-    request: LockRequest
-    fds: list[int] = field(default_factory=list)
-    waited_s: float = 0.0
+    @abstractmethod
+    def take(self, name: str, mode: int) -> str | None:
+        """Try once, without blocking, to take lock file ``name`` in ``mode``: None when taken,
+        else the first line its holder wrote into it ('' when none)."""
+
+    def taken(self) -> None:  # noqa: B027 - optional hook
+        """Every lock of the request is taken: write the holder into them (if not yet done)."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Let go of every lock taken. Safe to call twice."""
+
+
+class FileLocker(Locker):
+    """The locks of a request in this machine's lock folder (``folder``: else :func:`lock_dir`)."""
+
+    def __init__(self, request: LockRequest, holder: Holder, folder: Path | None = None):
+        self.base = _folder(folder or lock_dir())
+        self.record = (holder.to_json() + "\n").encode()
+        self.fds: dict[str, int] = {}
+
+    def take(self, name: str, mode: int) -> str | None:
+        fd = self.fds.get(name)
+        if fd is None:
+            fd = self.fds[name] = _open(self.base / name)
+        if _try_lock(fd, mode):
+            return None
+        try:
+            return os.pread(fd, 4096, 0).decode(errors="replace").split("\n", 1)[0]
+        except OSError:
+            return ""
+
+    def taken(self) -> None:
+        for fd in self.fds.values():
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, self.record, 0)
 
     def release(self) -> None:
-        for fd in reversed(self.fds):
+        for fd in reversed(list(self.fds.values())):
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
+
+
+@dataclass
+class HeldLocks:
+    """The locks a running cell holds; :meth:`release` (or the process's end) frees them."""
+
+    requests: tuple[LockRequest, ...]
+    lockers: list[Locker] = field(default_factory=list)
+    waited_s: float = 0.0
+
+    def release(self) -> None:
+        for locker in reversed(self.lockers):
+            try:
+                locker.release()
+            except Exception as exc:  # e.g. a lost connection: its locks went with it
+                log.warning("releasing locks: %s", exc)
+        self.lockers.clear()
 
     def __enter__(self) -> HeldLocks:
         return self
@@ -149,15 +204,72 @@ def _open(path: Path) -> int:
     return fd
 
 
-def _holder_of(fd: int) -> str:
-    """Who holds the lock on ``fd``, in words, from what the holder wrote into the file."""
+def describe_holder(record: str) -> str:
+    """Who holds a lock, in words, from the line its holder wrote (:meth:`Holder.to_json`)."""
     try:
-        data = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        data = json.loads(record or "{}")
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(data["since"])))
         return (f"held by run {data['run']} (pid {data['pid']} on {data['host']}, cell "
                 f"{data['cell']}) since {since}")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return "held by another sweep"
+
+
+#: Makes the :class:`Locker` of a request (on the machine the request names).
+LockerFactory = Callable[[LockRequest, Holder], Locker]
+
+
+def hold(
+    requests: Sequence[LockRequest],
+    holder: Holder,
+    locker: LockerFactory | None = None,
+    *,
+    timeout_s: float | None = None,
+    cancel: threading.Event | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> HeldLocks:
+    """Take every lock of ``requests``, request after request, each request's files in their
+    one order (waiting while another sweep holds one). The one wait loop of every backend.
+
+    ``locker`` makes each request's :class:`Locker` when its turn comes (default: this
+    machine's lock folder), so a later machine is not touched before the earlier ones are held.
+    ``timeout_s``: None waits as long as it takes, 0 not at all; past it :class:`LockBusy`.
+    ``cancel`` set while waiting: :class:`LockWaitCancelled`. ``on_wait`` hears once what the
+    cell waits for and who holds it. On any error every lock taken so far is released.
+    The result's ``waited_s`` counts from the first lock found held (0: none was), not the time
+    it takes to reach the machine."""
+    make: LockerFactory = locker or FileLocker
+    held = HeldLocks(tuple(requests))
+    started: float | None = None  # when a lock was first found held by someone else
+    try:
+        for request in requests:
+            taker = make(request, holder)
+            held.lockers.append(taker)
+            for name, mode in request.files():
+                while (record := taker.take(name, mode)) is not None:
+                    now = time.monotonic()
+                    waited = 0.0 if started is None else now - started
+                    who = describe_holder(record)
+                    if timeout_s is not None and waited >= timeout_s:
+                        raise LockBusy(f"{request.describe()} {who}; gave up after "
+                                       f"{waited:.0f} s (--lock-timeout {timeout_s:g})")
+                    if started is None:
+                        started = now
+                        message = f"waiting for {request.describe()}: {who}"
+                        log.info("%s: %s", holder.cell, message)
+                        if on_wait:
+                            on_wait(f"{holder.cell}: {message}")
+                    if cancel is not None and cancel.wait(POLL_S):
+                        raise LockWaitCancelled(f"interrupted while waiting for "
+                                                f"{request.describe()}")
+                    if cancel is None:
+                        time.sleep(POLL_S)
+            taker.taken()
+    except BaseException:
+        held.release()
+        raise
+    held.waited_s = 0.0 if started is None else round(time.monotonic() - started, 3)
+    return held
 
 
 def acquire(
@@ -169,45 +281,10 @@ def acquire(
     on_wait: Callable[[str], None] | None = None,
     folder: Path | None = None,
 ) -> HeldLocks:
-    """Take every lock of ``request`` (waiting while another sweep holds one).
-
-    ``timeout_s``: None waits as long as it takes, 0 not at all; past it :class:`LockBusy`.
-    ``cancel`` set while waiting: :class:`LockWaitCancelled`. ``on_wait`` hears once what the
-    cell waits for and who holds it."""
-    base = _folder(folder or lock_dir())
-    held = HeldLocks(request)
-    started = time.monotonic()
-    told = False
-    try:
-        for name, mode in request.files():
-            fd = _open(base / name)
-            held.fds.append(fd)
-            while not _try_lock(fd, mode):
-                waited = time.monotonic() - started
-                message = f"waiting for {request.describe()}: {_holder_of(fd)}"
-                if timeout_s is not None and waited >= timeout_s:
-                    raise LockBusy(f"{request.describe()} {_holder_of(fd)}; gave up after "
-                                   f"{waited:.0f} s (--lock-timeout {timeout_s:g})")
-                if not told:
-                    told = True
-                    log.info("%s: %s", holder.cell, message)
-                    if on_wait:
-                        on_wait(f"{holder.cell}: {message}")
-                if cancel is not None and cancel.wait(POLL_S):
-                    raise LockWaitCancelled(f"interrupted while waiting for "
-                                            f"{request.describe()}")
-                if cancel is None:
-                    time.sleep(POLL_S)
-        record = (holder.to_json() + "\n").encode()
-        for fd in held.fds:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, record, 0)
-    except BaseException:
-        held.release()
-        raise
-    held.waited_s = round(time.monotonic() - started, 3)
-    return held
+    """Take every lock of ``request`` in this machine's lock folder (``folder``: else
+    :func:`lock_dir`), as :func:`hold` does."""
+    return hold([request], holder, lambda r, h: FileLocker(r, h, folder),
+                timeout_s=timeout_s, cancel=cancel, on_wait=on_wait)
 
 
 def _try_lock(fd: int, mode: int) -> bool:

@@ -64,7 +64,7 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("outside world", (
         "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
         "orchestrator.build", "orchestrator.cellprocs", "orchestrator.locks",
-        "orchestrator.refresh", "orchestrator.sif",
+        "orchestrator.refresh", "orchestrator.sif", "orchestrator.remote_locks",
     ), False),
     ("semantic checks", ("orchestrator.checks",), False),
     ("backend base", ("orchestrator.backends", "orchestrator.backends.base"), False),

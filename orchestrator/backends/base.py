@@ -17,8 +17,9 @@ hooks:
 - :meth:`Backend.finish` — add what only the backend knows to the result (optional).
 - :meth:`Backend.close` — end of the sweep: remove what is left behind.
 
-- :meth:`Backend.lock_request` — what the cell holds against other sweeps while it runs
-  (:mod:`orchestrator.locks`; default: this machine's GPUs of the allocation, else its CPU).
+- :meth:`Backend.lock_requests` — what the cell holds against other sweeps while it runs
+  (:mod:`orchestrator.locks`; default: this machine's GPUs of the allocation, else its CPU), and
+  :meth:`Backend.locker` — where those locks are taken (default: this machine's lock folder).
 
 An :class:`Execution` is the started cell: a subprocess, a container, a remote channel, a job.
 How its end becomes a status (ok, failed with the reason, oom, timeout, host lost, cancelled) is
@@ -61,7 +62,14 @@ from orchestrator import __version__, locks, selection, sif
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.fom import CellOutput, evaluate
 from orchestrator.launch import LaunchSpec
-from orchestrator.locks import HeldLocks, Holder, LockRequest, LockWaitCancelled
+from orchestrator.locks import (
+    FileLocker,
+    HeldLocks,
+    Holder,
+    Locker,
+    LockRequest,
+    LockWaitCancelled,
+)
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
 from orchestrator.redact import Scrubber, secret_env
@@ -293,10 +301,15 @@ class Backend(ABC):
         """The cell that held ``allocation`` ended."""
         self._busy = False
 
-    def lock_request(self, cell: Cell, allocation: Allocation) -> LockRequest | None:
-        """What ``cell`` must hold against other sweeps while it runs (None: nothing).
-        Default: this machine's GPUs of the allocation, else its CPU."""
-        return LockRequest("localhost", allocation.gpu_ids)
+    def lock_requests(self, cell: Cell, allocation: Allocation) -> tuple[LockRequest, ...]:
+        """What ``cell`` must hold against other sweeps while it runs, one request per machine
+        in the order they are taken (empty: nothing). Default: this machine's GPUs of the
+        allocation, else its CPU."""
+        return (LockRequest("localhost", allocation.gpu_ids),)
+
+    def locker(self, request: LockRequest, holder: Holder) -> Locker:
+        """Where ``request``'s locks are taken. Default: this machine's lock folder."""
+        return FileLocker(request, holder)
 
     # --- the run loop -------------------------------------------------------------------------
 
@@ -350,9 +363,10 @@ class Backend(ABC):
         with log_path.open("ab") as log_file:
             log_file.write(f"# {spec.shell_line()}\n".encode())
         log_offset = log_path.stat().st_size  # this attempt's output starts here
-        request = self.lock_request(cell, allocation)
-        step.name = f"waiting for {request.describe()}" if request else "launching"
-        with self._hold(cell, request) as held:
+        requests = self.lock_requests(cell, allocation)
+        step.name = (f"waiting for {' and '.join(r.describe() for r in requests)}" if requests
+                     else "launching")
+        with self._hold(cell, requests) as held:
             if held is not None and held.waited_s:
                 result.provenance["lock_wait_s"] = held.waited_s
             result.started_at = time.time()
@@ -373,14 +387,15 @@ class Backend(ABC):
         self.finish(cell, result, execution)
 
     @contextlib.contextmanager
-    def _hold(self, cell: Cell, request: LockRequest | None) -> Iterator[HeldLocks | None]:
-        """Hold ``request``'s locks (waiting for another sweep's cells) while the body runs."""
-        if request is None:
+    def _hold(self, cell: Cell, requests: tuple[LockRequest, ...]
+              ) -> Iterator[HeldLocks | None]:
+        """Hold ``requests``' locks (waiting for another sweep's cells) while the body runs."""
+        if not requests:
             yield None
             return
         holder = Holder(run=f"{self.matrix.name}/{self.paths.run_id}", cell=cell.id)
-        held = locks.acquire(request, holder, timeout_s=self.options.lock_timeout_s,
-                             cancel=self.options.cancel, on_wait=self.options.on_log)
+        held = locks.hold(requests, holder, self.locker, timeout_s=self.options.lock_timeout_s,
+                          cancel=self.options.cancel, on_wait=self.options.on_log)
         with held:
             yield held
 

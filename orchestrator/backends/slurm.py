@@ -580,9 +580,9 @@ class SlurmBackend(Backend):
             self._in_flight[cell.hardware] = count + 1
         return Allocation.local(cell.id)  # the node and its GPUs: Slurm's choice
 
-    def lock_request(self, cell: Cell, allocation: Allocation) -> None:
-        """None: Slurm allocates nodes and GPUs itself, to one job at a time."""
-        return None
+    def lock_requests(self, cell: Cell, allocation: Allocation) -> tuple[()]:
+        """Nothing: Slurm allocates nodes and GPUs itself, to one job at a time."""
+        return ()
 
     def release(self, cell: Cell, allocation: Allocation) -> None:
         with self._lock:

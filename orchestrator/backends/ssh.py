@@ -13,6 +13,8 @@ never holds a client for this machine's engine). What differs:
   once, never two on one GPU. A profile runs on the hosts it lists (``hosts = [...]``), else on
   the hosts tagged with its name. The allocation travels with the cell: ``spec`` reads its hosts
   and GPU ids, ``release`` gives it back to the pool.
+* **Locks.** Against other controllers' sweeps, each cell locks its GPUs on each of its hosts
+  while it runs (:mod:`orchestrator.remote_locks`: the local locks' files, order and messages).
 * **Images** are built on each host that may run them, once per host and image, in
   :meth:`SshDockerBackend.prepare` (content-hash tags: an up-to-date host builds nothing), each
   pinned to the bits of its base on that host's engine. A profile with ``release = "auto"``
@@ -76,8 +78,10 @@ from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchE
 from orchestrator.hosts import Inventory, load_hosts, resolve_hosts
 from orchestrator.imagestate import ImageRecord
 from orchestrator.launch import LaunchSpec, node_roles
+from orchestrator.locks import Holder, Locker, LockRequest
 from orchestrator.matrix import Cell, Matrix
 from orchestrator.placement import Allocation
+from orchestrator.remote_locks import SshLocker, remote_lock_dir
 from orchestrator.results import CellResult, RunPaths, Status
 from orchestrator.ssh import SshHost
 from orchestrator.ssh_docker import remote_docker_client
@@ -166,6 +170,8 @@ class SshDockerBackend(Backend):
         self._lost: dict[str, str] = {}  # host -> why it was taken out
         #: the .sif of each Apptainer image on each host, by (host, key)
         self.host_sifs: dict[tuple[str, selection.ImageKey], str] = {}
+        #: the lock folder on the hosts (None: no remote locks)
+        self.lock_dir = remote_lock_dir(self.inventory)
 
     @classmethod
     def check_available(cls) -> None:
@@ -248,10 +254,21 @@ class SshDockerBackend(Backend):
         with self._lock:
             return self.pool.try_acquire(self._request(cell))
 
-    def lock_request(self, cell: Cell, allocation: Allocation) -> None:
-        """None: the hosts are other machines, whose locks this machine cannot hold (README:
-        "Overlapping sweeps")."""
-        return None
+    def lock_requests(self, cell: Cell, allocation: Allocation) -> tuple[LockRequest, ...]:
+        """The GPUs (else the CPU; all of it for a cell that holds its hosts) of every host of
+        the allocation, hosts in name order (so two sweeps cannot deadlock), each locked on
+        that host (:mod:`orchestrator.remote_locks`); nothing when the inventory turns remote
+        locks off (``lock_dir = ""``)."""
+        if self.lock_dir is None:
+            return ()
+        return tuple(LockRequest(slot.host, slot.gpu_ids, allocation.exclusive)
+                     for slot in sorted(allocation.slots, key=lambda s: s.host or "")
+                     if slot.host is not None)
+
+    def locker(self, request: LockRequest, holder: Holder) -> Locker:
+        """``request``'s locks, held on its host over a connection of their own."""
+        assert self.lock_dir is not None
+        return SshLocker(request, holder, self._ssh(request.host), self.lock_dir)
 
     def release(self, cell: Cell, allocation: Allocation) -> None:
         with self._lock:
