@@ -8,15 +8,20 @@ with its code; anything else is a bug and keeps its traceback.
 Output rules: log records go to stderr as ``warning: ...`` lines (``-q``: errors only; ``-v``:
 also info, and the warnings libraries raise, which are hidden otherwise; ``-vv``: debug).
 Output piped into a program that stops reading (``| head``) ends quietly with exit status 141,
-as other Unix tools do.
+as other Unix tools do. ``kill -USR1 PID`` of a running ``orchestrate`` prints every thread's
+Python stack on stderr and lets it go on: what a lab engineer (or a test that timed out) sends
+a sweep that seems stuck.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -128,6 +133,8 @@ def _early_flags(argv: Sequence[str]) -> tuple[int, bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # a process of its own (not a test calling main in-process)
+        _stacks_on_sigusr1()
     argv = list(sys.argv[1:] if argv is None else argv)
     logs = LogSetup(*_early_flags(argv))
     try:
@@ -148,6 +155,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     finally:
         logs.close()
+
+
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1`` prints every thread's stack on stderr (the process goes on)."""
+    if hasattr(signal, "SIGUSR1"):
+        with contextlib.suppress(ValueError, OSError, RuntimeError):  # no stderr, not main
+            faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 
 def _silence_stdout() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from docker_support import run_containers
+from service_support import communicate_or_dump
 from workload_support import TINY_WORKLOAD
 
 from orchestrator.backends.base import RunOptions
@@ -225,7 +226,7 @@ def test_interrupt_removes_containers(docker_client, base_image, write_matrix, t
     assert running, "no container started"
     run_id = running[0].labels[LABEL_RUN]
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = communicate_or_dump(proc, 120)
     assert proc.returncode == 130, err
     assert run_containers(docker_client, run_id) == []
     (run_dir,) = results.glob("dsmoke/*")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from service_support import communicate_or_dump
 from workload_support import TINY_WORKLOAD
 
 from orchestrator.matrix import load_matrix
@@ -139,10 +140,13 @@ def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, t
         time.sleep(0.2)
     assert logs, "the first cell never started"
     time.sleep(2.0)
+    proc.send_signal(signal.SIGUSR1)  # every thread's stack, and the sweep goes on
+    time.sleep(0.5)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=90)
+    out, err = communicate_or_dump(proc, 90)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+    assert "most recent call first" in err and "run_cells" in err
     (run_dir,) = results.glob("tiny/*")
     statuses = {p.parent.name: json.loads(p.read_text())["status"]
                 for p in run_dir.glob("cells/*/result.json")}
