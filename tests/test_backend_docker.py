@@ -22,7 +22,7 @@ from workload_support import TINY_WORKLOAD
 from orchestrator.backends.base import RunOptions
 from orchestrator.backends.containers import CONTAINER_OUT, container_kwargs
 from orchestrator.backends.docker import DockerBackend
-from orchestrator.engine import LABEL_CELL, LABEL_RUN
+from orchestrator.engine import LABEL_CELL, LABEL_CONTROLLER, LABEL_RUN
 from orchestrator.errors import BackendUnavailable
 from orchestrator.matrix import load_matrix
 from orchestrator.placement import Allocation
@@ -220,8 +220,10 @@ def test_interrupt_removes_containers(docker_client, base_image, write_matrix, t
     )
     deadline = time.monotonic() + 120
     running = []
-    while time.monotonic() < deadline and not running:
-        running = docker_client.containers.list(filters={"label": "io.orchestrate.matrix=dsmoke"})
+    while time.monotonic() < deadline and not running:  # this sweep's, not another test's
+        running = [c for c in docker_client.containers.list(
+            filters={"label": "io.orchestrate.matrix=dsmoke"})
+            if f":{proc.pid}:" in c.labels.get(LABEL_CONTROLLER, "")]
         time.sleep(0.3)
     assert running, "no container started"
     run_id = running[0].labels[LABEL_RUN]
