@@ -129,9 +129,10 @@ def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, t
         seed = [1, 2, 3]
     """)
     results = tmp_path / "results"
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # started the way a script's `orchestrate ... &` is: SIGINT ignored
         [sys.executable, "-m", "orchestrator", "matrix", str(path), "--results", str(results)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     deadline = time.monotonic() + 60
     logs: list[Path] = []

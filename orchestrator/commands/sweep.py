@@ -476,7 +476,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     if backend == "ssh":
         hosts = hosts_file(args.hosts, hosts_file_of(matrix))
     cancel = threading.Event()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGINT too, explicitly: a sweep started in the background of a script inherits SIGINT
+    # ignored from the shell, and `kill -INT` must still stop it the one way it stops.
+    previous = {sig: signal.signal(sig, _raise_interrupt)
+                for sig in (signal.SIGTERM, signal.SIGINT)}
     progress = sweep_events(verbosity(args))
     try:
         if isinstance(progress, RichEvents):
@@ -490,7 +493,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                                 hosts_file=hosts, resume=args.resume,
                                 lock_timeout_s=args.lock_timeout)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print(outcome.table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(outcome.counts.items()))
     print(f"\n{len(outcome.results)} cells: {counts}")
