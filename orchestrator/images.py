@@ -51,6 +51,7 @@ template name do the same for one call. :func:`write_context` writes a context t
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
 import re
@@ -313,14 +314,18 @@ class Template:
         for key, value in values.items():
             var = self.variables.get(key)
             if var is None:
-                messages.append(
-                    f"unknown template variable {key!r} for {self.name}; known: {known}"
-                )
+                messages.append(f"unknown template variable {key!r} for {self.name}"
+                                f"{self._guess(key)}; known: {known}")
                 continue
             problem = var.value_problem(list(value) if isinstance(value, tuple) else value)
             if problem:
                 messages.append(f"template variable {key!r} for {self.name}: {problem}")
         return messages
+
+    def _guess(self, key: str) -> str:
+        """`` (did you mean 'base_tag'?)`` for a misspelt variable name, else nothing."""
+        close = difflib.get_close_matches(key, list(self.variables), n=1, cutoff=0.6)
+        return f" (did you mean {close[0]!r}?)" if close else ""
 
     def coerce(self, assignments: list[str]) -> dict[str, Any]:
         """Parse ``--set KEY=VALUE`` strings by each variable's declared type.
@@ -339,7 +344,8 @@ class Template:
                 continue
             var = self.variables.get(key)
             if var is None:
-                message = f"unknown template variable for {self.name}; known: {known}"
+                message = (f"unknown template variable for {self.name}{self._guess(key)}; "
+                           f"known: {known}")
                 problems.append(Problem("--set", key, message))
                 continue
             try:

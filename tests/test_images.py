@@ -117,7 +117,8 @@ def test_check_vars_reports_unknown_and_wrong_types() -> None:
         "ngc-pytorch", {"bse_tag": "23.10-py3", "apt_packages": "git", "base_tag": 23}
     )
     assert len(messages) == 3
-    assert messages[0].startswith("unknown template variable 'bse_tag' for ngc-pytorch; known: ")
+    assert messages[0].startswith("unknown template variable 'bse_tag' for ngc-pytorch "
+                                  "(did you mean 'base_tag'?); known: ")
     assert "base_tag" in messages[0] and "apt_packages" in messages[0]
     assert "'apt_packages'" in messages[1] and "expected list of strings" in messages[1]
     assert "'base_tag'" in messages[2] and "expected str" in messages[2]
@@ -153,7 +154,7 @@ def test_coerce_set_reports_every_problem() -> None:
     assert "3 problems" in text
     assert "expected an integer, got 'four'" in text
     assert "expected KEY=VALUE" in text
-    assert "unknown template variable for singularity" in text
+    assert "unknown template variable for singularity (did you mean 'threads'?)" in text
 
 
 def _write_template(root: Path, name: str, body: str, manifest: str) -> None:

@@ -44,7 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="directory to write into (created if missing)")
     p_render.set_defaults(handler=cmd_render)
 
-    p_build = sub.add_parser("build", help="build a template's image unless its tag exists")
+    p_build = sub.add_parser(
+        "build", help="build a template's image unless its tag exists",
+        description="Build a template's image, tagged orchestrate/NAME:<content hash> (the hash "
+        "of the exact build context, base pinned to its digest or image ID): an unchanged "
+        "template is never rebuilt. --driver / --driver-from pick the newest NGC release a "
+        "driver runs; --sif makes an Apptainer image (.sif) of it; --dry-run shows the plan.")
     p_build.add_argument("name", help="template name (see `orchestrate images list`)")
     _add_set(p_build)
     p_build.add_argument(

@@ -72,7 +72,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="rebuild the index from the run folders first")
     p.set_defaults(handler=cmd_runs)
 
-    p = sub.add_parser("report", help="re-print the summary table of a run; --html for a report")
+    p = sub.add_parser(
+        "report", help="re-print the summary table of a run; --html for a report",
+        description="The summary table of a run (default: the newest of MATRIX), rebuilt from "
+        "its cells' result.json files. --plot draws it, --html writes one self-contained report "
+        "(tables, plots, provenance); --baseline adds a ratio column. Read-only archives are "
+        "fine: the summary files are refreshed only where they can be written.")
     p.add_argument("matrix", help="matrix name (or a path to its .toml)")
     p.add_argument("--run", help="run id, a unique prefix of one, latest or latest~N "
                    "(default: the newest)")

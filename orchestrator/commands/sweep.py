@@ -111,7 +111,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
 
-    p = sub.add_parser("schema", help="print the JSON Schema of matrix files (for editors)")
+    p = sub.add_parser(
+        "schema", help="print the JSON Schema of matrix files (for editors)",
+        description="Print the JSON Schema of matrix files: every key, its type, range and "
+        "description. Point an editor's TOML language server at it (e.g. taplo's "
+        "`#:schema` comment) to get completion and checks while writing a matrix.")
     p.set_defaults(handler=cmd_schema)
 
 
