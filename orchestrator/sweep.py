@@ -328,6 +328,8 @@ def prepare_backend(cls: type[Backend], matrix: Matrix, run: OpenRun, options: R
             backend.close()
         if run.new:
             shutil.rmtree(run.paths.root, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the matrix's folder, if this run made it
+                run.paths.root.parent.rmdir()
         raise
     return backend
 

@@ -226,3 +226,21 @@ def test_cells_needing_more_gpus_than_the_machine_has_are_unplaceable(
     assert res.status is Status.UNPLACEABLE
     assert res.reason == "needs 4 GPUs but this machine has 2"
     assert outcome.exit_code == 1
+
+
+def test_a_backend_that_cannot_prepare_leaves_no_run_folder_behind(write_matrix, tmp_path,
+                                                                    monkeypatch):
+    """Preparing failed (an image build, an unreachable inventory): nothing ran, so neither the
+    run folder nor the matrix folder it made are left as an empty run."""
+    from orchestrator.backends.process import ProcessBackend
+    from orchestrator.errors import BuildError
+
+    def refuse(self, cells, on_log=None):
+        raise BuildError("the image could not be built")
+
+    monkeypatch.setattr(ProcessBackend, "prepare", refuse)
+    path = write_matrix(TINY)
+    results = tmp_path / "results"
+    with pytest.raises(BuildError):
+        run_sweep(load_matrix(path), results_root=results)
+    assert not (results / "tiny").exists()  # (the results index may exist: it is not a run)
