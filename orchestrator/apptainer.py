@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config import HardwareProfile, Program
-from orchestrator.launch import CellCommand, NodeRole, cell_command
+from orchestrator.launch import CellCommand, LaunchSpec, NodeRole, cell_command
 from orchestrator.matrix import Cell
 from orchestrator.redact import is_secret, resolve_env
 
@@ -197,3 +197,18 @@ def apptainer_command(
         pwd=inner.workdir or output_dir, extra_args=profile.apptainer.extra_args,
     )
     return CellCommand(argv, inner.env, None, inner.program)
+
+
+def launch_spec(cell: Cell, profile: HardwareProfile, program: Program, *, image: str,
+                output_dir: str, gpu_ids: tuple[int, ...], attempt: int,
+                host: str | None = None) -> LaunchSpec:
+    """The launch of an Apptainer cell started as a process (here, or on ``host`` over SSH):
+    :func:`apptainer_command` in the cell's folder, its GPUs pinned, the runtime recorded."""
+    command = apptainer_command(cell, profile, program, image=image, output_dir=output_dir,
+                                gpu_ids=gpu_ids)
+    return LaunchSpec(
+        cell_id=cell.id, argv=tuple(command.argv), env=command.env, device=profile.device,
+        gpu_ids=gpu_ids, image=image, workdir=output_dir, output_dir=output_dir, host=host,
+        attempt=attempt, mem_limit=profile.container.mem_limit if host is None else None,
+        program=command.program, runtime=runtime_record(binary_of(profile), image),
+    )

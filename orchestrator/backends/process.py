@@ -142,17 +142,9 @@ class ProcessBackend(Backend):
 
     def _apptainer_spec(self, cell: Cell, allocation: Allocation, attempt: int, out: str
                         ) -> LaunchSpec:
-        profile = self.matrix.profile(cell)
-        image = self.runtime_image(cell)
-        command = apptainer.apptainer_command(cell, profile, self.matrix.program(cell),
-                                              image=image, output_dir=out,
-                                              gpu_ids=allocation.gpu_ids)
-        return LaunchSpec(
-            cell_id=cell.id, argv=tuple(command.argv), env=command.env, device=profile.device,
-            gpu_ids=allocation.gpu_ids, image=image, workdir=out, output_dir=out,
-            attempt=attempt, mem_limit=profile.container.mem_limit, program=command.program,
-            runtime=apptainer.runtime_record(apptainer.binary_of(profile), image),
-        )
+        return apptainer.launch_spec(cell, self.matrix.profile(cell), self.matrix.program(cell),
+                                     image=self.runtime_image(cell), output_dir=out,
+                                     gpu_ids=allocation.gpu_ids, attempt=attempt)
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """Adds the Python environment that ran the workload (none: an Apptainer image's)."""

@@ -501,20 +501,14 @@ class SshDockerBackend(Backend):
         its remote folder, its GPUs pinned by an ``--env`` argument (one host per cell)."""
         if allocation.multi_node or allocation.host is None:
             raise LaunchError(f"{cell.id}: Apptainer cells run on one host each")
-        profile = self.matrix.profile(cell)
         key = selection.image_key(self.matrix, cell)
         image = self.host_sifs.get((allocation.host, key))
         if image is None:  # a dry run: where it would be (~ unexpanded)
             image = sif.plan_sifs(self.matrix, [cell])[key].path
-        command = apptainer.apptainer_command(cell, profile, self.matrix.program(cell),
-                                              image=image, output_dir=output_dir,
-                                              gpu_ids=allocation.gpu_ids)
-        return LaunchSpec(
-            cell_id=cell.id, argv=tuple(command.argv), env=command.env, device=profile.device,
-            gpu_ids=allocation.gpu_ids, image=image, workdir=output_dir, output_dir=output_dir,
-            host=allocation.host, attempt=attempt, program=command.program,
-            runtime=apptainer.runtime_record(apptainer.binary_of(profile), image),
-        )
+        return apptainer.launch_spec(cell, self.matrix.profile(cell), self.matrix.program(cell),
+                                     image=image, output_dir=output_dir,
+                                     gpu_ids=allocation.gpu_ids, attempt=attempt,
+                                     host=allocation.host)
 
     def _start_apptainer(self, spec: LaunchSpec) -> Execution:
         """Start an Apptainer cell's command on its host over a connection of its own; the
