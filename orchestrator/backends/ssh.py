@@ -311,7 +311,7 @@ class SshDockerBackend(Backend):
             self.name)
         every = selection.needed_keys(self.matrix, cells)
         needed = {k.hardware for k in every}
-        sifs = [k for k in every if self.matrix.profiles[k.hardware].apptainer_runtime]
+        sifs = sif.plan_sifs(self.matrix, cells)  # the Apptainer images, planned once
         keys = [k for k in every if k not in sifs]
         docker_profiles = {k.hardware for k in keys}
         auto = {k.hardware for k in keys
@@ -407,25 +407,21 @@ class SshDockerBackend(Backend):
         if problem:
             say(problem)
 
-    def _prepare_sifs(self, name: str, host: RemoteHost, keys: list[selection.ImageKey],
+    def _prepare_sifs(self, name: str, host: RemoteHost,
+                      sifs: dict[selection.ImageKey, sif.SifPlan],
                       build_log: Callable[[str], None] | None, say: Callable[[str], None]
                       ) -> None:
-        """The Apptainer images ``name`` runs: its runtime binary and bind sources checked
-        there (a ConfigError naming the host), each .sif made there unless it is up to date."""
-        keys = [k for k in keys if k.hardware in self.placement_tags[name]]
-        if not keys:
+        """The Apptainer images ``name`` runs (of ``sifs``): its runtime binary and bind
+        sources checked there (a ConfigError naming the host), each .sif made there unless it
+        is up to date (:func:`orchestrator.sif.prepare_runtime`)."""
+        plans = {k: p for k, p in sifs.items() if k.hardware in self.placement_tags[name]}
+        if not plans:
             return
-        machine = sif.SshMachine(host.ssh)
-        problems = sif.runtime_problems(self.matrix, sorted({k.hardware for k in keys}), machine)
-        if problems:
-            raise ConfigError(problems)
-        plans = sif.plan_sifs(self.matrix, [c for c in self.matrix.cells
-                                            if selection.image_key(self.matrix, c) in keys])
-        for key, plan in plans.items():
-            outcome = sif.ensure_sif(plan, machine, build_log, host.client)
-            with self._lock:
-                self.host_sifs[(name, key)] = outcome.path
-            say(f"host {name}: image {outcome.path} ({plan.source}): {outcome.summary}")
+        paths = sif.prepare_runtime(self.matrix, (), sif.SshMachine(host.ssh), plans=plans,
+                                    on_log=build_log, docker=host.client,
+                                    say=lambda line: say(f"host {line}"))
+        with self._lock:
+            self.host_sifs.update({(name, key): path for key, path in paths.items()})
 
     @staticmethod
     def _driver_too_old(choice: selection.ImageChoice, driver: selection.HostDriver
