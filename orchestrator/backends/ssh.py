@@ -133,6 +133,15 @@ def _unreachable(exc: BaseException) -> bool:
     return isinstance(exc, HostUnreachable)
 
 
+def _make_output_dir(ssh: SshHost, spec: LaunchSpec) -> None:
+    """Make the cell attempt's folder on its host, writable by whoever the cell runs as."""
+    assert spec.output_dir is not None
+    code, _, err = ssh.run(["install", "-d", "-m", "0777", "--", spec.output_dir], timeout=60)
+    if code != 0:
+        raise LaunchError(f"{spec.cell_id}: cannot make {spec.output_dir} on {ssh.name}: "
+                          f"{err.strip()}")
+
+
 class _HostGone(Exception):
     """A host stopped answering while a cell's container was being started on it."""
 
@@ -514,11 +523,7 @@ class SshDockerBackend(Backend):
         ssh = self._ssh(spec.host)
         node = RemoteNode(spec.host, ssh, None, spec.output_dir)
         try:
-            code, _, err = ssh.run(["install", "-d", "-m", "0777", "--", spec.output_dir],
-                                   timeout=60)
-            if code != 0:
-                raise LaunchError(f"{spec.cell_id}: cannot make {spec.output_dir} on "
-                                  f"{spec.host}: {err.strip()}")
+            _make_output_dir(ssh, spec)
             argv, stdin = apptainer.remote_argv(spec.argv, apptainer.launcher_env(
                 spec.env, spec.runtime["env_prefix"]))
             proc = ssh.start(argv, combine_stderr=True, stdin=stdin)
@@ -573,11 +578,7 @@ class SshDockerBackend(Backend):
         try:
             ssh.connect()
             node.client = remote_docker_client(ssh, version=self._host(name).api_version)
-            code, _, err = ssh.run(["install", "-d", "-m", "0777", "--", spec.output_dir],
-                                   timeout=60)
-            if code != 0:
-                raise LaunchError(f"{spec.cell_id}: cannot make {spec.output_dir} on {name}: "
-                                  f"{err.strip()}")
+            _make_output_dir(ssh, spec)
             node.container = node.client.containers.run(**container_kwargs(spec))
         except LaunchError:
             close_node(node)
