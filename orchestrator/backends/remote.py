@@ -195,12 +195,8 @@ class RemoteExecution(Execution):
         for rank, node in enumerate(self.nodes):
             if node.host in self._lost:
                 continue
-            target = self.local_dir if rank == 0 else self.local_dir / f"node{rank}"
-            try:
-                node.ssh.fetch_dir(node.remote_dir, target)
-            except (HostError, OSError, paramiko.SSHException, EOFError) as exc:
-                log.warning("%s: copying %s:%s back failed: %s", self.cell_id, node.host,
-                            node.remote_dir, exc)
+            fetch_back(self.cell_id, node,
+                       self.local_dir if rank == 0 else self.local_dir / f"node{rank}")
             try:
                 node.container.remove(force=True)
             except Exception as exc:
@@ -266,11 +262,7 @@ class ProcessExecution(Execution):
     def close(self) -> None:
         node = self.node
         if node.host not in self._lost:
-            try:
-                node.ssh.fetch_dir(node.remote_dir, self.local_dir)
-            except (HostError, OSError, paramiko.SSHException, EOFError) as exc:
-                log.warning("%s: copying %s:%s back failed: %s", self.cell_id, node.host,
-                            node.remote_dir, exc)
+            fetch_back(self.cell_id, node, self.local_dir)
             remove_remote_dir(node.ssh, node.remote_dir)
         close_node(node)
 
@@ -298,6 +290,16 @@ class LostExecution(Execution):
 
     def exit_info(self) -> ExitInfo:
         return ExitInfo(code=None, host_lost=True, detail=self.detail)
+
+
+def fetch_back(cell_id: str, node: RemoteNode, target: Path) -> None:
+    """Copy a node's output folder into ``target`` (a failure is logged: the cell's result
+    says what it can without those files)."""
+    try:
+        node.ssh.fetch_dir(node.remote_dir, target)
+    except (HostError, OSError, paramiko.SSHException, EOFError) as exc:
+        log.warning("%s: copying %s:%s back failed: %s", cell_id, node.host, node.remote_dir,
+                    exc)
 
 
 def close_node(node: RemoteNode) -> None:
