@@ -142,16 +142,31 @@ def kill_marked(value: str, prefix: bool = False, grace: float = 0.0) -> list[in
     """Stop every process marked ``value`` (a run's prefix with ``prefix``): SIGTERM, up to
     ``grace`` seconds, then SIGKILL. Returns the pids found at first."""
     found = alive(marked_pids(value, prefix))
-    if not found:
-        return []
-    if grace > 0:
-        _signal(found, signal.SIGTERM)
-        _wait_gone(lambda: alive(marked_pids(value, prefix)), grace)
-    deadline = time.monotonic() + KILL_WAIT_S
-    while (left := alive(marked_pids(value, prefix))) and time.monotonic() < deadline:
-        _signal(left, signal.SIGKILL)
-        time.sleep(0.05)
+    if found:
+        _terminate(lambda: alive(marked_pids(value, prefix)), grace)
     return sorted(found)
+
+
+def _terminate(running: Callable[[], set[int]], grace: float,
+               kill_all: Callable[[], None] | None = None) -> set[int]:
+    """SIGTERM every process ``running()`` finds, wait up to ``grace`` s for them to go, then
+    SIGKILL what a scan finds (after ``kill_all``, e.g. ``cgroup.kill``) until one finds none.
+    Returns the processes still there after :data:`KILL_WAIT_S` of that (normally none)."""
+    left = running()
+    if left and grace > 0:
+        _signal(left, signal.SIGTERM)
+        _wait_gone(running, grace)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while True:
+        if kill_all is not None:
+            kill_all()
+        left = running()
+        if not left:
+            return set()
+        _signal(left, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def _wait_gone(members: Callable[[], set[int]], timeout: float) -> bool:
@@ -431,33 +446,18 @@ class CellProcesses:
         """SIGTERM everything, wait up to ``grace`` s, SIGKILL what is left until nothing is.
 
         Returns the processes that outlived it all (``"pid (command)"``), normally none."""
-        left = self.running()
-        if left and grace > 0:
-            _signal(left, signal.SIGTERM)
-            _wait_gone(self.running, grace)
-        deadline = time.monotonic() + KILL_WAIT_S
-        while True:
-            if self.cgroups is not None:
-                self.cgroups.kill()
-            left = self.running()
-            if not left:
-                return []
-            _signal(left, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                survivors = describe(left)
-                log.error("%s: processes outlived SIGKILL for %g s: %s", self.marker,
-                          KILL_WAIT_S, ", ".join(survivors))
-                return survivors
-            time.sleep(0.05)
+        left = _terminate(self.running, grace,
+                          self.cgroups.kill if self.cgroups is not None else None)
+        if not left:
+            return []
+        survivors = describe(left)
+        log.error("%s: processes outlived SIGKILL for %g s: %s", self.marker, KILL_WAIT_S,
+                  ", ".join(survivors))
+        return survivors
 
     def oom_kills(self) -> int:
         """Processes of the cell the OOM killer killed (0 without a memory cgroup)."""
         return self.cgroups.oom_kills() if self.cgroups is not None else 0
-
-    @property
-    def mem_limit(self) -> Path | None:
-        """The memory cgroup, if the cell has one."""
-        return self.cgroups.memory if self.cgroups is not None else None
 
     def close(self) -> None:
         """Remove the cell's cgroups (after :meth:`stop`)."""
