@@ -192,14 +192,19 @@ def node_roles(allocation: Allocation, rendezvous_address: str) -> list[NodeRole
     ]
 
 
+def torchrun(python: str, gpus: int, node: NodeRole | None = None) -> list[str]:
+    """torchrun and its flags: standalone with one process per GPU, or as ``node`` of a
+    multi-node cell (what it starts follows)."""
+    flags = node.torchrun_flags() if node is not None else [
+        "--standalone", f"--nproc_per_node={gpus}"]
+    return [python, "-m", "torch.distributed.run", *flags]
+
+
 def python_launcher(python: str, gpus: int, node: NodeRole | None = None) -> list[str]:
     """How a Python module is started, up to where its name goes: ``python -m`` for one
     process, torchrun for several (standalone, or as ``node`` of a multi-node cell)."""
-    if node is not None:
-        return [python, "-m", "torch.distributed.run", *node.torchrun_flags(), "-m"]
-    if gpus > 1:
-        return [python, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={gpus}", "-m"]
+    if node is not None or gpus > 1:
+        return [*torchrun(python, gpus, node), "-m"]
     return [python, "-m"]
 
 
@@ -245,10 +250,8 @@ def cell_command(
         return CellCommand(argv, env, None, {"name": WORKLOAD_PROGRAM, "parser": program.parser})
     items = command.render(command_values(cell.params, program.name, python=python,
                                           output_dir=output_dir or ".", cell_id=cell.id))
-    argv = [*command_launcher(command, python, cell.params.gpus, node), *items]
-    argv = profiler_wrap(cell, profile, argv, output_dir, python)
-    if profile.wrapper == "bitfusion":
-        argv = bitfusion_wrap(profile, cell.params.gpus, argv)
+    launcher = command_launcher(command, python, cell.params.gpus, node)
+    argv = wrap_command(cell, profile, [*launcher, *items], output_dir, python)
     env.update(command.env)
     workdir = resolve_workdir(command.workdir, environ)
     record = {"name": program.name, "command": command.command, "argv": items,
@@ -266,11 +269,8 @@ def command_launcher(command: CommandTemplate, python: str, gpus: int,
             raise LaunchError("a command with launcher = 'self' runs on one host; this cell "
                               "spans several")
         return []
-    if node is not None:
-        return [python, "-m", "torch.distributed.run", *node.torchrun_flags(), "--no_python"]
-    if gpus > 1:
-        return [python, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={gpus}", "--no_python"]
+    if node is not None or gpus > 1:
+        return [*torchrun(python, gpus, node), "--no_python"]
     return []
 
 
@@ -311,9 +311,17 @@ def workload_argv(
         argv += ["--output-dir", output_dir]
     if profile.checkpoint_dir:
         argv += ["--checkpoint-dir", profile.checkpoint_dir]
+    return wrap_command(cell, profile, argv, output_dir, python)
+
+
+def wrap_command(cell: Cell, profile: HardwareProfile, argv: list[str],
+                 output_dir: str | None, python: str) -> list[str]:
+    """``argv`` under the cell's profiler (:func:`profiler_wrap`), then under ``bitfusion
+    run`` (:func:`bitfusion_wrap`) where the profile's wrapper is Bitfusion: the same for
+    every program."""
     argv = profiler_wrap(cell, profile, argv, output_dir, python)
     if profile.wrapper == "bitfusion":
-        argv = bitfusion_wrap(profile, gpus, argv)
+        argv = bitfusion_wrap(profile, cell.params.gpus, argv)
     return argv
 
 
