@@ -114,13 +114,18 @@ def flag_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not is_secret(k, v) and flag_safe(v)}
 
 
+def prefixed_env(env: Mapping[str, str], prefix: str) -> dict[str, str]:
+    """The variables of ``env`` that are no ``--env`` argument (secrets among them), each named
+    ``prefix + NAME``, as written (``$env:`` references unresolved: a batch script's)."""
+    passed = flag_env(env)
+    return {prefix + k: v for k, v in env.items() if k not in passed}
+
+
 def launcher_env(env: Mapping[str, str], prefix: str,
                  environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables of ``env`` that travel in the launcher's environment (secrets resolved from
     ``environ``, default this process's), each named ``prefix + NAME``."""
-    passed = flag_env(env)
-    resolved = resolve_env(env, environ)
-    return {prefix + k: v for k, v in resolved.items() if k not in passed}
+    return resolve_env(prefixed_env(env, prefix), environ)
 
 
 def exec_argv(

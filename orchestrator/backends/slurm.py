@@ -626,8 +626,7 @@ class SlurmBackend(Backend):
                                               image=image, output_dir=str(cell_dir))
         binary = apptainer.binary_of(profile)
         prefix = apptainer.env_prefix(binary)
-        passed = apptainer.flag_env(command.env)
-        env = {prefix + k: v for k, v in command.env.items() if k not in passed}
+        env = apptainer.prefixed_env(command.env, prefix)
         gpus = self._gpus_requested(cell, profile)
         opts = profile.slurm
         return SbatchJob(
