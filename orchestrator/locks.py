@@ -222,7 +222,7 @@ LockerFactory = Callable[[LockRequest, Holder], Locker]
 def hold(
     requests: Sequence[LockRequest],
     holder: Holder,
-    locker: LockerFactory | None = None,
+    locker: LockerFactory,
     *,
     timeout_s: float | None = None,
     cancel: threading.Event | None = None,
@@ -231,19 +231,19 @@ def hold(
     """Take every lock of ``requests``, request after request, each request's files in their
     one order (waiting while another sweep holds one). The one wait loop of every backend.
 
-    ``locker`` makes each request's :class:`Locker` when its turn comes (default: this
-    machine's lock folder), so a later machine is not touched before the earlier ones are held.
+    ``locker`` makes each request's :class:`Locker` when its turn comes (:class:`FileLocker`:
+    this machine's lock folder), so a later machine is not touched before the earlier ones are
+    held.
     ``timeout_s``: None waits as long as it takes, 0 not at all; past it :class:`LockBusy`.
     ``cancel`` set while waiting: :class:`LockWaitCancelled`. ``on_wait`` hears once what the
     cell waits for and who holds it. On any error every lock taken so far is released.
     The result's ``waited_s`` counts from the first lock found held (0: none was), not the time
     it takes to reach the machine."""
-    make: LockerFactory = locker or FileLocker
     held = HeldLocks(tuple(requests))
     started: float | None = None  # when a lock was first found held by someone else
     try:
         for request in requests:
-            taker = make(request, holder)
+            taker = locker(request, holder)
             held.lockers.append(taker)
             for name, mode in request.files():
                 while (record := taker.take(name, mode)) is not None:
@@ -270,21 +270,6 @@ def hold(
         raise
     held.waited_s = 0.0 if started is None else round(time.monotonic() - started, 3)
     return held
-
-
-def acquire(
-    request: LockRequest,
-    holder: Holder,
-    *,
-    timeout_s: float | None = None,
-    cancel: threading.Event | None = None,
-    on_wait: Callable[[str], None] | None = None,
-    folder: Path | None = None,
-) -> HeldLocks:
-    """Take every lock of ``request`` in this machine's lock folder (``folder``: else
-    :func:`lock_dir`), as :func:`hold` does."""
-    return hold([request], holder, lambda r, h: FileLocker(r, h, folder),
-                timeout_s=timeout_s, cancel=cancel, on_wait=on_wait)
 
 
 def _try_lock(fd: int, mode: int) -> bool:

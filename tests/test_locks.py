@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
+from lock_support import acquire
 from workload_support import TINY_WORKLOAD
 
 from orchestrator import cellprocs
-from orchestrator.locks import Holder, LockBusy, LockRequest, LockWaitCancelled, acquire
+from orchestrator.locks import Holder, LockBusy, LockRequest, LockWaitCancelled
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lock_support import acquire
 from ssh_support import SshdFactory, SshdServer
 
 from orchestrator.errors import ConfigError, LaunchError
 from orchestrator.hosts import load_hosts, parse_hosts
-from orchestrator.locks import Holder, LockBusy, LockRequest, LockWaitCancelled, acquire, hold
+from orchestrator.locks import Holder, LockBusy, LockRequest, LockWaitCancelled, hold
 from orchestrator.remote_locks import LOCK_SCRIPT, SshLocker, lock_argv, remote_lock_dir
 from orchestrator.ssh import SshHost
 
