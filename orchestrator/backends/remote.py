@@ -14,8 +14,8 @@ The ssh backend starts the containers (:mod:`orchestrator.backends.ssh`); what r
   cell folder, node N into ``nodeN/``) as one tar stream, then removes containers and folders.
   Remote folders live under :data:`REMOTE_ROOT` only; nothing outside it is ever removed.
 
-:class:`ProcessExecution` is a cell that runs as a plain command on its host (the ssh backend's
-Apptainer cells); :class:`LostExecution` is a cell whose host was lost before it started.
+:class:`RemoteProcessExecution` is a cell that runs as a plain command on its host (the ssh
+backend's Apptainer cells); :class:`LostExecution` is a cell whose host was lost before it started.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class RemoteExecution(Execution):
             close_node(node)
 
 
-class ProcessExecution(Execution):
+class RemoteProcessExecution(Execution):
     """A cell run as a plain command on one host over its own SSH connection (the ssh
     backend's Apptainer cells: ``apptainer exec ...`` is the command; no engine involved).
 

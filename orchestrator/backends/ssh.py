@@ -36,9 +36,9 @@ never holds a client for this machine's engine). What differs:
 **Apptainer** profiles (``runtime = "apptainer"``) need no engine on their hosts: ``prepare``
 checks the runtime binary and bind sources on each host and makes its ``.sif`` there
 (:class:`orchestrator.sif.SshMachine`); a cell is ``apptainer exec ... IMAGE.sif <argv>`` run over
-its own connection (:class:`~orchestrator.backends.remote.ProcessExecution`), its GPUs pinned by
-an ``--env`` argument, the variables ``--env`` cannot carry (secrets among them) written to the
-command's stdin (:func:`orchestrator.apptainer.remote_argv`). One host per cell.
+its own connection (:class:`~orchestrator.backends.remote.RemoteProcessExecution`), its GPUs
+pinned by an ``--env`` argument, the variables ``--env`` cannot carry (secrets among them)
+written to the command's stdin (:func:`orchestrator.apptainer.remote_argv`). One host per cell.
 
 Each running cell has its own SSH connection (sshd allows 10 sessions per connection by default;
 a cell holds two long-lived channels), so many cells on one host never exhaust it.
@@ -59,9 +59,9 @@ from orchestrator.backends.base import Backend, Execution, RunOptions
 from orchestrator.backends.containers import container_kwargs, container_spec
 from orchestrator.backends.remote import (
     LostExecution,
-    ProcessExecution,
     RemoteExecution,
     RemoteNode,
+    RemoteProcessExecution,
     close_node,
     remote_dir,
     remote_run_dir,
@@ -536,8 +536,8 @@ class SshDockerBackend(Backend):
                 return LostExecution(spec.host, f"host {spec.host} stopped answering while "
                                                 f"starting the cell ({exc})")
             raise LaunchError(f"{spec.cell_id}: {exc}") from exc
-        return ProcessExecution(spec.cell_id, node, proc, self.paths.cell_dir(spec.cell_id),
-                                self._reachable)
+        return RemoteProcessExecution(spec.cell_id, node, proc,
+                                      self.paths.cell_dir(spec.cell_id), self._reachable)
 
     def _one_release(self, cell: Cell, hosts: list[str]) -> None:
         """A multi-node cell runs one release on all its hosts: a LaunchError if their drivers
@@ -608,7 +608,7 @@ class SshDockerBackend(Backend):
     def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:
         """A cell that lost its host takes that host out of the pool (the sweep retries it)."""
         if result.status is Status.HOST_LOST:
-            assert isinstance(execution, RemoteExecution | ProcessExecution | LostExecution)
+            assert isinstance(execution, RemoteExecution | RemoteProcessExecution | LostExecution)
             for host, why in execution.lost_hosts.items():
                 self.mark_host_lost(host, why)
 
