@@ -102,8 +102,6 @@ class RemoteHost:
     ssh: SshHost
     client: Any = None
     api_version: str | None = None
-    address: str = ""
-    images: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def connect(self, engine: bool = True) -> RemoteHost:
@@ -200,9 +198,7 @@ class SshDockerBackend(Backend):
         with self._lock:
             host = self.hosts.get(name)
             if host is None:
-                host = self.hosts[name] = RemoteHost(
-                    name, self._ssh(name), address=self.targets[name].hostname
-                )
+                host = self.hosts[name] = RemoteHost(name, self._ssh(name))
             return host
 
     def _ssh(self, name: str) -> SshHost:
@@ -395,7 +391,6 @@ class SshDockerBackend(Backend):
                                          driver.driver)
                 with self._lock:
                     self.images[(name, hkey)] = record
-                host.images.add(outcome.tag)
                 say(f"host {name}: image {outcome.tag} ({plan.template}, {choice.label}): "
                     f"{outcome.summary}")
 
