@@ -43,10 +43,9 @@ NO_ENGINE_HINT = (
 
 def docker_client() -> Any:
     """A DockerClient that answers, or :class:`BackendUnavailable` saying what to do."""
-    try:
-        import docker
-    except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise BackendUnavailable(f"the docker SDK is not installed ({exc})") from exc
+    check_sdk()
+    import docker
+
     try:
         client = docker.from_env(version="auto")
         client.ping()
