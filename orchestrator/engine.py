@@ -121,12 +121,17 @@ class Leftover:
         return str(getattr(self.container, "name", None) or self.container.short_id)
 
 
+def _labelled(client: Any, labels: dict[str, str] | None) -> list[Any]:
+    """Every container (running or not) carrying ``labels`` (default: any of orchestrate's)."""
+    filters = [f"{k}={v}" for k, v in (labels or {}).items()] or [LABEL_RUN]
+    return list(client.containers.list(all=True, filters={"label": filters}))
+
+
 def leftover_containers(client: Any, labels: dict[str, str] | None = None) -> list[Leftover]:
     """Every container carrying ``labels`` (default: any orchestrate container), with the
     state of the sweep that started it."""
-    filters = [f"{k}={v}" for k, v in (labels or {}).items()] or [LABEL_RUN]
     found = []
-    for container in client.containers.list(all=True, filters={"label": filters}):
+    for container in _labelled(client, labels):
         tags = container.labels or {}
         controller = tags.get(LABEL_CONTROLLER)
         found.append(Leftover(container, tags.get(LABEL_RUN, "?"), tags.get(LABEL_CELL, "?"),
@@ -136,9 +141,8 @@ def leftover_containers(client: Any, labels: dict[str, str] | None = None) -> li
 
 def remove_containers(client: Any, labels: dict[str, str] | None = None) -> int:
     """Remove every container carrying ``labels`` (default: any orchestrate container)."""
-    filters = [f"{k}={v}" for k, v in (labels or {}).items()] or [LABEL_RUN]
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": filters}):
+    for container in _labelled(client, labels):
         try:
             container.remove(force=True)
             removed += 1
