@@ -548,3 +548,35 @@ def test_ssh_sweep_runs_in_the_standin_on_the_host(tmp_path, standin_host, monke
     while Path(f"/proc/{call['pid']}").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not Path(f"/proc/{call['pid']}").exists(), "the cell's process outlived its timeout"
+
+
+@pytest.mark.ssh
+@pytest.mark.timeout(120)
+def test_sif_from_definition_is_built_on_an_ssh_host(tmp_path, standin_host) -> None:
+    """SshMachine: the build context goes to the host as a tar stream, the stand-in builds
+    there in a folder of its own (removed after), its output is heard line by line, the image
+    is moved into place; a second ensure_sif finds it up to date and builds nothing."""
+    from orchestrator.hosts import load_hosts
+    from orchestrator.ssh import SshHost
+
+    server, record = standin_host
+    ssh = SshHost.from_inventory(load_hosts(ssh_inventory(tmp_path, server)), server.name)
+    plan = sif.plan_sif(build.plan_image("singularity", {"base_tag": "23.10-py3"}),
+                        directory=str(tmp_path / "sif"))
+    before = len(calls(record))
+    contexts = set(Path("/tmp").glob("orchestrate-sif-??????"))
+    heard: list[str] = []
+    try:
+        first = sif.ensure_sif(plan, sif.SshMachine(ssh), on_log=heard.append)
+        again = sif.ensure_sif(plan, sif.SshMachine(ssh))
+    finally:
+        ssh.close()
+    assert first.built and not again.built and first.path == again.path == plan.path
+    made = json.loads(Path(plan.path).read_text())
+    assert made["spec"] == "Singularity.def" and "workload/run.py" in made["context"]
+    (call,) = calls(record)[before:]
+    assert call["argv"][:2] == ["build", "--fakeroot"] and call["out"].startswith(
+        plan.path + ".building-")
+    assert heard == [f"INFO:    stand-in build of {call['out']} from Singularity.def"]
+    assert list((tmp_path / "sif").iterdir()) == [Path(plan.path)]
+    assert set(Path("/tmp").glob("orchestrate-sif-??????")) == contexts  # the context is removed
