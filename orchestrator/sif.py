@@ -42,7 +42,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -199,7 +199,6 @@ class LocalMachine:
     def build(self, plan: SifPlan, output: str, on_log: Callable[[str], None] | None
               ) -> tuple[int, list[str]]:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
-        tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         assert plan.image is not None
         with tempfile.TemporaryDirectory(prefix=f"orchestrate-sif-{plan.image.template}-") as tmp:
             if plan.source == "definition":
@@ -210,12 +209,8 @@ class LocalMachine:
             except OSError as exc:
                 return 127, [f"cannot start {plan.binary}: {exc}"]
             assert proc.stdout is not None
-            for raw in proc.stdout:
-                line = raw.decode(errors="replace").rstrip()
-                tail.append(line)
-                if on_log is not None:
-                    on_log(line)
-            return proc.wait(), list(tail)
+            tail = _follow(proc.stdout, on_log)
+            return proc.wait(), tail
 
     def commit(self, temporary: str, final: str) -> None:
         os.replace(temporary, final)
@@ -270,18 +265,8 @@ class SshMachine:
             line = shlex.join(plan.build_argv(output))
             proc = self.ssh.start(["sh", "-c", f"cd {shlex.quote(folder)} && exec {line}"],
                                   combine_stderr=True)
-            tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-            pending = b""
-            for chunk in proc.output():
-                *lines, pending = (pending + chunk).split(b"\n")
-                for raw in lines:
-                    text = raw.decode(errors="replace").rstrip()
-                    tail.append(text)
-                    if on_log is not None:
-                        on_log(text)
-            if pending:
-                tail.append(pending.decode(errors="replace"))
-            return proc.wait(), list(tail)
+            tail = _follow(_lines(proc.output()), on_log)
+            return proc.wait(), tail
         finally:
             self._run(["rm", "-rf", "--", folder])
 
@@ -293,6 +278,27 @@ class SshMachine:
 
     def discard(self, path: str) -> None:
         self._run(["rm", "-f", "--", path])
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a stream of chunks (the last one even without its newline)."""
+    pending = b""
+    for chunk in chunks:
+        *lines, pending = (pending + chunk).split(b"\n")
+        yield from lines
+    if pending:
+        yield pending
+
+
+def _follow(lines: Iterable[bytes], on_log: Callable[[str], None] | None) -> list[str]:
+    """Hand a build's output to ``on_log`` line by line; its last :data:`LOG_TAIL_LINES`."""
+    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    for raw in lines:
+        line = raw.decode(errors="replace").rstrip()
+        tail.append(line)
+        if on_log is not None:
+            on_log(line)
+    return list(tail)
 
 
 def _tar_bytes(files: dict[str, bytes]) -> bytes:
