@@ -249,7 +249,6 @@ def test_multi_node_placement_and_command(tmp_path: Path) -> None:
     hosts = fake_inventory(tmp_path, {
         "a": 'tags = ["cpu"]\ngpus = [0, 1]', "b": 'tags = ["cpu"]\ngpus = [0, 1]'})
     backend = make_backend(tmp_path, matrix, hosts)
-    backend.image_tags["cpu"] = "img:1"
     two, four = backend.matrix.cells
     alloc = backend.allocate(four)
     assert alloc == Allocation(four.id, (Slot("a", (0, 1)), Slot("b", (0, 1))), exclusive=True)

@@ -164,8 +164,6 @@ class SshDockerBackend(Backend):
         self.targets = resolve_hosts(self.inventory)
         self.placement_tags = self._placement_tags()
         self.hosts: dict[str, RemoteHost] = {}
-        #: hardware profile -> image tag (a fallback: cells look up ``images``, per host)
-        self.image_tags: dict[str, str] = {}
         #: every image prepared, by (host, key)
         self.images: dict[tuple[str, selection.ImageKey], ImageRecord] = {}
         #: each host's driver as probed in prepare (hosts not probed: absent)
@@ -456,7 +454,7 @@ class SshDockerBackend(Backend):
 
     def _image_tag(self, cell: Cell, host: str | None) -> str | None:
         record = self.image_for(cell, host)
-        return record.tag if record else self.image_tags.get(cell.hardware)
+        return record.tag if record else None
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """The base's provenance, and what the image's build on the cell's host recorded
