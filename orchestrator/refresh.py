@@ -172,8 +172,7 @@ def _refresh_image(item: Wanted, driver: selection.HostDriver, client: object,
                    resolve: Callable[[str], build.BasePin], state: ImageState, dry_run: bool,
                    on_log: Callable[[str], None] | None) -> ImageRefresh:
     host, matrix = item.host, item.matrix
-    auto = item.key.ngc_release is None and selection.is_auto(matrix, item.key.hardware)
-    key = selection.ImageKey(item.key.hardware, item.key.ngc_release, host if auto else None)
+    key = selection.host_key(matrix, item.key, host)
     old = state.images.get((host, str(matrix.path.resolve()), key.hardware, key.ngc_release))
     result = ImageRefresh(matrix.name, key.hardware, key.ngc_release, "failed", old)
     try:
