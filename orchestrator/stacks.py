@@ -21,10 +21,10 @@ import tomllib
 from importlib import resources
 from typing import Any
 
-from orchestrator.releases import Release, find_release, floor
+from orchestrator.releases import floor
 
-__all__ = ["Release", "arch_available", "archs", "feature_missing", "floor", "known_archs",
-           "model_range", "parse_version", "series", "stack", "workload_archs"]
+__all__ = ["arch_available", "archs", "feature_missing", "floor", "known_archs",
+           "model_range", "parse_version", "series", "workload_archs"]
 
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:(a|b|rc)\d+)?(?:\+[0-9A-Za-z.]+)?$")
 
@@ -47,14 +47,6 @@ def series(text: str) -> tuple[int, int]:
     """The release series of a version: ``"2.1.0a0+32f93b1"`` -> ``(2, 1)``."""
     major, minor, _ = parse_version(text)
     return major, minor
-
-
-def stack(release: str) -> Release:
-    """The NGC release ``release`` (``"23.10"`` or its tag ``"23.10-py3"``); KeyError if unknown."""
-    found = find_release(release)
-    if found is None:
-        raise KeyError(release)
-    return found
 
 
 def feature_missing(feature: str, torch_version: str) -> str | None:
