@@ -72,11 +72,16 @@ def workload_archs() -> dict[str, str]:
 def archs(torchvision_version: str) -> list[str]:
     """Every ``--arch`` the workload can build with this torchvision, sorted (below the floor
     nothing is recorded: the list is empty)."""
-    have = series(torchvision_version)
+    return list(_archs(series(torchvision_version)))
+
+
+@functools.cache
+def _archs(have: tuple[int, int]) -> tuple[str, ...]:
+    """:func:`archs` of a torchvision series, worked out once (checks ask per configuration)."""
     names = {name for name, since in _models()["torchvision"].items() if series(since) <= have}
     if have >= series(floor()["torchvision"]):
         names |= set(workload_archs())
-    return sorted(names)
+    return tuple(sorted(names))
 
 
 def model_range() -> tuple[str, str]:
@@ -92,4 +97,4 @@ def known_archs() -> list[str]:
 
 def arch_available(arch: str, torchvision_version: str) -> bool:
     """Whether the workload can build ``arch`` on this torchvision."""
-    return arch in archs(torchvision_version)
+    return arch in _archs(series(torchvision_version))
