@@ -43,13 +43,7 @@ from orchestrator import images
 from orchestrator.engine import docker_client
 from orchestrator.errors import BuildError, ConfigError, Problem
 from orchestrator.imagestate import ImageRecord, ImageState, state_path, update_state
-from orchestrator.selection import (
-    HostDriver,
-    ImageChoice,
-    ImageKey,
-    choose,
-    profile_image_vars,
-)
+from orchestrator.selection import HostDriver, ImageChoice, ImageKey, choose
 
 if TYPE_CHECKING:
     from orchestrator.matrix import Cell, Matrix
@@ -65,7 +59,7 @@ LABEL_BASE = "org.orchestrate.base-image"
 LABEL_BASE_PIN = "org.orchestrate.base-pin"
 
 __all__ = ["BasePin", "BuildOutcome", "ImagePlan", "content_hash", "ensure_image", "pin",
-           "plan_image", "plan_images", "plan_key", "profile_image_vars"]
+           "plan_image", "plan_images", "plan_key"]
 LOG_TAIL_LINES = 20
 
 _STEP_RE = re.compile(r"^Step (\d+/\d+) : (.*)$")

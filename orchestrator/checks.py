@@ -81,7 +81,6 @@ import logging
 import os
 import re
 import shutil
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,7 +201,7 @@ def check_matrix(
     found = Findings()
     for hw in sorted({c.hardware for c in matrix.cells}):
         found.stacks[hw] = _profile_checks(found, file, hw, matrix.profiles[hw], backend)
-    places = _Places(matrix.source_text)
+    places = _Places(matrix.raw)
     for hw, release in sorted({(c.hardware, c.params.ngc_release) for c in matrix.cells
                                if c.params.ngc_release is not None}):
         found.release_stacks[(hw, release)] = _release_checks(
@@ -242,11 +241,8 @@ def _same(a: Any, b: Any) -> bool:
 class _Places:
     """Where in the matrix file a parameter's value is set (the field an error names)."""
 
-    def __init__(self, text: str) -> None:
-        try:
-            self.raw: dict[str, Any] = tomllib.loads(text) if text else {}
-        except tomllib.TOMLDecodeError:  # pragma: no cover - load_matrix parsed it already
-            self.raw = {}
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
 
     def of(self, key: str, value: Any) -> list[str]:
         """Every field that sets ``key`` to ``value``; ``workload.KEY`` when none does (the

@@ -299,10 +299,11 @@ UlimitName = Literal[
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def _memory_bytes(value: str) -> int:
-    """``'16g'`` -> bytes (the unit is the last character when it is a letter)."""
+def _memory_bytes(value: str, default_unit: str = "") -> int:
+    """``'16g'`` -> bytes (the unit is the last character when it is a letter, else
+    ``default_unit``: bytes for Docker, ``"m"`` for Slurm's --mem)."""
     unit = value[-1].lower() if value[-1].isalpha() else ""
-    return int(value[: len(value) - len(unit)]) * _UNITS[unit]
+    return int(value[: len(value) - len(unit)]) * _UNITS[unit or default_unit]
 
 
 class ContainerOptions(StrictModel):
@@ -392,10 +393,8 @@ class SlurmOptions(StrictModel):
     @field_validator("mem")
     @classmethod
     def _mem_in_range(cls, value: str | None) -> str | None:
-        if value is not None:
-            unit = value[-1].lower() if value[-1].isalpha() else "m"  # Slurm's default: MB
-            if int(value.rstrip("KMGT")) * _UNITS[unit] > MAX_MEMORY_BYTES:
-                raise ValueError(f"{value!r} is more than 16 TiB (more than any node has)")
+        if value is not None and _memory_bytes(value, default_unit="m") > MAX_MEMORY_BYTES:
+            raise ValueError(f"{value!r} is more than 16 TiB (more than any node has)")
         return value
 
 

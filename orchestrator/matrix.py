@@ -111,6 +111,8 @@ class Matrix:
     commands: dict[str, CommandTemplate] = field(default_factory=dict)
     #: ``[figures]``: how cells' figures are read unless a command or profile says otherwise.
     figures: FiguresConfig | None = None
+    #: ``source_text`` as parsed: where the checks find the field that sets a value.
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     def profile(self, cell: Cell) -> HardwareProfile:
         return self.profiles[cell.hardware]
@@ -123,7 +125,7 @@ class Matrix:
     def with_cells(self, cells: Iterable[Cell]) -> Matrix:
         return Matrix(
             self.name, self.path, self.settings, self.profiles, tuple(cells), self.varying,
-            self.source_text, self.commands, self.figures,
+            self.source_text, self.commands, self.figures, self.raw,
         )
 
 
@@ -565,6 +567,7 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
         source_text=text,
         commands=dict(mf.commands),
         figures=mf.figures,
+        raw=raw,
     )
 
 

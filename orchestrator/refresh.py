@@ -5,9 +5,10 @@ The steps, each a plain function over plain values:
 
 1. :func:`wanted_images` — which images to keep fresh: those the given matrices need (every
    profile and pinned ``ngc_release`` their cells use, on every inventory host that may run the
-   profile: :func:`orchestrator.selection.host_profiles`), else those the image state recorded for
-   the inventory's hosts (their matrix files read again: a sweep's builds are kept fresh without
-   naming its matrix).
+   profile: :func:`orchestrator.selection.host_profiles`; Docker images only, as the ssh backend
+   builds them: a ``runtime = "apptainer"`` profile's .sif is its sweep's to make), else those
+   the image state recorded for the inventory's hosts (their matrix files read again: a sweep's
+   builds are kept fresh without naming its matrix).
 2. :func:`refresh_host` — per host, over a verified SSH connection: probe its GPUs and driver
    (:func:`orchestrator.gpus.probe`); for each image choose the release the driver runs now
    (:func:`orchestrator.selection.choose`), plan it and pin its base on the host's engine; a tag
@@ -110,15 +111,17 @@ def wanted_images(inventory: Inventory, matrices: Sequence[Matrix], state: Image
     recorded = not matrices
     wanted: list[Wanted] = []
     for matrix in matrices:
+        # Docker images only: an Apptainer profile's .sif is made by its sweep (ssh backend)
+        cells = [c for c in matrix.cells if not matrix.profile(c).apptainer_runtime]
         try:
             profiles = selection.host_profiles(matrix, inventory)
-            build.check_image_templates(matrix, matrix.cells, "ssh")
+            build.check_image_templates(matrix, cells, "ssh")
         except ConfigError as exc:
             if not recorded:
                 raise  # a matrix the user named: its mistake is theirs to fix now
             notes.append(f"{matrix.path}: not refreshed with {inventory.source}: {exc}")
             continue
-        for key in selection.needed_keys(matrix, matrix.cells):
+        for key in selection.needed_keys(matrix, cells):
             wanted += [Wanted(h, matrix, key) for h in names if key.hardware in profiles[h]]
     return wanted, notes
 
@@ -172,8 +175,7 @@ def _refresh_image(item: Wanted, driver: selection.HostDriver, client: object,
                    resolve: Callable[[str], build.BasePin], state: ImageState, dry_run: bool,
                    on_log: Callable[[str], None] | None) -> ImageRefresh:
     host, matrix = item.host, item.matrix
-    auto = item.key.ngc_release is None and selection.is_auto(matrix, item.key.hardware)
-    key = selection.ImageKey(item.key.hardware, item.key.ngc_release, host if auto else None)
+    key = selection.host_key(matrix, item.key, host)
     old = state.images.get((host, str(matrix.path.resolve()), key.hardware, key.ngc_release))
     result = ImageRefresh(matrix.name, key.hardware, key.ngc_release, "failed", old)
     try:

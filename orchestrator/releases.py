@@ -100,14 +100,15 @@ def driver_key(driver: str) -> tuple[int, ...]:
     return parts + (0,) * (3 - len(parts))
 
 
+@functools.cache
 def _table() -> dict[str, Any]:
+    """``data/ngc_releases.toml``, parsed once per process (callers only read it)."""
     text = resources.files("orchestrator").joinpath("data/ngc_releases.toml").read_text("utf-8")
     return tomllib.loads(text)
 
 
-def load_releases() -> list[Release]:
-    """Every NGC PyTorch release of the table (refused ones too), oldest first; a release
-    without ``min_compute_capability`` carries the previous release's."""
+@functools.cache
+def _releases() -> tuple[Release, ...]:
     raw = _table()["releases"]
     releases = [Release.from_table(name, table) for name, table in raw.items()]
     releases.sort(key=lambda r: tuple(int(p) for p in r.name.split(".")))
@@ -116,12 +117,18 @@ def load_releases() -> list[Release]:
         if release.min_compute_capability is None and inherited is not None:
             releases[i] = dataclasses.replace(release, min_compute_capability=inherited)
         inherited = releases[i].min_compute_capability
-    return releases
+    return tuple(releases)
+
+
+def load_releases() -> list[Release]:
+    """Every NGC PyTorch release of the table (refused ones too), oldest first; a release
+    without ``min_compute_capability`` carries the previous release's."""
+    return list(_releases())
 
 
 @functools.cache
 def _by_name() -> dict[str, Release]:
-    return {r.name: r for r in load_releases()}
+    return {r.name: r for r in _releases()}
 
 
 def find_release(name: str) -> Release | None:

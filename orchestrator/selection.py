@@ -150,10 +150,16 @@ def is_auto(matrix: Matrix, hardware: str) -> bool:
     return matrix.profiles[hardware].release == AUTO
 
 
+def host_key(matrix: Matrix, key: ImageKey, host: str | None) -> ImageKey:
+    """``key`` on ``host``: it carries the host where the profile's release is auto and the key
+    pins none (each host's driver picks its image); otherwise it is host-free."""
+    auto = is_auto(matrix, key.hardware) and key.ngc_release is None
+    return ImageKey(key.hardware, key.ngc_release, host if auto else None)
+
+
 def image_key(matrix: Matrix, cell: Cell, host: str | None = None) -> ImageKey:
     """The key of the image ``cell`` runs (on ``host``, where the profile's release is auto)."""
-    auto = is_auto(matrix, cell.hardware) and cell.params.ngc_release is None
-    return ImageKey(cell.hardware, cell.params.ngc_release, host if auto else None)
+    return host_key(matrix, ImageKey(cell.hardware, cell.params.ngc_release), host)
 
 
 def needed_keys(matrix: Matrix, cells: Iterable[Cell]) -> list[ImageKey]:

@@ -21,10 +21,10 @@ import tomllib
 from importlib import resources
 from typing import Any
 
-from orchestrator.releases import Release, find_release, floor
+from orchestrator.releases import floor
 
-__all__ = ["Release", "arch_available", "archs", "feature_missing", "floor", "known_archs",
-           "model_range", "parse_version", "series", "stack", "workload_archs"]
+__all__ = ["arch_available", "archs", "feature_missing", "floor", "known_archs",
+           "model_range", "parse_version", "series", "workload_archs"]
 
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:(a|b|rc)\d+)?(?:\+[0-9A-Za-z.]+)?$")
 
@@ -47,14 +47,6 @@ def series(text: str) -> tuple[int, int]:
     """The release series of a version: ``"2.1.0a0+32f93b1"`` -> ``(2, 1)``."""
     major, minor, _ = parse_version(text)
     return major, minor
-
-
-def stack(release: str) -> Release:
-    """The NGC release ``release`` (``"23.10"`` or its tag ``"23.10-py3"``); KeyError if unknown."""
-    found = find_release(release)
-    if found is None:
-        raise KeyError(release)
-    return found
 
 
 def feature_missing(feature: str, torch_version: str) -> str | None:
@@ -80,11 +72,16 @@ def workload_archs() -> dict[str, str]:
 def archs(torchvision_version: str) -> list[str]:
     """Every ``--arch`` the workload can build with this torchvision, sorted (below the floor
     nothing is recorded: the list is empty)."""
-    have = series(torchvision_version)
+    return list(_archs(series(torchvision_version)))
+
+
+@functools.cache
+def _archs(have: tuple[int, int]) -> tuple[str, ...]:
+    """:func:`archs` of a torchvision series, worked out once (checks ask per configuration)."""
     names = {name for name, since in _models()["torchvision"].items() if series(since) <= have}
     if have >= series(floor()["torchvision"]):
         names |= set(workload_archs())
-    return sorted(names)
+    return tuple(sorted(names))
 
 
 def model_range() -> tuple[str, str]:
@@ -100,4 +97,4 @@ def known_archs() -> list[str]:
 
 def arch_available(arch: str, torchvision_version: str) -> bool:
     """Whether the workload can build ``arch`` on this torchvision."""
-    return arch in archs(torchvision_version)
+    return arch in _archs(series(torchvision_version))

@@ -17,9 +17,15 @@ from orchestrator import cli, imagestate, selection
 from orchestrator.commands.images import refresh_lines
 from orchestrator.errors import ConfigError
 from orchestrator.hosts import load_hosts
-from orchestrator.imagestate import ImageRecord, load_state, state_path, update_state
+from orchestrator.imagestate import (
+    ImageRecord,
+    ImageState,
+    load_state,
+    state_path,
+    update_state,
+)
 from orchestrator.matrix import load_matrix
-from orchestrator.refresh import HostRefresh, ImageRefresh, RefreshReport, refresh
+from orchestrator.refresh import HostRefresh, ImageRefresh, RefreshReport, refresh, wanted_images
 
 
 def record(host: str = "a", hardware: str = "h100", **kw: object) -> ImageRecord:
@@ -125,6 +131,27 @@ def test_a_host_that_cannot_be_reached_is_reported_and_left_as_it_was(
     out = capsys.readouterr().out
     assert out.startswith("gone: not reached: ") and "1 host(s) not reached" in out
     assert state_path(results).read_text() == before  # a dry run writes nothing
+
+
+def test_refresh_keeps_docker_images_fresh_not_apptainer_profiles(tmp_path: Path) -> None:
+    """As the ssh backend: a runtime = "apptainer" profile runs a .sif (here a ready one, no
+    image template), which its sweep makes; refresh neither refuses the matrix nor builds a
+    Docker image for it."""
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text('[options]\nssh_config = ""\n[[hosts]]\nname = "a"\n'
+                     'address = "127.0.0.1"\ntags = ["gpu", "sifgpu"]\n')
+    matrix = tmp_path / "mix.toml"
+    matrix.write_text(MATRIX.replace('hardware = "gpu"\n', "") + """
+[axes]
+hardware = ["gpu", "sifgpu"]
+[hardware.sifgpu]
+device = "cuda"
+runtime = "apptainer"
+apptainer = { sif = "/shared/images/pytorch.sif" }
+""")
+    wanted, notes = wanted_images(load_hosts(hosts), [load_matrix(matrix)], ImageState())
+    assert [(w.host, w.key) for w in wanted] == [("a", selection.ImageKey("gpu"))]
+    assert notes == []
 
 
 def test_refresh_needs_an_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

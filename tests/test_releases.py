@@ -122,7 +122,8 @@ def test_too_old_driver() -> None:
 
 
 def test_release_tables_may_carry_more_keys(monkeypatch: pytest.MonkeyPatch,
-                                            tmp_path: Path) -> None:
+                                            tmp_path: Path,
+                                            request: pytest.FixtureRequest) -> None:
     """Keys the resolver does not use (torch versions, a source URL) are ignored, not refused."""
     assert Release.from_table("24.05", {
         "cuda": "12.4.1", "min_driver": "550.54.15", "torch": "2.4.0a0", "source": "https://x",
@@ -132,4 +133,8 @@ def test_release_tables_may_carry_more_keys(monkeypatch: pytest.MonkeyPatch,
     (data / "ngc_releases.toml").write_text(
         '[releases."24.05"]\ncuda = "12.4.1"\nmin_driver = "550.54.15"\ntorchvision = "0.19"\n')
     monkeypatch.setattr(releases.resources, "files", lambda _package: tmp_path)
+    releases._table.cache_clear()
+    releases._releases.cache_clear()
+    request.addfinalizer(releases._releases.cache_clear)  # later tests read the real table
+    request.addfinalizer(releases._table.cache_clear)
     assert [r.name for r in load_releases()] == ["24.05"]

@@ -2,9 +2,9 @@
 
 A profile's environment holds a secret literal (``HF_TOKEN = "..."``), a value taken from the
 orchestrator's environment (``API_KEY = "$env:..."``) and a plain value. Real cells (a
-process, a Slurm job) print a digest of what they received, to show the secrets arrived, and
-the secret itself, to show the output is scrubbed; then every file of the run folder is
-searched for the secret values.
+process, a Docker container, a Slurm job) print a digest of what they received, to show the
+secrets arrived, and the secret itself, to show the output is scrubbed; then every file of the
+run folder is searched for the secret values.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from workload_support import TINY_WORKLOAD
 
 from orchestrator import sweep
 from orchestrator.backends.base import RunOptions
+from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.process import ProcessBackend
 from orchestrator.errors import ConfigError
 from orchestrator.launch import LaunchSpec
@@ -147,11 +148,47 @@ def test_process_cell_gets_its_secrets_and_no_file_of_the_run_has_them(write_mat
     assert files_with_secrets(run.paths.root) == []
 
 
+class PrintingContainer(DockerBackend):
+    """The real docker backend running, in the cell's image, a script that prints what it
+    received."""
+
+    def spec(self, cell, allocation, attempt: int = 1) -> LaunchSpec:
+        spec = super().spec(cell, allocation, attempt)
+        return dataclasses.replace(spec, argv=(spec.argv[0], "-c", PRINT))
+
+
+@pytest.mark.docker
+def test_a_container_cell_gets_its_secrets_and_no_file_of_the_run_has_them(
+        docker_client, base_image, write_matrix, tmp_path, monkeypatch):
+    """On a real engine: the container receives both secrets (their digests in its output),
+    its output is scrubbed, and no file of the run folder holds either value."""
+    monkeypatch.setenv(SOURCE, FROM_ENV)
+    text = MATRIX.replace('device = "cpu"\n', (
+        'device = "cpu"\nimage = "ngc-pytorch"\n'
+        f'image_vars = {{ base_image = "{base_image}", install_nvml = false }}\n'
+        # as tests/test_backend_docker.py: this engine refuses the default unlimited memlock
+        'container = { shm_size = "256m", ulimits = { stack = 67108864 } }\n'), 1)
+    matrix = load_matrix(write_matrix(text, cpu_profile=False))
+    run = sweep.open_run(matrix, "docker", tmp_path, None)
+    backend = PrintingContainer(matrix, run.paths, RunOptions(timeout_s=120))
+    backend.prepare(list(run.cells))
+    results = run_cells(backend, run.cells, NullEvents())
+    backend.close()
+    outcome = sweep.finish_run(matrix, run, results, False)
+    (result,) = outcome.results
+    assert result.exit_code == 0, result.reason
+    log_text = run.paths.cell_log(result.cell_id).read_text()
+    assert f"HF_TOKEN {digest(LITERAL)} value: {MASK}" in log_text
+    assert f"API_KEY {digest(FROM_ENV)} value: {MASK}" in log_text
+    command = json.loads(run.paths.cell_command(result.cell_id).read_text())
+    assert command["env"]["HF_TOKEN"] == MASK and command["env"]["API_KEY"] == f"$env:{SOURCE}"
+    assert files_with_secrets(run.paths.root) == []
+
+
 def test_containers_get_resolved_secrets_at_launch_only(write_matrix, tmp_path, monkeypatch):
     """The container's environment (what the engine stores, `docker inspect` shows) has the
     values; the spec written as command.json does not. As built: no engine needed."""
     from orchestrator.backends.containers import container_kwargs
-    from orchestrator.backends.docker import DockerBackend
     from orchestrator.placement import Allocation
 
     monkeypatch.setenv(SOURCE, FROM_ENV)

@@ -371,9 +371,7 @@ class SshDockerBackend(Backend):
             for key in keys:
                 if key.hardware not in self.placement_tags[name]:
                     continue
-                hkey = selection.ImageKey(key.hardware, key.ngc_release,
-                                          name if key.hardware in auto and not key.ngc_release
-                                          else None)
+                hkey = selection.host_key(self.matrix, key, name)
                 try:
                     choice, plan = build.plan_key(self.matrix, hkey, driver)
                 except selection.NoRelease as exc:
