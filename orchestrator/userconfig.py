@@ -24,8 +24,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from orchestrator.config import StrictModel, problems_from_validation, read_toml
 from orchestrator.errors import ConfigError
+from orchestrator.userfiles import StrictModel, problems_from_validation, read_toml
 
 CONFIG_ENV = "ORCHESTRATE_CONFIG"
 RESULTS_ENV = "ORCHESTRATE_RESULTS"
