@@ -45,7 +45,10 @@ EXIT_BROKEN_PIPE = 141
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; with ``argv`` naming a known command, only that command's module is loaded."""
     first = next((a for a in (argv or []) if not a.startswith("-")), None)
-    modules = (COMMAND_OWNERS[first],) if first in COMMAND_OWNERS else COMMAND_MODULES
+    modules: tuple[str, ...] = (
+        (COMMAND_OWNERS[first],) if first in COMMAND_OWNERS else COMMAND_MODULES)
+    if first is None and _version_only(argv or []):
+        modules = ()  # argparse prints the version and exits before it needs a command
     parser = argparse.ArgumentParser(
         prog="orchestrate",
         description="Run GPU benchmark experiment matrices: locally, in Docker, over SSH or as "
@@ -67,6 +70,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             raise
         module.register(sub)
     return parser
+
+
+def _version_only(argv: Sequence[str]) -> bool:
+    """``--version`` without a help flag (``-h``, ``--help`` or an abbreviation of it)."""
+    asks_help = any(a.startswith("--h") or (a[:1] == "-" and a[1:2] != "-" and "h" in a)
+                    for a in argv)
+    return "--version" in argv and not asks_help
 
 
 class _StderrHandler(logging.StreamHandler):

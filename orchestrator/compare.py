@@ -25,7 +25,7 @@ from typing import Any
 from tabulate import tabulate
 
 from orchestrator.stats import Change, compare_samples
-from orchestrator.store import CellRecord, RunRecord, Stack, Store
+from orchestrator.store import CellRecord, RunRecord, Stack, Store, stack_field_values
 from orchestrator.summary import varying_keys
 
 
@@ -106,13 +106,7 @@ class Comparison:
 
 def stack_values(cells: Sequence[CellRecord]) -> dict[str, list[str]]:
     """Per stack field, the distinct values a run's cells recorded (sorted)."""
-    out: dict[str, set[str]] = {name: set() for name in Stack.names()}
-    for cell in cells:
-        if cell.stack is not None:
-            for name, value in cell.stack.as_dict().items():
-                if value is not None:
-                    out[name].add(value)
-    return {name: sorted(values) for name, values in out.items()}
+    return stack_field_values(cell.stack for cell in cells)
 
 
 def _param_key(params: dict[str, Any]) -> str:

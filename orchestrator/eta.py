@@ -62,29 +62,38 @@ class Eta:
         """Actual / expected duration of today's finished cells (median; 1.0 before any)."""
         return statistics.median(self._ratios) if self._ratios else 1.0
 
-    def _guess(self, cell: Cell) -> float | None:
-        """Expected seconds of ``cell`` today."""
-        if cell.hash in self.expected:
-            return float(self.expected[cell.hash]) * self.pace
+    def _typical(self, pace: float) -> float | None:
+        """Expected seconds today of a cell whose configuration has no history: a typical cell
+        of this matrix, else the median of today's finished cells (None: nothing known)."""
         known = list(self.expected.values())
-        if known:  # an unknown configuration: a typical cell of this matrix
-            return statistics.median(known) * self.pace
+        if known:
+            return statistics.median(known) * pace
         return statistics.median(self._actual) if self._actual else None
 
     def remaining_s(self, elapsed: Mapping[str, float] | None = None) -> float | None:
         """Seconds until the sweep ends, or None while nothing is known to estimate from.
 
-        ``elapsed``: seconds each running cell has run so far (missing: 0).
+        ``elapsed``: seconds each running cell has run so far (missing: 0). The pace and the
+        typical cell are computed once per call, not per cell (the display asks on every
+        progress line of every running cell).
         """
         elapsed = elapsed or {}
+        pace = self.pace
+        typical = self._typical(pace)
+
+        def guess_of(cell: Cell) -> float | None:  # expected seconds of ``cell`` today
+            if cell.hash in self.expected:
+                return float(self.expected[cell.hash]) * pace
+            return typical
+
         left = []
         for cell in self._pending.values():
-            guess = self._guess(cell)
+            guess = guess_of(cell)
             if guess is None:
                 return None
             left.append(guess)
         for cell_id, cell in self._running.items():
-            guess = self._guess(cell)
+            guess = guess_of(cell)
             if guess is None:
                 return None
             left.append(max(0.0, guess - elapsed.get(cell_id, 0.0)))

@@ -51,11 +51,13 @@ def iso(timestamp: float | None) -> str:
     return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def rows(store: Store, runs: Sequence[RunRecord], selection: Selection = Selection()
-         ) -> Iterator[dict[str, Any]]:
-    """The long-format rows of ``runs`` (oldest first), filtered by ``selection``."""
+def rows(store: Store, runs: Sequence[RunRecord], selection: Selection = Selection(),
+         param_names: Sequence[str] | None = None) -> Iterator[dict[str, Any]]:
+    """The long-format rows of ``runs`` (oldest first), filtered by ``selection``;
+    ``param_names``: their parameter names when the caller has already looked them up."""
     by_pk = {r.pk: r for r in runs}
-    param_names = _param_names(store, runs)
+    if param_names is None:
+        param_names = _param_names(store, runs)
     for chunk in _chunks([r.pk for r in runs], 200):
         for cell in store.cells(chunk, figures=True):
             if not selection.keeps(cell):
@@ -80,9 +82,12 @@ def rows(store: Store, runs: Sequence[RunRecord], selection: Selection = Selecti
                 yield {**base, "figure": name, "value": value}
 
 
-def columns(store: Store, runs: Sequence[RunRecord]) -> list[str]:
-    """Column order of the export."""
-    return [*RUN_COLUMNS, *CELL_COLUMNS, *[f"param.{k}" for k in _param_names(store, runs)],
+def columns(store: Store, runs: Sequence[RunRecord], param_names: Sequence[str] | None = None
+            ) -> list[str]:
+    """Column order of the export (``param_names``: as for :func:`rows`)."""
+    if param_names is None:
+        param_names = _param_names(store, runs)
+    return [*RUN_COLUMNS, *CELL_COLUMNS, *[f"param.{k}" for k in param_names],
             *[f"stack.{k}" for k in Stack.names()], "figure", "value"]
 
 
@@ -108,10 +113,11 @@ def _chunks(items: list[int], size: int) -> Iterator[list[int]]:
 def write_csv(store: Store, runs: Sequence[RunRecord], selection: Selection, out: TextIO
               ) -> int:
     """Write CSV to ``out``; returns the rows written."""
-    writer = csv.DictWriter(out, fieldnames=columns(store, runs), lineterminator="\n")
+    names = _param_names(store, runs)  # one query for the header and the rows
+    writer = csv.DictWriter(out, fieldnames=columns(store, runs, names), lineterminator="\n")
     writer.writeheader()
     n = 0
-    for row in rows(store, runs, selection):
+    for row in rows(store, runs, selection, names):
         writer.writerow({k: _csv_value(v) for k, v in row.items()})
         n += 1
     return n

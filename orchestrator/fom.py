@@ -93,7 +93,7 @@ def load_figures_file(path: Path) -> FiguresConfig:
     """A TOML file holding a ``[figures]`` table, exactly as in a matrix file."""
     from pydantic import ValidationError
 
-    from orchestrator.config import problems_from_validation, read_toml
+    from orchestrator.userfiles import problems_from_validation, read_toml
 
     raw = read_toml(path)
     unknown = sorted(set(raw) - {"figures"})

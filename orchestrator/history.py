@@ -201,10 +201,6 @@ class Noise:
     pairs: int  # earlier (configuration, run) deviations it is estimated from
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
 def _stack_key(stack: Stack | None, ignore: Sequence[str]) -> str | None:
     return None if stack is None else stack.key(ignore)
 
@@ -303,13 +299,13 @@ def _attach_history(lines: list[Line], run_pks: list[int],
                 continue
             own = (line.config, _stack_key(line.stack, options.ignore_stack))
             if own in values:
-                line.medians[pk] = _median(values[own])
+                line.medians[pk] = statistics.median(values[own])
                 line.repeats[pk] = values[own]
                 line.used_runs.append(pk)
                 continue
             others = [k for k in values if k[0] == line.config]
             if others:
-                line.other_stack[pk] = _median(values[others[0]])
+                line.other_stack[pk] = statistics.median(values[others[0]])
                 theirs = stacks[others[0]]
                 if line.stack is not None and theirs is not None:
                     line.stack_change = theirs.differences(line.stack, options.ignore_stack)
@@ -394,7 +390,7 @@ def _check_references(lines: list[Line], cells: list[CellRecord],
         for cell in ok:
             for name, value in cell.figures.items():
                 figures[name].append(value)
-        values = {name: _median(v) for name, v in figures.items()}
+        values = {name: statistics.median(v) for name, v in figures.items()}
         name, _ = headline(line.params, {})
         line.references = check(references, line.params, name, values, file)
 
@@ -431,7 +427,7 @@ def render_history(report: HistoryReport) -> str:
         row = [ln.params.get(k, "") for k in keys]
         for r in report.shown:
             if r.pk == report.newest.pk:
-                row.append(_fmt(_median(ln.newest)) if ln.newest else "")
+                row.append(_fmt(statistics.median(ln.newest)) if ln.newest else "")
             elif r.pk in ln.medians:
                 row.append(_fmt(ln.medians[r.pk]))
             elif r.pk in ln.other_stack:

@@ -78,6 +78,7 @@ from orchestrator.results import (
     CellResult,
     RunPaths,
     Status,
+    name_problem,
     new_run_id,
     parse_metric_lines,
     read_json,
@@ -452,13 +453,8 @@ def _target_generated(name: str, known: list[dict[str, Any]], options: ImportOpt
     return target
 
 
-def matrix_name(arg: str) -> str:
-    """A matrix name from ``NAME`` or ``path/to/NAME.toml`` (as ``report`` takes it)."""
-    return Path(arg).stem if arg.endswith(".toml") else arg
-
-
 def _checked_name(name: str, where: str = "--matrix") -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+    if name_problem(name):  # the one rule for names that become folders
         raise ConfigError(f"{name!r} is no matrix name (letters, digits, _ . -)", field=where)
     return name
 

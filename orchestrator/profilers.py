@@ -41,8 +41,7 @@ metric list asks by regular expression, so one list serves Volta to Hopper.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from orchestrator.config import (
     HardwareProfile,
@@ -59,15 +58,6 @@ REPORT = "profile"
 NVPROF_LOG = "nvprof.%p.csv"
 #: The helper that runs a tool and its CSV export (workload/profile_run.py).
 HELPER_MODULE = "workload.profile_run"
-
-#: Compute capability of GPUs a profile may name (lower case, spaces and dashes dropped).
-GPU_COMPUTE_CAPABILITY: Mapping[str, tuple[int, int]] = {
-    "p100": (6, 0), "v100": (7, 0), "titanv": (7, 0), "t4": (7, 5), "rtx6000": (7, 5),
-    "a100": (8, 0), "a30": (8, 0), "a10": (8, 6), "a40": (8, 6), "a16": (8, 6), "a2": (8, 6),
-    "rtxa6000": (8, 6), "l4": (8, 9), "l40": (8, 9), "l40s": (8, 9), "h100": (9, 0),
-    "h200": (9, 0), "gh200": (9, 0), "h20": (9, 0), "b200": (10, 0), "gb200": (10, 0),
-}
-
 
 def options_of(profile: HardwareProfile, tool: str) -> ToolOptions:
     """The profile's options for ``tool`` (nsys, ncu or nvprof)."""
@@ -161,39 +151,6 @@ def nvprof_argv(options: NvprofOptions, log_file: str) -> list[str]:
 
 
 # --- which tool fits which GPU ---------------------------------------------------------------
-
-
-def parse_compute_capability(value: Any) -> tuple[int, int] | None:
-    """``"8.0"``, ``8.0``, ``(8, 0)`` or a GPU name (``"A100"``, ``"H100 SXM"``) -> ``(8, 0)``;
-    None when unknown."""
-    if isinstance(value, tuple | list) and len(value) == 2 and all(
-            isinstance(v, int) for v in value):
-        return int(value[0]), int(value[1])
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        value = f"{float(value):.1f}"
-    if not isinstance(value, str):
-        return None
-    text = value.strip()
-    major, dot, minor = text.partition(".")
-    if dot and major.isdigit() and minor.isdigit():
-        return int(major), int(minor)
-    key = "".join(ch for ch in text.lower() if ch.isalnum())
-    for brand in ("nvidia", "tesla", "geforce", "quadro"):
-        key = key.removeprefix(brand)
-    for name in sorted(GPU_COMPUTE_CAPABILITY, key=len, reverse=True):
-        if key.startswith(name):
-            return GPU_COMPUTE_CAPABILITY[name]
-    return None
-
-
-def profile_compute_capability(profile: HardwareProfile) -> tuple[int, int] | None:
-    """The compute capability a hardware profile declares, if it says (``compute_capability``
-    or a ``gpu`` model name: optional fields of HardwareProfile; None when absent)."""
-    for field in ("compute_capability", "gpu"):
-        found = parse_compute_capability(getattr(profile, field, None))
-        if found is not None:
-            return found
-    return None
 
 
 def tool_problem(tool: str, capability: tuple[int, int] | None = None,

@@ -24,7 +24,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from orchestrator import __version__
 from orchestrator.results import CellResult, RunPaths, read_json
-from orchestrator.store import Stack
+from orchestrator.store import Stack, stack_field_values
 from orchestrator.summary import GroupRow, table_cells, throughput_key
 
 log = logging.getLogger(__name__)
@@ -103,15 +103,7 @@ def _utc(ts: Any) -> str:
 
 def stacks_of(results: Sequence[CellResult]) -> dict[str, list[str]]:
     """Per stack field, the distinct values recorded by a run's cells."""
-    out: dict[str, set[str]] = {name: set() for name in Stack.names()}
-    for res in results:
-        stack = Stack.from_result(res.env, res.provenance)
-        if stack is None:
-            continue
-        for name, value in stack.as_dict().items():
-            if value is not None:
-                out[name].add(value)
-    return {name: sorted(v) for name, v in out.items()}
+    return stack_field_values(Stack.from_result(res.env, res.provenance) for res in results)
 
 
 # --- run report ------------------------------------------------------------------------------

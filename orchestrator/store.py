@@ -194,6 +194,17 @@ class Stack:
         }
 
 
+def stack_field_values(stacks: Iterable[Stack | None]) -> dict[str, list[str]]:
+    """Per stack field, the distinct values ``stacks`` hold (sorted; a None stack is skipped)."""
+    out: dict[str, set[str]] = {name: set() for name in Stack.names()}
+    for stack in stacks:
+        if stack is not None:
+            for name, value in stack.as_dict().items():
+                if value is not None:
+                    out[name].add(value)
+    return {name: sorted(values) for name, values in out.items()}
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One run folder as indexed."""

@@ -364,17 +364,21 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
     paths = run.paths
     problems: list[str] = []
     results = results + _unrun(paths, run.cells, results)
-    on_disk = {r.cell_id for r in paths.results()}
-    unsaved = []
+    on_disk = paths.results()
+    recorded = {r.cell_id for r in on_disk}
+    saved, unsaved = False, []
     for result in results:
-        if result.cell_id in on_disk:
+        if result.cell_id in recorded:
             continue
         error = save_result(paths, result)
         if error:
             problems.append(f"cell {result.cell_id} ({result.status.value}): its result could "
                             f"not be written: {error}")
             unsaved.append(result)
-    every = paths.results() + unsaved  # every cell of the run, earlier attempts' included
+        else:
+            saved = True
+    # every cell of the run, earlier attempts' included (read again only if this wrote some)
+    every = (paths.results() if saved else on_disk) + unsaved
     try:
         rows, table = write_summary(paths, results=every)
     except OSError as exc:

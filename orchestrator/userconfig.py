@@ -24,8 +24,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from orchestrator.config import StrictModel, problems_from_validation, read_toml
 from orchestrator.errors import ConfigError
+from orchestrator.userfiles import StrictModel, problems_from_validation, read_toml
 
 CONFIG_ENV = "ORCHESTRATE_CONFIG"
 RESULTS_ENV = "ORCHESTRATE_RESULTS"
@@ -76,10 +76,7 @@ def results_root(cli: Path | None = None) -> Path:
     """The results folder: ``--results`` > $ORCHESTRATE_RESULTS > the config file > ./results."""
     if cli is not None:
         return cli
-    if os.environ.get(RESULTS_ENV):
-        return Path(os.environ[RESULTS_ENV]).expanduser()
-    config, path = load_user_config()
-    return _from_file(config.results, path) if config.results else DEFAULT_RESULTS
+    return _default(RESULTS_ENV, "results") or DEFAULT_RESULTS
 
 
 def hosts_file(cli: Path | None = None, matrix_hosts: Path | None = None) -> Path | None:
@@ -89,7 +86,13 @@ def hosts_file(cli: Path | None = None, matrix_hosts: Path | None = None) -> Pat
         return cli
     if matrix_hosts is not None:
         return matrix_hosts
-    if os.environ.get(HOSTS_ENV):
-        return Path(os.environ[HOSTS_ENV]).expanduser()
+    return _default(HOSTS_ENV, "hosts")
+
+
+def _default(env: str, key: str) -> Path | None:
+    """The user's default path: ``$env``, else ``key`` of the config file (None: neither)."""
+    if os.environ.get(env):
+        return Path(os.environ[env]).expanduser()
     config, path = load_user_config()
-    return _from_file(config.hosts, path) if config.hosts else None
+    value = getattr(config, key)
+    return _from_file(value, path) if value else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,46 @@ def test_version(capsys):
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"orchestrate {__version__}"
+
+
+def _modules_loaded(argv: list[str]) -> set[str]:
+    """The orchestrator modules a fresh interpreter has imported after ``main(argv)``, which
+    must succeed (no user config file: ORCHESTRATE_CONFIG names none)."""
+    code = ("import contextlib, io, json, sys\nfrom orchestrator.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n"
+            f"        code = main({argv!r})\n"
+            "    except SystemExit as exc:\n"
+            "        code = exc.code\n"
+            "print(json.dumps([code, sorted(m for m in sys.modules if 'orchestrator' in m)]))")
+    env = {**os.environ, "ORCHESTRATE_CONFIG": str(ROOT / "no-such-config.toml")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    code, loaded = json.loads(done.stdout.splitlines()[-1])
+    assert code == 0, done.stderr
+    return set(loaded)
+
+
+def test_version_imports_no_command_module():
+    loaded = _modules_loaded(["--version"])
+    assert "orchestrator.cli" in loaded
+    assert not {m for m in loaded if m.startswith("orchestrator.commands.")}
+
+
+@pytest.mark.parametrize("command", [
+    ["runs"], ["compare", "m:20261101-000000-aaaa", "m:20261102-000000-aaaa"], ["export", "m"],
+])
+def test_results_commands_start_without_the_matrix_models(command, tmp_path):
+    """runs/compare/export read the results index only: the matrix models
+    (orchestrator.config, the slowest import) stay unloaded."""
+    from results_support import Config, params, run_id, write_run
+
+    for n in (1, 2):
+        write_run(tmp_path, "m", run_id(n), [Config(params(), [100.0, 101.0])])
+    loaded = _modules_loaded([*command, "--results", str(tmp_path)])
+    assert "orchestrator.commands.results" in loaded
+    assert "orchestrator.config" not in loaded
 
 
 @pytest.mark.parametrize("command", [

@@ -7,8 +7,9 @@ nothing is imported to check it. A new module must be placed in :data:`LAYERS` d
 The layers, lowest first (a module may import its own layer and the ones below):
 
 1. the package root (``__version__``) and ``errors``: everything may raise them;
-2. ``config``: the matrix file's models, with what they stand on alone: the ``[figures]``
-   table's models (``fom_config``) and the argv template mechanics (``argv_template``);
+2. ``config``: the matrix file's models, with what they stand on alone: how a user file is
+   read and validated (``userfiles``), the ``[figures]`` table's models (``fom_config``) and
+   the argv template mechanics (``argv_template``);
 3. files and facts, each standing on config and errors only: run folders and results, host
    inventories, GPU discovery parsers, image templates, the NGC release table, the profilers'
    command lines and CSV figures, the throttle re-run rule, which values are secret, the
@@ -42,8 +43,8 @@ LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
     ("foundation", ("orchestrator", "orchestrator.errors"), False),
     ("statistics", ("orchestrator.stats",), False),
     ("run-folder values", ("orchestrator.results",), False),
-    ("config", ("orchestrator.argv_template", "orchestrator.fom_config", "orchestrator.config"),
-     False),
+    ("config", ("orchestrator.userfiles", "orchestrator.argv_template", "orchestrator.fom_config",
+                "orchestrator.config"), False),
     ("files and facts", (
         "orchestrator.hosts", "orchestrator.gpus",
         "orchestrator.images", "orchestrator.releases", "orchestrator.stacks",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from orchestrator import profilers
+from orchestrator import gpus, profilers
 from orchestrator.checks import refuse_unrunnable
 from orchestrator.config import (
     DEFAULT_NCU_METRICS,
@@ -135,13 +135,13 @@ def test_bad_tool_options_are_refused(model: Any, values: dict[str, Any], match:
 
 
 @pytest.mark.parametrize(("value", "expected"), [
-    ("8.0", (8, 0)), (9.0, (9, 0)), (7.5, (7, 5)), ((8, 6), (8, 6)), ("V100", (7, 0)),
-    ("NVIDIA A100-SXM4-80GB", (8, 0)), ("a10g", (8, 6)), ("H100 80GB HBM3", (9, 0)),
-    ("h200", (9, 0)), ("Tesla V100-SXM2-16GB", (7, 0)), ("mystery", None), (None, None),
-    (True, None),
+    ("V100", "7.0"), ("NVIDIA A100-SXM4-80GB", "8.0"), ("a10g", "8.6"),
+    ("H100 80GB HBM3", "9.0"), ("h200", "9.0"), ("Tesla V100-SXM2-16GB", "7.0"),
+    ("mystery", None),
 ])
-def test_parse_compute_capability(value: Any, expected: tuple[int, int] | None) -> None:
-    assert profilers.parse_compute_capability(value) == expected
+def test_compute_capability_of_a_profile_gpu_name(value: str, expected: str | None) -> None:
+    """The capability the profiler check (checks._capability) reads from a profile's gpu."""
+    assert gpus.compute_capability(value) == expected
 
 
 def test_nvprof_is_refused_on_ampere_and_later_and_on_cuda_12() -> None:

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.userconfig import RESULTS_HELP, results_root
+
 if TYPE_CHECKING:
     from orchestrator.importer import ImportPlan
 
@@ -25,9 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--matrix", metavar="NAME|MATRIX.toml",
                    help="the matrix whose history the run joins (default for a run folder: "
                    "its own)")
-    p.add_argument("--results", type=Path, metavar="DIR",
-                   help="results root (default: $ORCHESTRATE_RESULTS, else `results` in the "
-                   "user's config file, else ./results)")
+    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a cell parameter of every imported log, e.g. hardware=v100 "
                    "(repeatable; wins over the log and the file name)")
@@ -51,7 +51,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_import(args: argparse.Namespace) -> int:
     from orchestrator.errors import ConfigError
     from orchestrator.importer import ImportOptions, plan_import, write_import
-    from orchestrator.userconfig import results_root
 
     args.results = results_root(args.results)
 

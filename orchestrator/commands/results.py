@@ -321,20 +321,31 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_baseline(text: str, rows: list[Any]) -> None:
-    """``--baseline KEY=VALUE`` must name a parameter and a value some row of the run has (a
-    typo would otherwise print the table without its ratio column, silently)."""
+def _unknown_parameter(source: str, key: str) -> Problem | None:
+    """The problem of ``key`` when it is no cell parameter (with the nearest name), else None.
+
+    Imports the matrix models only when called: ``export`` without ``--where`` never needs them.
+    """
     import difflib
 
     from orchestrator.config import PARAM_NAMES
+
+    if key in PARAM_NAMES:
+        return None
+    close = difflib.get_close_matches(key, PARAM_NAMES, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?; " if close else ""
+    return Problem(source, key, f"unknown parameter ({hint}known: {', '.join(PARAM_NAMES)})")
+
+
+def _check_baseline(text: str, rows: list[Any]) -> None:
+    """``--baseline KEY=VALUE`` must name a parameter and a value some row of the run has (a
+    typo would otherwise print the table without its ratio column, silently)."""
     from orchestrator.summary import param_matches, parse_baseline
 
     key, value = parse_baseline(text) or ("", "")
-    if key not in PARAM_NAMES:
-        close = difflib.get_close_matches(key, PARAM_NAMES, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}?; " if close else ""
-        raise ConfigError([Problem("--baseline", key, f"unknown parameter ({hint}known: "
-                                   f"{', '.join(PARAM_NAMES)})")])
+    unknown = _unknown_parameter("--baseline", key)
+    if unknown:
+        raise ConfigError([unknown])
     if not any(param_matches(r.params.get(key), value) for r in rows):
         found = sorted({str(r.params.get(key)) for r in rows})
         raise ConfigError([Problem("--baseline", text, f"no row of this run has {key} = "
@@ -458,10 +469,6 @@ def cmd_history(args: argparse.Namespace) -> int:
 def _where(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """``--where KEY=VALUE`` items by key; a key that is no cell parameter is refused (a typo
     would otherwise export nothing, silently)."""
-    import difflib
-
-    from orchestrator.config import PARAM_NAMES
-
     out: dict[str, list[str]] = {}
     problems = []
     for item in items:
@@ -469,11 +476,9 @@ def _where(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
         if not sep or not key.strip():
             problems.append(Problem("", "--where", f"{item!r}: expected KEY=VALUE"))
             continue
-        if key.strip() not in PARAM_NAMES:
-            close = difflib.get_close_matches(key.strip(), PARAM_NAMES, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}?; " if close else ""
-            problems.append(Problem("--where", key.strip(), f"unknown parameter ({hint}known: "
-                                    f"{', '.join(PARAM_NAMES)})"))
+        unknown = _unknown_parameter("--where", key.strip())
+        if unknown:
+            problems.append(unknown)
             continue
         out.setdefault(key.strip(), []).append(value.strip())
     if problems:
