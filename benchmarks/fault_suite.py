@@ -115,7 +115,11 @@ class Suite:
             stderr=subprocess.PIPE, text=True)
 
     def run(self, results: Path, *extra: str, count: Count) -> str:
-        proc = self.start(results, *extra)
+        return self.wait(self.start(results, *extra), count)
+
+    @staticmethod
+    def wait(proc: subprocess.Popen[str], count: Count) -> str:
+        """Wait for a started sweep, count its exit code and tracebacks; its stderr."""
         out, err = proc.communicate(timeout=900)
         count.exit_codes.append(proc.returncode)
         count.tracebacks += (out + err).count("Traceback")
@@ -132,15 +136,22 @@ class Suite:
 
     # --- counting ----------------------------------------------------------------------------
 
-    def tally(self, results: Path, count: Count) -> Count:
+    @staticmethod
+    def planned(results: Path) -> tuple[int, Path, list[str]]:
+        """How many run folders there are, and the last one's folder and planned cell ids."""
         runs = sorted(results.glob("faults/*/plan.json"))
-        if len(runs) != 1:
-            count.note += f" {len(runs)} run folders;"
-            if not runs:
+        if not runs:
+            return 0, results, []
+        return len(runs), runs[-1].parent, [c["id"] for c in
+                                            json.loads(runs[-1].read_text())["cells"]]
+
+    def tally(self, results: Path, count: Count) -> Count:
+        folders, root, planned = self.planned(results)
+        if folders != 1:
+            count.note += f" {folders} run folders;"
+            if not folders:
                 count.cells, count.lost = self.cells, self.cells
                 return count
-        root = runs[-1].parent
-        planned = [c["id"] for c in json.loads(runs[-1].read_text())["cells"]]
         count.cells = len(planned)
         found: dict[str, str] = {}
         for path in (root / "cells").glob("*/result.json"):
@@ -160,11 +171,9 @@ class Suite:
 
     def silent(self, results: Path, stderr: str) -> int:
         """Cells of a damaged sweep with neither a result on disk nor an error naming them."""
-        runs = sorted(results.glob("faults/*/plan.json"))
-        if not runs:
+        folders, root, planned = self.planned(results)
+        if not folders:
             return 0
-        root = runs[-1].parent
-        planned = [c["id"] for c in json.loads(runs[-1].read_text())["cells"]]
         reported = set(re.findall(r"cell (\S+) \(\w+\): its result could not be written",
                                   stderr))
         return sum(1 for c in planned
@@ -194,9 +203,7 @@ class Suite:
             proc = self.start(results)
             wait_for(lambda: bool(list(results.glob("faults/*/cells/*/result.json"))), proc)
             fill(filler)
-            out, err = proc.communicate(timeout=900)
-            count.exit_codes.append(proc.returncode)
-            count.tracebacks += (out + err).count("Traceback")
+            err = self.wait(proc, count)
             count.silent = self.silent(results, err)
             count.note = f"damaged sweep: {err.count('No space left on device')} ENOSPC errors"
             filler.unlink()
@@ -211,9 +218,7 @@ class Suite:
         wait_for(lambda: bool(list(results.glob("faults/*/cells"))), proc)
         (cells,) = results.glob("faults/*/cells")
         with tmpfs(cells / last, "64k", read_only=True):
-            out, err = proc.communicate(timeout=900)
-            count.exit_codes.append(proc.returncode)
-            count.tracebacks += (out + err).count("Traceback")
+            err = self.wait(proc, count)
             count.silent = self.silent(results, err)
             count.note = f"damaged sweep: {err.count('Read-only file system')} EROFS errors"
         (cells / last).rmdir()

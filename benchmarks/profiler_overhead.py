@@ -51,11 +51,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, n
 from benchmarks.common import fmt, gpu_count, run_workload, table  # noqa: E402
 from orchestrator import profilers  # noqa: E402
 from orchestrator.config import NcuOptions, NsysOptions, NvprofOptions  # noqa: E402
+from workload.metrics import images_per_second  # noqa: E402
+from workload.profile_run import NCU_CSV, NSYS_REPORTS  # noqa: E402
+from workload.profiling import tool_problem  # noqa: E402
 
 TOOLS = {"nsys": NsysOptions(), "ncu": NcuOptions(), "nvprof": NvprofOptions()}
 #: What each profiler leaves for the orchestrator's figures.
-FILES = {"torch": ("trace_rank0.json",), "nsys": ("nsys_kern_sum.csv", "nsys_gpu_trace.csv"),
-         "ncu": ("ncu.csv",), "nvprof": ()}
+FILES = {"torch": ("trace_rank0.json",), "nsys": tuple(NSYS_REPORTS), "ncu": (NCU_CSV,),
+         "nvprof": ()}
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,7 @@ def skip_reason(profiler: str, setup: Setup) -> str | None:
     if profiler == "nvprof":
         import torch
 
-        if torch.cuda.get_device_capability() >= (8, 0):
-            return "nvprof does not support compute capability 8.0+"
+        return tool_problem(profiler, torch.cuda.get_device_capability()) or None
     return None
 
 
@@ -131,8 +133,8 @@ def run_one(profiler: str, setup: Setup, out: Path, timeout: int) -> Split:
 
 
 def ips(batch: int, times: Sequence[float]) -> float | None:
-    total = sum(times)
-    return batch * len(times) / total if times and total > 0 else None
+    """Throughput by workload/metrics.py's rule; None without iterations to measure."""
+    return images_per_second(batch, times) if times and sum(times) > 0 else None
 
 
 def _median(values: Sequence[float | None]) -> float | None:

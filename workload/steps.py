@@ -88,9 +88,10 @@ def eager_train_step(
 ) -> Step:
     """One training step; returns the detached loss.  On Gaudi in lazy mode the accumulated
     graph is flushed after the backward pass and after the optimizer step (Habana's recipe)."""
+    amp = compat.autocast(device, precision)  # chosen once; entered afresh each step
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with autocast(device, precision):
+        with amp():
             loss = criterion(model(x), y)
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -112,9 +113,10 @@ def eager_infer_step(
     model: nn.Module, device: str, precision: str, hpu_mode: str | None = None
 ) -> Step:
     """One inference step under ``torch.inference_mode``; returns the logits."""
+    amp = compat.autocast(device, precision)  # chosen once; entered afresh each step
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode(), autocast(device, precision):
+        with torch.inference_mode(), amp():
             out = model(x)
         mark_step(device, hpu_mode)
         return out
