@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
+from golden_support import check_golden
 from slurm_support import (  # noqa: F401 - slurm_cluster is a fixture
     SlurmCluster,
     job_state,
@@ -54,7 +55,6 @@ from orchestrator.sweep import run_sweep
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-GOLDEN = TESTS / "golden"
 STANDIN = TESTS / "standin"
 PROBE = STANDIN / "probe.py"
 SECRET = "s3cr3t-value-0123456789"
@@ -142,14 +142,6 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def calls(record: Path) -> list[dict]:
     path = record / "calls.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8")
 
 
 # --- the argv and the script ------------------------------------------------------------------
