@@ -371,14 +371,6 @@ def test_process_sweep_timeout_and_cancel(tmp_path, standin) -> None:
             "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
 
 
-@pytest.fixture
-def no_jobs_left(slurm_cluster: SlurmCluster):  # noqa: F811 - the imported fixture
-    before = set(squeue_ids())
-    yield slurm_cluster
-    left = wait_until_gone([j for j in squeue_ids() if j not in before], timeout=30)
-    assert left == [], f"jobs left in Slurm's queue: {left}"
-
-
 @pytest.mark.slurm
 def test_slurm_sweep_pins_the_jobs_gpus_in_the_standin(tmp_path, standin, no_jobs_left) -> None:
     """Real jobs: 1 and 2 GPUs (torchrun inside the "container"); each rank sees the

@@ -254,15 +254,6 @@ def test_registered_and_unavailable_without_slurm(monkeypatch) -> None:
 # --- real jobs on the single-node cluster -------------------------------------------------------
 
 
-@pytest.fixture
-def no_jobs_left(slurm_cluster: SlurmCluster):  # noqa: F811 - the imported fixture
-    """Fail a test that leaves a job of ours in Slurm's queue."""
-    before = set(squeue_ids())
-    yield slurm_cluster
-    left = wait_until_gone([j for j in squeue_ids() if j not in before], timeout=30)
-    assert left == [], f"jobs left in Slurm's queue: {left}"
-
-
 def command_of(paths: RunPaths, cell_id: str) -> dict:
     return json.loads(paths.cell_command(cell_id).read_text())
 
