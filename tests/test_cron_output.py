@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from workload_support import TINY_WORKLOAD
+from workload_support import tiny_matrix
 
 from orchestrator.commands.sweep import LineEvents, verbosity
 from orchestrator.errors import ConfigError
@@ -27,15 +27,7 @@ from orchestrator.userconfig import hosts_file, load_user_config, results_root
 ROOT = Path(__file__).resolve().parents[1]
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 
-TINY = f"""
-[matrix]
-name = "cron"
-[workload]
-hardware = "cpu"
-{TINY_WORKLOAD}
-[axes]
-seed = [1, 2]
-"""
+TINY = tiny_matrix("cron") + "[axes]\nseed = [1, 2]\n"
 
 
 def test_without_history_the_eta_learns_from_todays_cells(write_matrix) -> None:

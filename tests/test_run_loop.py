@@ -35,7 +35,7 @@ import pytest
 from fs_support import fill, tmpfs
 from slurm_support import slurm_cluster  # noqa: F401 - the fixture
 from test_backend_contract import META, SUMMARY, FakeBackend, FakeExecution, Script, line
-from workload_support import TINY_WORKLOAD
+from workload_support import tiny_matrix
 
 from orchestrator import sweep
 from orchestrator.backends.base import Execution, ExitInfo, RunOptions
@@ -47,14 +47,7 @@ from orchestrator.sweep import NullEvents, run_cells, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = f"""
-[matrix]
-name = "starts"
-timeout_s = 240
-[workload]
-hardware = "cpu"
-{TINY_WORKLOAD}
-"""
+TINY = tiny_matrix("starts", timeout_s=240)
 
 
 def on_disk(paths: RunPaths) -> dict[str, dict]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from slurm_support import slurm_cluster  # noqa: F401 - the fixture
-from workload_support import TINY_WORKLOAD
+from workload_support import tiny_matrix
 
 from orchestrator import sweep
 from orchestrator.backends.base import RunOptions
@@ -34,13 +34,7 @@ LITERAL = "hf_literal_secret_0123456789"
 FROM_ENV = "key-from-the-environment-9876"
 SOURCE = "ORCHESTRATE_TEST_API_KEY"
 
-MATRIX = f"""
-[matrix]
-name = "secrets"
-timeout_s = 120
-[workload]
-hardware = "cpu"
-{TINY_WORKLOAD}
+MATRIX = tiny_matrix("secrets", timeout_s=120) + f"""
 [hardware.cpu]
 device = "cpu"
 # the token below must not survive in the run's copy of this file

@@ -145,3 +145,10 @@ workers = 0
 num_classes = 10
 """
 
+
+
+def tiny_matrix(name: str, *, timeout_s: int | None = None) -> str:
+    """A matrix named ``name`` of one :data:`TINY_WORKLOAD` cell on the ``cpu`` profile (the
+    caller appends axes or a profile table)."""
+    timeout = f"timeout_s = {timeout_s}\n" if timeout_s is not None else ""
+    return f'[matrix]\nname = "{name}"\n{timeout}[workload]\nhardware = "cpu"\n{TINY_WORKLOAD}'
