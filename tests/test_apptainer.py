@@ -39,6 +39,7 @@ from slurm_support import (  # noqa: F401 - slurm_cluster is a fixture
     squeue_ids,
     wait_until_gone,
 )
+from ssh_support import write_inventory
 
 from orchestrator import apptainer, build, sif
 from orchestrator.backends.base import RunOptions
@@ -474,15 +475,6 @@ def standin_host(sshd_factory, tmp_path_factory):
     return server, record
 
 
-def ssh_inventory(tmp_path: Path, server) -> Path:
-    known = tmp_path / "known_hosts"
-    known.write_text(server.known_hosts_line())
-    path = tmp_path / "hosts.toml"
-    path.write_text(f'[options]\nknown_hosts = "{known}"\nssh_config = ""\nconnect_timeout = 5\n'
-                    + server.host_toml(tags=("node",), extra="gpus = [0, 1, 2, 3]"))
-    return path
-
-
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_ssh_sweep_runs_in_the_standin_on_the_host(tmp_path, standin_host, monkeypatch) -> None:
@@ -491,7 +483,7 @@ def test_ssh_sweep_runs_in_the_standin_on_the_host(tmp_path, standin_host, monke
     copied back, the remote folder removed; a timed-out cell's processes are stopped there."""
     server, record = standin_host
     monkeypatch.setenv("HF_TOKEN", SECRET)
-    hosts = ssh_inventory(tmp_path, server)
+    hosts = write_inventory(tmp_path, [server], tags=("node",), gpus=[[0, 1, 2, 3]])
     matrix = load_matrix(probe_matrix(tmp_path, backend="ssh", device="cuda", hardware="node",
                                       workload="[axes]\ngpus = [1, 2]"))
     outcome = run_sweep(matrix, results_root=tmp_path / "results", hosts_file=hosts)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ssh_support import SshdFactory, SshdServer
+from ssh_support import SshdFactory, SshdServer, write_inventory
 
 from orchestrator.errors import ConfigError, LaunchError
 from orchestrator.hosts import load_hosts, parse_hosts
@@ -112,13 +112,11 @@ def test_the_lock_folder_on_the_hosts(tmp_path: Path, monkeypatch: pytest.Monkey
 # --- through a real sshd ---------------------------------------------------------------------
 
 
-def inventory(tmp_path: Path, server: SshdServer, lock_dir: Path, gpus: str = "[0, 1]") -> Path:
-    known = tmp_path / "known_hosts"
-    known.write_text(server.known_hosts_line())
-    path = tmp_path / "hosts.toml"
-    path.write_text(f'[options]\nknown_hosts = "{known}"\nssh_config = ""\nconnect_timeout = 5\n'
-                    f'lock_dir = "{lock_dir}"\n' + server.host_toml(extra=f"gpus = {gpus}"))
-    return path
+def inventory(tmp_path: Path, server: SshdServer, lock_dir: Path,
+              gpus: tuple[int, ...] = (0, 1)) -> Path:
+    """One host with (fake) GPU ids ``gpus`` whose locks are in ``lock_dir``."""
+    return write_inventory(tmp_path, [server], options=f'lock_dir = "{lock_dir}"',
+                           gpus=[list(gpus)])
 
 
 def remote(hosts: Path, name: str) -> Any:
@@ -387,7 +385,7 @@ def test_no_wait_fails_the_ssh_cell_saying_who_holds_the_gpu(
     from orchestrator.sweep import run_sweep
 
     server, _, folder = lab
-    hosts = inventory(tmp_path, server, folder, gpus="[0]")
+    hosts = inventory(tmp_path, server, folder, gpus=(0,))
     on_host = remote(hosts, server.name)
     with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
         outcome = run_sweep(load_matrix(sweep_matrix(tmp_path, "nowait", base_image)),
@@ -408,7 +406,7 @@ def test_sigint_ends_an_ssh_sweep_waiting_for_its_gpu(
     lab, tmp_path: Path, docker_client: Any, base_image: str
 ) -> None:
     server, _, folder = lab
-    hosts = inventory(tmp_path, server, folder, gpus="[0]")
+    hosts = inventory(tmp_path, server, folder, gpus=(0,))
     on_host = remote(hosts, server.name)
     results = tmp_path / "results"
     with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
@@ -488,7 +486,7 @@ def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
     from orchestrator.backends.remote import REMOTE_ROOT
 
     server, _, folder = lab
-    hosts = inventory(tmp_path, server, folder, gpus="[0]")
+    hosts = inventory(tmp_path, server, folder, gpus=(0,))
     results = tmp_path / "results"
     first = cli_sweep(sweep_matrix(tmp_path, "first", base_image,
                                    "[axes]\niterations = [1000000]"), hosts, results)
