@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_support import run_containers
+from docker_support import cpu_container_matrix, run_containers
 from ssh_support import SshdFactory, SshdServer, write_inventory
 
 from orchestrator.backends.base import RunOptions
@@ -34,38 +34,12 @@ from orchestrator.results import CellResult, RunPaths, Status
 from orchestrator.ssh import UnknownHostKey
 from orchestrator.sweep import run_sweep
 
-MATRIX = """
-[matrix]
-name = "ssh_test"
-backend = "ssh"
-timeout_s = 240
-retries = 1
-
-[workload]
-hardware = "cpu"
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 0
-iterations = 1
-workers = 0
-num_classes = 10
-
-[hardware.cpu]
-device = "cpu"
-image = "ngc-pytorch"
-image_vars = {{ base_image = "{base}", install_nvml = false }}
-env = {{ OMP_NUM_THREADS = "1" }}
-# memlock = unlimited (the GPU default) is refused on the project's VMs.
-container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} }}
-{profile_extra}
-"""
-
 
 def write_matrix_file(tmp_path: Path, body: str, *, base: str = "unused:latest",
                       profile_extra: str = "") -> Path:
     path = tmp_path / "m.toml"
-    path.write_text(MATRIX.format(base=base, profile_extra=profile_extra) + body)
+    path.write_text(cpu_container_matrix("ssh_test", base, backend="ssh", settings="retries = 1",
+                                         profile_extra=profile_extra) + body)
     return path
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import docker
 import pytest
 from ssh_support import SshdFactory, SshdServer, write_inventory
+from workload_support import ONE_STEP_WORKLOAD
 
 from orchestrator import cli, imagestate
 from orchestrator.hosts import load_hosts
@@ -53,17 +54,10 @@ NVIDIA_SMI_STANDIN = textwrap.dedent("""\
     esac
     """)
 
-CELLS = """
+CELLS = f"""
 [workload]
 hardware = "gpu"
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 0
-iterations = 1
-workers = 0
-num_classes = 10
-telemetry_interval = 0
+{ONE_STEP_WORKLOAD}telemetry_interval = 0
 """
 
 PROFILE = """

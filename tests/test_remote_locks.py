@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_support import cpu_container_matrix
 from ssh_support import SshdFactory, SshdServer, write_inventory
 
 from orchestrator.errors import ConfigError, LaunchError
@@ -281,35 +282,10 @@ def test_flock_modes_match_the_local_ones() -> None:
 
 # --- real ssh-backend sweeps (Docker over SSH) ---------------------------------------------------
 
-SWEEP = """
-[matrix]
-name = "{name}"
-backend = "ssh"
-timeout_s = 240
-
-[workload]
-hardware = "cpu"
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 0
-iterations = 1
-workers = 0
-num_classes = 10
-
-[hardware.cpu]
-device = "cpu"
-image = "ngc-pytorch"
-image_vars = {{ base_image = "{base}", install_nvml = false }}
-env = {{ OMP_NUM_THREADS = "1" }}
-container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} }}
-{body}
-"""
-
 
 def sweep_matrix(tmp_path: Path, name: str, base: str, body: str = "") -> Path:
     path = tmp_path / f"{name}.toml"
-    path.write_text(SWEEP.format(name=name, base=base, body=body))
+    path.write_text(cpu_container_matrix(name, base, backend="ssh", profile_extra=body))
     return path
 
 

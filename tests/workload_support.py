@@ -145,6 +145,11 @@ workers = 0
 num_classes = 10
 """
 
+#: :data:`TINY_WORKLOAD` with no warmup and one iteration: for sweeps whose cells only need to
+#: start, run and end.
+ONE_STEP_WORKLOAD = TINY_WORKLOAD.replace("warmup = 1\niterations = 2\n",
+                                          "warmup = 0\niterations = 1\n")
+
 
 
 def tiny_matrix(name: str, *, timeout_s: int | None = None) -> str:
