@@ -289,6 +289,14 @@ def sweep_matrix(tmp_path: Path, name: str, base: str, body: str = "") -> Path:
     return path
 
 
+def cli_sweep(matrix: Path, hosts: Path, results: Path) -> subprocess.Popen[str]:
+    """``orchestrate matrix MATRIX --hosts HOSTS --results RESULTS`` started (stderr piped)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "matrix", str(matrix), "--hosts", str(hosts),
+         "--results", str(results)],
+        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+
 class Said:
     """Sweep events: only what the run loop says (e.g. that a cell waits for a GPU)."""
 
@@ -387,11 +395,7 @@ def test_sigint_ends_an_ssh_sweep_waiting_for_its_gpu(
     results = tmp_path / "results"
     with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
         holding = sorted(lock_processes(folder))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "matrix",
-             str(sweep_matrix(tmp_path, "sigint", base_image)), "--hosts", str(hosts),
-             "--results", str(results)],
-            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        proc = cli_sweep(sweep_matrix(tmp_path, "sigint", base_image), hosts, results)
         assert proc.stderr is not None
         lines = []
         for line in proc.stderr:  # until the cell says it waits (after the image is ready)
@@ -440,13 +444,6 @@ def test_the_ssh_backend_locks_every_host_of_a_cell_in_name_order(tmp_path: Path
     assert ssh.lock_requests(cell, many) == (LockRequest("alpha", (1, 0), whole_host=True),
                                              LockRequest("zeta", (0, 1), whole_host=True))
     assert backend('[options]\nlock_dir = ""\n').lock_requests(cell, many) == ()
-
-
-def cli_sweep(matrix: Path, hosts: Path, results: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "matrix", str(matrix), "--hosts", str(hosts),
-         "--results", str(results)],
-        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
 
 
 @pytest.mark.docker
