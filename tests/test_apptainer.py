@@ -361,12 +361,14 @@ def test_process_sweep_timeout_and_cancel(tmp_path, standin) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not list((tmp_path / "r2").rglob("probe-rank0.json")):
         time.sleep(0.2)
+    assert list((tmp_path / "r2").rglob("probe-rank0.json")), "the probe never started"
     cancel.set()
     sweep.join(timeout=60)
     assert not sweep.is_alive()
     (res,) = box["outcome"].results
     assert res.status is Status.CANCELLED
     pids = [c["pid"] for c in calls(standin)]
+    assert len(pids) == 2, calls(standin)  # one `apptainer exec` per sweep, both through it
     for pid in pids:  # the stand-in exec'd the probe: the same pid
         assert not Path(f"/proc/{pid}").exists() or \
             "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
