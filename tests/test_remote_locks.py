@@ -191,8 +191,12 @@ def test_a_wait_ends_when_the_holder_releases_or_the_sweep_is_cancelled(lab) -> 
     server, hosts, folder = lab
     on_host = remote(hosts, server.name)
     first = hold([LockRequest(server.name, (0,))], Holder("m/a", "c"), on_host)
-    threading.Timer(1.0, first.release).start()
-    with hold([LockRequest(server.name, (0,))], Holder("m/b", "c"), on_host) as second:
+
+    def release_later(_said: str) -> None:  # 1 s after the waiter found the lock held (its
+        threading.Timer(1.0, first.release).start()  # SSH connection is not part of the wait)
+
+    with hold([LockRequest(server.name, (0,))], Holder("m/b", "c"), on_host,
+              on_wait=release_later) as second:
         assert second.waited_s >= 0.9
     blocker = hold([LockRequest(server.name, (0,))], Holder("m/a", "c"), on_host)
     holding = sorted(lock_processes(folder))
