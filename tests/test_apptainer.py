@@ -48,11 +48,11 @@ from orchestrator.backends.slurm import SlurmBackend, render_sbatch
 from orchestrator.checks import check_matrix
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import BuildError, ConfigError
-from orchestrator.matrix import load_matrix
+from orchestrator.matrix import Matrix, load_matrix
 from orchestrator.placement import Allocation
 from orchestrator.results import RunPaths, Status
 from orchestrator.selection import ImageKey
-from orchestrator.sweep import run_sweep
+from orchestrator.sweep import SweepOutcome, run_sweep
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -347,25 +347,31 @@ def test_process_sweep_runs_in_the_standin(tmp_path, standin) -> None:
             assert SECRET.encode() not in path.read_bytes(), path
 
 
+def cancelled_once_started(matrix: Matrix, results: Path, join_s: float) -> SweepOutcome:
+    """Run ``matrix`` in a thread, set its cancel flag once the probe has written its file (it
+    must within 60 s), and return the outcome (the sweep must end within ``join_s``)."""
+    cancel = threading.Event()
+    box: dict = {}
+    sweep = threading.Thread(target=lambda: box.update(outcome=run_sweep(
+        matrix, results_root=results, cancel=cancel)))
+    sweep.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(results.rglob("probe-rank0.json")):
+        time.sleep(0.2)
+    assert list(results.rglob("probe-rank0.json")), "the probe never started"
+    cancel.set()
+    sweep.join(timeout=join_s)
+    assert not sweep.is_alive()
+    return box["outcome"]
+
+
 def test_process_sweep_timeout_and_cancel(tmp_path, standin) -> None:
     matrix = load_matrix(probe_matrix(tmp_path, timeout=3, sleep=120))
     started = time.monotonic()
     (res,) = run_sweep(matrix, results_root=tmp_path / "r1").results
     assert res.status is Status.TIMEOUT and time.monotonic() - started < 60
-    cancel = threading.Event()
-    box: dict = {}
     matrix = load_matrix(probe_matrix(tmp_path, timeout=300, sleep=120))
-    sweep = threading.Thread(target=lambda: box.update(outcome=run_sweep(
-        matrix, results_root=tmp_path / "r2", cancel=cancel)))
-    sweep.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list((tmp_path / "r2").rglob("probe-rank0.json")):
-        time.sleep(0.2)
-    assert list((tmp_path / "r2").rglob("probe-rank0.json")), "the probe never started"
-    cancel.set()
-    sweep.join(timeout=60)
-    assert not sweep.is_alive()
-    (res,) = box["outcome"].results
+    (res,) = cancelled_once_started(matrix, tmp_path / "r2", join_s=60).results
     assert res.status is Status.CANCELLED
     pids = [c["pid"] for c in calls(standin)]
     assert len(pids) == 2, calls(standin)  # one `apptainer exec` per sweep, both through it
@@ -414,22 +420,10 @@ def test_slurm_timeout_and_cancel_in_the_standin(tmp_path, standin, no_jobs_left
     assert res.status is Status.TIMEOUT, res.reason
     assert job_state(res.provenance["slurm_job_id"]) == "CANCELLED"
     matrix = load_matrix(probe_matrix(tmp_path, backend="slurm", timeout=300, sleep=300))
-    cancel = threading.Event()
-    box: dict = {}
-    sweep = threading.Thread(target=lambda: box.update(outcome=run_sweep(
-        matrix, results_root=tmp_path / "r2", cancel=cancel)))
-    sweep.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list((tmp_path / "r2").rglob("probe-rank0.json")):
-        time.sleep(0.2)
-    assert list((tmp_path / "r2").rglob("probe-rank0.json")), "the job never started"
-    cancel.set()
-    sweep.join(timeout=120)
-    assert not sweep.is_alive()
-    (res,) = box["outcome"].results
+    outcome = cancelled_once_started(matrix, tmp_path / "r2", join_s=120)
+    (res,) = outcome.results
     assert res.status is Status.CANCELLED
-    job_id = json.loads(box["outcome"].paths.cell_command(res.cell_id).read_text())["slurm"][
-        "job_id"]
+    job_id = json.loads(outcome.paths.cell_command(res.cell_id).read_text())["slurm"]["job_id"]
     assert job_state(job_id) == "CANCELLED"
 
 
