@@ -150,6 +150,20 @@ def lock_processes(folder: Path) -> list[int]:
     return found
 
 
+def steady_lock_processes(folder: Path) -> list[int]:
+    """:func:`lock_processes`, sorted, once it holds still: a holder's last subshell says HELD
+    just before it becomes ``cat`` (no longer counted), so a list taken at once may count it."""
+    last = sorted(lock_processes(folder))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = sorted(lock_processes(folder))
+        if now == last:
+            break
+        last = now
+    return last
+
+
 @pytest.mark.ssh
 @pytest.mark.timeout(120)
 def test_a_remote_lock_makes_others_wait_naming_the_holder(lab) -> None:
@@ -199,7 +213,7 @@ def test_a_wait_ends_when_the_holder_releases_or_the_sweep_is_cancelled(lab) -> 
               on_wait=release_later) as second:
         assert second.waited_s >= 0.9
     blocker = hold([LockRequest(server.name, (0,))], Holder("m/a", "c"), on_host)
-    holding = sorted(lock_processes(folder))
+    holding = steady_lock_processes(folder)
     cancel = threading.Event()
     threading.Timer(0.5, cancel.set).start()
     with pytest.raises(LockWaitCancelled):
@@ -398,7 +412,7 @@ def test_sigint_ends_an_ssh_sweep_waiting_for_its_gpu(
     on_host = remote(hosts, server.name)
     results = tmp_path / "results"
     with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
-        holding = sorted(lock_processes(folder))
+        holding = steady_lock_processes(folder)
         proc = cli_sweep(sweep_matrix(tmp_path, "sigint", base_image), hosts, results)
         assert proc.stderr is not None
         lines = []
