@@ -12,8 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# Fixtures for real services: a Docker engine and a local base image; sshd hosts on loopback.
-pytest_plugins = ["docker_support", "ssh_support"]
+# Fixtures for real services: a Docker engine and a local base image; sshd hosts on loopback;
+# the single-node Slurm cluster (and no_jobs_left).
+pytest_plugins = ["docker_support", "ssh_support", "slurm_support"]
 
 CPU_PROFILE = """
 [hardware.cpu]

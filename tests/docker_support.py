@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from service_support import unavailable
+from workload_support import ONE_STEP_WORKLOAD
 
 INFRA = Path(__file__).resolve().parent / "infra"
 DEFAULT_BASE_IMAGE = "orchestrate-test/base:bookworm-torch2.14.1"
@@ -147,3 +148,33 @@ def run_containers(client: Any, run_id: str) -> list[Any]:
     from orchestrator.engine import LABEL_RUN
 
     return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+
+
+#: A matrix of one small real training cell (resnet18, 32 px, batch 2, one iteration) on a
+#: ``cpu`` profile built from the ngc-pytorch template over ``{base}`` (the local base image).
+CPU_CONTAINER_MATRIX = """
+[matrix]
+name = "{name}"
+backend = "{backend}"
+timeout_s = 240
+{settings}
+[workload]
+hardware = "cpu"
+""" + ONE_STEP_WORKLOAD.replace("{", "{{").replace("}", "}}") + """
+[hardware.cpu]
+device = "cpu"
+image = "ngc-pytorch"
+image_vars = {{ base_image = "{base}", install_nvml = false }}
+env = {{ OMP_NUM_THREADS = "1" }}
+# memlock = unlimited (the GPU default) is refused on the project's VMs.
+container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} }}
+{profile_extra}
+"""
+
+
+def cpu_container_matrix(name: str, base: str, *, backend: str, settings: str = "",
+                         profile_extra: str = "") -> str:
+    """:data:`CPU_CONTAINER_MATRIX` filled in: ``settings`` go under ``[matrix]``,
+    ``profile_extra`` (more keys of the profile, or tables after it) at the end."""
+    return CPU_CONTAINER_MATRIX.format(name=name, backend=backend, base=base, settings=settings,
+                                       profile_extra=profile_extra)

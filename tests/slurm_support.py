@@ -8,8 +8,10 @@ and slurmd, and waits until the node is idle. The fake GPUs only exercise ``--gr
 Without ``sbatch`` (or without root to start the daemons) the tests are skipped with the reason
 shown, unless ``CI=true``: then they fail, because CI must install slurm-wlm.
 
-Use it with ``from slurm_support import slurm_cluster`` in a test module, or register
-``pytest_plugins = [..., "slurm_support"]`` in tests/conftest.py.
+``no_jobs_left`` wraps it for a test that must leave no job of ours queued.
+
+Registered by ``pytest_plugins`` in tests/conftest.py (some modules also import
+``slurm_cluster`` by name).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,3 +83,13 @@ def slurm_cluster() -> SlurmCluster:
     if proc.returncode != 0:
         pytest.fail(f"{START_SCRIPT} failed:\n{proc.stdout}\n{proc.stderr}")
     return SlurmCluster()
+
+
+@pytest.fixture
+def no_jobs_left(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The cluster, for a test that must leave no job of ours in Slurm's queue (it fails if it
+    does, 30 s after it ends)."""
+    before = set(squeue_ids())
+    yield slurm_cluster
+    left = wait_until_gone([j for j in squeue_ids() if j not in before], timeout=30)
+    assert left == [], f"jobs left in Slurm's queue: {left}"

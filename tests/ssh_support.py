@@ -197,11 +197,16 @@ def write_inventory(
     trust: bool = False,
     known: list[SshdServer] | None = None,
     options: str = "",
+    tags: tuple[str, ...] = ("cpu",),
+    gpus: list[list[int]] | None = None,
 ) -> Path:
-    """Write hosts.toml + known_hosts for ``servers``; ``known`` (default: all) are pre-trusted."""
+    """Write hosts.toml + known_hosts for ``servers``; ``known`` (default: all) are pre-trusted;
+    ``options``: more ``[options]`` lines; ``tags`` of every host; ``gpus``: each host's (fake)
+    GPU ids, in the order of ``servers``."""
     known_hosts = tmp_path / "known_hosts"
     trusted = servers if known is None else known
     known_hosts.write_text("".join(s.known_hosts_line() for s in trusted))
+    extras = [""] * len(servers) if gpus is None else [f"gpus = {ids}" for ids in gpus]
     path = tmp_path / "hosts.toml"
     path.write_text(
         "[options]\n"
@@ -209,6 +214,8 @@ def write_inventory(
         'ssh_config = ""\n'
         "connect_timeout = 5\n"
         f"trust_on_first_use = {'true' if trust else 'false'}\n"
-        f"{options}\n" + "".join(s.host_toml() for s in servers)
+        f"{options}\n"
+        + "".join(s.host_toml(tags=tags, extra=extra)
+                  for s, extra in zip(servers, extras, strict=True))
     )
     return path

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
+from golden_support import check_golden
 from slurm_support import (  # noqa: F401 - slurm_cluster is a fixture
     SlurmCluster,
     job_state,
@@ -38,6 +39,7 @@ from slurm_support import (  # noqa: F401 - slurm_cluster is a fixture
     squeue_ids,
     wait_until_gone,
 )
+from ssh_support import write_inventory
 
 from orchestrator import apptainer, build, sif
 from orchestrator.backends.base import RunOptions
@@ -46,15 +48,14 @@ from orchestrator.backends.slurm import SlurmBackend, render_sbatch
 from orchestrator.checks import check_matrix
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import BuildError, ConfigError
-from orchestrator.matrix import load_matrix
+from orchestrator.matrix import Matrix, load_matrix
 from orchestrator.placement import Allocation
 from orchestrator.results import RunPaths, Status
 from orchestrator.selection import ImageKey
-from orchestrator.sweep import run_sweep
+from orchestrator.sweep import SweepOutcome, run_sweep
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-GOLDEN = TESTS / "golden"
 STANDIN = TESTS / "standin"
 PROBE = STANDIN / "probe.py"
 SECRET = "s3cr3t-value-0123456789"
@@ -142,14 +143,6 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def calls(record: Path) -> list[dict]:
     path = record / "calls.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8")
 
 
 # --- the argv and the script ------------------------------------------------------------------
@@ -354,37 +347,37 @@ def test_process_sweep_runs_in_the_standin(tmp_path, standin) -> None:
             assert SECRET.encode() not in path.read_bytes(), path
 
 
+def cancelled_once_started(matrix: Matrix, results: Path, join_s: float) -> SweepOutcome:
+    """Run ``matrix`` in a thread, set its cancel flag once the probe has written its file (it
+    must within 60 s), and return the outcome (the sweep must end within ``join_s``)."""
+    cancel = threading.Event()
+    box: dict = {}
+    sweep = threading.Thread(target=lambda: box.update(outcome=run_sweep(
+        matrix, results_root=results, cancel=cancel)))
+    sweep.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(results.rglob("probe-rank0.json")):
+        time.sleep(0.2)
+    assert list(results.rglob("probe-rank0.json")), "the probe never started"
+    cancel.set()
+    sweep.join(timeout=join_s)
+    assert not sweep.is_alive()
+    return box["outcome"]
+
+
 def test_process_sweep_timeout_and_cancel(tmp_path, standin) -> None:
     matrix = load_matrix(probe_matrix(tmp_path, timeout=3, sleep=120))
     started = time.monotonic()
     (res,) = run_sweep(matrix, results_root=tmp_path / "r1").results
     assert res.status is Status.TIMEOUT and time.monotonic() - started < 60
-    cancel = threading.Event()
-    box: dict = {}
     matrix = load_matrix(probe_matrix(tmp_path, timeout=300, sleep=120))
-    sweep = threading.Thread(target=lambda: box.update(outcome=run_sweep(
-        matrix, results_root=tmp_path / "r2", cancel=cancel)))
-    sweep.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list((tmp_path / "r2").rglob("probe-rank0.json")):
-        time.sleep(0.2)
-    cancel.set()
-    sweep.join(timeout=60)
-    assert not sweep.is_alive()
-    (res,) = box["outcome"].results
+    (res,) = cancelled_once_started(matrix, tmp_path / "r2", join_s=60).results
     assert res.status is Status.CANCELLED
     pids = [c["pid"] for c in calls(standin)]
+    assert len(pids) == 2, calls(standin)  # one `apptainer exec` per sweep, both through it
     for pid in pids:  # the stand-in exec'd the probe: the same pid
         assert not Path(f"/proc/{pid}").exists() or \
             "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
-
-
-@pytest.fixture
-def no_jobs_left(slurm_cluster: SlurmCluster):  # noqa: F811 - the imported fixture
-    before = set(squeue_ids())
-    yield slurm_cluster
-    left = wait_until_gone([j for j in squeue_ids() if j not in before], timeout=30)
-    assert left == [], f"jobs left in Slurm's queue: {left}"
 
 
 @pytest.mark.slurm
@@ -427,22 +420,10 @@ def test_slurm_timeout_and_cancel_in_the_standin(tmp_path, standin, no_jobs_left
     assert res.status is Status.TIMEOUT, res.reason
     assert job_state(res.provenance["slurm_job_id"]) == "CANCELLED"
     matrix = load_matrix(probe_matrix(tmp_path, backend="slurm", timeout=300, sleep=300))
-    cancel = threading.Event()
-    box: dict = {}
-    sweep = threading.Thread(target=lambda: box.update(outcome=run_sweep(
-        matrix, results_root=tmp_path / "r2", cancel=cancel)))
-    sweep.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list((tmp_path / "r2").rglob("probe-rank0.json")):
-        time.sleep(0.2)
-    assert list((tmp_path / "r2").rglob("probe-rank0.json")), "the job never started"
-    cancel.set()
-    sweep.join(timeout=120)
-    assert not sweep.is_alive()
-    (res,) = box["outcome"].results
+    outcome = cancelled_once_started(matrix, tmp_path / "r2", join_s=120)
+    (res,) = outcome.results
     assert res.status is Status.CANCELLED
-    job_id = json.loads(box["outcome"].paths.cell_command(res.cell_id).read_text())["slurm"][
-        "job_id"]
+    job_id = json.loads(outcome.paths.cell_command(res.cell_id).read_text())["slurm"]["job_id"]
     assert job_state(job_id) == "CANCELLED"
 
 
@@ -490,15 +471,6 @@ def standin_host(sshd_factory, tmp_path_factory):
     return server, record
 
 
-def ssh_inventory(tmp_path: Path, server) -> Path:
-    known = tmp_path / "known_hosts"
-    known.write_text(server.known_hosts_line())
-    path = tmp_path / "hosts.toml"
-    path.write_text(f'[options]\nknown_hosts = "{known}"\nssh_config = ""\nconnect_timeout = 5\n'
-                    + server.host_toml(tags=("node",), extra="gpus = [0, 1, 2, 3]"))
-    return path
-
-
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_ssh_sweep_runs_in_the_standin_on_the_host(tmp_path, standin_host, monkeypatch) -> None:
@@ -507,7 +479,7 @@ def test_ssh_sweep_runs_in_the_standin_on_the_host(tmp_path, standin_host, monke
     copied back, the remote folder removed; a timed-out cell's processes are stopped there."""
     server, record = standin_host
     monkeypatch.setenv("HF_TOKEN", SECRET)
-    hosts = ssh_inventory(tmp_path, server)
+    hosts = write_inventory(tmp_path, [server], tags=("node",), gpus=[[0, 1, 2, 3]])
     matrix = load_matrix(probe_matrix(tmp_path, backend="ssh", device="cuda", hardware="node",
                                       workload="[axes]\ngpus = [1, 2]"))
     outcome = run_sweep(matrix, results_root=tmp_path / "results", hosts_file=hosts)
@@ -560,7 +532,8 @@ def test_sif_from_definition_is_built_on_an_ssh_host(tmp_path, standin_host) -> 
     from orchestrator.ssh import SshHost
 
     server, record = standin_host
-    ssh = SshHost.from_inventory(load_hosts(ssh_inventory(tmp_path, server)), server.name)
+    hosts = write_inventory(tmp_path, [server], tags=("node",), gpus=[[0, 1, 2, 3]])
+    ssh = SshHost.from_inventory(load_hosts(hosts), server.name)
     plan = sif.plan_sif(build.plan_image("singularity", {"base_tag": "23.10-py3"}),
                         directory=str(tmp_path / "sif"))
     before = len(calls(record))

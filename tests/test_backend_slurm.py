@@ -12,13 +12,13 @@ review the diff).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from golden_support import check_golden
 from slurm_support import (  # noqa: F401 - slurm_cluster is a fixture
     SlurmCluster,
     job_state,
@@ -51,8 +51,6 @@ from orchestrator.errors import BackendUnavailable, LaunchError
 from orchestrator.matrix import load_matrix
 from orchestrator.results import RunPaths, Status
 from orchestrator.sweep import run_sweep
-
-GOLDEN = Path(__file__).resolve().parent / "golden"
 
 TINY = """
 [matrix]
@@ -111,12 +109,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_render_matches_golden(case: str) -> None:
-    text = render_sbatch(CASES[case])
-    path = GOLDEN / f"sbatch-{case}.sh"
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8")
+    check_golden(f"sbatch-{case}.sh", render_sbatch(CASES[case]))
 
 
 def test_script_body_passes_every_value_through_unchanged(tmp_path: Path) -> None:
@@ -259,15 +252,6 @@ def test_registered_and_unavailable_without_slurm(monkeypatch) -> None:
 
 
 # --- real jobs on the single-node cluster -------------------------------------------------------
-
-
-@pytest.fixture
-def no_jobs_left(slurm_cluster: SlurmCluster):  # noqa: F811 - the imported fixture
-    """Fail a test that leaves a job of ours in Slurm's queue."""
-    before = set(squeue_ids())
-    yield slurm_cluster
-    left = wait_until_gone([j for j in squeue_ids() if j not in before], timeout=30)
-    assert left == [], f"jobs left in Slurm's queue: {left}"
 
 
 def command_of(paths: RunPaths, cell_id: str) -> dict:

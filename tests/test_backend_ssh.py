@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_support import run_containers
-from ssh_support import SshdFactory, SshdServer
+from docker_support import cpu_container_matrix, run_containers
+from ssh_support import SshdFactory, SshdServer, write_inventory
 
 from orchestrator.backends.base import RunOptions
 from orchestrator.backends.remote import REMOTE_ROOT
@@ -34,52 +34,12 @@ from orchestrator.results import CellResult, RunPaths, Status
 from orchestrator.ssh import UnknownHostKey
 from orchestrator.sweep import run_sweep
 
-MATRIX = """
-[matrix]
-name = "ssh_test"
-backend = "ssh"
-timeout_s = 240
-retries = 1
-
-[workload]
-hardware = "cpu"
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 0
-iterations = 1
-workers = 0
-num_classes = 10
-
-[hardware.cpu]
-device = "cpu"
-image = "ngc-pytorch"
-image_vars = {{ base_image = "{base}", install_nvml = false }}
-env = {{ OMP_NUM_THREADS = "1" }}
-# memlock = unlimited (the GPU default) is refused on the project's VMs.
-container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} }}
-{profile_extra}
-"""
-
-
-def write_hosts(tmp_path: Path, servers: list[SshdServer], gpus: list[list[int]],
-                *, known: list[SshdServer] | None = None) -> Path:
-    """An inventory for ``servers`` with fake GPU ids; ``known`` (default all) pre-trusted."""
-    known_hosts = tmp_path / "known_hosts"
-    known_hosts.write_text("".join(s.known_hosts_line() for s in (servers if known is None
-                                                                   else known)))
-    path = tmp_path / "hosts.toml"
-    path.write_text(
-        f'[options]\nknown_hosts = "{known_hosts}"\nssh_config = ""\nconnect_timeout = 5\n'
-        + "".join(s.host_toml(extra=f"gpus = {ids}") for s, ids in zip(servers, gpus, strict=True))
-    )
-    return path
-
 
 def write_matrix_file(tmp_path: Path, body: str, *, base: str = "unused:latest",
                       profile_extra: str = "") -> Path:
     path = tmp_path / "m.toml"
-    path.write_text(MATRIX.format(base=base, profile_extra=profile_extra) + body)
+    path.write_text(cpu_container_matrix("ssh_test", base, backend="ssh", settings="retries = 1",
+                                         profile_extra=profile_extra) + body)
     return path
 
 
@@ -293,7 +253,7 @@ def test_sweep_over_two_hosts(
     tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str
 ) -> None:
     a, b = two_hosts
-    hosts = write_hosts(tmp_path, [a, b], [[0, 1], [0]])
+    hosts = write_inventory(tmp_path, [a, b], gpus=[[0, 1], [0]])
     matrix = load_matrix(write_matrix_file(
         tmp_path, '[axes]\nseed = [1, 2, 3]\n[[include]]\ndata = "/no/such_dataset"\nseed = 9\n',
         base=base_image))
@@ -339,7 +299,7 @@ def test_lost_host_mid_sweep_is_retried_elsewhere(
     tmp_path: Path, sshd_factory: SshdFactory, docker_client: Any, base_image: str
 ) -> None:
     x, y = sshd_factory("lost-x"), sshd_factory("lost-y")
-    hosts = write_hosts(tmp_path, [x, y], [[0], [0]])
+    hosts = write_inventory(tmp_path, [x, y], gpus=[[0], [0]])
     matrix = load_matrix(write_matrix_file(
         tmp_path, "[axes]\niterations = [150, 1]\n", base=base_image))
     long_cell = next(c.id for c in matrix.cells if c.params.iterations == 150)
@@ -391,7 +351,7 @@ def test_unknown_host_key_is_refused(
 ) -> None:
     """Refused before any engine is contacted: needs sshd only, no Docker."""
     a, b = two_hosts
-    hosts = write_hosts(tmp_path, [a, b], [[0], [0]], known=[a])
+    hosts = write_inventory(tmp_path, [a, b], gpus=[[0], [0]], known=[a])
     matrix = load_matrix(write_matrix_file(tmp_path, ""))
     with pytest.raises(UnknownHostKey, match=r"host bk-b .* unknown .* host key SHA256:.*"
                                              r"ssh-keyscan"):
@@ -406,7 +366,7 @@ def test_cancel_kills_and_removes_the_remote_container(
     tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str
 ) -> None:
     a, _ = two_hosts
-    hosts = write_hosts(tmp_path, [a], [[0]])
+    hosts = write_inventory(tmp_path, [a], gpus=[[0]])
     matrix = load_matrix(write_matrix_file(
         tmp_path, "[axes]\niterations = [100000]\n", base=base_image))
     cancel = threading.Event()
@@ -436,7 +396,7 @@ def test_multi_node_cell_spans_two_hosts(
     tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str
 ) -> None:
     a, b = two_hosts
-    hosts = write_hosts(tmp_path, [a, b], [[0], [0]])
+    hosts = write_inventory(tmp_path, [a, b], gpus=[[0], [0]])
     matrix = load_matrix(write_matrix_file(
         tmp_path, "[axes]\ngpus = [2]\n", base=base_image, profile_extra="multi_node = true"))
     outcome = run_sweep(matrix, backend_name="ssh", results_root=tmp_path / "results",

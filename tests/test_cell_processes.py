@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from workload_support import TINY_WORKLOAD
+from workload_support import tiny_matrix
 
 from orchestrator import cellprocs
 from orchestrator.backends.base import RunOptions
@@ -34,13 +34,7 @@ from orchestrator.matrix import load_matrix
 from orchestrator.results import RunPaths, Status
 from orchestrator.sweep import NullEvents, run_cells, run_sweep
 
-MATRIX = f"""
-[matrix]
-name = "procs"
-[workload]
-hardware = "cpu"
-{TINY_WORKLOAD}
-"""
+MATRIX = tiny_matrix("procs")
 
 RANKS = """
 import os, signal, sys, time

@@ -29,7 +29,8 @@ from typing import Any
 
 import docker
 import pytest
-from ssh_support import SshdFactory, SshdServer
+from ssh_support import SshdFactory, SshdServer, write_inventory
+from workload_support import ONE_STEP_WORKLOAD
 
 from orchestrator import cli, imagestate
 from orchestrator.hosts import load_hosts
@@ -53,17 +54,10 @@ NVIDIA_SMI_STANDIN = textwrap.dedent("""\
     esac
     """)
 
-CELLS = """
+CELLS = f"""
 [workload]
 hardware = "gpu"
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 0
-iterations = 1
-workers = 0
-num_classes = 10
-telemetry_interval = 0
+{ONE_STEP_WORKLOAD}telemetry_interval = 0
 """
 
 PROFILE = """
@@ -127,12 +121,8 @@ def two_drivers(sshd_factory: SshdFactory, tmp_path_factory: pytest.TempPathFact
 
 
 def inventory(tmp_path: Path, servers: list[SshdServer]) -> Path:
-    known = tmp_path / "known_hosts"
-    known.write_text("".join(s.known_hosts_line() for s in servers))
-    path = tmp_path / "hosts.toml"
-    path.write_text(f'[options]\nknown_hosts = "{known}"\nssh_config = ""\nconnect_timeout = 5\n'
-                    + "".join(s.host_toml(tags=("gpu",), extra="gpus = [0]") for s in servers))
-    return path
+    """The hosts, each with one (fake) GPU 0 and the tag "gpu"."""
+    return write_inventory(tmp_path, servers, tags=("gpu",), gpus=[[0]] * len(servers))
 
 
 def matrix_file(tmp_path: Path, body: str, *, release: str = 'release = "auto"') -> Path:

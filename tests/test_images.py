@@ -6,17 +6,15 @@ UPDATE_GOLDEN=1 to rewrite them after an intended template change (then review t
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from golden_support import check_golden
 
 from orchestrator import images
 from orchestrator.errors import BuildError, ConfigError
-
-GOLDEN = Path(__file__).resolve().parent / "golden"
 
 #: The bitfusion template's parent_image default is empty ("use the ngc-pytorch content-hash
 #: tag", resolved by the build plan, not by the pure renderer), so its goldens pin one.
@@ -71,9 +69,9 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def _golden_path(name: str, case: str) -> Path:
+def _golden_name(name: str, case: str) -> str:
     ext = {"dockerfile": "Dockerfile", "singularity": "def"}[images.load_template(name).kind]
-    return GOLDEN / f"{name}-{case}.{ext}"
+    return f"{name}-{case}.{ext}"
 
 
 def test_every_template_has_golden_cases() -> None:
@@ -84,13 +82,7 @@ def test_every_template_has_golden_cases() -> None:
     ("name", "case"), [(n, c) for n in sorted(CASES) for c in ("defaults", "overrides")]
 )
 def test_render_matches_golden(name: str, case: str) -> None:
-    text = images.render_text(name, CASES[name][case])
-    path = _golden_path(name, case)
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8")
+    check_golden(_golden_name(name, case), images.render_text(name, CASES[name][case]))
 
 
 def test_overrides_reach_the_output() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from lock_support import acquire
-from workload_support import TINY_WORKLOAD
+from workload_support import tiny_matrix
 
 from orchestrator import cellprocs
 from orchestrator.locks import Holder, LockBusy, LockRequest, LockWaitCancelled
@@ -79,17 +79,8 @@ def test_waiting_ends_when_the_holder_releases_or_the_sweep_is_interrupted(tmp_p
 
 def matrix_file(folder: Path, name: str, gpu_ids: list[int], iterations: int = 2) -> Path:
     path = folder / f"{name}.toml"
-    path.write_text(f"""
-[matrix]
-name = "{name}"
-timeout_s = 300
-[workload]
-hardware = "cpu"
-{TINY_WORKLOAD.replace("iterations = 2", f"iterations = {iterations}")}
-[hardware.cpu]
-device = "cpu"
-gpu_ids = {gpu_ids}
-""")
+    cells = tiny_matrix(name, timeout_s=300).replace("iterations = 2", f"iterations = {iterations}")
+    path.write_text(f'{cells}[hardware.cpu]\ndevice = "cpu"\ngpu_ids = {gpu_ids}\n')
     return path
 
 

@@ -9,11 +9,11 @@ checked on a GPU machine only when one is lent.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from golden_support import check_golden
 from pydantic import ValidationError
 
 from orchestrator import gpus, profilers
@@ -29,8 +29,6 @@ from orchestrator.config import (
 from orchestrator.errors import ConfigError
 from orchestrator.launch import workload_argv
 from orchestrator.matrix import Cell, load_matrix
-
-GOLDEN = Path(__file__).resolve().parent / "golden"
 
 #: A foreign command: DeepLearningExamples' ResNet-50 training, as its README starts it.
 DLE = ["python", "./main.py", "--arch", "resnet50", "-b", "256", "--amp", "--epochs", "1",
@@ -61,12 +59,7 @@ CASES: dict[str, tuple[str, Any, list[str], dict[str, Any]]] = {
 
 
 def _check_golden(name: str, argv: list[str]) -> None:
-    text = "\n".join(argv) + "\n"
-    path = GOLDEN / f"profiler-{name}.argv"
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8"), f"{name}: differs from {path}"
+    check_golden(f"profiler-{name}.argv", "\n".join(argv) + "\n")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_support import cpu_container_matrix
 from lock_support import acquire
-from ssh_support import SshdFactory, SshdServer
+from ssh_support import SshdFactory, SshdServer, write_inventory
 
 from orchestrator.errors import ConfigError, LaunchError
 from orchestrator.hosts import load_hosts, parse_hosts
@@ -113,13 +114,11 @@ def test_the_lock_folder_on_the_hosts(tmp_path: Path, monkeypatch: pytest.Monkey
 # --- through a real sshd ---------------------------------------------------------------------
 
 
-def inventory(tmp_path: Path, server: SshdServer, lock_dir: Path, gpus: str = "[0, 1]") -> Path:
-    known = tmp_path / "known_hosts"
-    known.write_text(server.known_hosts_line())
-    path = tmp_path / "hosts.toml"
-    path.write_text(f'[options]\nknown_hosts = "{known}"\nssh_config = ""\nconnect_timeout = 5\n'
-                    f'lock_dir = "{lock_dir}"\n' + server.host_toml(extra=f"gpus = {gpus}"))
-    return path
+def inventory(tmp_path: Path, server: SshdServer, lock_dir: Path,
+              gpus: tuple[int, ...] = (0, 1)) -> Path:
+    """One host with (fake) GPU ids ``gpus`` whose locks are in ``lock_dir``."""
+    return write_inventory(tmp_path, [server], options=f'lock_dir = "{lock_dir}"',
+                           gpus=[list(gpus)])
 
 
 def remote(hosts: Path, name: str) -> Any:
@@ -150,6 +149,20 @@ def lock_processes(folder: Path) -> list[int]:
             if b"orchestrate-lock" in cmd and str(folder).encode() in cmd:
                 found.append(int(entry))
     return found
+
+
+def steady_lock_processes(folder: Path) -> list[int]:
+    """:func:`lock_processes`, sorted, once it holds still: a holder's last subshell says HELD
+    just before it becomes ``cat`` (no longer counted), so a list taken at once may count it."""
+    last = sorted(lock_processes(folder))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = sorted(lock_processes(folder))
+        if now == last:
+            break
+        last = now
+    return last
 
 
 @pytest.mark.ssh
@@ -193,11 +206,15 @@ def test_a_wait_ends_when_the_holder_releases_or_the_sweep_is_cancelled(lab) -> 
     server, hosts, folder = lab
     on_host = remote(hosts, server.name)
     first = hold([LockRequest(server.name, (0,))], Holder("m/a", "c"), on_host)
-    threading.Timer(1.0, first.release).start()
-    with hold([LockRequest(server.name, (0,))], Holder("m/b", "c"), on_host) as second:
+
+    def release_later(_said: str) -> None:  # 1 s after the waiter found the lock held (its
+        threading.Timer(1.0, first.release).start()  # SSH connection is not part of the wait)
+
+    with hold([LockRequest(server.name, (0,))], Holder("m/b", "c"), on_host,
+              on_wait=release_later) as second:
         assert second.waited_s >= 0.9
     blocker = hold([LockRequest(server.name, (0,))], Holder("m/a", "c"), on_host)
-    holding = sorted(lock_processes(folder))
+    holding = steady_lock_processes(folder)
     cancel = threading.Event()
     threading.Timer(0.5, cancel.set).start()
     with pytest.raises(LockWaitCancelled):
@@ -284,36 +301,19 @@ def test_flock_modes_match_the_local_ones() -> None:
 
 # --- real ssh-backend sweeps (Docker over SSH) ---------------------------------------------------
 
-SWEEP = """
-[matrix]
-name = "{name}"
-backend = "ssh"
-timeout_s = 240
-
-[workload]
-hardware = "cpu"
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 0
-iterations = 1
-workers = 0
-num_classes = 10
-
-[hardware.cpu]
-device = "cpu"
-image = "ngc-pytorch"
-image_vars = {{ base_image = "{base}", install_nvml = false }}
-env = {{ OMP_NUM_THREADS = "1" }}
-container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} }}
-{body}
-"""
-
 
 def sweep_matrix(tmp_path: Path, name: str, base: str, body: str = "") -> Path:
     path = tmp_path / f"{name}.toml"
-    path.write_text(SWEEP.format(name=name, base=base, body=body))
+    path.write_text(cpu_container_matrix(name, base, backend="ssh", profile_extra=body))
     return path
+
+
+def cli_sweep(matrix: Path, hosts: Path, results: Path) -> subprocess.Popen[str]:
+    """``orchestrate matrix MATRIX --hosts HOSTS --results RESULTS`` started (stderr piped)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "matrix", str(matrix), "--hosts", str(hosts),
+         "--results", str(results)],
+        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
 
 
 class Said:
@@ -388,7 +388,7 @@ def test_no_wait_fails_the_ssh_cell_saying_who_holds_the_gpu(
     from orchestrator.sweep import run_sweep
 
     server, _, folder = lab
-    hosts = inventory(tmp_path, server, folder, gpus="[0]")
+    hosts = inventory(tmp_path, server, folder, gpus=(0,))
     on_host = remote(hosts, server.name)
     with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
         outcome = run_sweep(load_matrix(sweep_matrix(tmp_path, "nowait", base_image)),
@@ -409,16 +409,12 @@ def test_sigint_ends_an_ssh_sweep_waiting_for_its_gpu(
     lab, tmp_path: Path, docker_client: Any, base_image: str
 ) -> None:
     server, _, folder = lab
-    hosts = inventory(tmp_path, server, folder, gpus="[0]")
+    hosts = inventory(tmp_path, server, folder, gpus=(0,))
     on_host = remote(hosts, server.name)
     results = tmp_path / "results"
     with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
-        holding = sorted(lock_processes(folder))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "matrix",
-             str(sweep_matrix(tmp_path, "sigint", base_image)), "--hosts", str(hosts),
-             "--results", str(results)],
-            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        holding = steady_lock_processes(folder)
+        proc = cli_sweep(sweep_matrix(tmp_path, "sigint", base_image), hosts, results)
         assert proc.stderr is not None
         lines = []
         for line in proc.stderr:  # until the cell says it waits (after the image is ready)
@@ -469,13 +465,6 @@ def test_the_ssh_backend_locks_every_host_of_a_cell_in_name_order(tmp_path: Path
     assert backend('[options]\nlock_dir = ""\n').lock_requests(cell, many) == ()
 
 
-def cli_sweep(matrix: Path, hosts: Path, results: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "matrix", str(matrix), "--hosts", str(hosts),
-         "--results", str(results)],
-        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-
-
 @pytest.mark.docker
 @pytest.mark.ssh
 @pytest.mark.timeout(400)
@@ -489,7 +478,7 @@ def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
     from orchestrator.backends.remote import REMOTE_ROOT
 
     server, _, folder = lab
-    hosts = inventory(tmp_path, server, folder, gpus="[0]")
+    hosts = inventory(tmp_path, server, folder, gpus=(0,))
     results = tmp_path / "results"
     first = cli_sweep(sweep_matrix(tmp_path, "first", base_image,
                                    "[axes]\niterations = [1000000]"), hosts, results)

@@ -14,7 +14,7 @@ where a real component produces it:
 * an OverflowError converting a timeout: the real Slurm backend's ``--time`` of an infinite
   timeout (no Slurm needed: it happens before sbatch);
 * a cancel wait that times out and exceptions inside ``run_cell`` (a bug in a hook): no real
-  component does that on purpose, so a fake backend (tests/test_backend_contract.py) stands in
+  component does that on purpose, so a fake backend (tests/backend_support.py) stands in
   for the backend, and the real run loop is what is checked.
 
 The matrix validation may refuse some of these values before a sweep starts (that is the
@@ -32,10 +32,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from backend_support import META, SUMMARY, FakeBackend, FakeExecution, Script, line
 from fs_support import fill, tmpfs
 from slurm_support import slurm_cluster  # noqa: F401 - the fixture
-from test_backend_contract import META, SUMMARY, FakeBackend, FakeExecution, Script, line
-from workload_support import TINY_WORKLOAD
+from workload_support import tiny_matrix
 
 from orchestrator import sweep
 from orchestrator.backends.base import Execution, ExitInfo, RunOptions
@@ -47,14 +47,7 @@ from orchestrator.sweep import NullEvents, run_cells, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = f"""
-[matrix]
-name = "starts"
-timeout_s = 240
-[workload]
-hardware = "cpu"
-{TINY_WORKLOAD}
-"""
+TINY = tiny_matrix("starts", timeout_s=240)
 
 
 def on_disk(paths: RunPaths) -> dict[str, dict]:

@@ -18,30 +18,24 @@ from pathlib import Path
 
 import pytest
 from slurm_support import slurm_cluster  # noqa: F401 - the fixture
-from workload_support import TINY_WORKLOAD
+from workload_support import tiny_matrix
 
 from orchestrator import sweep
-from orchestrator.backends.base import RunOptions
+from orchestrator.backends.base import Backend, RunOptions
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.process import ProcessBackend
 from orchestrator.errors import ConfigError
 from orchestrator.launch import LaunchSpec
-from orchestrator.matrix import load_matrix
+from orchestrator.matrix import Matrix, load_matrix
 from orchestrator.redact import MASK, looks_secret, redact_toml
 from orchestrator.results import RunPaths, Status
-from orchestrator.sweep import NullEvents, run_cells
+from orchestrator.sweep import NullEvents, SweepOutcome
 
 LITERAL = "hf_literal_secret_0123456789"
 FROM_ENV = "key-from-the-environment-9876"
 SOURCE = "ORCHESTRATE_TEST_API_KEY"
 
-MATRIX = f"""
-[matrix]
-name = "secrets"
-timeout_s = 120
-[workload]
-hardware = "cpu"
-{TINY_WORKLOAD}
+MATRIX = tiny_matrix("secrets", timeout_s=120) + f"""
 [hardware.cpu]
 device = "cpu"
 # the token below must not survive in the run's copy of this file
@@ -118,6 +112,17 @@ def test_a_missing_environment_reference_stops_the_sweep_before_it_starts(write_
     assert not (tmp_path / "results").exists()
 
 
+def run_with(backend: type[Backend], name: str, matrix: Matrix, results_root: Path,
+             timeout_s: float) -> SweepOutcome:
+    """The sweep's own steps (open the run, prepare the backend, run its cells and close the
+    backend, finish the run) with ``backend`` in place of the backend ``name``'s class."""
+    run = sweep.open_run(matrix, name, results_root, None)
+    prepared = sweep.prepare_backend(backend, matrix, run, RunOptions(timeout_s=timeout_s),
+                                     NullEvents())
+    results, interrupted = sweep.run_all(prepared, run.cells, NullEvents())
+    return sweep.finish_run(matrix, run, results, interrupted)
+
+
 class PrintingProcess(ProcessBackend):
     """The real process backend running a script that prints what it received."""
 
@@ -130,22 +135,18 @@ def test_process_cell_gets_its_secrets_and_no_file_of_the_run_has_them(write_mat
                                                                        monkeypatch):
     monkeypatch.setenv(SOURCE, FROM_ENV)
     matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))
-    run = sweep.open_run(matrix, "process", tmp_path, None)
-    backend = PrintingProcess(matrix, run.paths, RunOptions(timeout_s=60))
-    results = run_cells(backend, run.cells, NullEvents())
-    backend.close()
-    outcome = sweep.finish_run(matrix, run, results, False)
+    outcome = run_with(PrintingProcess, "process", matrix, tmp_path, 60)
     (result,) = outcome.results
     assert result.status is Status.FAILED and result.exit_code == 0  # no summary line: tail kept
 
-    log_text = run.paths.cell_log(result.cell_id).read_text()
+    log_text = outcome.paths.cell_log(result.cell_id).read_text()
     assert f"HF_TOKEN {digest(LITERAL)} value: {MASK}" in log_text
     assert f"API_KEY {digest(FROM_ENV)} value: {MASK}" in log_text
     assert any(MASK in line for line in result.log_tail)
-    command = json.loads(run.paths.cell_command(result.cell_id).read_text())
+    command = json.loads(outcome.paths.cell_command(result.cell_id).read_text())
     assert command["env"]["HF_TOKEN"] == MASK
     assert command["env"]["API_KEY"] == f"$env:{SOURCE}" and command["env"]["PLAIN"] == "visible"
-    assert files_with_secrets(run.paths.root) == []
+    assert files_with_secrets(outcome.paths.root) == []
 
 
 class PrintingContainer(DockerBackend):
@@ -169,20 +170,15 @@ def test_a_container_cell_gets_its_secrets_and_no_file_of_the_run_has_them(
         # as tests/test_backend_docker.py: this engine refuses the default unlimited memlock
         'container = { shm_size = "256m", ulimits = { stack = 67108864 } }\n'), 1)
     matrix = load_matrix(write_matrix(text, cpu_profile=False))
-    run = sweep.open_run(matrix, "docker", tmp_path, None)
-    backend = PrintingContainer(matrix, run.paths, RunOptions(timeout_s=120))
-    backend.prepare(list(run.cells))
-    results = run_cells(backend, run.cells, NullEvents())
-    backend.close()
-    outcome = sweep.finish_run(matrix, run, results, False)
+    outcome = run_with(PrintingContainer, "docker", matrix, tmp_path, 120)
     (result,) = outcome.results
     assert result.exit_code == 0, result.reason
-    log_text = run.paths.cell_log(result.cell_id).read_text()
+    log_text = outcome.paths.cell_log(result.cell_id).read_text()
     assert f"HF_TOKEN {digest(LITERAL)} value: {MASK}" in log_text
     assert f"API_KEY {digest(FROM_ENV)} value: {MASK}" in log_text
-    command = json.loads(run.paths.cell_command(result.cell_id).read_text())
+    command = json.loads(outcome.paths.cell_command(result.cell_id).read_text())
     assert command["env"]["HF_TOKEN"] == MASK and command["env"]["API_KEY"] == f"$env:{SOURCE}"
-    assert files_with_secrets(run.paths.root) == []
+    assert files_with_secrets(outcome.paths.root) == []
 
 
 def test_containers_get_resolved_secrets_at_launch_only(write_matrix, tmp_path, monkeypatch):
@@ -230,15 +226,12 @@ def test_a_slurm_job_gets_its_secrets_from_sbatch(slurm_cluster, write_matrix,  
 
     monkeypatch.setenv(SOURCE, FROM_ENV)
     matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))
-    run = sweep.open_run(matrix, "slurm", tmp_path, None)
-    backend = PrintingJob(matrix, run.paths, RunOptions(timeout_s=120))
-    results = run_cells(backend, run.cells, NullEvents())
-    backend.close()
-    sweep.finish_run(matrix, run, results, False)
-    (result,) = results
+    outcome = run_with(PrintingJob, "slurm", matrix, tmp_path, 120)
+    (result,) = outcome.results
     assert result.exit_code == 0, result.reason
-    log_text = run.paths.cell_log(result.cell_id).read_text()
+    log_text = outcome.paths.cell_log(result.cell_id).read_text()
     assert f"HF_TOKEN {digest(LITERAL)} value: {MASK}" in log_text
     assert f"API_KEY {digest(FROM_ENV)} value: {MASK}" in log_text
-    assert "value: ***" in next(run.paths.cell_dir(result.cell_id).glob("slurm-*.out")).read_text()
-    assert files_with_secrets(run.paths.root) == []
+    paths = outcome.paths
+    assert "value: ***" in next(paths.cell_dir(result.cell_id).glob("slurm-*.out")).read_text()
+    assert files_with_secrets(paths.root) == []

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from service_support import communicate_or_dump
-from workload_support import TINY_WORKLOAD
+from workload_support import tiny_matrix
 
 from orchestrator.matrix import load_matrix
 from orchestrator.results import RunPaths, Status
@@ -29,14 +29,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = f"""
-[matrix]
-name = "tiny"
-timeout_s = 240
-[workload]
-hardware = "cpu"
-{TINY_WORKLOAD}
-"""
+TINY = tiny_matrix("tiny", timeout_s=240)
 
 
 def processes_mentioning(marker: str) -> list[str]:

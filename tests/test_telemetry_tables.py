@@ -3,7 +3,7 @@
 Results here are synthetic (``result.json`` values written by the test): no GPU on these
 machines produces power, clocks or throttling. The sweep tests run the real run loop
 (``sweep.run_cells`` and the base backend's ``run_cell``) on the fake execution of
-tests/test_backend_contract.py, whose replayed output says the GPU throttled, and which leaves
+tests/backend_support.py, whose replayed output says the GPU throttled, and which leaves
 an ncu CSV (written from ncu's documented format: tests/data/profilers/README.md) where the
 tool would have.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_backend_contract import FakeExecution, Script, line
+from backend_support import FakeExecution, Script, line
 
 from orchestrator.backends.base import Backend, Execution, ExitInfo, RunOptions
 from orchestrator.config import MatrixSettings

@@ -145,3 +145,15 @@ workers = 0
 num_classes = 10
 """
 
+#: :data:`TINY_WORKLOAD` with no warmup and one iteration: for sweeps whose cells only need to
+#: start, run and end.
+ONE_STEP_WORKLOAD = TINY_WORKLOAD.replace("warmup = 1\niterations = 2\n",
+                                          "warmup = 0\niterations = 1\n")
+
+
+
+def tiny_matrix(name: str, *, timeout_s: int | None = None) -> str:
+    """A matrix named ``name`` of one :data:`TINY_WORKLOAD` cell on the ``cpu`` profile (the
+    caller appends axes or a profile table)."""
+    timeout = f"timeout_s = {timeout_s}\n" if timeout_s is not None else ""
+    return f'[matrix]\nname = "{name}"\n{timeout}[workload]\nhardware = "cpu"\n{TINY_WORKLOAD}'
