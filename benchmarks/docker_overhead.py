@@ -60,7 +60,8 @@ seed = {seeds}
 [hardware.box]
 device = "cpu"
 image = "ngc-pytorch"
-image_vars = {{ base_image = "{base}" }}
+# the local test base has no pip, and a CPU cell samples no NVML telemetry
+image_vars = {{ base_image = "{base}", install_nvml = false }}
 container = {{ ipc = "host", shm_size = "1g", ulimits = {{ stack = 67108864 }} }}
 """
 
