@@ -1,7 +1,8 @@
 """What the benchmarks that run ``python -m workload`` share: starting a run and stopping it
 with everything it started, reading its JSON lines, and printing a table.
 
-Only the standard library, tabulate and this checkout's ``workload``/``orchestrator.results``
+Only the standard library, tabulate and this checkout's
+``workload``/``orchestrator.results.run_folder``
 (both stdlib-only), so it runs on a GPU machine that has PyTorch but no orchestrator install.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from orchestrator.results import parse_metric_lines
+from orchestrator.results.run_folder import parse_metric_lines
 
 REPO = Path(__file__).resolve().parents[1]
 

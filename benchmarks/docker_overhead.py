@@ -30,15 +30,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import build  # noqa: E402
 from orchestrator.backends.containers import (  # noqa: E402
     CONTAINER_PYTHON,
     DockerExecution,
     container_kwargs,
 )
-from orchestrator.engine import docker_client  # noqa: E402
-from orchestrator.launch import LaunchSpec, workload_argv  # noqa: E402
-from orchestrator.matrix import load_matrix  # noqa: E402
+from orchestrator.images import build  # noqa: E402
+from orchestrator.local.engine import docker_client  # noqa: E402
+from orchestrator.plan.launch import LaunchSpec, workload_argv  # noqa: E402
+from orchestrator.plan.matrix import load_matrix  # noqa: E402
 from orchestrator.sweep import run_sweep  # noqa: E402
 
 MATRIX = """

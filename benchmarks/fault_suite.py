@@ -49,7 +49,7 @@ from tabulate import tabulate
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator import cellprocs  # noqa: E402
+from orchestrator.local import cell_processes  # noqa: E402
 
 MATRIX = """
 [matrix]
@@ -165,8 +165,8 @@ class Suite:
         if summary.exists():
             runs_in_table = sum(int(row["runs"]) for row in csv.DictReader(summary.open()))
             count.duplicated = max(0, runs_in_table - len(found))
-        prefix = cellprocs.run_marker_prefix("faults", root.name)
-        count.left = len(cellprocs.alive(cellprocs.marked_pids(prefix, prefix=True)))
+        prefix = cell_processes.run_marker_prefix("faults", root.name)
+        count.left = len(cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True)))
         return count
 
     def silent(self, results: Path, stderr: str) -> int:

@@ -1,4 +1,4 @@
-"""List scheduling of a simulated sweep on a :class:`~orchestrator.placement.GpuPool`.
+"""List scheduling of a simulated sweep on a :class:`~orchestrator.plan.placement.GpuPool`.
 
 The benchmark's model of a sweep (``benchmarks/scheduling.py``): cells with known durations are
 started greedily, in a chosen order, whenever the pool can place them, in a time-ordered event
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from orchestrator.placement import Allocation, GpuPool, Request
+from orchestrator.plan.placement import Allocation, GpuPool, Request
 
 Order = Literal["lpt", "area", "fifo"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.matrix import load_matrix  # noqa: E402
+from orchestrator.plan.matrix import load_matrix  # noqa: E402
 
 BIG = """
 [matrix]

@@ -4,7 +4,7 @@ A cell's profiler must cost nothing outside the iterations it covers (issue 15):
 the iterations before and after the window run at full speed. This script runs the same
 ``python -m workload`` case unprofiled and under each profiler with a window in the middle of
 the measured iterations, exactly as a matrix cell would be started (the command lines come
-from ``orchestrator.profilers.wrap``, so nsys/ncu/nvprof run with their capture ranges and the
+from ``orchestrator.plan.profilers.wrap``, so nsys/ncu/nvprof run with their capture ranges and the
 ``workload.profile_run`` helper), and prints side by side:
 
     profiler | before img/s | after img/s | vs none | first after ms | window img/s | files
@@ -49,8 +49,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
 from benchmarks.common import fmt, gpu_count, run_workload, table  # noqa: E402
-from orchestrator import profilers  # noqa: E402
-from orchestrator.config import NcuOptions, NsysOptions, NvprofOptions  # noqa: E402
+from orchestrator.config.matrix_file import NcuOptions, NsysOptions, NvprofOptions  # noqa: E402
+from orchestrator.plan import profilers  # noqa: E402
 from workload.metrics import images_per_second  # noqa: E402
 from workload.profile_run import NCU_CSV, NSYS_REPORTS  # noqa: E402
 from workload.profiling import tool_problem  # noqa: E402

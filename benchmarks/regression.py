@@ -124,8 +124,8 @@ def noise_summary(folder: Path, metric: str | None) -> str:
     runs."""
     import math
 
-    from orchestrator.stats import loo_deviations
-    from orchestrator.store import open_store
+    from orchestrator.results.stats import loo_deviations
+    from orchestrator.results.store import open_store
 
     def medians(kind: str) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}

@@ -9,7 +9,7 @@ A seeded sweep of 1/2/4/8-GPU cells with known durations runs (in simulation) on
   benchmark used before the plan order was modelled; kept to compare with its earlier 1.077);
 * ``lpt``: our scheduler, longest cells first (the default of ``list_scheduling.schedule``);
 * ``area``: our scheduler, largest GPU-seconds first;
-* ``shipped``: the order the sweep ships (:func:`orchestrator.ordering.order_cells`: repeats
+* ``shipped``: the order the sweep ships (:func:`orchestrator.plan.ordering.order_cells`: repeats
   interleaved, longest *expected* first within a repeat), tried in that order by the same
   pool. The expected durations are what the results store would give: the median duration
   of each configuration over 3 earlier simulated runs (same noise model, other seeds), not
@@ -36,10 +36,10 @@ from tabulate import tabulate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.list_scheduling import lower_bound, schedule  # noqa: E402
-from orchestrator.config import CellParams  # noqa: E402
-from orchestrator.matrix import Cell  # noqa: E402
-from orchestrator.ordering import order_cells  # noqa: E402
-from orchestrator.placement import GpuPool, HostSpec, Request  # noqa: E402
+from orchestrator.config.matrix_file import CellParams  # noqa: E402
+from orchestrator.plan.matrix import Cell  # noqa: E402
+from orchestrator.plan.ordering import order_cells  # noqa: E402
+from orchestrator.plan.placement import GpuPool, HostSpec, Request  # noqa: E402
 
 MODELS = {"resnet50": 240.0, "vit-b16": 420.0, "bert-large": 600.0, "gpt2-medium": 900.0}
 BATCH = {"bs-small": 0.6, "bs-large": 1.0}
@@ -85,7 +85,7 @@ def expected_durations(seed: int, repeats: int, earlier: int = 3) -> dict[str, f
 
 
 def shipped(requests: list[Request], seed: int, repeats: int) -> list[Request]:
-    """``requests`` in the order the sweep ships: :func:`orchestrator.ordering.order_cells`."""
+    """``requests`` in the order the sweep ships: :func:`orchestrator.plan.ordering.order_cells`."""
     by_id = {r.cell_id: r for r in requests}
     ordered = order_cells(as_cells(requests), expected_durations(seed, repeats))
     return [by_id[c.id] for c in ordered]

@@ -3,6 +3,8 @@
 Everything a user can cause (a bad file, a missing engine, an image that fails to build) is an
 :class:`OrchestratorError`; the CLI prints its message and exits non-zero without a traceback.
 Anything else is a bug and keeps its traceback.
+
+May import: nothing.
 """
 
 from __future__ import annotations

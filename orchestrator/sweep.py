@@ -1,6 +1,7 @@
 """The sweep pipeline, top to bottom.
 
-``load -> expand -> check -> filter`` (:mod:`orchestrator.matrix`, :mod:`orchestrator.checks`,
+``load -> expand -> check -> filter`` (:mod:`orchestrator.plan.matrix`,
+:mod:`orchestrator.plan.checks`,
 called by the CLI), then :func:`run_sweep`: ``refuse what cannot run -> pick backend -> open run
 -> prepare (build images, reach hosts) -> run cells -> finish run (unrun cells recorded, tables
 and plot written)``.
@@ -12,7 +13,7 @@ main thread stays free to notice Ctrl-C / SIGTERM, cancel what runs and record w
 cell that ended is collected (:func:`collect`: its allocation goes back; a profiled cell's
 profiler figures are added to its result, :func:`add_profiler_figures`) and recorded
 (:func:`record`), or retried when its host was lost, or run again when its GPU throttled and
-``[matrix] rerun_throttled`` allows (:func:`orchestrator.rerun.should_rerun`; the throttled
+``[matrix] rerun_throttled`` allows (:func:`orchestrator.results.rerun.should_rerun`; the throttled
 attempt's folder goes to ``superseded/``). Expected failures are results; one bad cell never
 stops the sweep.
 
@@ -22,6 +23,8 @@ ends (a full disk) is written again by :func:`finish_run`, and one that still ca
 counted from memory and named in :attr:`SweepOutcome.problems` (the CLI prints it, exit 1). A
 results folder that cannot take a run folder at all is a ConfigError on ``--results`` (exit 2)
 before anything runs.
+
+May import: errors, config, catalog, plan, results, local, backends.
 """
 
 from __future__ import annotations
@@ -41,21 +44,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator import __version__, profilers
+from orchestrator import __version__
 from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions, git_revision
-from orchestrator.checks import refuse_unrunnable
-from orchestrator.config import WRAPPING_PROFILERS
-from orchestrator.engine import controller_id
+from orchestrator.config.matrix_file import WRAPPING_PROFILERS
+from orchestrator.config.redact import missing_references, redact_toml
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
-from orchestrator.matrix import Cell, Matrix
-from orchestrator.ordering import order_cells
-from orchestrator.placement import Allocation
-from orchestrator.profile_figures import figures_of_cell
-from orchestrator.redact import missing_references, redact_toml
-from orchestrator.rerun import should_rerun
-from orchestrator.results import CellResult, RunPaths, Status, find_run, read_json, write_json
-from orchestrator.summary import GroupRow, render_table, summarize, write_summary
+from orchestrator.local.engine import controller_id
+from orchestrator.plan import profilers
+from orchestrator.plan.checks import refuse_unrunnable
+from orchestrator.plan.matrix import Cell, Matrix
+from orchestrator.plan.ordering import order_cells
+from orchestrator.plan.placement import Allocation
+from orchestrator.results.profiler_figures import figures_of_cell
+from orchestrator.results.rerun import should_rerun
+from orchestrator.results.run_folder import (
+    CellResult,
+    RunPaths,
+    Status,
+    find_run,
+    read_json,
+    write_json,
+)
+from orchestrator.results.summary import GroupRow, render_table, summarize, write_summary
 
 log = logging.getLogger("orchestrator.sweep")
 
@@ -153,9 +164,9 @@ def run_sweep(
     ``resume``: a run id, or ``""`` for the newest run of the matrix: run again, in that run's
     folder, only the cells that did not end ok (the matrix must not have changed since).
     ``lock_timeout_s``: how long a cell waits for GPUs another sweep holds (None: as long as it
-    takes; :mod:`orchestrator.locks`).
+    takes; :mod:`orchestrator.local.locks`).
 
-    The steps: refuse what cannot run (:mod:`orchestrator.checks`) -> pick the backend -> open
+    The steps: refuse what cannot run (:mod:`orchestrator.plan.checks`) -> pick the backend -> open
     the run -> prepare the backend -> run the cells -> finish the run (unrun cells recorded,
     tables and plot written).
     """
@@ -195,10 +206,10 @@ class OpenRun:
 
 
 def order_run(run: OpenRun, results_root: Path) -> OpenRun:
-    """The run's cells in the order to try them (:func:`~orchestrator.ordering.order_cells`:
+    """The run's cells in the order to try them (:func:`~orchestrator.plan.ordering.order_cells`:
     repeats interleaved, longest expected first), with the durations of earlier runs of the
     matrix from the results store (none when it cannot tell: a sweep never stops for that)."""
-    from orchestrator.store import open_store
+    from orchestrator.results.store import open_store
 
     name = run.meta.get("matrix")
     try:
@@ -410,7 +421,7 @@ def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
     """summary.png in the run folder when matplotlib is installed (the ``plots`` extra)."""
     if importlib.util.find_spec("matplotlib") is None or not any(r.ips for r in rows):
         return
-    from orchestrator.plots import plot_run
+    from orchestrator.results.plots import plot_run
 
     try:
         plot_run(rows, paths.root / "summary.png", f"{name} {paths.run_id}")
@@ -621,7 +632,7 @@ def collect(backend: Backend, fut: Future[CellResult], started: Running,
 
 def add_profiler_figures(backend: Backend, cell: Cell, result: CellResult) -> None:
     """A cell run under nsys, ncu or nvprof: the figures of the CSV files the profiler left in
-    its folder (:func:`orchestrator.profile_figures.figures_of_cell`) go into its result
+    its folder (:func:`orchestrator.results.profiler_figures.figures_of_cell`) go into its result
     (``metrics``, ``provenance.profiler``) and result.json. Figures that cannot be read or
     written leave the result as it was (with a warning): the cell is still recorded."""
     tool = cell.params.profiler

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from orchestrator.backends.base import Backend, Execution, ExitInfo
-from orchestrator.launch import LaunchSpec
-from orchestrator.matrix import Cell
-from orchestrator.placement import Allocation
+from orchestrator.plan.launch import LaunchSpec
+from orchestrator.plan.matrix import Cell
+from orchestrator.plan.placement import Allocation
 
 META = {"type": "meta", "env": {"device": "cpu", "torch": "2.x"}}
 SUMMARY = {"type": "summary", "data": {"train.total_ips": 123.4, "world_size": 1},

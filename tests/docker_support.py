@@ -33,8 +33,8 @@ DEFAULT_BASE_IMAGE = "orchestrate-test/base:bookworm-torch2.14.1"
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[object]:
     """A DockerClient that answers ping; skip (or fail under CI=true) without an engine."""
-    from orchestrator.engine import docker_client as connect
     from orchestrator.errors import BackendUnavailable
+    from orchestrator.local.engine import docker_client as connect
 
     try:
         client = connect()
@@ -145,7 +145,7 @@ def bitfusion_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
 
 def run_containers(client: Any, run_id: str) -> list[Any]:
     """Every container (running or not) labelled with sweep run ``run_id``."""
-    from orchestrator.engine import LABEL_RUN
+    from orchestrator.local.engine import LABEL_RUN
 
     return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
 

@@ -1,12 +1,12 @@
-"""Locks in a test's own folder: :func:`orchestrator.locks.hold` with a
-:class:`~orchestrator.locks.FileLocker` there (the library's backends name their lockers)."""
+"""Locks in a test's own folder: :func:`orchestrator.local.locks.hold` with a
+:class:`~orchestrator.local.locks.FileLocker` there (the library's backends name their lockers)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from orchestrator.locks import FileLocker, HeldLocks, Holder, LockRequest, hold
+from orchestrator.local.locks import FileLocker, HeldLocks, Holder, LockRequest, hold
 
 
 def acquire(request: LockRequest, holder: Holder, *, folder: Path, **kwargs: Any) -> HeldLocks:

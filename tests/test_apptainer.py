@@ -41,17 +41,18 @@ from slurm_support import (  # noqa: F401 - slurm_cluster is a fixture
 )
 from ssh_support import write_inventory
 
-from orchestrator import apptainer, build, sif
 from orchestrator.backends.base import RunOptions
 from orchestrator.backends.process import ProcessBackend
 from orchestrator.backends.slurm import SlurmBackend, render_sbatch
-from orchestrator.checks import check_matrix
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import BuildError, ConfigError
-from orchestrator.matrix import Matrix, load_matrix
-from orchestrator.placement import Allocation
-from orchestrator.results import RunPaths, Status
-from orchestrator.selection import ImageKey
+from orchestrator.images import build, sif
+from orchestrator.plan import apptainer
+from orchestrator.plan.checks import check_matrix
+from orchestrator.plan.matrix import Matrix, load_matrix
+from orchestrator.plan.placement import Allocation
+from orchestrator.plan.selection import ImageKey
+from orchestrator.results.run_folder import RunPaths, Status
 from orchestrator.sweep import SweepOutcome, run_sweep
 
 TESTS = Path(__file__).resolve().parent
@@ -528,8 +529,8 @@ def test_sif_from_definition_is_built_on_an_ssh_host(tmp_path, standin_host) -> 
     """SshMachine: the build context goes to the host as a tar stream, the stand-in builds
     there in a folder of its own (removed after), its output is heard line by line, the image
     is moved into place; a second ensure_sif finds it up to date and builds nothing."""
-    from orchestrator.hosts import load_hosts
-    from orchestrator.ssh import SshHost
+    from orchestrator.config.inventory import load_hosts
+    from orchestrator.remote.connection import SshHost
 
     server, record = standin_host
     hosts = write_inventory(tmp_path, [server], tags=("node",), gpus=[[0, 1, 2, 3]])

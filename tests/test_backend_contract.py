@@ -19,9 +19,9 @@ import pytest
 from backend_support import META, SUMMARY, FakeBackend, Script, line
 
 from orchestrator.backends.base import ExitInfo, RunOptions
-from orchestrator.matrix import Cell, load_matrix
-from orchestrator.placement import Allocation
-from orchestrator.results import RunPaths, Status
+from orchestrator.plan.matrix import Cell, load_matrix
+from orchestrator.plan.placement import Allocation
+from orchestrator.results.run_folder import RunPaths, Status
 
 
 @dataclass

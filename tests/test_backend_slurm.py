@@ -46,10 +46,10 @@ from orchestrator.backends.slurm import (
     render_sbatch,
     slurm_time,
 )
-from orchestrator.config import SlurmOptions
+from orchestrator.config.matrix_file import SlurmOptions
 from orchestrator.errors import BackendUnavailable, LaunchError
-from orchestrator.matrix import load_matrix
-from orchestrator.results import RunPaths, Status
+from orchestrator.plan.matrix import load_matrix
+from orchestrator.results.run_folder import RunPaths, Status
 from orchestrator.sweep import run_sweep
 
 TINY = """

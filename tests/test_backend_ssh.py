@@ -24,14 +24,14 @@ from docker_support import cpu_container_matrix, run_containers
 from ssh_support import SshdFactory, SshdServer, write_inventory
 
 from orchestrator.backends.base import RunOptions
-from orchestrator.backends.remote import REMOTE_ROOT
+from orchestrator.backends.remote_executions import REMOTE_ROOT
 from orchestrator.backends.ssh import SshDockerBackend
 from orchestrator.errors import ConfigError
-from orchestrator.launch import NodeRole, rdzv_port
-from orchestrator.matrix import Cell, load_matrix
-from orchestrator.placement import Allocation, Slot
-from orchestrator.results import CellResult, RunPaths, Status
-from orchestrator.ssh import UnknownHostKey
+from orchestrator.plan.launch import NodeRole, rdzv_port
+from orchestrator.plan.matrix import Cell, load_matrix
+from orchestrator.plan.placement import Allocation, Slot
+from orchestrator.remote.connection import UnknownHostKey
+from orchestrator.results.run_folder import CellResult, RunPaths, Status
 from orchestrator.sweep import run_sweep
 
 
@@ -140,7 +140,7 @@ class _BrokenWaitContainer:
 
 
 def test_a_broken_wait_probes_the_host_once(tmp_path: Path) -> None:
-    from orchestrator.backends.remote import RemoteExecution, RemoteNode
+    from orchestrator.backends.remote_executions import RemoteExecution, RemoteNode
 
     probes: list[str] = []
 

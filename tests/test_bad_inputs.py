@@ -770,7 +770,7 @@ case("old-runs", "history-with-a-damaged-run", ["history", "m", "--results", "{r
 
 def _resume_setup(damage: str) -> Callable[[Path], None]:
     def setup(d: Path) -> None:
-        from orchestrator.matrix import load_matrix
+        from orchestrator.plan.matrix import load_matrix
         from orchestrator.sweep import plan_json
 
         (d / "m.toml").write_text(mx())
@@ -793,7 +793,7 @@ case("old-runs", "resume-truncated-run", ["matrix", "{dir}/m.toml", "--resume", 
 
 def _narrow_run(d: Path) -> None:
     """A run that ran only ``--only batch_size=8`` of a two-cell matrix."""
-    from orchestrator.matrix import filter_cells, load_matrix
+    from orchestrator.plan.matrix import filter_cells, load_matrix
     from orchestrator.sweep import plan_json
 
     (d / "m.toml").write_text(mx(axes="batch_size = [8, 16]"))
@@ -806,7 +806,8 @@ case("old-runs", "resume-with-a-wider-only", ["matrix", "{dir}/m.toml", "--resum
      setup=_narrow_run, err=("--resume: 1 of the selected cells are not in run",
                              "resume with the --only it ran with"))
 
-# --- can it run: the semantic checks (orchestrator/checks.py) ---------------------------------
+# --- can it run: the semantic checks (orchestrator/plan/checks.py)
+# ---------------------------------
 # A cell that cannot run where it is planned is refused before anything is built or launched,
 # naming the field where its value is set; what cannot be checked is a note, not an error.
 

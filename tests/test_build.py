@@ -16,8 +16,10 @@ from typing import Any
 import docker
 import pytest
 
-from orchestrator import build, cli, images
+from orchestrator import cli
+from orchestrator.catalog import templates
 from orchestrator.errors import BackendUnavailable, BuildError
+from orchestrator.images import build
 
 # --------------------------------------------------------------------------- helpers
 
@@ -27,7 +29,7 @@ def workload(tmp_path: Path) -> Path:
     """A private copy of the repository's workload/ (so tests may change it) plus a marker."""
     target = tmp_path / "workload"
     shutil.copytree(
-        images.WORKLOAD_DIR, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        templates.WORKLOAD_DIR, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )
     (target / "orchestrate_test_marker.py").write_text("MARKER = 'inside'\n")
     return target
@@ -179,7 +181,7 @@ def test_cli_list_without_engine(
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such-docker.sock")
     assert cli.main(["images", "list"]) == 0
     out = capsys.readouterr().out
-    for name in images.template_names():
+    for name in templates.template_names():
         assert name in out
     assert "base_tag" in out and "no Docker engine reachable" in out
 
@@ -293,7 +295,7 @@ def test_failing_build_names_the_step(
     (root / "broken" / "Dockerfile.j2").write_text(
         "FROM {{ base }}\nRUN echo preparing\nRUN echo about to fail && exit 3\nRUN echo never\n"
     )
-    monkeypatch.setattr(images, "IMAGES_DIR", root)
+    monkeypatch.setattr(templates, "IMAGES_DIR", root)
     plan = build.plan_image("broken", {"base_image": base_image}, workload_dir=workload)
     _fresh(docker_client, _pinned(docker_client, plan), built_tags)
     with pytest.raises(BuildError) as err:
@@ -322,7 +324,7 @@ def test_nvml_bindings_of_the_base_image_are_kept(
     built_tags.append(base_tag)
     docker_client.images.build(path=str(ctx), tag=base_tag, rm=True)
     plan = build.plan_image("ngc-pytorch", {"base_image": base_tag}, workload_dir=workload)
-    assert "import pynvml" in images.render_text("ngc-pytorch", {"base_image": base_tag})
+    assert "import pynvml" in templates.render_text("ngc-pytorch", {"base_image": base_tag})
     _fresh(docker_client, _pinned(docker_client, plan), built_tags)
     outcome = build.ensure_image(plan, client=docker_client)
     assert outcome.built

@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 from workload_support import tiny_matrix
 
-from orchestrator import cellprocs
 from orchestrator.backends.base import RunOptions
 from orchestrator.backends.process import ProcessBackend
 from orchestrator.errors import ConfigError
-from orchestrator.launch import LaunchSpec
-from orchestrator.matrix import load_matrix
-from orchestrator.results import RunPaths, Status
+from orchestrator.local import cell_processes
+from orchestrator.plan.launch import LaunchSpec
+from orchestrator.plan.matrix import load_matrix
+from orchestrator.results.run_folder import RunPaths, Status
 from orchestrator.sweep import NullEvents, run_cells, run_sweep
 
 MATRIX = tiny_matrix("procs")
@@ -82,7 +82,7 @@ def mentioning(text: str) -> list[str]:
 @pytest.fixture(params=["cgroups", "marker only"])
 def tracking(request, monkeypatch) -> str:
     if request.param == "marker only":
-        monkeypatch.setenv(cellprocs.CGROUPS_ENV, "0")
+        monkeypatch.setenv(cell_processes.CGROUPS_ENV, "0")
     return request.param
 
 
@@ -102,13 +102,13 @@ def run_script(write_matrix, tmp_path: Path, script: str, argv: list[str], timeo
 
 
 def assert_nothing_left(paths: RunPaths, script: str) -> None:
-    prefix = cellprocs.run_marker_prefix("procs", paths.run_id)
+    prefix = cell_processes.run_marker_prefix("procs", paths.run_id)
     deadline = time.monotonic() + 5  # a SIGKILLed process may take a moment to be reaped
-    while (mentioning(script) or cellprocs.marked_pids(prefix, prefix=True)) \
+    while (mentioning(script) or cell_processes.marked_pids(prefix, prefix=True)) \
             and time.monotonic() < deadline:
         time.sleep(0.1)
     assert mentioning(script) == []
-    assert cellprocs.alive(cellprocs.marked_pids(prefix, prefix=True)) == set()
+    assert cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True)) == set()
 
 
 @pytest.mark.slow
@@ -148,11 +148,11 @@ def test_a_daemon_left_by_a_cell_that_ended_is_stopped_too(write_matrix, tmp_pat
 def test_a_resumed_run_first_stops_what_a_killed_orchestrator_left(write_matrix, tmp_path):
     matrix = load_matrix(write_matrix(MATRIX))
     paths = RunPaths.create(tmp_path, matrix.name)
-    marker = cellprocs.cell_marker(matrix.name, paths.run_id, matrix.cells[0].id)
+    marker = cell_processes.cell_marker(matrix.name, paths.run_id, matrix.cells[0].id)
     orphan = subprocess.Popen(
         [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
          "signal.SIG_IGN); print('ready', flush=True); time.sleep(3600)"],
-        env={**os.environ, cellprocs.MARKER_VAR: marker}, start_new_session=True,
+        env={**os.environ, cell_processes.MARKER_VAR: marker}, start_new_session=True,
         stdout=subprocess.PIPE, text=True)
     try:
         assert orphan.stdout is not None and orphan.stdout.readline() == "ready\n"
@@ -168,7 +168,7 @@ def test_a_resumed_run_first_stops_what_a_killed_orchestrator_left(write_matrix,
 
 def test_a_memory_limit_that_cannot_be_applied_is_refused_before_any_cell(write_matrix,
                                                                           tmp_path, monkeypatch):
-    monkeypatch.setenv(cellprocs.CGROUPS_ENV, "0")
+    monkeypatch.setenv(cell_processes.CGROUPS_ENV, "0")
     path = write_matrix(MATRIX + '[hardware.cpu]\ndevice = "cpu"\n'
                         'container = { mem_limit = "1g" }\n', cpu_profile=False)
     with pytest.raises(ConfigError) as err:

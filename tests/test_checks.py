@@ -1,4 +1,4 @@
-"""orchestrator/checks.py: can every cell run where it is planned, and do comparisons hold?
+"""orchestrator/plan/checks.py: can every cell run where it is planned, and do comparisons hold?
 
 The bad-input table (tests/test_bad_inputs.py, category ``can-it-run``) runs each rule through
 the CLI; these tests check the module's own API: the stack each shipped profile resolves to (and
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import build
-from orchestrator.checks import check_matrix, host_stack, refuse_unrunnable
 from orchestrator.errors import ConfigError
-from orchestrator.matrix import load_matrix
+from orchestrator.images import build
+from orchestrator.plan.checks import check_matrix, host_stack, refuse_unrunnable
+from orchestrator.plan.matrix import load_matrix
 from orchestrator.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,7 +197,7 @@ def test_an_arch_newer_than_the_stacks_torchvision(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Every model of today's table exists from the floor on, so no shipped release lacks one:
     the table is made to say that this one came later (as a future model would)."""
-    from orchestrator import stacks
+    from orchestrator.catalog import stacks
 
     monkeypatch.setattr(stacks, "arch_available",
                         lambda arch, version: arch != "resnet18" or version >= "0.19")
@@ -226,7 +226,7 @@ def test_auto_is_checked_against_every_release_a_host_may_get(
     """What fails on the newest release a host may get is an error; what fails only on older
     ones (a host with an older driver) is a warning naming them. The model table is made to
     say resnet18 came with torchvision 0.19 (NGC 24.05), as a future model would."""
-    from orchestrator import stacks
+    from orchestrator.catalog import stacks
 
     monkeypatch.setattr(stacks, "arch_available",
                         lambda arch, version: arch != "resnet18" or version >= "0.19")

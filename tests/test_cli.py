@@ -61,14 +61,14 @@ def test_version_imports_no_command_module():
 ])
 def test_results_commands_start_without_the_matrix_models(command, tmp_path):
     """runs/compare/export read the results index only: the matrix models
-    (orchestrator.config, the slowest import) stay unloaded."""
+    (orchestrator.config.matrix_file, the slowest import) stay unloaded."""
     from results_support import Config, params, run_id, write_run
 
     for n in (1, 2):
         write_run(tmp_path, "m", run_id(n), [Config(params(), [100.0, 101.0])])
     loaded = _modules_loaded([*command, "--results", str(tmp_path)])
-    assert "orchestrator.commands.results" in loaded
-    assert "orchestrator.config" not in loaded
+    assert "orchestrator.cli.result_commands" in loaded
+    assert "orchestrator.config.matrix_file" not in loaded
 
 
 @pytest.mark.parametrize("command", [
@@ -200,15 +200,15 @@ def test_dry_run_refuses_a_missing_build_file_before_printing_the_plan(tmp_path,
 
 
 def test_export_status_choices_are_the_cell_statuses():
-    from orchestrator.commands.results import CELL_STATUSES
-    from orchestrator.results import Status
+    from orchestrator.cli.result_commands import CELL_STATUSES
+    from orchestrator.results.run_folder import Status
 
     assert tuple(s.value for s in Status) == CELL_STATUSES
 
 
 def test_images_refresh_summary_says_nothing_changed_only_when_every_host_answered(tmp_path):
-    from orchestrator.commands.images import _summary
-    from orchestrator.refresh import HostRefresh, ImageRefresh, RefreshReport
+    from orchestrator.cli.image_commands import _summary
+    from orchestrator.images.refresh import HostRefresh, ImageRefresh, RefreshReport
 
     state = tmp_path / ".orchestrate-images.json"
     fresh = ImageRefresh(matrix="m", hardware="h100", ngc_release=None, action="up to date")

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import EXIT_BROKEN_PIPE, main
-from orchestrator.commands import sweep as sweep_command
+from orchestrator.cli import main
+from orchestrator.cli import sweep_commands as sweep_command
+from orchestrator.cli.app import EXIT_BROKEN_PIPE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,10 +102,10 @@ def test_terminal_progress_shows_brackets_as_they_are(tmp_path):
     from rich.console import Console
     from rich.progress import Progress, TextColumn
 
-    from orchestrator.commands.sweep import RichEvents
-    from orchestrator.matrix import load_matrix
-    from orchestrator.placement import Allocation
-    from orchestrator.results import CellResult, RunPaths, Status
+    from orchestrator.cli.sweep_commands import RichEvents
+    from orchestrator.plan.matrix import load_matrix
+    from orchestrator.plan.placement import Allocation
+    from orchestrator.results.run_folder import CellResult, RunPaths, Status
 
     (tmp_path / "m.toml").write_text('[matrix]\nname = "m"\n[axes]\nhardware = ["cpu"]\n'
                                      '[hardware.cpu]\ndevice = "cpu"\n')

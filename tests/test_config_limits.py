@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import config
-from orchestrator.config import MAX_CELLS, json_schema, read_config_text
+from orchestrator.config import matrix_file
+from orchestrator.config.files import read_config_text
+from orchestrator.config.inventory import load_hosts, parse_hosts
+from orchestrator.config.matrix_file import MAX_CELLS, json_schema
 from orchestrator.errors import ConfigError
-from orchestrator.hosts import load_hosts, parse_hosts
-from orchestrator.matrix import MAX_ID_LENGTH, load_matrix, parse_only
+from orchestrator.plan.matrix import MAX_ID_LENGTH, load_matrix, parse_only
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,7 +131,7 @@ def test_the_schema_documents_the_ranges() -> None:
 
 
 def test_hosts_ranges_are_in_their_descriptions() -> None:
-    from orchestrator.hosts import HostOptions
+    from orchestrator.config.inventory import HostOptions
 
     props = HostOptions.model_json_schema()["properties"]
     assert props["connect_timeout"]["maximum"] == 600
@@ -171,7 +172,7 @@ def test_only_still_parses_strings() -> None:
 
 
 def test_only_filters_a_real_matrix(write: Callable[..., Path]) -> None:
-    from orchestrator.matrix import filter_cells
+    from orchestrator.plan.matrix import filter_cells
 
     axes = "batch_size = [8, 16]\nchannels_last = [true, false]"
     matrix = load_matrix(write(matrix_text(axes=axes)))
@@ -244,7 +245,7 @@ def _catch(into: list[BaseException], fn: Callable[[], object]) -> None:
     (lambda d: d, "a folder"),
     (lambda d: _link(d / "zero.toml", "/dev/zero"), "a character device"),
     (lambda d: d / "missing.toml", "no such file"),
-    (lambda d: _file(d / "big.toml", b"#" * (config.MAX_FILE_BYTES + 1)), "at most 1,048,576"),
+    (lambda d: _file(d / "big.toml", b"#" * (matrix_file.MAX_FILE_BYTES + 1)), "at most 1,048,576"),
     (lambda d: _file(d / "latin.toml", b"name = '\xe9'\n"), "not UTF-8"),
 ])
 def test_special_files_are_refused(tmp_path: Path, make: Callable[[Path], Path],

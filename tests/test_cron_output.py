@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from workload_support import tiny_matrix
 
-from orchestrator.commands.sweep import LineEvents, verbosity
+from orchestrator.cli.sweep_commands import LineEvents, verbosity
+from orchestrator.config.defaults import hosts_file, load_user_config, results_root
 from orchestrator.errors import ConfigError
-from orchestrator.eta import Eta, format_duration
-from orchestrator.matrix import load_matrix
-from orchestrator.placement import Allocation
-from orchestrator.results import CellResult, RunPaths, Status
-from orchestrator.userconfig import hosts_file, load_user_config, results_root
+from orchestrator.plan.eta import Eta, format_duration
+from orchestrator.plan.matrix import load_matrix
+from orchestrator.plan.placement import Allocation
+from orchestrator.results.run_folder import CellResult, RunPaths, Status
 
 ROOT = Path(__file__).resolve().parents[1]
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
@@ -176,7 +176,7 @@ def test_every_command_with_results_uses_the_defaults(write_matrix, tmp_path, co
 def test_clean_spares_running_sweeps_and_can_dry_run(docker_client, base_image, tmp_path):
     from docker_support import run_containers
 
-    from orchestrator.engine import (
+    from orchestrator.local.engine import (
         LABEL_CELL,
         LABEL_CONTROLLER,
         LABEL_MATRIX,

@@ -32,11 +32,12 @@ import pytest
 from ssh_support import SshdFactory, SshdServer, write_inventory
 from workload_support import ONE_STEP_WORKLOAD
 
-from orchestrator import cli, imagestate
-from orchestrator.hosts import load_hosts
-from orchestrator.matrix import load_matrix
-from orchestrator.refresh import refresh
-from orchestrator.results import Status
+from orchestrator import cli
+from orchestrator.config.inventory import load_hosts
+from orchestrator.images import state as imagestate
+from orchestrator.images.refresh import refresh
+from orchestrator.plan.matrix import load_matrix
+from orchestrator.results.run_folder import Status
 from orchestrator.sweep import run_sweep
 
 MIRROR = "orchestrate-test/mirror/pytorch"
@@ -288,7 +289,7 @@ def test_the_docker_backend_takes_this_machines_driver(
 ) -> None:
     """``release = "auto"`` with the local docker backend: this machine's nvidia-smi (the
     STAND-IN first on PATH, reporting driver 560.35.03) picks NGC 24.10."""
-    from orchestrator import gpus
+    from orchestrator.catalog import gpus
 
     bindir = tmp_path / "bin"
     bindir.mkdir()

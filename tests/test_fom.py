@@ -16,10 +16,10 @@ import pytest
 from dllogger_support import dle_logger_path, run_program
 from pydantic import ValidationError
 
-from orchestrator.config import problems_from_validation
-from orchestrator.dllog import read_dllogger
+from orchestrator.config.files import problems_from_validation
 from orchestrator.errors import ConfigError, LogFormatError
-from orchestrator.fom import (
+from orchestrator.results.dllogger import read_dllogger
+from orchestrator.results.figure_parsers import (
     CellOutput,
     FiguresConfig,
     evaluate,
@@ -533,9 +533,9 @@ def test_validation_pass_shorter_than_the_warmup_gives_no_val_figures(programs):
 def test_the_documented_example_is_valid(tmp_path):
     import textwrap
 
-    from orchestrator import fom
+    from orchestrator.results import figure_parsers
 
-    example = fom.__doc__.split("::\n", 1)[1]
+    example = figure_parsers.__doc__.split("::\n", 1)[1]
     path = tmp_path / "figures.toml"
     path.write_text(textwrap.dedent(example))
     config = load_figures_file(path)

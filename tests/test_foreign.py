@@ -30,12 +30,17 @@ from dllogger_support import dllogger_available
 from slurm_support import SlurmCluster, slurm_cluster  # noqa: F401 - slurm_cluster: a fixture
 from workload_support import TINY_WORKLOAD
 
-from orchestrator.checks import check_matrix
-from orchestrator.config import CellParams, CommandRenderError, CommandTemplate, command_values
+from orchestrator.config.matrix_file import (
+    CellParams,
+    CommandRenderError,
+    CommandTemplate,
+    command_values,
+)
 from orchestrator.errors import ConfigError, LaunchError
-from orchestrator.launch import NodeRole, cell_command
-from orchestrator.matrix import load_matrix
-from orchestrator.results import CellResult, RunPaths, Status
+from orchestrator.plan.checks import check_matrix
+from orchestrator.plan.launch import NodeRole, cell_command
+from orchestrator.plan.matrix import load_matrix
+from orchestrator.results.run_folder import CellResult, RunPaths, Status
 from orchestrator.sweep import check_references, run_sweep
 from workload import metrics as wm
 
@@ -332,7 +337,7 @@ def test_the_process_backend_pins_gpus_and_runs_in_the_workdir(write_matrix, tmp
                                                                 monkeypatch) -> None:
     from orchestrator.backends.base import RunOptions
     from orchestrator.backends.process import ProcessBackend
-    from orchestrator.placement import Allocation
+    from orchestrator.plan.placement import Allocation
 
     text = matrix_text(workdir="$env:LAB_DIR").replace(
         'program = ["workload", "lab"]', 'program = ["lab"]').replace(
@@ -363,8 +368,8 @@ def test_a_commands_secrets_are_passed_never_written(write_matrix, tmp_path,
                                                      monkeypatch) -> None:
     from orchestrator.backends.base import RunOptions
     from orchestrator.backends.slurm import SlurmBackend
-    from orchestrator.placement import Allocation
-    from orchestrator.redact import secret_env
+    from orchestrator.config.redact import secret_env
+    from orchestrator.plan.placement import Allocation
 
     text = matrix_text().replace(
         'env = { LAB_BENCH_MARK = "from the command" }',
@@ -666,7 +671,7 @@ def test_ssh_backend_runs_the_labs_program_beside_ours(tmp_path, sshd_server, do
     from docker_support import run_containers
     from ssh_support import write_inventory
 
-    from orchestrator.backends.remote import REMOTE_ROOT
+    from orchestrator.backends.remote_executions import REMOTE_ROOT
 
     hosts = write_inventory(tmp_path, [sshd_server])
     path = tmp_path / "m.toml"

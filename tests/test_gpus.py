@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.gpus import (
+from orchestrator.catalog.gpus import (
     DOCKER_VERSION,
     HL_QUERY,
     NVIDIA_QUERY,
@@ -23,7 +23,7 @@ from orchestrator.gpus import (
     parse_gpu_csv,
     parse_smi_header,
 )
-from orchestrator.ssh import CommandResult, RemoteTimeout
+from orchestrator.remote.connection import CommandResult, RemoteTimeout
 
 DATA = Path(__file__).parent / "data"
 

@@ -10,10 +10,10 @@ import pytest
 from results_support import Config, day, params, run_id, write_run
 
 from orchestrator.cli import main
+from orchestrator.config.references import load_references
 from orchestrator.errors import ConfigError
-from orchestrator.history import Options, analyze, render_history
-from orchestrator.references import load_references
-from orchestrator.store import open_store
+from orchestrator.results.history import Options, analyze, render_history
+from orchestrator.results.store import open_store
 
 G1, G8 = params(gpus=1), params(gpus=8)
 STEADY = [(100.0, 101.0, 99.0), (101.0, 100.0, 102.0), (99.0, 100.0, 98.0),

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from ssh_support import SshdServer, write_inventory
 
+from orchestrator.catalog.gpus import GpuInfo, HostFacts
 from orchestrator.cli import main
-from orchestrator.commands.hosts import driver_from_host, render_check_table
+from orchestrator.cli.host_commands import driver_from_host, render_check_table
+from orchestrator.config.inventory import known_hosts_path, load_hosts, parse_hosts, resolve_host
 from orchestrator.errors import ConfigError, HostError
-from orchestrator.gpus import GpuInfo, HostFacts
-from orchestrator.hosts import known_hosts_path, load_hosts, parse_hosts, resolve_host
 
 ROOT = Path(__file__).resolve().parents[1]
 

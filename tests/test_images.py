@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from golden_support import check_golden
 
-from orchestrator import images
+from orchestrator.catalog import templates
 from orchestrator.errors import BuildError, ConfigError
 
 #: The bitfusion template's parent_image default is empty ("use the ngc-pytorch content-hash
@@ -70,25 +70,26 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
 
 
 def _golden_name(name: str, case: str) -> str:
-    ext = {"dockerfile": "Dockerfile", "singularity": "def"}[images.load_template(name).kind]
+    ext = {"dockerfile": "Dockerfile", "singularity": "def"}[templates.load_template(name).kind]
     return f"{name}-{case}.{ext}"
 
 
 def test_every_template_has_golden_cases() -> None:
-    assert sorted(CASES) == images.template_names()
+    assert sorted(CASES) == templates.template_names()
 
 
 @pytest.mark.parametrize(
     ("name", "case"), [(n, c) for n in sorted(CASES) for c in ("defaults", "overrides")]
 )
 def test_render_matches_golden(name: str, case: str) -> None:
-    check_golden(_golden_name(name, case), images.render_text(name, CASES[name][case]))
+    check_golden(_golden_name(name, case), templates.render_text(name, CASES[name][case]))
 
 
 def test_overrides_reach_the_output() -> None:
-    text = images.render_text("ngc-pytorch", {"base_tag": "23.10-py3"})
+    text = templates.render_text("ngc-pytorch", {"base_tag": "23.10-py3"})
     assert "FROM nvcr.io/nvidia/pytorch:23.10-py3\n" in text
-    habana = images.render_text("habana", {"synapse_version": "1.17.1", "torch_version": "2.3.1"})
+    habana = templates.render_text(
+        "habana", {"synapse_version": "1.17.1", "torch_version": "2.3.1"})
     assert (
         "FROM vault.habana.ai/gaudi-docker/1.17.1/ubuntu22.04/habanalabs/"
         "pytorch-installer-2.3.1:latest" in habana
@@ -97,7 +98,7 @@ def test_overrides_reach_the_output() -> None:
 
 def test_unknown_template_lists_known_ones() -> None:
     with pytest.raises(ConfigError) as err:
-        images.load_template("ngc-pytroch")
+        templates.load_template("ngc-pytroch")
     message = str(err.value)
     assert "unknown image template 'ngc-pytroch'" in message
     for name in ("bitfusion", "dle-convnets", "habana", "ngc-pytorch", "singularity"):
@@ -105,7 +106,7 @@ def test_unknown_template_lists_known_ones() -> None:
 
 
 def test_check_vars_reports_unknown_and_wrong_types() -> None:
-    messages = images.check_vars(
+    messages = templates.check_vars(
         "ngc-pytorch", {"bse_tag": "23.10-py3", "apt_packages": "git", "base_tag": 23}
     )
     assert len(messages) == 3
@@ -114,34 +115,34 @@ def test_check_vars_reports_unknown_and_wrong_types() -> None:
     assert "base_tag" in messages[0] and "apt_packages" in messages[0]
     assert "'apt_packages'" in messages[1] and "expected list of strings" in messages[1]
     assert "'base_tag'" in messages[2] and "expected str" in messages[2]
-    assert images.check_vars("habana", {"install_dir": "/srv"}) == []
-    assert images.check_vars("singularity", {"threads": True}) != []  # a bool is not an int
+    assert templates.check_vars("habana", {"install_dir": "/srv"}) == []
+    assert templates.check_vars("singularity", {"threads": True}) != []  # a bool is not an int
 
 
 def test_render_with_bad_values_raises_config_error_with_every_problem() -> None:
     with pytest.raises(ConfigError) as err:
-        images.render_text("ngc-pytorch", {"bse_tag": "x", "install_dir": 3})
+        templates.render_text("ngc-pytorch", {"bse_tag": "x", "install_dir": 3})
     assert len(err.value.problems) == 2
 
 
 def test_coerce_set_parses_by_declared_type() -> None:
-    assert images.coerce_set("singularity", ["threads=4", "bootstrap=docker-daemon"]) == {
+    assert templates.coerce_set("singularity", ["threads=4", "bootstrap=docker-daemon"]) == {
         "threads": 4,
         "bootstrap": "docker-daemon",
     }
-    assert images.coerce_set("ngc-pytorch", ["apt_packages=git, numactl", "pip_packages="]) == {
+    assert templates.coerce_set("ngc-pytorch", ["apt_packages=git, numactl", "pip_packages="]) == {
         "apt_packages": ["git", "numactl"],
         "pip_packages": [],
     }
     # '=' inside the value is kept
-    assert images.coerce_set("ngc-pytorch", ["pip_packages=numpy==1.26"]) == {
+    assert templates.coerce_set("ngc-pytorch", ["pip_packages=numpy==1.26"]) == {
         "pip_packages": ["numpy==1.26"]
     }
 
 
 def test_coerce_set_reports_every_problem() -> None:
     with pytest.raises(ConfigError) as err:
-        images.coerce_set("singularity", ["threads=four", "noequals", "thraeds=2"])
+        templates.coerce_set("singularity", ["threads=four", "noequals", "thraeds=2"])
     text = str(err.value)
     assert "3 problems" in text
     assert "expected an integer, got 'four'" in text
@@ -164,12 +165,12 @@ def test_bool_variables_check_and_coerce(tmp_path: Path, monkeypatch: pytest.Mon
         'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "debian:bookworm"\n'
         '[variables.fast]\ntype = "bool"\ndefault = true\n',
     )
-    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
-    assert images.check_vars("flags", {"fast": False}) == []
-    assert images.check_vars("flags", {"fast": "yes"}) != []
-    assert images.coerce_set("flags", ["fast=no"]) == {"fast": False}
-    assert images.coerce_set("flags", ["fast=TRUE"]) == {"fast": True}
-    assert "ENV X=0" in images.render_text("flags", {"fast": False})
+    monkeypatch.setattr(templates, "IMAGES_DIR", tmp_path)
+    assert templates.check_vars("flags", {"fast": False}) == []
+    assert templates.check_vars("flags", {"fast": "yes"}) != []
+    assert templates.coerce_set("flags", ["fast=no"]) == {"fast": False}
+    assert templates.coerce_set("flags", ["fast=TRUE"]) == {"fast": True}
+    assert "ENV X=0" in templates.render_text("flags", {"fast": False})
 
 
 def test_strict_undefined_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,9 +180,9 @@ def test_strict_undefined_fails_clearly(tmp_path: Path, monkeypatch: pytest.Monk
         "FROM {{ base }}\nENV X={{ not_declared }}\n",
         'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "debian:bookworm"\n',
     )
-    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    monkeypatch.setattr(templates, "IMAGES_DIR", tmp_path)
     with pytest.raises(BuildError) as err:
-        images.render_text("typo")
+        templates.render_text("typo")
     assert "'not_declared' is undefined" in str(err.value)
     assert "typo" in str(err.value)
 
@@ -197,24 +198,24 @@ def test_bad_manifest_reports_every_problem(
         '[variables.n]\ntype = "int"\ndefault = "3"\n'
         '[variables.m]\ntype = "float"\ndefault = 1.0\n',
     )
-    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    monkeypatch.setattr(templates, "IMAGES_DIR", tmp_path)
     with pytest.raises(ConfigError) as err:
-        images.load_template("bad")
+        templates.load_template("bad")
     fields = {p.field for p in err.value.problems}
     assert fields == {"colour", "kind", "template", "variables.n.default", "variables.m.type"}
 
 
 def test_bitfusion_without_parent_needs_the_plan() -> None:
     with pytest.raises(BuildError, match="parent_image"):
-        images.render_text("bitfusion")
+        templates.render_text("bitfusion")
 
 
 def render_context(
     name: str, values: dict[str, object], out: Path, *, workload_dir: Path
 ) -> Path:
     """Write template ``name``'s build context to ``out``; the rendered file's path."""
-    images.write_context(images.context_files(name, values, workload_dir=workload_dir), out)
-    return out / images.load_template(name).output_name
+    templates.write_context(templates.context_files(name, values, workload_dir=workload_dir), out)
+    return out / templates.load_template(name).output_name
 
 
 def test_render_context_writes_dockerfile_workload_and_files(tmp_path: Path) -> None:
@@ -273,7 +274,7 @@ def test_singularity_context_is_a_def_file(tmp_path: Path) -> None:
 def test_child_inherits_forwarded_variables_from_its_parent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    monkeypatch.setattr(templates, "IMAGES_DIR", tmp_path)
     parent_manifest = (
         'kind = "dockerfile"\ntemplate = "Dockerfile.j2"\nbase = "debian:{{ tag }}"\n'
         '[variables.tag]\ntype = "str"\nkind = "image_tag"\ndefault = "bookworm"\n'
@@ -288,24 +289,24 @@ def test_child_inherits_forwarded_variables_from_its_parent(
         '[parent]\ntemplate = "base"\nvariable = "parent_image"\nforward = ["tag"]\n'
         '[variables.parent_image]\ntype = "str"\nkind = "image_ref"\ndefault = ""\n',
     )
-    tag = images.load_template("child").variables["tag"]
+    tag = templates.load_template("child").variables["tag"]
     assert (tag.type, tag.default) == ("str", "bookworm")
     assert tag.description == "forwarded to base: Debian release"
     # a new default in the parent reaches the child (the loaded templates are not stale)
     (tmp_path / "base" / "template.toml").write_text(parent_manifest.replace("bookworm", "trixie"))
-    assert images.load_template("child").defaults()["tag"] == "trixie"
+    assert templates.load_template("child").defaults()["tag"] == "trixie"
 
     child = tmp_path / "child" / "template.toml"
     child.write_text(child.read_text().replace('forward = ["tag"]', 'forward = ["tga"]'))
     with pytest.raises(ConfigError) as err:
-        images.load_template("child")
+        templates.load_template("child")
     assert [(p.field, p.message) for p in err.value.problems] == [
         ("parent.forward", "base declares no 'tga'")
     ]
 
 
 def test_parent_cycle_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    monkeypatch.setattr(templates, "IMAGES_DIR", tmp_path)
     for name, other in (("a", "b"), ("b", "a")):
         _write_template(
             tmp_path,
@@ -316,10 +317,10 @@ def test_parent_cycle_is_a_config_error(tmp_path: Path, monkeypatch: pytest.Monk
             '[variables.p]\ntype = "str"\nkind = "image_ref"\ndefault = ""\n',
         )
     with pytest.raises(ConfigError, match=r"parent.template: cycle: a -> b -> a"):
-        images.load_template("a")
+        templates.load_template("a")
     (tmp_path / "b" / "template.toml").unlink()  # b is no template any more
     with pytest.raises(ConfigError, match=r"parent.template: no template 'b'"):
-        images.load_template("a")
+        templates.load_template("a")
 
 
 # --------------------------------------------------------------------------- injection
@@ -345,7 +346,7 @@ def _variable_cases() -> list[tuple[str, str, str]]:
     return [
         (name, vname, payload)
         for name in sorted(CASES)
-        for vname, var in images.load_template(name).variables.items()
+        for vname, var in templates.load_template(name).variables.items()
         if var.type in ("str", "list")
         for payload in PAYLOADS
     ]
@@ -355,7 +356,7 @@ def _variable_cases() -> list[tuple[str, str, str]]:
 def test_no_variable_lets_a_value_add_a_line_or_run_a_command(
     name: str, vname: str, payload: str
 ) -> None:
-    template = images.load_template(name)
+    template = templates.load_template(name)
     var = template.variables[vname]
     text = PAYLOADS[payload]
     value: Any = [text] if var.type == "list" else text
@@ -364,8 +365,8 @@ def test_no_variable_lets_a_value_add_a_line_or_run_a_command(
     if var.kind in _ONE_LINE_KINDS and one_line:
         assert messages == []  # a host path may have spaces or quotes: it is never pasted
         base = dict(CASES[name]["defaults"])
-        rendered = images.render_text(name, {**base, vname: value})
-        plain = images.render_text(name, base)
+        rendered = templates.render_text(name, {**base, vname: value})
+        plain = templates.render_text(name, base)
         assert rendered.count("\n") == plain.count("\n")
         changed = set(rendered.splitlines()) - set(plain.splitlines())
         # only file variables exist of these kinds: they enter as a sanitized file name
@@ -373,16 +374,16 @@ def test_no_variable_lets_a_value_add_a_line_or_run_a_command(
     else:
         assert len(messages) == 1 and f"'{vname}'" in messages[0], messages
         with pytest.raises(ConfigError) as err:
-            images.coerce_set(name, [f"{vname}={text}"])
+            templates.coerce_set(name, [f"{vname}={text}"])
         assert err.value.problems[0].field == vname
         assert err.value.problems[0].file == "--set"
 
 
 def test_every_str_and_list_variable_declares_a_kind() -> None:
-    for name in images.template_names():
-        for vname, var in images.load_template(name).variables.items():
+    for name in templates.template_names():
+        for vname, var in templates.load_template(name).variables.items():
             if var.type in ("str", "list"):
-                assert var.kind in images.KIND_PATTERNS, (name, vname)
+                assert var.kind in templates.KIND_PATTERNS, (name, vname)
 
 
 @pytest.mark.parametrize(("vname", "value", "quoted"), [
@@ -390,7 +391,7 @@ def test_every_str_and_list_variable_declares_a_kind() -> None:
     ("apt_packages", ["libfoo:amd64", "numactl=2.0.14-3"], "libfoo:amd64 numactl=2.0.14-3"),
 ])
 def test_list_items_are_quoted_in_shell_lines(vname: str, value: list[str], quoted: str) -> None:
-    rendered = images.render_text("ngc-pytorch", {vname: value})
+    rendered = templates.render_text("ngc-pytorch", {vname: value})
     assert quoted in rendered
 
 
@@ -403,7 +404,7 @@ def test_list_items_are_quoted_in_shell_lines(vname: str, value: list[str], quot
     ("bitfusion", {"parent_image": PARENT, "client_deb": "~/Downloads/Bitfusion Client.deb"}),
 ])
 def test_real_values_are_accepted(name: str, values: dict[str, Any]) -> None:
-    assert images.check_vars(name, values) == []
+    assert templates.check_vars(name, values) == []
 
 
 @pytest.mark.parametrize(("name", "values", "needle"), [
@@ -423,7 +424,7 @@ def test_real_values_are_accepted(name: str, values: dict[str, Any]) -> None:
 def test_values_outside_the_kind_pattern_or_range(
     name: str, values: dict[str, Any], needle: str
 ) -> None:
-    (message,) = images.check_vars(name, values)
+    (message,) = templates.check_vars(name, values)
     assert needle in message
 
 
@@ -441,9 +442,9 @@ def test_manifest_variables_need_a_kind_and_a_valid_default(
         '[variables.d]\ntype = "str"\nkind = "name"\npattern = "(["\ndefault = "x"\n'
         '[variables.e]\ntype = "str"\nkind = "name"\nfile = true\ndefault = "x"\n',
     )
-    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path)
+    monkeypatch.setattr(templates, "IMAGES_DIR", tmp_path)
     with pytest.raises(ConfigError) as err:
-        images.load_template("bad")
+        templates.load_template("bad")
     got = {p.field: p.message for p in err.value.problems}
     assert set(got) == {"variables.a", "variables.b", "variables.c", "variables.d.pattern",
                         "variables.e"}
@@ -460,7 +461,7 @@ def test_a_file_variable_enters_the_context_under_a_safe_name(tmp_path: Path) ->
     cert = tmp_path / "ca.pem"
     cert.write_text("cert")
     values = {"parent_image": PARENT, "client_deb": str(deb), "ca_cert": str(cert)}
-    files = images.context_files("bitfusion", values, workload_dir=tmp_path)
+    files = templates.context_files("bitfusion", values, workload_dir=tmp_path)
     assert "Bitfusion_Client___x_.deb" in files
     assert "COPY Bitfusion_Client___x_.deb /tmp/" in files["Dockerfile"].decode()
 
@@ -478,21 +479,21 @@ def test_a_folder_variable_enters_the_context_whole_and_an_unset_one_not_at_all(
     values = {"parent_image": PARENT, "dle_dir": str(checkout)}
     workload = tmp_path / "workload"
     workload.mkdir()
-    files = images.context_files("dle-convnets", values, workload_dir=workload)
+    files = templates.context_files("dle-convnets", values, workload_dir=workload)
     assert {k for k in files if k.startswith("Conv_Nets__lab_/")} == {
         "Conv_Nets__lab_/main.py", "Conv_Nets__lab_/image_classification/logger.py"}
     text = files["Dockerfile"].decode()
     assert "COPY Conv_Nets__lab_ /workspace/dle-convnets/\n" in text
     assert "dllogger" not in text.lower().replace("orchestrate_dle_dir", "")
     with pytest.raises(ConfigError) as err:
-        images.context_files("dle-convnets", {**values, "dle_dir": str(tmp_path / "nowhere")},
+        templates.context_files("dle-convnets", {**values, "dle_dir": str(tmp_path / "nowhere")},
                              workload_dir=workload)
     assert err.value.problems[0].field == "dle_dir"
     assert "file or folder" in err.value.problems[0].message
 
 
 def test_matrix_image_vars_are_checked_by_kind(tmp_path: Path) -> None:
-    from orchestrator.matrix import load_matrix
+    from orchestrator.plan.matrix import load_matrix
 
     path = tmp_path / "m.toml"
     path.write_text(

@@ -13,19 +13,27 @@ from pathlib import Path
 import pytest
 from ssh_support import free_port
 
-from orchestrator import cli, imagestate, selection
-from orchestrator.commands.images import refresh_lines
+from orchestrator import cli
+from orchestrator.cli.image_commands import refresh_lines
+from orchestrator.config.inventory import load_hosts
 from orchestrator.errors import ConfigError
-from orchestrator.hosts import load_hosts
-from orchestrator.imagestate import (
+from orchestrator.images import state as imagestate
+from orchestrator.images.refresh import (
+    HostRefresh,
+    ImageRefresh,
+    RefreshReport,
+    refresh,
+    wanted_images,
+)
+from orchestrator.images.state import (
     ImageRecord,
     ImageState,
     load_state,
     state_path,
     update_state,
 )
-from orchestrator.matrix import load_matrix
-from orchestrator.refresh import HostRefresh, ImageRefresh, RefreshReport, refresh, wanted_images
+from orchestrator.plan import selection
+from orchestrator.plan.matrix import load_matrix
 
 
 def record(host: str = "a", hardware: str = "h100", **kw: object) -> ImageRecord:

@@ -14,13 +14,20 @@ from pathlib import Path
 import pytest
 from dllogger_support import run_program
 
-from orchestrator import importer
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError
-from orchestrator.fom import FiguresConfig
-from orchestrator.importer import ImportOptions, import_results, plan_import
-from orchestrator.matrix import load_matrix
-from orchestrator.results import CellResult, RunPaths, Status, read_json, runs_of, write_json
+from orchestrator.plan.matrix import load_matrix
+from orchestrator.results import importer
+from orchestrator.results.figure_parsers import FiguresConfig
+from orchestrator.results.importer import ImportOptions, import_results, plan_import
+from orchestrator.results.run_folder import (
+    CellResult,
+    RunPaths,
+    Status,
+    read_json,
+    runs_of,
+    write_json,
+)
 from orchestrator.sweep import plan_json
 
 MATRIX = """\
@@ -156,7 +163,7 @@ def test_repeats_and_several_files_in_one_run(logs, results):
                                  options(results))
     assert plan.cell_ids == ["v100-g1-bs32-amp-r1", "v100-g1-bs32-amp-r2",
                              "v100-g1-bs32-fp32-r1"]
-    rows = {r.group: r for r in __import__("orchestrator.summary").summary.summarize(
+    rows = {r.group: r for r in __import__("orchestrator.results.summary").summary.summarize(
         paths.results())}
     assert rows["v100-g1-bs32-amp"].ok == 2
 
@@ -321,7 +328,7 @@ def test_failure_while_writing_leaves_nothing(logs, results, monkeypatch):
     def boom(*args, **kw):
         raise OSError("disk full")
 
-    monkeypatch.setattr("orchestrator.summary.write_summary", boom)
+    monkeypatch.setattr("orchestrator.results.summary.write_summary", boom)
     with pytest.raises(OSError, match="disk full"):
         import_results([logs["amp"][0]], options(results))
     assert entries_of(results) == before  # no run, no hidden temporary folder

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import ORCHESTRATOR_PARAMS, CellParams, HardwareProfile, Program
-from orchestrator.launch import (
+from orchestrator.config.matrix_file import (
+    ORCHESTRATOR_PARAMS,
+    CellParams,
+    HardwareProfile,
+    Program,
+)
+from orchestrator.plan.launch import (
     NodeRole,
     node_roles,
     python_launcher,
@@ -20,8 +25,8 @@ from orchestrator.launch import (
     workload_env,
     workload_flags,
 )
-from orchestrator.matrix import Cell
-from orchestrator.placement import Allocation, Slot
+from orchestrator.plan.matrix import Cell
+from orchestrator.plan.placement import Allocation, Slot
 from workload.cli import build_parser
 
 #: Workload options the orchestrator sets itself (not cell parameters).

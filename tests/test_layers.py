@@ -1,89 +1,51 @@
-"""The package's layers: no module imports one of a higher layer, and no imports go in circles.
+"""The package's layers: each package imports only what its docstring says, all of it lower.
+
+The layers are the packages of ``orchestrator/`` (and three single modules), lowest first, in
+:data:`LAYERS`. Each one's docstring ends with a ``May import:`` line naming the layers below it
+that it uses; the tests here check that
+
+* every module belongs to exactly one layer, and every layer is there;
+* the ``May import:`` line names only lower layers (the order is a line, not a web);
+* no module imports a layer its package's line does not name, and no imports go in circles;
+* the backends never import each other, and of the results only the importer sees a plan.
 
 Every import counts: at the top of a module, inside a function (a lazy import is still a
 dependency) and under ``TYPE_CHECKING``. The graph is read with :mod:`ast` from the source, so
-nothing is imported to check it. A new module must be placed in :data:`LAYERS` deliberately.
-
-The layers, lowest first (a module may import its own layer and the ones below):
-
-1. the package root (``__version__``) and ``errors``: everything may raise them;
-2. ``config``: the matrix file's models, with what they stand on alone: how a user file is
-   read and validated (``userfiles``), the ``[figures]`` table's models (``fom_config``) and
-   the argv template mechanics (``argv_template``);
-3. files and facts, each standing on config and errors only: run folders and results, host
-   inventories, GPU discovery parsers, image templates, the NGC release table, the profilers'
-   command lines and CSV figures, the throttle re-run rule, which values are secret, the
-   user's defaults;
-4. reports built from what is on disk (tables, trends, plots, the ETA): they never see a matrix
-   or a backend, so a report can be rebuilt from any old run;
-5. ``matrix``: expansion into cells;
-6. ``placement`` and ``launch``: where a cell runs and the command that runs it (pure);
-7. the outside world: the Docker engine, SSH, Docker over SSH, image builds, a cell's local
-   processes, locks on this machine's GPUs;
-7b. the semantic checks ("can this run"): a matrix against the stacks its cells run on;
-8. the backend base and the registry of backends;
-9. what several backends share: containers, remote executions;
-10. the backends themselves; **isolated**: no backend imports another;
-11. ``sweep``: the pipeline;
-12. the CLI's command groups; 13. the CLI.
+nothing is imported to check it.
 
 ``workload/`` (the program inside the images) imports nothing of ``orchestrator``, and
-``orchestrator`` imports nothing of ``workload``: JSON lines are the only contract.
+``orchestrator`` imports nothing of ``workload`` but one stdlib-only module: JSON lines are the
+contract.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: (layer name, modules, isolated: whether modules of the layer may import each other).
-LAYERS: list[tuple[str, tuple[str, ...], bool]] = [
-    ("foundation", ("orchestrator", "orchestrator.errors"), False),
-    ("statistics", ("orchestrator.stats",), False),
-    ("run-folder values", ("orchestrator.results",), False),
-    ("config", ("orchestrator.userfiles", "orchestrator.argv_template", "orchestrator.fom_config",
-                "orchestrator.config"), False),
-    ("files and facts", (
-        "orchestrator.hosts", "orchestrator.gpus",
-        "orchestrator.images", "orchestrator.releases", "orchestrator.stacks",
-        "orchestrator.dllog", "orchestrator.fom", "orchestrator.store", "orchestrator.references",
-        "orchestrator.profilers", "orchestrator.profile_figures", "orchestrator.rerun",
-        "orchestrator.redact", "orchestrator.userconfig", "orchestrator.imagestate",
-    ), False),
-    ("reports", (
-        "orchestrator.summary", "orchestrator.history", "orchestrator.compare",
-        "orchestrator.export", "orchestrator.plots", "orchestrator.report_html",
-    ), False),
-    ("matrix", ("orchestrator.matrix",), False),
-    ("import of results made elsewhere", ("orchestrator.importer",), False),
-    ("placement and launch", (
-        "orchestrator.placement", "orchestrator.launch", "orchestrator.ordering",
-        "orchestrator.eta", "orchestrator.selection", "orchestrator.apptainer",
-    ), False),
-    ("outside world", (
-        "orchestrator.engine", "orchestrator.ssh", "orchestrator.ssh_docker",
-        "orchestrator.build", "orchestrator.cellprocs", "orchestrator.locks",
-        "orchestrator.refresh", "orchestrator.sif", "orchestrator.remote_locks",
-    ), False),
-    ("semantic checks", ("orchestrator.checks",), False),
-    ("backend base", ("orchestrator.backends", "orchestrator.backends.base"), False),
-    ("shared by backends", (
-        "orchestrator.backends.containers", "orchestrator.backends.remote",
-    ), False),
-    ("backends", (
-        "orchestrator.backends.process", "orchestrator.backends.docker",
-        "orchestrator.backends.ssh", "orchestrator.backends.slurm",
-    ), True),
-    ("sweep", ("orchestrator.sweep",), False),
-    ("commands", (
-        "orchestrator.commands", "orchestrator.commands.sweep", "orchestrator.commands.images",
-        "orchestrator.commands.hosts", "orchestrator.commands.maintenance",
-        "orchestrator.commands.importing", "orchestrator.commands.results",
-    ), False),
-    ("cli", ("orchestrator.cli", "orchestrator.__main__"), False),
+#: The layers, lowest first: (name, the package or modules it is).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("errors", ("orchestrator", "orchestrator.errors")),
+    ("config", ("orchestrator.config",)),
+    ("catalog", ("orchestrator.catalog",)),
+    ("plan", ("orchestrator.plan",)),
+    ("results", ("orchestrator.results",)),
+    ("local", ("orchestrator.local",)),
+    ("remote", ("orchestrator.remote",)),
+    ("images", ("orchestrator.images",)),
+    ("backends", ("orchestrator.backends",)),
+    ("sweep", ("orchestrator.sweep",)),
+    ("cli", ("orchestrator.cli", "orchestrator.__main__")),
 ]
+#: Backends that never import one another (what they share lives in base / containers /
+#: remote_executions).
+ISOLATED = ("orchestrator.backends.process", "orchestrator.backends.docker",
+            "orchestrator.backends.ssh", "orchestrator.backends.slurm")
+#: The one results module that may expand a matrix (an import joins a matrix's groups).
+RESULTS_SEEING_A_PLAN = {"orchestrator.results.importer"}
 PACKAGES = ("orchestrator", "workload")
 #: The one way across the workload boundary: the orchestrator reads figures of programs it did
 #: not write (DLLogger logs) by the workload's own pure metric rules (no torch import), so one
@@ -133,36 +95,71 @@ def graph() -> dict[str, set[str]]:
     return {name: imports_of(name, path, known) for name, path in mods.items()}
 
 
-def layer_of() -> dict[str, int]:
-    return {m: i for i, (_, members, _) in enumerate(LAYERS) for m in members}
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of the layer ``module`` belongs to (longest prefix)."""
+    hits = [(len(member), i) for i, (_, members) in enumerate(LAYERS) for member in members
+            if module == member or (member != "orchestrator" and module.startswith(member + "."))]
+    return max(hits)[1] if hits else None
+
+
+def declared(index: int) -> set[str]:
+    """The layers named on the ``May import:`` line of a layer's (first entry's) docstring."""
+    name = LAYERS[index][1][-1] if index == 0 else LAYERS[index][1][0]
+    path = modules()[name]
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    lines = [line for line in doc.splitlines() if line.startswith("May import:")]
+    assert len(lines) == 1, f"{path}: the docstring needs one 'May import:' line"
+    text = re.sub(r"\([^)]*\)", "", lines[0].partition(":")[2])  # drop "(the importer only)"
+    names = {w.strip(" .") for w in text.split(",")} - {"nothing", ""}
+    known = {n for n, _ in LAYERS}
+    assert names <= known, f"{path}: 'May import:' names unknown layers {sorted(names - known)}"
+    return names
 
 
 def test_every_module_has_a_layer() -> None:
-    placed = layer_of()
-    listed = [m for _, members, _ in LAYERS for m in members]
-    assert len(listed) == len(set(listed)), "a module is listed in two layers"
-    package = {m for m in modules() if m.split(".")[0] == "orchestrator"}
-    assert sorted(package - set(placed)) == [], "place new modules in LAYERS (tests/test_layers.py)"
-    assert sorted(set(placed) - package) == [], "LAYERS names modules that do not exist"
+    package = [m for m in modules() if m.split(".")[0] == "orchestrator"]
+    assert [m for m in package if layer_of(m) is None] == [], "put new modules in a layer's package"
+    listed = [m for _, members in LAYERS for m in members]
+    assert sorted(set(listed) - set(package)) == [], "LAYERS names modules that do not exist"
+    assert len(LAYERS) <= 12, "about ten layers: a new one needs a reason"
 
 
-def test_no_module_imports_a_higher_layer() -> None:
-    placed = layer_of()
-    isolated = {m for _, members, alone in LAYERS if alone for m in members}
-    upward = []
-    for name, deps in graph().items():
-        if name not in placed:
+def test_each_layer_declares_only_lower_layers() -> None:
+    order = [n for n, _ in LAYERS]
+    for i, (name, _) in enumerate(LAYERS):
+        higher = {n for n in declared(i) if order.index(n) >= i}
+        assert not higher, f"layer {name!r} declares {sorted(higher)}: not below it"
+
+
+def test_no_module_imports_what_its_layer_does_not_declare() -> None:
+    order = [n for n, _ in LAYERS]
+    allowed = {i: declared(i) for i in range(len(LAYERS))}
+    wrong = []
+    for module, deps in graph().items():
+        mine = layer_of(module)
+        if mine is None:
             continue
         for dep in sorted(deps):
-            if dep not in placed:
+            theirs = layer_of(dep)
+            if theirs is None or theirs == mine:
                 continue
-            if placed[dep] > placed[name]:
-                upward.append(f"{name} ({LAYERS[placed[name]][0]}) imports {dep} "
-                              f"({LAYERS[placed[dep]][0]})")
-            elif placed[dep] == placed[name] and name in isolated:
-                upward.append(f"{name} imports {dep}: modules of layer "
-                              f"{LAYERS[placed[name]][0]!r} must not import each other")
-    assert not upward, "upward imports:\n" + "\n".join(upward)
+            if order[theirs] not in allowed[mine]:
+                wrong.append(f"{module} ({order[mine]}) imports {dep} ({order[theirs]}), "
+                             f"which layer {order[mine]!r} does not declare")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_backends_do_not_import_each_other() -> None:
+    edges = graph()
+    wrong = [f"{a} imports {b}" for a in ISOLATED for b in sorted(edges[a]) if b in ISOLATED]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_reports_never_see_a_plan() -> None:
+    wrong = [f"{m} imports {d}" for m, deps in graph().items()
+             if m.startswith("orchestrator.results.") and m not in RESULTS_SEEING_A_PLAN
+             for d in sorted(deps) if d.startswith("orchestrator.plan")]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_workload_and_orchestrator_never_import_each_other() -> None:
@@ -199,11 +196,10 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-def test_every_registered_backend_is_in_the_backends_layer() -> None:
+def test_every_registered_backend_is_an_isolated_backend() -> None:
     from orchestrator.backends import _REGISTRY
 
-    backends = next(members for name, members, _ in LAYERS if name == "backends")
-    assert sorted(t.partition(":")[0] for t in _REGISTRY.values()) == sorted(backends)
+    assert sorted(t.partition(":")[0] for t in _REGISTRY.values()) == sorted(ISOLATED)
 
 
 def test_the_checker_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:

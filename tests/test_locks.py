@@ -22,8 +22,8 @@ import pytest
 from lock_support import acquire
 from workload_support import tiny_matrix
 
-from orchestrator import cellprocs
-from orchestrator.locks import Holder, LockBusy, LockRequest, LockWaitCancelled
+from orchestrator.local import cell_processes
+from orchestrator.local.locks import Holder, LockBusy, LockRequest, LockWaitCancelled
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,4 +166,4 @@ def test_the_lock_of_a_sweep_killed_with_sigkill_is_released(tmp_path):
         assert result_of(results, "second")["status"] == "ok"
     finally:
         (run,) = results.glob("first/*")
-        cellprocs.kill_marked(f"first/{run.name}/", prefix=True)  # the killed sweep's workload
+        cell_processes.kill_marked(f"first/{run.name}/", prefix=True)  # the killed sweep's workload

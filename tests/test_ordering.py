@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import CellParams
-from orchestrator.eta import Eta
-from orchestrator.matrix import Cell
-from orchestrator.ordering import order_cells
+from orchestrator.config.matrix_file import CellParams
+from orchestrator.plan.eta import Eta
+from orchestrator.plan.matrix import Cell
+from orchestrator.plan.ordering import order_cells
 
 
 def cells(specs: list[tuple[str, int]], repeats: int = 2) -> list[Cell]:

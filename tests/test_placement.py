@@ -13,8 +13,8 @@ from collections import defaultdict
 import pytest
 
 from benchmarks.list_scheduling import lower_bound, schedule
-from orchestrator.hosts import parse_hosts
-from orchestrator.placement import (
+from orchestrator.config.inventory import parse_hosts
+from orchestrator.plan.placement import (
     Allocation,
     GpuPool,
     HostSpec,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.results import CellResult, RunPaths, Status, write_json
-from orchestrator.summary import GroupRow
+from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.results.summary import GroupRow
 
 pytest.importorskip("matplotlib", reason="the plots extra is not installed")
 
@@ -59,7 +59,7 @@ def axes_of(draw, rows):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from orchestrator import plots
+    from orchestrator.results import plots
 
     fig, ax = plt.subplots()
     draw(ax, rows, plt)
@@ -67,7 +67,7 @@ def axes_of(draw, rows):
 
 
 def test_bars_are_coloured_by_precision_with_error_bars_only_for_repeats():
-    from orchestrator.plots import _bars
+    from orchestrator.results.plots import _bars
 
     rows = [row("fp32", 8, 100.0, ok=3), row("bf16", 8, 150.0, ok=1), row("fp32", 16, 180.0, 3)]
     fig, ax, _ = axes_of(_bars, rows)
@@ -83,7 +83,7 @@ def test_bars_are_coloured_by_precision_with_error_bars_only_for_repeats():
 
 
 def test_values_spanning_decades_get_a_log_scale():
-    from orchestrator.plots import _bars, spans_decades
+    from orchestrator.results.plots import _bars, spans_decades
 
     rows = [row("fp32", 1, 5.0, ok=1), row("fp32", 256, 4000.0, ok=1)]
     _, ax, _ = axes_of(_bars, rows)
@@ -92,7 +92,7 @@ def test_values_spanning_decades_get_a_log_scale():
 
 
 def test_subtitle_names_the_stack_and_repeats():
-    from orchestrator.plots import stack_line
+    from orchestrator.results.plots import stack_line
 
     line = stack_line({"torch": ["2.4.0"], "cuda": ["12.4"], "gpu": ["NVIDIA H100"],
                        "host": ["dgx1", "dgx2"]}, 5)

@@ -1,4 +1,5 @@
-"""Profiler command lines (orchestrator/profilers.py) and the checks that refuse a tool a GPU or
+"""Profiler command lines (orchestrator/plan/profilers.py) and the checks that refuse a tool a GPU
+or
 an image cannot run.
 
 Every command line is compared with a golden file under ``tests/golden/profiler-*.argv`` (one
@@ -16,9 +17,8 @@ import pytest
 from golden_support import check_golden
 from pydantic import ValidationError
 
-from orchestrator import gpus, profilers
-from orchestrator.checks import refuse_unrunnable
-from orchestrator.config import (
+from orchestrator.catalog import gpus
+from orchestrator.config.matrix_file import (
     DEFAULT_NCU_METRICS,
     CellParams,
     HardwareProfile,
@@ -27,8 +27,10 @@ from orchestrator.config import (
     NvprofOptions,
 )
 from orchestrator.errors import ConfigError
-from orchestrator.launch import workload_argv
-from orchestrator.matrix import Cell, load_matrix
+from orchestrator.plan import profilers
+from orchestrator.plan.checks import refuse_unrunnable
+from orchestrator.plan.launch import workload_argv
+from orchestrator.plan.matrix import Cell, load_matrix
 
 #: A foreign command: DeepLearningExamples' ResNet-50 training, as its README starts it.
 DLE = ["python", "./main.py", "--arch", "resnet50", "-b", "256", "--amp", "--epochs", "1",
@@ -150,7 +152,7 @@ def test_nvprof_is_refused_on_ampere_and_later_and_on_cuda_12() -> None:
 
 
 def _errors(path: Path) -> list[str]:
-    """What `validate` refuses in a matrix (orchestrator.checks: one place for can-it-run)."""
+    """What `validate` refuses in a matrix (orchestrator.plan.checks: one place for can-it-run)."""
     with pytest.raises(ConfigError) as err:
         refuse_unrunnable(load_matrix(path))
     return [str(p) for p in err.value.problems]

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import releases
+from orchestrator.catalog import releases
+from orchestrator.catalog.releases import Release, driver_key, load_releases, resolve_release
 from orchestrator.errors import ConfigError
-from orchestrator.releases import Release, driver_key, load_releases, resolve_release
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 The "lab hosts" are real sshd servers on loopback (tests/ssh_support.py): the lock script runs
 in a real sshd session with this machine's ``sh`` and ``flock(1)``, so the lock folder "on the
-host" is a folder of this machine, and a local :class:`~orchestrator.locks.FileLocker` on the
+host" is a folder of this machine, and a local :class:`~orchestrator.local.locks.FileLocker` on the
 same folder meets the remote locks exactly as a local sweep on a lab host would. The sweeps at
 the end are real ssh-backend sweeps (Docker over SSH, the tiny real workload on the CPU); their
 inventories list fake GPU ids, which the cells lock as GPU cells do. The unit tests at the top
@@ -29,11 +29,11 @@ from docker_support import cpu_container_matrix
 from lock_support import acquire
 from ssh_support import SshdFactory, SshdServer, write_inventory
 
+from orchestrator.config.inventory import load_hosts, parse_hosts
 from orchestrator.errors import ConfigError, LaunchError
-from orchestrator.hosts import load_hosts, parse_hosts
-from orchestrator.locks import Holder, LockBusy, LockRequest, LockWaitCancelled, hold
-from orchestrator.remote_locks import LOCK_SCRIPT, SshLocker, lock_argv, remote_lock_dir
-from orchestrator.ssh import SshHost
+from orchestrator.local.locks import Holder, LockBusy, LockRequest, LockWaitCancelled, hold
+from orchestrator.remote.connection import SshHost
+from orchestrator.remote.ssh_locker import LOCK_SCRIPT, SshLocker, lock_argv, remote_lock_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = "/tmp/orchestrate lock's $(touch pwned) `x`;dir"
@@ -254,10 +254,10 @@ def test_two_hosts_are_locked_in_name_order_and_an_error_releases_the_first(
 
 HOLDER = """
 import sys, time
-from orchestrator.hosts import load_hosts
-from orchestrator.locks import Holder, LockRequest, hold
-from orchestrator.remote_locks import SshLocker, remote_lock_dir
-from orchestrator.ssh import SshHost
+from orchestrator.config.inventory import load_hosts
+from orchestrator.local.locks import Holder, LockRequest, hold
+from orchestrator.remote.ssh_locker import SshLocker, remote_lock_dir
+from orchestrator.remote.connection import SshHost
 inv = load_hosts(sys.argv[1])
 name = inv.names[0]
 hold([LockRequest(name, (0,))], Holder("killed/r1", "c"),
@@ -335,8 +335,8 @@ class Said:
 def test_an_ssh_sweep_waits_for_its_gpu_held_on_the_host_and_not_for_another(
     lab, tmp_path: Path, docker_client: Any, base_image: str
 ) -> None:
-    from orchestrator.matrix import load_matrix
-    from orchestrator.results import Status
+    from orchestrator.plan.matrix import load_matrix
+    from orchestrator.results.run_folder import Status
     from orchestrator.sweep import run_sweep
 
     server, hosts, folder = lab
@@ -383,8 +383,8 @@ def test_an_ssh_sweep_waits_for_its_gpu_held_on_the_host_and_not_for_another(
 def test_no_wait_fails_the_ssh_cell_saying_who_holds_the_gpu(
     lab, tmp_path: Path, docker_client: Any, base_image: str
 ) -> None:
-    from orchestrator.matrix import load_matrix
-    from orchestrator.results import Status
+    from orchestrator.plan.matrix import load_matrix
+    from orchestrator.results.run_folder import Status
     from orchestrator.sweep import run_sweep
 
     server, _, folder = lab
@@ -440,9 +440,9 @@ def test_the_ssh_backend_locks_every_host_of_a_cell_in_name_order(tmp_path: Path
     """No engine, no sshd: what the backend asks to lock, and where."""
     from orchestrator.backends.base import RunOptions
     from orchestrator.backends.ssh import SshDockerBackend
-    from orchestrator.matrix import load_matrix
-    from orchestrator.placement import Allocation, Slot
-    from orchestrator.results import RunPaths
+    from orchestrator.plan.matrix import load_matrix
+    from orchestrator.plan.placement import Allocation, Slot
+    from orchestrator.results.run_folder import RunPaths
 
     matrix = load_matrix(sweep_matrix(tmp_path, "mn", "unused:1", "multi_node = true"))
     hosts = tmp_path / "hosts.toml"
@@ -475,7 +475,7 @@ def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
     first; the first dies by SIGKILL; its host lock goes with its connection; the second runs."""
     from docker_support import run_containers
 
-    from orchestrator.backends.remote import REMOTE_ROOT
+    from orchestrator.backends.remote_executions import REMOTE_ROOT
 
     server, _, folder = lab
     hosts = inventory(tmp_path, server, folder, gpus=(0,))

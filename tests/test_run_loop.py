@@ -40,9 +40,9 @@ from workload_support import tiny_matrix
 from orchestrator import sweep
 from orchestrator.backends.base import Execution, ExitInfo, RunOptions
 from orchestrator.errors import ConfigError, LaunchError
-from orchestrator.launch import LaunchSpec
-from orchestrator.matrix import Matrix, load_matrix
-from orchestrator.results import RunPaths, Status
+from orchestrator.plan.launch import LaunchSpec
+from orchestrator.plan.matrix import Matrix, load_matrix
+from orchestrator.results.run_folder import RunPaths, Status
 from orchestrator.sweep import NullEvents, run_cells, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

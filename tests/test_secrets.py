@@ -24,11 +24,11 @@ from orchestrator import sweep
 from orchestrator.backends.base import Backend, RunOptions
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.process import ProcessBackend
+from orchestrator.config.redact import MASK, looks_secret, redact_toml
 from orchestrator.errors import ConfigError
-from orchestrator.launch import LaunchSpec
-from orchestrator.matrix import Matrix, load_matrix
-from orchestrator.redact import MASK, looks_secret, redact_toml
-from orchestrator.results import RunPaths, Status
+from orchestrator.plan.launch import LaunchSpec
+from orchestrator.plan.matrix import Matrix, load_matrix
+from orchestrator.results.run_folder import RunPaths, Status
 from orchestrator.sweep import NullEvents, SweepOutcome
 
 LITERAL = "hf_literal_secret_0123456789"
@@ -185,7 +185,7 @@ def test_containers_get_resolved_secrets_at_launch_only(write_matrix, tmp_path, 
     """The container's environment (what the engine stores, `docker inspect` shows) has the
     values; the spec written as command.json does not. As built: no engine needed."""
     from orchestrator.backends.containers import container_kwargs
-    from orchestrator.placement import Allocation
+    from orchestrator.plan.placement import Allocation
 
     monkeypatch.setenv(SOURCE, FROM_ENV)
     matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import build, selection
+from orchestrator.catalog.gpus import GpuInfo, HostFacts
 from orchestrator.errors import ConfigError
-from orchestrator.gpus import GpuInfo, HostFacts
-from orchestrator.matrix import Matrix, load_matrix
-from orchestrator.selection import HostDriver, ImageKey, NoRelease
+from orchestrator.images import build
+from orchestrator.plan import selection
+from orchestrator.plan.matrix import Matrix, load_matrix
+from orchestrator.plan.selection import HostDriver, ImageKey, NoRelease
 
 MATRIX = """
 [matrix]
@@ -170,7 +171,7 @@ def test_nvidia_smi_output_as_hosts_print_it_decides_the_release(
 ) -> None:
     """The query lines of nvidia-smi (saved samples of that output format) through the probe's
     parser: the driver and the oldest GPU a host reports pick its release."""
-    from orchestrator.gpus import parse_gpu_csv
+    from orchestrator.catalog.gpus import parse_gpu_csv
 
     found, drv = parse_gpu_csv((DATA / sample).read_text())
     host = HostDriver.from_facts(HostFacts("h", True, gpus=tuple(found), driver=drv,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from ssh_support import SshdServer, _keygen, write_inventory
 
+from orchestrator.config.inventory import load_hosts
 from orchestrator.errors import HostError, HostUnreachable
-from orchestrator.hosts import load_hosts
-from orchestrator.ssh import RemoteTimeout, SshHost, UnknownHostKey, build_command
+from orchestrator.remote.connection import RemoteTimeout, SshHost, UnknownHostKey, build_command
 
 pytestmark = pytest.mark.ssh
 

@@ -13,9 +13,9 @@ import pytest
 from ssh_support import SshdServer, write_inventory
 
 from orchestrator.cli import main
+from orchestrator.config.inventory import load_hosts, parse_hosts
 from orchestrator.errors import HostError, HostUnreachable
-from orchestrator.hosts import load_hosts, parse_hosts
-from orchestrator.ssh import SshHost, key_file_problem
+from orchestrator.remote.connection import SshHost, key_file_problem
 
 
 def _inventory_with_key(tmp_path: Path, server: SshdServer, key: Path) -> Path:
@@ -100,7 +100,7 @@ def test_an_ssh_library_error_in_hosts_check_is_the_hosts_reason(
 ) -> None:
     """A fake: discover() raising what paramiko raises outside the wrapped calls (an SSH
     protocol error half-way through a probe) must become that host's reason."""
-    from orchestrator.commands import hosts as hosts_command
+    from orchestrator.cli import host_commands as hosts_command
 
     def broken(host: object, timeout: float) -> None:
         raise paramiko.SSHException("Channel closed.")

@@ -21,7 +21,7 @@ import pytest
 import torchvision
 from workload_support import REPO, env, floor_python
 
-from orchestrator import releases, stacks
+from orchestrator.catalog import releases, stacks
 
 DATA = REPO / "orchestrator" / "data"
 TABLE: dict[str, Any] = tomllib.loads((DATA / "ngc_releases.toml").read_text())

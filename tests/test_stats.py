@@ -8,7 +8,8 @@ from collections import Counter
 
 import pytest
 
-from orchestrator.stats import (
+from orchestrator.config.syntax import parse_percent
+from orchestrator.results.stats import (
     between_run_variance,
     compare_samples,
     detectable_drop,
@@ -17,7 +18,6 @@ from orchestrator.stats import (
     median_bootstrap,
     median_index_pmf,
     median_log_variance,
-    parse_percent,
     quantile,
     regression_test,
     student_t_cdf,

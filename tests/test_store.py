@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from results_support import Config, day, params, run_id, write_run
 
-from orchestrator import store as store_mod
 from orchestrator.errors import ConfigError
-from orchestrator.results import read_json, write_json
-from orchestrator.store import (
+from orchestrator.results import store as store_mod
+from orchestrator.results.run_folder import read_json, write_json
+from orchestrator.results.store import (
     INDEX_NAME,
     Stack,
     open_store,
@@ -279,8 +279,8 @@ WRITER = textwrap.dedent("""
     from pathlib import Path
     sys.path[:0] = [sys.argv[2], sys.argv[2] + "/tests"]
     from results_support import Config, params, write_run
-    from orchestrator.store import open_store
-    from orchestrator.results import read_json, write_json
+    from orchestrator.results.store import open_store
+    from orchestrator.results.run_folder import read_json, write_json
     root = Path(sys.argv[1])
     with open_store(root) as store:
         for n in range(40):
@@ -303,7 +303,7 @@ READER = textwrap.dedent("""
     import sys, json
     from pathlib import Path
     sys.path[:0] = [sys.argv[2], sys.argv[2] + "/tests"]
-    from orchestrator.store import open_store
+    from orchestrator.results.store import open_store
     root = Path(sys.argv[1])
     queries, bad, refreshes = 0, [], 0
     while True:

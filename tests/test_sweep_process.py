@@ -21,8 +21,8 @@ import pytest
 from service_support import communicate_or_dump
 from workload_support import tiny_matrix
 
-from orchestrator.matrix import load_matrix
-from orchestrator.results import RunPaths, Status
+from orchestrator.plan.matrix import load_matrix
+from orchestrator.results.run_folder import RunPaths, Status
 from orchestrator.sweep import run_sweep
 
 pytestmark = pytest.mark.slow
@@ -92,7 +92,7 @@ def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path):
     assert "images/s (median)" in outcome.table
 
     # a report rebuilt from disk alone gives the same table
-    from orchestrator.summary import write_summary
+    from orchestrator.results.summary import write_summary
 
     _, table = write_summary(RunPaths(paths.root))
     assert table == outcome.table
@@ -191,7 +191,7 @@ def test_cells_needing_more_gpus_than_the_machine_has_are_unplaceable(
     write_matrix, tmp_path, monkeypatch, request
 ):
     """This machine has no GPU: a stand-in `nvidia-smi` on PATH reports two (its query format)."""
-    from orchestrator import gpus
+    from orchestrator.catalog import gpus
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -20,13 +20,13 @@ import pytest
 from backend_support import FakeExecution, Script, line
 
 from orchestrator.backends.base import Backend, Execution, ExitInfo, RunOptions
-from orchestrator.config import MatrixSettings
-from orchestrator.launch import LaunchSpec
-from orchestrator.matrix import Cell, load_matrix
-from orchestrator.placement import Allocation
-from orchestrator.rerun import should_rerun, throttled
-from orchestrator.results import CellResult, RunPaths, Status, read_json, write_json
-from orchestrator.summary import (
+from orchestrator.config.matrix_file import MatrixSettings
+from orchestrator.plan.launch import LaunchSpec
+from orchestrator.plan.matrix import Cell, load_matrix
+from orchestrator.plan.placement import Allocation
+from orchestrator.results.rerun import should_rerun, throttled
+from orchestrator.results.run_folder import CellResult, RunPaths, Status, read_json, write_json
+from orchestrator.results.summary import (
     THROTTLE_NOTE,
     render_csv,
     render_table,

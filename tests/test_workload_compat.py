@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from workload_support import FLOOR_ENV, REPO, TINY, Launched, Result, env, floor_python
 
-from orchestrator import stacks
+from orchestrator.catalog import stacks
 from workload.make_dataset import make_dataset
 
 pytestmark = [

@@ -3,7 +3,8 @@
 ``python -m workload.profile_run --tool nsys|ncu|nvprof --out DIR [--no-stats] -- TOOL-ARGV...``
 
 ``TOOL-ARGV`` is the whole profiled command (``nsys profile ... python -m workload ...``), as
-``orchestrator/profilers.py`` builds it; the tool writes its report as ``DIR/profile.*``. Steps:
+``orchestrator/plan/profilers.py`` builds it; the tool writes its report as ``DIR/profile.*``.
+Steps:
 
 1. Check: the tool is on ``PATH`` and, for nvprof, no visible GPU has compute capability 8.0 or
    more (asked from ``nvidia-smi`` when it is there). A failed check prints one JSON ``error``

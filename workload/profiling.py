@@ -15,7 +15,7 @@ stated below.
   be an iteration outside the window with profiler overhead). Collecting the trace at the end of
   the window lands on the iteration after it.
 * ``nsys`` / ``ncu`` / ``nvprof``: a program cannot wrap itself in these tools: the orchestrator
-  starts the tool with its capture range (``orchestrator/profilers.py``). The workload calls
+  starts the tool with its capture range (``orchestrator/plan/profilers.py``). The workload calls
   ``cudaProfilerStart`` before the window's first iteration and, after a device synchronize (so
   the window's last kernels end inside the capture), ``cudaProfilerStop`` after its last; it
   pushes NVTX ranges ``profile`` around the window and ``iteration I`` around each of its

@@ -1,7 +1,13 @@
 """Backends: where and how a cell's workload runs.
 
 Backends are looked up by name; each lives in its own module and is imported only when used,
-so planning a matrix never imports the Docker SDK or paramiko.
+so planning a matrix never imports the Docker SDK or paramiko. :mod:`~orchestrator.backends.base`
+owns what every backend shares (timeouts, log capture, timing, a result from every outcome); a
+backend fills in launch / poll / logs / cancel. :mod:`~orchestrator.backends.containers` and
+:mod:`~orchestrator.backends.remote_executions` are shared by the container and SSH backends. The
+backends themselves (process, docker, ssh, slurm) never import each other.
+
+May import: errors, config, catalog, plan, results, local, remote, images.
 """
 
 from __future__ import annotations

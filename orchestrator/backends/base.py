@@ -2,29 +2,32 @@
 
 :class:`Backend` owns what is the same everywhere: writing the command, streaming output into the
 cell's log, the per-cell timeout, cancellation, timing, and turning an outcome into a
-:class:`~orchestrator.results.CellResult` (:meth:`Backend.run_cell`). A backend fills in a few
+:class:`~orchestrator.results.run_folder.CellResult` (:meth:`Backend.run_cell`). A backend fills in
+a few
 hooks:
 
 - :meth:`Backend.check_available` — can it run here at all (engine, sshd, Slurm)?
 - :meth:`Backend.prepare` — work done once per sweep (build the images the cells need).
 - :meth:`Backend.unplaceable`, :meth:`Backend.allocate`, :meth:`Backend.release` — placement:
-  why a cell can never run here; the :class:`~orchestrator.placement.Allocation` (hosts, GPU
+  why a cell can never run here; the :class:`~orchestrator.plan.placement.Allocation` (hosts, GPU
   ids) of a cell that can start now; the end of that allocation. Default: one cell at a time on
   this machine.
-- :meth:`Backend.spec` — the :class:`~orchestrator.launch.LaunchSpec` of a cell on its
+- :meth:`Backend.spec` — the :class:`~orchestrator.plan.launch.LaunchSpec` of a cell on its
   allocation: everything :meth:`Backend.launch` needs, decided before it starts.
 - :meth:`Backend.launch` — start it, returning an :class:`Execution` handle.
 - :meth:`Backend.finish` — add what only the backend knows to the result (optional).
 - :meth:`Backend.close` — end of the sweep: remove what is left behind.
 
 - :meth:`Backend.lock_requests` — what the cell holds against other sweeps while it runs
-  (:mod:`orchestrator.locks`; default: this machine's GPUs of the allocation, else its CPU), and
+  (:mod:`orchestrator.local.locks`; default: this machine's GPUs of the allocation, else its CPU),
+  and
   :meth:`Backend.locker` — where those locks are taken (default: this machine's lock folder).
 
 An :class:`Execution` is the started cell: a subprocess, a container, a remote channel, a job.
 How its end becomes a status (ok, failed with the reason, oom, timeout, host lost, cancelled) is
 decided here, once, from its :class:`ExitInfo` and its figures of merit: when the cell has
-ended, :func:`orchestrator.fom.evaluate` reads this attempt's part of the log and the cell
+ended, :func:`orchestrator.results.figure_parsers.evaluate` reads this attempt's part of the log
+and the cell
 folder with the cell's parser (our workload's JSON lines, DLLogger, regex: its program's
 ``figures``) and judges them (a program that exits 0 without its figures, with a NaN or a
 figure out of its bounds, failed). The result's provenance says which program ran
@@ -35,7 +38,8 @@ read (``figures``).
 command.json or log cannot be written, the spec or the launch raises, a hook has a bug) makes it
 ``failed`` with the step and the error as its reason, and a started execution is stopped. The
 log keeps draining when it cannot be written (a full disk), and the cell is then failed: its
-numbers would have no files. The cell's secret values (:mod:`orchestrator.redact`) are replaced
+numbers would have no files. The cell's secret values (:mod:`orchestrator.config.redact`) are
+replaced
 by ``***`` in its output before anything sees it.
 """
 
@@ -58,11 +62,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
-from orchestrator import __version__, locks, selection, sif
+from orchestrator import REPO_ROOT, __version__
+from orchestrator.config.redact import Scrubber, secret_env
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.fom import CellOutput, evaluate
-from orchestrator.launch import LaunchSpec
-from orchestrator.locks import (
+from orchestrator.images import sif
+from orchestrator.local import locks
+from orchestrator.local.locks import (
     FileLocker,
     HeldLocks,
     Holder,
@@ -70,15 +75,16 @@ from orchestrator.locks import (
     LockRequest,
     LockWaitCancelled,
 )
-from orchestrator.matrix import Cell, Matrix
-from orchestrator.placement import Allocation
-from orchestrator.redact import Scrubber, secret_env
-from orchestrator.results import CellResult, RunPaths, Status, write_json
-from orchestrator.selection import ImageKey
+from orchestrator.plan import selection
+from orchestrator.plan.launch import LaunchSpec
+from orchestrator.plan.matrix import Cell, Matrix
+from orchestrator.plan.placement import Allocation
+from orchestrator.plan.selection import ImageKey
+from orchestrator.results.figure_parsers import CellOutput, evaluate
+from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
 
 log = logging.getLogger("orchestrator.backends")
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 #: Called with (cell id, one line of its output) as the cell runs (progress display).
 OutputHook = Callable[[str, str], None]
@@ -129,7 +135,7 @@ TAIL_LINES = 40
 class _Capture:
     """What the log pump keeps while it streams: the log's end, and the cell's files that could
     not be written (the log on a full disk). Figures are read from the log file once the cell
-    ended (:mod:`orchestrator.fom`)."""
+    ended (:mod:`orchestrator.results.figure_parsers`)."""
 
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     file_errors: dict[str, str] = field(default_factory=dict)
@@ -179,7 +185,7 @@ class RunOptions:
     #: Hosts inventory for remote backends (--hosts, else [matrix] hosts).
     hosts_file: Path | None = None
     #: How long a cell waits for GPUs another sweep holds (None: as long as it takes; 0: not
-    #: at all, the cell fails saying who holds them). See :mod:`orchestrator.locks`.
+    #: at all, the cell fails saying who holds them). See :mod:`orchestrator.local.locks`.
     lock_timeout_s: float | None = None
     #: Told what the run loop has to say beyond a cell's output (e.g. a cell waits for GPUs).
     on_log: Callable[[str], None] | None = None
@@ -208,7 +214,7 @@ class Backend(ABC):
     def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
         """Before a run folder exists: a :class:`~orchestrator.errors.ConfigError` naming every
         Apptainer profile whose runtime binary is not on this machine's PATH or whose bind
-        source does not exist here (:func:`orchestrator.sif.runtime_problems`; the process
+        source does not exist here (:func:`orchestrator.images.sif.runtime_problems`; the process
         backend runs the cells here, the slurm backend on nodes that share this filesystem)."""
         profiles = sorted({c.hardware for c in cells
                            if matrix.profiles[c.hardware].apptainer_runtime})
@@ -231,7 +237,7 @@ class Backend(ABC):
 
     def runtime_image(self, cell: Cell) -> str:
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
-        where it would be on this machine (:func:`orchestrator.sif.plan_sifs`)."""
+        where it would be on this machine (:func:`orchestrator.images.sif.plan_sifs`)."""
         key = selection.image_key(self.matrix, cell)
         path = self.sif_paths.get(key)
         if path is None:
@@ -276,7 +282,7 @@ class Backend(ABC):
         if ids is not None:
             where = f"hardware.{cell.hardware}.gpu_ids lists"
         else:
-            from orchestrator.gpus import local_accelerator_ids
+            from orchestrator.catalog.gpus import local_accelerator_ids
 
             ids = local_accelerator_ids(profile.device)
             where = "this machine has"
@@ -482,7 +488,8 @@ class Backend(ABC):
         self, cell: Cell, result: CellResult, status: Status | None, reason: str,
         info: ExitInfo | None, capture: _Capture, output: CellOutput,
     ) -> None:
-        """The cell's figures (its program's parser: :func:`orchestrator.fom.evaluate`) and its
+        """The cell's figures (its program's parser:
+        :func:`orchestrator.results.figure_parsers.evaluate`) and its
         status: the backend's account of its end first, then the figures' verdict."""
         exited_ok = (status is None and info is not None and info.code == 0
                      and not info.oom and not info.host_lost)
@@ -546,11 +553,11 @@ def git_revision() -> str | None:
     """The project's git revision (with ``-dirty`` when the work tree has changes)."""
     try:
         rev = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"],
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
             capture_output=True, text=True, timeout=5, check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):

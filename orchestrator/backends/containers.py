@@ -3,8 +3,10 @@
 The local :mod:`~orchestrator.backends.docker` backend and the lab hosts'
 :mod:`~orchestrator.backends.ssh` backend both use these, and nothing else of each other:
 
-* :func:`container_spec` — a cell's :class:`~orchestrator.launch.LaunchSpec` in a container: its
-  program's argv (:func:`~orchestrator.launch.cell_command`: our workload, or a command template)
+* :func:`container_spec` — a cell's :class:`~orchestrator.plan.launch.LaunchSpec` in a container:
+  its
+  program's argv (:func:`~orchestrator.plan.launch.cell_command`: our workload, or a command
+  template)
   with the image's Python, its output at :data:`CONTAINER_OUT`, the command's working directory
   (else the image's), the profile's container options, the cell's labels. GPUs come from a
   device request, not the environment.
@@ -25,10 +27,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from orchestrator.backends.base import Execution, ExitInfo
-from orchestrator.config import HardwareProfile, Program
-from orchestrator.launch import LaunchSpec, NodeRole, cell_command
-from orchestrator.matrix import Cell
-from orchestrator.redact import resolve_env
+from orchestrator.config.matrix_file import HardwareProfile, Program
+from orchestrator.config.redact import resolve_env
+from orchestrator.plan.launch import LaunchSpec, NodeRole, cell_command
+from orchestrator.plan.matrix import Cell
 
 log = logging.getLogger(__name__)
 

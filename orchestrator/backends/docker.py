@@ -1,16 +1,18 @@
 """Docker backend: each cell in a container on this machine's Docker engine, one at a time.
 
-Images are planned (:func:`orchestrator.build.plan_key`) and built once per sweep, per distinct
-image (:class:`~orchestrator.selection.ImageKey`: a profile, and the ``ngc_release`` a cell pins),
+Images are planned (:func:`orchestrator.images.build.plan_key`) and built once per sweep, per
+distinct
+image (:class:`~orchestrator.plan.selection.ImageKey`: a profile, and the ``ngc_release`` a cell
+pins),
 before any cell runs; a profile with ``release = "auto"`` gets the release this machine's driver
 runs (``nvidia-smi`` / ``hl-smi``). Each image is pinned to the bits of its base on this engine
-(:func:`orchestrator.build.pin`), and every cell's result records the image it ran (image ID,
+(:func:`orchestrator.images.build.pin`), and every cell's result records the image it ran (image ID,
 base, release: :meth:`DockerBackend.provenance`); the builds are added to the results folder's
-image state (:mod:`orchestrator.imagestate`, host ``localhost``). A cell's container is
+image state (:mod:`orchestrator.images.state`, host ``localhost``). A cell's container is
 :func:`~orchestrator.backends.containers.container_spec` /
 :func:`~orchestrator.backends.containers.container_kwargs`, shared with the ssh backend; its
 GPUs are the allocation's ids, given as a device request. Every container carries the sweep's
-labels (:func:`orchestrator.engine.container_labels`): :meth:`DockerBackend.close` removes the
+labels (:func:`orchestrator.local.engine.container_labels`): :meth:`DockerBackend.close` removes the
 run's leftovers, and ``orchestrate clean`` those of a sweep that crashed.
 """
 
@@ -20,22 +22,24 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator import build, gpus, selection
 from orchestrator.backends.base import Backend, Execution, RunOptions
 from orchestrator.backends.containers import DockerExecution, container_kwargs, container_spec
-from orchestrator.engine import (
+from orchestrator.catalog import gpus
+from orchestrator.errors import LaunchError
+from orchestrator.images import build
+from orchestrator.images.state import ImageRecord
+from orchestrator.local.engine import (
     LABEL_CELL,
     LABEL_RUN,
     container_labels,
     docker_client,
     remove_containers,
 )
-from orchestrator.errors import LaunchError
-from orchestrator.imagestate import ImageRecord
-from orchestrator.launch import LaunchSpec
-from orchestrator.matrix import Cell, Matrix
-from orchestrator.placement import Allocation
-from orchestrator.results import RunPaths
+from orchestrator.plan import selection
+from orchestrator.plan.launch import LaunchSpec
+from orchestrator.plan.matrix import Cell, Matrix
+from orchestrator.plan.placement import Allocation
+from orchestrator.results.run_folder import RunPaths
 
 log = logging.getLogger(__name__)
 

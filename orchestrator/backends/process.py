@@ -3,13 +3,13 @@
 The embedded default: needs nothing but torch in this Python environment. GPUs are selected with
 ``CUDA_VISIBLE_DEVICES``; several GPUs run under ``torch.distributed.run`` (torchrun). The
 program is our workload, run with this Python from this checkout, or a ``[commands.NAME]``
-template (:func:`orchestrator.launch.cell_command`), in its ``workdir`` when it has one.
+template (:func:`orchestrator.plan.launch.cell_command`), in its ``workdir`` when it has one.
 
 Every process a cell starts is stopped when it ends, is timed out or interrupted, however it
 detached (torchrun's ranks each run in a session of their own; a daemon may double-fork):
 the cell's processes carry the marker ``ORCHESTRATE_CELL=<matrix>/<run id>/<cell id>`` and,
 where this machine allows it (root, or a delegated cgroup v2 subtree), run in a cgroup of their
-own (:mod:`orchestrator.cellprocs`). A stop is SIGTERM to all, a grace of
+own (:mod:`orchestrator.local.cell_processes`). A stop is SIGTERM to all, a grace of
 :data:`TERM_GRACE_S`, then SIGKILL until a scan finds none; a process that outlives even that
 is named in the result's provenance (``leftover_processes``). A resumed run first stops what an
 orchestrator killed mid-cell left of it.
@@ -19,11 +19,11 @@ orchestrator killed mid-cell left of it.
 ends ``oom``. Where no memory cgroup can be made the sweep refuses such a profile at once.
 
 A profile with ``runtime = "apptainer"`` (or ``"singularity"``) runs the same program in its
-image: ``apptainer exec --nv --cleanenv ... IMAGE.sif <argv>`` (:mod:`orchestrator.apptainer`),
+image: ``apptainer exec --nv --cleanenv ... IMAGE.sif <argv>`` (:mod:`orchestrator.plan.apptainer`),
 its GPUs passed as ``--env CUDA_VISIBLE_DEVICES``, every other value and secret as
 ``APPTAINERENV_*`` in the launcher's environment (the cell marker too, so the stop above
 reaches the processes in the container). ``prepare`` makes sure of the ``.sif``
-(:func:`orchestrator.sif.prepare_runtime`).
+(:func:`orchestrator.images.sif.prepare_runtime`).
 """
 
 from __future__ import annotations
@@ -36,15 +36,18 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from orchestrator import apptainer, cellprocs, sif
-from orchestrator.backends.base import PROJECT_ROOT, Backend, Execution, ExitInfo
-from orchestrator.cellprocs import CellProcesses
+from orchestrator import REPO_ROOT
+from orchestrator.backends.base import Backend, Execution, ExitInfo
+from orchestrator.config.redact import resolve_env
 from orchestrator.errors import BackendUnavailable, ConfigError, LaunchError
-from orchestrator.launch import LaunchSpec, cell_command
-from orchestrator.matrix import Cell
-from orchestrator.placement import Allocation
-from orchestrator.redact import resolve_env
-from orchestrator.results import CellResult
+from orchestrator.images import sif
+from orchestrator.local import cell_processes
+from orchestrator.local.cell_processes import CellProcesses
+from orchestrator.plan import apptainer
+from orchestrator.plan.launch import LaunchSpec, cell_command
+from orchestrator.plan.matrix import Cell
+from orchestrator.plan.placement import Allocation
+from orchestrator.results.run_folder import CellResult
 
 #: Seconds between SIGTERM and SIGKILL when a cell is stopped (timeout, interrupt).
 TERM_GRACE_S = 5.0
@@ -52,7 +55,7 @@ TERM_GRACE_S = 5.0
 
 class ProcessExecution(Execution):
     """A local subprocess and everything it starts
-    (:class:`~orchestrator.cellprocs.CellProcesses`)."""
+    (:class:`~orchestrator.local.cell_processes.CellProcesses`)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], procs: CellProcesses,
                  mem_limit: int | None = None):
@@ -118,9 +121,9 @@ class ProcessBackend(Backend):
             )
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
-        """The cell's program (:func:`~orchestrator.launch.cell_command`) with this Python, in
+        """The cell's program (:func:`~orchestrator.plan.launch.cell_command`) with this Python, in
         this checkout (or the command's ``workdir``), its GPUs pinned by the environment; under
-        Apptainer, the same program in the profile's image (:mod:`orchestrator.apptainer`)."""
+        Apptainer, the same program in the profile's image (:mod:`orchestrator.plan.apptainer`)."""
         profile = self.matrix.profile(cell)
         out = str(self.paths.cell_dir(cell.id).resolve())  # the program may run elsewhere
         if profile.apptainer_runtime:
@@ -133,7 +136,7 @@ class ProcessBackend(Backend):
             env=command.env,
             device=profile.device,
             gpu_ids=allocation.gpu_ids,
-            workdir=command.workdir or str(PROJECT_ROOT),
+            workdir=command.workdir or str(REPO_ROOT),
             output_dir=out,
             attempt=attempt,
             mem_limit=profile.container.mem_limit,
@@ -164,8 +167,8 @@ class ProcessBackend(Backend):
         if any(self.matrix.profile(c).apptainer_runtime for c in cells):
             self.sif_paths = sif.prepare_runtime(self.matrix, cells, sif.LocalMachine(),
                                                  on_log=on_log)
-        prefix = cellprocs.run_marker_prefix(self.matrix.name, self.paths.run_id)
-        stopped = cellprocs.kill_marked(prefix, prefix=True, grace=TERM_GRACE_S)
+        prefix = cell_processes.run_marker_prefix(self.matrix.name, self.paths.run_id)
+        stopped = cell_processes.kill_marked(prefix, prefix=True, grace=TERM_GRACE_S)
         if stopped and on_log:
             on_log(f"stopped {len(stopped)} processes left running by an earlier attempt of "
                    f"run {self.paths.run_id}")
@@ -179,13 +182,13 @@ class ProcessBackend(Backend):
             text = self.matrix.profiles[name].container.mem_limit or ""
             field = f"hardware.{name}.container.mem_limit"
             try:
-                limit = cellprocs.parse_bytes(text)
-                probe = cellprocs.make_cgroups(f"probe-{os.getpid()}", limit)
+                limit = cell_processes.parse_bytes(text)
+                probe = cell_processes.make_cgroups(f"probe-{os.getpid()}", limit)
                 if probe is not None:
                     probe.remove()
             except ValueError as exc:
                 problems.append((field, str(exc)))
-            except cellprocs.MemoryLimitUnavailable as exc:
+            except cell_processes.MemoryLimitUnavailable as exc:
                 problems.append((field, f"the process backend limits a cell's memory with a "
                                         f"memory cgroup, and {exc}"))
         if problems:
@@ -194,12 +197,12 @@ class ProcessBackend(Backend):
             raise ConfigError([Problem(str(self.matrix.path), f, m) for f, m in problems])
 
     def launch(self, spec: LaunchSpec) -> Execution:
-        mem_limit = cellprocs.parse_bytes(spec.mem_limit) if spec.mem_limit else None
-        marker = cellprocs.cell_marker(self.matrix.name, self.paths.run_id, spec.cell_id)
+        mem_limit = cell_processes.parse_bytes(spec.mem_limit) if spec.mem_limit else None
+        marker = cell_processes.cell_marker(self.matrix.name, self.paths.run_id, spec.cell_id)
         try:
             procs = CellProcesses.create(
-                marker, cellprocs.cgroup_name(self.paths.run_id, spec.cell_id), mem_limit)
-        except cellprocs.MemoryLimitUnavailable as exc:
+                marker, cell_processes.cgroup_name(self.paths.run_id, spec.cell_id), mem_limit)
+        except cell_processes.MemoryLimitUnavailable as exc:
             raise LaunchError(f"{spec.cell_id}: cannot apply mem_limit: {exc}") from exc
         env = {**os.environ, **resolve_env(spec.env), **procs.environment()}
         if spec.runtime:  # --cleanenv: what the container gets travels with the runtime's prefix
@@ -207,7 +210,7 @@ class ProcessBackend(Backend):
             env.update(apptainer.launcher_env(spec.env, prefix))
             env.update({prefix + k: v for k, v in procs.environment().items()})
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
         )
         try:
             proc = subprocess.Popen(

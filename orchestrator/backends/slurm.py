@@ -3,7 +3,7 @@
 Slurm does the placement: every cell is submitted as soon as the sweep reaches it (optionally
 capped per profile with ``[hardware.NAME.slurm] max_jobs``) and Slurm queues it until a node is
 free. The job runs the same program argv as the process backend (our workload, or a
-``[commands.NAME]`` template: :func:`orchestrator.launch.cell_command`), with this Python
+``[commands.NAME]`` template: :func:`orchestrator.plan.launch.cell_command`), with this Python
 (``sys.executable``) and this checkout (or the command's ``workdir``) as its working
 directory, so the compute nodes must share this machine's filesystem (the usual cluster
 setup; a single-node test cluster is this machine).
@@ -12,7 +12,7 @@ A cell's files, all in its cell folder:
 
 - ``job.sbatch`` — the generated batch script (:func:`render_sbatch`, a pure function): the
   ``#SBATCH`` options, ``export`` of the workload's environment and ``exec`` of its argv, every
-  value shell-quoted. Secret variables (:mod:`orchestrator.redact`) are named in a comment,
+  value shell-quoted. Secret variables (:mod:`orchestrator.config.redact`) are named in a comment,
   never written: ``sbatch --export=ALL`` passes them from its own environment at submission.
   It is rendered into the cell's launch spec (``LaunchSpec.script``) and
   written when the cell is submitted. Slurm sets ``CUDA_VISIBLE_DEVICES`` for the
@@ -27,13 +27,13 @@ where accounting is enabled, else from ``scontrol show job`` (which knows a fini
 it has left the queue.
 
 Under ``runtime = "apptainer"`` (or ``"singularity"``) the script runs ``srun apptainer exec
---nv --cleanenv ... IMAGE.sif <argv>`` in the cell folder (:mod:`orchestrator.apptainer`): the
+--nv --cleanenv ... IMAGE.sif <argv>`` in the cell folder (:mod:`orchestrator.plan.apptainer`): the
 nodes need the image and the results folder, not this checkout. ``--cleanenv`` drops the job's
 environment, so the script exports what the container gets with the runtime's prefix
 (``APPTAINERENV_*``; secrets again only named) and the GPUs Slurm granted as
 ``APPTAINERENV_CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"``. ``prepare`` checks the
 runtime binary and bind sources on this (submit) host and makes sure of the ``.sif`` here, in
-an image dir the nodes must see (:func:`orchestrator.sif.prepare_runtime`).
+an image dir the nodes must see (:func:`orchestrator.images.sif.prepare_runtime`).
 """
 
 from __future__ import annotations
@@ -54,15 +54,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import apptainer, sif
-from orchestrator.backends.base import PROJECT_ROOT, Backend, Execution, ExitInfo, RunOptions
-from orchestrator.config import HardwareProfile, SlurmOptions
+from orchestrator import REPO_ROOT
+from orchestrator.backends.base import Backend, Execution, ExitInfo, RunOptions
+from orchestrator.config.matrix_file import HardwareProfile, SlurmOptions
+from orchestrator.config.redact import Scrubber, public_env, secret_env
 from orchestrator.errors import BackendUnavailable, LaunchError
-from orchestrator.launch import LaunchSpec, cell_command
-from orchestrator.matrix import Cell, Matrix
-from orchestrator.placement import Allocation
-from orchestrator.redact import Scrubber, public_env, secret_env
-from orchestrator.results import CellResult, RunPaths, Status, write_json
+from orchestrator.images import sif
+from orchestrator.plan import apptainer
+from orchestrator.plan.launch import LaunchSpec, cell_command
+from orchestrator.plan.matrix import Cell, Matrix
+from orchestrator.plan.placement import Allocation
+from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
 
 log = logging.getLogger("orchestrator.backends.slurm")
 
@@ -592,7 +594,7 @@ class SlurmBackend(Backend):
 
     def sbatch_job(self, cell: Cell) -> SbatchJob:
         """The batch script's content for ``cell`` (what :func:`render_sbatch` renders): its
-        program (:func:`~orchestrator.launch.cell_command`) with this Python, in this checkout
+        program (:func:`~orchestrator.plan.launch.cell_command`) with this Python, in this checkout
         or the command's ``workdir``."""
         profile = self.matrix.profile(cell)
         cell_dir = self.paths.cell_dir(cell.id).resolve()  # the job may run elsewhere
@@ -601,14 +603,14 @@ class SlurmBackend(Backend):
         command = cell_command(cell, profile, self.matrix.program(cell), python=sys.executable,
                                output_dir=str(cell_dir))  # GPUs: Slurm sets CUDA_VISIBLE_DEVICES
         env = dict(command.env)
-        env["PYTHONPATH"] = str(PROJECT_ROOT)
+        env["PYTHONPATH"] = str(REPO_ROOT)
         opts = profile.slurm
         return SbatchJob(
             cell_id=cell.id,
             argv=tuple(command.argv),
             env=env,
             output=output_pattern(cell_dir),
-            workdir=command.workdir or str(PROJECT_ROOT),
+            workdir=command.workdir or str(REPO_ROOT),
             time_limit=opts.time_limit or slurm_time(self.options.timeout_s + TIME_MARGIN_S),
             gpus=self._gpus_requested(cell, profile),
             options=opts,

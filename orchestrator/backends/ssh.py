@@ -6,39 +6,43 @@ labels, the same run-folder shape. It shares those with the docker backend and n
 never holds a client for this machine's engine). What differs:
 
 * **Transport.** Each host's engine is reached with the Docker SDK over our own verified SSH
-  connection (:func:`orchestrator.ssh_docker.remote_docker_client`): host keys, key file, user and
+  connection (:func:`orchestrator.remote.docker_api.remote_docker_client`): host keys, key file,
+  user and
   port are the inventory's.
-* **Placement.** A :class:`~orchestrator.placement.GpuPool` over the inventory's hosts hands out
-  :class:`~orchestrator.placement.Allocation` values (hosts and GPU ids); several cells run at
+* **Placement.** A :class:`~orchestrator.plan.placement.GpuPool` over the inventory's hosts hands
+  out
+  :class:`~orchestrator.plan.placement.Allocation` values (hosts and GPU ids); several cells run at
   once, never two on one GPU. A profile runs on the hosts it lists (``hosts = [...]``), else on
   the hosts tagged with its name. The allocation travels with the cell: ``spec`` reads its hosts
   and GPU ids, ``release`` gives it back to the pool.
 * **Locks.** Against other controllers' sweeps, each cell locks its GPUs on each of its hosts
-  while it runs (:mod:`orchestrator.remote_locks`: the local locks' files, order and messages).
+  while it runs (:mod:`orchestrator.remote.ssh_locker`: the local locks' files, order and messages).
 * **Images** are built on each host that may run them, once per host and image, in
   :meth:`SshDockerBackend.prepare` (content-hash tags: an up-to-date host builds nothing), each
   pinned to the bits of its base on that host's engine. A profile with ``release = "auto"``
   gets, on every host, the release that host's driver runs (probed with ``nvidia-smi`` /
-  ``hl-smi``: :mod:`orchestrator.selection`), so hosts with different drivers run different
+  ``hl-smi``: :mod:`orchestrator.plan.selection`), so hosts with different drivers run different
   images; a host whose driver runs none of them is taken out of that profile's hosts (said why).
   Every cell's result records the image it ran (image ID, base, release, the host's driver), and
-  the builds are added to the results folder's image state (:mod:`orchestrator.imagestate`) that
+  the builds are added to the results folder's image state (:mod:`orchestrator.images.state`) that
   ``orchestrate images refresh`` compares with.
 * **Output.** A cell writes into ``/tmp/orchestrate/<run id>/<cell id>/attempt-<n>`` on its host
   (mounted at ``/orchestrate/out``); its log streams back live; when it ends the files are copied
-  into the local cell folder (:class:`~orchestrator.backends.remote.RemoteExecution`).
+  into the local cell folder (:class:`~orchestrator.backends.remote_executions.RemoteExecution`).
 * **Lost hosts.** A host that stops answering ends its cells with ``host_lost``; the pool stops
   using it and the sweep retries those cells elsewhere.
 * **Multi-node** cells (``multi_node = true`` and more GPUs than one host has) run one container
-  per host, each with its :class:`~orchestrator.launch.NodeRole` (torchrun ``--nnodes
+  per host, each with its :class:`~orchestrator.plan.launch.NodeRole` (torchrun ``--nnodes
   --node_rank --rdzv_endpoint=<first host>:PORT``), on the host network.
 
 **Apptainer** profiles (``runtime = "apptainer"``) need no engine on their hosts: ``prepare``
 checks the runtime binary and bind sources on each host and makes its ``.sif`` there
-(:class:`orchestrator.sif.SshMachine`); a cell is ``apptainer exec ... IMAGE.sif <argv>`` run over
-its own connection (:class:`~orchestrator.backends.remote.RemoteProcessExecution`), its GPUs
+(:class:`orchestrator.images.sif.SshMachine`); a cell is ``apptainer exec ... IMAGE.sif <argv>``
+run over
+its own connection (:class:`~orchestrator.backends.remote_executions.RemoteProcessExecution`), its
+GPUs
 pinned by an ``--env`` argument, the variables ``--env`` cannot carry (secrets among them)
-written to the command's stdin (:func:`orchestrator.apptainer.remote_argv`). One host per cell.
+written to the command's stdin (:func:`orchestrator.plan.apptainer.remote_argv`). One host per cell.
 
 Each running cell has its own SSH connection (sshd allows 10 sessions per connection by default;
 a cell holds two long-lived channels), so many cells on one host never exhaust it.
@@ -54,10 +58,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import apptainer, build, gpus, placement, releases, selection, sif
 from orchestrator.backends.base import Backend, Execution, RunOptions
 from orchestrator.backends.containers import container_kwargs, container_spec
-from orchestrator.backends.remote import (
+from orchestrator.backends.remote_executions import (
     LostExecution,
     RemoteExecution,
     RemoteNode,
@@ -67,24 +70,27 @@ from orchestrator.backends.remote import (
     remote_run_dir,
     remove_remote_dir,
 )
-from orchestrator.engine import (
+from orchestrator.catalog import gpus, releases
+from orchestrator.config.inventory import Inventory, load_hosts, resolve_hosts
+from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError
+from orchestrator.images import build, sif
+from orchestrator.images.state import ImageRecord
+from orchestrator.local.engine import (
     LABEL_RUN,
     check_sdk,
     container_labels,
     is_engine_error,
     remove_containers,
 )
-from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError
-from orchestrator.hosts import Inventory, load_hosts, resolve_hosts
-from orchestrator.imagestate import ImageRecord
-from orchestrator.launch import LaunchSpec, node_roles
-from orchestrator.locks import Holder, Locker, LockRequest
-from orchestrator.matrix import Cell, Matrix
-from orchestrator.placement import Allocation
-from orchestrator.remote_locks import SshLocker, remote_lock_dir
-from orchestrator.results import CellResult, RunPaths, Status
-from orchestrator.ssh import SshHost
-from orchestrator.ssh_docker import remote_docker_client
+from orchestrator.local.locks import Holder, Locker, LockRequest
+from orchestrator.plan import apptainer, placement, selection
+from orchestrator.plan.launch import LaunchSpec, node_roles
+from orchestrator.plan.matrix import Cell, Matrix
+from orchestrator.plan.placement import Allocation
+from orchestrator.remote.connection import SshHost
+from orchestrator.remote.docker_api import remote_docker_client
+from orchestrator.remote.ssh_locker import SshLocker, remote_lock_dir
+from orchestrator.results.run_folder import CellResult, RunPaths, Status
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +266,7 @@ class SshDockerBackend(Backend):
     def lock_requests(self, cell: Cell, allocation: Allocation) -> tuple[LockRequest, ...]:
         """The GPUs (else the CPU; all of it for a cell that holds its hosts) of every host of
         the allocation, hosts in name order (so two sweeps cannot deadlock), each locked on
-        that host (:mod:`orchestrator.remote_locks`); nothing when the inventory turns remote
+        that host (:mod:`orchestrator.remote.ssh_locker`); nothing when the inventory turns remote
         locks off (``lock_dir = ""``)."""
         if self.lock_dir is None:
             return ()
@@ -413,7 +419,7 @@ class SshDockerBackend(Backend):
                       ) -> None:
         """The Apptainer images ``name`` runs (of ``sifs``): its runtime binary and bind
         sources checked there (a ConfigError naming the host), each .sif made there unless it
-        is up to date (:func:`orchestrator.sif.prepare_runtime`)."""
+        is up to date (:func:`orchestrator.images.sif.prepare_runtime`)."""
         plans = {k: p for k, p in sifs.items() if k.hardware in self.placement_tags[name]}
         if not plans:
             return
@@ -468,7 +474,7 @@ class SshDockerBackend(Backend):
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         """The cell's container on its host; a multi-node cell's spec is node 0's, with one peer
-        spec per other host (each with its :class:`~orchestrator.launch.NodeRole`)."""
+        spec per other host (each with its :class:`~orchestrator.plan.launch.NodeRole`)."""
         profile = self.matrix.profile(cell)
         program = self.matrix.program(cell)
         output_dir = remote_dir(self.paths.run_id, cell.id, attempt)
@@ -509,7 +515,7 @@ class SshDockerBackend(Backend):
     def _start_apptainer(self, spec: LaunchSpec) -> Execution:
         """Start an Apptainer cell's command on its host over a connection of its own; the
         variables ``--env`` does not carry (secrets among them) go over stdin, never into a
-        command line (:func:`orchestrator.apptainer.remote_argv`)."""
+        command line (:func:`orchestrator.plan.apptainer.remote_argv`)."""
         assert spec.host is not None and spec.output_dir is not None
         ssh = self._ssh(spec.host)
         node = RemoteNode(spec.host, ssh, None, spec.output_dir)

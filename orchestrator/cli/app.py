@@ -1,0 +1,186 @@
+"""Command-line entry point: ``orchestrate``.
+
+Each command group lives in its own module under :mod:`orchestrator.commands` and exposes
+``register(subparsers)``; a handler takes the parsed arguments and returns an exit code.
+The CLI catches :class:`~orchestrator.errors.OrchestratorError` only, prints its message and exits
+with its code; anything else is a bug and keeps its traceback.
+
+Output rules: log records go to stderr as ``warning: ...`` lines (``-q``: errors only; ``-v``:
+also info, and the warnings libraries raise, which are hidden otherwise; ``-vv``: debug).
+Output piped into a program that stops reading (``| head``) ends quietly with exit status 141,
+as other Unix tools do. ``kill -USR1 PID`` of a running ``orchestrate`` prints every thread's
+Python stack on stderr and lets it go on: what a lab engineer (or a test that timed out) sends
+a sweep that seems stuck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from orchestrator import __version__
+from orchestrator.errors import OrchestratorError
+
+#: Modules of this package (``<name>_commands``), each adding its subcommands, in --help order.
+COMMAND_MODULES = ("sweep", "result", "import", "image", "host", "maintenance")
+#: Which module owns each top-level command: running one imports only its module (fast start-up;
+#: `orchestrate plan` never imports paramiko; jinja2 only to resolve a profile's base image).
+COMMAND_OWNERS = {
+    "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep",
+    "runs": "result", "report": "result", "compare": "result", "history": "result",
+    "export": "result", "import": "import",
+    "images": "image", "hosts": "host", "clean": "maintenance", "backends": "maintenance",
+}
+#: Exit status after a broken pipe: 128 + SIGPIPE, what a shell reports for such a tool.
+EXIT_BROKEN_PIPE = 141
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv`` naming a known command, only that command's module is loaded."""
+    first = next((a for a in (argv or []) if not a.startswith("-")), None)
+    modules: tuple[str, ...] = (
+        (COMMAND_OWNERS[first],) if first in COMMAND_OWNERS else COMMAND_MODULES)
+    if first is None and _version_only(argv or []):
+        modules = ()  # argparse prints the version and exits before it needs a command
+    parser = argparse.ArgumentParser(
+        prog="orchestrate",
+        description="Run GPU benchmark experiment matrices: locally, in Docker, over SSH or as "
+        "Slurm jobs.",
+    )
+    parser.add_argument("--version", action="version", version=f"orchestrate {__version__}")
+    noise = parser.add_mutually_exclusive_group()
+    noise.add_argument("-v", "--verbose", action="count", default=0,
+                       help="more detail on stderr (-vv: debug); shows library warnings")
+    noise.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in modules:
+        try:
+            module = importlib.import_module(f"orchestrator.cli.{name}_commands")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"orchestrator.cli.{name}_commands":
+                continue  # command group not present in this build
+            raise
+        module.register(sub)
+    return parser
+
+
+def _version_only(argv: Sequence[str]) -> bool:
+    """``--version`` without a help flag (``-h``, ``--help`` or an abbreviation of it)."""
+    asks_help = any(a.startswith("--h") or (a[:1] == "-" and a[1:2] != "-" and "h" in a)
+                    for a in argv)
+    return "--version" in argv and not asks_help
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (tests swap it)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.setStream(sys.stderr)
+        super().emit(record)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        if record.name == "py.warnings":  # "file:line: Category: text" and the source line
+            message = message.strip().splitlines()[0]
+        return f"{record.levelname.lower()}: {message}"
+
+
+class LogSetup:
+    """Log records and Python warnings to stderr for one :func:`main` call (undone after it)."""
+
+    def __init__(self, verbosity: int = 0, quiet: bool = False) -> None:
+        self.handler = _StderrHandler()
+        self.handler.setFormatter(_Formatter())
+        self.root = logging.getLogger()
+        self.warnings_logger = logging.getLogger("py.warnings")
+        self._saved = (self.root.level, self.warnings_logger.level)
+        self.root.addHandler(self.handler)
+        logging.captureWarnings(True)
+        self.set(verbosity, quiet)
+
+    def set(self, verbosity: int, quiet: bool) -> None:
+        """-q: errors only; default: warnings; -v: info and library warnings; -vv: debug."""
+        level = logging.ERROR if quiet else (
+            logging.WARNING, logging.INFO, logging.DEBUG)[min(verbosity, 2)]
+        self.handler.setLevel(level)
+        if level < self.root.getEffectiveLevel():
+            self.root.setLevel(level)
+        # library warnings (deprecations inside paramiko, docker, torch) are not the user's
+        self.warnings_logger.setLevel(logging.WARNING if verbosity else logging.CRITICAL)
+
+    def close(self) -> None:
+        logging.captureWarnings(False)
+        self.root.removeHandler(self.handler)
+        self.root.setLevel(self._saved[0])
+        self.warnings_logger.setLevel(self._saved[1])
+
+
+def _early_flags(argv: Sequence[str]) -> tuple[int, bool]:
+    """-v/-q before the command word: logging is set up before any command module is imported
+    (an import may warn)."""
+    verbosity, quiet = 0, False
+    for arg in argv:
+        if not arg.startswith("-"):
+            break
+        if arg in ("-q", "--quiet"):
+            quiet = True
+        elif arg == "--verbose" or (arg.startswith("-v") and set(arg[1:]) == {"v"}):
+            verbosity += 1 if arg == "--verbose" else len(arg) - 1
+    return verbosity, quiet
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # a process of its own (not a test calling main in-process)
+        _stacks_on_sigusr1()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logs = LogSetup(*_early_flags(argv))
+    try:
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        logs.set(args.verbose, args.quiet)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except OrchestratorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    finally:
+        logs.close()
+
+
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1`` prints every thread's stack on stderr (the process goes on)."""
+    if hasattr(signal, "SIGUSR1"):
+        with contextlib.suppress(ValueError, OSError, RuntimeError):  # no stderr, not main
+            faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush is quiet."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test's capture)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+

@@ -1,0 +1,93 @@
+"""``orchestrate import``: existing logs become a run of a matrix (see
+orchestrator.results.importer)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.config.defaults import RESULTS_HELP, results_root
+
+if TYPE_CHECKING:
+    from orchestrator.results.importer import ImportPlan
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "import", help="turn existing logs (DLLogger, DLPerf-style folders, runs copied from "
+        "elsewhere) into a run of a matrix",
+        description="Read DLLogger raports or stdout logs, a folder of logs named "
+        "<arch>_<precision>_bs<batch>_g<gpus>[_r<repeat>].log, or a run folder of ours, and "
+        "write them as a run of --matrix under RESULTS/<matrix>/<run id>/, so report and "
+        "history show them. Parameters come from the log (DLE's PARAMETER record), the file "
+        "name and --param; they pick the matrix's cell group.",
+    )
+    p.add_argument("sources", nargs="+", type=Path, metavar="SOURCE",
+                   help="log or raport files, a folder of logs, or one run folder")
+    p.add_argument("--matrix", metavar="NAME|MATRIX.toml",
+                   help="the matrix whose history the run joins (default for a run folder: "
+                   "its own)")
+    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a cell parameter of every imported log, e.g. hardware=v100 "
+                   "(repeatable; wins over the log and the file name)")
+    p.add_argument("--pattern", metavar="REGEX",
+                   help="file naming rule for folders: named groups are parameters or repeat "
+                   "(default: <arch>_<precision>_bs<batch>_g<gpus>[_r<repeat>].log)")
+    p.add_argument("--figures", type=Path, metavar="FILE.toml",
+                   help="a [figures] table as in a matrix: parser, regex figures, bounds")
+    p.add_argument("--warmup", type=int, metavar="N",
+                   help="DLLogger: iterations dropped before recomputing (default: the "
+                   "matched cell's warmup)")
+    p.add_argument("--run-id", help="the new run's id (default: from the logs' first time)")
+    p.add_argument("--device", choices=("cuda", "hpu", "cpu"), default="cuda",
+                   help="device of the hardware profiles of a new matrix (default: cuda)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="import logs that end without their run summary (crashed runs)")
+    p.add_argument("--dry-run", action="store_true", help="show what would be imported")
+    p.set_defaults(handler=cmd_import)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from orchestrator.errors import ConfigError
+    from orchestrator.results.importer import ImportOptions, plan_import, write_import
+
+    args.results = results_root(args.results)
+
+    figures = None
+    if args.figures is not None:
+        from orchestrator.results.figure_parsers import load_figures_file
+
+        figures = load_figures_file(args.figures)
+    if args.warmup is not None and args.warmup < 0:
+        raise ConfigError("must be 0 or more", field="--warmup")
+    options = ImportOptions(
+        matrix=args.matrix, results_root=args.results, params=args.param, pattern=args.pattern,
+        figures=figures, warmup=args.warmup, run_id=args.run_id,
+        allow_partial=args.allow_partial, device=args.device, argv=sys.argv,
+    )
+    plan = plan_import(args.sources, options)
+    for line in _mapping_lines(plan):
+        print(line)
+    if args.dry_run:
+        print(f"dry run: would write {args.results}/{plan.target.name}/{plan.run_id}/")
+        return 0
+    paths = write_import(plan, options)
+    print(f"{paths.root}\n{paths.summary_txt.read_text(encoding='utf-8').rstrip()}")
+    return 0
+
+
+def _mapping_lines(plan: ImportPlan) -> list[str]:
+    lines = [f"matrix {plan.target.name} ({plan.target.source}), run {plan.run_id}"]
+    if plan.run_folder is not None:
+        for cell in plan.run_folder.cells:
+            moved = f" -> {cell.new_id}" if cell.new_id != cell.old_id else ""
+            lines.append(f"  {cell.old_id}{moved}")
+    for entry in plan.entries:
+        state = "ok" if entry.evaluation and entry.evaluation.ok else \
+            f"FAILED: {entry.evaluation.reason if entry.evaluation else ''}"
+        lines.append(f"  {entry.label} -> {entry.cell_id} ({entry.kind}, {state})")
+    for path in plan.skipped:
+        lines.append(f"  skipped (name does not match the naming rule): {path}")
+    return lines

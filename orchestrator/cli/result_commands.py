@@ -1,0 +1,525 @@
+"""``orchestrate runs | report | compare | history | export``: reading results across runs.
+
+``report`` works on one run folder (and still rewrites its summary files; in a read-only
+archive it prints the table and a note instead); the others query the results store
+(:mod:`orchestrator.results.store`), which they refresh from the folders first. When the index
+cannot
+live in the results folder (read-only archive), a note on stderr says where it is.
+
+Output files the user names (``--plot``, ``--html``, ``--out``) are checked before any work
+(a plot's format from its suffix) and a file that cannot be written is one ``error:`` line
+naming the option (exit 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import calendar
+import json
+import re
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.config.defaults import RESULTS_HELP, results_root
+from orchestrator.errors import ConfigError, Problem, cannot_write
+
+if TYPE_CHECKING:
+    from orchestrator.results.store import Store
+
+RUN_STATUSES = ("ok", "failed", "interrupted", "unfinished", "empty")
+#: A cell result's status (orchestrator.results.run_folder.Status), for export --status.
+CELL_STATUSES = ("ok", "failed", "timeout", "oom", "host_lost", "cancelled", "unplaceable")
+#: What ``--plot FILE`` can write, by the file's suffix.
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_file(path: Path | None) -> Path | None:
+    """``--plot FILE``, refused before any work unless its suffix names a format we draw."""
+    if path is None:
+        return None
+    fmt = path.suffix.lstrip(".").lower()
+    if fmt not in PLOT_FORMATS:
+        what = f"'.{fmt}' is not a plot format" if fmt else "no suffix to say the format"
+        raise ConfigError([Problem("--plot", str(path), f"{what}; give a file ending "
+                                   + ", ".join(f".{f}" for f in PLOT_FORMATS))])
+    return path
+
+
+@contextmanager
+def writing(option: str, path: Path) -> Iterator[None]:
+    """Turn an OSError while writing the file of ``option`` into one clear error line."""
+    try:
+        yield
+    except OSError as exc:
+        raise cannot_write(option, path, exc) from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "runs", help="list runs: date, matrix, backend, cells ok/failed, duration, revision",
+        description="List the runs under the results folder, oldest first.")
+    p.add_argument("matrix", nargs="?", help="only this matrix (name or path to its .toml)")
+    _results_arg(p)
+    _date_args(p)
+    p.add_argument("--status", action="append", choices=RUN_STATUSES, default=[],
+                   help="only runs with this status (repeatable)")
+    p.add_argument("--last", type=int, metavar="N", help="only the newest N runs")
+    p.add_argument("--json", action="store_true", help="a JSON list, one object per run")
+    p.add_argument("--reindex", action="store_true",
+                   help="rebuild the index from the run folders first")
+    p.set_defaults(handler=cmd_runs)
+
+    p = sub.add_parser(
+        "report", help="re-print the summary table of a run; --html for a report",
+        description="The summary table of a run (default: the newest of MATRIX), rebuilt from "
+        "its cells' result.json files. --plot draws it, --html writes one self-contained report "
+        "(tables, plots, provenance); --baseline adds a ratio column. Read-only archives are "
+        "fine: the summary files are refreshed only where they can be written.")
+    p.add_argument("matrix", help="matrix name (or a path to its .toml)")
+    p.add_argument("--run", help="run id, a unique prefix of one, latest or latest~N "
+                   "(default: the newest)")
+    _results_arg(p)
+    p.add_argument("--baseline", metavar="KEY=VALUE",
+                   help="add each row's ratio to this row, e.g. hardware=v100 "
+                   "(default: [matrix] baseline)")
+    p.add_argument("--plot", type=Path, metavar="FILE",
+                   help="also draw it (png/svg/pdf): scaling vs GPUs, or bars per configuration")
+    p.add_argument("--html", type=Path, metavar="FILE",
+                   help="also write a self-contained HTML report (tables, plot, provenance)")
+    p.set_defaults(handler=cmd_report)
+
+    p = sub.add_parser(
+        "compare", help="two runs side by side: change per configuration, interval, verdict",
+        description="Compare run B with run A (the baseline). A run is a run id (or a unique "
+        "prefix), MATRIX:RUN_ID, MATRIX:latest or MATRIX:latest~N.")
+    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_b", metavar="RUN_B")
+    p.add_argument("--matrix", help="matrix of RUN_A/RUN_B when they name no matrix")
+    _results_arg(p)
+    p.add_argument("--confidence", default="95%", metavar="PCT",
+                   help="interval level, a percentage (default 95%%)")
+    p.add_argument("--threshold", default="0%", metavar="PCT",
+                   help="smallest change called faster/slower, a percentage (default 0%%)")
+    _metric_arg(p)
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="JSON instead of the table")
+    fmt.add_argument("--csv", action="store_true", help="CSV, one row per configuration")
+    p.add_argument("--html", type=Path, metavar="FILE", help="also write an HTML report")
+    p.set_defaults(handler=cmd_compare)
+
+    p = sub.add_parser(
+        "history", help="a matrix across runs: trend and a noise-aware regression check",
+        description="The newest run of a matrix against the runs before it, per configuration "
+        "(parameters + hardware profile) and stack. Exit 1 with --fail-on-regression when a "
+        "configuration regressed, failed, is missing, or misses its reference.")
+    p.add_argument("matrix", help="matrix name (or a path to its .toml)")
+    _results_arg(p)
+    p.add_argument("--run", help="check this run instead of the newest (finished or not)")
+    p.add_argument("--last", type=int, default=7, metavar="N", help="runs shown (default 7)")
+    p.add_argument("--window", type=int, default=10, metavar="N",
+                   help="earlier runs the newest is compared with (default 10)")
+    p.add_argument("--min-history", type=int, default=3, metavar="N",
+                   help="earlier runs of a configuration needed before it is judged (default 3)")
+    p.add_argument("--threshold", default="5%", metavar="PCT",
+                   help="smallest drop called a regression, a percentage (default 5%%)")
+    p.add_argument("--alpha", type=float, default=0.05,
+                   help="chance of any false alarm in a run: one-sided level, Holm-adjusted "
+                   "over its configurations (default 0.05)")
+    _metric_arg(p)
+    p.add_argument("--ignore-stack", action="append", default=[], metavar="FIELD",
+                   help="stack field not to match on, e.g. host (repeatable)")
+    refs = p.add_mutually_exclusive_group()
+    refs.add_argument("--references", type=Path, metavar="FILE",
+                      help="absolute references (default: MATRIX.references.toml next to the "
+                      "matrix file, when there is one)")
+    refs.add_argument("--no-references", action="store_true", help="check no references")
+    p.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 1 on a regression, failure, missing configuration or missed "
+                   "reference (for nightly jobs)")
+    p.add_argument("--plot", type=Path, metavar="FILE", help="also draw the trend (png/svg/pdf)")
+    p.add_argument("--json", action="store_true", help="JSON instead of the table")
+    p.set_defaults(handler=cmd_history)
+
+    p = sub.add_parser(
+        "export", help="long-format CSV/JSON of any runs: one row per cell result and figure",
+        description="Export cell results of a selection of runs, one row per cell and figure "
+        "(pandas: read_csv / read_json).")
+    p.add_argument("matrices", nargs="*", metavar="MATRIX", help="only these matrices")
+    _results_arg(p)
+    _date_args(p)
+    p.add_argument("--run", action="append", default=[], metavar="RUN",
+                   help="only this run (id, MATRIX:RUN_ID, MATRIX:latest; repeatable)")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="only cells with this parameter (repeatable; same key: any value)")
+    p.add_argument("--figure", action="append", default=[], metavar="NAME",
+                   help="only this figure, e.g. train.total_ips (repeatable)")
+    p.add_argument("--status", action="append", default=[], metavar="STATUS",
+                   choices=CELL_STATUSES, help="only cells with this status: "
+                   f"{', '.join(CELL_STATUSES)} (repeatable)")
+    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p.add_argument("--out", type=Path, metavar="FILE", help="write here (default: stdout)")
+    p.set_defaults(handler=cmd_export)
+
+
+def _metric_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metric", metavar="NAME",
+                   help="throughput figure to judge instead of the headline images/s, e.g. "
+                   "train.step_ips_p90 (per-step images/s, 90th percentile: robust on a shared "
+                   "machine)")
+
+
+def _results_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
+
+
+def _date_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--since", metavar="DATE", help="runs started at or after: YYYY-MM-DD[THH:MM"
+                   "[:SS]] (UTC) or an age like 7d / 12h")
+    p.add_argument("--until", metavar="DATE", help="runs started before (same forms)")
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def matrix_name(arg: str) -> str:
+    """A matrix name from ``NAME`` or ``path/to/NAME.toml`` (checked: it becomes a path)."""
+    from orchestrator.config.syntax import check_name
+
+    name = Path(arg).stem if arg.endswith(".toml") else arg
+    check_name(name, "matrix")
+    return name
+
+
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
+
+
+def parse_when(text: str | None, option: str, now: float | None = None) -> float | None:
+    """A UTC date/time or an age (``7d``, ``12h``, ``30m``) as a timestamp."""
+    if text is None:
+        return None
+    raw = text.strip()
+    age = _AGE.match(raw)
+    if age:
+        unit = {"d": 86400.0, "h": 3600.0, "m": 60.0}[age.group(2)]
+        return (now if now is not None else time.time()) - float(age.group(1)) * unit
+    for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M",
+                "%Y-%m-%d %H:%M:%S"):
+        try:
+            return float(calendar.timegm(time.strptime(raw.rstrip("Z"), fmt)))
+        except ValueError:
+            continue
+    raise ConfigError(f"{text!r}: expected YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] (UTC) or an age "
+                      "such as 7d, 12h, 30m", field=option)
+
+
+def percent(text: str, option: str) -> float:
+    from orchestrator.config.syntax import parse_percent
+
+    try:
+        return parse_percent(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field=option) from None
+
+
+def open_results(results: Path, matrices: list[str] | None = None, reindex: bool = False
+                 ) -> Store:
+    """The store of ``results``, refreshed; its note (fallback location) on stderr."""
+    from orchestrator.results.store import open_store
+
+    store = open_store(results, matrices, refresh=not reindex)
+    if reindex:
+        store.rebuild()
+    if store.note:
+        print(f"note: {store.note}", file=sys.stderr)
+    return store
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, sec = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{sec:02d}"
+
+
+# --- runs --------------------------------------------------------------------------------------
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    args.results = results_root(args.results)
+    from tabulate import tabulate
+
+    from orchestrator.results.export import iso
+
+    name = matrix_name(args.matrix) if args.matrix else None
+    since = parse_when(args.since, "--since")
+    until = parse_when(args.until, "--until")
+    if args.last is not None and args.last < 1:
+        raise ConfigError("must be at least 1", field="--last")
+    with open_results(args.results, [name] if name else None, args.reindex) as store, \
+            store.snapshot():
+        runs = store.runs(matrix=name, since=since, until=until, status=args.status)
+    if args.last:
+        runs = runs[-args.last:]
+    if args.json:
+        print(json.dumps([r.to_json() for r in runs], indent=1))
+        return 0
+    if not runs:
+        print("(no runs)" + (f" of {name!r}" if name else "") + f" under {args.results}")
+        return 0
+    rows = [[iso(r.started_at).replace("T", " ").rstrip("Z"), r.matrix, r.run_id,
+             r.backend or "", r.status, r.ok, r.failed, _duration(r.duration_s),
+             (r.git_revision or "")[:10]] for r in runs]
+    print(tabulate(rows, headers=["started (UTC)", "matrix", "run", "backend", "status", "ok",
+                                  "failed", "duration", "revision"],
+                   tablefmt="simple", disable_numparse=True))
+    return 0
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    args.results = results_root(args.results)
+    from orchestrator.results.run_folder import find_run
+    from orchestrator.results.summary import summarize_run, write_summary_files
+
+    name = matrix_name(args.matrix)
+    plot_file(args.plot)
+    paths = find_run(args.results, name, args.run)
+    results = paths.results()
+    rows, table = summarize_run(paths, baseline=args.baseline, results=results)
+    if args.baseline:
+        _check_baseline(args.baseline, rows)
+    print(f"{paths.root}\n{table}")
+    try:
+        write_summary_files(paths, rows, table)
+    except OSError as exc:  # a read-only archive: the table above is all we can give
+        sys.stdout.flush()
+        print(f"note: {paths.summary_csv.name} and {paths.summary_txt.name} not refreshed in "
+              f"{paths.root}: {exc.strerror or exc}", file=sys.stderr)
+    if args.plot:
+        from orchestrator.results.plots import plot_run, stack_line
+        from orchestrator.results.report_html import stacks_of
+        from orchestrator.results.run_folder import read_json
+
+        repeats = read_json(paths.plan).get("repeats") if paths.plan.exists() else None
+        subtitle = stack_line(stacks_of(results), repeats)
+        with writing("--plot", args.plot):
+            out = plot_run(rows, args.plot, f"{name} {paths.run_id}", subtitle)
+        print(f"plot: {out}")
+    if args.html:
+        from orchestrator.results import report_html
+
+        html = report_html.run_report(paths, rows, results, baseline=args.baseline)
+        with writing("--html", args.html):
+            out = report_html.write(args.html, html)
+        print(f"html: {out}")
+    return 0
+
+
+def _unknown_parameter(source: str, key: str) -> Problem | None:
+    """The problem of ``key`` when it is no cell parameter (with the nearest name), else None.
+
+    Imports the matrix models only when called: ``export`` without ``--where`` never needs them.
+    """
+    import difflib
+
+    from orchestrator.config.matrix_file import PARAM_NAMES
+
+    if key in PARAM_NAMES:
+        return None
+    close = difflib.get_close_matches(key, PARAM_NAMES, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?; " if close else ""
+    return Problem(source, key, f"unknown parameter ({hint}known: {', '.join(PARAM_NAMES)})")
+
+
+def _check_baseline(text: str, rows: list[Any]) -> None:
+    """``--baseline KEY=VALUE`` must name a parameter and a value some row of the run has (a
+    typo would otherwise print the table without its ratio column, silently)."""
+    from orchestrator.config.syntax import param_matches, parse_baseline
+
+    key, value = parse_baseline(text) or ("", "")
+    unknown = _unknown_parameter("--baseline", key)
+    if unknown:
+        raise ConfigError([unknown])
+    if not any(param_matches(r.params.get(key), value) for r in rows):
+        found = sorted({str(r.params.get(key)) for r in rows})
+        raise ConfigError([Problem("--baseline", text, f"no row of this run has {key} = "
+                                   f"{value!r} (it has: {', '.join(found)})")])
+
+
+# --- compare -----------------------------------------------------------------------------------
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    args.results = results_root(args.results)
+    from orchestrator.results.compare import compare_runs, render_compare, render_compare_csv
+
+    confidence = percent(args.confidence, "--confidence")
+    threshold = percent(args.threshold, "--threshold")
+    if not 0.5 <= confidence < 1:
+        raise ConfigError("must be from 50% to below 100%", field="--confidence")
+    matrix = matrix_name(args.matrix) if args.matrix else None
+    names = {s.rpartition(":")[0] for s in (args.run_a, args.run_b) if ":" in s} | (
+        {matrix} if matrix else set())
+    with open_results(args.results, sorted(names) if names and "" not in names else None
+                      ) as store, store.snapshot():
+        a = store.resolve(args.run_a, matrix)
+        b = store.resolve(args.run_b, matrix)
+        from orchestrator.results.store import is_throughput
+
+        if args.metric and not is_throughput(args.metric):
+            raise ConfigError(f"{args.metric!r}: compare needs a throughput figure (higher is "
+                              "better), e.g. train.total_ips", field="--metric")
+        comp = compare_runs(store, a, b, confidence, threshold, args.metric)
+    if args.json:
+        print(json.dumps(comp.to_json(), indent=1))
+    elif args.csv:
+        sys.stdout.write(render_compare_csv(comp))
+    else:
+        print(render_compare(comp))
+    if args.html:
+        from orchestrator.results import report_html
+
+        with writing("--html", args.html):
+            out = report_html.write(args.html, report_html.compare_report(comp))
+        print(f"html: {out}", file=sys.stderr if args.json or args.csv else sys.stdout)
+    return 0
+
+
+# --- history -----------------------------------------------------------------------------------
+
+
+def _references(args: argparse.Namespace, source: str | None) -> tuple[list[Any], str | None]:
+    """The references to check and their file: --references, else next to the matrix file
+    (the argument when it is a path, else the newest run's ``plan.json`` source)."""
+    from orchestrator.config.references import load_references, references_next_to
+
+    if args.no_references:
+        return [], None
+    if args.references:
+        return load_references(args.references), str(args.references)
+    candidates = []
+    if args.matrix.endswith(".toml"):
+        candidates.append(references_next_to(Path(args.matrix)))
+    if source:
+        candidates.append(references_next_to(Path(source)))
+    for path in candidates:
+        if path.is_file():
+            return load_references(path), str(path)
+    return [], None
+
+
+def _plan_source(run_path: str) -> str | None:
+    from orchestrator.results.run_folder import read_json
+
+    try:
+        return read_json(Path(run_path) / "plan.json").get("source")
+    except (OSError, ValueError):
+        return None
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    args.results = results_root(args.results)
+    from orchestrator.results.history import Options, analyze, render_history
+
+    name = matrix_name(args.matrix)
+    plot_file(args.plot)
+    options = Options(window=args.window, min_history=args.min_history,
+                      threshold=percent(args.threshold, "--threshold"), alpha=args.alpha,
+                      ignore_stack=tuple(args.ignore_stack), metric=args.metric)
+    options.validate()
+    if args.last < 1:
+        raise ConfigError([Problem("", "--last", "must be at least 1")])
+    with open_results(args.results, [name]) as store, store.snapshot():
+        if not store.runs(matrix=name):
+            raise ConfigError(f"no runs of {name!r} under {args.results}", field="history")
+        run = store.resolve(args.run, name) if args.run else None
+        newest = run or store.runs(matrix=name)[-1]
+        refs, ref_file = _references(args, _plan_source(newest.path))
+        report = analyze(store, name, options, run=newest, shown=args.last, references=refs,
+                         references_file=ref_file)
+    failing = report.failing
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1, default=str))
+    else:
+        print(render_history(report))
+        counts = ", ".join(f"{n} {v}" for v, n in sorted(report.counts().items()))
+        print(f"\n{len(report.lines)} configuration(s) in {report.newest.run_id}: {counts}")
+        if failing:
+            print(f"{len(failing)} configuration(s) failing: "
+                  + ", ".join(ln.label for ln in failing[:10])
+                  + (" ..." if len(failing) > 10 else ""))
+    if args.plot:
+        from orchestrator.results.plots import plot_history
+
+        with writing("--plot", args.plot):
+            out = plot_history(report, args.plot, name)
+        print(f"plot: {out}", file=sys.stderr if args.json else sys.stdout)
+    return 1 if failing and args.fail_on_regression else 0
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+def _where(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``--where KEY=VALUE`` items by key; a key that is no cell parameter is refused (a typo
+    would otherwise export nothing, silently)."""
+    out: dict[str, list[str]] = {}
+    problems = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(Problem("", "--where", f"{item!r}: expected KEY=VALUE"))
+            continue
+        unknown = _unknown_parameter("--where", key.strip())
+        if unknown:
+            problems.append(unknown)
+            continue
+        out.setdefault(key.strip(), []).append(value.strip())
+    if problems:
+        raise ConfigError(problems)
+    return tuple((k, tuple(v)) for k, v in out.items())
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    args.results = results_root(args.results)
+    from orchestrator.results import export
+
+    names = [matrix_name(m) for m in args.matrices]
+    since = parse_when(args.since, "--since")
+    until = parse_when(args.until, "--until")
+    selection = export.Selection(where=_where(args.where), figures=tuple(args.figure),
+                                 statuses=tuple(args.status))
+    with open_results(args.results, names or None) as store, store.snapshot():
+        runs = []
+        for name in names or [None]:  # type: ignore[list-item]  # None: every matrix
+            runs += store.runs(matrix=name, since=since, until=until)
+        if args.run:
+            wanted = {store.resolve(spec, names[0] if len(names) == 1 else None).pk
+                      for spec in args.run}
+            runs = [r for r in runs if r.pk in wanted] if names or since or until else [
+                r for r in store.runs() if r.pk in wanted]
+        runs.sort(key=lambda r: (r.started_at or 0, r.run_id))
+        write = export.write_csv if args.format == "csv" else export.write_json
+        if args.out:
+            with writing("--out", args.out):
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                with args.out.open("w", encoding="utf-8", newline="") as fh:
+                    n = write(store, runs, selection, fh)
+            print(f"{n} rows from {len(runs)} run(s): {args.out}", file=sys.stderr)
+        else:
+            n = write(store, runs, selection, sys.stdout)
+    if n == 0:  # say why on stderr (a misspelt matrix, figure or status gives no rows)
+        sys.stdout.flush()
+        why = (f"no runs of {', '.join(repr(m) for m in names)}" if names else "no runs"
+               ) + f" under {args.results}" if not runs else (
+            f"{len(runs)} run(s) selected, but no cell result matches --where/--figure/--status")
+        print(f"note: nothing exported: {why} (`orchestrate runs` lists the runs)",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,15 @@
+"""Building and keeping images: Docker builds by content hash, ``.sif`` files, refresh per driver.
+
+What an image *is* (its template, the release table) is :mod:`orchestrator.catalog`; which image
+a cell needs is :mod:`orchestrator.plan.selection`. Here:
+
+* :mod:`~orchestrator.images.build` — Docker builds on an engine (local or over SSH), skipped
+  when the content-hash tag is there;
+* :mod:`~orchestrator.images.sif` — Apptainer / Singularity ``.sif`` files, cached by hash;
+* :mod:`~orchestrator.images.state` — what was built for which host and driver, kept beside the
+  results;
+* :mod:`~orchestrator.images.refresh` — ``orchestrate images refresh``: probe the hosts, rebuild
+  what a new driver needs.
+
+May import: errors, config, catalog, plan, results, local, remote.
+"""

@@ -1,0 +1,151 @@
+"""The Docker engine: a client that answers, and the labels on every container we start.
+
+Rules:
+
+* :func:`docker_client` is the one way to reach the engine of this machine (``DOCKER_HOST`` or the
+  local socket); no engine is a :class:`~orchestrator.errors.BackendUnavailable` saying what to
+  do, never a traceback. Engines on lab hosts are reached through
+  :func:`orchestrator.remote.docker_api.remote_docker_client` instead.
+* Every container of a sweep carries :func:`container_labels` (matrix, run id, cell id, and the
+  controller that started it: host, pid and the pid's start time), so an interrupted sweep
+  removes its own containers and ``orchestrate clean`` removes the leftovers of one that
+  crashed (:func:`remove_containers`, :func:`leftover_containers`), on any engine, never those
+  of a sweep whose controller still runs (:func:`controller_state`).
+* The Docker SDK is imported inside the functions: importing this module costs nothing, so
+  planning a matrix never loads the SDK. Nothing here knows about backends or images.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from orchestrator.errors import BackendUnavailable
+
+log = logging.getLogger(__name__)
+
+LABEL_MATRIX = "io.orchestrate.matrix"
+LABEL_RUN = "io.orchestrate.run"
+LABEL_CELL = "io.orchestrate.cell"
+#: ``host:pid:start``: the orchestrator process that started the container (``start``: the
+#: pid's start time in clock ticks since boot, so a reused pid is not taken for it).
+LABEL_CONTROLLER = "io.orchestrate.controller"
+
+NO_ENGINE_HINT = (
+    "start the engine (`dockerd >/tmp/dockerd.log 2>&1 &`, or tests/infra/start-dockerd.sh), "
+    "point DOCKER_HOST at one, or run without containers: --backend process"
+)
+
+
+def docker_client() -> Any:
+    """A DockerClient that answers, or :class:`BackendUnavailable` saying what to do."""
+    check_sdk()
+    import docker
+
+    try:
+        client = docker.from_env(version="auto")
+        client.ping()
+    except Exception as exc:  # DockerException, connection errors, permission denied
+        raise BackendUnavailable(f"no Docker engine reachable ({exc}); {NO_ENGINE_HINT}") from exc
+    return client
+
+
+def check_sdk() -> None:
+    """:class:`BackendUnavailable` if the Docker SDK cannot be imported."""
+    try:
+        import docker  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise BackendUnavailable(f"the docker SDK is not installed ({exc})") from exc
+
+
+def is_engine_error(exc: BaseException) -> bool:
+    """Whether the engine answered with an error (as opposed to the connection failing)."""
+    import docker
+
+    return isinstance(exc, docker.errors.APIError)
+
+
+def container_labels(matrix: str, run_id: str, cell_id: str) -> dict[str, str]:
+    """The labels of a cell's container(s)."""
+    return {LABEL_MATRIX: matrix, LABEL_RUN: run_id, LABEL_CELL: cell_id,
+            LABEL_CONTROLLER: controller_id()}
+
+
+def _start_ticks(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot, /proc/PID/stat), None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def controller_id(pid: int | None = None) -> str:
+    """``host:pid:start`` of this orchestrator process (or of ``pid`` on this host)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{platform.node()}:{pid}:{_start_ticks(pid) or '?'}"
+
+
+ControllerState = Literal["running", "gone", "elsewhere"]
+
+
+def controller_state(label: str) -> ControllerState:
+    """Whether the controller of ``label`` (:func:`controller_id`) still runs: ``elsewhere``
+    when it ran on another host (this machine cannot tell)."""
+    parts = label.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return "gone"
+    host, pid, start = parts
+    if host != platform.node():
+        return "elsewhere"
+    return "running" if _start_ticks(int(pid)) == start else "gone"
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A container of orchestrate found on an engine."""
+
+    container: Any
+    run: str
+    cell: str
+    controller: str | None
+    state: ControllerState | None  # None: no controller label (an older orchestrate)
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.container, "name", None) or self.container.short_id)
+
+
+def _labelled(client: Any, labels: dict[str, str] | None) -> list[Any]:
+    """Every container (running or not) carrying ``labels`` (default: any of orchestrate's)."""
+    filters = [f"{k}={v}" for k, v in (labels or {}).items()] or [LABEL_RUN]
+    return list(client.containers.list(all=True, filters={"label": filters}))
+
+
+def leftover_containers(client: Any, labels: dict[str, str] | None = None) -> list[Leftover]:
+    """Every container carrying ``labels`` (default: any orchestrate container), with the
+    state of the sweep that started it."""
+    found = []
+    for container in _labelled(client, labels):
+        tags = container.labels or {}
+        controller = tags.get(LABEL_CONTROLLER)
+        found.append(Leftover(container, tags.get(LABEL_RUN, "?"), tags.get(LABEL_CELL, "?"),
+                              controller, controller_state(controller) if controller else None))
+    return found
+
+
+def remove_containers(client: Any, labels: dict[str, str] | None = None) -> int:
+    """Remove every container carrying ``labels`` (default: any orchestrate container)."""
+    removed = 0
+    for container in _labelled(client, labels):
+        try:
+            container.remove(force=True)
+            removed += 1
+        except Exception as exc:  # already gone
+            log.debug("remove %s: %s", container.short_id, exc)
+    return removed

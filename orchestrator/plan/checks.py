@@ -1,0 +1,995 @@
+"""Can this run? The semantic checks of a matrix, before anything is built or launched.
+
+:func:`~orchestrator.plan.matrix.load_matrix` checks a matrix file's structure and types and
+expands it
+into cells; this module asks of every cell whether it can run where it is planned, and of the
+matrix whether its comparisons hold. It is the one place for these rules: ``orchestrate
+validate``, ``plan`` and ``matrix`` (before a run folder exists) and
+:func:`orchestrator.sweep.run_sweep` call :func:`check_matrix` / :func:`refuse_unrunnable`.
+
+The *stack* of a profile (:class:`Stack`) is the software its cells run on, as far as it is known
+without building anything. The backends that run images (docker, ssh) run the profile's image:
+the base image at the root of its template chain (``bitfusion`` -> ``ngc-pytorch`` -> its base)
+names an NGC PyTorch release (torch, torchvision and tools from ``data/ngc_releases.toml``;
+its ``base_tag`` names it, from nvcr.io or a mirror's ``base_repository``), a Habana PyTorch
+installer (its torch version), or something else (unknown). A cell's ``ngc_release`` replaces
+its profile's release (the cell's stack is that release's). A profile with ``release = "auto"``
+has its release chosen per host from the host's driver when the sweep runs: its cells are
+checked against every
+release a host may get (the offered NGC releases that support the profile's GPU, or the Intel
+Gaudi releases of ``data/habana_releases.toml``); what fails on every one of them is an error,
+what fails only on older ones a warning naming them. The backends that run this machine's Python
+(process, slurm) run this interpreter's torch, read from its package metadata (torch is never
+imported): a release there is not theirs to pick (``ngc_release`` is refused, ``release =
+"auto"`` noted as unused).
+
+Rules; an error names the file and the field where the value is set (``axes.arch[1]``,
+``hardware.v100.image_vars.base_tag``), every problem at once:
+
+* image: docker/ssh need an image template that builds a Docker image (not a Singularity
+  definition); an NGC release below the workload's floor is refused with the reason.
+* runtime: a profile with ``runtime = "apptainer"`` (or ``"singularity"``) runs its image (a
+  Singularity definition, a Dockerfile template converted, or a ready ``apptainer.sif``) on the
+  process, ssh and slurm backends, not on docker; CUDA or CPU profiles only (no Gaudi, no
+  Bitfusion wrapper, no multi-host cells on ssh), a release of its own (no ``release =
+  "auto"``); its bind paths are absolute and free of apptainer's separators ``,`` and ``:``; a
+  runtime binary missing from this machine's PATH is a note (the sweep refuses it where the
+  cells run, with bind sources that do not exist there:
+  :func:`orchestrator.images.sif.runtime_problems`). ``runtime = "docker"`` on the process or slurm
+  backend is refused.
+* arch: a model the workload builds on the stack's torchvision (else ``did you mean``);
+  ``pretrained`` is refused for the workload's own DeepLearningExamples models (no weights).
+* compile: needs torch >= 2.0 on the stack and, on CUDA, a GPU Triton compiles for (7.0+); on
+  Gaudi torch.compile is ``hpu_mode = "compile"``.
+* precision: bf16 on CUDA needs compute capability 8.0+; amp (fp16 autocast with a GradScaler)
+  is refused on cpu and hpu (Gaudi's mixed precision is bf16: amp would run as bf16).
+* cuda_graphs only on CUDA; profiler nsys/ncu only on CUDA and only in an image that ships the
+  tool (NGC PyTorch does, Habana's does not); ncu needs compute capability 7.0+.
+* hpu_mode only on hpu profiles; ``PT_HPU_LAZY_MODE`` belongs to the cell (from hpu_mode), not
+  to a profile's env.
+* release: ``ngc_release`` only where the backend runs images and the profile's template takes
+  an NGC release it does not fix otherwise (no ``base_image``, no ``release = "auto"``); a
+  release below the floor is refused. ``release = "auto"`` needs a template with a release
+  family (NGC ``base_tag``, Gaudi ``synapse_version``) that image_vars leave to it.
+* baseline: its key is a cell parameter and its value one of that parameter's; some cell has it,
+  and some other cell has a row to compare with (equal in every other parameter).
+* a cell that runs another program (a ``[commands.NAME]`` template): arch, pretrained, compile,
+  precision and cuda_graphs are the template's business (what they mean to the program is its
+  mapping), so the workload's rules are not applied; the stack, image and profiler rules are.
+  ``profiler = "torch"`` is refused (it lives inside our workload); a wrapping profiler whose
+  capture waits for markers the program may not set gets a note. A parameter the matrix varies
+  that the template never uses is a warning (its cells would run the same command). Our
+  workload's cells must be read by the ``workload`` parser (a ``[figures]`` table meant for
+  another program, applied to them, is an error); a command read by the ``workload`` parser
+  gets a note.
+
+Warnings (``validate --strict`` makes them errors): a baseline that pairs profiles whose planned
+stacks differ (the ratio would mix software and hardware; the table marks such rows too), CUDA
+graphs the workload would not capture (with compile, or with several GPUs), what an auto release
+cannot do on the older releases a host may get. A baseline on ``ngc_release`` compares releases
+on the same hardware by design: a note says so, not a warning (the table labels those ratios as
+the release comparison). Notes say what could not be checked (an unknown GPU, a base image
+outside the release table, the host's profilers, the release an auto profile gets per host).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from orchestrator.catalog import gpus, releases, stacks, templates
+from orchestrator.config.matrix_file import (
+    ORCHESTRATOR_PARAMS,
+    PARAM_NAMES,
+    CellParams,
+    HardwareProfile,
+    Program,
+    param_type,
+    profile_window_problem,
+)
+from orchestrator.config.syntax import param_matches
+from orchestrator.errors import BuildError, ConfigError, Problem
+from orchestrator.plan import apptainer, profilers, selection
+from orchestrator.plan.launch import hpu_mode
+from orchestrator.plan.matrix import Cell, Matrix
+
+log = logging.getLogger(__name__)
+
+#: How each backend runs a cell: in a Docker image built from the profile's template ("image"),
+#: or with this machine's Python ("host": the process backend; slurm jobs run this checkout's
+#: Python on nodes that share the filesystem). A backend not listed is not checked (a note).
+BACKEND_RUNS: dict[str, str] = {
+    "process": "host", "slurm": "host", "docker": "image", "ssh": "image",
+}
+
+_NGC_BASE = re.compile(r"^nvcr\.io/nvidia/pytorch:(\d\d\.\d\d)-py3$")
+#: An NGC release tag, as base_tag names it (from nvcr.io or a mirror's base_repository).
+_NGC_TAG = re.compile(r"^(\d\d\.\d\d)-py3$")
+_HABANA_BASE = re.compile(
+    r"^vault\.habana\.ai/gaudi-docker/([^/]+)/([^/]+)/habanalabs/pytorch-installer-([^/:]+)"
+    r":[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+)
+_TOOLS = {"nsys": "Nsight Systems (nsys)", "ncu": "Nsight Compute (ncu)", "nvprof": "nvprof"}
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The software a profile's cells run on, as far as it is known before anything is built."""
+
+    #: For people: ``NGC PyTorch 23.10 (torch 2.1.0a0+32f93b1, torchvision 0.16, CUDA 12.2.2)``.
+    label: str
+    #: The base image at the root of the template chain; None for this machine's Python.
+    base: str | None = None
+    #: The NGC release of the base, where it is one.
+    release: str | None = None
+    torch: str | None = None
+    torchvision: str | None = None
+    #: The CUDA toolkit of the stack, where known (nvprof left CUDA 12 toolkits).
+    cuda: str | None = None
+    #: Profilers the stack ships; None where that is not known.
+    profilers: frozenset[str] | None = None
+    #: False where the stack could not be told (an unknown base image or backend).
+    known: bool = True
+    #: ``release = "auto"``: the stacks a host may get, oldest first (the stack itself is
+    #: decided per host when the sweep runs).
+    candidates: tuple[Stack, ...] = ()
+
+    @property
+    def identity(self) -> tuple[str | None, str | None]:
+        """What two profiles must share to be compared: the base image and the torch."""
+        return self.base, self.torch
+
+
+@dataclass
+class Findings:
+    """What :func:`check_matrix` found: errors, warnings, notes (each once), and the stack of
+    every hardware profile the cells use."""
+
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+    stacks: dict[str, Stack] = field(default_factory=dict)
+    #: (hardware, ngc_release) -> the stack of cells that pin a release
+    release_stacks: dict[tuple[str, str], Stack] = field(default_factory=dict)
+
+    def stack_of(self, cell: Cell) -> Stack:
+        """The stack ``cell`` runs on: its pinned release's, else its profile's."""
+        release = cell.params.ngc_release
+        if release is not None and (cell.hardware, release) in self.release_stacks:
+            return self.release_stacks[(cell.hardware, release)]
+        return self.stacks[cell.hardware]
+
+    def error(self, problem: Problem) -> None:
+        if problem not in self.errors:
+            self.errors.append(problem)
+
+    def warning(self, problem: Problem) -> None:
+        if problem not in self.warnings:
+            self.warnings.append(problem)
+
+    def note(self, problem: Problem) -> None:
+        if problem not in self.notes:
+            self.notes.append(problem)
+
+    def refuse(self, *, strict: bool = False) -> None:
+        """Raise a :class:`ConfigError` listing every error (and, ``strict``, every warning)."""
+        problems = self.errors + (self.warnings if strict else [])
+        if problems:
+            raise ConfigError(problems)
+
+
+# --- entry points ------------------------------------------------------------------------------
+
+
+def check_matrix(
+    matrix: Matrix, backend: str | None = None, *, comparisons: bool = True
+) -> Findings:
+    """Check every cell of ``matrix`` against the stack it will run on with ``backend`` (default
+    ``[matrix] backend``), and, with ``comparisons``, the matrix's baseline. Pure apart from
+    reading the template, release and model tables and this interpreter's package metadata."""
+    backend = backend or matrix.settings.backend
+    file = str(matrix.path)
+    found = Findings()
+    for hw in sorted({c.hardware for c in matrix.cells}):
+        found.stacks[hw] = _profile_checks(found, file, hw, matrix.profiles[hw], backend)
+    places = _Places(matrix.raw)
+    for hw, release in sorted({(c.hardware, c.params.ngc_release) for c in matrix.cells
+                               if c.params.ngc_release is not None}):
+        found.release_stacks[(hw, release)] = _release_checks(
+            found, file, places, hw, matrix.profiles[hw], release, backend)
+    configurations = _configurations(matrix.cells)
+    for cell in configurations:
+        stack = found.stack_of(cell)
+        profile = matrix.profiles[cell.hardware]
+        program = matrix.program(cell)
+        if stack.candidates:
+            _check_candidates(found, file, places, cell, profile, stack, program)
+        else:
+            _CellCheck(found, file, places, cell.params, profile, stack, program).run()
+    _program_checks(found, file, matrix, configurations)
+    if comparisons and matrix.settings.baseline:
+        _baseline_checks(found, file, matrix)
+    return found
+
+
+def refuse_unrunnable(
+    matrix: Matrix, backend: str | None = None, *, comparisons: bool = True, strict: bool = False
+) -> Findings:
+    """:func:`check_matrix`, raising a :class:`ConfigError` with every error (``strict``: and
+    every warning) before anything is built or launched. Returns the findings otherwise."""
+    found = check_matrix(matrix, backend, comparisons=comparisons)
+    found.refuse(strict=strict)
+    return found
+
+
+# --- where a value is set ------------------------------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+class _Places:
+    """Where in the matrix file a parameter's value is set (the field an error names)."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+
+    def of(self, key: str, value: Any) -> list[str]:
+        """Every field that sets ``key`` to ``value``; ``workload.KEY`` when none does (the
+        value is the default)."""
+        raw = self.raw
+        found: list[str] = []
+        axes = raw.get("axes")
+        if isinstance(axes, dict) and isinstance(axes.get(key), list):
+            found += [f"axes.{key}[{i}]" for i, v in enumerate(axes[key]) if _same(v, value)]
+        for z, group in enumerate(raw.get("zip") or []):
+            if isinstance(group, dict) and isinstance(group.get(key), list):
+                found += [f"zip[{z}].{key}[{i}]" for i, v in enumerate(group[key])
+                          if _same(v, value)]
+        for i, entry in enumerate(raw.get("include") or []):
+            if isinstance(entry, dict) and key in entry and _same(entry[key], value):
+                found.append(f"include[{i}].{key}")
+        workload = raw.get("workload")
+        if isinstance(workload, dict) and key in workload and _same(workload[key], value):
+            found.append(f"workload.{key}")
+        return found or [f"workload.{key}"]
+
+
+def _configurations(cells: Iterable[Cell]) -> list[Cell]:
+    """One cell per configuration (repeats share everything checked here)."""
+    return list({c.group: c for c in cells}.values())
+
+
+def _did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=cutoff)
+    if not close:
+        return ""
+    quoted = [repr(c) for c in close]
+    options = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+    return f"; did you mean {options}?"
+
+
+# --- profiles: their stack -----------------------------------------------------------------------
+
+
+def _profile_checks(
+    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
+) -> Stack:
+    """Check a profile against the backend; return the stack its cells run on."""
+    where = f"hardware.{hw}"
+    _accelerator_checks(found, file, where, profile)
+    if profile.device == "hpu" and "PT_HPU_LAZY_MODE" in profile.env:
+        found.error(Problem(file, f"{where}.env.PT_HPU_LAZY_MODE", (
+            "the Gaudi mode is a per-cell choice: set hpu_mode (eager, lazy or compile) and "
+            "remove PT_HPU_LAZY_MODE here (orchestrate sets it in each cell's environment)")))
+    runs = BACKEND_RUNS.get(backend)
+    if profile.apptainer_runtime:
+        return _apptainer_stack(found, file, hw, profile, backend)
+    if profile.runtime == "docker" and runs == "host":
+        found.error(Problem(file, f"{where}.runtime", (
+            f"runtime 'docker' runs on the docker and ssh backends; the {backend} backend runs "
+            "this machine's Python, or an Apptainer image with runtime = \"apptainer\"")))
+    if runs is None:
+        found.note(Problem(file, where, (
+            f"the {backend} backend is not known to these checks: its image and stack are not "
+            "checked")))
+        return Stack(f"not checked ({backend} backend)", known=False)
+    if runs == "host":
+        if profile.image is not None:
+            found.note(Problem(file, f"{where}.image", (
+                f"not used: the {backend} backend runs this machine's Python and its torch, not "
+                f"the image {profile.image!r}")))
+        if profile.release is not None:
+            found.note(Problem(file, f"{where}.release", (
+                f"not used: the {backend} backend runs this machine's Python, whose torch no "
+                "release picks (release = 'auto' applies to the docker and ssh backends)")))
+        return host_stack()
+    if profile.release == selection.AUTO:
+        return _auto_stack(found, file, hw, profile)
+    return _image_stack(found, file, hw, profile, backend)
+
+
+def _accelerator_checks(
+    found: Findings, file: str, where: str, profile: HardwareProfile
+) -> None:
+    if profile.gpu is None or profile.compute_capability is not None:
+        return
+    known = (gpus.compute_capability(profile.gpu) if profile.device == "cuda"
+             else gpus.gaudi_generation(profile.gpu))
+    if known is None:
+        spelled = _did_you_mean(profile.gpu.upper(), gpus.known_accelerators(), cutoff=0.5)
+        hint = ("; give its compute_capability (e.g. \"8.0\") to have it checked"
+                if profile.device == "cuda" else "")
+        found.note(Problem(file, f"{where}.gpu", (
+            f"{profile.gpu!r} is not an accelerator these checks know, so what it can do is not "
+            f"checked{spelled}{hint}")))
+
+
+@functools.cache
+def host_stack() -> Stack:
+    """This interpreter's torch and torchvision (the process and slurm backends run it), read
+    from the package metadata without importing torch."""
+    versions: dict[str, str | None] = {}
+    for name in ("torch", "torchvision"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    torch, vision = versions["torch"], versions["torchvision"]
+    if torch is None:
+        return Stack("this machine's Python (no torch installed)", known=False)
+    return Stack(f"this machine's Python (torch {torch}, torchvision {vision})",
+                 torch=torch, torchvision=vision)
+
+
+def _image_stack(
+    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
+) -> Stack:
+    where = f"hardware.{hw}"
+    unknown = Stack("not checked", known=False)
+    if profile.image is None:
+        found.error(Problem(file, f"{where}.image", (
+            f"the {backend} backend runs each cell in a container: give an image template "
+            f"({', '.join(templates.template_names())})")))
+        return unknown
+    try:
+        template = templates.load_template(profile.image)
+    except ConfigError:  # load_matrix reported it
+        return unknown
+    if template.kind != "dockerfile":
+        docker = [n for n in templates.template_names()
+                  if templates.load_template(n).kind == "dockerfile"]
+        found.error(Problem(file, f"{where}.image", (
+            f"{profile.image!r} is a {template.kind} definition, which the {backend} backend "
+            f"cannot run (it runs Docker images): pick a Dockerfile template "
+            f"({', '.join(docker)})"
+            + ("" if backend == "docker" else ", or set runtime = \"apptainer\" to run it "
+               "with Apptainer"))))
+        return unknown
+    return _template_stack(found, file, where, profile, template)
+
+
+def _template_stack(found: Findings, file: str, where: str, profile: HardwareProfile,
+                    template: templates.Template) -> Stack:
+    """The stack an image template builds on: its chain's root base, classified."""
+    try:
+        root, resolved = _chain_root(template, profile.image_vars)
+        base = root.base_ref(resolved)
+    except (ConfigError, BuildError) as exc:
+        found.note(Problem(file, f"{where}.image_vars", f"base image not resolved ({exc}): "
+                           "its stack is not checked"))
+        return Stack("not checked", known=False)
+    tagged = _ngc_tag(root, resolved)
+    if tagged is not None:  # nvcr.io's or a mirror's (base_repository) release
+        return _ngc_stack(found, file, where, profile, base, tagged)
+    return _classify_base(found, file, where, profile, base)
+
+
+def _apptainer_stack(
+    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
+) -> Stack:
+    """A profile whose cells run under Apptainer: where it can run, its binds, its image."""
+    where = f"hardware.{hw}"
+    unknown = Stack("not checked", known=False)
+    runtime = profile.runtime
+    if backend == "docker":
+        found.error(Problem(file, f"{where}.runtime", (
+            f"runtime {runtime!r} runs `{runtime} exec` on the process, ssh and slurm backends; "
+            "the docker backend runs Docker containers (pick another backend, or remove "
+            "runtime)")))
+        return unknown
+    if backend not in BACKEND_RUNS:
+        found.note(Problem(file, where, (
+            f"the {backend} backend is not known to these checks: its image and stack are not "
+            "checked")))
+        return unknown
+    if profile.device == "hpu":
+        found.error(Problem(file, f"{where}.runtime", (
+            f"runtime {runtime!r} runs CUDA (--nv) and CPU profiles; Gaudi (device hpu) runs in "
+            "Docker with the habana runtime")))
+    if profile.wrapper != "none":
+        found.error(Problem(file, f"{where}.wrapper", (
+            f"wrapper {profile.wrapper!r} is not available under runtime {runtime!r}: the "
+            "Bitfusion client runs in a Docker image of its own (runtime docker)")))
+    if profile.multi_node and backend == "ssh":
+        found.error(Problem(file, f"{where}.multi_node", (
+            f"cells spanning several hosts are not run under runtime {runtime!r} (one host per "
+            "cell): set multi_node = false")))
+    for table, mounts in (("container.mounts", profile.container.mounts),
+                          ("apptainer.binds", profile.apptainer.binds)):
+        for i, mount in enumerate(mounts):
+            for side in ("source", "target"):
+                value = getattr(mount, side)
+                if side == "source" and value.startswith("~/"):
+                    continue  # expanded where the cell runs
+                problem = apptainer.bind_problem(value)
+                if problem:
+                    found.error(Problem(file, f"{where}.{table}[{i}].{side}", problem))
+    binary = apptainer.binary_of(profile)
+    if backend in ("process", "slurm") and shutil.which(binary) is None and not (
+            binary.startswith("/") and os.access(binary, os.X_OK)):
+        found.note(Problem(file, f"{where}.apptainer.binary", (
+            f"{binary!r} is not on this machine's PATH: a sweep here refuses to start until it "
+            "is (install Apptainer or SingularityCE, or name the program's path)")))
+    if profile.image is None:
+        if profile.apptainer.sif is None:
+            found.error(Problem(file, f"{where}.image", (
+                f"runtime {runtime!r} runs an image: name a template (singularity, or a "
+                "Dockerfile template to convert) or a ready .sif in apptainer.sif")))
+        else:
+            found.note(Problem(file, f"{where}.apptainer.sif", (
+                f"a ready image ({profile.apptainer.sif}): its torch, models and profilers are "
+                "not checked (name the template it was built from in image to have them "
+                "checked)")))
+        return unknown
+    if profile.release == selection.AUTO:
+        found.error(Problem(file, f"{where}.release", (
+            f"release = 'auto' (a release per host's driver) is not offered under runtime "
+            f"{runtime!r}: pin the release in image_vars (base_tag), or make it an axis "
+            "(ngc_release)")))
+        return unknown
+    try:
+        template = templates.load_template(profile.image)
+    except ConfigError:  # load_matrix reported it
+        return unknown
+    return _template_stack(found, file, where, profile, template)
+
+
+def _chain_root(template: templates.Template, values: dict[str, Any]
+                ) -> tuple[templates.Template, dict[str, Any]]:
+    """The template at the root of ``template``'s chain and its resolved values (a template
+    whose parent image is left to the build is built FROM its parent's image)."""
+    resolved = template.resolve(values)
+    while template.parent and not resolved.get(template.parent.variable):
+        forwarded = {k: resolved[k] for k in template.parent.forward}
+        template = templates.load_template(template.parent.template)
+        resolved = template.resolve(forwarded)
+    return template, resolved
+
+
+def _ngc_tag(root: templates.Template, resolved: dict[str, Any]) -> str | None:
+    """The NGC release a root template's ``base_tag`` names, where no ``base_image`` replaces
+    it (the repository may be a lab mirror); None otherwise."""
+    if selection.family(root) != "ngc" or resolved.get("base_image"):
+        return None
+    match = _NGC_TAG.match(str(resolved.get("base_tag", "")))
+    return match[1] if match else None
+
+
+def root_base_image(template: templates.Template, values: dict[str, Any]) -> str:
+    """The base image at the root of ``template``'s chain for the profile's ``values``: a
+    template whose parent image is left to the build (``bitfusion``) is built FROM its parent's
+    image, which is built FROM the parent's base."""
+    root, resolved = _chain_root(template, values)
+    return root.base_ref(resolved)
+
+
+def _auto_stack(found: Findings, file: str, hw: str, profile: HardwareProfile) -> Stack:
+    """The stacks a host may get for a profile whose release is chosen per host."""
+    where = f"hardware.{hw}"
+    assert profile.image is not None  # the profile model requires an image with release = auto
+    try:
+        template = templates.load_template(profile.image)
+    except ConfigError:  # load_matrix reported it
+        return Stack("not checked", known=False)
+    kind = selection.family(template)
+    fixed = selection.fixed_base(template, profile.image_vars)
+    if kind is None:
+        found.error(Problem(file, f"{where}.release", (
+            f"release = 'auto' picks a release of the base image, but the template "
+            f"{profile.image!r} names none (it has neither base_tag nor synapse_version/"
+            "torch_version)")))
+        return Stack("not checked", known=False)
+    if fixed:
+        found.error(Problem(file, f"{where}.image_vars.{fixed[0]}", (
+            f"{fixed[0]} fixes the base image, which release = 'auto' chooses per host from its "
+            "driver: remove one of them")))
+    if kind == "habana":
+        candidates = tuple(
+            Stack(f"Intel Gaudi {r.name} (torch {r.torch})", torch=r.torch,
+                  profilers=frozenset(), release=r.name)
+            for r in releases.load_habana_releases())
+    else:
+        cc = _capability(profile)
+        shown = f"{cc[0]}.{cc[1]}" if cc else None
+        candidates = tuple(_release_stack(r, r.base_tag) for r in releases.load_releases()
+                           if r.offered and r.runs_on(shown))
+    span = f"{candidates[0].release}..{candidates[-1].release}" if candidates else "none"
+    label = selection.FAMILY_LABEL[kind]
+    found.note(Problem(file, f"{where}.release", (
+        f"release = 'auto': each host gets the {label} release its driver runs when the sweep "
+        f"reaches it ({span} possible); the cells are checked against each of them")))
+    return Stack(f"{label} chosen per host from its driver (release = 'auto')", known=False,
+                 candidates=candidates)
+
+
+def _release_stack(release: releases.Release, base: str) -> Stack:
+    return Stack(
+        f"NGC PyTorch {release.name} (torch {release.torch}, torchvision {release.torchvision},"
+        f" CUDA {release.cuda})",
+        base=base, release=release.name, torch=release.torch, torchvision=release.torchvision,
+        cuda=release.cuda, profilers=releases.container_profilers(),
+    )
+
+
+def _check_candidates(found: Findings, file: str, places: _Places, cell: Cell,
+                      profile: HardwareProfile, stack: Stack, program: Program) -> None:
+    """A cell of an auto profile against every stack a host may get: what fails on the newest
+    is an error; what fails only on older ones, a warning naming them."""
+    results = []
+    for candidate in stack.candidates:
+        sub = Findings()
+        _CellCheck(sub, file, places, cell.params, profile, candidate, program).run()
+        results.append((candidate, sub))
+    newest, last = results[-1]
+    for problem in last.errors:
+        found.error(problem)
+    for problem in [*last.warnings, *(n for _, s in results for n in s.notes)]:
+        (found.warning if problem in last.warnings else found.note)(problem)
+    failing = {p.field for p in last.errors}
+    worst: dict[str, tuple[Stack, Problem]] = {}
+    for candidate, sub in results[:-1]:
+        for problem in sub.errors:
+            if problem.field not in failing:
+                worst[problem.field] = (candidate, problem)  # the newest release it fails on
+    for fld, (candidate, problem) in worst.items():
+        found.warning(Problem(file, fld, (
+            f"on hosts whose driver gets {candidate.release} or older (release = 'auto'): "
+            f"{problem.message}")))
+
+
+def _release_checks(found: Findings, file: str, places: _Places, hw: str,
+                    profile: HardwareProfile, release: str, backend: str) -> Stack:
+    """The stack of cells of ``hw`` that pin ``ngc_release = release``, and whether they can."""
+    unknown = Stack(f"NGC PyTorch {release} (not checked)", known=False)
+
+    def error(message: str) -> Stack:
+        for where in places.of("ngc_release", release):
+            found.error(Problem(file, where, message))
+        return unknown
+
+    runs = BACKEND_RUNS.get(backend)
+    if runs == "host" and not profile.apptainer_runtime:
+        return error(f"ngc_release picks the NGC image of hardware {hw!r}'s cells; the {backend} "
+                     "backend runs this machine's Python instead: remove it, or run with "
+                     "--backend docker or ssh")
+    if runs is None or profile.image is None:
+        return unknown  # the profile's own checks said so
+    try:
+        template = templates.load_template(profile.image)
+    except ConfigError:
+        return unknown
+    if selection.family(template) != "ngc":
+        return error(f"ngc_release picks an NGC PyTorch base, but hardware {hw!r} builds "
+                     f"{profile.image!r}, which takes none")
+    if profile.release == selection.AUTO:
+        return error(f"hardware {hw!r} has release = 'auto' (each host's driver picks); a cell's "
+                     "ngc_release pins one: remove one of them")
+    fixed = [v for v in selection.fixed_base(template, profile.image_vars) if v != "base_tag"]
+    if fixed:
+        found.error(Problem(file, f"hardware.{hw}.image_vars.{fixed[0]}", (
+            f"{fixed[0]} fixes the base image, which the cells' ngc_release = {release} is to "
+            "pick: remove it (a lab mirror: set base_repository)")))
+        return unknown
+    try:
+        base = root_base_image(template, {**profile.image_vars, "base_tag": f"{release}-py3"})
+    except (ConfigError, BuildError):
+        return unknown
+    fields = places.of("ngc_release", release)
+    return _ngc_stack(found, file, f"hardware.{hw}", profile, base, release, fields)
+
+
+def _classify_base(
+    found: Findings, file: str, where: str, profile: HardwareProfile, base: str
+) -> Stack:
+    ngc = _NGC_BASE.match(base)
+    if ngc:
+        return _ngc_stack(found, file, where, profile, base, ngc[1])
+    habana = _HABANA_BASE.match(base)
+    if habana:
+        torch = habana[3] if _parses(habana[3]) else None
+        return Stack(f"Habana PyTorch installer {habana[1]} (torch {habana[3]}, {habana[2]})",
+                     base=base, torch=torch, profilers=frozenset())
+    found.note(Problem(file, f"{where}.image_vars", (
+        f"base image {base!r} is not an NGC PyTorch or Habana release these checks know: its "
+        "torch, models and profilers are not checked")))
+    return Stack(f"{base} (not checked)", base=base, known=False)
+
+
+def _ngc_stack(
+    found: Findings, file: str, where: str, profile: HardwareProfile, base: str, name: str,
+    fields: list[str] | None = None,
+) -> Stack:
+    fld = f"{where}.image_vars.base_tag" if "base_tag" in profile.image_vars else f"{where}.image"
+    release = releases.find_release(name)
+    if release is None:
+        oldest = releases.load_releases()[0].name
+        floor = releases.floor()["release"]
+        for at in fields or [fld]:
+            if _release_key(name) < _release_key(oldest):
+                found.error(Problem(file, at, (
+                    f"{base}: NGC PyTorch {name} is older than the workload's floor (torch "
+                    f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")))
+            else:
+                found.note(Problem(file, at, (
+                    f"{base}: NGC PyTorch {name} is not in orchestrator/data/ngc_releases.toml: "
+                    "its torch, models and profilers are not checked")))
+        return Stack(f"{base} (not in the release table)", base=base, known=False)
+    if release.refused:
+        for at in fields or [fld]:
+            found.error(Problem(file, at, (
+                f"NGC PyTorch {release.name} ({base}) is not offered: {release.refused}")))
+    return _release_stack(release, base)
+
+
+def _release_key(name: str) -> tuple[int, int]:
+    year, month = name.split(".")
+    return int(year), int(month)
+
+
+def _parses(version: str) -> bool:
+    try:
+        stacks.parse_version(version)
+    except ValueError:
+        return False
+    return True
+
+
+# --- cells -------------------------------------------------------------------------------------
+
+
+def _capability(profile: HardwareProfile) -> tuple[int, int] | None:
+    """The profile's CUDA compute capability, where it says or its ``gpu`` tells."""
+    text = profile.compute_capability
+    if text is None and profile.gpu is not None and profile.device == "cuda":
+        text = gpus.compute_capability(profile.gpu)
+    if text is None:
+        return None
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+@dataclass
+class _CellCheck:
+    """The rules for one cell configuration on its profile and stack."""
+
+    found: Findings
+    file: str
+    places: _Places
+    params: CellParams
+    profile: HardwareProfile
+    stack: Stack
+    program: Program = Program("workload")
+
+    @property
+    def hw(self) -> str:
+        return self.params.hardware
+
+    @property
+    def gpu(self) -> str:
+        cc = _capability(self.profile)
+        shown = f"compute capability {cc[0]}.{cc[1]}" if cc else "compute capability unknown"
+        return f"{self.profile.gpu}, {shown}" if self.profile.gpu else shown
+
+    def error(self, key: str, message: str) -> None:
+        for where in self.places.of(key, getattr(self.params, key)):
+            self.found.error(Problem(self.file, where, message))
+
+    def warning(self, key: str, message: str) -> None:
+        for where in self.places.of(key, getattr(self.params, key)):
+            self.found.warning(Problem(self.file, where, message))
+
+    def note(self, message: str) -> None:
+        self.found.note(Problem(self.file, f"hardware.{self.hw}", message))
+
+    def run(self) -> None:
+        if self.program.command is None:  # what the workload's flags mean is ours to check
+            self.arch()
+            self.compile()
+            self.precision()
+            self.cuda_graphs()
+        self.profiler()
+        self.gaudi()
+
+    def _torch_lacks(self, feature: str) -> str | None:
+        if self.stack.torch is None:
+            return None
+        try:
+            return stacks.feature_missing(feature, self.stack.torch)
+        except ValueError:  # a version string the checks cannot read: not checked
+            return None
+
+    def _torchvision_in_range(self) -> bool:
+        """Whether the stack's torchvision is one the model table covers (below the floor the
+        release itself is refused; nothing is recorded there)."""
+        version = self.stack.torchvision
+        if not version or not _parses(version):
+            return False
+        return stacks.series(version) >= stacks.series(stacks.model_range()[0])
+
+    def arch(self) -> None:
+        arch = self.params.arch
+        known = stacks.known_archs()
+        if arch not in known:
+            floor, newest = stacks.model_range()
+            own = ", ".join(stacks.workload_archs())
+            self.error("arch", (
+                f"{arch!r} is not a model the workload can build (torchvision {floor}..{newest} "
+                f"classification models, or DeepLearningExamples' {own})"
+                f"{_did_you_mean(arch, known)}"))
+        elif self._torchvision_in_range() and not stacks.arch_available(
+                arch, self.stack.torchvision or ""):
+            self.error("arch", (
+                f"{arch!r} is not in torchvision {self.stack.torchvision}, which hardware "
+                f"{self.hw!r} runs ({self.stack.label}): pick a newer image or another arch"))
+        if self.params.pretrained and arch in stacks.workload_archs():
+            self.error("pretrained", (
+                f"{arch!r} is built by the workload (DeepLearningExamples' model) and has no "
+                "pretrained weights: set pretrained = false"))
+
+    def compile(self) -> None:
+        mode = self.params.compile
+        if mode == "none":
+            return
+        if self.profile.device == "hpu":
+            self.error("compile", (
+                f"on Gaudi (hardware {self.hw!r}) torch.compile is hpu_mode = \"compile\" "
+                "(eager mode with the hpu_backend): set compile = \"none\" and hpu_mode"))
+            return
+        missing = self._torch_lacks("compile")
+        cc = _capability(self.profile)
+        if missing:
+            self.error("compile", f"compile = {mode!r} on hardware {self.hw!r}: {missing} "
+                                  f"({self.stack.label})")
+        elif self.profile.device == "cuda" and cc is not None and cc < (7, 0):
+            self.error("compile", (
+                f"compile = {mode!r}: torch.compile's GPU compiler (Triton) needs compute "
+                f"capability 7.0 or newer; hardware {self.hw!r} is {self.gpu}"))
+
+    def precision(self) -> None:
+        precision, device = self.params.precision, self.profile.device
+        if precision == "amp" and device == "hpu":
+            self.error("precision", (
+                f"Gaudi's mixed precision is bf16 (hardware {self.hw!r}): amp would run as bf16 "
+                "under an amp label; use precision = \"bf16\""))
+        elif precision == "amp" and device == "cpu":
+            self.error("precision", (
+                f"amp is fp16 autocast with a GradScaler, for CUDA GPUs; on the CPU (hardware "
+                f"{self.hw!r}) use bf16 or fp32"))
+        elif precision == "bf16" and device == "cuda":
+            cc = _capability(self.profile)
+            if cc is None:
+                self.note("bf16 not checked: the profile does not say which GPU it is (set gpu "
+                          "= \"A100\" or compute_capability = \"8.0\")")
+            elif cc < (8, 0):
+                self.error("precision", (
+                    f"bf16 needs compute capability 8.0 (Ampere) or newer; hardware {self.hw!r}"
+                    f" is {self.gpu}: use amp (fp16) or fp32"))
+
+    def cuda_graphs(self) -> None:
+        if not self.params.cuda_graphs:
+            return
+        if self.profile.device != "cuda":
+            self.error("cuda_graphs", (
+                f"CUDA graphs need a CUDA GPU; hardware {self.hw!r} is device "
+                f"{self.profile.device!r}: set cuda_graphs = false"))
+        elif self.params.compile != "none":
+            self.warning("cuda_graphs", (
+                f"with compile = {self.params.compile!r} the workload does not capture CUDA "
+                "graphs itself (compile manages graphs): the cell runs as its compile-only twin"))
+        elif self.params.gpus > 1:
+            self.warning("cuda_graphs", (
+                f"with gpus = {self.params.gpus} (DDP) the workload does not capture CUDA graphs:"
+                " the cell runs eagerly"))
+
+    def profiler(self) -> None:
+        tool = self.params.profiler
+        if tool == "none":
+            return
+        foreign = self.program.command is not None
+        if foreign and tool == "torch":
+            self.error("profiler", (
+                f"profiler = \"torch\" is torch.profiler inside our workload; program "
+                f"{self.program.name!r} is another program: use nsys or ncu (they wrap any "
+                "command), or profile it its own way"))
+            return
+        window = "" if foreign else profile_window_problem(self.params)
+        if window:
+            self.error("profile_start", window)
+        if tool not in _TOOLS:
+            return
+        capture = profilers.options_of(self.profile, tool).capture
+        if foreign and capture != "whole":
+            marks = "cudaProfilerStart/Stop" if capture == "range" else "NVTX range"
+            self.note(f"profiler {tool} with capture = {capture!r} records only between the "
+                      f"program's own {marks} (program {self.program.name!r}: orchestrate "
+                      "cannot tell whether it sets them); capture = \"whole\" records it start "
+                      "to end")
+        if self.profile.device != "cuda":
+            self.error("profiler", (
+                f"{_TOOLS[tool]} profiles CUDA GPUs; hardware {self.hw!r} is device "
+                f"{self.profile.device!r}: use profiler = \"torch\""))
+            return
+        cc = _capability(self.profile)
+        unsupported = profilers.tool_problem(tool, cc, self.stack.cuda)
+        if unsupported:  # nvprof on Ampere and later, or on a CUDA 12 stack
+            self.error("profiler", f"hardware {self.hw!r} ({self.stack.label}): {unsupported}")
+            return
+        if self.stack.profilers is None:
+            self.note(f"profiler {tool}: whether {self.stack.label} has {tool} is not checked")
+        elif tool not in self.stack.profilers:
+            self.error("profiler", f"{self.stack.label} does not ship {_TOOLS[tool]} "
+                                   f"(hardware {self.hw!r})")
+        if tool == "ncu" and cc is not None and cc < (7, 0):
+            self.error("profiler", (
+                f"Nsight Compute profiles compute capability 7.0 (Volta) and newer; hardware "
+                f"{self.hw!r} is {self.gpu} (nvprof is the tool there)"))
+
+    def gaudi(self) -> None:
+        mode = self.params.hpu_mode
+        if mode is not None and self.profile.device != "hpu":
+            self.error("hpu_mode", (
+                f"hpu_mode applies to Gaudi profiles (device = \"hpu\"); hardware {self.hw!r} is "
+                f"device {self.profile.device!r}"))
+            return
+        if self.profile.device != "hpu":
+            return
+        if mode is None:
+            self.note(f"hpu_mode not set: its cells run in {hpu_mode(self.params, 'hpu')} mode "
+                      "(set hpu_mode = \"eager\", \"lazy\" or \"compile\" to say so)")
+        elif mode == "compile":
+            missing = self._torch_lacks("compile")
+            if missing:
+                self.error("hpu_mode", f"hpu_mode = \"compile\" on hardware {self.hw!r}: "
+                                       f"{missing} ({self.stack.label})")
+
+
+# --- programs: our workload and command templates ---------------------------------------------
+
+#: Parameters that reach every program without a placeholder: where it runs, how many GPUs,
+#: which program, the wrapping profiler.
+_ALWAYS_USED = ORCHESTRATOR_PARAMS | {"profiler"}
+
+
+def _program_checks(found: Findings, file: str, matrix: Matrix, configs: list[Cell]) -> None:
+    """Figures parsers against programs; parameters a command never sees."""
+    by_program: dict[str, list[Cell]] = {}
+    for cell in configs:
+        program = matrix.program(cell)
+        by_program.setdefault(program.name, []).append(cell)
+        if program.command is None and program.parser != "workload":
+            profile = matrix.profiles[cell.hardware]
+            where = (f"hardware.{cell.hardware}.figures.parser" if profile.figures is not None
+                     else "figures.parser")
+            found.error(Problem(file, where, (
+                f"our workload's cells (hardware {cell.hardware!r}) print JSON lines, which "
+                f"parser {program.parser!r} does not read: set parser = \"workload\" here, or "
+                "give the other program's figures in its [commands.NAME.figures]")))
+    for name, cells in by_program.items():
+        command = matrix.commands.get(name)
+        if command is None:
+            continue
+        if matrix.program(cells[0]).parser == "workload":
+            found.note(Problem(file, f"commands.{name}", (
+                f"no figures declared for program {name!r}: its output is read as our "
+                "workload's JSON lines (give [commands." + name + ".figures] parser = "
+                "\"dllogger\" or \"regex\" for other programs)")))
+        used = command.params_used() | _ALWAYS_USED
+        figures = matrix.program(cells[0]).figures
+        if figures is not None and figures.parser == "dllogger" and figures.warmup is None:
+            used.add("warmup")  # the parser drops the cell's warmup iterations
+        dumps = [c.params.model_dump() for c in cells]
+        for key in PARAM_NAMES:
+            if key in used or len({json.dumps(d[key]) for d in dumps}) < 2:
+                continue
+            found.warning(Problem(file, f"commands.{name}.command", (
+                f"{key} varies among the cells of program {name!r}, but its command never "
+                f"uses it ({{{key}}} or a placeholder mapping it): those cells run the same "
+                "command")))
+
+
+# --- the matrix: its baseline ------------------------------------------------------------------
+
+
+def _baseline_checks(found: Findings, file: str, matrix: Matrix) -> None:
+    text = matrix.settings.baseline or ""
+    key, _, value = (part.strip() for part in text.partition("="))
+    where = "matrix.baseline"
+    if key not in PARAM_NAMES:
+        found.error(Problem(file, where, (
+            f"{key!r} is not a cell parameter{_did_you_mean(key, PARAM_NAMES)} (known: "
+            f"{', '.join(PARAM_NAMES)})")))
+        return
+    try:
+        TypeAdapter(param_type(key)).validate_strings(value)
+    except ValidationError as exc:
+        message = exc.errors(include_url=False)[0]["msg"]
+        found.error(Problem(file, where, f"{value!r} is not a value of {key}: {message}"))
+        return
+    configs = _configurations(matrix.cells)
+    dumps = {c.group: c.params.model_dump() for c in configs}
+    base = [c for c in configs if param_matches(dumps[c.group][key], value)]
+    if not base:
+        have = sorted({_shown(dumps[c.group][key]) for c in configs})
+        found.error(Problem(file, where, (
+            f"no cell has {key} = {value} (the cells have {key} {', '.join(have)}): no row "
+            "would get a ratio")))
+        return
+
+    def others(cell: Cell) -> str:
+        return json.dumps({k: v for k, v in dumps[cell.group].items() if k != key},
+                          sort_keys=True)
+
+    index = {others(c): c for c in base}
+    pairs = [(c, index[others(c)]) for c in configs
+             if c not in base and others(c) in index]
+    if not pairs:
+        found.error(Problem(file, where, (
+            f"no cell has a {key} = {value} row to compare with: every cell with another {key} "
+            "also differs in other parameters, so no row would get a ratio")))
+        return
+    if key == selection.RELEASE_PARAM:
+        found.note(Problem(file, where, (
+            f"compares NGC releases on the same hardware (each row against ngc_release = "
+            f"{value}): the stacks differ by design, and the table labels those ratios as the "
+            "release comparison")))
+        return
+    _stack_pairs(found, file, where, pairs)
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def _stack_pairs(
+    found: Findings, file: str, where: str, pairs: list[tuple[Cell, Cell]]
+) -> None:
+    """A warning for every pair of profiles a baseline compares whose planned stacks differ."""
+    seen: set[tuple[str, str]] = set()
+    for cell, ref in pairs:
+        names = (cell.hardware, ref.hardware)
+        if names[0] == names[1] or names in seen:
+            continue
+        seen.add(names)
+        mine, theirs = found.stack_of(cell), found.stack_of(ref)
+        if not (mine.known and theirs.known):
+            found.note(Problem(file, where, (
+                f"whether hardware {names[0]!r} and {names[1]!r} run the same software stack is "
+                "not checked (one of them is not known)")))
+        elif mine.identity != theirs.identity:
+            found.warning(Problem(file, where, (
+                f"compares hardware {names[0]!r} ({mine.label}) with {names[1]!r} "
+                f"({theirs.label}): different software stacks, so the ratio mixes software with "
+                "hardware; build both on one base (the same image_vars base_tag)")))

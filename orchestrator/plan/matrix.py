@@ -1,0 +1,627 @@
+"""Matrix expansion: a validated matrix file becomes frozen :class:`Cell` values.
+
+The rules, in order:
+
+1. Every cell starts from :class:`~orchestrator.config.matrix_file.CellParams` defaults, overlaid by
+   ``[workload]``.
+2. ``[axes]`` (in file order) and each ``[[zip]]`` group (values taken together, index by index)
+   are the dimensions; the cells are their cartesian product.
+3. ``[[exclude]]`` drops every product cell that matches all of a rule's keys (a list in a rule
+   matches any of its values). A rule that matches nothing is an error: it is almost always a typo.
+4. ``[[include]]`` adds one cell per entry (``[workload]`` defaults for what it leaves out);
+   a duplicate of an existing cell is dropped.
+5. ``repeats`` copies every cell; repeat *k* of all cells runs before repeat *k+1* of any, so slow
+   drift of a machine (thermals, a noisy neighbour) spreads over the whole matrix, not one cell.
+
+Ids are stable and readable (``v100-g4-bs256-amp-r1``): hardware, then the parameters that vary in
+the matrix, then the repeat. The content hash covers the parameters and the hardware profile. An id
+longer than :data:`MAX_ID_LENGTH` (a long varying ``data`` path) is cut and ends with its hash, so
+it is always a valid folder name.
+
+Size: the axes and zips may multiply to at most
+:data:`~orchestrator.config.matrix_file.MAX_COMBINATIONS` combinations and the matrix may plan at
+most
+:data:`~orchestrator.config.matrix_file.MAX_CELLS` cells; both are checked from the list lengths
+before any
+cell is built, and the message names the fields that multiply up.
+
+Validation reports every problem of the file at once (types, unknown keys and profiles, image
+templates and their variables, rules that match nothing). Whether each cell can run where it is
+planned (its model, options, profiler and image on its stack) is :mod:`orchestrator.plan.checks`'
+question. This module knows nothing of backends:
+``[matrix] backend`` is checked against the names the caller passes to :func:`load_matrix`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import json
+import math
+import re
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from orchestrator.catalog import templates
+from orchestrator.config.figures import FiguresConfig
+from orchestrator.config.matrix_file import (
+    MAX_CELLS,
+    MAX_COMBINATIONS,
+    PARAM_NAMES,
+    WORKLOAD_PROGRAM,
+    CellParams,
+    CommandRenderError,
+    CommandTemplate,
+    HardwareProfile,
+    MatrixFile,
+    MatrixSettings,
+    Program,
+    command_values,
+    hardware_reference_problems,
+    param_type,
+    parse_matrix_file,
+    program_of,
+)
+from orchestrator.config.syntax import name_problem
+from orchestrator.errors import ConfigError, Problem
+
+#: Longest cell group id (the cell id adds ``-rN``; a folder name may have 255 bytes).
+MAX_ID_LENGTH = 150
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One container launch: a full parameter assignment and one repeat of it."""
+
+    id: str
+    group: str
+    repeat: int
+    params: CellParams
+    hash: str
+
+    @property
+    def hardware(self) -> str:
+        return self.params.hardware
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "group": self.group,
+            "repeat": self.repeat,
+            "hash": self.hash,
+            "params": self.params.model_dump(),
+        }
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A loaded, validated and expanded matrix."""
+
+    name: str
+    path: Path
+    settings: MatrixSettings
+    profiles: dict[str, HardwareProfile]
+    cells: tuple[Cell, ...]
+    varying: tuple[str, ...]
+    source_text: str = field(repr=False, default="")
+    #: ``[commands.NAME]``: the programs cells may run besides our workload.
+    commands: dict[str, CommandTemplate] = field(default_factory=dict)
+    #: ``[figures]``: how cells' figures are read unless a command or profile says otherwise.
+    figures: FiguresConfig | None = None
+    #: ``source_text`` as parsed: where the checks find the field that sets a value.
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    def profile(self, cell: Cell) -> HardwareProfile:
+        return self.profiles[cell.hardware]
+
+    def program(self, cell: Cell) -> Program:
+        """What ``cell`` runs (our workload or a command template) and how its figures are
+        read (:func:`orchestrator.config.matrix_file.program_of`)."""
+        return program_of(cell.params, self.profile(cell), self.commands, self.figures)
+
+    def with_cells(self, cells: Iterable[Cell]) -> Matrix:
+        return Matrix(
+            self.name, self.path, self.settings, self.profiles, tuple(cells), self.varying,
+            self.source_text, self.commands, self.figures, self.raw,
+        )
+
+
+# --- expansion -------------------------------------------------------------------------------
+
+
+def _set_keys(model: Any) -> dict[str, Any]:
+    """The keys a partial model (axes, zip, include, exclude) actually sets, in file order."""
+    return {k: getattr(model, k) for k in model.model_fields_set if getattr(model, k) is not None}
+
+
+def _ordered(keys: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, Any]:
+    order = list(raw) if isinstance(raw, dict) else []
+    return dict(sorted(keys.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 999))
+
+
+def _dimensions(
+    mf: MatrixFile, raw: dict[str, Any], file: str
+) -> tuple[list[list[dict[str, Any]]], list[Problem]]:
+    problems: list[Problem] = []
+    dims: list[list[dict[str, Any]]] = []
+    axes = _ordered(_set_keys(mf.axes), raw.get("axes"))
+    for key, values in axes.items():
+        dims.append([{key: v} for v in values])
+    seen = set(axes)
+    raw_zips: list[Any] = raw["zip"] if isinstance(raw.get("zip"), list) else []
+    for i, group in enumerate(mf.zip):
+        raw_group = raw_zips[i] if i < len(raw_zips) else None
+        values = _ordered(_set_keys(group), raw_group)
+        if not values:
+            problems.append(Problem(file, f"zip[{i}]", "empty: give at least one parameter"))
+            continue
+        lengths = {k: len(v) for k, v in values.items()}
+        if len(set(lengths.values())) > 1:
+            problems.append(Problem(
+                file, f"zip[{i}]", f"lists must have the same length, got {lengths}"
+            ))
+            continue
+        for key in values:
+            if key in seen:
+                problems.append(Problem(
+                    file, f"zip[{i}].{key}",
+                    "already varied by [axes] or another zip; a parameter belongs to one of them",
+                ))
+        seen.update(values)
+        n = next(iter(lengths.values()))
+        dims.append([{k: v[j] for k, v in values.items()} for j in range(n)])
+    return dims, problems
+
+
+def _matches(rule: dict[str, Any], assignment: dict[str, Any]) -> bool:
+    for key, wanted in rule.items():
+        value = assignment.get(key)
+        if isinstance(wanted, list) and not isinstance(value, list):
+            if value not in wanted:
+                return False
+        elif value != wanted:
+            return False
+    return True
+
+
+def expand_assignments(
+    mf: MatrixFile, raw: dict[str, Any], file: str
+) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """Expand axes/zip/exclude/include into full parameter assignments (no repeats yet)."""
+    defaults = {
+        name: info.default for name, info in CellParams.model_fields.items()
+        if not info.is_required()
+    }
+    defaults.update(_set_keys(mf.workload))
+    dims, problems = _dimensions(mf, raw, file)
+
+    rules = [_set_keys(rule) for rule in mf.exclude]
+    used = [False] * len(rules)
+    out: list[dict[str, Any]] = []
+    for combo in itertools.product(*dims):
+        assignment = dict(defaults)
+        for part in combo:
+            assignment.update(part)
+        hit = [i for i, rule in enumerate(rules) if rule and _matches(rule, assignment)]
+        for i in hit:
+            used[i] = True
+        if not hit:
+            out.append(assignment)
+    for i, rule in enumerate(rules):
+        if not rule:
+            problems.append(Problem(file, f"exclude[{i}]", "empty rule: it would drop every cell"))
+        elif not used[i]:
+            problems.append(Problem(
+                file, f"exclude[{i}]",
+                f"matches no cell ({_fmt(rule)}); check the values against [axes]",
+            ))
+    for entry in mf.include:
+        out.append({**defaults, **_set_keys(entry)})
+
+    unique: dict[str, dict[str, Any]] = {}
+    for assignment in out:
+        unique.setdefault(json.dumps(assignment, sort_keys=True), assignment)
+    return list(unique.values()), problems
+
+
+def _fmt(rule: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {v!r}" for k, v in rule.items())
+
+
+def _factors(mf: MatrixFile, raw: dict[str, Any]) -> list[tuple[str, int]]:
+    """(field, number of values) of every dimension: the axes, then each zip group."""
+    factors = [(f"axes.{k}", len(v)) for k, v in _ordered(_set_keys(mf.axes), raw.get("axes"))
+               .items()]
+    for i, group in enumerate(mf.zip):
+        lengths = {len(v) for v in _set_keys(group).values()}
+        if len(lengths) == 1:  # different lengths are reported by the expansion
+            factors.append((f"zip[{i}]", lengths.pop()))
+    return factors
+
+
+def _product(factors: list[tuple[str, int]], extra: str = "") -> str:
+    parts = [f"{field} ({n} values)" for field, n in factors if n > 1]
+    return " x ".join(parts + ([extra] if extra else [])) or "the defaults"
+
+
+def size_problems(mf: MatrixFile, raw: dict[str, Any], file: str) -> list[Problem]:
+    """A problem if the axes multiply past :data:`MAX_COMBINATIONS`, or if even the upper bound
+    of the cells is past :data:`MAX_CELLS` without any [[exclude]] to bring it down. Needs only
+    the list lengths: refused before anything is expanded."""
+    factors = _factors(mf, raw)
+    combinations = math.prod(n for _, n in factors)
+    if combinations > MAX_COMBINATIONS:
+        return [Problem(file, "axes", (
+            f"{_product(factors)} multiply up to {combinations:,} combinations, more than the "
+            f"{MAX_COMBINATIONS:,} a matrix may have: split it into several matrix files"
+        ))]
+    repeats = mf.matrix.repeats
+    cells = (combinations + len(mf.include)) * repeats
+    if cells > MAX_CELLS and not mf.exclude:
+        return [_too_many_cells(file, factors, len(mf.include), repeats, cells)]
+    return []
+
+
+def _too_many_cells(
+    file: str, factors: list[tuple[str, int]], includes: int, repeats: int, cells: int
+) -> Problem:
+    extra = f"matrix.repeats ({repeats})" if repeats > 1 else ""
+    plus = f" (+ {includes} include)" if includes else ""
+    return Problem(file, "axes", (
+        f"{_product(factors, extra)}{plus} plan {cells:,} cells, more than the {MAX_CELLS:,} "
+        "one run may have: split the matrix into several files or lower matrix.repeats"
+    ))
+
+
+# --- ids and hashes --------------------------------------------------------------------------
+
+_ABBREV = {
+    "image_size": "px", "warmup": "w", "iterations": "it", "num_classes": "nc", "workers": "wk",
+    "seed": "seed", "ngc_release": "ngc",
+}
+
+
+def _slug(value: Any) -> str:
+    return re.sub(r"[^a-z0-9.]+", "_", str(value).lower()).strip("_") or "x"
+
+
+def _id_parts(params: dict[str, Any], varying: Sequence[str], program: str = WORKLOAD_PROGRAM
+              ) -> list[str]:
+    parts = [_slug(params["hardware"])]
+    if "program" in varying:  # the program's name says what it is: h100-dle-g1-...
+        parts.append(_slug(program))
+    for key in ("arch", "mode"):
+        if key in varying:
+            parts.append(_slug(params[key]))
+    parts += [f"g{params['gpus']}", f"bs{params['batch_size']}", params["precision"]]
+    for key in PARAM_NAMES:
+        if key not in varying or key in ("hardware", "program", "arch", "mode", "gpus",
+                                         "batch_size", "precision"):
+            continue
+        value = params[key]
+        if key == "hpu_mode":  # eager / lazy / compile say what they are
+            parts.append(_slug(value))
+        elif isinstance(value, bool):
+            parts.append(key.replace("_", "") if value else f"no{key.replace('_', '')}")
+        elif key in _ABBREV:
+            parts.append(f"{_ABBREV[key]}{value}")
+        else:
+            parts.append(f"{key.replace('_', '')}-{_slug(value)}")
+    return parts
+
+
+#: The hash stays the same across versions of orchestrate for a cell that does not use what a
+#: version added (``--resume`` of an older run; its history lines up): a field added after cells
+#: were first hashed is left out of the hash while it has its neutral value (the behaviour from
+#: before it existed), and a retired field keeps the value it always had there.
+HASH_NEUTRAL_PARAMS: dict[str, Any] = {
+    "hpu_mode": None, "profile_start": 0, "profile_iterations": 5, "telemetry_interval": 0.5,
+    "program": None, "ngc_release": None,
+}
+HASH_NEUTRAL_PROFILE: dict[str, Any] = {
+    "gpu": None, "compute_capability": None, "program": None, "figures": None,
+    "release": None, "forward_compat": False, "runtime": None,
+    **{tool: HardwareProfile.model_fields[tool].get_default(call_default_factory=True)
+       for tool in ("nsys", "ncu", "nvprof", "apptainer")},
+}
+HASH_RETIRED_PROFILE: dict[str, Any] = {"backend": None}
+
+
+def _hashed(dump: dict[str, Any], neutral: dict[str, Any]) -> dict[str, Any]:
+    def plain(value: Any) -> Any:
+        return value.model_dump() if hasattr(value, "model_dump") else value
+
+    return {k: v for k, v in dump.items() if not (k in neutral and v == plain(neutral[k]))}
+
+
+def content_hash(params: CellParams, profile: HardwareProfile, program: Program | None = None
+                 ) -> str:
+    """A short hash of everything that defines a cell's run (not its repeat): its parameters,
+    its hardware profile and, where it is not our workload's default, its ``program`` (the
+    command template it runs, the figures parser that reads it)."""
+    dump = params.model_dump()
+    if program is not None and program.command is None:
+        dump["program"] = None  # our workload, however it was named: as before programs
+    content: dict[str, Any] = {
+        "params": _hashed(dump, HASH_NEUTRAL_PARAMS),
+        "profile": {**_hashed(profile.model_dump(), HASH_NEUTRAL_PROFILE),
+                    **HASH_RETIRED_PROFILE},
+    }
+    if program is not None and program.command is not None:
+        content["command"] = {"name": program.name, **program.command.model_dump()}
+    if program is not None and program.figures is not None:
+        content["figures"] = program.figures.model_dump()
+    blob = json.dumps(content, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _short(group: str, digest: str) -> str:
+    """``group``, or its first characters and the hash when it is longer than MAX_ID_LENGTH."""
+    if len(group) <= MAX_ID_LENGTH:
+        return group
+    return f"{group[:MAX_ID_LENGTH - 13].rstrip('-_.')}-{digest}"
+
+
+def make_cells(
+    assignments: list[CellParams], profiles: dict[str, HardwareProfile], repeats: int,
+    commands: dict[str, CommandTemplate] | None = None, figures: FiguresConfig | None = None,
+) -> tuple[list[Cell], tuple[str, ...]]:
+    """Give every assignment a stable id and hash, then copy it ``repeats`` times."""
+    dumped = [a.model_dump() for a in assignments]
+    varying = tuple(k for k in PARAM_NAMES if len({json.dumps(d[k]) for d in dumped}) > 1)
+    groups: list[tuple[str, CellParams, str]] = []
+    seen: dict[str, int] = {}
+    for params, d in zip(assignments, dumped, strict=True):
+        profile = profiles[params.hardware]
+        program = program_of(params, profile, commands or {}, figures)
+        digest = content_hash(params, profile, program)
+        group = "-".join(_id_parts(d, varying, program.name))
+        seen[group] = seen.get(group, 0) + 1
+        groups.append((group, params, digest))
+    groups = [(_short(g if seen[g] == 1 else f"{g}-{h[:6]}", h), p, h) for g, p, h in groups]
+    cells = [
+        Cell(id=f"{g}-r{r}", group=g, repeat=r, params=p, hash=h)
+        for r in range(1, repeats + 1)
+        for g, p, h in groups
+    ]
+    return cells, varying
+
+
+# --- semantic checks -------------------------------------------------------------------------
+
+
+def _check_backend(mf: MatrixFile, file: str, backends: Collection[str] | None) -> list[Problem]:
+    """``[matrix] backend`` against the backend names the caller knows (None: not checked)."""
+    if backends is None or mf.matrix.backend in backends:
+        return []
+    return [Problem(file, "matrix.backend",
+                    f"unknown backend {mf.matrix.backend!r}; known: {', '.join(backends)}")]
+
+
+def _check_profiles(mf: MatrixFile, file: str) -> list[Problem]:
+    problems = []
+    for name, profile in mf.hardware.items():
+        if profile.image is not None:
+            problems += _check_image(file, f"hardware.{name}", profile)
+    return problems
+
+
+def _check_image(file: str, where: str, profile: HardwareProfile) -> list[Problem]:
+    names = templates.template_names()
+    if profile.image is None or profile.image not in names:
+        return [Problem(
+            file, f"{where}.image",
+            f"unknown image template {profile.image!r}; known: {', '.join(names)}",
+        )]
+    return [
+        Problem(file, f"{where}.image_vars", message)
+        for message in templates.check_vars(profile.image, profile.image_vars)
+    ]
+
+
+def _check_commands(mf: MatrixFile, file: str) -> list[Problem]:
+    """Every ``[commands.NAME]`` template's names: placeholders, their parameters and values."""
+    problems = []
+    for name, command in mf.commands.items():
+        where = f"commands.{name}"
+        if name == WORKLOAD_PROGRAM:
+            problems.append(Problem(file, where, f"{WORKLOAD_PROGRAM!r} is our own workload's "
+                                                 "program name: name the command otherwise"))
+        problems += [Problem(file, f"{where}.{field}", message)
+                     for field, message in command.problems()]
+    return problems
+
+
+def _check_program_names(mf: MatrixFile, file: str) -> list[Problem]:
+    """Every ``program`` value (cells and profiles) names the workload or a command."""
+    known = [WORKLOAD_PROGRAM, *mf.commands]
+    places: list[tuple[str, Any]] = [("workload.program", _set_keys(mf.workload).get("program"))]
+    places += [(f"axes.program[{i}]", v)
+               for i, v in enumerate(_set_keys(mf.axes).get("program") or [])]
+    for z, group in enumerate(mf.zip):
+        places += [(f"zip[{z}].program[{i}]", v)
+                   for i, v in enumerate(_set_keys(group).get("program") or [])]
+    places += [(f"include[{i}].program", _set_keys(e).get("program"))
+               for i, e in enumerate(mf.include)]
+    places += [(f"hardware.{hw}.program", p.program) for hw, p in mf.hardware.items()]
+    problems = []
+    for where, value in places:
+        if value is None or value in known:
+            continue
+        close = difflib.get_close_matches(value, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        problems.append(Problem(file, where, (
+            f"unknown program {value!r}; {hint}a program is {WORKLOAD_PROGRAM!r} (our workload) "
+            f"or a [commands.NAME] table ({', '.join(mf.commands) or 'none defined'})")))
+    return problems
+
+
+def _check_rendering(cells: Sequence[Cell], mf: MatrixFile, file: str) -> list[Problem]:
+    """Every configuration that runs a command renders: each value it takes has an entry in
+    the placeholders that map it, none is read as an option, a self-launching command is not
+    asked for several nodes. One problem per field and message (the first cell named)."""
+    found: dict[tuple[str, str], str] = {}
+    for cell in {c.group: c for c in cells}.values():
+        profile = mf.hardware[cell.hardware]
+        program = program_of(cell.params, profile, mf.commands, mf.figures)
+        command = program.command
+        if command is None:
+            continue
+        where = f"commands.{program.name}"
+        if command.launcher == "self" and profile.multi_node:
+            found.setdefault((f"{where}.launcher", (
+                f"'self' starts the program once, on one host; hardware {cell.hardware!r} may "
+                "span several (multi_node = true): use launcher = \"torchrun\" or set "
+                "multi_node = false")), cell.group)
+        values = command_values(cell.params, program.name, python="python",
+                                output_dir="/out", cell_id=cell.id)
+        try:
+            command.render(values)
+        except CommandRenderError as exc:
+            for field_, message in exc.problems:
+                found.setdefault((f"{where}.{field_}", message), cell.group)
+    return [Problem(file, field_, f"{message} (cell {group})")
+            for (field_, message), group in found.items()]
+
+
+def _check_hardware_values(
+    mf: MatrixFile, raw: dict[str, Any], file: str, assignments: list[dict[str, Any]]
+) -> list[Problem]:
+    problems = hardware_reference_problems(raw, file)
+    if "hardware" not in _set_keys(mf.workload):
+        for i, entry in enumerate(mf.include):
+            if "hardware" not in _set_keys(entry):
+                problems.append(Problem(
+                    file, f"include[{i}]",
+                    "no hardware: give it here (an include takes [workload] defaults for what "
+                    "it leaves out, not [axes] values)",
+                ))
+        varied = any("hardware" in _set_keys(part) for part in (mf.axes, *mf.zip))
+        if not varied and any("hardware" not in a for a in assignments):
+            problems.append(Problem(
+                file, "workload.hardware",
+                "no cell has hardware: set [workload] hardware or an [axes] hardware list",
+            ))
+    return problems
+
+
+# --- entry points ----------------------------------------------------------------------------
+
+
+def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) -> Matrix:
+    """Load, validate and expand a matrix file. Raises :class:`ConfigError` with every problem.
+
+    ``backends``: the backend names ``[matrix] backend`` may take (the CLI passes the registry's,
+    :func:`orchestrator.backends.backend_names`); None leaves the name to whoever picks the
+    backend (:func:`orchestrator.sweep.run_sweep`).
+    """
+    path = Path(path)
+    file = str(path)
+    mf, raw, text = parse_matrix_file(path)
+    problems = _check_backend(mf, file, backends)
+    problems += _check_profiles(mf, file)
+    problems += _check_commands(mf, file)
+    problems += _check_program_names(mf, file)
+    name = mf.matrix.name or path.stem
+    if mf.matrix.name is None and name_problem(name):
+        problems.append(Problem(file, "matrix.name", (
+            f"the file name gives the matrix name {name!r}, which cannot be a folder name under "
+            "results/; set [matrix] name (letters, digits, '_', '.', '-')"
+        )))
+    too_big = size_problems(mf, raw, file)
+    if too_big:  # nothing is expanded: that alone could take minutes and gigabytes
+        raise ConfigError(problems + too_big)
+    assignments, expand_problems = expand_assignments(mf, raw, file)
+    problems += expand_problems
+    problems += _check_hardware_values(mf, raw, file, assignments)
+    if not assignments and not expand_problems:
+        problems.append(Problem(file, "axes", "the matrix expands to no cell"))
+    cells_planned = len(assignments) * mf.matrix.repeats
+    if cells_planned > MAX_CELLS:
+        problems.append(_too_many_cells(
+            file, _factors(mf, raw), len(mf.include), mf.matrix.repeats, cells_planned
+        ))
+    if problems:
+        raise ConfigError(problems)
+
+    params = []
+    for assignment in assignments:
+        try:
+            params.append(CellParams.model_validate(assignment))
+        except ValidationError as exc:  # pragma: no cover - types were checked field by field
+            raise ConfigError(f"invalid cell {assignment}: {exc}", file=file) from None
+    cells, varying = make_cells(params, mf.hardware, mf.matrix.repeats, mf.commands, mf.figures)
+    rendering = _check_rendering(cells, mf, file)
+    if rendering:
+        raise ConfigError(rendering)
+    return Matrix(
+        name=name,
+        path=path,
+        settings=mf.matrix,
+        profiles=dict(mf.hardware),
+        cells=tuple(cells),
+        varying=varying,
+        source_text=text,
+        commands=dict(mf.commands),
+        figures=mf.figures,
+        raw=raw,
+    )
+
+
+def parse_only(only: Sequence[str]) -> dict[str, list[Any]]:
+    """Parse ``--only KEY=VALUE`` filters (a key repeated means any of its values)."""
+    wanted: dict[str, list[Any]] = {}
+    problems = []
+    for item in only:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            problems.append(Problem("--only", item, "expected KEY=VALUE, e.g. --only gpus=1"))
+            continue
+        if key == "repeat":
+            value: Any = text
+        elif key not in PARAM_NAMES:
+            problems.append(Problem(
+                "--only", key, f"unknown parameter; known: repeat, {', '.join(PARAM_NAMES)}"
+            ))
+            continue
+        else:
+            try:
+                value = TypeAdapter(param_type(key)).validate_strings(text.strip())
+            except ValidationError as exc:
+                msg = exc.errors(include_url=False)[0]["msg"]
+                if "," in text:  # a list, as a shell user would write it
+                    first, second = (v.strip() for v in text.split(",")[:2])
+                    msg += (f" (several values: repeat --only, e.g. --only {key}={first} "
+                            f"--only {key}={second})")
+                problems.append(Problem("--only", item, msg))
+                continue
+        wanted.setdefault(key, []).append(value)
+    if problems:
+        raise ConfigError(problems)
+    return wanted
+
+
+def filter_cells(matrix: Matrix, only: Sequence[str]) -> Matrix:
+    """Keep the cells matching every ``--only`` filter. Matching nothing is an error."""
+    if not only:
+        return matrix
+    wanted = parse_only(only)
+
+    def keep(cell: Cell) -> bool:
+        values = {**cell.params.model_dump(), "repeat": str(cell.repeat)}
+        return all(str(values[k]) in map(str, vs) for k, vs in wanted.items())
+
+    cells = [c for c in matrix.cells if keep(c)]
+    if not cells:
+        raise ConfigError(
+            f"--only {' '.join(only)} matches no cell of {matrix.name}; "
+            "`orchestrate plan` lists the cells",
+            file=str(matrix.path),
+        )
+    return matrix.with_cells(cells)

@@ -1,0 +1,519 @@
+"""Figures of merit: what a finished cell's output says, and whether the cell succeeded.
+
+A cell leaves its log (everything the program printed) and its folder (files it wrote). A
+:class:`FigureParser` reads them into :class:`Figures` (named numbers such as
+``train.total_ips``); :func:`judge` decides whether a program that exited 0 really succeeded.
+:func:`evaluate` does both: it is what a backend's run loop calls once per finished cell.
+
+Parsers (``[figures] parser``):
+
+``workload``
+    our workload's JSON lines (``meta``, ``iter``, ``summary``, ``error``): the summary's ``data``
+    are the figures. The default.
+``dllogger``
+    NVIDIA DLLogger output: the JSON raport (``JSONStreamBackend``: one ``DLLL {json}`` object per
+    line, ``type`` LOG or METADATA), ``DLLL`` lines anywhere in the log, or else the
+    ``StdOutBackend`` lines (``DLL <time> - <step> <metric> : <value> <unit> ...``). The
+    per-iteration records (step ``[epoch, iteration]``, validation ``[epoch, iteration,
+    val_iteration]``) after the warmup (dropped from the training and from the validation
+    records alike: the cell's ``warmup``) are re-summarized by the rule of
+    :mod:`workload.metrics` (totals: global batch x N / sum of iteration times; nearest-rank
+    latency percentiles) under the usual names (``train.total_ips``, ``val.compute_latency_at99``
+    ...). What the program itself reported in its run summary (step ``[]``) is kept beside them
+    as ``dle.<name>`` (``dle.train.total_ips``: DLLogger's mean of per-iteration ips, warmup
+    included).
+``regex``
+    only the ``[[figures.regex]]`` declarations: a named number captured from the log.
+
+Regex figures may also be declared next to the ``workload`` or ``dllogger`` parser (extra
+figures). Success criteria, for a program that exited 0: the end of its output was seen (our
+summary line; DLLogger's run summary) unless ``require_end = false``; every required figure
+(default: the mode's throughput, ``train.total_ips`` or ``val.total_ips``, and every regex
+figure) is present and a finite number; every figure with ``[figures.bounds]`` is within them.
+
+Declared as a ``[figures]`` table (:class:`~orchestrator.config.figures.FiguresConfig`): the file
+``orchestrate import --figures`` reads, and in a matrix file ``[figures]`` (every cell),
+``[hardware.NAME.figures]`` and ``[commands.NAME.figures]`` (the closest one a cell has wins: its
+command's, its hardware profile's, the matrix's; else our workload's JSON lines)::
+
+    [figures]
+    parser = "dllogger"                  # workload | dllogger | regex
+    raport = "raport.json"               # dllogger: the raport in the cell folder (default:
+                                         # DLLL lines in the log, else its stdout lines)
+    warmup = 20                          # dllogger: iterations dropped (default: cell's warmup)
+    required = ["train.total_ips"]       # default: the mode's throughput + every regex figure
+    require_end = true
+
+    [figures.bounds]
+    "train.total_ips" = { lower = 1.0 }
+    "val.compute_latency_at99" = { upper = 0.5 }      # seconds
+
+    [[figures.regex]]
+    name = "gpu.power_w"
+    pattern = 'power draw: (?P<value>[0-9.]+) W'     # the `value` group (or the only group)
+    unit = "W"
+    which = "median"                     # last | first | mean | median | all
+    warmup = 5                           # matches dropped first
+    scale = 1.0                          # multiplies the value
+    file = "power.log"                   # default: the cell's log
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import re
+import statistics
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from orchestrator.config.figures import Bounds as Bounds  # re-exported: declared there
+from orchestrator.config.figures import FiguresConfig, RegexFigure
+from orchestrator.errors import ConfigError, LogFormatError, Problem
+from orchestrator.results.dllogger import (
+    DLLoggerLog,
+    Point,
+    drop_warmup,
+    global_batch_of,
+    has_dllogger_lines,
+    iteration_series,
+    read_dllogger,
+    recompute,
+)
+from orchestrator.results.run_folder import parse_metric_lines, throughput_key
+from workload import metrics as wm
+
+log = logging.getLogger("orchestrator.results.figure_parsers")
+
+def load_figures_file(path: Path) -> FiguresConfig:
+    """A TOML file holding a ``[figures]`` table, exactly as in a matrix file."""
+    from pydantic import ValidationError
+
+    from orchestrator.config.files import problems_from_validation, read_toml
+
+    raw = read_toml(path)
+    unknown = sorted(set(raw) - {"figures"})
+    if unknown or not isinstance(raw.get("figures"), dict):
+        raise ConfigError(
+            "expected one [figures] table (as in a matrix file)"
+            + (f"; unknown tables: {', '.join(unknown)}" if unknown else ""),
+            file=str(path), field=unknown[0] if unknown else "figures",
+        )
+    try:
+        return FiguresConfig.model_validate(raw["figures"])
+    except ValidationError as exc:
+        problems = problems_from_validation(str(path), exc)
+        raise ConfigError([replace(p, field=f"figures.{p.field}".rstrip(".")) for p in problems]
+                          ) from None
+
+
+# --- what a cell left, what it says --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CellOutput:
+    """A finished cell's captured output: its log text, its folder, its parameters."""
+
+    log_text: str
+    log_name: str = "log.txt"
+    cell_dir: Path | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_cell_dir(
+        cls, cell_dir: Path, params: Mapping[str, Any] | None = None, log_offset: int = 0,
+        log_name: str = "log.txt",
+    ) -> CellOutput:
+        """The cell folder's log from byte ``log_offset`` (this attempt's output) on."""
+        path = Path(cell_dir) / log_name
+        try:
+            with path.open("rb") as fh:
+                fh.seek(log_offset)
+                text = fh.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            text = ""
+        return cls(text, log_name, Path(cell_dir), dict(params or {}))
+
+    @property
+    def mode(self) -> str:
+        return str(self.params.get("mode", "train"))
+
+    def text_of(self, name: str | None) -> tuple[str, str]:
+        """(text, label) of the log (``None``) or of a file of the cell folder."""
+        if name is None:
+            return self.log_text, self.log_name
+        if self.cell_dir is None:
+            raise LogFormatError(f"no cell folder to read {name} from", file=name)
+        path = self.cell_dir / name
+        try:
+            return path.read_text(encoding="utf-8", errors="replace"), name
+        except FileNotFoundError:
+            raise LogFormatError(
+                "not found in the cell folder (did the program write it there?)", file=name
+            ) from None
+
+
+@dataclass
+class Figures:
+    """What a parser read: figures plus what explains them."""
+
+    parser: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    #: Structured records worth keeping as the cell's metrics.jsonl (our JSON lines).
+    records: list[dict[str, Any]] = field(default_factory=list)
+    #: The program's own account of its failure (our ``error`` line), for the failure reason.
+    program_error: str | None = None
+    #: Why the output looks unfinished (no summary line / run summary), with its file and line.
+    incomplete: Problem | None = None
+    #: Per missing figure: where the parser looked (for the failure reason).
+    missing: dict[str, str] = field(default_factory=dict)
+    units: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    source: str = ""
+    #: The program's own parameter record (DLLogger's PARAMETER), if any.
+    parameters: dict[str, Any] = field(default_factory=dict)
+    started_at: float | None = None
+    finished_at: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def info(self) -> dict[str, Any]:
+        """How the figures were read: for the result's provenance (``provenance.figures``)."""
+        out: dict[str, Any] = {"parser": self.parser, "source": self.source}
+        if self.units:
+            out["units"] = dict(self.units)
+        if self.details:
+            out.update(self.details)
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+
+class FigureParser(ABC):
+    """Reads a cell's output into :class:`Figures`. Raise :class:`LogFormatError` for a
+    malformed log (every bad line at once, each with its file and line)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: FiguresConfig):
+        self.config = config
+
+    @abstractmethod
+    def parse(self, output: CellOutput) -> Figures:
+        """The figures of ``output``."""
+
+    def required(self, params: Mapping[str, Any]) -> list[str]:
+        """Figures a cell must produce: the declaration's, else the mode's throughput plus
+        every regex figure."""
+        if self.config.required is not None:
+            return list(self.config.required)
+        mode = str(params.get("mode", "train"))
+        return [throughput_key(mode), *(f.name for f in self.config.regex)]
+
+
+# --- our workload's JSON lines -------------------------------------------------------------
+
+
+class WorkloadParser(FigureParser):
+    """Our workload: the last ``summary`` line's ``data`` (and ``iteration_times``)."""
+
+    name = "workload"
+
+    def parse(self, output: CellOutput) -> Figures:
+        lines = parse_metric_lines(output.log_text)
+        figures = Figures(self.name, records=lines, source=output.log_name)
+        summary = next((o for o in reversed(lines) if o["type"] == "summary"), None)
+        meta = next((o for o in lines if o["type"] == "meta"), None)
+        error = next((o for o in reversed(lines) if o["type"] == "error"), None)
+        if summary:
+            figures.metrics = dict(summary.get("data") or {})
+            if "iteration_times" in summary:
+                figures.metrics["iteration_times"] = summary["iteration_times"]
+        else:
+            figures.incomplete = Problem(
+                "", "", "the workload exited 0 but printed no summary line")
+            figures.missing = {throughput_key(output.mode): "no summary line"}
+        figures.env = dict((summary or meta or {}).get("env") or {})
+        if error and error.get("message"):
+            figures.program_error = str(error["message"])
+        return figures
+
+
+# --- DLLogger --------------------------------------------------------------------------------
+
+
+class DLLoggerParser(FigureParser):
+    """DLLogger raport or log: recomputed figures by our rule plus the program's own
+    (``dle.*``)."""
+
+    name = "dllogger"
+
+    def parse(self, output: CellOutput) -> Figures:
+        if self.config.raport is not None:
+            text, label = output.text_of(self.config.raport)
+        else:
+            text, label = output.text_of(None)
+        figures = Figures(self.name, source=label)
+        if not has_dllogger_lines(text):
+            figures.incomplete = Problem(label, "", "no DLLogger records (no DLLL or DLL lines)")
+            figures.missing = {throughput_key(output.mode): f"no DLLogger records in {label}"}
+            return figures
+        dll = read_dllogger(text, label)
+        warmup = self.config.warmup
+        if warmup is None:
+            warmup = int(output.params.get("warmup", 0) or 0)
+        return self.figures_of(dll, output.mode, warmup, figures)
+
+    def figures_of(self, dll: DLLoggerLog, mode: str, warmup: int, figures: Figures) -> Figures:
+        """Fill ``figures`` from a read log."""
+        figures.source = f"{dll.file} ({'DLLL JSON lines' if dll.form == 'json' else 'stdout'})"
+        figures.parameters = dict(dll.parameters)
+        figures.units = {k: str(m["unit"]) for k, m in dll.metadata.items() if m.get("unit")}
+        times = dll.times
+        figures.started_at, figures.finished_at = (min(times), max(times)) if times else (
+            None, None)
+        series = {p: iteration_series(dll.records, p) for p in ("train", "val")}
+        batch, how = global_batch_of(dll.parameters, [*series["train"], *series["val"]])
+        details: dict[str, Any] = {"global_batch": batch, "global_batch_from": how}
+        head = "train" if mode == "train" else "val"
+        for prefix, points in series.items():
+            if points:
+                details[prefix] = _series_figures(prefix, points, warmup, batch, figures,
+                                                  prefix == head, dll.file)
+        figures.details = details
+        if not series[head]:
+            figures.missing.setdefault(
+                throughput_key(mode), f"no per-iteration {head} records in {dll.file}")
+        summary = dll.summary
+        if summary is None:
+            figures.incomplete = Problem(
+                dll.file, f"line {dll.last_line}", "the log ends without DLLogger's run summary "
+                "(step []): the program did not finish")
+        else:
+            figures.metrics.update({
+                f"dle.{k}": v for k, v in summary.data.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            })
+        return figures
+
+
+def _series_figures(prefix: str, points: list[Point], warmup: int, batch: int | None,
+                    figures: Figures, head: bool, file: str) -> dict[str, Any]:
+    """Add one series' figures (``train``/``val``) to ``figures``; return how they were made.
+    ``head``: the cell's mode's series (its throughput is required; iterations, warmup and
+    global batch are reported as ours are)."""
+    kept, dropped = drop_warmup(points, warmup)
+    info: dict[str, Any] = {"records": len(points), "warmup_dropped": dropped,
+                            "iterations": sum(p.k for p in kept)}
+    if not kept:
+        why = f"all {dropped} {prefix} iterations in {file} are warmup ({warmup})"
+        if head:
+            figures.missing[f"{prefix}.total_ips"] = why
+        else:
+            figures.notes.append(f"no {prefix} figures: {why}")
+        return info
+    values, info["rule"], notes = recompute(prefix, kept, batch)
+    figures.metrics.update(values)
+    figures.notes += notes
+    loss = kept[-1].data.get("loss")
+    if prefix == "train" and isinstance(loss, int | float) and not isinstance(loss, bool):
+        figures.metrics["train.loss"] = float(loss)
+    if head:
+        figures.metrics.update(iterations=info["iterations"], warmup=dropped)
+        if batch:
+            figures.metrics["global_batch_size"] = batch
+    return info
+
+
+# --- regular expressions ---------------------------------------------------------------------
+
+
+def _line_of(text: str, offset: int, starts: list[int] | None = None) -> int:
+    starts = starts if starts is not None else [0, *(m.end() for m in re.finditer("\n", text))]
+    return bisect.bisect_right(starts, offset)
+
+
+def _pick(which: str, values: list[float]) -> float | list[float]:
+    """The match a regex figure keeps: last, first, mean, median or all."""
+    if which == "all":
+        return values
+    if which == "mean":
+        return wm.mean(values)
+    if which == "median":
+        return float(statistics.median(values))
+    return values[0] if which == "first" else values[-1]
+
+
+def regex_figures(figs: Sequence[RegexFigure], output: CellOutput, figures: Figures) -> None:
+    """Add each regex figure's value to ``figures`` (or why it is missing)."""
+    problems: list[Problem] = []
+    for fig in figs:
+        text, label = output.text_of(fig.file)
+        rx = re.compile(fig.pattern, re.MULTILINE)
+        values: list[float] = []
+        for match in rx.finditer(text):
+            raw = match.group("value") if "value" in rx.groupindex else match.group(1)
+            if raw is None:
+                continue
+            try:
+                values.append(float(raw))
+            except ValueError:
+                problems.append(Problem(
+                    label, f"line {_line_of(text, match.start())}",
+                    f"figure {fig.name}: {raw!r} is not a number (make the pattern's group "
+                    "capture only the number)"))
+        kept = values[fig.warmup:]
+        if fig.unit:
+            figures.units[fig.name] = fig.unit
+        if not kept:
+            figures.missing[fig.name] = (
+                f"{len(values)} matches of its pattern in {label}"
+                + (f", {fig.warmup} dropped as warmup" if fig.warmup else ""))
+            continue
+        value = _pick(fig.which, [v * fig.scale for v in kept])
+        if fig.name in figures.metrics:
+            figures.notes.append(f"{fig.name}: the regex figure replaces the parser's")
+        figures.metrics[fig.name] = value
+    if problems:
+        raise LogFormatError(problems)
+
+
+class RegexParser(FigureParser):
+    """Only the declared regex figures."""
+
+    name = "regex"
+
+    def parse(self, output: CellOutput) -> Figures:
+        figures = Figures(self.name, source=output.log_name)
+        regex_figures(self.config.regex, output, figures)
+        return figures
+
+    def required(self, params: Mapping[str, Any]) -> list[str]:
+        if self.config.required is not None:
+            return list(self.config.required)
+        return [f.name for f in self.config.regex]
+
+
+PARSERS: dict[str, type[FigureParser]] = {
+    p.name: p for p in (WorkloadParser, DLLoggerParser, RegexParser)
+}
+
+DEFAULT = FiguresConfig()
+
+
+def parser_for(config: FiguresConfig | None = None) -> FigureParser:
+    """The parser a declaration names (default: our workload's JSON lines)."""
+    config = config or DEFAULT
+    return PARSERS[config.parser](config)
+
+
+def parse_figures(output: CellOutput, config: FiguresConfig | None = None) -> Figures:
+    """Read ``output`` with the declared parser, then the declared regex figures on top.
+    Raises :class:`LogFormatError` for a malformed log."""
+    parser = parser_for(config)
+    figures = parser.parse(output)
+    if parser.config.regex and parser.name != "regex":
+        regex_figures(parser.config.regex, output, figures)
+    return figures
+
+
+# --- success criteria ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a cell whose program exited 0 did not succeed."""
+
+    kind: Literal["format", "incomplete", "missing", "nonfinite", "bounds"]
+    message: str
+    problem: Problem | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, list):
+        return bool(value) and all(_finite(v) for v in value)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def judge(figures: Figures, required: Sequence[str], config: FiguresConfig | None = None,
+          allow_incomplete: bool = False) -> list[Failure]:
+    """Every reason the figures fail the success criteria (empty: success)."""
+    config = config or DEFAULT
+    failures: list[Failure] = []
+    if figures.incomplete and config.require_end and not allow_incomplete:
+        failures.append(Failure("incomplete", str(figures.incomplete), figures.incomplete))
+    checked = dict.fromkeys([*required, *config.bounds, *(f.name for f in config.regex)])
+    for name in checked:
+        if name not in figures.metrics:
+            if name in required and not failures:  # an unfinished output explains it
+                where = figures.missing.get(name)
+                failures.append(Failure(
+                    "missing", f"the program exited 0 but produced no figure {name}"
+                    + (f" ({where})" if where else "")))
+            continue
+        value = figures.metrics[name]
+        if not _finite(value):
+            shown = "null (NaN or infinite in the program's output)" if value is None \
+                else repr(value)
+            failures.append(Failure("nonfinite", f"figure {name} is {shown}, not a finite "
+                                    "number"))
+            continue
+        bounds = config.bounds.get(name)
+        if bounds is None:
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            if bounds.lower is not None and v < bounds.lower:
+                failures.append(Failure("bounds", f"figure {name} = {_fmt(v)} is below its "
+                                        f"declared lower bound {_fmt(bounds.lower)}"))
+                break
+            if bounds.upper is not None and v > bounds.upper:
+                failures.append(Failure("bounds", f"figure {name} = {_fmt(v)} is above its "
+                                        f"declared upper bound {_fmt(bounds.upper)}"))
+                break
+    return failures
+
+
+@dataclass
+class Evaluation:
+    """A finished cell's figures and verdict."""
+
+    figures: Figures
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def reason(self) -> str:
+        """Why the cell failed, in one line ('' when it succeeded)."""
+        return "; ".join(str(f) for f in self.failures)
+
+
+def evaluate(output: CellOutput, config: FiguresConfig | None = None, exited_ok: bool = True
+             ) -> Evaluation:
+    """Read a finished cell's figures and judge them. Never raises for a bad log: a malformed
+    log is a failure with its file and line. ``exited_ok`` False (the program failed anyway):
+    figures are read for the record (and the program's error line), not judged."""
+    config = config or DEFAULT
+    parser = parser_for(config)
+    try:
+        figures = parse_figures(output, config)
+    except LogFormatError as exc:
+        figures = Figures(parser.name, source=output.log_name)
+        failures = [Failure("format", str(p), p) for p in exc.problems]
+        return Evaluation(figures, failures if exited_ok else [])
+    if not exited_ok:
+        return Evaluation(figures)
+    return Evaluation(figures, judge(figures, parser.required(output.params), config))

@@ -1,0 +1,483 @@
+"""History of a matrix across runs: the nightly sweep's trend and a regression check that holds up.
+
+Built from the results store (:mod:`orchestrator.results.store`), so only what is on disk counts.
+
+* **What is compared with what.** A line is one *configuration* (the content hash of its
+  parameters and hardware profile; the display id is only a label) on one *stack* (image,
+  torch, CUDA, cuDNN, driver, GPU/CPU model, host, Python; ``ignore_stack`` drops fields, e.g.
+  ``host`` for a pool of identical machines). The newest run's ok repeats of the line are
+  compared with the same configuration on the same stack in the ``window`` runs before it.
+* **Verdicts.** ``regression`` / ``faster`` / ``no significant change``: the test of
+  :func:`orchestrator.results.stats.regression_test` (the newest run's repeats, through the exact
+  bootstrap variance of their median, against the run-to-run noise of the earlier runs of the
+  whole matrix; p < ``alpha``, Holm-adjusted over the run's configurations, and a change beyond
+  ``threshold``).
+  ``insufficient history``: fewer than ``min_history`` earlier runs with this configuration and
+  stack (nothing is called). ``stack changed``: too few earlier runs on this stack but some on
+  another: the difference of stacks is reported, not a regression. ``failed``: the newest run
+  has no ok repeat of a configuration it ran (repeats that failed beside ok ones are counted
+  too). ``missing``: a configuration of the earlier runs that the newest run planned but has no
+  result for (a sweep that died leaves its run unfinished: it is judged all the same).
+  ``dropped``: one the newest run's plan no longer has (not a failure).
+* **Failing lines** (``--fail-on-regression``): regression, failed (any failed repeat),
+  missing, and any absolute reference (:mod:`orchestrator.config.references`) not met.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from orchestrator.config.references import ReferenceCheck, ReferenceEntry, check
+from orchestrator.errors import ConfigError
+from orchestrator.results.stats import (
+    Check,
+    between_run_variance,
+    detectable_drop,
+    holm,
+    loo_deviations,
+    median_log_variance,
+    regression_test,
+    verdict,
+)
+from orchestrator.results.store import CellRecord, RunRecord, Stack, Store, headline, is_throughput
+from orchestrator.results.summary import varying_keys
+
+FAILING = frozenset({"regression", "failed", "missing"})
+
+
+@dataclass(frozen=True)
+class Options:
+    """How the check is made (defaults: the CLI's)."""
+
+    window: int = 10  # earlier runs considered
+    min_history: int = 3  # earlier runs of a configuration needed before anything is called
+    threshold: float = 0.05  # smallest relative change worth flagging
+    alpha: float = 0.05  # family-wise: chance of any false alarm in a run (Holm over configs)
+    ignore_stack: tuple[str, ...] = ()
+    metric: str | None = None  # a throughput figure (``*_ips``); None: the headline images/s
+
+    def validate(self) -> None:
+        """ConfigError listing every bad option."""
+        problems = []
+        if self.min_history < 2:
+            problems.append(("--min-history", "must be at least 2 (the noise of earlier runs "
+                             "is estimated from their spread)"))
+        if self.window < max(self.min_history, 2):
+            problems.append(("--window", f"{self.window} earlier runs cannot reach "
+                             f"--min-history {self.min_history}; use at least "
+                             f"{max(self.min_history, 2)}"))
+        if not 0 <= self.threshold < 1:
+            problems.append(("--threshold", "must be from 0% to below 100%"))
+        if not 0 < self.alpha < 0.5:
+            problems.append(("--alpha", "must be above 0 and below 0.5"))
+        if self.metric is not None and not is_throughput(self.metric):
+            problems.append(("--metric", f"{self.metric!r}: the check needs a throughput "
+                             "figure (higher is better), e.g. train.total_ips or "
+                             "train.step_ips_p90"))
+        unknown = set(self.ignore_stack) - set(Stack.names())
+        if unknown:
+            problems.append(("--ignore-stack", f"unknown field(s) {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(Stack.names())}"))
+        if problems:
+            from orchestrator.errors import Problem
+
+            raise ConfigError([Problem("", f, m) for f, m in problems])
+
+
+@dataclass
+class Line:
+    """One configuration on one stack in the newest run."""
+
+    config: str
+    label: str
+    params: dict[str, Any]
+    stack: Stack | None
+    newest: list[float] = field(default_factory=list)
+    failed_cells: list[CellRecord] = field(default_factory=list)
+    medians: dict[int, float] = field(default_factory=dict)  # run pk -> median, same stack
+    repeats: dict[int, list[float]] = field(default_factory=dict)  # run pk -> values, same stack
+    other_stack: dict[int, float] = field(default_factory=dict)  # run pk -> median, other stack
+    used_runs: list[int] = field(default_factory=list)
+    stack_change: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    check: Check | None = None
+    p_slower: float | None = None  # Holm-adjusted over the run's tested configurations
+    p_faster: float | None = None
+    #: The smallest drop this line's test catches 95 % of the time (:func:`detectable_drop`).
+    detectable: float | None = None
+    verdict: str = "insufficient history"
+    references: list[ReferenceCheck] = field(default_factory=list)
+
+    @property
+    def failing(self) -> bool:
+        return (self.verdict in FAILING or bool(self.failed_cells)
+                or any(r.failed for r in self.references))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": self.config, "label": self.label, "params": self.params,
+            "stack": None if self.stack is None else self.stack.as_dict(),
+            "newest": self.newest, "reference": self.check.reference if self.check else None,
+            "change": self.check.change if self.check else None,
+            "p_slower": self.p_slower, "p_faster": self.p_faster,
+            "p_slower_unadjusted": self.check.p_slower if self.check else None,
+            "noise": self.check.noise if self.check else None,
+            "detectable_drop": self.detectable,
+            "earlier_runs_used": len(self.used_runs),
+            "verdict": self.verdict, "failing": self.failing,
+            "failed_cells": [{"cell_id": c.cell_id, "status": c.status, "reason": c.reason}
+                             for c in self.failed_cells],
+            "stack_change": {k: list(v) for k, v in self.stack_change.items()},
+            "references": [{"metric": r.metric, "value": r.value, "low": r.low,
+                            "high": r.high, "verdict": r.verdict} for r in self.references],
+        }
+
+
+@dataclass
+class HistoryReport:
+    """The newest run of a matrix against its history."""
+
+    matrix: str
+    newest: RunRecord
+    earlier: list[RunRecord]
+    shown: list[RunRecord]
+    lines: list[Line]
+    options: Options
+    noise: Noise | None = None
+    references_file: str | None = None
+
+    @property
+    def failing(self) -> list[Line]:
+        return [line for line in self.lines if line.failing]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for line in self.lines:
+            out[line.verdict] += 1
+        return dict(out)
+
+    def to_json(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "matrix": self.matrix, "newest": self.newest.to_json(),
+            "earlier": [r.run_id for r in self.earlier],
+            "metric": o.metric or "headline images/s (train.total_ips / val.total_ips)",
+            "options": {"window": o.window, "min_history": o.min_history,
+                        "threshold": o.threshold, "alpha": o.alpha,
+                        "ignore_stack": list(o.ignore_stack)},
+            "method": METHOD,
+            "between_run_sd": math.sqrt(self.noise.tau2) if self.noise else None,
+            "pooled_deviations": self.noise.pairs if self.noise else 0,
+            "references_file": self.references_file,
+            "counts": self.counts(), "failing": len(self.failing),
+            "lines": [line.to_json() for line in self.lines],
+        }
+
+
+METHOD = ("log(newest median / median of earlier runs' medians), one-sided Student-t test with "
+          "variance tau^2 + v_new + v_ref: tau^2 the between-run variance pooled over the "
+          "matrix's earlier runs (median Paule-Mandel on leave-one-out deviations), v the exact "
+          "bootstrap variance of a run's median over its repeats")
+
+#: Smallest run-to-run noise assumed (relative): identical numbers do not make every change
+#: significant.
+MIN_NOISE = 0.005
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The between-run noise of the matrix's earlier runs."""
+
+    tau2: float  # variance of a run's own offset, log scale
+    dof: int
+    pairs: int  # earlier (configuration, run) deviations it is estimated from
+
+
+def _stack_key(stack: Stack | None, ignore: Sequence[str]) -> str | None:
+    return None if stack is None else stack.key(ignore)
+
+
+def analyze(
+    store: Store,
+    matrix: str,
+    options: Options | None = None,
+    run: RunRecord | None = None,
+    shown: int = 7,
+    references: Sequence[ReferenceEntry] = (),
+    references_file: str | None = None,
+) -> HistoryReport:
+    """The newest run of ``matrix`` (or ``run``) against the ``window`` runs before it. The
+    newest run is judged even if it has not finished (still going, or its sweep died): its
+    configurations without a result are then ``missing``."""
+    options = options or Options()
+    options.validate()
+    with store.snapshot():
+        return _analyze(store, matrix, options, run, shown, references, references_file)
+
+
+def _analyze(store: Store, matrix: str, options: Options, run: RunRecord | None, shown: int,
+             references: Sequence[ReferenceEntry], references_file: str | None
+             ) -> HistoryReport:
+    runs = store.runs(matrix=matrix)
+    if not runs:
+        raise ConfigError(f"no runs of {matrix!r} under {store.root}", field="history")
+    if run is None:
+        run = runs[-1]  # even unfinished: a sweep that crashed must not pass as yesterday's
+    idx = next(i for i, r in enumerate(runs) if r.pk == run.pk)
+    earlier = runs[max(0, idx - options.window):idx]
+    shown_runs = runs[max(0, idx + 1 - max(1, shown)):idx + 1]
+    wanted = {r.pk for r in earlier} | {r.pk for r in shown_runs}
+    cells = (store.cells(sorted(wanted - {run.pk}), metric=options.metric)
+             + store.cells([run.pk], figures=bool(references), metric=options.metric))
+    by_run: dict[int, list[CellRecord]] = defaultdict(list)
+    for cell in cells:
+        by_run[cell.run_pk].append(cell)
+    lines = _newest_lines(by_run[run.pk], options)
+    _attach_history(lines, [r.pk for r in runs[:idx] if r.pk in wanted], by_run, options)
+    in_window = {r.pk for r in earlier}
+    for line in lines:
+        line.used_runs = [pk for pk in line.used_runs if pk in in_window]
+    pairs = [pair for line in lines if len(line.used_runs) >= 2 for pair in zip(
+        loo_deviations([line.medians[pk] for pk in line.used_runs]),
+        [median_log_variance(line.repeats[pk]) for pk in line.used_runs], strict=True)]
+    tau2 = between_run_variance(pairs, MIN_NOISE)
+    noise = Noise(tau2, max(1, len(pairs) - 1), len(pairs))
+    position = {r.pk: i for i, r in enumerate(runs)}
+    for line in lines:
+        _judge(line, noise, options, in_window, position)
+    _adjust(lines, options)
+    lines += _missing(run, by_run, [r.pk for r in reversed(earlier)], lines)
+    if references:
+        _check_references(lines, by_run[run.pk], references, references_file or "")
+    return HistoryReport(matrix, run, earlier, shown_runs, lines, options, noise,
+                         references_file)
+
+
+def _newest_lines(cells: list[CellRecord], options: Options) -> list[Line]:
+    lines: dict[tuple[str, str | None], Line] = {}
+    failed: dict[str, list[CellRecord]] = defaultdict(list)
+    for cell in cells:
+        if not cell.ok:
+            failed[cell.config].append(cell)
+            continue
+        if cell.value is None:
+            continue  # ok, but without this figure (e.g. an old result)
+        key = (cell.config, _stack_key(cell.stack, options.ignore_stack))
+        line = lines.setdefault(key, Line(cell.config, cell.group, cell.params, cell.stack))
+        line.newest.append(cell.value)
+    out = list(lines.values())
+    for config, bad in failed.items():
+        found = next((ln for ln in out if ln.config == config), None)
+        if found is None:
+            found = Line(config, bad[0].group, bad[0].params, None, verdict="failed")
+            out.append(found)
+        found.failed_cells.extend(bad)
+    return out
+
+
+def _attach_history(lines: list[Line], run_pks: list[int],
+                    by_run: dict[int, list[CellRecord]], options: Options) -> None:
+    """Each line's median in each earlier run: same stack (used) or another (shown only)."""
+    for pk in run_pks:
+        values: dict[tuple[str, str | None], list[float]] = defaultdict(list)
+        stacks: dict[tuple[str, str | None], Stack | None] = {}
+        for cell in by_run.get(pk, []):
+            if cell.ok and cell.value is not None:
+                key = (cell.config, _stack_key(cell.stack, options.ignore_stack))
+                values[key].append(cell.value)
+                stacks[key] = cell.stack
+        for line in lines:
+            if not line.newest:
+                continue
+            own = (line.config, _stack_key(line.stack, options.ignore_stack))
+            if own in values:
+                line.medians[pk] = statistics.median(values[own])
+                line.repeats[pk] = values[own]
+                line.used_runs.append(pk)
+                continue
+            others = [k for k in values if k[0] == line.config]
+            if others:
+                line.other_stack[pk] = statistics.median(values[others[0]])
+                theirs = stacks[others[0]]
+                if line.stack is not None and theirs is not None:
+                    line.stack_change = theirs.differences(line.stack, options.ignore_stack)
+
+
+def _judge(line: Line, noise: Noise, options: Options, in_window: set[int],
+           position: dict[int, int]) -> None:
+    if not line.newest:
+        line.verdict = "failed"
+        return
+    other = [position[pk] for pk in line.other_stack if pk in in_window]
+    used = [position[pk] for pk in line.used_runs]
+    if len(line.used_runs) >= options.min_history:
+        earlier = [line.repeats[pk] for pk in line.used_runs]
+        line.check = regression_test(line.newest, earlier, noise.tau2, noise.dof,
+                                     options.threshold, options.alpha)
+        line.verdict = line.check.verdict
+    elif other and (not used or max(other) > max(used)):
+        line.verdict = "stack changed"
+    else:
+        line.verdict = "insufficient history"
+
+
+def _adjust(lines: list[Line], options: Options) -> None:
+    """Holm-adjusted p-values over the tested lines; verdicts from them."""
+    tested = [(ln, ln.check) for ln in lines if ln.check is not None]
+    slower = holm([test.p_slower for _, test in tested])
+    faster = holm([test.p_faster for _, test in tested])
+    for (ln, test), ps, pf in zip(tested, slower, faster, strict=True):
+        ln.p_slower, ln.p_faster = ps, pf
+        ln.detectable = detectable_drop(test, options.alpha / len(tested), options.threshold)
+        ln.verdict = verdict(test.change, ps, pf, options.alpha, options.threshold)
+
+
+def _missing(run: RunRecord, by_run: dict[int, list[CellRecord]], earlier_newest_first: list[int],
+             lines: list[Line]) -> list[Line]:
+    """Configurations of the earlier runs with no result in the newest run."""
+    present = {line.config for line in lines}
+    planned = _planned_configs(run)
+    out: dict[str, Line] = {}
+    for pk in earlier_newest_first:
+        for cell in by_run.get(pk, []):
+            if cell.config in present or cell.config in out:
+                continue
+            verdict = "dropped" if planned is not None and cell.config not in planned else (
+                "missing")
+            out[cell.config] = Line(cell.config, cell.group, cell.params, cell.stack,
+                                    verdict=verdict)
+    return list(out.values())
+
+
+def _planned_configs(run: RunRecord) -> set[str] | None:
+    """Content hashes the run's plan lists (None: the plan lists none, e.g. a hand-made run)."""
+    try:
+        plan = json.loads((Path(run.path) / "plan.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    hashes = {c["hash"] for c in plan.get("cells", [])
+              if isinstance(c, dict) and isinstance(c.get("hash"), str)}
+    return hashes or None
+
+
+def _p_text(line: Line) -> str:
+    """The smaller of a tested line's adjusted p-values ('' for an untested line)."""
+    ps = [p for p in (line.p_slower, line.p_faster) if p is not None]
+    return f"{min(ps):.3f}" if line.check is not None and ps else ""
+
+
+def _check_references(lines: list[Line], cells: list[CellRecord],
+                      references: Sequence[ReferenceEntry], file: str) -> None:
+    by_config: dict[str, list[CellRecord]] = defaultdict(list)
+    for cell in cells:
+        if cell.ok:
+            by_config[cell.config].append(cell)
+    seen: set[str] = set()
+    for line in lines:
+        if line.config in seen or line.verdict == "dropped":
+            continue
+        seen.add(line.config)
+        ok = by_config.get(line.config, [])
+        figures: dict[str, list[float]] = defaultdict(list)
+        for cell in ok:
+            for name, value in cell.figures.items():
+                figures[name].append(value)
+        values = {name: statistics.median(v) for name, v in figures.items()}
+        name, _ = headline(line.params, {})
+        line.references = check(references, line.params, name, values, file)
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None) -> str:
+    return "" if value is None else f"{value:,.1f}"
+
+
+def _verdict_text(line: Line) -> str:
+    text = line.verdict.upper() if line.verdict in FAILING else line.verdict
+    if line.failed_cells and line.verdict != "failed":
+        text += f"; {len(line.failed_cells)} repeat(s) FAILED"
+    if line.verdict == "insufficient history":
+        text += f" ({len(line.used_runs)} run(s))"
+    bad = [r for r in line.references if r.failed]
+    if bad:
+        text += "; REFERENCE " + ", ".join(r.verdict for r in bad)
+    return text
+
+
+def render_history(report: HistoryReport) -> str:
+    """The table: parameters, the shown runs' medians, reference, change, noise, verdict;
+    then notes on stack changes, failures and references."""
+    if not report.lines:
+        return f"(no cells in run {report.newest.run_id})"
+    keys = varying_keys([ln.params for ln in report.lines], always=("hardware",))
+    headers = [*keys, *[r.run_id[:15] for r in report.shown], "reference", "change",
+               "noise ±", "detects", "p", "verdict"]
+    rows = []
+    for ln in report.lines:
+        row = [ln.params.get(k, "") for k in keys]
+        for r in report.shown:
+            if r.pk == report.newest.pk:
+                row.append(_fmt(statistics.median(ln.newest)) if ln.newest else "")
+            elif r.pk in ln.medians:
+                row.append(_fmt(ln.medians[r.pk]))
+            elif r.pk in ln.other_stack:
+                row.append(_fmt(ln.other_stack[r.pk]) + "*")
+            else:
+                row.append("")
+        c = ln.check
+        row += [_fmt(c.reference) if c else "", f"{c.change:+.1%}" if c else "",
+                f"{c.noise:.1%}" if c else "",
+                f"-{ln.detectable:.1%}" if ln.detectable is not None else "",
+                _p_text(ln), _verdict_text(ln)]
+        rows.append(row)
+    out = [tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)]
+    notes = _notes(report)
+    if notes:
+        out.append("\n".join(notes))
+    return "\n\n".join(out)
+
+
+def _notes(report: HistoryReport) -> list[str]:
+    notes = []
+    if report.newest.status == "unfinished":
+        notes.append(f"run {report.newest.run_id} has not finished (still running, or its sweep "
+                     "died): configurations without a result count as missing")
+    if any(ln.other_stack for ln in report.lines):
+        notes.append("* measured on another stack: not part of the reference")
+    for ln in report.lines:
+        if ln.verdict == "stack changed" and ln.stack_change:
+            diff = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in ln.stack_change.items())
+            notes.append(f"{ln.label}: stack changed ({diff}); history restarts on the new "
+                         "stack")
+        for cell in ln.failed_cells:
+            notes.append(f"{cell.cell_id}: {cell.status}: {cell.reason}")
+        if ln.verdict == "missing":
+            notes.append(f"{ln.label}: planned but no result in {report.newest.run_id}")
+        for ref in ln.references:
+            if ref.failed:
+                notes.append(f"{ln.label}: reference {ref.describe()}")
+    o = report.options
+    notes.append(
+        f"newest {report.newest.run_id} vs up to {o.window} earlier run(s) "
+        f"({len(report.earlier)} found); at least {o.min_history} needed; flagged: p < "
+        f"{o.alpha:g} (Holm-adjusted over the run's configurations) and a change beyond "
+        f"{o.threshold:.1%}"
+        + (f"; stack fields ignored: {', '.join(o.ignore_stack)}" if o.ignore_stack else ""))
+    if any(ln.detectable is not None for ln in report.lines):
+        notes.append("detects: the smallest drop flagged 95 % of the time at this run-to-run "
+                     "noise; a regression smaller than that can pass as noise (a quieter or "
+                     "dedicated machine lowers it)")
+    if report.references_file:
+        checked = sum(len(ln.references) for ln in report.lines)
+        notes.append(f"references: {report.references_file} ({checked} check(s))")
+    return notes

@@ -1,0 +1,911 @@
+"""Import results made elsewhere: existing logs become a run folder like any other.
+
+``orchestrate import`` reads logs a lab already has and writes ``<results>/<matrix>/<run id>/``
+(``plan.json``, ``run.json``, ``matrix.toml``, ``cells/<id>/result.json`` and the log), so
+``report``, ``history`` and the tables treat it like a run of that matrix. Sources:
+
+- **a DLLogger raport** (``--raport-file``: ``DLLL {json}`` lines) **or stdout log**
+  (``DLL <time> - ...`` lines), or a log of our workload (JSON lines): one file, one cell;
+- **a folder of DLPerf-style logs named by configuration**: every file under it whose path
+  (relative to the folder, ``/``-separated) matches the naming rule is one cell; other files
+  are skipped and listed. The rule (:data:`DEFAULT_PATTERN`) is
+  ``<arch>_<precision>_bs<batch>_g<gpus>[_r<repeat>].<log|txt|json>`` in any sub-folder, e.g.
+  ``resnet50_amp_bs256_g8_r2.log``; ``--pattern REGEX`` replaces it: a Python regex matched
+  against the whole relative path whose named groups are cell parameters (and ``repeat``);
+- **our own run folder** copied from another machine (it has a ``plan.json``): validated, its
+  cells re-indexed to the target matrix by their parameters; their provenance is kept.
+
+Parameters of a log's cell come from, in rising precedence: the log itself (DLLogger's
+PARAMETER record as DLE's ``main.py`` logs its arguments — ``arch``, ``batch_size``,
+``world_size`` -> gpus, ``amp`` -> precision, ``evaluate`` -> mode; our workload's ``meta``
+line), the file name (the naming rule; a value contradicting the log is an error), and
+``--param KEY=VALUE``. The known parameters pick the cell group of the target matrix
+(``--matrix``) the log joins, so ``history`` lines it up with the matrix's other runs:
+
+1. ``--matrix PATH.toml``: the groups of that matrix file (expanded as
+:mod:`orchestrator.plan.matrix`
+   does);
+2. ``--matrix NAME`` with runs under ``<results>/NAME``: every group those runs planned;
+3. ``--matrix NAME`` without runs: a matrix is written from the logs' parameters (one
+   ``[[include]]`` per configuration, hardware from the parameters with ``--device``) and
+   expanded by the same rules, so ids are what a sweep of it would give.
+
+Every known parameter must equal the group's; the others are the group's (``provenance``
+says which were matched, and from where). Figures are read by
+:mod:`orchestrator.results.figure_parsers` (the
+DLLogger parser recomputes throughput after the cell's warmup, ``--warmup`` overrides). A
+cell whose figures are NaN or out of ``--figures`` bounds is imported as failed, with the reason.
+
+The run id comes from the logs' first timestamp (so an old log sorts into ``history`` where it
+happened; ``--run-id`` overrides). Nothing half-written: the run is written into a hidden
+folder beside its target and renamed at the end; any problem (a malformed line, a log without
+its run summary, a log matching no configuration, a source already imported) is a
+:class:`~orchestrator.errors.ConfigError` naming the file and line, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from orchestrator import __version__
+from orchestrator.config.matrix_file import PARAM_NAMES, CellParams, param_type
+from orchestrator.config.syntax import name_problem
+from orchestrator.errors import ConfigError, LogFormatError, Problem
+from orchestrator.results.dllogger import has_dllogger_lines, looks_like_raport, read_dllogger
+from orchestrator.results.figure_parsers import (
+    CellOutput,
+    Evaluation,
+    Failure,
+    Figures,
+    FiguresConfig,
+    judge,
+    parse_figures,
+    parser_for,
+)
+from orchestrator.results.run_folder import (
+    CellResult,
+    RunPaths,
+    Status,
+    new_run_id,
+    parse_metric_lines,
+    read_json,
+    runs_of,
+    write_json,
+)
+
+log = logging.getLogger("orchestrator.results.importer")
+
+#: Bumped when what an import writes changes meaning.
+IMPORTER_VERSION = "1"
+
+#: DLPerf-style file names: ``<arch>_<precision>_bs<batch>_g<gpus>[_r<repeat>].log``.
+DEFAULT_PATTERN = (
+    r"(?:.*/)?(?P<arch>[a-z][a-z0-9_]*?)_(?P<precision>fp32|amp|bf16)_bs(?P<batch_size>[0-9]+)"
+    r"_g(?P<gpus>[0-9]+)(?:_r(?P<repeat>[0-9]+))?\.(?:log|txt|json)"
+)
+
+#: Names a copied source must not take in a cell folder.
+_RESERVED = {"log.txt", "result.json", "command.json", "metrics.jsonl"}
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+@dataclass
+class ImportOptions:
+    """What ``orchestrate import`` was asked."""
+
+    matrix: str | None
+    results_root: Path = Path("results")
+    params: Sequence[str] = ()
+    pattern: str | None = None
+    figures: FiguresConfig | None = None
+    warmup: int | None = None
+    run_id: str | None = None
+    allow_partial: bool = False
+    device: str = "cuda"
+    argv: Sequence[str] = ()
+
+
+@dataclass
+class Target:
+    """The matrix an import joins: its cell groups and how its runs are described."""
+
+    name: str
+    groups: dict[str, dict[str, Any]]  # group -> {"params", "hash"}
+    varying: list[str]
+    baseline: str | None
+    matrix_text: str
+    source: str
+
+
+@dataclass
+class Entry:
+    """One log file becoming one cell."""
+
+    path: Path
+    label: str
+    text: str
+    sha256: str
+    kind: str  # dllogger-raport | dllogger-log | workload-log | regex-log
+    known: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)
+    repeat: int | None = None
+    group: str = ""
+    cell_id: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    evaluation: Evaluation | None = None
+
+
+@dataclass
+class ImportPlan:
+    """What an import will write."""
+
+    target: Target
+    run_id: str
+    entries: list[Entry] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    run_folder: RunFolder | None = None
+
+    @property
+    def cell_ids(self) -> list[str]:
+        if self.run_folder is not None:
+            return [c.new_id for c in self.run_folder.cells]
+        return [e.cell_id for e in self.entries]
+
+
+# --- parameters --------------------------------------------------------------------------
+
+
+def _typed(key: str, value: Any, from_text: bool) -> Any:
+    adapter = TypeAdapter(param_type(key))
+    return adapter.validate_strings(value) if from_text else adapter.validate_python(value)
+
+
+def parse_params(items: Sequence[str]) -> dict[str, Any]:
+    """``--param KEY=VALUE`` items, typed as cell parameters. Every problem at once."""
+    out: dict[str, Any] = {}
+    problems = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            problems.append(Problem("--param", item, "expected KEY=VALUE, e.g. "
+                                    "--param hardware=v100"))
+        elif key not in PARAM_NAMES:
+            problems.append(Problem("--param", key, f"unknown parameter; known: "
+                                    f"{', '.join(PARAM_NAMES)}"))
+        elif key in out:
+            problems.append(Problem("--param", key, "given twice"))
+        else:
+            try:
+                out[key] = _typed(key, text.strip(), from_text=True)
+            except ValidationError as exc:
+                problems.append(Problem("--param", item, exc.errors(include_url=False)[0]["msg"]))
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def compile_pattern(pattern: str | None) -> re.Pattern[str]:
+    """The file-naming rule: its named groups must be cell parameters or ``repeat``."""
+    text = pattern or DEFAULT_PATTERN
+    try:
+        rx = re.compile(text)
+    except re.error as exc:
+        raise ConfigError(f"does not compile: {exc}", file="--pattern") from None
+    unknown = sorted(set(rx.groupindex) - set(PARAM_NAMES) - {"repeat"})
+    if unknown:
+        raise ConfigError(f"named groups must be cell parameters or 'repeat'; unknown: "
+                          f"{', '.join(unknown)}", file="--pattern")
+    if not rx.groupindex:
+        raise ConfigError("has no named group: name the parameters, e.g. "
+                          "bs(?P<batch_size>[0-9]+)", file="--pattern")
+    return rx
+
+
+#: DLE ``main.py`` argument -> (cell parameter, conversion).
+_DLE_ARGS = {
+    "arch": ("arch", lambda v: v.replace("-", "_") if isinstance(v, str) else v),
+    "batch_size": ("batch_size", lambda v: v),
+    "world_size": ("gpus", lambda v: v),
+    "amp": ("precision", lambda v: ("amp" if v else "fp32") if isinstance(v, bool) else v),
+    "evaluate": ("mode", lambda v: ("infer" if v else "train") if isinstance(v, bool) else v),
+}
+#: Our workload's ``meta`` env -> cell parameter.
+_WORKLOAD_ENV = {"arch": "arch", "mode": "mode", "batch_size": "batch_size",
+                 "precision": "precision", "image_size": "image_size", "world_size": "gpus"}
+
+
+def _from_record(raw: dict[str, Any], mapping: dict[str, Any], label: str
+                 ) -> tuple[dict[str, Any], list[Problem]]:
+    out: dict[str, Any] = {}
+    problems = []
+    for name, how in mapping.items():
+        if name not in raw or raw[name] is None:
+            continue
+        key, convert = how if isinstance(how, tuple) else (how, lambda v: v)
+        try:
+            out[key] = _typed(key, convert(raw[name]), from_text=False)
+        except ValidationError as exc:
+            problems.append(Problem(label, f"parameter {name}",
+                                    f"{raw[name]!r} is no valid {key}: "
+                                    f"{exc.errors(include_url=False)[0]['msg']}"))
+    return out, problems
+
+
+# --- reading log files ---------------------------------------------------------------------
+
+
+def _kind(text: str, figures: FiguresConfig | None) -> str | None:
+    """What a file is: a DLLogger raport or log, our workload's log, a log for regex figures."""
+    parser = figures.parser if figures is not None else None
+    if parser == "regex":
+        return "regex-log"
+    if parser in (None, "dllogger") and looks_like_raport(text):
+        return "dllogger-raport"
+    if parser == "dllogger" or (parser is None and has_dllogger_lines(text)):
+        return "dllogger-log"
+    if parser == "workload" or (parser is None and any(
+            o["type"] in ("meta", "summary") for o in parse_metric_lines(text))):
+        return "workload-log"
+    return None
+
+
+def _read_entry(path: Path, label: str, options: ImportOptions,
+                problems: list[Problem]) -> Entry | None:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        problems.append(Problem(label, "", f"cannot read: {exc}"))
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        problems.append(Problem(label, "", f"not UTF-8 text (byte {exc.start}): not a log?"))
+        return None
+    kind = _kind(text, options.figures)
+    if kind is None:
+        problems.append(Problem(label, "", "no DLLogger (DLLL / DLL) or workload JSON lines: "
+                                "not a log this importer reads (give --figures FILE.toml with "
+                                "regex figures for other programs)"))
+        return None
+    entry = Entry(path, label, text, hashlib.sha256(data).hexdigest(), kind)
+    try:
+        found, bad = _log_params(entry)
+    except LogFormatError as exc:
+        problems.extend(exc.problems)
+        return None
+    problems.extend(bad)
+    entry.known = found
+    entry.origin = dict.fromkeys(found, "log")
+    return entry
+
+
+def _log_params(entry: Entry) -> tuple[dict[str, Any], list[Problem]]:
+    if entry.kind.startswith("dllogger"):
+        dll = read_dllogger(entry.text, entry.label)
+        return _from_record(dll.parameters, _DLE_ARGS, entry.label)
+    if entry.kind == "workload-log":
+        lines = parse_metric_lines(entry.text)
+        meta = next((o for o in lines if o["type"] == "meta"), {})
+        return _from_record(dict(meta.get("env") or {}), _WORKLOAD_ENV, entry.label)
+    return {}, []
+
+
+def _apply_name(entry: Entry, match: re.Match[str] | None, problems: list[Problem]) -> None:
+    if match is None:
+        return
+    for key, text in match.groupdict().items():
+        if text is None:
+            continue
+        if key == "repeat":
+            entry.repeat = int(text)
+            continue
+        try:
+            value = _typed(key, text, from_text=True)
+        except ValidationError as exc:
+            problems.append(Problem(entry.label, "file name", f"{key}={text!r}: "
+                                    f"{exc.errors(include_url=False)[0]['msg']}"))
+            continue
+        if key in entry.known and entry.known[key] != value:
+            problems.append(Problem(entry.label, "file name", f"says {key}={value} but the "
+                                    f"log says {key}={entry.known[key]}"))
+            continue
+        entry.known[key] = value
+        entry.origin.setdefault(key, "file name")
+
+
+def collect_entries(sources: Sequence[Path], options: ImportOptions
+                    ) -> tuple[list[Entry], list[str]]:
+    """Every log file of ``sources`` with the parameters it states. Returns (entries, skipped
+    files). Raises ConfigError listing every problem."""
+    rx = compile_pattern(options.pattern)
+    problems: list[Problem] = []
+    try:
+        given = parse_params(options.params)
+    except ConfigError as exc:  # reported with the files' problems
+        given, problems = {}, list(exc.problems)
+    entries: list[Entry] = []
+    skipped: list[str] = []
+    for source in sources:
+        if source.is_dir():
+            files = sorted(p for p in source.rglob("*") if p.is_file())
+            for path in files:
+                rel = path.relative_to(source).as_posix()
+                match = rx.fullmatch(rel)
+                if match is None:
+                    skipped.append(str(path))
+                    continue
+                entry = _read_entry(path, str(path), options, problems)
+                if entry is not None:
+                    _apply_name(entry, match, problems)
+                    entries.append(entry)
+        elif source.is_file():
+            entry = _read_entry(source, str(source), options, problems)
+            if entry is not None:
+                _apply_name(entry, rx.fullmatch(source.name), problems)
+                entries.append(entry)
+        else:
+            problems.append(Problem(str(source), "", "no such file or folder"))
+    origins = dict.fromkeys(given, "--param")
+    if options.warmup is not None and "warmup" not in given:
+        given["warmup"], origins["warmup"] = options.warmup, "--warmup"  # the cell's warmup
+    for entry in entries:
+        for key, value in given.items():
+            said, where = entry.known.get(key, value), entry.origin.get(key)
+            entry.origin[key] = origins[key] + (f" (the {where} said {said})" if said != value
+                                                else "")
+            entry.known[key] = value
+    if not entries and not problems:
+        problems.append(Problem(", ".join(map(str, sources)), "",
+                                "no log file to import (none matches the naming rule "
+                                f"{options.pattern or DEFAULT_PATTERN!r})"))
+    if problems:
+        raise ConfigError(problems)
+    return entries, skipped
+
+
+# --- the target matrix ---------------------------------------------------------------------
+
+
+def _target_from_matrix_file(path: Path) -> Target:
+    from orchestrator.plan.matrix import load_matrix
+
+    matrix = load_matrix(path)
+    groups = {c.group: {"params": c.params.model_dump(), "hash": c.hash} for c in matrix.cells}
+    return Target(matrix.name, groups, list(matrix.varying), matrix.settings.baseline,
+                  matrix.source_text, str(path))
+
+
+def _target_from_runs(name: str, runs: list[RunPaths]) -> Target:
+    groups: dict[str, dict[str, Any]] = {}
+    for run in reversed(runs):  # newest first: its definition of a group wins
+        for cell in read_json(run.plan).get("cells", []):
+            groups.setdefault(cell["group"], {"params": cell["params"], "hash": cell["hash"]})
+    newest = runs[-1]
+    plan = read_json(newest.plan)
+    text = (newest.matrix_file.read_text(encoding="utf-8") if newest.matrix_file.exists()
+            else f"# the groups of {name}'s runs under {newest.root.parent}\n")
+    return Target(name, groups, list(plan.get("varying", [])), plan.get("baseline"), text,
+                  f"the runs of {name} under {newest.root.parent}")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a TOML basic string
+
+
+def generated_matrix(name: str, configs: list[dict[str, Any]], device: str, note: str) -> str:
+    """A matrix file whose cells are ``configs``: the first is ``[workload]`` (the one cell of
+    an empty product), each other an ``[[include]]`` that sets every key the first sets."""
+    lines = [f"# {note}", "[matrix]", f"name = {_toml_value(name)}",
+             f"description = {_toml_value('imported by orchestrate import')}", ""]
+    first = configs[0]
+    for i, config in enumerate(configs):
+        lines.append("[workload]" if i == 0 else "[[include]]")
+        # an include takes [workload] for what it leaves out: give the defaults back
+        full = {**{k: CellParams.model_fields[k].default for k in first if k not in config},
+                **config}
+        lines += [f"{k} = {_toml_value(v)}" for k, v in full.items()
+                  if v is not None]  # unset (program, hpu_mode): TOML has no null
+        lines.append("")
+    for hw in sorted({c["hardware"] for c in configs}):
+        lines += [f"[hardware.{hw}]", f"device = {_toml_value(device)}", ""]
+    return "\n".join(lines)
+
+
+def _target_generated(name: str, known: list[dict[str, Any]], options: ImportOptions,
+                      labels: list[str]) -> Target:
+    missing = [label for label, k in zip(labels, known, strict=True) if "hardware" not in k]
+    if missing:
+        raise ConfigError([Problem(label, "hardware", "unknown: give --param hardware=NAME "
+                                   f"(matrix {name!r} has no runs under "
+                                   f"{options.results_root} to match against)")
+                           for label in missing])
+    configs: list[dict[str, Any]] = []
+    for k in known:
+        ordered = {p: k[p] for p in PARAM_NAMES if p in k}
+        if ordered not in configs:
+            configs.append(ordered)
+    text = generated_matrix(name, configs, options.device,
+                            "generated by orchestrate import: the configurations of the "
+                            "imported logs (parameters the logs did not state are defaults)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.toml"
+        path.write_text(text, encoding="utf-8")
+        target = _target_from_matrix_file(path)
+    target.source = "generated from the imported logs"
+    return target
+
+
+def _checked_name(name: str, where: str = "--matrix") -> str:
+    if name_problem(name):  # the one rule for names that become folders
+        raise ConfigError(f"{name!r} is no matrix name (letters, digits, _ . -)", field=where)
+    return name
+
+
+def resolve_target(options: ImportOptions, known: list[dict[str, Any]], labels: list[str]
+                   ) -> Target:
+    """The matrix whose groups the imported cells join (see the module docstring)."""
+    if not options.matrix:
+        raise ConfigError("give --matrix NAME (or a matrix .toml): the matrix whose history "
+                          "the imported run joins", field="--matrix")
+    if options.matrix.endswith(".toml"):
+        return _target_from_matrix_file(Path(options.matrix))
+    name = _checked_name(options.matrix)
+    runs = runs_of(options.results_root, name)
+    if runs:
+        return _target_from_runs(name, runs)
+    return _target_generated(name, known, options, labels)
+
+
+def match_group(known: dict[str, Any], target: Target) -> tuple[str | None, str]:
+    """The one group whose parameters agree with every known one: (group, '') or
+    (None, why not)."""
+    hits = [g for g, c in target.groups.items()
+            if all(c["params"].get(k) == v for k, v in known.items())]
+    if len(hits) == 1:
+        return hits[0], ""
+    stated = ", ".join(f"{k}={v}" for k, v in known.items()) or "no parameters"
+    if not hits:
+        def misses(group: str) -> list[str]:
+            params = target.groups[group]["params"]
+            return [f"{k}={params.get(k)}" for k, v in known.items() if params.get(k) != v]
+
+        near = min(target.groups, key=lambda g: len(misses(g)), default=None)
+        hint = f"; nearest: {near} (has {', '.join(misses(near))})" if near else ""
+        return None, (f"matches no configuration of matrix {target.name!r} ({stated}){hint}; "
+                      "--param KEY=VALUE states or corrects a parameter, --matrix FILE.toml "
+                      "brings configurations its runs do not have")
+    differ = sorted({k for k in PARAM_NAMES
+                     if len({repr(target.groups[g]["params"].get(k)) for g in hits}) > 1})
+    return None, (f"matches {len(hits)} configurations of matrix {target.name!r} "
+                  f"({', '.join(hits[:4])}{', ...' if len(hits) > 4 else ''}): give "
+                  f"--param for {', '.join(differ)}")
+
+
+# --- planning --------------------------------------------------------------------------------
+
+
+def plan_import(sources: Sequence[Path], options: ImportOptions) -> ImportPlan:
+    """Read, match and judge every source; nothing is written. Raises ConfigError listing
+    every problem (with file and line)."""
+    sources = [Path(s) for s in sources]
+    folders = [s for s in sources if (s / "plan.json").is_file()]
+    if folders:
+        if len(sources) > 1:
+            raise ConfigError("a run folder is imported on its own (one per import)",
+                              file=str(folders[0]))
+        return plan_run_folder(folders[0], options)
+    entries, skipped = collect_entries(sources, options)
+    target = resolve_target(options, [e.known for e in entries], [e.label for e in entries])
+    problems: list[Problem] = []
+    for entry in entries:
+        group, why = match_group(entry.known, target)
+        if group is None:
+            problems.append(Problem(entry.label, "parameters", why))
+        else:
+            entry.group, entry.params = group, dict(target.groups[group]["params"])
+    if problems:
+        raise ConfigError(problems)
+    _assign_repeats(entries, problems)
+    for entry in entries:
+        _judge_entry(entry, options, problems)
+    _check_not_imported(target.name, options.results_root, [e.sha256 for e in entries],
+                        [e.label for e in entries], problems)
+    if problems:
+        raise ConfigError(problems)
+    run_id = options.run_id or _run_id_of(
+        [e.evaluation.figures.started_at for e in entries if e.evaluation])
+    _check_run_id(run_id, options.results_root / target.name)
+    return ImportPlan(target, run_id, entries, skipped)
+
+
+def _assign_repeats(entries: list[Entry], problems: list[Problem]) -> None:
+    """Repeat numbers per group: the file name's, else the next free one in source order."""
+    by_group: dict[str, list[Entry]] = {}
+    for entry in entries:
+        by_group.setdefault(entry.group, []).append(entry)
+    for group, members in by_group.items():
+        taken: dict[int, Entry] = {}
+        for entry in members:
+            if entry.repeat is None:
+                continue
+            if entry.repeat < 1:
+                problems.append(Problem(entry.label, "file name",
+                                        f"repeat {entry.repeat}: repeats count from 1"))
+            elif entry.repeat in taken:
+                problems.append(Problem(entry.label, "file name", f"repeat {entry.repeat} of "
+                                        f"{group} again (also {taken[entry.repeat].label})"))
+            else:
+                taken[entry.repeat] = entry
+        number = 0
+        for entry in members:
+            if entry.repeat is None:
+                number += 1
+                while number in taken:
+                    number += 1
+                entry.repeat = number
+                taken[number] = entry
+            entry.cell_id = f"{group}-r{entry.repeat}"
+
+
+def _judge_entry(entry: Entry, options: ImportOptions, problems: list[Problem]) -> None:
+    config = options.figures or FiguresConfig(
+        parser="dllogger" if entry.kind.startswith("dllogger") else "workload",
+        warmup=options.warmup if entry.kind.startswith("dllogger") else None)
+    output = CellOutput(entry.text, entry.label, None, entry.params)
+    try:
+        figures = parse_figures(output, config)
+    except LogFormatError as exc:
+        problems.extend(exc.problems)
+        return
+    failures = judge(figures, parser_for(config).required(entry.params), config,
+                     allow_incomplete=options.allow_partial)
+    bad = [f for f in failures if f.kind in ("incomplete", "missing")]
+    for failure in bad:
+        problems.append(_problem_of(entry, failure))
+    entry.evaluation = Evaluation(figures, [f for f in failures if f not in bad])
+
+
+def _problem_of(entry: Entry, failure: Failure) -> Problem:
+    if failure.problem is not None:
+        p = failure.problem
+        message = p.message + ("; --allow-partial imports what it logged"
+                               if failure.kind == "incomplete" else "")
+        return Problem(p.file or entry.label, p.field, message)
+    return Problem(entry.label, "", failure.message.replace("the program exited 0 but "
+                                                            "produced", "the log has"))
+
+
+def _run_id_of(times: list[float | None]) -> str:
+    known = [t for t in times if t]
+    return new_run_id(min(known)) if known else new_run_id()
+
+
+def _check_run_id(run_id: str, base: Path) -> None:
+    if not _RUN_ID.match(run_id):
+        raise ConfigError(f"{run_id!r}: letters, digits, _ . - only", field="--run-id")
+    if (base / run_id).exists():
+        raise ConfigError(f"{base / run_id} exists already; give another --run-id",
+                          field="--run-id")
+
+
+def _check_not_imported(name: str, root: Path, digests: list[str], labels: list[str],
+                        problems: list[Problem]) -> None:
+    seen: dict[str, str] = {}
+    for run in runs_of(root, name):
+        try:
+            meta = read_json(run.run_meta)
+        except (OSError, ValueError):
+            continue
+        for src in (meta.get("imported") or {}).get("sources", []):
+            seen[src.get("sha256", "")] = run.run_id
+    mine: dict[str, str] = {}
+    for digest, label in zip(digests, labels, strict=True):
+        if digest in seen:
+            problems.append(Problem(label, "", f"already imported into {name} as run "
+                                    f"{seen[digest]} (same sha256)"))
+        elif digest in mine:
+            problems.append(Problem(label, "", f"the same file as {mine[digest]}"))
+        mine.setdefault(digest, label)
+
+
+# --- our own run folders ------------------------------------------------------------------
+
+
+@dataclass
+class RunCell:
+    """One cell of an imported run folder."""
+
+    old_id: str
+    new_id: str
+    group: str
+    result: CellResult
+    sha256: str
+
+
+@dataclass
+class RunFolder:
+    """A run folder of ours, validated."""
+
+    root: Path
+    plan: dict[str, Any]
+    run_meta: dict[str, Any]
+    cells: list[RunCell]
+    sha256: str
+
+
+def _load_json(path: Path, problems: list[Problem]) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problems.append(Problem(str(path), "", "missing (not a complete run folder)"))
+    except json.JSONDecodeError as exc:
+        problems.append(Problem(str(path), f"line {exc.lineno}", f"malformed JSON: {exc.msg}"))
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(Problem(str(path), "", f"cannot read: {exc}"))
+    return None
+
+
+def _validate_run_folder(src: Path) -> RunFolder:
+    problems: list[Problem] = []
+    plan = _load_json(src / "plan.json", problems)
+    run_meta = _load_json(src / "run.json", problems)
+    if problems:
+        raise ConfigError(problems)
+    plan_file = str(src / "plan.json")
+    cells = plan.get("cells") if isinstance(plan, dict) else None
+    if not isinstance(cells, list):
+        raise ConfigError("no 'cells' list", file=plan_file, field="cells")
+    planned: dict[str, dict[str, Any]] = {}
+    for i, cell in enumerate(cells):
+        where = f"cells[{i}]"
+        if not (isinstance(cell, dict) and isinstance(cell.get("id"), str)
+                and isinstance(cell.get("group"), str) and isinstance(cell.get("params"), dict)):
+            problems.append(Problem(plan_file, where, "needs id, group (text) and params"))
+            continue
+        try:
+            CellParams.model_validate(cell["params"])
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            problems.append(Problem(plan_file, f"{where}.params.{err['loc'][0]}", err["msg"]))
+            continue
+        planned[cell["id"]] = cell
+    found: list[RunCell] = []
+    for result_file in sorted((src / "cells").glob("*/result.json")):
+        data = _load_json(result_file, problems)
+        if data is None:
+            continue
+        try:
+            result = CellResult.from_json(data)
+        except ValueError as exc:  # CellResult.from_json names the field first ("metrics: ...")
+            field, sep, detail = str(exc).partition(": ")
+            if not (sep and field.split(".")[0] in CellResult.__dataclass_fields__):
+                field, detail = "", str(exc)
+            problems.append(Problem(str(result_file), field, f"not a cell result: {detail}"))
+            continue
+        cell_id = result_file.parent.name
+        if result.cell_id != cell_id or cell_id not in planned:
+            problems.append(Problem(str(result_file), "cell_id",
+                                    f"{result.cell_id!r} is not a cell of the run's plan "
+                                    f"(folder {cell_id})"))
+            continue
+        digest = hashlib.sha256(result_file.read_bytes()).hexdigest()
+        found.append(RunCell(cell_id, cell_id, planned[cell_id]["group"], result, digest))
+    if not found and not problems:
+        problems.append(Problem(str(src / "cells"), "", "no cell results"))
+    if problems:
+        raise ConfigError(problems)
+    digest = hashlib.sha256((src / "plan.json").read_bytes()).hexdigest()
+    return RunFolder(src, plan, run_meta if isinstance(run_meta, dict) else {}, found, digest)
+
+
+def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
+    """Validate our own run folder and re-index its cells to the target matrix."""
+    folder = _validate_run_folder(src)
+    problems: list[Problem] = []
+    planned = {c["id"]: c for c in folder.plan["cells"]}
+    matrix = options.matrix
+    if matrix and (matrix.endswith(".toml")
+                   or runs_of(options.results_root, _checked_name(matrix))):
+        target = resolve_target(options, [], [])
+        seen: dict[str, str] = {}
+        for cell in folder.cells:
+            full = CellParams.model_validate(planned[cell.old_id]["params"]).model_dump()
+            group, why = match_group(full, target)
+            where = str(src / "cells" / cell.old_id)
+            if group is None:
+                problems.append(Problem(where, "params", why))
+                continue
+            cell.group, cell.new_id = group, f"{group}-r{cell.result.repeat}"
+            if cell.new_id in seen:
+                problems.append(Problem(where, "params", f"becomes {cell.new_id} of "
+                                        f"{target.name!r}, as {seen[cell.new_id]} does"))
+            seen.setdefault(cell.new_id, cell.old_id)
+    else:
+        name = _checked_name(matrix) if matrix else _checked_name(
+            str(folder.plan.get("matrix") or src.parent.name), f"{src / 'plan.json'}: matrix")
+        matrix_text = src / "matrix.toml"
+        groups = {c["group"]: {"params": c["params"], "hash": c.get("hash", "")}
+                  for c in folder.plan["cells"]}
+        target = Target(name, groups, list(folder.plan.get("varying", [])),
+                        folder.plan.get("baseline"),
+                        matrix_text.read_text(encoding="utf-8") if matrix_text.exists()
+                        else f"# imported from {src}\n", f"the run folder {src}")
+    _check_not_imported(target.name, options.results_root, [folder.sha256], [str(src)],
+                        problems)
+    if problems:
+        raise ConfigError(problems)
+    run_id = options.run_id or src.name
+    _check_run_id(run_id, options.results_root / target.name)
+    return ImportPlan(target, run_id, run_folder=folder)
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def _imported_block(options: ImportOptions, sources: list[dict[str, Any]], target: Target
+                    ) -> dict[str, Any]:
+    return {
+        "at": time.time(), "importer_version": IMPORTER_VERSION,
+        "orchestrate_version": __version__, "target": target.source, "sources": sources,
+    }
+
+
+def _plan_json(plan: ImportPlan, cells: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "matrix": plan.target.name, "source": plan.target.source, "backend": "import",
+        "repeats": max([c["repeat"] for c in cells], default=1),
+        "varying": plan.target.varying, "baseline": plan.target.baseline,
+        "imported": True, "cells": cells,
+    }
+
+
+def _copy_name(entry: Entry) -> str:
+    if entry.kind != "dllogger-raport":
+        return "log.txt"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", entry.path.name) or "raport.json"
+    return f"source-{name}" if name in _RESERVED else name
+
+
+def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) -> dict[str, Any]:
+    now = time.time()
+    sources = []
+    cells = []
+    for entry in plan.entries:
+        assert entry.evaluation is not None and entry.repeat is not None
+        figures: Figures = entry.evaluation.figures
+        cell_dir = paths.cell_dir(entry.cell_id)
+        cell_dir.mkdir(parents=True)
+        shutil.copyfile(entry.path, cell_dir / _copy_name(entry))
+        if figures.records:
+            with paths.cell_metrics(entry.cell_id).open("w", encoding="utf-8") as fh:
+                fh.writelines(json.dumps(o) + "\n" for o in figures.records)
+        source = {"path": str(entry.path.resolve()), "sha256": entry.sha256,
+                  "format": entry.kind, "cell": entry.cell_id}
+        sources.append(source)
+        started, finished = figures.started_at, figures.finished_at
+        failed = entry.evaluation.failures
+        result = CellResult(
+            cell_id=entry.cell_id, group=entry.group, repeat=entry.repeat,
+            status=Status.FAILED if failed else Status.OK, reason=entry.evaluation.reason,
+            started_at=started, finished_at=finished,
+            duration_s=round(finished - started, 3) if started and finished else None,
+            attempts=0, params=entry.params, metrics=figures.metrics, env=figures.env,
+            provenance={
+                "backend": "import",
+                "imported": {**source, "importer_version": IMPORTER_VERSION,
+                             "orchestrate_version": __version__, "imported_at": now},
+                "matched_on": entry.origin,
+                "log_parameters": figures.parameters,
+                "figures": figures.info(),
+            },
+        )
+        write_json(paths.cell_result(entry.cell_id), result.to_json())
+        cells.append({"id": entry.cell_id, "group": entry.group, "repeat": entry.repeat,
+                      "hash": plan.target.groups[entry.group]["hash"], "params": entry.params})
+    times = [t for e in plan.entries if e.evaluation
+             for t in (e.evaluation.figures.started_at, e.evaluation.figures.finished_at) if t]
+    counts: dict[str, int] = {}
+    for entry in plan.entries:
+        status = "failed" if entry.evaluation and entry.evaluation.failures else "ok"
+        counts[status] = counts.get(status, 0) + 1
+    write_json(paths.run_meta, {
+        "run_id": plan.run_id, "matrix": plan.target.name, "backend": "import",
+        "started_at": min(times, default=None), "finished_at": max(times, default=None),
+        "orchestrate_version": __version__, "python": sys.version.split()[0],
+        "controller_host": platform.node(), "argv": list(options.argv),
+        "counts": counts, "interrupted": False,
+        "imported": _imported_block(options, sources, plan.target),
+    })
+    return _plan_json(plan, sorted(cells, key=lambda c: (c["repeat"], c["id"])))
+
+
+def _write_run_folder(paths: RunPaths, plan: ImportPlan, options: ImportOptions
+                      ) -> dict[str, Any]:
+    folder = plan.run_folder
+    assert folder is not None
+    now = time.time()
+    planned = {c["id"]: c for c in folder.plan["cells"]}
+    cells = []
+    for cell in folder.cells:
+        shutil.copytree(folder.root / "cells" / cell.old_id, paths.cell_dir(cell.new_id))
+        result = cell.result
+        earlier = result.provenance.get("imported")
+        result.provenance = {**result.provenance, "imported": {
+            "path": str((folder.root / "cells" / cell.old_id).resolve()),
+            "sha256": cell.sha256, "format": "run-folder", "original_cell_id": cell.old_id,
+            "original_run_id": folder.root.name, "original_matrix": folder.plan.get("matrix"),
+            "importer_version": IMPORTER_VERSION, "orchestrate_version": __version__,
+            "imported_at": now, **({"previous": earlier} if earlier else {}),
+        }}
+        result.cell_id, result.group = cell.new_id, cell.group
+        write_json(paths.cell_result(cell.new_id), result.to_json())
+        old = planned[cell.old_id]
+        cells.append({**old, "id": cell.new_id, "group": cell.group,
+                      "hash": plan.target.groups.get(cell.group, {}).get("hash", old.get("hash"))})
+    sources = [{"path": str(folder.root.resolve()), "sha256": folder.sha256,
+                "format": "run-folder"}]
+    meta = {**folder.run_meta, "run_id": plan.run_id, "matrix": plan.target.name,
+            "imported": _imported_block(options, sources, plan.target)}
+    write_json(paths.run_meta, meta)
+    return _plan_json(plan, sorted(cells, key=lambda c: (c.get("repeat", 1), c["id"])))
+
+
+def write_import(plan: ImportPlan, options: ImportOptions) -> RunPaths:
+    """Write the run folder: into a hidden folder beside it, renamed at the end. On any
+    error nothing is left behind."""
+    from orchestrator.results.summary import write_summary
+
+    base = options.results_root / plan.target.name
+    final = base / plan.run_id
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".import-{plan.run_id}-"))
+    except OSError as exc:  # a read-only or full results folder: nothing was written
+        raise ConfigError([Problem("--results", str(options.results_root),
+                                   f"cannot create the run folder {final}: "
+                                   f"{exc.strerror or exc}")]) from None
+    try:
+        paths = RunPaths(tmp)
+        (tmp / "cells").mkdir()
+        paths.matrix_file.write_text(plan.target.matrix_text, encoding="utf-8")
+        if plan.run_folder is not None:
+            plan_data = _write_run_folder(paths, plan, options)
+        else:
+            plan_data = _write_entries(paths, plan, options)
+        write_json(paths.plan, plan_data)
+        write_summary(paths)
+        if final.exists():
+            raise ConfigError(f"{final} appeared while importing; give another --run-id",
+                              field="--run-id")
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("imported %d cells into %s", len(plan.cell_ids), final)
+    return RunPaths(final)
+
+
+def import_results(sources: Sequence[Path], options: ImportOptions) -> tuple[RunPaths, ImportPlan]:
+    """Plan and write an import; returns the new run folder and the plan."""
+    plan = plan_import(sources, options)
+    return write_import(plan, options), plan

@@ -1,0 +1,350 @@
+"""Results are values on disk.
+
+:class:`RunPaths` decides every file name of a run; :class:`CellResult` is what one cell produced.
+Tables and reports are built only from what is on disk, so any old run can be re-reported.
+
+Rules:
+
+* A matrix name and a run id become folder names, so both must match
+  :data:`~orchestrator.config.syntax.NAME_PATTERN`
+  (letters, digits, ``_ . -``, starting with a letter or digit, at most 64 characters: never
+  ``..``, a ``/`` or a hidden name). :func:`check_name` / :func:`check_run_id` are the one check,
+  used wherever a name or run id becomes a path (:meth:`RunPaths.create`, :func:`find_run`,
+  :func:`runs_of`, the matrix name, ``--run``, ``--resume``, ``clean``).
+* Every file a run writes follows the umask (a colleague's ``report`` can read it);
+  :func:`write_json` replaces files atomically.
+* Reading an old run never crashes: an unreadable ``result.json`` (truncated, unknown status)
+  is skipped with a warning; an unreadable ``plan.json`` only loses the plan order.
+
+Layout::
+
+    <results>/<matrix>/<run id>/
+        matrix.toml        the matrix file as it was (secrets masked)
+        plan.json          the expanded cells
+        run.json           backend, start/end, provenance, status counts
+        summary.csv        one row per cell group (medians over repeats)
+        summary.txt        the same table as printed
+        cells/<cell id>/
+            command.json   what was launched (argv, env, image, GPUs, host)
+            log.txt        everything the workload printed
+            metrics.jsonl  the workload's structured lines
+            result.json    status, reason, timings, metrics, provenance, config_hash
+            ...            files the workload wrote (iterations.csv, telemetry.csv, profiles)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import re
+import secrets
+import stat
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.syntax import check_name, check_run_id, name_problem
+from orchestrator.errors import ConfigError, Problem
+
+log = logging.getLogger(__name__)
+
+def check_results_root(results_root: Path) -> Path:
+    """The results root, refused (ConfigError on ``--results``) when it is not a folder."""
+    root = Path(results_root)
+    if root.exists() and not root.is_dir():
+        raise ConfigError([Problem("--results", str(root), "is not a folder; give a folder "
+                                   "(created if missing) for the run folders")])
+    return root
+
+
+class Status(enum.StrEnum):
+    """How a cell ended."""
+
+    OK = "ok"
+    FAILED = "failed"  # exited non-zero, or produced no summary
+    TIMEOUT = "timeout"  # stopped at its per-cell timeout
+    OOM = "oom"  # killed by the out-of-memory killer
+    HOST_LOST = "host_lost"  # its host went away; retried elsewhere when possible
+    CANCELLED = "cancelled"  # the sweep was interrupted
+    UNPLACEABLE = "unplaceable"  # no host/GPUs can ever run it
+
+
+@dataclass
+class CellResult:
+    """What one cell produced. Written as ``result.json``."""
+
+    cell_id: str
+    group: str
+    repeat: int
+    status: Status
+    reason: str = ""
+    exit_code: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    duration_s: float | None = None
+    attempts: int = 1
+    params: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    log_tail: list[str] = field(default_factory=list)
+    #: The cell's content hash (parameters + hardware profile): what it measures. Empty in
+    #: results written before it was recorded (the run's plan.json has it).
+    config_hash: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> CellResult:
+        """A result from ``result.json``'s data; ValueError naming the field if it is not one
+        (an unknown status, a missing id, a field of the wrong type)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        missing = [k for k in ("cell_id", "group", "repeat", "status") if k not in known]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}")
+        try:
+            known["status"] = Status(known["status"])
+        except ValueError:
+            raise ValueError(f"status: unknown status {known['status']!r} (known: "
+                             f"{', '.join(s.value for s in Status)})") from None
+        for name, kinds in _RESULT_TYPES.items():
+            if name in known and not _is(known[name], kinds):
+                raise ValueError(f"{name}: unexpected {type(known[name]).__name__} "
+                                 f"{known[name]!r}")
+        params = known.get("params", {})
+        odd = [k for k, v in params.items() if not _is(v, (str, int, float, bool, type(None)))]
+        if "gpus" in params and not _is(params["gpus"], (int,)):
+            odd.append("gpus")
+        if odd:
+            raise ValueError(f"params.{odd[0]}: unexpected value {params[odd[0]]!r}")
+        return cls(**known)
+
+
+_NUMBER = (int, float)
+#: The JSON types of result.json's fields (None allowed where the field is optional).
+_RESULT_TYPES: dict[str, tuple[type, ...]] = {
+    "cell_id": (str,), "group": (str,), "repeat": (int,), "reason": (str,),
+    "exit_code": (int, type(None)), "started_at": (*_NUMBER, type(None)),
+    "finished_at": (*_NUMBER, type(None)), "duration_s": (*_NUMBER, type(None)),
+    "attempts": (int,), "params": (dict,), "metrics": (dict,), "env": (dict,),
+    "provenance": (dict,), "log_tail": (list,),
+}
+
+
+def _is(value: Any, kinds: tuple[type, ...]) -> bool:
+    return isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+
+
+def throughput_key(mode: str, kind: str = "total_ips") -> str:
+    """The DLLogger metric name for a mode: ``train.total_ips`` or ``val.total_ips``."""
+    return f"{'train' if mode == 'train' else 'val'}.{kind}"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (a crash never leaves half a file). The file follows the umask,
+    like every other file of a run (``mkstemp`` would make it 0600: unreadable to colleagues)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            # mode 0o666: the kernel applies the umask, as for any file opened with open()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:  # pragma: no cover - 32 random bits collided
+            continue
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file of a run; a missing, truncated or unreadable file is a ConfigError naming it."""
+    try:
+        # a FIFO planted in a shared results folder must not hang `report`: regular files only
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise ConfigError("not a regular file", file=str(path))
+            return json.loads(fh.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("missing (the run folder is incomplete)", file=str(path)) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"unreadable ({exc}); the file is damaged or truncated",
+                          file=str(path)) from None
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A sortable, unique run id: ``20261122-031500-ab12``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now or time.time()))
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every path of one run."""
+
+    root: Path
+
+    @classmethod
+    def create(cls, results_root: Path, matrix_name: str, run_id: str | None = None) -> RunPaths:
+        """Make a new run folder; ConfigError for a bad name, run id or results root."""
+        check_name(matrix_name, "matrix.name")
+        run_id = check_run_id(run_id) if run_id else new_run_id()
+        root = check_results_root(results_root) / matrix_name / run_id
+        try:
+            root.mkdir(parents=True, exist_ok=False)
+            (root / "cells").mkdir()
+        except FileExistsError:
+            raise ConfigError(f"run {run_id!r} already exists under {root.parent}",
+                              field="--run") from None
+        except OSError as exc:
+            raise ConfigError([Problem("--results", str(results_root),
+                                       f"cannot create the run folder {root}: {exc.strerror}")]
+                              ) from None
+        return cls(root)
+
+    @property
+    def run_id(self) -> str:
+        return self.root.name
+
+    @property
+    def matrix_file(self) -> Path:
+        return self.root / "matrix.toml"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def run_meta(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def summary_csv(self) -> Path:
+        return self.root / "summary.csv"
+
+    @property
+    def summary_txt(self) -> Path:
+        return self.root / "summary.txt"
+
+    def cell_dir(self, cell_id: str) -> Path:
+        return self.root / "cells" / cell_id
+
+    def cell_log(self, cell_id: str) -> Path:
+        return self.cell_dir(cell_id) / "log.txt"
+
+    def cell_command(self, cell_id: str) -> Path:
+        return self.cell_dir(cell_id) / "command.json"
+
+    def cell_metrics(self, cell_id: str) -> Path:
+        return self.cell_dir(cell_id) / "metrics.jsonl"
+
+    def cell_result(self, cell_id: str) -> Path:
+        return self.cell_dir(cell_id) / "result.json"
+
+    def plan_data(self) -> dict[str, Any] | None:
+        """``plan.json``'s object; None (with a warning) when it is missing or unreadable."""
+        if not self.plan.exists():
+            return None
+        try:
+            data = read_json(self.plan)
+        except ConfigError as exc:
+            log.warning("%s; using the cells found on disk", exc)
+            return None
+        if not isinstance(data, dict):
+            log.warning("%s: not a JSON object; using the cells found on disk", self.plan)
+            return None
+        return data
+
+    def results(self) -> list[CellResult]:
+        """Every cell result on disk, in plan order where a plan exists.
+
+        A result that cannot be read (truncated, unknown status, wrong types) is skipped with a
+        warning: one damaged file never hides the rest of a run.
+        """
+        plan = self.plan_data() or {}
+        listed = plan.get("cells")
+        cells = listed if isinstance(listed, list) else []
+        order = [c["id"] for c in cells if isinstance(c, dict) and isinstance(c.get("id"), str)]
+        found = {p.parent.name: p for p in (self.root / "cells").glob("*/result.json")}
+        ids = [i for i in order if i in found] + sorted(set(found) - set(order))
+        out = []
+        for cell_id in ids:
+            try:
+                out.append(CellResult.from_json(read_json(found[cell_id])))
+            except ConfigError as exc:
+                log.warning("skipping cell %s: %s", cell_id, exc)
+            except ValueError as exc:
+                log.warning("skipping cell %s: %s: %s", cell_id, found[cell_id], exc)
+        return out
+
+
+def parse_metric_lines(text: str) -> list[dict[str, Any]]:
+    """The workload's structured lines: JSON objects with a ``type``, one per line."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("type"), str):
+            out.append(obj)
+    return out
+
+
+def find_run(results_root: Path, matrix_name: str, run_id: str | None = None) -> RunPaths:
+    """A run folder: ``run_id`` (a run id, a unique prefix of one, ``latest`` or ``latest~N``,
+    as the results store names runs) or the newest run of the matrix."""
+    check_name(matrix_name, "matrix")
+    base = check_results_root(results_root) / matrix_name
+    latest = re.fullmatch(r"latest(?:~(\d{1,6}))?", run_id or "")
+    if run_id is not None and not latest:
+        check_run_id(run_id)
+        root = base / run_id
+        if root.is_dir():
+            return RunPaths(root)
+        matches = [r for r in runs_of(results_root, matrix_name) if r.run_id.startswith(run_id)]
+        if len(matches) == 1:
+            return matches[0]
+        many = f" ({len(matches)} runs start with it)" if matches else ""
+        raise ConfigError(f"no run {run_id!r} under {base}{many}; `orchestrate runs "
+                          f"{matrix_name}` lists them", field="run")
+    runs = runs_of(results_root, matrix_name)
+    if not runs:
+        raise ConfigError(f"no runs of {matrix_name!r} under {results_root}", field="run")
+    back = int(latest.group(1) or 0) if latest else 0
+    if back >= len(runs):
+        raise ConfigError(f"{run_id!r}: {matrix_name!r} has {len(runs)} run(s) under "
+                          f"{results_root}", field="run")
+    return runs[-1 - back]
+
+
+def runs_of(results_root: Path, matrix_name: str) -> list[RunPaths]:
+    """Every finished-or-not run of a matrix, oldest first (run ids sort by time).
+
+    Entries that are not run folders (a stray file, a hidden or oddly named folder) are left out.
+    """
+    check_name(matrix_name, "matrix")
+    base = check_results_root(results_root) / matrix_name
+    if not base.is_dir():
+        return []
+    return [
+        RunPaths(p) for p in sorted(base.iterdir())
+        if not name_problem(p.name) and p.is_dir() and (p / "plan.json").is_file()
+    ]

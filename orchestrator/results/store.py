@@ -1,0 +1,842 @@
+"""The results store: an SQLite index over the run folders, for queries across many runs.
+
+Rules:
+
+* **The run folders are the source of truth.** The index (``<results>/.orchestrate-index.sqlite``,
+  stdlib :mod:`sqlite3`) only caches what they hold; deleting it loses nothing, and every query
+  first brings it up to date with the folders (:meth:`Store.refresh`).
+* **Staleness is detected cheaply**: each run folder has a *signature* of sizes and mtimes
+  (``stat`` calls only, no reads). A run still going (no ``finished_at`` in ``run.json``): its
+  ``run.json``, ``plan.json`` and every ``cells/*/result.json``. A run that has ended: its
+  ``run.json``, ``plan.json`` and ``cells`` folder only (3 stat calls, so a year of nightlies
+  refreshes in milliseconds): its results change only through ``--resume``, which rewrites
+  ``run.json`` at its end. A result edited by hand in an ended run is not noticed:
+  ``orchestrate runs --reindex`` rebuilds the index. A run whose signature differs from the
+  indexed one is read again; a run folder that is gone is dropped; an index of another schema
+  version is rebuilt from scratch.
+* **Concurrency**: WAL journal (readers never block the writer nor each other), a 30 s busy
+  timeout, every change in an ``IMMEDIATE`` transaction, one run per transaction, so a reader
+  sees each run either wholly indexed or not at all. Parsing happens outside transactions.
+  Queries that belong together run in :meth:`Store.snapshot` (one read transaction): a run
+  re-indexed by another process between two queries would otherwise change its key.
+* **Read-only results** (an archive): the index goes to a cache file instead
+  (``$XDG_CACHE_HOME/orchestrate/index-<hash of the results path>.sqlite``), or, when that cannot
+  be written either, into memory; :attr:`Store.note` says which, for the CLI to show.
+* **What a configuration is**: the content hash of the cell's parameters and hardware profile
+  (``config_hash`` in ``result.json``, else the cell's ``hash`` in ``plan.json``, else a hash of
+  the parameters alone for folders older than both). The display id (cell group) is only a
+  label. The software/hardware **stack** it ran on (image, torch, CUDA, cuDNN, driver, GPU or
+  CPU model, host, Python) is recorded beside it, from ``result.json``'s ``env`` (what the
+  workload saw) and ``provenance`` (what the backend launched); matching by configuration and
+  stack is the business of :mod:`orchestrator.results.history` and
+  :mod:`orchestrator.results.compare`.
+
+Tables: ``meta`` (schema version), ``runs`` (one per run folder), ``stacks`` (distinct stacks),
+``cells`` (one per ``result.json``; ``value`` is the headline throughput, images/s),
+``params`` (cell parameters as key/value rows, for filters) and ``figures`` (every numeric
+metric of a cell, plus ``train.step_ips_p90`` / ``val.step_ips_p90`` derived from its
+per-iteration times: see :data:`STEP_IPS_P90`).
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import statistics
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.results.run_folder import CellResult
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = ".orchestrate-index.sqlite"
+#: Bump when the tables or what goes into them change: older indexes are rebuilt.
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE runs (
+    run_pk INTEGER PRIMARY KEY,
+    matrix TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    path TEXT NOT NULL UNIQUE,
+    signature TEXT NOT NULL,
+    backend TEXT,
+    started_at REAL,
+    finished_at REAL,
+    git_revision TEXT,
+    orchestrate_version TEXT,
+    controller_host TEXT,
+    repeats INTEGER,
+    planned INTEGER NOT NULL,
+    n_cells INTEGER NOT NULL,
+    n_ok INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    UNIQUE (matrix, run_id)
+);
+CREATE INDEX runs_by_matrix ON runs (matrix, started_at);
+CREATE INDEX runs_by_start ON runs (started_at);
+CREATE TABLE stacks (
+    stack_pk INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    image TEXT, image_id TEXT, torch TEXT, cuda TEXT, cudnn TEXT, driver TEXT, gpu TEXT,
+    host TEXT, python TEXT
+);
+CREATE TABLE cells (
+    cell_pk INTEGER PRIMARY KEY,
+    run_pk INTEGER NOT NULL REFERENCES runs (run_pk) ON DELETE CASCADE,
+    cell_id TEXT NOT NULL,
+    grp TEXT NOT NULL,
+    repeat INTEGER,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT,
+    duration_s REAL,
+    started_at REAL,
+    attempts INTEGER,
+    stack_pk INTEGER REFERENCES stacks (stack_pk),
+    metric TEXT,
+    value REAL,
+    params TEXT NOT NULL
+);
+CREATE INDEX cells_by_run ON cells (run_pk);
+CREATE INDEX cells_by_config ON cells (config);
+CREATE TABLE params (
+    cell_pk INTEGER NOT NULL REFERENCES cells (cell_pk) ON DELETE CASCADE,
+    key TEXT NOT NULL,
+    value TEXT
+);
+CREATE INDEX params_by_cell ON params (cell_pk);
+CREATE INDEX params_by_key ON params (key, value);
+CREATE TABLE figures (
+    cell_pk INTEGER NOT NULL REFERENCES cells (cell_pk) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    value REAL NOT NULL
+);
+CREATE INDEX figures_by_cell ON figures (cell_pk);
+"""
+_TABLES = ("figures", "params", "cells", "stacks", "runs", "meta")
+
+
+# --- values ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The software and hardware a cell ran on. Empty fields: not recorded."""
+
+    image: str | None = None
+    image_id: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    cudnn: str | None = None
+    driver: str | None = None
+    gpu: str | None = None
+    host: str | None = None
+    python: str | None = None
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Field names, in display order."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_result(cls, env: dict[str, Any], provenance: dict[str, Any]) -> Stack | None:
+        """The stack of a result: None when the workload reported no environment (it never
+        started, or failed before its first line) and the backend recorded no image."""
+        if not env and not provenance.get("image"):
+            return None
+
+        def text(value: Any) -> str | None:
+            return None if value is None or value == "" else str(value)
+
+        gpu = env.get("device_name") if env.get("device") not in (None, "cpu") else (
+            env.get("cpu_model") or env.get("device_name"))
+        return cls(
+            image=text(provenance.get("image")),
+            image_id=text(provenance.get("image_id") or provenance.get("image_digest")),
+            torch=text(env.get("torch_version")),
+            cuda=text(env.get("cuda_version")),
+            cudnn=text(env.get("cudnn_version")),
+            driver=text(env.get("driver_version")),
+            gpu=text(gpu),
+            host=text(provenance.get("host") or env.get("hostname")),
+            python=text(env.get("python_version")),
+        )
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {name: getattr(self, name) for name in self.names()}
+
+    def key(self, ignore: Iterable[str] = ()) -> str:
+        """A short hash of the fields not in ``ignore``: equal stacks, equal keys."""
+        skip = set(ignore)
+        blob = json.dumps({k: v for k, v in self.as_dict().items() if k not in skip},
+                          sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def differences(self, other: Stack, ignore: Iterable[str] = ()) -> dict[str, tuple[Any, Any]]:
+        """``{field: (ours, theirs)}`` for every field that differs."""
+        skip = set(ignore)
+        return {
+            name: (getattr(self, name), getattr(other, name))
+            for name in self.names()
+            if name not in skip and getattr(self, name) != getattr(other, name)
+        }
+
+
+def stack_field_values(stacks: Iterable[Stack | None]) -> dict[str, list[str]]:
+    """Per stack field, the distinct values ``stacks`` hold (sorted; a None stack is skipped)."""
+    out: dict[str, set[str]] = {name: set() for name in Stack.names()}
+    for stack in stacks:
+        if stack is not None:
+            for name, value in stack.as_dict().items():
+                if value is not None:
+                    out[name].add(value)
+    return {name: sorted(values) for name, values in out.items()}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run folder as indexed."""
+
+    pk: int
+    matrix: str
+    run_id: str
+    path: str
+    backend: str | None
+    started_at: float | None
+    finished_at: float | None
+    git_revision: str | None
+    orchestrate_version: str | None
+    controller_host: str | None
+    repeats: int | None
+    planned: int
+    cells: int
+    ok: int
+    status: str  # ok | failed | interrupted | unfinished | empty
+
+    @property
+    def failed(self) -> int:
+        """Cells with a result that did not end ok."""
+        return self.cells - self.ok
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+    @property
+    def label(self) -> str:
+        return f"{self.matrix}:{self.run_id}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "matrix": self.matrix, "run_id": self.run_id, "path": self.path,
+            "status": self.status, "backend": self.backend, "started_at": self.started_at,
+            "finished_at": self.finished_at, "duration_s": self.duration_s,
+            "git_revision": self.git_revision, "orchestrate_version": self.orchestrate_version,
+            "controller_host": self.controller_host, "repeats": self.repeats,
+            "planned": self.planned, "cells": self.cells, "ok": self.ok, "failed": self.failed,
+        }
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One cell result as indexed."""
+
+    pk: int
+    run_pk: int
+    cell_id: str
+    group: str
+    repeat: int | None
+    config: str
+    status: str
+    reason: str
+    duration_s: float | None
+    started_at: float | None
+    attempts: int | None
+    stack: Stack | None
+    metric: str | None
+    value: float | None
+    params: dict[str, Any]
+    figures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+# --- reading run folders (no database) -------------------------------------------------------
+
+
+def _stat(path: Path) -> str:
+    try:
+        st = path.stat()
+    except OSError:
+        return "-"
+    return f"{st.st_mtime_ns}:{st.st_size}"
+
+
+def shallow_signature(run_dir: Path) -> str:
+    """``run.json``, ``plan.json`` and the ``cells`` folder (3 stat calls): enough for a run
+    that has ended, whose results change only through ``--resume``, which rewrites
+    ``run.json`` when it ends and moves replaced cell folders out of ``cells``."""
+    parts = [_stat(run_dir / "run.json"), _stat(run_dir / "plan.json"), _stat(run_dir / "cells")]
+    return "s:" + hashlib.sha1("|".join(parts).encode()).hexdigest()
+
+
+def run_signature(run_dir: Path) -> str:
+    """Sizes and mtimes of every file of a run the index reads, ``result.json`` files included;
+    stat calls only (for a run still going)."""
+    parts = [_stat(run_dir / "run.json"), _stat(run_dir / "plan.json")]
+    try:
+        entries = sorted(e.name for e in os.scandir(run_dir / "cells") if e.is_dir())
+    except OSError:
+        entries = []
+    parts += [f"{name}={_stat(run_dir / 'cells' / name / 'result.json')}" for name in entries]
+    return "d:" + hashlib.sha1("|".join(parts).encode()).hexdigest()
+
+
+def params_hash(params: dict[str, Any]) -> str:
+    """The configuration key of a result whose run recorded no content hash (old folders)."""
+    blob = json.dumps(params, sort_keys=True, default=str)
+    return "p" + hashlib.sha256(blob.encode()).hexdigest()[:11]
+
+
+def headline(params: dict[str, Any], metrics: dict[str, Any]) -> tuple[str, float | None]:
+    """The figure a configuration is judged by: ``train.total_ips`` / ``val.total_ips``."""
+    name = f"{'train' if params.get('mode', 'train') == 'train' else 'val'}.total_ips"
+    value = metrics.get(name)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return name, float(value)
+    return name, None
+
+
+#: The derived figure: per-step images/s at the 90th percentile (global batch / the 10th
+#: percentile of the measured iteration times). Contention on a shared machine only ever slows
+#: a step down, so the fast steps are the least disturbed estimate of what the code can do.
+STEP_IPS_P90 = "step_ips_p90"
+
+
+def derived_figures(params: dict[str, Any], metrics: dict[str, Any]) -> dict[str, float]:
+    """Figures the index computes from a result's per-iteration times (5 or more)."""
+    times = metrics.get("iteration_times")
+    batch = metrics.get("global_batch_size")
+    if not isinstance(times, list) or not isinstance(batch, int | float) or len(times) < 5:
+        return {}
+    clean = [float(t) for t in times if isinstance(t, int | float) and t > 0]
+    if len(clean) < 5:
+        return {}
+    prefix = "train" if params.get("mode", "train") == "train" else "val"
+    p10 = statistics.quantiles(clean, n=10, method="inclusive")[0]
+    return {f"{prefix}.{STEP_IPS_P90}": float(batch) / p10}
+
+
+def is_throughput(name: str) -> bool:
+    """Whether a figure is a throughput (images/s, higher is better): ``*.total_ips``,
+    ``*.compute_ips``, ``*.step_ips_p90`` ..."""
+    return "ips" in name.rsplit(".", 1)[-1].split("_")
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        log.warning("%s: not read (%s)", path, exc)
+        return None
+
+
+def _run_started(run_dir: Path, meta: dict[str, Any]) -> float | None:
+    started = meta.get("started_at")
+    if isinstance(started, int | float):
+        return float(started)
+    with contextlib.suppress(ValueError):  # run ids start with a UTC stamp
+        return float(calendar.timegm(time.strptime(run_dir.name[:15], "%Y%m%d-%H%M%S")))
+    return None
+
+
+@dataclass
+class ParsedRun:
+    """A run folder read from disk, ready to insert."""
+
+    matrix: str
+    run_id: str
+    path: str
+    signature: str
+    meta: dict[str, Any]
+    plan: dict[str, Any]
+    results: list[dict[str, Any]]
+
+
+def read_run_folder(run_dir: Path) -> ParsedRun:
+    """Everything the index keeps of one run folder. The signatures are taken first: a file
+    written while we read makes the next refresh read the run again."""
+    shallow, deep = shallow_signature(run_dir), run_signature(run_dir)
+    meta = _read(run_dir / "run.json") or {}
+    plan = _read(run_dir / "plan.json") or {}
+    results = []
+    cells_dir = run_dir / "cells"
+    if cells_dir.is_dir():
+        for entry in sorted(os.scandir(cells_dir), key=lambda e: e.name):
+            path = Path(entry.path) / "result.json"
+            if not (entry.is_dir() and path.is_file()):
+                continue  # not yet written
+            try:  # the same rules as every reader of result.json (RunPaths.results)
+                data = json.loads(path.read_text(encoding="utf-8"))
+                CellResult.from_json(data)
+            except (OSError, ValueError) as exc:
+                log.warning("skipping cell %s: %s: %s", entry.name, path, exc)
+                continue
+            results.append(data)
+    meta = meta if isinstance(meta, dict) else {}
+    ended = bool(meta.get("finished_at") or meta.get("interrupted"))
+    return ParsedRun(run_dir.parent.name, run_dir.name, str(run_dir), shallow if ended else deep,
+                     meta,
+                     plan if isinstance(plan, dict) else {}, results)
+
+
+def _run_status(meta: dict[str, Any], planned: int, n_cells: int, n_ok: int) -> str:
+    if meta.get("interrupted"):
+        return "interrupted"
+    if not meta.get("finished_at") and meta:
+        return "unfinished"
+    if n_cells == 0:
+        return "empty"
+    return "ok" if n_ok == n_cells and n_cells >= planned else "failed"
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+def _cache_index_path(results_root: Path) -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchestrate"
+    digest = hashlib.sha256(str(results_root.resolve()).encode()).hexdigest()[:16]
+    return base / f"index-{digest}.sqlite"
+
+
+class Store:
+    """The index of a results root. Use :func:`open_store`; close it (or use ``with``)."""
+
+    def __init__(self, results_root: Path, conn: sqlite3.Connection, location: str,
+                 note: str | None = None) -> None:
+        self.root = Path(results_root)
+        self.conn = conn
+        self.location = location  # the index file, or ":memory:"
+        self.note = note  # why the index is not where it normally is
+        self._stacks: dict[int, Stack | None] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """An IMMEDIATE transaction: the write lock is taken at once (waits up to the busy
+        timeout for another writer)."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[Store]:
+        """Queries inside see one consistent state of the index (a read transaction), even
+        while another process re-indexes runs. Re-entrant."""
+        if self.conn.in_transaction:
+            yield self
+            return
+        self.conn.execute("BEGIN")
+        try:
+            yield self
+        finally:
+            self.conn.execute("COMMIT")
+
+    def _ensure_schema(self) -> None:
+        version = self._schema_version()
+        if version == SCHEMA_VERSION:
+            return
+        with self._write() as conn:
+            # another process may have created it meanwhile
+            if self._schema_version() == SCHEMA_VERSION:
+                return
+            for table in _TABLES:
+                conn.execute(f"DROP TABLE IF EXISTS {table}")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        if version is not None:
+            log.info("index %s: schema %s -> %s, rebuilt", self.location, version, SCHEMA_VERSION)
+
+    def _schema_version(self) -> int | None:
+        try:
+            row = self.conn.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except sqlite3.OperationalError:
+            return None
+        return int(row[0]) if row else None
+
+    # -- refresh ----------------------------------------------------------------------------
+
+    def matrices_on_disk(self) -> list[str]:
+        """Matrix folders under the results root."""
+        if not self.root.is_dir():
+            return []
+        return sorted(e.name for e in os.scandir(self.root)
+                      if e.is_dir() and not e.name.startswith("."))
+
+    def refresh(self, matrices: Sequence[str] | None = None) -> int:
+        """Bring the index up to date with the run folders of ``matrices`` (default: all).
+
+        Returns how many runs were (re)read or dropped. Cheap when nothing changed: one
+        ``stat`` per indexed file and one read-only query.
+        """
+        names = list(matrices) if matrices is not None else self.matrices_on_disk()
+        on_disk: dict[str, Path] = {}
+        for name in names:
+            base = self.root / name
+            if not base.is_dir():
+                continue
+            for entry in os.scandir(base):
+                if entry.is_dir() and os.path.exists(os.path.join(entry.path, "plan.json")):
+                    on_disk[str(Path(entry.path))] = Path(entry.path)
+        indexed = self._signatures(names if matrices is not None else None)
+        changed = []
+        for key, run_dir in sorted(on_disk.items()):
+            known = indexed.get(key)
+            if known is not None and known.startswith("s:"):
+                if known == shallow_signature(run_dir):
+                    continue
+            elif known is not None and known == run_signature(run_dir):
+                continue
+            changed.append(run_dir)
+        gone = [key for key in indexed if key not in on_disk]
+        for key in gone:
+            with self._write() as conn:
+                conn.execute("DELETE FROM runs WHERE path = ?", (key,))
+        for run_dir in changed:
+            parsed = read_run_folder(run_dir)
+            with self._write() as conn:
+                # another process may have indexed this very state meanwhile
+                row = conn.execute("SELECT signature FROM runs WHERE path = ?",
+                                   (parsed.path,)).fetchone()
+                if row and row[0] == parsed.signature:
+                    continue
+                conn.execute("DELETE FROM runs WHERE path = ?", (parsed.path,))
+                self._insert(conn, parsed)
+        if changed or gone:
+            log.info("index %s: %d run(s) read, %d dropped", self.location, len(changed),
+                     len(gone))
+        return len(changed) + len(gone)
+
+    def _signatures(self, matrices: Sequence[str] | None) -> dict[str, str]:
+        if matrices is None:
+            rows = self.conn.execute("SELECT path, signature FROM runs")
+        else:
+            marks = ",".join("?" * len(matrices))
+            rows = self.conn.execute(
+                f"SELECT path, signature FROM runs WHERE matrix IN ({marks})", list(matrices))
+        return dict(rows.fetchall())
+
+    def _stack_pk(self, conn: sqlite3.Connection, stack: Stack | None) -> int | None:
+        if stack is None:
+            return None
+        key = stack.key()
+        row = conn.execute("SELECT stack_pk FROM stacks WHERE key = ?", (key,)).fetchone()
+        if row:
+            return int(row[0])
+        values = stack.as_dict()
+        cur = conn.execute(
+            f"INSERT INTO stacks (key, {', '.join(values)}) VALUES "
+            f"(?, {', '.join('?' * len(values))})", (key, *values.values()))
+        assert cur.lastrowid is not None  # an INSERT into a rowid table
+        return cur.lastrowid
+
+    def _insert(self, conn: sqlite3.Connection, run: ParsedRun) -> None:
+        meta, plan = run.meta, run.plan
+        hashes = {c.get("id"): c.get("hash") for c in plan.get("cells", []) or []
+                  if isinstance(c, dict)}
+        planned = len(hashes)
+        n_ok = sum(1 for r in run.results if r.get("status") == "ok")
+        n_cells = len(run.results)
+        run_dir = Path(run.path)
+        cur = conn.execute(
+            "INSERT INTO runs (matrix, run_id, path, signature, backend, started_at, "
+            "finished_at, git_revision, orchestrate_version, controller_host, repeats, planned, "
+            "n_cells, n_ok, status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (run.matrix, run.run_id, run.path, run.signature,
+             meta.get("backend") or plan.get("backend"), _run_started(run_dir, meta),
+             meta.get("finished_at"), meta.get("git_revision"), meta.get("orchestrate_version"),
+             meta.get("controller_host"), plan.get("repeats"), planned, n_cells, n_ok,
+             _run_status(meta, planned, n_cells, n_ok)),
+        )
+        run_pk = cur.lastrowid
+        param_rows: list[tuple[int, str, str]] = []
+        figure_rows: list[tuple[int, str, float]] = []
+        for res in run.results:
+            params = res.get("params") or {}
+            metrics = res.get("metrics") or {}
+            cell_id = str(res.get("cell_id", ""))
+            config = res.get("config_hash") or hashes.get(cell_id) or params_hash(params)
+            stack = Stack.from_result(res.get("env") or {}, res.get("provenance") or {})
+            metric, value = headline(params, metrics)
+            cur = conn.execute(
+                "INSERT INTO cells (run_pk, cell_id, grp, repeat, config, status, reason, "
+                "duration_s, started_at, attempts, stack_pk, metric, value, params) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (run_pk, cell_id, str(res.get("group", cell_id)), res.get("repeat"), config,
+                 str(res.get("status")), res.get("reason") or "", res.get("duration_s"),
+                 res.get("started_at"), res.get("attempts"), self._stack_pk(conn, stack),
+                 metric, value, json.dumps(params, sort_keys=True, default=str)),
+            )
+            cell_pk = cur.lastrowid
+            assert cell_pk is not None  # an INSERT into a rowid table
+            param_rows += [(cell_pk, k, _param_text(v)) for k, v in params.items()]
+            figure_rows += [(cell_pk, k, float(v)) for k, v in metrics.items()
+                            if isinstance(v, int | float) and not isinstance(v, bool)]
+            figure_rows += [(cell_pk, k, v) for k, v in derived_figures(params,
+                                                                         metrics).items()]
+        conn.executemany("INSERT INTO params VALUES (?,?,?)", param_rows)
+        conn.executemany("INSERT INTO figures VALUES (?,?,?)", figure_rows)
+
+    def rebuild(self) -> int:
+        """Forget everything and read every run folder again. Returns the runs read."""
+        with self._write() as conn:
+            conn.execute("DELETE FROM runs")
+            conn.execute("DELETE FROM stacks")
+        self._stacks.clear()
+        return self.refresh()
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def runs(
+        self,
+        matrix: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        status: Sequence[str] = (),
+        run_ids: Sequence[str] = (),
+    ) -> list[RunRecord]:
+        """Indexed runs, oldest first, filtered by matrix, start time range, status, run ids."""
+        where: list[str] = []
+        args: list[Any] = []
+        if matrix:
+            where.append("matrix = ?")
+            args.append(matrix)
+        if since is not None:
+            where.append("started_at >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("started_at < ?")
+            args.append(until)
+        if status:
+            where.append(f"status IN ({','.join('?' * len(status))})")
+            args += list(status)
+        if run_ids:
+            where.append(f"run_id IN ({','.join('?' * len(run_ids))})")
+            args += list(run_ids)
+        sql = ("SELECT run_pk, matrix, run_id, path, backend, started_at, finished_at, "
+               "git_revision, orchestrate_version, controller_host, repeats, planned, n_cells, "
+               "n_ok, status FROM runs")
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY started_at, run_id"
+        return [RunRecord(*row) for row in self.conn.execute(sql, args)]
+
+    def resolve(self, spec: str, matrix: str | None = None) -> RunRecord:
+        """A run from ``RUN_ID`` (or a unique prefix of one), ``MATRIX:RUN_ID``,
+        ``MATRIX:latest`` or ``MATRIX:latest~N`` (the N-th run before the newest)."""
+        name, sep, rest = spec.rpartition(":")
+        if sep:
+            matrix = name or matrix
+        else:
+            rest = spec
+        candidates = self.runs(matrix=matrix)
+        if rest == "latest" or rest.startswith("latest~"):
+            if not matrix:
+                raise ConfigError(f"{spec!r}: say which matrix, e.g. MATRIX:{rest}", field="run")
+            back = rest.partition("~")[2]
+            if back and not back.isdigit():
+                raise ConfigError(f"{spec!r}: expected latest~N with N a number", field="run")
+            n = int(back or 0)
+            if n >= len(candidates):
+                raise ConfigError(f"{spec!r}: {matrix!r} has {len(candidates)} run(s) under "
+                                  f"{self.root}", field="run")
+            return candidates[-1 - n]
+        found = [r for r in candidates if r.run_id == rest] or [
+            r for r in candidates if r.run_id.startswith(rest)]
+        if not found:
+            where = f" of {matrix!r}" if matrix else ""
+            raise ConfigError(f"no run {rest!r}{where} under {self.root} "
+                              "(see `orchestrate runs`)", field="run")
+        if len(found) > 1:
+            names = ", ".join(r.label for r in found[:5])
+            raise ConfigError(f"{spec!r} names {len(found)} runs ({names}); give MATRIX:RUN_ID "
+                              "or more of the id", field="run")
+        return found[0]
+
+    def _stack(self, stack_pk: int | None) -> Stack | None:
+        if stack_pk is None:
+            return None
+        if stack_pk not in self._stacks:
+            row = self.conn.execute(
+                f"SELECT {', '.join(Stack.names())} FROM stacks WHERE stack_pk = ?",
+                (stack_pk,)).fetchone()
+            self._stacks[stack_pk] = Stack(*row) if row else None
+        return self._stacks[stack_pk]
+
+    def cells(self, run_pks: Sequence[int], figures: bool = False, metric: str | None = None
+              ) -> list[CellRecord]:
+        """The cells of the given runs (in run order, then cell id); ``figures``: with every
+        numeric metric; ``metric``: ``value`` is this figure instead of the headline."""
+        if not run_pks:
+            return []
+        marks = ",".join("?" * len(run_pks))
+        if metric:
+            sql = ("SELECT c.cell_pk, run_pk, cell_id, grp, repeat, config, status, reason, "
+                   "duration_s, started_at, attempts, stack_pk, ?, f.value, params FROM cells c "
+                   "LEFT JOIN figures f ON f.cell_pk = c.cell_pk AND f.name = ? "
+                   f"WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
+            args: list[Any] = [metric, metric, *run_pks]
+        else:
+            sql = ("SELECT cell_pk, run_pk, cell_id, grp, repeat, config, status, reason, "
+                   "duration_s, started_at, attempts, stack_pk, metric, value, params FROM cells "
+                   f"WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
+            args = list(run_pks)
+        rows = self.conn.execute(sql, args).fetchall()
+        figs: dict[int, dict[str, float]] = {}
+        if figures and rows:
+            for cell_pk, name, value in self.conn.execute(
+                "SELECT f.cell_pk, f.name, f.value FROM figures f JOIN cells c "
+                f"ON c.cell_pk = f.cell_pk WHERE c.run_pk IN ({marks})", list(run_pks)):
+                figs.setdefault(cell_pk, {})[name] = value
+        return [
+            CellRecord(pk, run_pk, cell_id, grp, repeat, config, status, reason or "",
+                       duration, started, attempts, self._stack(stack_pk), metric, value,
+                       json.loads(params), figs.get(pk, {}))
+            for (pk, run_pk, cell_id, grp, repeat, config, status, reason, duration, started,
+                 attempts, stack_pk, metric, value, params) in rows
+        ]
+
+    def expected_durations(self, matrix: str, last: int = 5) -> dict[str, float]:
+        """Median duration (s) of each configuration's ok cells over the last ``last`` runs of
+        ``matrix`` that have any: what :mod:`orchestrator.plan.ordering` sorts by."""
+        runs = [r for r in self.runs(matrix=matrix) if r.ok > 0]
+        runs = runs[-last:] if last > 0 else []
+        durations: dict[str, list[float]] = {}
+        for cell in self.cells([r.pk for r in runs]):
+            if cell.ok and cell.duration_s is not None:
+                durations.setdefault(cell.config, []).append(cell.duration_s)
+        return {config: statistics.median(v) for config, v in durations.items()}
+
+
+def _param_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+# --- opening -----------------------------------------------------------------------------------
+
+
+def _connect(location: str, read_only_hint: bool = False) -> sqlite3.Connection:
+    conn = sqlite3.connect(location, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                           check_same_thread=False)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        if location != ":memory:":
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise sqlite3.OperationalError(f"journal mode {mode}, not wal")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+    except sqlite3.DatabaseError:
+        conn.close()
+        raise
+    return conn
+
+
+def _writable(folder: Path) -> bool:
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def open_store(results_root: Path, matrices: Sequence[str] | None = None,
+               refresh: bool = True) -> Store:
+    """Open (creating if needed) the index of ``results_root`` and refresh it for ``matrices``
+    (default: every matrix). Falls back to a cache file, then to memory, where the results
+    folder cannot be written."""
+    root = Path(results_root)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root} is not a folder (give the results folder: --results, "
+                          "$ORCHESTRATE_RESULTS or `results` in the config file)",
+                          field="--results")
+    if not root.is_dir():
+        raise ConfigError(f"no results folder {root} (run a matrix first, or give the results "
+                          "folder: --results, $ORCHESTRATE_RESULTS or `results` in the config "
+                          "file)", field="--results")
+    candidates: list[tuple[str, str | None]] = []
+    index = root / INDEX_NAME
+    if _writable(root) and (not index.exists() or os.access(index, os.W_OK)):
+        candidates.append((str(index), None))
+    cache = _cache_index_path(root)
+    candidates.append((str(cache), f"{root} is read-only: index kept in {cache}"))
+    candidates.append((":memory:", f"{root} is read-only and {cache.parent} cannot be "
+                       "written: index built in memory for this command"))
+    errors = []
+    for location, note in candidates:
+        try:
+            if location != ":memory:":
+                Path(location).parent.mkdir(parents=True, exist_ok=True)
+            store = _open_at(root, location, note)
+        except (OSError, sqlite3.DatabaseError) as exc:
+            errors.append(f"{location}: {exc}")
+            log.debug("index at %s not usable: %s", location, exc)
+            continue
+        try:
+            if refresh:
+                store.refresh(matrices)
+        except sqlite3.DatabaseError as exc:
+            store.close()
+            errors.append(f"{location}: {exc}")
+            continue
+        return store
+    raise OrchestratorError("no usable results index: " + "; ".join(errors))
+
+
+def _open_at(root: Path, location: str, note: str | None) -> Store:
+    try:
+        conn = _connect(location)
+        store = Store(root, conn, location, note)
+        store._ensure_schema()
+        return store
+    except sqlite3.DatabaseError as exc:
+        if location == ":memory:" or "not a database" not in str(exc):
+            raise
+    # a damaged index file: it is only a cache; set it aside and start again
+    aside = f"{location}.damaged-{int(time.time())}"
+    os.replace(location, aside)
+    log.warning("index %s was damaged (moved to %s); rebuilding", location, aside)
+    conn = _connect(location)
+    store = Store(root, conn, location, note)
+    store._ensure_schema()
+    return store
