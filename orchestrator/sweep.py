@@ -68,7 +68,7 @@ from orchestrator.results.run_folder import (
 )
 from orchestrator.results.summary import GroupRow, render_table, summarize, write_summary
 
-log = logging.getLogger("orchestrator.sweep")
+log = logging.getLogger(__name__)
 
 
 class SweepEvents(Protocol):

@@ -83,7 +83,7 @@ from orchestrator.plan.selection import ImageKey
 from orchestrator.results.figure_parsers import CellOutput, evaluate
 from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
 
-log = logging.getLogger("orchestrator.backends")
+log = logging.getLogger(__name__)
 
 
 #: Called with (cell id, one line of its output) as the cell runs (progress display).

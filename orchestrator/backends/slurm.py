@@ -66,7 +66,7 @@ from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
 
-log = logging.getLogger("orchestrator.backends.slurm")
+log = logging.getLogger(__name__)
 
 #: Added to the per-cell timeout for the job's ``--time``: the sweep's own timeout fires first.
 TIME_MARGIN_S = 300

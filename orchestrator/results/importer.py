@@ -88,7 +88,7 @@ from orchestrator.results.run_folder import (
     write_json,
 )
 
-log = logging.getLogger("orchestrator.results.importer")
+log = logging.getLogger(__name__)
 
 #: Bumped when what an import writes changes meaning.
 IMPORTER_VERSION = "1"
