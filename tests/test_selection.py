@@ -147,16 +147,17 @@ def test_a_mirror_keeps_the_release_choice(tmp_path: Path) -> None:
 
 
 def test_a_pinned_release_the_hosts_driver_cannot_run_is_warned() -> None:
-    """The ssh backend warns (it still runs the cells: forward compatibility may cover it)."""
-    from orchestrator.backends.ssh import SshDockerBackend
+    """Preparing the image warns (the ssh backend still runs the cells: forward compatibility
+    may cover it)."""
+    from orchestrator.images.prepare import driver_too_old
 
     pinned = selection.ImageChoice("h100", "ngc-pytorch", {}, "24.10", "ngc", "profile")
     old = HostDriver("a", "550.54.15", "nvidia")
-    message = SshDockerBackend._driver_too_old(pinned, old)
+    message = driver_too_old(pinned, old)
     assert message is not None and message.startswith(
         "driver 550.54.15 is older than NGC PyTorch 24.10 needs (>= 560.35.03)")
-    assert SshDockerBackend._driver_too_old(pinned, HostDriver("b", "560.35.03", "nvidia")) is None
-    assert SshDockerBackend._driver_too_old(pinned, HostDriver("c")) is None  # not probed
+    assert driver_too_old(pinned, HostDriver("b", "560.35.03", "nvidia")) is None
+    assert driver_too_old(pinned, HostDriver("c")) is None  # not probed
 
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -70,10 +70,11 @@ from orchestrator.backends.remote_executions import (
     remote_run_dir,
     remove_remote_dir,
 )
-from orchestrator.catalog import gpus, releases
+from orchestrator.catalog import gpus
 from orchestrator.config.inventory import Inventory, load_hosts, resolve_hosts
 from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError
 from orchestrator.images import build, sif
+from orchestrator.images.prepare import Engine, Ledger, prepare_images
 from orchestrator.images.state import ImageRecord
 from orchestrator.local.engine import (
     LABEL_RUN,
@@ -313,7 +314,8 @@ class SshDockerBackend(Backend):
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
         """Connect to every host the cells may use, discover GPUs (and, for profiles whose
-        release is auto, the driver), build each host's images on it; record them."""
+        release is auto, the driver), prepare each host's images on it
+        (:func:`orchestrator.images.prepare.prepare_images`); record them."""
         say: Callable[[str], None] = on_log or (lambda _msg: None)
         build.check_image_templates(
             self.matrix, [c for c in cells if not self.matrix.profile(c).apptainer_runtime],
@@ -328,6 +330,7 @@ class SshDockerBackend(Backend):
         wanted = [h for h in self.inventory.names
                   if self.placement_tags[h] & needed and h not in self._lost]
         discovered: dict[str, list[int]] = {}
+        ledger = Ledger(self.paths.root.parent.parent)
 
         def connect(name: str) -> None:
             try:
@@ -354,6 +357,7 @@ class SshDockerBackend(Backend):
             driver = selection.HostDriver.from_facts(facts)
             with self._lock:
                 self.drivers[name] = driver
+            ledger.saw(driver)
             if self.inventory.get(name).gpus is None:
                 discovered[name] = facts.gpu_ids
                 say(f"host {name}: {len(facts.gpu_ids)} GPUs discovered")
@@ -372,29 +376,16 @@ class SshDockerBackend(Backend):
             self._prepare_sifs(name, host, sifs, build_log(name), say)
             if not self.placement_tags[name] & docker_profiles:
                 return
-            resolve = build.engine_resolver(host.client, where=f"host {name}",
-                                            on_log=build_log(name))
-            for key in keys:
-                if key.hardware not in self.placement_tags[name]:
+            engine = Engine(name, host.client, driver, remote=True)
+            mine = [k for k in keys if k.hardware in self.placement_tags[name]]
+            for prepared in prepare_images(self.matrix, mine, engine, ledger,
+                                           skip_unrunnable=True, on_log=build_log(name),
+                                           say=say):
+                if prepared.record is None:  # skipped: the driver runs no release of it
+                    self._exclude(name, prepared.key.hardware, prepared.why)
                     continue
-                hkey = selection.host_key(self.matrix, key, name)
-                try:
-                    choice, plan = build.plan_key(self.matrix, hkey, driver)
-                except selection.NoRelease as exc:
-                    self._exclude(name, key.hardware, exc.why)
-                    say(f"host {name}: not used for hardware {key.hardware!r}: {exc.why}")
-                    continue
-                old = self._driver_too_old(choice, driver)
-                if old:
-                    say(f"host {name}: warning: {old}")
-                outcome = build.ensure_image(plan, host.client, build_log(name),
-                                             resolve=resolve)
-                record = build.record_of(name, self.matrix, hkey, choice, outcome,
-                                         driver.driver)
                 with self._lock:
-                    self.images[(name, hkey)] = record
-                say(f"host {name}: image {outcome.tag} ({plan.template}, {choice.label}): "
-                    f"{outcome.summary}")
+                    self.images[(name, prepared.key)] = prepared.record
 
         # Every host is connected (host keys checked) before any of them builds anything.
         with ThreadPoolExecutor(max_workers=max(1, len(wanted)),
@@ -406,10 +397,7 @@ class SshDockerBackend(Backend):
                 fut.result()
         with self._lock:
             self._pool = self._build_pool(discovered)
-        problem = build.remember(self.paths.root.parent.parent,
-                                 [r for _, r in sorted(self.images.items(),
-                                                       key=lambda kv: kv[1].key)],
-                                 self.drivers.values())
+        problem = ledger.save()
         if problem:
             say(problem)
 
@@ -428,21 +416,6 @@ class SshDockerBackend(Backend):
                                     say=lambda line: say(f"host {line}"))
         with self._lock:
             self.host_sifs.update({(name, key): path for key, path in paths.items()})
-
-    @staticmethod
-    def _driver_too_old(choice: selection.ImageChoice, driver: selection.HostDriver
-                        ) -> str | None:
-        """Why a host's driver (where probed) may not run a release the profile or a cell pins
-        (None: it does, or it is not known)."""
-        if choice.how == "auto" or choice.family != "ngc" or driver.accelerator != "nvidia":
-            return None
-        release = releases.find_release(choice.release or "")
-        if release is None or driver.driver is None or release.driver_runs(driver.driver):
-            return None
-        return (f"driver {driver.driver} is older than NGC PyTorch {release.name} needs "
-                f"(>= {release.min_driver}) for hardware {choice.hardware!r}: its cells there "
-                "may fail to start (unless CUDA forward compatibility covers it; release = "
-                "'auto' picks what the driver runs)")
 
     def _exclude(self, host: str, hardware: str, why: str) -> None:
         """``host`` runs no image of ``hardware``: the pool places none of its cells there."""

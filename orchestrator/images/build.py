@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import templates
 from orchestrator.errors import BuildError, ConfigError, Problem
-from orchestrator.images.state import ImageRecord, ImageState, state_path, update_state
 from orchestrator.local.engine import docker_client
 from orchestrator.plan.selection import HostDriver, ImageChoice, ImageKey, choose
 
@@ -516,43 +515,3 @@ def local_tags(client: Any = None) -> dict[str, list[str]]:
             if tag.startswith(f"{TAG_PREFIX}/"):
                 found.setdefault(template, []).append(tag)
     return {k: sorted(v) for k, v in sorted(found.items())}
-
-
-def record_of(host: str, matrix: Matrix, key: ImageKey, choice: ImageChoice,
-              outcome: BuildOutcome, driver: str | None = None) -> ImageRecord:
-    """What a build of ``key``'s image on ``host`` says about it (provenance, image state).
-    ``driver``: the host's driver as probed, where the release did not come from it."""
-    pin_ = outcome.base_pin
-    plan = outcome.plan
-    return ImageRecord(
-        host=host, matrix=matrix.name, matrix_file=str(matrix.path.resolve()),
-        hardware=key.hardware, template=choice.template, tag=outcome.tag,
-        ngc_release=key.ngc_release, how=choice.how, family=choice.family,
-        release=choice.release, driver=choice.driver or driver, reason=choice.reason,
-        base_image=pin_.ref if pin_ else (plan.root.base_image if plan else ""),
-        base_digest=pin_.digest if pin_ else None,
-        base_image_id=pin_.image_id if pin_ else None,
-        image_id=outcome.image_id, built=outcome.built,
-    )
-
-
-def remember(results_root: Path, records: Iterable[ImageRecord],
-             hosts: Iterable[HostDriver] = ()) -> str | None:
-    """Add ``records`` (and the hosts' drivers as probed) to the image state of
-    ``results_root`` (:mod:`orchestrator.images.state`). Returns why it could not (a sweep goes on
-    without: the state only serves ``images refresh``), None when it did."""
-    records, hosts = list(records), list(hosts)
-
-    def change(state: ImageState) -> None:
-        for record in records:
-            state.put(record)
-        for host in hosts:
-            state.host_seen(host.name, host.driver, host.accelerator, host.compute_capability)
-
-    path = state_path(results_root)
-    try:
-        update_state(path, change)
-    except (OSError, ConfigError) as exc:
-        log.warning("image state %s not updated: %s", path, exc)
-        return f"image state {path} not updated: {exc}"
-    return None
