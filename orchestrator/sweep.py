@@ -1,7 +1,7 @@
 """The sweep pipeline, top to bottom.
 
 ``load -> expand -> check -> filter`` (:mod:`orchestrator.plan.matrix`,
-:mod:`orchestrator.plan.checks`,
+:mod:`orchestrator.backends.checks`,
 called by the CLI), then :func:`run_sweep`: ``refuse what cannot run -> pick backend -> open run
 -> prepare (build images, reach hosts) -> run cells -> finish run (unrun cells recorded, tables
 and plot written)``.
@@ -47,12 +47,12 @@ from typing import Any, Protocol
 from orchestrator import __version__
 from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions, git_revision
+from orchestrator.backends.checks import refuse_unrunnable
 from orchestrator.config.matrix_file import WRAPPING_PROFILERS
 from orchestrator.config.redact import missing_references, redact_toml
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.local.engine import controller_id
 from orchestrator.plan import profilers
-from orchestrator.plan.checks import refuse_unrunnable
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.ordering import order_cells
 from orchestrator.plan.placement import Allocation
@@ -166,9 +166,9 @@ def run_sweep(
     ``lock_timeout_s``: how long a cell waits for GPUs another sweep holds (None: as long as it
     takes; :mod:`orchestrator.local.locks`).
 
-    The steps: refuse what cannot run (:mod:`orchestrator.plan.checks`) -> pick the backend -> open
-    the run -> prepare the backend -> run the cells -> finish the run (unrun cells recorded,
-    tables and plot written).
+    The steps: refuse what cannot run (:mod:`orchestrator.backends.checks`) -> pick the backend
+    -> open the run -> prepare the backend -> run the cells -> finish the run (unrun cells
+    recorded, tables and plot written).
     """
     events = events or NullEvents()
     # what cannot run is refused before a run folder exists (the baseline is the CLI's to check:

@@ -1,4 +1,4 @@
-"""orchestrator/plan/checks.py: can every cell run where it is planned, and do comparisons hold?
+"""orchestrator/backends/checks.py: can every cell run where it is planned, and do comparisons hold?
 
 The bad-input table (tests/test_bad_inputs.py, category ``can-it-run``) runs each rule through
 the CLI; these tests check the module's own API: the stack each shipped profile resolves to (and
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.checks import check_matrix, host_stack, refuse_unrunnable
 from orchestrator.errors import ConfigError
 from orchestrator.images import build
-from orchestrator.plan.checks import check_matrix, host_stack, refuse_unrunnable
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.sweep import run_sweep
 

@@ -30,6 +30,7 @@ from dllogger_support import dllogger_available
 from slurm_support import SlurmCluster, slurm_cluster  # noqa: F401 - slurm_cluster: a fixture
 from workload_support import TINY_WORKLOAD
 
+from orchestrator.backends.checks import check_matrix
 from orchestrator.config.matrix_file import (
     CellParams,
     CommandRenderError,
@@ -37,7 +38,6 @@ from orchestrator.config.matrix_file import (
     command_values,
 )
 from orchestrator.errors import ConfigError, LaunchError
-from orchestrator.plan.checks import check_matrix
 from orchestrator.plan.launch import NodeRole, cell_command
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results.run_folder import CellResult, RunPaths, Status
@@ -452,7 +452,7 @@ def test_the_shipped_h100_matrix_runs_dle_as_seed_003_did(monkeypatch) -> None:
 
 
 def test_the_shipped_v100_matrix_builds_dle_into_its_image() -> None:
-    from orchestrator.backends.containers import container_spec
+    from orchestrator.runtimes.docker import container_spec
 
     matrix = load_matrix(ROOT / "matrices" / "dle_vs_workload_v100.toml")
     assert check_matrix(matrix).errors == []

@@ -1,13 +1,17 @@
-"""Backends: where and how a cell's workload runs.
+"""Backends: where a cell's workload runs (this machine, a lab host over SSH, a Slurm node).
 
-Backends are looked up by name; each lives in its own module and is imported only when used,
-so planning a matrix never imports the Docker SDK or paramiko. :mod:`~orchestrator.backends.base`
-owns what every backend shares (timeouts, log capture, timing, a result from every outcome); a
-backend fills in launch / poll / logs / cancel. :mod:`~orchestrator.backends.containers` and
-:mod:`~orchestrator.backends.remote_executions` are shared by the container and SSH backends. The
-backends themselves (process, docker, ssh, slurm) never import each other.
+What the workload runs *in* (this machine's Python, a Docker container, an Apptainer image) is
+its runtime (:mod:`orchestrator.runtimes`), an axis beside the backends: a backend asks the
+runtime how a cell's argv is wrapped and what the machine needs. Backends are looked up by
+name; each lives in its own module and is imported only when used, so planning a matrix never
+imports the Docker SDK or paramiko. :mod:`~orchestrator.backends.base` owns what every backend
+shares (timeouts, log capture, timing, a result from every outcome); a backend fills in launch
+/ poll / logs / cancel. :mod:`~orchestrator.backends.containers` (a started container) and
+:mod:`~orchestrator.backends.remote_executions` (a cell's processes on a lab host) are shared by
+the docker and ssh backends. The backends themselves (process, docker, ssh, slurm) never import
+each other.
 
-May import: errors, config, catalog, plan, results, local, remote, images.
+May import: errors, config, catalog, plan, results, local, remote, images, runtimes.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ from typing import Any, BinaryIO, ClassVar
 from orchestrator import REPO_ROOT, __version__
 from orchestrator.config.redact import Scrubber, secret_env
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.images import sif
+from orchestrator.images.sif import LocalMachine
 from orchestrator.local import locks
 from orchestrator.local.locks import (
     FileLocker,
@@ -75,13 +75,13 @@ from orchestrator.local.locks import (
     LockRequest,
     LockWaitCancelled,
 )
-from orchestrator.plan import selection
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.plan.selection import ImageKey
 from orchestrator.results.figure_parsers import CellOutput, evaluate
 from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.runtimes import apptainer
 
 log = logging.getLogger(__name__)
 
@@ -214,11 +214,12 @@ class Backend(ABC):
     def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
         """Before a run folder exists: a :class:`~orchestrator.errors.ConfigError` naming every
         Apptainer profile whose runtime binary is not on this machine's PATH or whose bind
-        source does not exist here (:func:`orchestrator.images.sif.runtime_problems`; the process
-        backend runs the cells here, the slurm backend on nodes that share this filesystem)."""
+        source does not exist here (the runtime's
+        :func:`~orchestrator.runtimes.apptainer.host_problems`; the process backend runs the
+        cells here, the slurm backend on nodes that share this filesystem)."""
         profiles = sorted({c.hardware for c in cells
                            if matrix.profiles[c.hardware].apptainer_runtime})
-        problems = sif.runtime_problems(matrix, profiles, sif.LocalMachine())
+        problems = apptainer.host_problems(matrix, profiles, LocalMachine())
         if problems:
             raise ConfigError(problems)
 
@@ -237,13 +238,8 @@ class Backend(ABC):
 
     def runtime_image(self, cell: Cell) -> str:
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
-        where it would be on this machine (:func:`orchestrator.images.sif.plan_sifs`)."""
-        key = selection.image_key(self.matrix, cell)
-        path = self.sif_paths.get(key)
-        if path is None:
-            plan = sif.plan_sifs(self.matrix, [cell])[key]
-            path = sif.LocalMachine().expand(plan.path)
-        return path
+        where it would be on this machine (:func:`orchestrator.runtimes.apptainer.image_path`)."""
+        return apptainer.image_path(self.matrix, cell, self.sif_paths, LocalMachine())
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """What ran where, beyond what the workload reports itself."""

@@ -8,9 +8,9 @@ before any cell runs, as the ssh backend and ``images refresh`` prepare them
 Each image is pinned to the bits of its base on this engine, and every cell's result records the
 image it ran (image ID, base, release: :meth:`DockerBackend.provenance`); the builds are added to
 the results folder's image state (:mod:`orchestrator.images.state`, host ``localhost``). A cell's
-container is :func:`~orchestrator.backends.containers.container_spec` /
-:func:`~orchestrator.backends.containers.container_kwargs`, shared with the ssh backend; its
-GPUs are the allocation's ids, given as a device request. Every container carries the sweep's
+container is the Docker runtime's (:func:`~orchestrator.runtimes.docker.container_spec` /
+:func:`~orchestrator.runtimes.docker.container_kwargs`, shared with the ssh backend); its GPUs
+are the allocation's ids, given as a device request. Every container carries the sweep's
 labels (:func:`orchestrator.local.engine.container_labels`): :meth:`DockerBackend.close` removes the
 run's leftovers, and ``orchestrate clean`` those of a sweep that crashed.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.backends.base import Backend, Execution, RunOptions
-from orchestrator.backends.containers import DockerExecution, container_kwargs, container_spec
+from orchestrator.backends.containers import DockerExecution
 from orchestrator.catalog import gpus
 from orchestrator.errors import LaunchError
 from orchestrator.images import build
@@ -40,6 +40,7 @@ from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.results.run_folder import RunPaths
+from orchestrator.runtimes.docker import container_kwargs, container_spec
 
 log = logging.getLogger(__name__)
 

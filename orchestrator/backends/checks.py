@@ -28,15 +28,15 @@ Rules; an error names the file and the field where the value is set (``axes.arch
 
 * image: docker/ssh need an image template that builds a Docker image (not a Singularity
   definition); an NGC release below the workload's floor is refused with the reason.
-* runtime: a profile with ``runtime = "apptainer"`` (or ``"singularity"``) runs its image (a
-  Singularity definition, a Dockerfile template converted, or a ready ``apptainer.sif``) on the
-  process, ssh and slurm backends, not on docker; CUDA or CPU profiles only (no Gaudi, no
-  Bitfusion wrapper, no multi-host cells on ssh), a release of its own (no ``release =
-  "auto"``); its bind paths are absolute and free of apptainer's separators ``,`` and ``:``; a
-  runtime binary missing from this machine's PATH is a note (the sweep refuses it where the
-  cells run, with bind sources that do not exist there:
-  :func:`orchestrator.images.sif.runtime_problems`). ``runtime = "docker"`` on the process or slurm
-  backend is refused.
+* runtime: each runtime's own checks (:mod:`orchestrator.runtimes`): a profile with ``runtime
+  = "apptainer"`` (or ``"singularity"``) runs its image (a Singularity definition, a Dockerfile
+  template converted, or a ready ``apptainer.sif``) on the process, ssh and slurm backends, not
+  on docker; CUDA or CPU profiles only (no Gaudi, no Bitfusion wrapper, no multi-host cells on
+  ssh), a release of its own (no ``release = "auto"``); its bind paths are absolute and free of
+  apptainer's separators ``,`` and ``:``; a runtime binary missing from this machine's PATH is a
+  note (the sweep refuses it where the cells run, with bind sources that do not exist there:
+  :func:`orchestrator.runtimes.apptainer.host_problems`). ``runtime = "docker"`` on the process
+  or slurm backend is refused.
 * arch: a model the workload builds on the stack's torchvision (else ``did you mean``);
   ``pretrained`` is refused for the workload's own DeepLearningExamples models (no weights).
 * compile: needs torch >= 2.0 on the stack and, on CUDA, a GPU Triton compiles for (7.0+); on
@@ -79,9 +79,7 @@ import functools
 import importlib.metadata
 import json
 import logging
-import os
 import re
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,18 +98,12 @@ from orchestrator.config.matrix_file import (
 )
 from orchestrator.config.syntax import param_matches
 from orchestrator.errors import BuildError, ConfigError, Problem
-from orchestrator.plan import apptainer, profilers, selection
+from orchestrator.plan import profilers, selection
 from orchestrator.plan.launch import hpu_mode
 from orchestrator.plan.matrix import Cell, Matrix
+from orchestrator.runtimes import DEFAULTS, apptainer, docker, none
 
 log = logging.getLogger(__name__)
-
-#: How each backend runs a cell: in a Docker image built from the profile's template ("image"),
-#: or with this machine's Python ("host": the process backend; slurm jobs run this checkout's
-#: Python on nodes that share the filesystem). A backend not listed is not checked (a note).
-BACKEND_RUNS: dict[str, str] = {
-    "process": "host", "slurm": "host", "docker": "image", "ssh": "image",
-}
 
 _NGC_BASE = re.compile(r"^nvcr\.io/nvidia/pytorch:(\d\d\.\d\d)-py3$")
 #: An NGC release tag, as base_tag names it (from nvcr.io or a mirror's base_repository).
@@ -294,27 +286,18 @@ def _profile_checks(
         found.error(Problem(file, f"{where}.env.PT_HPU_LAZY_MODE", (
             "the Gaudi mode is a per-cell choice: set hpu_mode (eager, lazy or compile) and "
             "remove PT_HPU_LAZY_MODE here (orchestrate sets it in each cell's environment)")))
-    runs = BACKEND_RUNS.get(backend)
     if profile.apptainer_runtime:
         return _apptainer_stack(found, file, hw, profile, backend)
-    if profile.runtime == "docker" and runs == "host":
-        found.error(Problem(file, f"{where}.runtime", (
-            f"runtime 'docker' runs on the docker and ssh backends; the {backend} backend runs "
-            "this machine's Python, or an Apptainer image with runtime = \"apptainer\"")))
-    if runs is None:
+    refusal = docker.refused_on(backend) if profile.runtime == "docker" else None
+    if refusal:
+        found.error(Problem(file, f"{where}.runtime", refusal))
+    if backend not in DEFAULTS:
         found.note(Problem(file, where, (
             f"the {backend} backend is not known to these checks: its image and stack are not "
             "checked")))
         return Stack(f"not checked ({backend} backend)", known=False)
-    if runs == "host":
-        if profile.image is not None:
-            found.note(Problem(file, f"{where}.image", (
-                f"not used: the {backend} backend runs this machine's Python and its torch, not "
-                f"the image {profile.image!r}")))
-        if profile.release is not None:
-            found.note(Problem(file, f"{where}.release", (
-                f"not used: the {backend} backend runs this machine's Python, whose torch no "
-                "release picks (release = 'auto' applies to the docker and ssh backends)")))
+    if DEFAULTS[backend] == "none":  # this machine's Python, no container
+        none.check_profile(found, file, hw, profile, backend)
         return host_stack()
     if profile.release == selection.AUTO:
         return _auto_stack(found, file, hw, profile)
@@ -357,28 +340,13 @@ def host_stack() -> Stack:
 def _image_stack(
     found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
 ) -> Stack:
-    where = f"hardware.{hw}"
-    unknown = Stack("not checked", known=False)
-    if profile.image is None:
-        found.error(Problem(file, f"{where}.image", (
-            f"the {backend} backend runs each cell in a container: give an image template "
-            f"({', '.join(templates.template_names())})")))
-        return unknown
-    try:
-        template = templates.load_template(profile.image)
-    except ConfigError:  # load_matrix reported it
-        return unknown
-    if template.kind != "dockerfile":
-        docker = [n for n in templates.template_names()
-                  if templates.load_template(n).kind == "dockerfile"]
-        found.error(Problem(file, f"{where}.image", (
-            f"{profile.image!r} is a {template.kind} definition, which the {backend} backend "
-            f"cannot run (it runs Docker images): pick a Dockerfile template "
-            f"({', '.join(docker)})"
-            + ("" if backend == "docker" else ", or set runtime = \"apptainer\" to run it "
-               "with Apptainer"))))
-        return unknown
-    return _template_stack(found, file, where, profile, template)
+    """The stack of a profile whose cells run in its Docker image (the Docker runtime's checks
+    first: :func:`orchestrator.runtimes.docker.check_profile`)."""
+    if not docker.check_profile(found, file, hw, profile, backend):
+        return Stack("not checked", known=False)
+    assert profile.image is not None  # the check says so
+    return _template_stack(found, file, f"hardware.{hw}", profile,
+                           templates.load_template(profile.image))
 
 
 def _template_stack(found: Findings, file: str, where: str, profile: HardwareProfile,
@@ -400,65 +368,21 @@ def _template_stack(found: Findings, file: str, where: str, profile: HardwarePro
 def _apptainer_stack(
     found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
 ) -> Stack:
-    """A profile whose cells run under Apptainer: where it can run, its binds, its image."""
+    """A profile whose cells run under Apptainer: where it can run and its own checks
+    (:func:`orchestrator.runtimes.apptainer.check_profile`), then its image's stack."""
     where = f"hardware.{hw}"
     unknown = Stack("not checked", known=False)
-    runtime = profile.runtime
-    if backend == "docker":
-        found.error(Problem(file, f"{where}.runtime", (
-            f"runtime {runtime!r} runs `{runtime} exec` on the process, ssh and slurm backends; "
-            "the docker backend runs Docker containers (pick another backend, or remove "
-            "runtime)")))
+    refusal = apptainer.refused_on(backend, profile)
+    if refusal:
+        found.error(Problem(file, f"{where}.runtime", refusal))
         return unknown
-    if backend not in BACKEND_RUNS:
+    if backend not in DEFAULTS:
         found.note(Problem(file, where, (
             f"the {backend} backend is not known to these checks: its image and stack are not "
             "checked")))
         return unknown
-    if profile.device == "hpu":
-        found.error(Problem(file, f"{where}.runtime", (
-            f"runtime {runtime!r} runs CUDA (--nv) and CPU profiles; Gaudi (device hpu) runs in "
-            "Docker with the habana runtime")))
-    if profile.wrapper != "none":
-        found.error(Problem(file, f"{where}.wrapper", (
-            f"wrapper {profile.wrapper!r} is not available under runtime {runtime!r}: the "
-            "Bitfusion client runs in a Docker image of its own (runtime docker)")))
-    if profile.multi_node and backend == "ssh":
-        found.error(Problem(file, f"{where}.multi_node", (
-            f"cells spanning several hosts are not run under runtime {runtime!r} (one host per "
-            "cell): set multi_node = false")))
-    for table, mounts in (("container.mounts", profile.container.mounts),
-                          ("apptainer.binds", profile.apptainer.binds)):
-        for i, mount in enumerate(mounts):
-            for side in ("source", "target"):
-                value = getattr(mount, side)
-                if side == "source" and value.startswith("~/"):
-                    continue  # expanded where the cell runs
-                problem = apptainer.bind_problem(value)
-                if problem:
-                    found.error(Problem(file, f"{where}.{table}[{i}].{side}", problem))
-    binary = apptainer.binary_of(profile)
-    if backend in ("process", "slurm") and shutil.which(binary) is None and not (
-            binary.startswith("/") and os.access(binary, os.X_OK)):
-        found.note(Problem(file, f"{where}.apptainer.binary", (
-            f"{binary!r} is not on this machine's PATH: a sweep here refuses to start until it "
-            "is (install Apptainer or SingularityCE, or name the program's path)")))
-    if profile.image is None:
-        if profile.apptainer.sif is None:
-            found.error(Problem(file, f"{where}.image", (
-                f"runtime {runtime!r} runs an image: name a template (singularity, or a "
-                "Dockerfile template to convert) or a ready .sif in apptainer.sif")))
-        else:
-            found.note(Problem(file, f"{where}.apptainer.sif", (
-                f"a ready image ({profile.apptainer.sif}): its torch, models and profilers are "
-                "not checked (name the template it was built from in image to have them "
-                "checked)")))
-        return unknown
-    if profile.release == selection.AUTO:
-        found.error(Problem(file, f"{where}.release", (
-            f"release = 'auto' (a release per host's driver) is not offered under runtime "
-            f"{runtime!r}: pin the release in image_vars (base_tag), or make it an axis "
-            "(ngc_release)")))
+    apptainer.check_profile(found, file, hw, profile, backend)
+    if profile.image is None or profile.release == selection.AUTO:
         return unknown
     try:
         template = templates.load_template(profile.image)
@@ -580,12 +504,10 @@ def _release_checks(found: Findings, file: str, places: _Places, hw: str,
             found.error(Problem(file, where, message))
         return unknown
 
-    runs = BACKEND_RUNS.get(backend)
-    if runs == "host" and not profile.apptainer_runtime:
-        return error(f"ngc_release picks the NGC image of hardware {hw!r}'s cells; the {backend} "
-                     "backend runs this machine's Python instead: remove it, or run with "
-                     "--backend docker or ssh")
-    if runs is None or profile.image is None:
+    runtime = DEFAULTS.get(backend)
+    if runtime == "none" and not profile.apptainer_runtime:
+        return error(none.release_refusal(hw, backend))
+    if runtime is None or profile.image is None:
         return unknown  # the profile's own checks said so
     try:
         template = templates.load_template(profile.image)
