@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.checks import check_matrix, host_stack, refuse_unrunnable
+from orchestrator.backends.checks import check_matrix, refuse_unrunnable
 from orchestrator.errors import ConfigError
 from orchestrator.images import build
 from orchestrator.plan.matrix import load_matrix
+from orchestrator.plan.software import host_stack
 from orchestrator.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,6 +191,27 @@ def test_a_sweep_refuses_before_it_makes_a_run_folder(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         run_sweep(load_matrix(path), results_root=tmp_path / "results")
     assert {p.field for p in err.value.problems} == {"workload.precision", "workload.arch"}
+    assert not (tmp_path / "results").exists()
+
+
+def test_what_this_machine_lacks_is_refused_before_the_run_folder_all_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's one entry into the checks (preflight): an unset ``$env:`` reference and an
+    Apptainer runtime missing here are one error naming both (each used to stop the sweep
+    alone, the reference first), before any run folder."""
+    monkeypatch.delenv("ORCHESTRATE_TEST_UNSET", raising=False)
+    path = tmp_path / "m.toml"
+    path.write_text('[workload]\nhardware = "cpu"\n[hardware.cpu]\ndevice = "cpu"\n'
+                    'runtime = "apptainer"\nenv = { TOKEN = "$env:ORCHESTRATE_TEST_UNSET" }\n'
+                    '[hardware.cpu.apptainer]\nbinary = "/no/such/apptainer"\n'
+                    'sif = "/no/such/image.sif"\n')
+    matrix = load_matrix(path)
+    assert refuse_unrunnable(matrix).errors == []  # the matrix itself is right
+    with pytest.raises(ConfigError) as err:
+        run_sweep(matrix, results_root=tmp_path / "results")
+    assert [p.field for p in err.value.problems] == ["hardware.cpu.env.TOKEN",
+                                                     "hardware.cpu.apptainer.binary"]
     assert not (tmp_path / "results").exists()
 
 

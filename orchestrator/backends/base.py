@@ -64,7 +64,7 @@ from typing import Any, BinaryIO, ClassVar
 
 from orchestrator import REPO_ROOT, __version__
 from orchestrator.config.redact import Scrubber, secret_env
-from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.errors import OrchestratorError, Problem
 from orchestrator.images.sif import LocalMachine
 from orchestrator.local import locks
 from orchestrator.local.locks import (
@@ -211,17 +211,15 @@ class Backend(ABC):
         """Raise :class:`~orchestrator.errors.BackendUnavailable` if this backend can't run here."""
 
     @classmethod
-    def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
-        """Before a run folder exists: a :class:`~orchestrator.errors.ConfigError` naming every
-        Apptainer profile whose runtime binary is not on this machine's PATH or whose bind
-        source does not exist here (the runtime's
-        :func:`~orchestrator.runtimes.apptainer.host_problems`; the process backend runs the
-        cells here, the slurm backend on nodes that share this filesystem)."""
+    def runtime_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
+        """Before a run folder exists (:func:`orchestrator.backends.checks.preflight`): what
+        the runtime of ``cells`` lacks on this machine. Default: every Apptainer profile whose
+        runtime binary is not on this machine's PATH or whose bind source does not exist here
+        (the runtime's :func:`~orchestrator.runtimes.apptainer.host_problems`; the process
+        backend runs the cells here, the slurm backend on nodes that share this filesystem)."""
         profiles = sorted({c.hardware for c in cells
                            if matrix.profiles[c.hardware].apptainer_runtime})
-        problems = apptainer.host_problems(matrix, profiles, LocalMachine())
-        if problems:
-            raise ConfigError(problems)
+        return apptainer.host_problems(matrix, profiles, LocalMachine())
 
     def prepare(  # noqa: B027 - optional hook
         self, cells: list[Cell], on_log: Callable[[str], None] | None = None

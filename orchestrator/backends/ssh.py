@@ -70,7 +70,7 @@ from orchestrator.backends.remote_executions import (
 )
 from orchestrator.catalog import gpus
 from orchestrator.config.inventory import Inventory, load_hosts, resolve_hosts
-from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError
+from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError, Problem
 from orchestrator.images import build, sif
 from orchestrator.images.prepare import Engine, Ledger, prepare_images
 from orchestrator.images.state import ImageRecord
@@ -190,8 +190,9 @@ class SshDockerBackend(Backend):
         check_sdk()
 
     @classmethod
-    def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
-        """Nothing here: the cells run on the hosts, where :meth:`prepare` checks each one."""
+    def runtime_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
+        """None here: the cells run on the hosts, where :meth:`prepare` checks each one."""
+        return []
 
     # --- hosts and placement ---------------------------------------------------------------
 

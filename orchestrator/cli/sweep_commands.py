@@ -461,8 +461,9 @@ def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineE
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    from orchestrator.backends import backend_for
     from orchestrator.results.run_folder import check_results_root
-    from orchestrator.sweep import NullEvents, backend_for, hosts_file_of, run_sweep
+    from orchestrator.sweep import NullEvents, hosts_file_of, run_sweep
 
     _check_backend(args.backend)
     matrix = _load(args)

@@ -13,6 +13,9 @@ package and on the runtimes):
   template, torchrun, profiler and Bitfusion wrappers); never a shell string. What it runs in
   (a container, an Apptainer image) wraps it: :mod:`orchestrator.runtimes`;
 * :mod:`~orchestrator.plan.profilers` — the profilers' command lines and capture windows;
+* :mod:`~orchestrator.plan.software` — the software a profile's cells run on
+  (:class:`~orchestrator.plan.software.PlannedStack`: torch, torchvision, CUDA, profilers),
+  known before anything is built;
 * :mod:`~orchestrator.plan.ordering`, :mod:`~orchestrator.plan.eta` — the order cells start in
   and the time left, from earlier durations.
 

@@ -3,10 +3,10 @@
 A backend says *where* a cell runs (this machine, a lab host over SSH, a Slurm node); a runtime
 says *in what*: this machine's Python, a Docker container, an Apptainer / SingularityCE image.
 ReFrame keeps container platforms apart from schedulers and launchers the same way: the
-runtime is an axis beside the backends. A profile's ``runtime`` names it, else its backend's
-own is used (:func:`runtime_name`); :data:`BACKENDS` says which backend runs which. Each runtime
-is one module, and each says the same three things: how a cell's argv is wrapped, what the
-runtime needs from the host (made sure of before the first cell), what it checks before the
+runtime is an axis beside the backends. A profile's ``runtime`` names it, else its backend's own
+is used (:data:`DEFAULTS`); each runtime module's ``BACKENDS`` says which backends run it. Each
+runtime is one module, and each says the same three things: how a cell's argv is wrapped, what
+the runtime needs from the host (made sure of before the first cell), what it checks before the
 run (``validate``, ``--dry-run`` and the sweep ask the same functions, through
 :mod:`orchestrator.backends.checks`):
 
@@ -27,29 +27,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from orchestrator.config.matrix_file import HardwareProfile
     from orchestrator.errors import Problem
 
-#: Each runtime and the backends that run it.
-BACKENDS: dict[str, tuple[str, ...]] = {
-    "none": ("process", "slurm"),
-    "docker": ("docker", "ssh"),
-    "apptainer": ("process", "ssh", "slurm"),
-}
 #: Each backend's own runtime: what its cells run in when their profile names none.
 DEFAULTS: dict[str, str] = {"process": "none", "slurm": "none", "docker": "docker",
                             "ssh": "docker"}
-
-
-def runtime_name(profile: HardwareProfile, backend: str) -> str | None:
-    """The runtime ``profile``'s cells run in on ``backend``: the profile's ``runtime``
-    (``singularity`` is the Apptainer runtime's other program), else the backend's own; None for
-    a backend not known here."""
-    if profile.apptainer_runtime:
-        return "apptainer"
-    if profile.runtime == "docker":
-        return "docker"
-    return DEFAULTS.get(backend)
 
 
 class Report(Protocol):
