@@ -19,6 +19,7 @@ from orchestrator.backends.checks import check_matrix, refuse_unrunnable
 from orchestrator.errors import ConfigError
 from orchestrator.images import build
 from orchestrator.plan.matrix import load_matrix
+from orchestrator.plan.selection import ImageKey
 from orchestrator.plan.software import host_stack
 from orchestrator.sweep import run_sweep
 
@@ -92,8 +93,8 @@ def test_bitfusion_is_built_from_exactly_the_native_image(tmp_path: Path) -> Non
     (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2004_4.5.4-3_amd64.deb").write_bytes(b"deb")
     (tmp_path / "bitfusion" / "bitfusion-ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     matrix = load_matrix(path)
-    plans = build.plan_images(matrix, list(matrix.cells), "docker")
-    native, bitfusion = plans["v100"], plans["v100-bitfusion"]
+    native, bitfusion = (build.plan_key(matrix, ImageKey(hw))[1]
+                         for hw in ("v100", "v100-bitfusion"))
     assert bitfusion.parent is not None and bitfusion.parent.tag == native.tag
     assert native.base_image == "nvcr.io/nvidia/pytorch:23.10-py3"
 

@@ -19,7 +19,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results import importer
 from orchestrator.results.figure_parsers import FiguresConfig
-from orchestrator.results.importer import ImportOptions, import_results, plan_import
+from orchestrator.results.importer import ImportOptions, ImportPlan, plan_import, write_import
 from orchestrator.results.run_folder import (
     CellResult,
     RunPaths,
@@ -28,6 +28,7 @@ from orchestrator.results.run_folder import (
     runs_of,
     write_json,
 )
+from orchestrator.results.summary import summarize
 from orchestrator.sweep import plan_json
 
 MATRIX = """\
@@ -47,6 +48,13 @@ precision = ["fp32", "amp"]
 device = "cuda"
 """
 EARLIER = "20260101-000000-aaaa"
+
+
+def import_results(sources: list[Path], options: ImportOptions) -> tuple[RunPaths, ImportPlan]:
+    """Plan and write an import, as ``orchestrate import`` does: the new run folder and the
+    plan."""
+    plan = plan_import(sources, options)
+    return write_import(plan, options), plan
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +171,7 @@ def test_repeats_and_several_files_in_one_run(logs, results):
                                  options(results))
     assert plan.cell_ids == ["v100-g1-bs32-amp-r1", "v100-g1-bs32-amp-r2",
                              "v100-g1-bs32-fp32-r1"]
-    rows = {r.group: r for r in __import__("orchestrator.results.summary").summary.summarize(
-        paths.results())}
+    rows = {r.group: r for r in summarize(paths.results())}
     assert rows["v100-g1-bs32-amp"].ok == 2
 
 

@@ -563,20 +563,6 @@ def coerce_set(name: str, assignments: list[str]) -> dict[str, Any]:
     return load_template(name).coerce(assignments)
 
 
-def render_text(name: str, values: dict[str, Any] | None = None) -> str:
-    """Render template ``name`` with ``values`` over its defaults. Pure: text in, text out."""
-    template = load_template(name)
-    return template.render(template.resolve(values))
-
-
-def context_files(
-    name: str, values: dict[str, Any] | None = None, *, workload_dir: Path | None = None
-) -> dict[str, bytes]:
-    """Every file of template ``name``'s build context (see :meth:`Template.files`)."""
-    template = load_template(name)
-    return template.files(template.resolve(values), workload_dir=workload_dir)
-
-
 def _coerce(text: str, vtype: str) -> Any:
     if vtype == "int":
         try:

@@ -35,7 +35,12 @@ from typing import Any
 import paramiko
 from pydantic import Field, ValidationError, field_validator
 
-from orchestrator.config.files import StrictModel, parse_toml, problems_from_validation, read_toml
+from orchestrator.config.files import (
+    StrictModel,
+    parse_toml,
+    problems_from_validation,
+    read_config_text,
+)
 from orchestrator.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -246,7 +251,7 @@ def parse_hosts(text: str, source: str | Path = "<hosts>") -> Inventory:
 
 def load_hosts(path: str | Path) -> Inventory:
     """Read and validate the inventory at ``path``; every problem at once as ConfigError."""
-    inventory = _validate(read_toml(Path(path)), path)
+    inventory = parse_hosts(read_config_text(Path(path)), path)
     log.debug("loaded %d hosts from %s", len(inventory.hosts), path)
     return inventory
 

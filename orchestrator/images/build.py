@@ -15,10 +15,9 @@ reading of the disk. A template with a parent (``bitfusion`` on ``ngc-pytorch``)
 parent's content-hash tag, so a change in the parent (or its base) changes both tags;
 :func:`ensure_image` ensures the parent first.
 
-:func:`plan_image` (one template), :func:`plan_key` (one image of a matrix: its profile, the
-release the cell or the host's driver picks, :mod:`orchestrator.plan.selection`) and
-:func:`plan_images`
-need no Docker engine: ``--dry-run`` and every backend that runs images plan with them; such a
+:func:`plan_image` (one template) and :func:`plan_key` (one image of a matrix: its profile, the
+release the cell or the host's driver picks, :mod:`orchestrator.plan.selection`) need no Docker
+engine: ``--dry-run`` and every backend that runs images plan with them; such a
 plan is *unpinned* (its tag covers the context only) until :func:`pin` resolves its base on an
 engine. :func:`ensure_image` pins and builds on the engine client it is given (this machine's, or
 a lab host's over SSH) and says which image it made (:class:`BuildOutcome`: tag, image ID, base).
@@ -59,7 +58,7 @@ LABEL_BASE = "org.orchestrate.base-image"
 LABEL_BASE_PIN = "org.orchestrate.base-pin"
 
 __all__ = ["BasePin", "BuildOutcome", "ImagePlan", "content_hash", "ensure_image", "pin",
-           "plan_image", "plan_images", "plan_key"]
+           "plan_image", "plan_key"]
 LOG_TAIL_LINES = 20
 
 _STEP_RE = re.compile(r"^Step (\d+/\d+) : (.*)$")
@@ -201,24 +200,6 @@ def plan_key(
             Problem(str(matrix.path), f"hardware.{key.hardware}.image_vars.{p.field}", p.message)
             for p in exc.problems
         ]) from None
-
-
-def plan_images(matrix: Matrix, cells: Iterable[Cell], backend: str) -> dict[str, ImagePlan]:
-    """The image plan of every hardware profile the cells use, by profile (no engine needed):
-    the image of the profile's own release. Profiles whose release is decided per host
-    (``release = "auto"``) are left out; cells that pin an ``ngc_release`` are planned by
-    :func:`plan_key` (one image per release).
-
-    A profile without an image template cannot run in a container: a :class:`ConfigError`
-    naming each such profile (``backend`` says who needs it).
-    """
-    cells = list(cells)
-    check_image_templates(matrix, cells, backend)
-    plans = {}
-    for hw in sorted({c.hardware for c in cells}):
-        if matrix.profiles[hw].release is None:
-            plans[hw] = plan_key(matrix, ImageKey(hw))[1]
-    return plans
 
 
 def content_hash(template: str, files: dict[str, bytes], base: str | None = None) -> str:
