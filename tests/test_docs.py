@@ -228,6 +228,7 @@ def nightly_script() -> str:
     return scripts[0]
 
 
+@pytest.mark.subprocess  # runs the script under sh (a stand-in orchestrate, no sweep)
 @pytest.mark.parametrize(("sweep", "gate", "says"), [
     (0, 0, None),
     (1, 0, "sweep exit 1, gate exit 0"),
