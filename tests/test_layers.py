@@ -21,7 +21,6 @@ contract.
 from __future__ import annotations
 
 import ast
-import itertools
 import re
 from pathlib import Path
 
@@ -109,12 +108,9 @@ def declared(index: int) -> set[str]:
     name = LAYERS[index][1][-1] if index == 0 else LAYERS[index][1][0]
     path = modules()[name]
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-    lines = doc.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("May import:")]
-    assert len(starts) == 1, f"{path}: the docstring needs one 'May import:' line"
-    # the line and its continuation lines, up to the next blank line
-    said = " ".join(itertools.takewhile(str.strip, lines[starts[0]:]))
-    text = re.sub(r"\([^)]*\)", "", said.partition(":")[2])  # drop "(the importer only)"
+    lines = [line for line in doc.splitlines() if line.startswith("May import:")]
+    assert len(lines) == 1, f"{path}: the docstring needs one 'May import:' line"
+    text = re.sub(r"\([^)]*\)", "", lines[0].partition(":")[2])  # drop "(the importer only)"
     names = {w.strip(" .") for w in text.split(",")} - {"nothing", ""}
     known = {n for n, _ in LAYERS}
     assert names <= known, f"{path}: 'May import:' names unknown layers {sorted(names - known)}"
