@@ -51,10 +51,8 @@ machine's PATH is a note there (the sweep refuses it where the cells run: :func:
 from __future__ import annotations
 
 import base64
-import os
 import posixpath
 import re
-import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -63,7 +61,7 @@ from orchestrator.config.matrix_file import HardwareProfile, Program
 from orchestrator.config.redact import is_secret, resolve_env
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.images import build
-from orchestrator.images.sif import Machine, SifPlan, ensure_sif, plan_sif
+from orchestrator.images.sif import LocalMachine, Machine, SifPlan, ensure_sif, plan_sif
 from orchestrator.plan import selection
 from orchestrator.plan.launch import CellCommand, LaunchSpec, NodeRole, cell_command
 from orchestrator.plan.matrix import Cell
@@ -449,8 +447,7 @@ def check_profile(report: Report, file: str, hw: str, profile: HardwareProfile,
                 if problem:
                     report.error(Problem(file, f"{where}.{table}[{i}].{side}", problem))
     binary = binary_of(profile)
-    if backend in ("process", "slurm") and shutil.which(binary) is None and not (
-            binary.startswith("/") and os.access(binary, os.X_OK)):
+    if backend in ("process", "slurm") and LocalMachine().which(binary) is None:
         report.note(Problem(file, f"{where}.apptainer.binary", (
             f"{binary!r} is not on this machine's PATH: a sweep here refuses to start until it "
             "is (install Apptainer or SingularityCE, or name the program's path)")))
