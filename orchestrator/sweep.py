@@ -1,10 +1,10 @@
 """The sweep pipeline, top to bottom.
 
 ``load -> expand -> check -> filter`` (:mod:`orchestrator.plan.matrix`,
-:mod:`orchestrator.plan.checks`,
-called by the CLI), then :func:`run_sweep`: ``refuse what cannot run -> pick backend -> open run
--> prepare (build images, reach hosts) -> run cells -> finish run (unrun cells recorded, tables
-and plot written)``.
+:mod:`orchestrator.backends.checks`, called by the CLI), then :func:`run_sweep`: ``refuse what
+cannot run, pick the backend (one step: :func:`orchestrator.backends.checks.preflight`) -> open
+run -> prepare (build images, reach hosts) -> run cells -> finish run (unrun cells recorded,
+tables and plot written)``.
 
 Each step is a plain function over plain values. Running cells (:func:`run_cells`): a cell starts
 as soon as the backend can place it (:func:`place`, through
@@ -45,14 +45,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator import __version__
-from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions, git_revision
+from orchestrator.backends.checks import preflight
 from orchestrator.config.matrix_file import WRAPPING_PROFILERS
-from orchestrator.config.redact import missing_references, redact_toml
+from orchestrator.config.redact import redact_toml
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.local.engine import controller_id
 from orchestrator.plan import profilers
-from orchestrator.plan.checks import refuse_unrunnable
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.ordering import order_cells
 from orchestrator.plan.placement import Allocation
@@ -68,7 +67,7 @@ from orchestrator.results.run_folder import (
 )
 from orchestrator.results.summary import GroupRow, render_table, summarize, write_summary
 
-log = logging.getLogger("orchestrator.sweep")
+log = logging.getLogger(__name__)
 
 
 class SweepEvents(Protocol):
@@ -124,11 +123,6 @@ class SweepOutcome:
         return 0 if self.ok else 1
 
 
-def backend_for(matrix: Matrix, override: str | None) -> str:
-    """The backend name: --backend, else [matrix] backend."""
-    return override or matrix.settings.backend
-
-
 def hosts_file_of(matrix: Matrix) -> Path | None:
     """``[matrix] hosts``, resolved against the matrix file's folder."""
     if not matrix.settings.hosts:
@@ -166,17 +160,12 @@ def run_sweep(
     ``lock_timeout_s``: how long a cell waits for GPUs another sweep holds (None: as long as it
     takes; :mod:`orchestrator.local.locks`).
 
-    The steps: refuse what cannot run (:mod:`orchestrator.plan.checks`) -> pick the backend -> open
-    the run -> prepare the backend -> run the cells -> finish the run (unrun cells recorded,
-    tables and plot written).
+    The steps: refuse what cannot run and pick the backend
+    (:func:`orchestrator.backends.checks.preflight`) -> open the run -> prepare the backend ->
+    run the cells -> finish the run (unrun cells recorded, tables and plot written).
     """
     events = events or NullEvents()
-    # what cannot run is refused before a run folder exists (the baseline is the CLI's to check:
-    # a --only subset may leave out its rows)
-    refuse_unrunnable(matrix, backend_for(matrix, backend_name), comparisons=False)
-    name, cls = pick_backend(matrix, backend_name)
-    check_references(matrix)
-    cls.check_runtime(matrix, matrix.cells)
+    name, cls = preflight(matrix, backend_name)  # what cannot run, refused before a run folder
     run = order_run(open_run(matrix, name, results_root, resume), results_root)
     options = RunOptions(
         timeout_s=matrix.settings.timeout_s,
@@ -220,43 +209,6 @@ def order_run(run: OpenRun, results_root: Path) -> OpenRun:
         run.expected = {}
     run.cells = order_cells(run.cells, run.expected)
     return run
-
-
-def pick_backend(matrix: Matrix, override: str | None) -> tuple[str, type[Backend]]:
-    """The backend's name and class (--backend, else ``[matrix] backend``), checked available.
-
-    An unknown name is a ConfigError naming where it came from; a backend that cannot run here
-    is :class:`~orchestrator.errors.BackendUnavailable`.
-    """
-    name = backend_for(matrix, override)
-    if override:
-        cls = backend_class(name)
-    else:
-        cls = backend_class(name, file=str(matrix.path), field="matrix.backend")
-    cls.check_available()
-    return name, cls
-
-
-def check_references(matrix: Matrix) -> None:
-    """Every ``$env:NAME`` value of the profiles and commands the cells use (their ``env``, a
-    command's ``workdir``) names a variable that is set here (it is read when each cell
-    starts); else a ConfigError naming each one."""
-    refs = [(f"hardware.{hardware}.env", matrix.profiles[hardware].env)
-            for hardware in sorted({c.hardware for c in matrix.cells})]
-    for name in sorted({p.name for p in map(matrix.program, matrix.cells) if p.command}):
-        command = matrix.commands[name]
-        refs.append((f"commands.{name}.env", command.env))
-        if command.workdir is not None:
-            refs.append((f"commands.{name}", {"workdir": command.workdir}))
-    problems = [
-        Problem(str(matrix.path), f"{where}.{name}",
-                f"takes its value from ${source} of this environment (\"$env:{source}\"), "
-                f"which is not set: export {source} before the sweep")
-        for where, env in refs
-        for name, source in missing_references(env)
-    ]
-    if problems:
-        raise ConfigError(problems)
 
 
 def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | None) -> OpenRun:

@@ -806,7 +806,7 @@ case("old-runs", "resume-with-a-wider-only", ["matrix", "{dir}/m.toml", "--resum
      setup=_narrow_run, err=("--resume: 1 of the selected cells are not in run",
                              "resume with the --only it ran with"))
 
-# --- can it run: the semantic checks (orchestrator/plan/checks.py)
+# --- can it run: the semantic checks (orchestrator/backends/checks.py)
 # ---------------------------------
 # A cell that cannot run where it is planned is refused before anything is built or launched,
 # naming the field where its value is set; what cannot be checked is a note, not an error.

@@ -184,8 +184,8 @@ def test_a_container_cell_gets_its_secrets_and_no_file_of_the_run_has_them(
 def test_containers_get_resolved_secrets_at_launch_only(write_matrix, tmp_path, monkeypatch):
     """The container's environment (what the engine stores, `docker inspect` shows) has the
     values; the spec written as command.json does not. As built: no engine needed."""
-    from orchestrator.backends.containers import container_kwargs
     from orchestrator.plan.placement import Allocation
+    from orchestrator.runtimes.docker import container_kwargs
 
     monkeypatch.setenv(SOURCE, FROM_ENV)
     matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))

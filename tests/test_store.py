@@ -20,7 +20,7 @@ from orchestrator.results import store as store_mod
 from orchestrator.results.run_folder import read_json, write_json
 from orchestrator.results.store import (
     INDEX_NAME,
-    Stack,
+    RecordedStack,
     open_store,
     run_signature,
     shallow_signature,
@@ -55,7 +55,7 @@ def test_index_is_built_from_folders_and_answers_queries(tmp_path):
         ok = [c for c in cells if c.ok and c.params["gpus"] == 1]
         assert sorted(c.value for c in ok) == [99.0, 101.0, 101.0]
         assert ok[0].figures["train.compute_ips"] == pytest.approx(ok[0].value * 1.05)
-        assert ok[0].stack == Stack(image="orchestrate/ngc-pytorch:abc123", image_id=None,
+        assert ok[0].stack == RecordedStack(image="orchestrate/ngc-pytorch:abc123", image_id=None,
                                     torch="2.4.0", cuda="12.4", cudnn="90100",
                                     driver="550.54", gpu="NVIDIA H100 80GB HBM3", host="dgx1",
                                     python="3.11.7")

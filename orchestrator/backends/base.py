@@ -64,8 +64,8 @@ from typing import Any, BinaryIO, ClassVar
 
 from orchestrator import REPO_ROOT, __version__
 from orchestrator.config.redact import Scrubber, secret_env
-from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.images import sif
+from orchestrator.errors import OrchestratorError, Problem
+from orchestrator.images.sif import LocalMachine
 from orchestrator.local import locks
 from orchestrator.local.locks import (
     FileLocker,
@@ -75,15 +75,15 @@ from orchestrator.local.locks import (
     LockRequest,
     LockWaitCancelled,
 )
-from orchestrator.plan import selection
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.plan.selection import ImageKey
 from orchestrator.results.figure_parsers import CellOutput, evaluate
 from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.runtimes import apptainer
 
-log = logging.getLogger("orchestrator.backends")
+log = logging.getLogger(__name__)
 
 
 #: Called with (cell id, one line of its output) as the cell runs (progress display).
@@ -211,16 +211,15 @@ class Backend(ABC):
         """Raise :class:`~orchestrator.errors.BackendUnavailable` if this backend can't run here."""
 
     @classmethod
-    def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
-        """Before a run folder exists: a :class:`~orchestrator.errors.ConfigError` naming every
-        Apptainer profile whose runtime binary is not on this machine's PATH or whose bind
-        source does not exist here (:func:`orchestrator.images.sif.runtime_problems`; the process
+    def runtime_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
+        """Before a run folder exists (:func:`orchestrator.backends.checks.preflight`): what
+        the runtime of ``cells`` lacks on this machine. Default: every Apptainer profile whose
+        runtime binary is not on this machine's PATH or whose bind source does not exist here
+        (the runtime's :func:`~orchestrator.runtimes.apptainer.host_problems`; the process
         backend runs the cells here, the slurm backend on nodes that share this filesystem)."""
         profiles = sorted({c.hardware for c in cells
                            if matrix.profiles[c.hardware].apptainer_runtime})
-        problems = sif.runtime_problems(matrix, profiles, sif.LocalMachine())
-        if problems:
-            raise ConfigError(problems)
+        return apptainer.host_problems(matrix, profiles, LocalMachine())
 
     def prepare(  # noqa: B027 - optional hook
         self, cells: list[Cell], on_log: Callable[[str], None] | None = None
@@ -237,13 +236,8 @@ class Backend(ABC):
 
     def runtime_image(self, cell: Cell) -> str:
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
-        where it would be on this machine (:func:`orchestrator.images.sif.plan_sifs`)."""
-        key = selection.image_key(self.matrix, cell)
-        path = self.sif_paths.get(key)
-        if path is None:
-            plan = sif.plan_sifs(self.matrix, [cell])[key]
-            path = sif.LocalMachine().expand(plan.path)
-        return path
+        where it would be on this machine (:func:`orchestrator.runtimes.apptainer.image_path`)."""
+        return apptainer.image_path(self.matrix, cell, self.sif_paths, LocalMachine())
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """What ran where, beyond what the workload reports itself."""

@@ -2,11 +2,11 @@
 
 Slurm does the placement: every cell is submitted as soon as the sweep reaches it (optionally
 capped per profile with ``[hardware.NAME.slurm] max_jobs``) and Slurm queues it until a node is
-free. The job runs the same program argv as the process backend (our workload, or a
-``[commands.NAME]`` template: :func:`orchestrator.plan.launch.cell_command`), with this Python
-(``sys.executable``) and this checkout (or the command's ``workdir``) as its working
-directory, so the compute nodes must share this machine's filesystem (the usual cluster
-setup; a single-node test cluster is this machine).
+free. The job runs the same program argv as the process backend, with no container (our
+workload, or a ``[commands.NAME]`` template, with this Python, ``sys.executable``, and this
+checkout, or the command's ``workdir``, as its working directory:
+:mod:`orchestrator.runtimes.none`), so the compute nodes must share this machine's filesystem
+(the usual cluster setup; a single-node test cluster is this machine).
 
 A cell's files, all in its cell folder:
 
@@ -27,13 +27,14 @@ where accounting is enabled, else from ``scontrol show job`` (which knows a fini
 it has left the queue.
 
 Under ``runtime = "apptainer"`` (or ``"singularity"``) the script runs ``srun apptainer exec
---nv --cleanenv ... IMAGE.sif <argv>`` in the cell folder (:mod:`orchestrator.plan.apptainer`): the
-nodes need the image and the results folder, not this checkout. ``--cleanenv`` drops the job's
-environment, so the script exports what the container gets with the runtime's prefix
-(``APPTAINERENV_*``; secrets again only named) and the GPUs Slurm granted as
+--nv --cleanenv ... IMAGE.sif <argv>`` in the cell folder, as the Apptainer runtime wraps a
+batch job's command (:func:`orchestrator.runtimes.apptainer.batch_command`): the nodes need the
+image and the results folder, not this checkout. ``--cleanenv`` drops the job's environment, so
+the script exports what the container gets with the runtime's prefix (``APPTAINERENV_*``;
+secrets again only named) and the GPUs Slurm granted as
 ``APPTAINERENV_CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"``. ``prepare`` checks the
 runtime binary and bind sources on this (submit) host and makes sure of the ``.sif`` here, in
-an image dir the nodes must see (:func:`orchestrator.images.sif.prepare_runtime`).
+an image dir the nodes must see (:func:`orchestrator.runtimes.apptainer.prepare`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,19 +54,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import REPO_ROOT
 from orchestrator.backends.base import Backend, Execution, ExitInfo, RunOptions
 from orchestrator.config.matrix_file import HardwareProfile, SlurmOptions
 from orchestrator.config.redact import Scrubber, public_env, secret_env
 from orchestrator.errors import BackendUnavailable, LaunchError
-from orchestrator.images import sif
-from orchestrator.plan import apptainer
-from orchestrator.plan.launch import LaunchSpec, cell_command
+from orchestrator.images.sif import LocalMachine
+from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.runtimes import apptainer, none
 
-log = logging.getLogger("orchestrator.backends.slurm")
+log = logging.getLogger(__name__)
 
 #: Added to the per-cell timeout for the job's ``--time``: the sweep's own timeout fires first.
 TIME_MARGIN_S = 300
@@ -594,23 +593,24 @@ class SlurmBackend(Backend):
 
     def sbatch_job(self, cell: Cell) -> SbatchJob:
         """The batch script's content for ``cell`` (what :func:`render_sbatch` renders): its
-        program (:func:`~orchestrator.plan.launch.cell_command`) with this Python, in this checkout
-        or the command's ``workdir``."""
+        program with this Python, in this checkout or the command's ``workdir``
+        (:func:`orchestrator.runtimes.none.command`)."""
         profile = self.matrix.profile(cell)
         cell_dir = self.paths.cell_dir(cell.id).resolve()  # the job may run elsewhere
         if profile.apptainer_runtime:
             return self._apptainer_job(cell, cell_dir)
-        command = cell_command(cell, profile, self.matrix.program(cell), python=sys.executable,
+        command = none.command(cell, profile, self.matrix.program(cell),
                                output_dir=str(cell_dir))  # GPUs: Slurm sets CUDA_VISIBLE_DEVICES
         env = dict(command.env)
-        env["PYTHONPATH"] = str(REPO_ROOT)
+        env["PYTHONPATH"] = none.python_path()
         opts = profile.slurm
+        assert command.workdir is not None  # none.command's: the command's, else this checkout
         return SbatchJob(
             cell_id=cell.id,
             argv=tuple(command.argv),
             env=env,
             output=output_pattern(cell_dir),
-            workdir=command.workdir or str(REPO_ROOT),
+            workdir=command.workdir,
             time_limit=opts.time_limit or slurm_time(self.options.timeout_s + TIME_MARGIN_S),
             gpus=self._gpus_requested(cell, profile),
             options=opts,
@@ -623,26 +623,23 @@ class SlurmBackend(Backend):
         variables ``--env`` cannot carry exported with the runtime's prefix (secrets: passed by
         sbatch, never written), the job's GPUs passed in at run time."""
         profile = self.matrix.profile(cell)
-        image = self.runtime_image(cell)
-        command = apptainer.apptainer_command(cell, profile, self.matrix.program(cell),
-                                              image=image, output_dir=str(cell_dir))
-        binary = apptainer.binary_of(profile)
-        prefix = apptainer.env_prefix(binary)
-        env = apptainer.prefixed_env(command.env, prefix)
         gpus = self._gpus_requested(cell, profile)
+        command = apptainer.batch_command(cell, profile, self.matrix.program(cell),
+                                          image=self.runtime_image(cell),
+                                          output_dir=str(cell_dir), gpus=bool(gpus))
         opts = profile.slurm
         return SbatchJob(
             cell_id=cell.id,
             argv=("srun", *command.argv),
-            env=env,
+            env=command.env,
             output=output_pattern(cell_dir),
             workdir=str(cell_dir),
             time_limit=opts.time_limit or slurm_time(self.options.timeout_s + TIME_MARGIN_S),
             gpus=gpus,
             options=opts,
             program=command.program,
-            gpu_env=f"{prefix}CUDA_VISIBLE_DEVICES" if gpus else None,
-            runtime=apptainer.runtime_record(binary, image),
+            gpu_env=command.gpu_env,
+            runtime=command.runtime,
         )
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
@@ -650,8 +647,7 @@ class SlurmBackend(Backend):
         best proxy for the nodes that share its filesystem; their images made here, where the
         nodes see them (a shared image dir)."""
         if any(self.matrix.profile(c).apptainer_runtime for c in cells):
-            self.sif_paths = sif.prepare_runtime(self.matrix, cells, sif.LocalMachine(),
-                                                 on_log=on_log)
+            self.sif_paths = apptainer.prepare(self.matrix, cells, LocalMachine(), on_log=on_log)
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         """The cell's argv and environment, with the batch script that runs them."""

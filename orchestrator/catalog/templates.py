@@ -63,7 +63,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -73,7 +72,12 @@ from pydantic import (
 )
 
 from orchestrator import REPO_ROOT
-from orchestrator.config.files import problems_from_validation, read_config_text, read_toml
+from orchestrator.config.files import (
+    StrictModel,
+    problems_from_validation,
+    read_config_text,
+    read_toml,
+)
 from orchestrator.errors import BuildError, ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -137,10 +141,13 @@ MAX_LIST_ITEMS = 256
 _RESERVED_CONTEXT_NAMES = {*KINDS.values(), "workload", ".dockerignore"}
 
 
-class Variable(BaseModel):
+class Variable(StrictModel):
     """One declared template variable (a ``[variables.NAME]`` table)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: Not strict, unlike the other user-file models: a manifest's numbers and flags have always
+    #: been coerced (``minimum = "4"``, ``file = 1``, ``forward`` as a TOML array into a tuple);
+    #: strictness would refuse manifests accepted today.
+    model_config = ConfigDict(strict=False)
 
     type: Literal["str", "int", "bool", "list"]
     default: Any = Field(description="value used when a profile or --set gives none")
@@ -224,20 +231,26 @@ class Variable(BaseModel):
         return ""
 
 
-class Parent(BaseModel):
+class Parent(StrictModel):
     """The template whose image another template is built on (the ``[parent]`` table)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: Not strict, unlike the other user-file models: a manifest's numbers and flags have always
+    #: been coerced (``minimum = "4"``, ``file = 1``, ``forward`` as a TOML array into a tuple);
+    #: strictness would refuse manifests accepted today.
+    model_config = ConfigDict(strict=False)
 
     template: str = Field(min_length=1)
     variable: str = Field(min_length=1, description="variable that receives the parent's image")
     forward: tuple[str, ...] = Field((), description="variables handed on to the parent")
 
 
-class Manifest(BaseModel):
+class Manifest(StrictModel):
     """A ``template.toml``; validated with the template's directory as context."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: Not strict, unlike the other user-file models: a manifest's numbers and flags have always
+    #: been coerced (``minimum = "4"``, ``file = 1``, ``forward`` as a TOML array into a tuple);
+    #: strictness would refuse manifests accepted today.
+    model_config = ConfigDict(strict=False)
 
     description: str = ""
     kind: Literal["dockerfile", "singularity"]
@@ -548,20 +561,6 @@ def check_vars(name: str, values: dict[str, Any]) -> list[str]:
 def coerce_set(name: str, assignments: list[str]) -> dict[str, Any]:
     """Parse ``--set KEY=VALUE`` strings by template ``name``'s declared types."""
     return load_template(name).coerce(assignments)
-
-
-def render_text(name: str, values: dict[str, Any] | None = None) -> str:
-    """Render template ``name`` with ``values`` over its defaults. Pure: text in, text out."""
-    template = load_template(name)
-    return template.render(template.resolve(values))
-
-
-def context_files(
-    name: str, values: dict[str, Any] | None = None, *, workload_dir: Path | None = None
-) -> dict[str, bytes]:
-    """Every file of template ``name``'s build context (see :meth:`Template.files`)."""
-    template = load_template(name)
-    return template.files(template.resolve(values), workload_dir=workload_dir)
 
 
 def _coerce(text: str, vtype: str) -> Any:

@@ -37,7 +37,7 @@ from orchestrator.results.run_folder import (
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
-    from orchestrator.plan.checks import Findings
+    from orchestrator.backends.checks import Findings
     from orchestrator.plan.placement import Allocation
 
 log = logging.getLogger(__name__)
@@ -149,9 +149,9 @@ def _load_matrix(path: Path) -> Matrix:
 
 
 def _checked(path: Path, backend: str | None, strict: bool = False) -> tuple[Matrix, Findings]:
-    """The matrix and what :mod:`orchestrator.plan.checks` found for ``backend`` (default: its
+    """The matrix and what :mod:`orchestrator.backends.checks` found for ``backend`` (default: its
     own)."""
-    from orchestrator.plan.checks import refuse_unrunnable
+    from orchestrator.backends.checks import refuse_unrunnable
 
     matrix = _load_matrix(path)
     return matrix, refuse_unrunnable(matrix, backend, strict=strict)
@@ -461,8 +461,9 @@ def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineE
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    from orchestrator.backends import backend_for
     from orchestrator.results.run_folder import check_results_root
-    from orchestrator.sweep import NullEvents, backend_for, hosts_file_of, run_sweep
+    from orchestrator.sweep import NullEvents, hosts_file_of, run_sweep
 
     _check_backend(args.backend)
     matrix = _load(args)

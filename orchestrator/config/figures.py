@@ -16,14 +16,9 @@ import re
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-
-class _Strict(BaseModel):
-    """Unknown keys are errors, types are not coerced, values are frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
+from orchestrator.config.files import StrictModel
 
 FigureName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$", max_length=100)]
 
@@ -56,7 +51,7 @@ def _figure_pattern(value: str) -> str:
     return value
 
 
-class Bounds(_Strict):
+class Bounds(StrictModel):
     """A figure's accepted range; a value outside fails the cell."""
 
     lower: float | None = Field(None, description="Smallest accepted value.")
@@ -75,7 +70,7 @@ class Bounds(_Strict):
         return self
 
 
-class RegexFigure(_Strict):
+class RegexFigure(StrictModel):
     """A figure captured from the log (or a file of the cell folder) by a regular expression."""
 
     name: FigureName = Field(description="Figure name, e.g. 'train.total_ips'.")
@@ -96,7 +91,7 @@ class RegexFigure(_Strict):
         return self
 
 
-class FiguresConfig(_Strict):
+class FiguresConfig(StrictModel):
     """How a cell's figures of merit are read and judged (a matrix's ``[figures]``)."""
 
     parser: Literal["workload", "dllogger", "regex"] = Field(

@@ -2,9 +2,7 @@
 file, the user's config) is read and validated, standing on the errors module and pydantic alone.
 
 It is small on purpose: commands that read only the user's config (``runs``, ``compare``,
-``export``) import it without the matrix models of :mod:`orchestrator.config.matrix_file`, which
-re-exports
-these names.
+``export``) import it without the matrix models of :mod:`orchestrator.config.matrix_file`.
 
 Rules for every user file:
 

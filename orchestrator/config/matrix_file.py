@@ -28,9 +28,10 @@ Validation reports every problem at once with the file and the field path.
 
 Rules for every user file (matrix, hosts inventory, image manifest):
 
-* It is read by :func:`read_config_text` only: a regular file (never a FIFO, a device or a
-  folder: checked before opening, so reading never blocks) of at most :data:`MAX_FILE_BYTES`,
-  UTF-8, nested at most :data:`MAX_NESTING` tables/lists deep.
+* It is read by :func:`~orchestrator.config.files.read_config_text` only: a regular file (never
+  a FIFO, a device or a folder: checked before opening, so reading never blocks) of at most
+  :data:`~orchestrator.config.files.MAX_FILE_BYTES`, UTF-8, nested at most
+  :data:`~orchestrator.config.files.MAX_NESTING` tables/lists deep.
 * Types are strict (no guessing): ``batch_size = "8"``, ``gpus = 1.0``, ``channels_last = 1``
   are errors naming the field; an integer is accepted where a float is expected
   (``timeout_s = 1800``). ``--only KEY=VALUE`` parses its strings by the same types.
@@ -66,14 +67,12 @@ from pydantic import (
 from orchestrator.config import argv_template
 from orchestrator.config.argv_template import TemplateError, Word
 from orchestrator.config.figures import FiguresConfig
-from orchestrator.config.files import MAX_FILE_BYTES as MAX_FILE_BYTES
-from orchestrator.config.files import MAX_NESTING as MAX_NESTING
-from orchestrator.config.files import StrictModel as StrictModel
-from orchestrator.config.files import nearest_key as nearest_key
-from orchestrator.config.files import parse_toml as parse_toml
-from orchestrator.config.files import problems_from_validation as problems_from_validation
-from orchestrator.config.files import read_config_text as read_config_text
-from orchestrator.config.files import read_toml as read_toml
+from orchestrator.config.files import (
+    StrictModel,
+    parse_toml,
+    problems_from_validation,
+    read_config_text,
+)
 from orchestrator.config.syntax import NAME_PATTERN
 from orchestrator.errors import ConfigError, Problem
 

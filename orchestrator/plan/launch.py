@@ -90,8 +90,8 @@ class LaunchSpec:
     #: the template, its rendered argv items, launcher and figures parser.
     program: dict[str, Any] = field(default_factory=dict)
     #: The container runtime that runs ``argv`` when the backend starts it as a process
-    #: (Apptainer: :func:`orchestrator.plan.apptainer.runtime_record`: its name, binary, image and
-    #: the prefix of the variables the launcher passes); empty otherwise.
+    #: (Apptainer: :func:`orchestrator.runtimes.apptainer.runtime_record`: its name, binary,
+    #: image and the prefix of the variables the launcher passes); empty otherwise.
     runtime: dict[str, Any] = field(default_factory=dict)
 
     @property

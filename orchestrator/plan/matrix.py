@@ -27,8 +27,8 @@ cell is built, and the message names the fields that multiply up.
 
 Validation reports every problem of the file at once (types, unknown keys and profiles, image
 templates and their variables, rules that match nothing). Whether each cell can run where it is
-planned (its model, options, profiler and image on its stack) is :mod:`orchestrator.plan.checks`'
-question. This module knows nothing of backends:
+planned (its model, options, profiler and image on its stack) is
+:mod:`orchestrator.backends.checks`' question. This module knows nothing of backends:
 ``[matrix] backend`` is checked against the names the caller passes to :func:`load_matrix`.
 """
 

@@ -25,7 +25,13 @@ from typing import Any
 from tabulate import tabulate
 
 from orchestrator.results.stats import Change, compare_samples
-from orchestrator.results.store import CellRecord, RunRecord, Stack, Store, stack_field_values
+from orchestrator.results.store import (
+    CellRecord,
+    RecordedStack,
+    RunRecord,
+    Store,
+    stack_field_values,
+)
 from orchestrator.results.summary import varying_keys
 
 
@@ -133,7 +139,7 @@ def compare_runs(store: Store, a: RunRecord, b: RunRecord, confidence: float = 0
     for row in rows:
         _judge(row, confidence, threshold)
     va, vb = stack_values(cells_a), stack_values(cells_b)
-    stacks = {name: (va[name], vb[name]) for name in Stack.names() if va[name] != vb[name]}
+    stacks = {name: (va[name], vb[name]) for name in RecordedStack.names() if va[name] != vb[name]}
     return Comparison(a, b, rows, stacks, confidence, threshold, metric)
 
 

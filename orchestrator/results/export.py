@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from orchestrator.results.store import CellRecord, RunRecord, Stack, Store
+from orchestrator.results.store import CellRecord, RecordedStack, RunRecord, Store
 
 RUN_COLUMNS = ("matrix", "run_id", "run_started", "run_status", "backend", "git_revision")
 CELL_COLUMNS = ("cell_id", "group", "config", "repeat", "status", "reason", "duration_s")
@@ -72,7 +72,7 @@ def rows(store: Store, runs: Sequence[RunRecord], selection: Selection = Selecti
             }
             base.update({f"param.{k}": cell.params.get(k) for k in param_names})
             stack = cell.stack.as_dict() if cell.stack else {}
-            base.update({f"stack.{k}": stack.get(k) for k in Stack.names()})
+            base.update({f"stack.{k}": stack.get(k) for k in RecordedStack.names()})
             figures = sorted(cell.figures.items())
             if selection.figures:
                 figures = [(k, v) for k, v in figures if k in selection.figures]
@@ -88,7 +88,7 @@ def columns(store: Store, runs: Sequence[RunRecord], param_names: Sequence[str] 
     if param_names is None:
         param_names = _param_names(store, runs)
     return [*RUN_COLUMNS, *CELL_COLUMNS, *[f"param.{k}" for k in param_names],
-            *[f"stack.{k}" for k in Stack.names()], "figure", "value"]
+            *[f"stack.{k}" for k in RecordedStack.names()], "figure", "value"]
 
 
 def _param_names(store: Store, runs: Sequence[RunRecord]) -> list[str]:

@@ -87,7 +87,7 @@ from orchestrator.results.dllogger import (
 from orchestrator.results.run_folder import parse_metric_lines, throughput_key
 from workload import metrics as wm
 
-log = logging.getLogger("orchestrator.results.figure_parsers")
+log = logging.getLogger(__name__)
 
 def load_figures_file(path: Path) -> FiguresConfig:
     """A TOML file holding a ``[figures]`` table, exactly as in a matrix file."""

@@ -48,7 +48,14 @@ from orchestrator.results.stats import (
     regression_test,
     verdict,
 )
-from orchestrator.results.store import CellRecord, RunRecord, Stack, Store, headline, is_throughput
+from orchestrator.results.store import (
+    CellRecord,
+    RecordedStack,
+    RunRecord,
+    Store,
+    headline,
+    is_throughput,
+)
 from orchestrator.results.summary import varying_keys
 
 FAILING = frozenset({"regression", "failed", "missing"})
@@ -83,10 +90,10 @@ class Options:
             problems.append(("--metric", f"{self.metric!r}: the check needs a throughput "
                              "figure (higher is better), e.g. train.total_ips or "
                              "train.step_ips_p90"))
-        unknown = set(self.ignore_stack) - set(Stack.names())
+        unknown = set(self.ignore_stack) - set(RecordedStack.names())
         if unknown:
             problems.append(("--ignore-stack", f"unknown field(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(Stack.names())}"))
+                             f"known: {', '.join(RecordedStack.names())}"))
         if problems:
             from orchestrator.errors import Problem
 
@@ -100,7 +107,7 @@ class Line:
     config: str
     label: str
     params: dict[str, Any]
-    stack: Stack | None
+    stack: RecordedStack | None
     newest: list[float] = field(default_factory=list)
     failed_cells: list[CellRecord] = field(default_factory=list)
     medians: dict[int, float] = field(default_factory=dict)  # run pk -> median, same stack
@@ -201,7 +208,7 @@ class Noise:
     pairs: int  # earlier (configuration, run) deviations it is estimated from
 
 
-def _stack_key(stack: Stack | None, ignore: Sequence[str]) -> str | None:
+def _stack_key(stack: RecordedStack | None, ignore: Sequence[str]) -> str | None:
     return None if stack is None else stack.key(ignore)
 
 
@@ -288,7 +295,7 @@ def _attach_history(lines: list[Line], run_pks: list[int],
     """Each line's median in each earlier run: same stack (used) or another (shown only)."""
     for pk in run_pks:
         values: dict[tuple[str, str | None], list[float]] = defaultdict(list)
-        stacks: dict[tuple[str, str | None], Stack | None] = {}
+        stacks: dict[tuple[str, str | None], RecordedStack | None] = {}
         for cell in by_run.get(pk, []):
             if cell.ok and cell.value is not None:
                 key = (cell.config, _stack_key(cell.stack, options.ignore_stack))

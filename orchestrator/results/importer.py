@@ -88,7 +88,7 @@ from orchestrator.results.run_folder import (
     write_json,
 )
 
-log = logging.getLogger("orchestrator.results.importer")
+log = logging.getLogger(__name__)
 
 #: Bumped when what an import writes changes meaning.
 IMPORTER_VERSION = "1"
@@ -903,9 +903,3 @@ def write_import(plan: ImportPlan, options: ImportOptions) -> RunPaths:
         raise
     log.info("imported %d cells into %s", len(plan.cell_ids), final)
     return RunPaths(final)
-
-
-def import_results(sources: Sequence[Path], options: ImportOptions) -> tuple[RunPaths, ImportPlan]:
-    """Plan and write an import; returns the new run folder and the plan."""
-    plan = plan_import(sources, options)
-    return write_import(plan, options), plan

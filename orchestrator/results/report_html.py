@@ -25,7 +25,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from orchestrator import __version__
 from orchestrator.results.run_folder import CellResult, RunPaths, read_json
-from orchestrator.results.store import Stack, stack_field_values
+from orchestrator.results.store import RecordedStack, stack_field_values
 from orchestrator.results.summary import GroupRow, table_cells, throughput_key
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def _utc(ts: Any) -> str:
 
 def stacks_of(results: Sequence[CellResult]) -> dict[str, list[str]]:
     """Per stack field, the distinct values recorded by a run's cells."""
-    return stack_field_values(Stack.from_result(res.env, res.provenance) for res in results)
+    return stack_field_values(RecordedStack.from_result(res.env, res.provenance) for res in results)
 
 
 # --- run report ------------------------------------------------------------------------------

@@ -133,8 +133,10 @@ _TABLES = ("figures", "params", "cells", "stacks", "runs", "meta")
 
 
 @dataclass(frozen=True)
-class Stack:
-    """The software and hardware a cell ran on. Empty fields: not recorded."""
+class RecordedStack:
+    """The software and hardware a cell ran on, as its result recorded it. Empty fields: not
+    recorded. (What a profile's cells are planned to run on, before anything is built, is
+    :class:`orchestrator.plan.software.PlannedStack`.)"""
 
     image: str | None = None
     image_id: str | None = None
@@ -152,7 +154,7 @@ class Stack:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def from_result(cls, env: dict[str, Any], provenance: dict[str, Any]) -> Stack | None:
+    def from_result(cls, env: dict[str, Any], provenance: dict[str, Any]) -> RecordedStack | None:
         """The stack of a result: None when the workload reported no environment (it never
         started, or failed before its first line) and the backend recorded no image."""
         if not env and not provenance.get("image"):
@@ -185,7 +187,8 @@ class Stack:
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
-    def differences(self, other: Stack, ignore: Iterable[str] = ()) -> dict[str, tuple[Any, Any]]:
+    def differences(self, other: RecordedStack, ignore: Iterable[str] = ()
+                    ) -> dict[str, tuple[Any, Any]]:
         """``{field: (ours, theirs)}`` for every field that differs."""
         skip = set(ignore)
         return {
@@ -195,9 +198,9 @@ class Stack:
         }
 
 
-def stack_field_values(stacks: Iterable[Stack | None]) -> dict[str, list[str]]:
+def stack_field_values(stacks: Iterable[RecordedStack | None]) -> dict[str, list[str]]:
     """Per stack field, the distinct values ``stacks`` hold (sorted; a None stack is skipped)."""
-    out: dict[str, set[str]] = {name: set() for name in Stack.names()}
+    out: dict[str, set[str]] = {name: set() for name in RecordedStack.names()}
     for stack in stacks:
         if stack is not None:
             for name, value in stack.as_dict().items():
@@ -267,7 +270,7 @@ class CellRecord:
     duration_s: float | None
     started_at: float | None
     attempts: int | None
-    stack: Stack | None
+    stack: RecordedStack | None
     metric: str | None
     value: float | None
     params: dict[str, Any]
@@ -435,7 +438,7 @@ class Store:
         self.conn = conn
         self.location = location  # the index file, or ":memory:"
         self.note = note  # why the index is not where it normally is
-        self._stacks: dict[int, Stack | None] = {}
+        self._stacks: dict[int, RecordedStack | None] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -560,7 +563,7 @@ class Store:
                 f"SELECT path, signature FROM runs WHERE matrix IN ({marks})", list(matrices))
         return dict(rows.fetchall())
 
-    def _stack_pk(self, conn: sqlite3.Connection, stack: Stack | None) -> int | None:
+    def _stack_pk(self, conn: sqlite3.Connection, stack: RecordedStack | None) -> int | None:
         if stack is None:
             return None
         key = stack.key()
@@ -600,7 +603,7 @@ class Store:
             metrics = res.get("metrics") or {}
             cell_id = str(res.get("cell_id", ""))
             config = res.get("config_hash") or hashes.get(cell_id) or params_hash(params)
-            stack = Stack.from_result(res.get("env") or {}, res.get("provenance") or {})
+            stack = RecordedStack.from_result(res.get("env") or {}, res.get("provenance") or {})
             metric, value = headline(params, metrics)
             cur = conn.execute(
                 "INSERT INTO cells (run_pk, cell_id, grp, repeat, config, status, reason, "
@@ -697,14 +700,14 @@ class Store:
                               "or more of the id", field="run")
         return found[0]
 
-    def _stack(self, stack_pk: int | None) -> Stack | None:
+    def _stack(self, stack_pk: int | None) -> RecordedStack | None:
         if stack_pk is None:
             return None
         if stack_pk not in self._stacks:
             row = self.conn.execute(
-                f"SELECT {', '.join(Stack.names())} FROM stacks WHERE stack_pk = ?",
+                f"SELECT {', '.join(RecordedStack.names())} FROM stacks WHERE stack_pk = ?",
                 (stack_pk,)).fetchone()
-            self._stacks[stack_pk] = Stack(*row) if row else None
+            self._stacks[stack_pk] = RecordedStack(*row) if row else None
         return self._stacks[stack_pk]
 
     def cells(self, run_pks: Sequence[int], figures: bool = False, metric: str | None = None
