@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT))
 
 # Fixtures for real services: a Docker engine and a local base image; sshd hosts on loopback;
 # the single-node Slurm cluster (and no_jobs_left).
-pytest_plugins = ["docker_support", "ssh_support", "slurm_support"]
+pytest_plugins = ["docker_support", "ssh_support", "slurm_support", "gpu_support"]
 
 CPU_PROFILE = """
 [hardware.cpu]

@@ -253,8 +253,10 @@ def test_clean_removes_leftovers_of_a_crashed_run(docker_client, base_image):
 
 
 def test_dry_run_shows_images_and_resolves_files_next_to_the_matrix(write_matrix, tmp_path,
-                                                                    capsys):
+                                                                    capsys, gpu_machine):
     from orchestrator.cli import main
+
+    gpu_machine("H100")  # the native profile's cells get this machine's GPU (a stand-in)
 
     path = write_matrix("""
         [matrix]

@@ -31,6 +31,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpu_support import write_standin  # noqa: E402
+
+from orchestrator.catalog import gpus  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 
 RUN = "20260101-000000-abcd"
@@ -56,6 +59,9 @@ class Case:
     check: Callable[[Path], None] | None = None
     #: also run it as a real subprocess
     subprocess: bool = False
+    #: the machine "has" these GPUs (a stand-in nvidia-smi first on PATH: ``"H100"``,
+    #: ``"V100"``, ``"Gaudi2"``, ...; tests/gpu_support.py); None: this machine as it is
+    gpu: str | None = None
 
     @property
     def id(self) -> str:
@@ -1011,23 +1017,24 @@ bad_matrix("can-it-run", "cross-stack-baseline-strict",
 
 
 def good_run(name: str, text: str, cells: int, out: tuple[str, ...] = (),
-             argv: tuple[str, ...] = ("validate",)) -> None:
-    """A matrix the checks must accept (exit 0), with ``out`` on stdout."""
+             argv: tuple[str, ...] = ("validate",), gpu: str = "V100") -> None:
+    """A matrix the checks must accept (exit 0), with ``out`` on stdout, on a machine with a
+    ``gpu`` (the docker backend's cells run on this machine's GPUs; a stand-in)."""
     case("can-it-run", name, [*argv, "{dir}/m.toml"], files={"m.toml": text}, expect=0,
-         out=(f"ok ({cells} cells)", *out) if argv == ("validate",) else out)
+         out=(f"ok ({cells} cells)", *out) if argv == ("validate",) else out, gpu=gpu)
 
 
 for _name, _text, _cells, _out in good_run_later:
-    good_run(_name, _text, _cells, _out)
+    good_run(_name, _text, _cells, _out, gpu="H100" if _name == "release-axis" else "V100")
 good_run("dle-resnext-exists", gx(workload='arch = "resnext101_32x4d"'), 1,
          ("NGC PyTorch 23.10 (torch 2.1.0a0+32f93b1",))
 good_run("dle-se-resnext-exists", gx(axes='arch = ["resnext101_32x4d", "se_resnext101_32x4d"]'),
          2)
 good_run("gaudi-modes", hx(axes='hpu_mode = ["eager", "lazy", "compile"]\n'
                                 'precision = ["bf16", "fp32"]'), 6,
-         ("Habana PyTorch installer 1.18.0 (torch 2.4.0",))
+         ("Habana PyTorch installer 1.18.0 (torch 2.4.0",), gpu="Gaudi2")
 good_run("bf16-on-a100", gx(workload='precision = "bf16"').replace('"V100"', '"A100-SXM4-80GB"'),
-         1)
+         1, gpu="A100")
 good_run("bf16-on-an-unnamed-gpu", gx(workload='precision = "bf16"')
          .replace('gpu = "V100"\n', ""), 1, ("note:", "bf16 not checked"))
 good_run("gpu-typo-is-a-note", gx().replace('"V100"', '"V1OO"'), 1,
@@ -1053,9 +1060,10 @@ good_run("missing-build-file-is-a-warning", _BF, 2,
          ("warning:", "hardware.bf.image_vars.client_deb: file or folder",
           "`orchestrate matrix` refuses to run until it is fixed"))
 bad_matrix("can-it-run", "missing-build-file-strict", _BF, "hardware.bf.image_vars.client_deb",
-           command=("validate", "--strict"), err=("hardware.bf.image_vars.ca_cert",))
+           command=("validate", "--strict"), err=("hardware.bf.image_vars.ca_cert",), gpu="V100")
 bad_matrix("can-it-run", "missing-build-file-dry-run", _BF, "hardware.bf.image_vars.client_deb",
-           command=("matrix", "--dry-run", "--results", "{dir}/results"), check=_NO_RUN_FOLDER)
+           command=("matrix", "--dry-run", "--results", "{dir}/results"), check=_NO_RUN_FOLDER,
+           gpu="V100")
 good_run("cross-stack-baseline-warns",
          gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
             after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
@@ -1310,7 +1318,12 @@ def _verify(c: Case, outcome: Outcome, root: Path) -> None:
         c.check(root)
 
 
-def _run_case(c: Case, tmp_path: Path, runner: Callable[[list[str], Path], Outcome]) -> None:
+def _run_case(c: Case, tmp_path: Path, runner: Callable[[list[str], Path], Outcome],
+              monkeypatch: pytest.MonkeyPatch) -> None:
+    if c.gpu is not None:
+        write_standin(tmp_path / "gpu-bin", c.gpu)
+        monkeypatch.setenv("PATH", f"{tmp_path / 'gpu-bin'}{os.pathsep}{os.environ['PATH']}")
+    gpus.local_facts.cache_clear()  # this case's machine, not the one a case before probed
     root, argv = _prepare(c, tmp_path / "case")
     before = _snapshot(tmp_path, skip=root / "results")
     repo_before = _repository_snapshot()
@@ -1328,15 +1341,16 @@ def _ids(cases: list[Case]) -> list[str]:
 def test_bad_input_in_process(c: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the default ./results of a command lands in the case's folder
-    _run_case(c, tmp_path, lambda argv, root: run_in_process(argv, capsys))
+    _run_case(c, tmp_path, lambda argv, root: run_in_process(argv, capsys), monkeypatch)
 
 
 SAMPLE = [c for c in CASES if c.subprocess]
 
 
 @pytest.mark.parametrize("c", SAMPLE, ids=_ids(SAMPLE))
-def test_bad_input_as_a_real_process(c: Case, tmp_path: Path) -> None:
-    _run_case(c, tmp_path, run_subprocess)
+def test_bad_input_as_a_real_process(c: Case, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _run_case(c, tmp_path, run_subprocess, monkeypatch)
 
 
 def counts() -> Counter[str]:

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from gpu_support import GAUDI, facts, shipped_machine
 
 from orchestrator.backends.checks import check_matrix, refuse_unrunnable
 from orchestrator.errors import ConfigError
@@ -53,7 +54,7 @@ def test_every_shipped_matrix_is_listed_here() -> None:
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_the_stack_of_every_shipped_profile(name: str) -> None:
-    found = check_matrix(load_matrix(MATRICES / f"{name}.toml"))
+    found = check_matrix(load_matrix(MATRICES / f"{name}.toml"), machine=shipped_machine(name))
     assert found.errors == [] and found.warnings == []
     for hw, expected in SHIPPED[name].items():
         stack = found.stacks[hw]
@@ -138,7 +139,7 @@ image = "habana"
 def test_a_problem_is_reported_once_per_field_not_per_cell(tmp_path: Path) -> None:
     path = tmp_path / "m.toml"
     path.write_text(GAUDI_COMPILE)
-    found = check_matrix(load_matrix(path))  # 12 cells, 4 configurations
+    found = check_matrix(load_matrix(path), machine=GAUDI)  # 12 cells, 4 configurations
     assert [p.field for p in found.errors] == ["workload.compile"]
     assert found.stacks["gaudi"].torch == "2.4.0"
 
@@ -158,10 +159,10 @@ gpu = "H100"
 image = "ngc-pytorch"
 """)
     matrix = load_matrix(path)
-    found = refuse_unrunnable(matrix)
+    found = refuse_unrunnable(matrix, machine=facts("H100"))
     assert [p.field for p in found.warnings] == ["workload.cuda_graphs"]
     with pytest.raises(ConfigError, match="workload.cuda_graphs: with compile"):
-        refuse_unrunnable(matrix, strict=True)
+        refuse_unrunnable(matrix, strict=True, machine=facts("H100"))
 
 
 def test_the_backend_decides_what_is_checked(tmp_path: Path) -> None:
@@ -233,7 +234,7 @@ def test_an_arch_newer_than_the_stacks_torchvision(tmp_path: Path,
                     'image_vars = { base_tag = "23.10-py3" }\n'
                     '[hardware.new]\ndevice = "cuda"\nimage = "ngc-pytorch"\n'
                     'image_vars = { base_tag = "24.05-py3" }\n')
-    (problem,) = check_matrix(load_matrix(path)).errors
+    (problem,) = check_matrix(load_matrix(path), machine=facts("H100")).errors
     assert problem.field == "axes.arch[1]"
     assert problem.message.startswith("'resnet18' is not in torchvision 0.16, which hardware 'old'")
 
@@ -306,7 +307,7 @@ def test_a_release_axis_gives_each_release_its_stack_and_notes_the_comparison(
     tmp_path: Path
 ) -> None:
     matrix = load_matrix(releases_matrix(tmp_path))
-    found = check_matrix(matrix)
+    found = check_matrix(matrix, machine=facts("H100"))
     assert found.errors == [] and found.warnings == []
     by_release = {c.params.ngc_release: found.stack_of(c) for c in matrix.cells}
     assert by_release["24.05"].torch == "2.4.0a0+07cecf4168"

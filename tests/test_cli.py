@@ -84,7 +84,8 @@ def test_help_for_every_command(command, capsys):
     assert "usage: orchestrate" in capsys.readouterr().out
 
 
-def test_plan_json_lists_every_cell():
+def test_plan_json_lists_every_cell(gpu_machine):
+    gpu_machine("V100")  # the docker backend's cells run on this machine's GPUs
     proc = orchestrate("plan", "matrices/v100_scaling.toml", "--json")
     assert proc.returncode == 0, proc.stderr
     cells = json.loads(proc.stdout)
@@ -94,7 +95,8 @@ def test_plan_json_lists_every_cell():
     assert sorted({c["params"]["gpus"] for c in cells}) == [1, 2, 4, 8]
 
 
-def test_plan_table_and_only(capsys):
+def test_plan_table_and_only(capsys, gpu_machine):
+    gpu_machine("V100")
     assert main(["plan", "matrices/v100_scaling.toml", "--only", "gpus=8", "--only",
                  "precision=amp"]) == 0
     out = capsys.readouterr().out
@@ -102,7 +104,8 @@ def test_plan_table_and_only(capsys):
     assert "v100-g8-bs128-amp-r5" in out and "fp32" not in out.split("\n", 2)[2]
 
 
-def test_validate_ok(capsys):
+def test_validate_ok(capsys, gpu_machine):
+    gpu_machine("Gaudi2")
     assert main(["validate", "matrices/gaudi.toml"]) == 0
     assert "ok (24 cells)" in capsys.readouterr().out
 
@@ -180,9 +183,11 @@ def test_help_names_every_backend(capsys):
     assert all(word in out for word in ("locally", "docker", "ssh", "slurm")), out
 
 
-def test_dry_run_refuses_a_missing_build_file_before_printing_the_plan(tmp_path, capsys):
+def test_dry_run_refuses_a_missing_build_file_before_printing_the_plan(tmp_path, capsys,
+                                                                       gpu_machine):
     """The Bitfusion client .deb is the lab's own: validate warns, a dry run refuses at once
     (one screen: no 36-row plan above the error)."""
+    gpu_machine("V100")  # the native profile's cells run on this machine's V100
     path = tmp_path / "bitfusion_vs_native.toml"
     path.write_text((ROOT / "matrices" / "bitfusion_vs_native.toml").read_text())
     assert main(["validate", str(path)]) == 0

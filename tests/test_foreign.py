@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from dllogger_support import dllogger_available
+from gpu_support import facts
 from slurm_support import SlurmCluster, slurm_cluster  # noqa: F401 - slurm_cluster: a fixture
 from workload_support import TINY_WORKLOAD
 
@@ -428,7 +429,7 @@ def test_a_parameter_the_command_never_uses_is_a_warning(write_matrix) -> None:
 
 def test_the_shipped_h100_matrix_runs_dle_as_seed_003_did(monkeypatch) -> None:
     matrix = load_matrix(ROOT / "matrices" / "dle_vs_workload.toml")
-    found = check_matrix(matrix)
+    found = check_matrix(matrix, machine=facts("H100"))
     assert found.errors == [] and found.warnings == []
     assert matrix.settings.baseline == "program=dle"
     cell = next(c for c in matrix.cells if c.id == "h100-dle-g1-bs256-amp-r1")
@@ -454,7 +455,7 @@ def test_the_shipped_v100_matrix_builds_dle_into_its_image() -> None:
     from orchestrator.runtimes.docker import container_spec
 
     matrix = load_matrix(ROOT / "matrices" / "dle_vs_workload_v100.toml")
-    assert check_matrix(matrix).errors == []
+    assert check_matrix(matrix, machine=facts("V100")).errors == []
     cell = next(c for c in matrix.cells if c.id == "v100-dle-g8-bs256-fp32-r1")
     spec = container_spec(cell, matrix.profile(cell), matrix.program(cell), image="img",
                           output_dir="/host/cell", labels={}, gpu_ids=tuple(range(8)))

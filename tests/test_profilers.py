@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from golden_support import check_golden
+from gpu_support import facts
 from pydantic import ValidationError
 
 from orchestrator.backends.checks import refuse_unrunnable
@@ -58,6 +59,9 @@ CASES: dict[str, tuple[str, Any, list[str], dict[str, Any]]] = {
     "nvprof-whole-dle": ("nvprof", NvprofOptions(capture="whole", metrics=[
         "tensor_precision_fu_utilization", "flop_count_hp"]), DLE, {"python": "python3"}),
 }
+
+#: The GPU machine these docker cells run on (a stand-in: this machine has none).
+MACHINE = facts("H100")
 
 
 def _check_golden(name: str, argv: list[str]) -> None:
@@ -155,7 +159,7 @@ def _errors(path: Path) -> list[str]:
     """What `validate` refuses in a matrix (orchestrator.backends.checks: one place for
     can-it-run)."""
     with pytest.raises(ConfigError) as err:
-        refuse_unrunnable(load_matrix(path))
+        refuse_unrunnable(load_matrix(path), machine=MACHINE)
     return [str(p) for p in err.value.problems]
 
 
@@ -181,7 +185,7 @@ def test_a_profile_that_names_its_gpu_is_checked(write_matrix: Any) -> None:
         line = f'\ngpu = "{gpu}"' if gpu else ""
         path = _matrix(write_matrix, 'profiler = "nvprof"', 'device = "cuda"' + line
                        + '\nimage_vars = { base_image = "lab/pt:21.05" }', )
-        assert refuse_unrunnable(load_matrix(path))
+        assert refuse_unrunnable(load_matrix(path), machine=MACHINE)
 
 
 def test_matrix_refuses_a_window_outside_the_measured_iterations(write_matrix: Any) -> None:
@@ -191,7 +195,7 @@ def test_matrix_refuses_a_window_outside_the_measured_iterations(write_matrix: A
     assert "measured iterations 18..22" in problem and "20 measured iterations" in problem
     # no profiler: the window is not looked at
     no_profiler = _matrix(write_matrix, "iterations = 20\nprofile_start = 18")
-    assert refuse_unrunnable(load_matrix(no_profiler))
+    assert refuse_unrunnable(load_matrix(no_profiler), machine=MACHINE)
 
 
 def test_matrix_refuses_nvprof_on_a_cuda_12_image_and_wrapping_tools_off_cuda(
@@ -203,7 +207,7 @@ def test_matrix_refuses_nvprof_on_a_cuda_12_image_and_wrapping_tools_off_cuda(
     # a base image of its own: its CUDA is not known, nothing is assumed
     own = _matrix(write_matrix, 'profiler = "nvprof"',
                   'device = "cuda"\nimage_vars = { base_image = "lab/pytorch:21.05-py3" }')
-    assert refuse_unrunnable(load_matrix(own))
+    assert refuse_unrunnable(load_matrix(own), machine=MACHINE)
     cpu = _matrix(write_matrix, 'profiler = "nsys"', 'device = "cpu"')
     (problem,) = _errors(cpu)
     assert "profiles CUDA GPUs" in problem and '"torch"' in problem

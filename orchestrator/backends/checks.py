@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.backends import backend_for, pick_backend
+from orchestrator.backends import backend_for, gpu_checks, pick_backend
 from orchestrator.catalog import gpus, releases, stacks, templates
 from orchestrator.config.matrix_file import (
     ORCHESTRATOR_PARAMS,
@@ -120,6 +120,8 @@ class Findings:
     stacks: dict[str, PlannedStack] = field(default_factory=dict)
     #: (hardware, ngc_release) -> the stack of cells that pin a release
     release_stacks: dict[tuple[str, str], PlannedStack] = field(default_factory=dict)
+    #: hardware -> the GPUs its cells get, in words (where the checks know them)
+    gpus: dict[str, str] = field(default_factory=dict)
 
     def stack_of(self, cell: Cell) -> PlannedStack:
         """The stack ``cell`` runs on: its pinned release's, else its profile's."""
@@ -151,11 +153,14 @@ class Findings:
 
 
 def check_matrix(
-    matrix: Matrix, backend: str | None = None, *, comparisons: bool = True
+    matrix: Matrix, backend: str | None = None, *, comparisons: bool = True,
+    machine: gpus.HostFacts | None = None,
 ) -> Findings:
     """Check every cell of ``matrix`` against the stack it will run on with ``backend`` (default
-    ``[matrix] backend``), and, with ``comparisons``, the matrix's baseline. Pure apart from
-    reading the template, release and model tables and this interpreter's package metadata."""
+    ``[matrix] backend``) and the GPU it will get (:mod:`orchestrator.backends.gpu_checks`),
+    and, with ``comparisons``, the matrix's baseline. Pure apart from reading the template,
+    release and model tables, this interpreter's torch files and, for the backends that run
+    cells here, this machine's GPUs (``machine``: those facts given instead, e.g. by a test)."""
     backend = backend or matrix.settings.backend
     file = str(matrix.path)
     found = Findings()
@@ -176,20 +181,22 @@ def check_matrix(
         else:
             _CellCheck(found, file, places, cell.params, profile, stack, program).run()
     _program_checks(found, file, matrix, configurations)
+    _gpu_checks(found, file, places, matrix, backend, machine)
     if comparisons and matrix.settings.baseline:
         _baseline_checks(found, file, matrix)
     return found
 
 
 def refuse_unrunnable(
-    matrix: Matrix, backend: str | None = None, *, comparisons: bool = True, strict: bool = False
+    matrix: Matrix, backend: str | None = None, *, comparisons: bool = True, strict: bool = False,
+    machine: gpus.HostFacts | None = None,
 ) -> Findings:
     """:func:`check_matrix`, raising a :class:`ConfigError` with every error (``strict``: and
     every warning) before anything is built or launched. Returns the findings otherwise.
 
     The one decision ``validate``, ``plan``, ``matrix --dry-run`` and the sweep
     (:func:`preflight`) all take."""
-    found = check_matrix(matrix, backend, comparisons=comparisons)
+    found = check_matrix(matrix, backend, comparisons=comparisons, machine=machine)
     found.refuse(strict=strict)
     return found
 
@@ -698,6 +705,41 @@ class _CellCheck:
             if missing:
                 self.error("hpu_mode", f"hpu_mode = \"compile\" on hardware {self.hw!r}: "
                                        f"{missing} ({self.stack.label})")
+
+
+# --- the machine: the torch a cell runs against the GPU it gets --------------------------------
+
+
+def _gpu_checks(found: Findings, file: str, places: _Places, matrix: Matrix, backend: str,
+                machine: gpus.HostFacts | None) -> None:
+    """:class:`~orchestrator.backends.gpu_checks.GpuCheck` for every profile's cells (one
+    group per pinned release); this machine's GPUs are probed once, only when asked."""
+    if backend not in DEFAULTS:
+        return
+    profiles: dict[str, dict[str | None, list[Cell]]] = {}
+    for cell in matrix.cells:
+        profiles.setdefault(cell.hardware, {}).setdefault(cell.params.ngc_release, []).append(cell)
+    for hw, groups in sorted(profiles.items()):
+        profile = matrix.profiles[hw]
+        local = backend in gpu_checks.LOCAL_GPU_BACKENDS and profile.device != "cpu"
+        facts = (machine or gpus.local_facts()) if local else None
+        cells = [c for group in groups.values() for c in group]
+        found_gpus = gpu_checks.GpuCheck(found, file, hw, profile, found.stacks[hw], cells,
+                                         backend, facts).targets()
+        if found_gpus is None:
+            continue
+        described = gpu_checks.describe(found_gpus, facts)
+        if described:
+            found.gpus[hw] = described
+        for release, group in sorted(groups.items(), key=lambda kv: kv[0] or ""):
+            if release is not None:
+                fields = tuple(places.of("ngc_release", release))
+            elif "base_tag" in profile.image_vars:
+                fields = (f"hardware.{hw}.image_vars.base_tag",)
+            else:
+                fields = (f"hardware.{hw}.image",)
+            gpu_checks.GpuCheck(found, file, hw, profile, found.stack_of(group[0]), group,
+                                backend, facts, fields).software(*found_gpus)
 
 
 # --- programs: our workload and command templates ---------------------------------------------

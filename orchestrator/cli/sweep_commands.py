@@ -206,6 +206,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if hw in pinned and all(c.params.ngc_release for c in matrix.cells if c.hardware == hw):
             continue  # every cell pins its release: the lines below say which
         print(f"  hardware {hw} ({backend} backend): {stack.label}")
+        if hw in findings.gpus:
+            print(f"    on {findings.gpus[hw]}")
     for (hw, release), stack in findings.release_stacks.items():
         print(f"  hardware {hw}, ngc_release {release} ({backend} backend): {stack.label}")
     for problem in findings.warnings:

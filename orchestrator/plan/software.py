@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.catalog import gpus, releases, stacks, templates
+from orchestrator.catalog import gpus, releases, stacks, templates, torch_builds
 from orchestrator.config.matrix_file import HardwareProfile
 from orchestrator.errors import BuildError, ConfigError
 from orchestrator.plan import selection
@@ -66,6 +66,11 @@ class PlannedStack:
     cuda: str | None = None
     #: Profilers the stack ships; None where that is not known.
     profilers: frozenset[str] | None = None
+    #: The GPU architectures a torch build of this machine carries (``sm_75``, ...); None
+    #: where not known (an image's torch: its release's ``min_compute_capability`` says).
+    cuda_archs: tuple[str, ...] | None = None
+    #: This machine's torch (the process and slurm backends): ``cuda`` None means a CPU build.
+    host_build: bool = False
     #: False where the stack could not be told (an unknown base image or backend).
     known: bool = True
     #: ``release = "auto"``: the stacks a host may get, oldest first (the stack itself is
@@ -90,18 +95,24 @@ NOT_CHECKED = PlannedStack("not checked", known=False)
 @functools.cache
 def host_stack() -> PlannedStack:
     """This interpreter's torch and torchvision (the process and slurm backends run it), read
-    from the package metadata without importing torch."""
-    versions: dict[str, str | None] = {}
-    for name in ("torch", "torchvision"):
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    torch, vision = versions["torch"], versions["torchvision"]
-    if torch is None:
+    from the package metadata and torch's own files without importing torch: the version, the
+    CUDA it was built for and the GPU architectures it carries
+    (:func:`orchestrator.catalog.torch_builds.installed`)."""
+    try:
+        vision: str | None = importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
+        vision = None
+    build = torch_builds.installed()
+    if build is None:
         return PlannedStack("this machine's Python (no torch installed)", known=False)
-    return PlannedStack(f"this machine's Python (torch {torch}, torchvision {vision})",
-                        torch=torch, torchvision=vision)
+    if build.cuda is None:
+        kind = f"ROCm {build.hip}" if build.hip else "CPU-only build"
+    else:
+        archs = " ".join(build.archs) if build.archs else "GPU architectures not read"
+        kind = f"CUDA {build.cuda}: {archs}"
+    return PlannedStack(f"this machine's Python (torch {build.version}, torchvision {vision}; "
+                        f"{kind})", torch=build.version, torchvision=vision, cuda=build.cuda,
+                        cuda_archs=build.archs, host_build=True)
 
 
 def template_stack(profile: HardwareProfile, template: templates.Template) -> PlannedStack:
