@@ -13,6 +13,9 @@ Every scenario runs the real CLI (``orchestrate matrix``, process backend, the t
   unmounted once the sweep has ended; then ``--resume``;
 * ``read-only-results``: the results folder is read-only from the start: the sweep must refuse
   at once and write nothing; made writable, the sweep runs;
+* ``sighup``: the sweep runs on a pseudo-terminal that is its controlling terminal, which is
+  closed while a cell runs (a terminal window or ssh session closed without ``nohup``): the
+  kernel sends SIGHUP; then ``--resume``;
 * ``host-lost``: the ssh backend's test (tests/test_backend_ssh.py::
   test_lost_host_mid_sweep_is_retried_elsewhere: a real sshd killed under a running cell) run
   with pytest; its count line is read (with ``--host-lost``; needs Docker and sshd).
@@ -21,7 +24,10 @@ Counted: ``cells`` planned; ``recorded`` cells with a readable result.json that 
 end; ``lost`` planned cells with no result at all; ``duplicated`` results beyond one per cell
 (summary rows' run counts over the distinct results); ``silent`` cells of the damaged sweep that
 had neither a result on disk nor an error line naming them; ``tracebacks`` in any output;
-``left`` processes of the run still alive at the end. Mounting needs root.
+``left`` processes of the run still alive at the end (or orphaned by the damaged sweep);
+``broken`` what else a scenario finds wrong (a run.json left unfinished, a cgroup left behind,
+a result overwritten without its copy in ``superseded/``, a false failure: the note says which).
+Mounting needs root.
 
     python benchmarks/fault_suite.py [--seed 1] [--kills 3] [--cells 4] [--host-lost]
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fcntl
 import json
 import os
 import random
@@ -38,6 +45,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import termios
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,6 +92,9 @@ class Count:
     silent: int = 0
     tracebacks: int = 0
     left: int = 0
+    #: what else the scenario found wrong: a run.json left unfinished, a cgroup left behind, a
+    #: result overwritten without a copy in superseded/, a false failure (see its note)
+    broken: int = 0
     exit_codes: list[int] = field(default_factory=list)
     note: str = ""
 
@@ -90,7 +102,7 @@ class Count:
     def clean(self) -> bool:
         """All cells recorded, none lost, duplicated or silent, no traceback, nothing left."""
         return (self.recorded == self.cells and self.lost == self.duplicated == self.silent
-                == self.tracebacks == self.left == 0 and self.cells > 0)
+                == self.tracebacks == self.left == self.broken == 0 and self.cells > 0)
 
 
 class Suite:
@@ -166,7 +178,7 @@ class Suite:
             runs_in_table = sum(int(row["runs"]) for row in csv.DictReader(summary.open()))
             count.duplicated = max(0, runs_in_table - len(found))
         prefix = cell_processes.run_marker_prefix("faults", root.name)
-        count.left = len(cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True)))
+        count.left += len(cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True)))
         return count
 
     def silent(self, results: Path, stderr: str) -> int:
@@ -254,11 +266,97 @@ class Suite:
         count.note = "tests/test_backend_ssh.py (a real sshd killed mid-cell)"
         return count
 
+    def hangup(self) -> Count:
+        """SIGHUP: the sweep's terminal closes under it (an ssh session or a terminal window
+        closed without nohup). The sweep must stop as on SIGTERM: its running cell stopped and
+        recorded, no process of it left, run.json finished, the cell's cgroup removed."""
+        count = Count("sighup")
+        results = self.work / "sighup"
+        terminal = Terminal()
+        env = {**os.environ, "ORCHESTRATE_LOCK_DIR": str(self.locks), "PYTHONPATH": str(REPO)}
+        proc = terminal.start([sys.executable, "-m", "orchestrator", "matrix", str(self.matrix),
+                               "--results", str(results)], env)
+        wait_for(lambda: bool(list(results.glob("faults/*/cells/*/log.txt"))), proc)
+        time.sleep(0.5)  # the cell's program is running
+        terminal.hang_up()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            count.note += " did not end within 120 s of the hangup (a hang);"
+            count.broken += 1
+            proc.wait()
+        count.exit_codes.append(proc.returncode)
+        count.tracebacks += terminal.text().count("Traceback")
+        folders, root, _ = self.planned(results)
+        if folders:
+            prefix = cell_processes.run_marker_prefix("faults", root.name)
+            orphans = cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True))
+            if orphans:
+                count.left += len(orphans)
+                count.note += f" {len(orphans)} cell processes orphaned;"
+                cell_processes.kill_marked(prefix, prefix=True)
+            meta = json.loads((root / "run.json").read_text())
+            if meta.get("finished_at") is None:
+                count.broken += 1
+                count.note += " run.json not finished;"
+            if cell_processes.run_cgroups(root.name):
+                count.broken += 1
+                count.note += " the cell's cgroup left behind;"
+            done = len(list(root.glob("cells/*/result.json")))
+            count.note += f" stopped with {done} results on disk; resumed"
+        self.finish(results, count)
+        return self.tally(results, count)
+
     def planned_ids(self) -> list[str]:
         out = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(self.matrix),
                               "--json"], cwd=REPO, capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
         return [c["id"] for c in json.loads(out)]
+
+
+class Terminal:
+    """A pseudo-terminal that is a process's controlling terminal, and can be closed under it
+    (what closing a terminal window or losing an ssh session does: the kernel sends SIGHUP)."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = os.openpty()
+        self.chunks: list[bytes] = []
+        self.closing = threading.Event()
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+
+    def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=self.slave, stdout=self.slave,
+                                stderr=self.slave, start_new_session=True,
+                                preexec_fn=_take_terminal)
+        os.close(self.slave)
+        self.reader.start()
+        return proc
+
+    def _drain(self) -> None:
+        import select
+
+        while not self.closing.is_set():
+            ready, _, _ = select.select([self.master], [], [], 0.1)
+            if ready:
+                try:
+                    self.chunks.append(os.read(self.master, 65536))
+                except OSError:
+                    break
+        os.close(self.master)
+
+    def hang_up(self) -> None:
+        """Close the terminal (its reader closes the master side)."""
+        self.closing.set()
+        self.reader.join(timeout=10)
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")
+
+
+def _take_terminal() -> None:
+    """In the child, a session leader: make stdin's terminal the controlling one."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str],
@@ -303,7 +401,8 @@ def run_suite(work: Path, *, seed: int = 1, kills: int = 3, cells: int = 4,
     suite = Suite(work, cells)
     span = span_s if span_s is not None else 6.0 * cells
     counts = [suite.kill9(t) for t in kill_points(seed, kills, span)]
-    counts += [suite.disk_full(), suite.read_only_cell(), suite.read_only_results()]
+    counts += [suite.disk_full(), suite.read_only_cell(), suite.read_only_results(),
+               suite.hangup()]
     if host_lost:
         counts.append(suite.host_lost())
     return counts
@@ -311,12 +410,15 @@ def run_suite(work: Path, *, seed: int = 1, kills: int = 3, cells: int = 4,
 
 def table(counts: list[Count]) -> str:
     rows = [[c.scenario, c.cells, c.recorded, c.lost, c.duplicated, c.silent, c.tracebacks,
-             c.left, " ".join(map(str, c.exit_codes)), c.note.strip()] for c in counts]
+             c.left, c.broken, " ".join(map(str, c.exit_codes)), c.note.strip()]
+            for c in counts]
     total = [sum(getattr(c, k) for c in counts)
-             for k in ("cells", "recorded", "lost", "duplicated", "silent", "tracebacks", "left")]
+             for k in ("cells", "recorded", "lost", "duplicated", "silent", "tracebacks", "left",
+                       "broken")]
     rows.append(["total", *total, "", ""])
     return tabulate(rows, headers=["scenario", "cells", "recorded", "lost", "duplicated",
-                                   "silent", "tracebacks", "left", "exit codes", "note"])
+                                   "silent", "tracebacks", "left", "broken", "exit codes",
+                                   "note"])
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """The fault suite (issue 10, "Measured"): a real small sweep killed with SIGKILL at seeded
 moments, run on a disk that fills up, with a read-only cell folder and a read-only results
-folder; after each, the run is finished with --resume and counted from disk alone: every cell
+folder, its terminal closed (SIGHUP); after each, the run is finished with --resume and counted from disk alone: every cell
 recorded, none lost, none duplicated, no cell of the damaged sweep silent, no traceback, no
 process of the run left. The figures are printed (``pytest -s``); the full table with more
 kill points is ``python benchmarks/fault_suite.py`` (README). The lost-host case is the ssh
