@@ -16,6 +16,8 @@ Every scenario runs the real CLI (``orchestrate matrix``, process backend, the t
 * ``sighup``: the sweep runs on a pseudo-terminal that is its controlling terminal, which is
   closed while a cell runs (a terminal window or ssh session closed without ``nohup``): the
   kernel sends SIGHUP; then ``--resume``;
+* ``concurrent-resume``: the sweep killed (SIGKILL) after its first cell, then two
+  ``--resume`` of it started at once: one must finish it, the other be refused;
 * ``host-lost``: the ssh backend's test (tests/test_backend_ssh.py::
   test_lost_host_mid_sweep_is_retried_elsewhere: a real sshd killed under a running cell) run
   with pytest; its count line is read (with ``--host-lost``; needs Docker and sshd).
@@ -176,7 +178,7 @@ class Suite:
         summary = root / "summary.csv"
         if summary.exists():
             runs_in_table = sum(int(row["runs"]) for row in csv.DictReader(summary.open()))
-            count.duplicated = max(0, runs_in_table - len(found))
+            count.duplicated += max(0, runs_in_table - len(found))
         prefix = cell_processes.run_marker_prefix("faults", root.name)
         count.left += len(cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True)))
         return count
@@ -308,11 +310,58 @@ class Suite:
         self.finish(results, count)
         return self.tally(results, count)
 
+    def concurrent_resume(self) -> Count:
+        """Two ``--resume`` of one run at once (two people, or cron and a person, finishing a
+        nightly that died): one finishes the run, the other is refused naming the holder; no
+        cell runs twice, no live cell is stopped by the other's clean-up."""
+        count = Count("concurrent-resume")
+        results = self.work / "two-resumes"
+        proc = self.start(results)
+        wait_for(lambda: len(list(results.glob("faults/*/cells/*/result.json"))) >= 1, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        count.exit_codes.append(proc.returncode)
+        _, root, _ = self.planned(results)
+        before = workload_starts(root)
+        on_disk = len(list(root.glob("cells/*/result.json")))
+        first = self.start(results, "--resume")
+        wait_for(lambda: workload_starts(root) != before, first)  # its first cell runs
+        second = self.start(results, "--resume")
+        err2 = self.wait(second, count)
+        self.wait(first, count)
+        refused = count.exit_codes[-2] == 2 and "is in use by another sweep" in err2
+        if not refused:
+            count.broken += 1
+            count.note += f" the second --resume was not refused (exit {count.exit_codes[-2]});"
+        if count.exit_codes[-1] != 0:
+            count.broken += 1
+            count.note += f" the first --resume failed (exit {count.exit_codes[-1]});"
+        after = workload_starts(root)
+        ran = {c: after.get(c, 0) - before.get(c, 0) for c in after}
+        count.duplicated += sum(max(0, n - 1) for n in ran.values())
+        count.note += (f" killed with {on_disk} results on disk; the second --resume "
+                       + ("refused naming the holder" if refused else "NOT refused"))
+        self.finish(results, count)
+        return self.tally(results, count)
+
     def planned_ids(self) -> list[str]:
         out = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(self.matrix),
                               "--json"], cwd=REPO, capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
         return [c["id"] for c in json.loads(out)]
+
+
+def workload_starts(root: Path) -> dict[str, int]:
+    """How many times each cell's workload started in run ``root`` (its ``meta`` lines in the
+    logs of the cell's folder and of its archived attempts in ``superseded/``)."""
+    starts: dict[str, int] = {}
+    logs = [*root.glob("cells/*/log.txt"), *root.glob("superseded/*/log.txt")]
+    for log in logs:
+        folder = log.parent
+        cell = folder.name if folder.parent.name == "cells" else folder.name.rsplit("-", 1)[0]
+        text = log.read_text(errors="replace")
+        starts[cell] = starts.get(cell, 0) + text.count('"type": "meta"')
+    return starts
 
 
 class Terminal:
@@ -402,7 +451,7 @@ def run_suite(work: Path, *, seed: int = 1, kills: int = 3, cells: int = 4,
     span = span_s if span_s is not None else 6.0 * cells
     counts = [suite.kill9(t) for t in kill_points(seed, kills, span)]
     counts += [suite.disk_full(), suite.read_only_cell(), suite.read_only_results(),
-               suite.hangup()]
+               suite.hangup(), suite.concurrent_resume()]
     if host_lost:
         counts.append(suite.host_lost())
     return counts

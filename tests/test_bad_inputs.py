@@ -791,6 +791,26 @@ case("old-runs", "resume-truncated-run", ["matrix", "{dir}/m.toml", "--resume", 
 
 
 
+_HELD: list[Any] = []  # locks the cases below hold for as long as the test process runs
+
+
+def _run_in_use(d: Path) -> None:
+    """A run that another sweep is working in: its run folder's lock is held (by this test
+    process, as a sweep or a --resume holds it while it runs)."""
+    from orchestrator.results import folder_lock
+
+    _resume_setup("none")(d)
+    run = d / "results" / "m" / RUN
+    _HELD.append(folder_lock.acquire(run / ".lock",
+                                     argv=["orchestrate", "matrix", "m.toml", "--resume"]))
+
+
+case("old-runs", "resume-of-a-run-in-use", ["matrix", "{dir}/m.toml", "--resume", "--results",
+                                            "{results}"],
+     setup=_run_in_use, err=("--resume: run 20260101-000000-abcd is in use by another sweep "
+                             "(held by pid ", ": orchestrate matrix m.toml --resume)"))
+
+
 def _narrow_run(d: Path) -> None:
     """A run that ran only ``--only batch_size=8`` of a two-cell matrix."""
     from orchestrator.plan.matrix import filter_cells, load_matrix

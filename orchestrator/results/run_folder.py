@@ -22,6 +22,7 @@ Layout::
         matrix.toml        the matrix file as it was (secrets masked)
         plan.json          the expanded cells
         run.json           backend, start/end, provenance, status counts
+        .lock              locked (flock) by the sweep or --resume working in the run
         summary.csv        one row per cell group (medians over repeats)
         summary.txt        the same table as printed
         cells/<cell id>/
@@ -231,6 +232,11 @@ class RunPaths:
     @property
     def run_meta(self) -> Path:
         return self.root / "run.json"
+
+    @property
+    def lock(self) -> Path:
+        """The lock of the sweep working in the run (:mod:`orchestrator.results.folder_lock`)."""
+        return self.root / ".lock"
 
     @property
     def summary_csv(self) -> Path:
