@@ -18,6 +18,8 @@ Every scenario runs the real CLI (``orchestrate matrix``, process backend, the t
   kernel sends SIGHUP; then ``--resume``;
 * ``concurrent-resume``: the sweep killed (SIGKILL) after its first cell, then two
   ``--resume`` of it started at once: one must finish it, the other be refused;
+* ``concurrent-import``: four ``orchestrate import`` of one DLLogger raport at once: one
+  run imported, the others refused as already imported;
 * ``host-lost``: the ssh backend's test (tests/test_backend_ssh.py::
   test_lost_host_mid_sweep_is_retried_elsewhere: a real sshd killed under a running cell) run
   with pytest; its count line is read (with ``--host-lost``; needs Docker and sshd).
@@ -344,11 +346,60 @@ class Suite:
         self.finish(results, count)
         return self.tally(results, count)
 
+    def concurrent_import(self, parallel: int = 4) -> Count:
+        """``parallel`` imports of one DLLogger raport into one results folder at once (a
+        script run twice, two people): one run is imported, the others are refused as already
+        imported; none duplicates it, and nothing half-written stays."""
+        count = Count("concurrent-import")
+        results = self.work / "imports"
+        raport = self.work / "raport.json"
+        raport.write_text(dllogger_raport())
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "import", str(raport), "--matrix", "imported",
+             "--param", "hardware=v100", "--results", str(results)], cwd=REPO, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(parallel)]
+        errors = [self.wait(proc, count) for proc in procs]
+        runs = sorted(results.glob("imported/*/plan.json"))
+        count.cells = 1
+        count.recorded = sum(1 for run in runs
+                             if json.loads(next(run.parent.glob("cells/*/result.json"))
+                                           .read_text())["status"] == "ok")
+        count.recorded = min(count.recorded, 1)
+        count.lost = 0 if runs else 1
+        count.duplicated = max(0, len(runs) - 1)
+        refused = sum(1 for code, err in zip(count.exit_codes, errors, strict=True)
+                      if code == 2 and "already imported into imported" in err)
+        if sorted(count.exit_codes) != [0] + [2] * (parallel - 1) or refused != parallel - 1:
+            count.broken += 1
+        leftovers = [p.name for p in (results / "imported").iterdir()
+                     if p.name.startswith(".")] if (results / "imported").is_dir() else []
+        count.broken += len(leftovers)
+        count.note = (f"{parallel} imports at once: {len(runs)} run folders, {refused} refused "
+                      "as already imported" + (f"; left: {leftovers}" if leftovers else ""))
+        return count
+
     def planned_ids(self) -> list[str]:
         out = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(self.matrix),
                               "--json"], cwd=REPO, capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
         return [c["id"] for c in json.loads(out)]
+
+
+def dllogger_raport(iterations: int = 40) -> str:
+    """A DLLogger JSON raport as DLE's main.py writes it (PARAMETER, iterations, summary)."""
+    def record(when: float, step: object, data: dict[str, object]) -> str:
+        return "DLLL " + json.dumps({"timestamp": f"{when}", "type": "LOG", "step": step,
+                                     "data": data})
+
+    start = 1767225600.0  # 2026-01-01
+    lines = [record(start, "PARAMETER", {"arch": "resnet50", "batch_size": 64,
+                                         "world_size": 1, "amp": True})]
+    lines += [record(start + i, [0, i], {"train.total_ips": 1000.0 + i,
+                                         "train.data_time": 0.01, "train.compute_time": 0.05})
+              for i in range(1, iterations + 1)]
+    lines.append(record(start + iterations + 1, [], {"train.total_ips": 1020.0}))
+    return "\n".join(lines) + "\n"
 
 
 def workload_starts(root: Path) -> dict[str, int]:
@@ -451,7 +502,7 @@ def run_suite(work: Path, *, seed: int = 1, kills: int = 3, cells: int = 4,
     span = span_s if span_s is not None else 6.0 * cells
     counts = [suite.kill9(t) for t in kill_points(seed, kills, span)]
     counts += [suite.disk_full(), suite.read_only_cell(), suite.read_only_results(),
-               suite.hangup(), suite.concurrent_resume()]
+               suite.hangup(), suite.concurrent_resume(), suite.concurrent_import()]
     if host_lost:
         counts.append(suite.host_lost())
     return counts

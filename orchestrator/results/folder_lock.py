@@ -2,8 +2,9 @@
 time writes into a matrix's folder.
 
 A lock is an ``flock`` on a small file in the folder (``<run>/.lock``, ``<results>/<matrix>/
-.import.lock``): the kernel releases it when its process ends, even by ``kill -9``, so no stale
-lock ever outlives its holder. The holder writes who it is into the file (pid, host, since when,
+.import.lock``), there while it is held: the kernel releases it when its process ends, even by
+``kill -9`` (the file then stays, unlocked, until the next holder), so no stale lock ever
+outlives its holder. The holder writes who it is into the file (pid, host, since when,
 its command line); whoever finds the lock taken says so in words (:func:`describe`). A regular
 file (not the folder itself) because a results folder on NFS locks files only.
 
@@ -51,9 +52,13 @@ class FolderLock:
     fd: int | None
 
     def release(self) -> None:
-        """Let go of the lock (the file stays: removing it would race the next taker)."""
+        """Let go of the lock and remove its file (while still holding it: a process that
+        opened the file meanwhile finds, once it has the lock, that the file is gone, and
+        takes a new one)."""
         if self.fd is None:
             return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
         with contextlib.suppress(OSError):
             fcntl.flock(self.fd, fcntl.LOCK_UN)
         with contextlib.suppress(OSError):
@@ -71,30 +76,51 @@ def acquire(path: Path, wait_s: float = 0.0, argv: Sequence[str] | None = None) 
     """Take the lock file ``path`` (made if missing; never through a symlink), waiting up to
     ``wait_s`` seconds for its holder; :class:`LockHeld` naming the holder past that. OSError
     when the file cannot be made (a read-only folder): the caller's to report."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     deadline = time.monotonic() + wait_s
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            if not _lock(fd, path, deadline):
+                return FolderLock(path, fd)  # no locks on this file system: warned
+            if _same_file(fd, path):
                 break
-            except OSError as exc:
-                if exc.errno == errno.ENOLCK:
-                    log.warning("%s cannot be locked (%s): another orchestrate working here "
-                                "at the same time is not excluded", path, exc.strerror)
-                    return FolderLock(path, fd)
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-            if time.monotonic() >= deadline:
-                raise LockHeld(path, describe(_read_holder(fd)))
-            time.sleep(POLL_S)
-        with contextlib.suppress(OSError):  # who holds it, for whoever finds it taken
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, _holder_record(argv).encode(), 0)
-    except BaseException:
-        os.close(fd)
-        raise
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # its holder removed it as we waited: lock the file there now
+    with contextlib.suppress(OSError):  # who holds it, for whoever finds it taken
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _holder_record(argv).encode(), 0)
     return FolderLock(path, fd)
+
+
+def _lock(fd: int, path: Path, deadline: float) -> bool:
+    """flock ``fd`` (waiting until ``deadline``): True when locked, False when the file system
+    has no locks; LockHeld past the deadline."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno == errno.ENOLCK:
+                log.warning("%s cannot be locked (%s): another orchestrate working here at "
+                            "the same time is not excluded", path, exc.strerror)
+                return False
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+        if time.monotonic() >= deadline:
+            raise LockHeld(path, describe(_read_holder(fd)))
+        time.sleep(POLL_S)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` is still the file ``fd`` has open."""
+    try:
+        now = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _holder_record(argv: Sequence[str] | None) -> str:

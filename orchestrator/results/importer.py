@@ -66,6 +66,7 @@ from orchestrator import __version__
 from orchestrator.config.matrix_file import PARAM_NAMES, CellParams, param_type
 from orchestrator.config.syntax import name_problem
 from orchestrator.errors import ConfigError, LogFormatError, Problem
+from orchestrator.results import folder_lock
 from orchestrator.results.dllogger import has_dllogger_lines, looks_like_raport, read_dllogger
 from orchestrator.results.figure_parsers import (
     CellOutput,
@@ -159,6 +160,14 @@ class ImportPlan:
     entries: list[Entry] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     run_folder: RunFolder | None = None
+
+    @property
+    def sources(self) -> tuple[list[str], list[str]]:
+        """What the import reads: each source's digest, and its name (for messages)."""
+        if self.run_folder is not None:
+            digests = self.run_folder.digests
+            return digests, [str(self.run_folder.root)] * len(digests)
+        return [e.sha256 for e in self.entries], [e.label for e in self.entries]
 
     @property
     def cell_ids(self) -> list[str]:
@@ -610,22 +619,74 @@ def _check_run_id(run_id: str, base: Path) -> None:
 
 def _check_not_imported(name: str, root: Path, digests: list[str], labels: list[str],
                         problems: list[Problem]) -> None:
+    """Each source (its digest) not imported into matrix ``name`` yet, nor twice in this import.
+
+    A run folder's digests stand for the run itself (:func:`source_digests`), so a run is
+    recognised whatever its copy is called: the same run folder again, under another --run-id,
+    a copy of an import of it, or the original run itself lying in the results."""
     seen: dict[str, str] = {}
     for run in runs_of(root, name):
         try:
             meta = read_json(run.run_meta)
-        except (OSError, ValueError):
-            continue
-        for src in (meta.get("imported") or {}).get("sources", []):
-            seen[src.get("sha256", "")] = run.run_id
+        except ConfigError:
+            continue  # a damaged run.json: that run's sources are not known
+        for digest in source_digests(meta):
+            seen.setdefault(digest, run.run_id)
     mine: dict[str, str] = {}
+    named: set[str] = set()  # a run folder's several digests: one problem
     for digest, label in zip(digests, labels, strict=True):
+        if label in named:
+            continue
         if digest in seen:
             problems.append(Problem(label, "", f"already imported into {name} as run "
-                                    f"{seen[digest]} (same sha256)"))
-        elif digest in mine:
+                                    f"{seen[digest]} (the same source)"))
+            named.add(label)
+        elif digest in mine and mine[digest] != label:
             problems.append(Problem(label, "", f"the same file as {mine[digest]}"))
+            named.add(label)
         mine.setdefault(digest, label)
+
+
+def run_identity(meta: Any) -> str | None:
+    """What makes a run that run wherever its folder is copied: the orchestrator process that
+    started it and when (``controller@started_at``; older runs: ``matrix/run id@started_at``),
+    kept through imports (an imported run folder's source says whose copy it is)."""
+    if not isinstance(meta, dict):
+        return None
+    imported = meta.get("imported")
+    if isinstance(imported, dict):
+        for src in imported.get("sources") or []:
+            if isinstance(src, dict) and src.get("format") == "run-folder" \
+                    and isinstance(src.get("run"), str):
+                return str(src["run"])
+    started = meta.get("started_at")
+    if not isinstance(started, int | float) or isinstance(started, bool):
+        return None
+    who = meta.get("controller")
+    if isinstance(who, str) and who:
+        return f"{who}@{started!r}"
+    matrix, run_id = meta.get("matrix"), meta.get("run_id")
+    if isinstance(matrix, str) and isinstance(run_id, str):
+        return f"{matrix}/{run_id}@{started!r}"
+    return None
+
+
+def source_digests(meta: Any) -> list[str]:
+    """The digests a run's ``run.json`` stands for: its identity's (:func:`run_identity`)
+    and those of every source it was imported from."""
+    out: list[str] = []
+    identity = run_identity(meta)
+    if identity is not None:
+        out.append(hashlib.sha256(identity.encode()).hexdigest())
+    imported = meta.get("imported") if isinstance(meta, dict) else None
+    sources = imported.get("sources") if isinstance(imported, dict) else None
+    for src in sources if isinstance(sources, list) else []:
+        if not isinstance(src, dict):
+            continue
+        for digest in [src.get("sha256"), *(src.get("identities") or [])]:
+            if isinstance(digest, str) and digest and digest not in out:
+                out.append(digest)
+    return out
 
 
 # --- our own run folders ------------------------------------------------------------------
@@ -650,7 +711,9 @@ class RunFolder:
     plan: dict[str, Any]
     run_meta: dict[str, Any]
     cells: list[RunCell]
-    sha256: str
+    #: What the run stands for (:func:`source_digests`); the first is its identity's.
+    digests: list[str]
+    identity: str
 
 
 def _load_json(path: Path, problems: list[Problem]) -> Any:
@@ -714,8 +777,11 @@ def _validate_run_folder(src: Path) -> RunFolder:
         problems.append(Problem(str(src / "cells"), "", "no cell results"))
     if problems:
         raise ConfigError(problems)
-    digest = hashlib.sha256((src / "plan.json").read_bytes()).hexdigest()
-    return RunFolder(src, plan, run_meta if isinstance(run_meta, dict) else {}, found, digest)
+    meta = run_meta if isinstance(run_meta, dict) else {}
+    identity = run_identity(meta) or "run-folder:" + hashlib.sha256(
+        (src / "plan.json").read_bytes() + (src / "run.json").read_bytes()).hexdigest()
+    digests = source_digests(meta) or [hashlib.sha256(identity.encode()).hexdigest()]
+    return RunFolder(src, plan, meta, found, digests, identity)
 
 
 def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
@@ -750,8 +816,8 @@ def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
                         folder.plan.get("baseline"),
                         matrix_text.read_text(encoding="utf-8") if matrix_text.exists()
                         else f"# imported from {src}\n", f"the run folder {src}")
-    _check_not_imported(target.name, options.results_root, [folder.sha256], [str(src)],
-                        problems)
+    _check_not_imported(target.name, options.results_root, folder.digests,
+                        [str(src)] * len(folder.digests), problems)
     if problems:
         raise ConfigError(problems)
     run_id = options.run_id or src.name
@@ -862,25 +928,58 @@ def _write_run_folder(paths: RunPaths, plan: ImportPlan, options: ImportOptions
         old = planned[cell.old_id]
         cells.append({**old, "id": cell.new_id, "group": cell.group,
                       "hash": plan.target.groups.get(cell.group, {}).get("hash", old.get("hash"))})
-    sources = [{"path": str(folder.root.resolve()), "sha256": folder.sha256,
-                "format": "run-folder"}]
+    sources = [{"path": str(folder.root.resolve()), "sha256": folder.digests[0],
+                "format": "run-folder", "run": folder.identity,
+                "identities": folder.digests[1:]}]
     meta = {**folder.run_meta, "run_id": plan.run_id, "matrix": plan.target.name,
             "imported": _imported_block(options, sources, plan.target)}
     write_json(paths.run_meta, meta)
     return _plan_json(plan, sorted(cells, key=lambda c: (c.get("repeat", 1), c["id"])))
 
 
+#: The lock file of a matrix's folder that imports into it take (one at a time).
+IMPORT_LOCK = ".import.lock"
+#: How long an import waits for another import into the same matrix to finish.
+IMPORT_LOCK_WAIT_S = 600.0
+
+
 def write_import(plan: ImportPlan, options: ImportOptions) -> RunPaths:
     """Write the run folder: into a hidden folder beside it, renamed at the end. On any
-    error nothing is left behind."""
+    error nothing is left behind.
+
+    Imports into one matrix are serialized (``<results>/<matrix>/.import.lock``), and under
+    that lock the sources are checked again: of two imports of one file started at once, the
+    second finds the first's run and is refused."""
     from orchestrator.results.summary import write_summary
 
     base = options.results_root / plan.target.name
     final = base / plan.run_id
     try:
         base.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".import-{plan.run_id}-"))
+        lock = folder_lock.acquire(base / IMPORT_LOCK, wait_s=IMPORT_LOCK_WAIT_S,
+                                   argv=options.argv or None)
+    except folder_lock.LockHeld as exc:
+        raise ConfigError(f"another import into {plan.target.name!r} is still under way "
+                          f"({exc.holder}) after {IMPORT_LOCK_WAIT_S:g} s; try again when it "
+                          "has ended", file=str(base)) from None
     except OSError as exc:  # a read-only or full results folder: nothing was written
+        raise ConfigError([Problem("--results", str(options.results_root),
+                                   f"cannot create the run folder {final}: "
+                                   f"{exc.strerror or exc}")]) from None
+    with lock:
+        problems: list[Problem] = []
+        _check_not_imported(plan.target.name, options.results_root, *plan.sources, problems)
+        if problems:
+            raise ConfigError(problems)
+        _check_run_id(plan.run_id, base)
+        return _write_locked(plan, options, base, final, write_summary)
+
+
+def _write_locked(plan: ImportPlan, options: ImportOptions, base: Path, final: Path,
+                  write_summary: Any) -> RunPaths:
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".import-{plan.run_id}-"))
+    except OSError as exc:
         raise ConfigError([Problem("--results", str(options.results_root),
                                    f"cannot create the run folder {final}: "
                                    f"{exc.strerror or exc}")]) from None

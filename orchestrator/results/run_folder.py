@@ -22,7 +22,7 @@ Layout::
         matrix.toml        the matrix file as it was (secrets masked)
         plan.json          the expanded cells
         run.json           backend, start/end, provenance, status counts
-        .lock              locked (flock) by the sweep or --resume working in the run
+        .lock              there while a sweep or --resume works in the run (flock)
         summary.csv        one row per cell group (medians over repeats)
         summary.txt        the same table as printed
         cells/<cell id>/
