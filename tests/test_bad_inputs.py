@@ -1131,6 +1131,12 @@ for _name, _text, _field, _more in [
     ("figures-regex-without-group", cx(lines='figures = { parser = "regex", regex = [{ name = '
                                              '"x", pattern = "ips" }] }'),
      "commands.lab.figures.regex[0].pattern", ("has no group capturing the number",)),
+    ("figures-regex-lookaround", cx(lines='figures = { parser = "regex", regex = [{ name = '
+                                          '"x", pattern = "(?<=ips )(?P<value>[0-9]+)" }] }'),
+     "commands.lab.figures.regex[0].pattern", ("invalid perl operator", "RE2 syntax")),
+    ("figures-regex-backreference", cx(lines='figures = { parser = "regex", regex = [{ name = '
+                                             '"x", pattern = "(?P<value>[0-9]+) \\\\1" }] }'),
+     "commands.lab.figures.regex[0].pattern", ("backreferences and lookaround",)),
     ("unknown-program", cx(workload="", axes='program = ["workload", "lba"]'),
      "axes.program[1]", ("unknown program 'lba'", "did you mean 'lab'?")),
     ("unknown-program-of-a-profile", cx(workload="", hardware='program = "dle"'),

@@ -412,6 +412,23 @@ def test_regex_nan_capture_fails():
     assert not ev.ok and "train.total_ips is nan" in ev.reason
 
 
+@pytest.mark.timeout(60)
+def test_a_backtracking_pattern_cannot_hang_the_parse():
+    """Issue 24, item 4: with Python's re this pattern takes 2**40 steps on the first line (the
+    sweep hung after the cell ended, SIGTERM ignored); RE2 reads the log in linear time."""
+    text = "1" + "a" * 40 + "b\n12aaa\n"
+    ev = evaluate(CellOutput(text), regex(pattern=r"(?P<value>[0-9]+)(a+)+$"))
+    assert ev.ok and ev.figures.metrics["train.total_ips"] == 12.0
+
+
+@pytest.mark.parametrize("pattern", [r"(?P<value>\d+) \1", r"(?<=ips )(?P<value>\d+)",
+                                     r"(?P<value>\d+)(?= img)"])
+def test_patterns_outside_re2_syntax_are_refused_saying_so(pattern):
+    ((field, message),) = problems({"regex": [{"name": "a", "pattern": pattern}]})
+    assert field == "regex[0].pattern"
+    assert "backreferences and lookaround are not part of RE2's syntax" in message
+
+
 # --- success criteria: bounds ----------------------------------------------------------------
 
 

@@ -23,7 +23,9 @@ Parsers (``[figures] parser``):
     as ``dle.<name>`` (``dle.train.total_ips``: DLLogger's mean of per-iteration ips, warmup
     included).
 ``regex``
-    only the ``[[figures.regex]]`` declarations: a named number captured from the log.
+    only the ``[[figures.regex]]`` declarations: a named number captured from the log. The
+    patterns are RE2's syntax (:mod:`orchestrator.config.user_regex`: matching is linear in
+    the log's size, no pattern can hang the sweep; no backreferences or lookaround).
 
 Regex figures may also be declared next to the ``workload`` or ``dllogger`` parser (extra
 figures). Success criteria, for a program that exited 0: the end of its output was seen (our
@@ -73,6 +75,7 @@ from typing import Any, ClassVar, Literal
 
 from orchestrator.config.figures import Bounds as Bounds  # re-exported: declared there
 from orchestrator.config.figures import FiguresConfig, RegexFigure
+from orchestrator.config.user_regex import compile_pattern
 from orchestrator.errors import ConfigError, LogFormatError, Problem
 from orchestrator.results.dllogger import (
     DLLoggerLog,
@@ -353,7 +356,7 @@ def regex_figures(figs: Sequence[RegexFigure], output: CellOutput, figures: Figu
     problems: list[Problem] = []
     for fig in figs:
         text, label = output.text_of(fig.file)
-        rx = re.compile(fig.pattern, re.MULTILINE)
+        rx = compile_pattern(fig.pattern, multiline=True)  # RE2: linear in the text
         values: list[float] = []
         for match in rx.finditer(text):
             raw = match.group("value") if "value" in rx.groupindex else match.group(1)

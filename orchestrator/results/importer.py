@@ -63,6 +63,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from orchestrator import __version__
+from orchestrator.config import user_regex
 from orchestrator.config.matrix_file import PARAM_NAMES, CellParams, param_type
 from orchestrator.config.syntax import name_problem
 from orchestrator.errors import ConfigError, LogFormatError, Problem
@@ -209,13 +210,14 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def compile_pattern(pattern: str | None) -> re.Pattern[str]:
-    """The file-naming rule: its named groups must be cell parameters or ``repeat``."""
+def compile_pattern(pattern: str | None) -> Any:
+    """The file-naming rule (RE2 syntax, :mod:`orchestrator.config.user_regex`): its named
+    groups must be cell parameters or ``repeat``."""
     text = pattern or DEFAULT_PATTERN
     try:
-        rx = re.compile(text)
-    except re.error as exc:
-        raise ConfigError(f"does not compile: {exc}", file="--pattern") from None
+        rx = user_regex.compile_pattern(text)
+    except user_regex.PatternError as exc:
+        raise ConfigError(str(exc), file="--pattern") from None
     unknown = sorted(set(rx.groupindex) - set(PARAM_NAMES) - {"repeat"})
     if unknown:
         raise ConfigError(f"named groups must be cell parameters or 'repeat'; unknown: "
