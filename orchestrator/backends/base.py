@@ -129,6 +129,11 @@ class Execution(ABC):
 
 #: Lines of a failed cell's log kept in its result.
 TAIL_LINES = 40
+#: Of a line of a cell's output, the most the log pump keeps for the tail and the progress hook
+#: (its end: a ``\r`` progress bar's latest state); the log file keeps every byte.
+LINE_KEEP_BYTES = 64 * 1024
+#: Of a line kept in the tail (result.json's ``log_tail``, a failure's reason), the most kept.
+TAIL_LINE_CHARS = 4000
 
 
 @dataclass
@@ -143,7 +148,9 @@ class _Capture:
     scrub: Scrubber = field(default_factory=lambda: Scrubber(()))
 
     def line(self, text: str) -> None:
-        self.tail.append(text)
+        self.tail.append(text if len(text) <= TAIL_LINE_CHARS
+                         else f"[... {len(text) - TAIL_LINE_CHARS} characters] "
+                              f"{text[-TAIL_LINE_CHARS:]}")
 
     def write(self, log_file: BinaryIO, chunk: bytes) -> None:
         """Append ``chunk`` to the log; after a failed write, the log is left as it is."""
@@ -452,15 +459,27 @@ class Backend(ABC):
               ) -> None:
         """Stream output into the log as it comes; hand each line to the capture and hook.
 
+        Linear in the output's size, however long its lines: each chunk is searched for a
+        newline once, and of a line still open (a progress bar drawn with ``\\r`` for hours is
+        one endless line) only its last :data:`LINE_KEEP_BYTES` are kept for the capture and
+        the hook (the log file gets every byte). With secrets to mask the open line is kept
+        whole, as masking needs whole lines (a secret split over two chunks is still found).
+
         A log that cannot be written (a full disk) does not stop the stream: the output is still
         read to its end (a workload blocked on a full pipe would hang until its timeout), its
         lines still captured, and the failure is noted for the result.
         """
         hook = self.options.output_hook
-        pending = b""
+        pending = bytearray()  # the open line (or its end)
+        cut = 0  # bytes dropped from the open line's front
 
-        def line(raw: bytes) -> None:
-            text = raw.decode("utf-8", errors="replace")
+        def line(raw: bytes | bytearray, dropped: int) -> None:
+            if len(raw) > LINE_KEEP_BYTES:
+                dropped += len(raw) - LINE_KEEP_BYTES
+                raw = raw[-LINE_KEEP_BYTES:]
+            text = bytes(raw).decode("utf-8", errors="replace")
+            if dropped:
+                text = f"[... {dropped} bytes] {text}"
             capture.line(text)
             if hook:
                 hook(cell_id, text)
@@ -468,21 +487,31 @@ class Backend(ABC):
         scrub = capture.scrub
         try:
             for chunk in execution.output():
-                *lines, pending = (pending + chunk).split(b"\n")
-                if scrub:  # whole lines only: a secret split over two chunks is still found
-                    lines = [scrub(raw) for raw in lines]
-                    capture.write(log_file, b"".join(raw + b"\n" for raw in lines))
-                else:
+                if not scrub:
                     capture.write(log_file, chunk)
-                for raw in lines:
-                    line(raw)
+                end = chunk.rfind(b"\n")
+                if end < 0:
+                    pending += chunk
+                    if not scrub and len(pending) > LINE_KEEP_BYTES:
+                        cut += len(pending) - LINE_KEEP_BYTES
+                        del pending[:len(pending) - LINE_KEEP_BYTES]
+                    continue
+                pending += chunk[:end]
+                lines = pending.split(b"\n")
+                pending = bytearray(chunk[end + 1:])
+                if scrub:
+                    lines = [bytearray(scrub(bytes(raw))) for raw in lines]
+                    capture.write(log_file, b"".join(bytes(raw) + b"\n" for raw in lines))
+                for i, raw in enumerate(lines):
+                    line(raw, cut if i == 0 else 0)
+                cut = 0
         except Exception as exc:  # a broken stream must not kill the sweep
             log.warning("output stream of %s ended: %s", cell_id, exc)
         if pending:
             if scrub:
-                pending = scrub(pending)
-                capture.write(log_file, pending)
-            line(pending)
+                pending = bytearray(scrub(bytes(pending)))
+                capture.write(log_file, bytes(pending))
+            line(pending, cut)
 
     def _interpret(
         self, cell: Cell, result: CellResult, status: Status | None, reason: str,
