@@ -50,6 +50,8 @@ class Case:
     err: tuple[str, ...] = ()
     #: texts stdout must contain
     out: tuple[str, ...] = ()
+    #: texts stdout must not contain (e.g. ``Infinity``, which is not JSON)
+    absent: tuple[str, ...] = ()
     #: prepares the case folder beyond ``files`` (a FIFO, a symlink, an old run)
     setup: Callable[[Path], None] | None = None
     #: checks the case folder afterwards (accepted cases: what was written)
@@ -409,6 +411,43 @@ for _name, _argv, _field in [
          else _argv, files={"m.toml": mx()}, setup=_a_run, err=(_field,),
          subprocess=_name == "report-run-dotdot")
 
+def _run_elsewhere(d: Path) -> None:
+    """A run in the results, and one outside it ({dir}/elsewhere) that a symlink in the results
+    leads to (results/m/<run 2>), and a victim matrix beside the results."""
+    _a_run(d)
+    _a_run(d / "elsewhere", run="20260102-000000-abcd")
+    _a_run(d / "elsewhere", name="victim")
+    (d / "results" / "m" / "20260102-000000-abcd").symlink_to(
+        d / "elsewhere" / "results" / "m" / "20260102-000000-abcd")
+
+
+def _nothing_indexed_outside(d: Path) -> None:
+    """The results index holds no run from outside the results folder."""
+    from orchestrator.results.store import open_store
+
+    with open_store(d / "results", refresh=False) as store:
+        outside = [r.path for r in store.runs() if "elsewhere" in r.path]
+    assert not outside, f"indexed from outside the results: {outside}"
+
+
+_LONG_BACK = "latest~" + "9" * 5000
+for _name, _argv, _err in [
+    ("compare-matrix-prefix-dotdot", ["compare", "../elsewhere/results/victim:latest",
+                                      "m:latest"], ("run: ",)),
+    ("compare-matrix-prefix-absolute", ["compare", "/etc:latest", "m:latest"], ("run: ",)),
+    ("compare-latest-5000-digits", ["compare", f"m:{_LONG_BACK}", "m:latest"],
+     ("expected latest~N with N a number below a million",)),
+    ("history-run-latest-5000-digits", ["history", "m", "--run", f"m:{_LONG_BACK}"],
+     ("expected latest~N",)),
+    ("report-run-a-link-out-of-the-results", ["report", "m", "--run", "20260102-000000-abcd"],
+     ("outside the results folder",)),
+    ("report-latest-a-link-out-of-the-results", ["report", "m"],
+     ("outside the results folder",)),
+]:
+    case("names-paths", _name, [*_argv, "--results", "{results}"], setup=_run_elsewhere,
+         err=_err, subprocess=_name == "compare-matrix-prefix-dotdot",
+         check=_nothing_indexed_outside)
+
 # --- template variables and injection --------------------------------------------------------
 
 
@@ -766,6 +805,35 @@ case("old-runs", "result-not-an-object", _R, setup=lambda d: _a_run(d, {"a-r1": 
 case("old-runs", "history-with-a-damaged-run", ["history", "m", "--results", "{results}"],
      setup=lambda d: (_a_run(d), _a_run(d, {"a-r1": "{"}, run="20260102-000000-abcd")),
      expect=0, err=("skipping cell a-r1",))
+
+
+# hostile files anywhere under the results: every reader skips them with a warning (issue 24,
+# item 7), and what it writes out is standard JSON
+_DEEP_RUN = lambda d: _a_run(d, {"a-r1": _result("a-r1"),  # noqa: E731
+                                 "b-r1": "[" * 100000 + "]" * 100000})
+_LONG_RUN = lambda d: _a_run(d, {"a-r1": _result("a-r1"),  # noqa: E731
+                                 "b-r1": '{"cell_id": "b-r1", "repeat": ' + "9" * 5000 + "}"})
+_INFINITE_RUN = lambda d: _a_run(  # noqa: E731
+    d, {"a-r1": json.dumps(_result("a-r1")).replace("100.0", "1e999")},
+    run_json=f'{{"run_id": "{RUN}", "matrix": "m", "started_at": Infinity, '
+             '"finished_at": 1e999}')
+for _name, _argv, _setup, _out, _err in [
+    ("runs-with-a-result-nested-100000", ["runs"], _DEEP_RUN, "m", "nested too deeply"),
+    ("report-with-a-result-nested-100000", ["report", "m"], _DEEP_RUN, "100.0",
+     "skipping cell b-r1"),
+    ("history-with-a-result-nested-100000", ["history", "m"], _DEEP_RUN, "100.0",
+     "nested too deeply"),
+    ("export-with-a-result-nested-100000", ["export", "m", "--format", "json"], _DEEP_RUN,
+     '"cell_id": "a-r1"', "nested too deeply"),
+    ("report-with-a-5000-digit-number", ["report", "m"], _LONG_RUN, "100.0",
+     "a number too long to read"),
+    ("runs-with-infinite-times", ["runs"], _INFINITE_RUN, "m", ""),
+    ("export-of-infinite-numbers-is-json", ["export", "m", "--format", "json"], _INFINITE_RUN,
+     '"cell_id": "a-r1"', ""),
+]:
+    case("old-runs", _name, [*_argv, "--results", "{results}"], setup=_setup, expect=0,
+         out=(_out,), err=(_err,) if _err else (), absent=("Infinity", "NaN"),
+         subprocess=_name.startswith("runs-with-a-result"))
 
 
 def _resume_setup(damage: str) -> Callable[[Path], None]:
@@ -1246,6 +1314,159 @@ bad_matrix("apptainer", "binary-and-bind-source-missing-at-start",
                                       "/no/such/data does not exist on localhost"))
 
 
+# --- imports: hostile logs and run folders -----------------------------------------------------
+# What `orchestrate import` reads comes from anywhere: each of these was a traceback (issue 24,
+# items 4, 6, 10, 15); now a refusal naming the file and line, or an import that writes only
+# standard JSON.
+
+_T0 = 1767225600.0  # 2026-01-01
+
+
+def _dlll(step: Any, data: dict[str, Any], when: Any = None, raw_when: str | None = None) -> str:
+    stamp = raw_when if raw_when is not None else json.dumps(str(when or _T0))
+    return (f'DLLL {{"timestamp": {stamp}, "type": "LOG", "step": {json.dumps(step)}, '
+            f'"data": {json.dumps(data)}}}')
+
+
+def _raport(first: str | None = None, data: str | None = None, summary: float = 1020.0) -> str:
+    """A DLLogger raport as DLE writes it; ``first``: a line put after PARAMETER; ``data``:
+    the raw JSON of the second iteration's data."""
+    lines = [_dlll("PARAMETER", {"arch": "resnet50", "batch_size": 64, "world_size": 1,
+                                 "amp": True})]
+    if first is not None:
+        lines.append(first)
+    for i in range(1, 11):
+        if i == 2 and data is not None:
+            lines.append(f'DLLL {{"timestamp": "{_T0 + i}", "type": "LOG", "step": [0, {i}], '
+                         f'"data": {data}}}')
+            continue
+        lines.append(_dlll([0, i], {"train.total_ips": 1000.0 + i}, _T0 + i))
+    lines.append(_dlll([], {"train.total_ips": summary}, _T0 + 20))
+    return "\n".join(lines) + "\n"
+
+
+def _stdout_log(date: str) -> str:
+    return (f"DLL {date} - PARAMETER arch : resnet50  batch_size : 64  world_size : 1  "
+            "amp : True\n"
+            + "".join(f"DLL 2026-01-01 00:00:{i:02d} - Epoch: 0 Iteration: {i}  "
+                      f"train.total_ips : {1000 + i} images/s\n" for i in range(1, 11))
+            + "DLL 2026-01-01 00:01:00 - Summary: train.total_ips : 1005.0 images/s\n")
+
+
+_IMPORT = ["import", "{dir}/raport.json", "--matrix", "imp", "--param", "hardware=v100",
+           "--results", "{results}"]
+for _name, _text, _err in [
+    ("dll-date-month-13", _stdout_log("2024-13-45 10:00:00"),
+     ("raport.json: line 1", "'2024-13-45 10:00:00' is not a date")),
+    ("dll-date-year-0", _stdout_log("0000-01-01 00:00:00"),
+     ("raport.json: line 1", "is not a date")),
+    ("dlll-timestamp-nan", _raport(first=_dlll([0, 0], {}, raw_when="NaN")),
+     ("raport.json: line 2", "timestamp nan is not a time from 1970 to 2099")),
+    ("dlll-timestamp-1e999", _raport(first=_dlll([0, 0], {}, raw_when="1e999")),
+     ("raport.json: line 2", "timestamp inf is not a time")),
+    ("dlll-timestamp-5000-digits", _raport(first=_dlll([0, 0], {}, raw_when='"' + "1" * 5000
+                                                        + '"')),
+     ("raport.json: line 2", "(5002 characters) is not a")),
+    ("dlll-timestamp-1e15", _raport(first=_dlll([0, 0], {}, when=1e15)),
+     ("raport.json: line 2", "is not a time from 1970 to 2099")),
+    ("dlll-timestamp-negative", _raport(first=_dlll([0, 0], {}, when=-86400.0)),
+     ("raport.json: line 2", "is not a time from 1970 to 2099")),
+    ("dlll-number-5000-digits", _raport(data='{"train.total_ips": ' + "1" * 5000 + "}"),
+     ("raport.json: line 3", "a number too long to read")),
+    ("dlll-nested-100000", _raport(data="[" * 100000 + "]" * 100000),
+     ("raport.json: line 3", "nested too deeply")),
+]:
+    case("imports", _name, _IMPORT, files={"raport.json": _text}, err=_err,
+         subprocess=_name == "dlll-nested-100000")
+
+
+def _expect_standard_json(root: Path) -> None:
+    """What orchestrate wrote is standard JSON (the copied source keeps what it said)."""
+    written = [p for p in (root / "results").rglob("*") if p.name in (
+        "result.json", "run.json", "plan.json", "metrics.jsonl")]
+    assert len(written) >= 3, written
+    for path in written:
+        text = path.read_text()
+        assert "Infinity" not in text and "NaN" not in text, path
+
+
+case("imports", "dlll-infinite-figure-written-as-null", [*_IMPORT, "--warmup", "2"],
+     files={"raport.json": _raport(summary=float("inf"))},
+     expect=0, out=("(dllogger-raport, ok)",), check=_expect_standard_json)
+case("imports", "param-hardware-with-a-dot-accepted",
+     ["import", "{dir}/raport.json", "--matrix", "imp", "--param", "hardware=v1.00",
+      "--warmup", "2", "--results", "{results}"], files={"raport.json": _raport()}, expect=0,
+     out=("-> v1.00-", "| v1.00 "))
+
+
+def _log_folder(name: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        (d / "logs").mkdir()
+        (d / "logs" / name).write_text(_raport())
+
+    return setup
+
+
+case("imports", "pattern-repeat-captures-letters",
+     ["import", "{dir}/logs", "--matrix", "imp", "--param", "hardware=v100", "--pattern",
+      r"(?P<arch>[a-z0-9]+)_r(?P<repeat>[a-z]+)\.log", "--results", "{results}"],
+     setup=_log_folder("resnet50_rx.log"),
+     err=("resnet50_rx.log: file name", "repeat='x': not a repeat number"))
+case("imports", "pattern-backtracking-cannot-hang",
+     ["import", "{dir}/logs", "--matrix", "imp", "--param", "hardware=v100", "--pattern",
+      r"(?P<arch>a+)+\.log", "--results", "{results}"],
+     setup=_log_folder("a" * 40 + "!.log"), err=("none matches the naming rule",),
+     subprocess=True)
+case("imports", "pattern-backreference",
+     ["import", "{dir}/logs", "--matrix", "imp", "--pattern", r"(?P<arch>a)\1\.log",
+      "--results", "{results}"], setup=_log_folder("aa.log"),
+     err=("--pattern: does not compile", "RE2 syntax"))
+
+
+def _copied_run(plan: Any = None, result: str | None = None) -> Callable[[Path], None]:
+    """A run folder of ours copied from elsewhere (``{dir}/copy``), with its plan.json or a
+    result.json replaced."""
+    def setup(d: Path) -> None:
+        root = d / "copy"
+        (root / "cells" / "a-r1").mkdir(parents=True)
+        cell = {"id": "a-r1", "group": "a", "repeat": 1, "hash": "h",
+                "params": {"hardware": "cpu"}}
+        (root / "plan.json").write_text(json.dumps(plan if plan is not None else
+                                                   {"matrix": "m", "cells": [cell]}))
+        (root / "run.json").write_text(json.dumps({"run_id": "r", "matrix": "m"}))
+        (root / "cells" / "a-r1" / "result.json").write_text(
+            result if result is not None else json.dumps(_result("a-r1")))
+
+    return setup
+
+
+for _name, _setup, _err in [
+    ("run-folder-plan-cells-not-a-list", _copied_run({"matrix": "m", "cells": {"a": 1}}),
+     ("copy/plan.json: cells", "no 'cells' list")),
+    ("run-folder-plan-cell-without-group",
+     _copied_run({"matrix": "m", "cells": [{"id": "a-r1", "params": {"hardware": "cpu"}}]}),
+     ("copy/plan.json: cells[0]", "needs id, group (text) and params")),
+    ("run-folder-result-nested-100000", _copied_run(result="[" * 100000 + "]" * 100000),
+     ("copy/cells/a-r1/result.json", "nested too deeply")),
+    ("run-folder-result-5000-digits",
+     _copied_run(result='{"cell_id": "a-r1", "repeat": ' + "1" * 5000 + "}"),
+     ("copy/cells/a-r1/result.json", "a number too long to read")),
+]:
+    case("imports", _name, ["import", "{dir}/copy", "--results", "{results}"], setup=_setup,
+         err=_err)
+
+
+# the matrix an import joins has a damaged run: skipped with a warning, the import goes on
+for _name, _plan, _err in [
+    ("target-run-plan-cells-not-a-list", '{"cells": {"a": 1}}', "plan.json: cells: no 'cells'"),
+    ("target-run-plan-cell-without-group", '{"cells": [{"id": "a-r1"}]}',
+     "plan.json: cells[0]: needs group (text) and params"),
+]:
+    case("imports", _name, [*_IMPORT, "--warmup", "2"], files={"raport.json": _raport()},
+         setup=lambda d, plan=_plan: _a_run(d, name="imp", plan=plan), expect=0,
+         out=("(dllogger-raport, ok)",), err=("warning: ", _err))
+
+
 # --- the runner ------------------------------------------------------------------------------
 
 HANG_LIMIT_S = 60
@@ -1332,6 +1553,8 @@ def _verify(c: Case, outcome: Outcome, root: Path) -> None:
         assert text in outcome.err, f"missing {text!r} on stderr\n{shown}"
     for text in c.out:
         assert text in outcome.out, f"missing {text!r} on stdout\n{shown}"
+    for text in c.absent:
+        assert text not in outcome.out, f"{text!r} on stdout\n{shown}"
     if c.check is not None:
         c.check(root)
 

@@ -46,7 +46,6 @@ by ``***`` in its output before anything sees it.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -80,6 +79,7 @@ from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.plan.selection import ImageKey
+from orchestrator.results import safejson
 from orchestrator.results.figure_parsers import CellOutput, evaluate
 from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
 
@@ -527,7 +527,7 @@ class Backend(ABC):
         if figures.records:
             try:
                 with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
-                    fh.writelines(json.dumps(obj) + "\n" for obj in figures.records)
+                    fh.writelines(safejson.dumps(obj) + "\n" for obj in figures.records)
             except OSError as exc:
                 capture.file_errors["metrics.jsonl"] = str(exc)
         result.metrics = dict(figures.metrics)

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from orchestrator.errors import LogFormatError, Problem
+from orchestrator.results import safejson
 from workload import metrics as wm
 
 Step = str | tuple[Any, ...]
@@ -117,14 +118,17 @@ def _read_json_lines(lines: list[str], file: str, strict: bool) -> DLLoggerLog:
                 problems.append(Problem(file, f"line {number}", "not a DLLogger record (every "
                                         "line of a raport starts with 'DLLL ')"))
             continue
-        try:
-            obj = json.loads(line[len(_DLLL):])
+        try:  # NaN and Infinity kept: DLLogger writes them, and a figure's judge sees them
+            obj = safejson.loads(line[len(_DLLL):], finite=False)
         except json.JSONDecodeError as exc:
             truncated = " (the file ends here: a crashed or unfinished run?)" \
                 if number == len(lines) else ""
             problems.append(Problem(file, f"line {number}",
                                     f"malformed DLLogger record: {exc.msg} at column "
                                     f"{exc.colno + len(_DLLL)}{truncated}"))
+            continue
+        except safejson.JSONLimitError as exc:
+            problems.append(Problem(file, f"line {number}", f"not a DLLogger record: {exc}"))
             continue
         problem = _json_record(obj, number, out, raw)
         if problem:
@@ -155,8 +159,10 @@ def _json_record(obj: Any, number: int, out: DLLoggerLog, raw: list[DLLRecord]) 
         return None
     try:
         when = float(obj["timestamp"]) if "timestamp" in obj else None
-    except (TypeError, ValueError):
-        return f"timestamp {obj.get('timestamp')!r} is not a number of seconds"
+    except (TypeError, ValueError, OverflowError):
+        return f"timestamp {_short(obj.get('timestamp'))} is not a number of seconds"
+    if when is not None and not is_plausible_time(when):
+        return f"timestamp {_short(obj.get('timestamp'))} is not a time {_TIME_RANGE}"
     raw.append(DLLRecord(number, step if isinstance(step, str) else tuple(step), data, when))
     return None
 
@@ -169,7 +175,16 @@ def _read_stdout_lines(lines: list[str], file: str) -> DLLoggerLog:
         match = _DLL_LINE.match(line.rstrip("\r"))
         if not match:
             continue
-        when = datetime.fromisoformat(match.group(1)).replace(tzinfo=UTC).timestamp()
+        try:
+            when = datetime.fromisoformat(match.group(1)).replace(tzinfo=UTC).timestamp()
+        except (ValueError, OverflowError) as exc:  # 2024-13-45, year 0
+            problems.append(Problem(file, f"line {number}", f"date {match.group(1)!r} is not "
+                                    f"a date ({exc})"))
+            continue
+        if not is_plausible_time(when):
+            problems.append(Problem(file, f"line {number}", f"date {match.group(1)!r} is not "
+                                    f"a time {_TIME_RANGE}"))
+            continue
         body = match.group(2)
         keys = list(_DLL_KEY.finditer(body))
         head = body[: keys[0].start()] if keys else body
@@ -219,12 +234,27 @@ def _stdout_step(head: str) -> Step | None:
 
 _BAD = object()
 
+#: Times a log may state, in seconds since the epoch: 1970 up to (not including) 2100. Beyond
+#: them a clock or a file is broken, and a run id made from one would sort wrong for good.
+EARLIEST_TIME, LATEST_TIME = 0.0, 4102444800.0
+_TIME_RANGE = "from 1970 to 2099"
+
+
+def is_plausible_time(when: float) -> bool:
+    """Whether ``when`` (seconds since the epoch) can be a log's time (:data:`LATEST_TIME`)."""
+    return math.isfinite(when) and EARLIEST_TIME <= when < LATEST_TIME
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
+
 
 def _number(text: str) -> Any:
     if text == "None":
         return None
     try:
-        return int(text) if re.fullmatch(r"-?\d+", text) else float(text)
+        return int(text) if re.fullmatch(r"-?\d{1,300}", text) else float(text)
     except ValueError:
         return _BAD
 

@@ -67,7 +67,7 @@ from orchestrator.config import user_regex
 from orchestrator.config.matrix_file import PARAM_NAMES, CellParams, param_type
 from orchestrator.config.syntax import name_problem
 from orchestrator.errors import ConfigError, LogFormatError, Problem
-from orchestrator.results import folder_lock
+from orchestrator.results import folder_lock, safejson
 from orchestrator.results.dllogger import has_dllogger_lines, looks_like_raport, read_dllogger
 from orchestrator.results.figure_parsers import (
     CellOutput,
@@ -324,7 +324,12 @@ def _apply_name(entry: Entry, match: re.Match[str] | None, problems: list[Proble
         if text is None:
             continue
         if key == "repeat":
-            entry.repeat = int(text)
+            if not (text.isdigit() and len(text) <= 6):
+                problems.append(Problem(entry.label, "file name", f"repeat={text[:40]!r}: "
+                                        "not a repeat number (the pattern's repeat group must "
+                                        "capture digits only)"))
+            else:
+                entry.repeat = int(text)
             continue
         try:
             value = _typed(key, text, from_text=True)
@@ -402,17 +407,49 @@ def _target_from_matrix_file(path: Path) -> Target:
                   matrix.source_text, str(path))
 
 
-def _target_from_runs(name: str, runs: list[RunPaths]) -> Target:
+def _planned_groups(run: RunPaths) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A run's plan and its groups (``group -> {"params", "hash"}``); ConfigError naming the
+    plan when it is not a plan (damaged, or hand-made without groups)."""
+    plan = read_json(run.plan)
+    cells = plan.get("cells") if isinstance(plan, dict) else None
+    if not isinstance(cells, list):
+        raise ConfigError("no 'cells' list", file=str(run.plan), field="cells")
     groups: dict[str, dict[str, Any]] = {}
-    for run in reversed(runs):  # newest first: its definition of a group wins
-        for cell in read_json(run.plan).get("cells", []):
-            groups.setdefault(cell["group"], {"params": cell["params"], "hash": cell["hash"]})
-    newest = runs[-1]
-    plan = read_json(newest.plan)
-    text = (newest.matrix_file.read_text(encoding="utf-8") if newest.matrix_file.exists()
-            else f"# the groups of {name}'s runs under {newest.root.parent}\n")
-    return Target(name, groups, list(plan.get("varying", [])), plan.get("baseline"), text,
-                  f"the runs of {name} under {newest.root.parent}")
+    for i, cell in enumerate(cells):
+        if not (isinstance(cell, dict) and isinstance(cell.get("group"), str)
+                and isinstance(cell.get("params"), dict)):
+            raise ConfigError("needs group (text) and params", file=str(run.plan),
+                              field=f"cells[{i}]")
+        groups.setdefault(cell["group"], {"params": cell["params"],
+                                          "hash": str(cell.get("hash", ""))})
+    return plan, groups
+
+
+def _target_from_runs(name: str, runs: list[RunPaths]) -> Target | None:
+    """The groups of the runs of ``name`` (newest first: its definition of a group wins); a
+    run whose plan cannot be read is skipped with a warning (None: none could be)."""
+    groups: dict[str, dict[str, Any]] = {}
+    newest: tuple[RunPaths, dict[str, Any]] | None = None
+    for run in reversed(runs):
+        try:
+            plan, found = _planned_groups(run)
+        except ConfigError as exc:
+            log.warning("%s; its groups are not matched against", exc)
+            continue
+        for group, data in found.items():
+            groups.setdefault(group, data)
+        newest = newest or (run, plan)
+    if newest is None:
+        return None
+    run, plan = newest
+    text = (run.matrix_file.read_text(encoding="utf-8") if run.matrix_file.is_file()
+            else f"# the groups of {name}'s runs under {run.root.parent}\n")
+    varying = plan.get("varying")
+    baseline = plan.get("baseline")
+    return Target(name, groups, [v for v in varying if isinstance(v, str)]
+                  if isinstance(varying, list) else [],
+                  baseline if isinstance(baseline, str) else None, text,
+                  f"the runs of {name} under {run.root.parent}")
 
 
 def _toml_value(value: Any) -> str:
@@ -437,8 +474,9 @@ def generated_matrix(name: str, configs: list[dict[str, Any]], device: str, note
         lines += [f"{k} = {_toml_value(v)}" for k, v in full.items()
                   if v is not None]  # unset (program, hpu_mode): TOML has no null
         lines.append("")
-    for hw in sorted({c["hardware"] for c in configs}):
-        lines += [f"[hardware.{hw}]", f"device = {_toml_value(device)}", ""]
+    for hw in sorted({c["hardware"] for c in configs}):  # "v1.00": a quoted key, not dotted
+        key = hw if re.fullmatch(r"[A-Za-z0-9_-]+", hw) else _toml_value(hw)
+        lines += [f"[hardware.{key}]", f"device = {_toml_value(device)}", ""]
     return "\n".join(lines)
 
 
@@ -461,7 +499,11 @@ def _target_generated(name: str, known: list[dict[str, Any]], options: ImportOpt
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.toml"
         path.write_text(text, encoding="utf-8")
-        target = _target_from_matrix_file(path)
+        try:
+            target = _target_from_matrix_file(path)
+        except ConfigError as exc:  # named after what the user gave, not a deleted temp file
+            raise ConfigError([Problem("--param", p.field, p.message) for p in exc.problems]
+                              ) from None
     target.source = "generated from the imported logs"
     return target
 
@@ -482,9 +524,8 @@ def resolve_target(options: ImportOptions, known: list[dict[str, Any]], labels: 
         return _target_from_matrix_file(Path(options.matrix))
     name = _checked_name(options.matrix)
     runs = runs_of(options.results_root, name)
-    if runs:
-        return _target_from_runs(name, runs)
-    return _target_generated(name, known, options, labels)
+    target = _target_from_runs(name, runs) if runs else None
+    return target or _target_generated(name, known, options, labels)
 
 
 def match_group(known: dict[str, Any], target: Target) -> tuple[str | None, str]:
@@ -720,11 +761,13 @@ class RunFolder:
 
 def _load_json(path: Path, problems: list[Problem]) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return safejson.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         problems.append(Problem(str(path), "", "missing (not a complete run folder)"))
     except json.JSONDecodeError as exc:
         problems.append(Problem(str(path), f"line {exc.lineno}", f"malformed JSON: {exc.msg}"))
+    except safejson.JSONLimitError as exc:
+        problems.append(Problem(str(path), "", str(exc)))
     except (OSError, UnicodeDecodeError) as exc:
         problems.append(Problem(str(path), "", f"cannot read: {exc}"))
     return None
@@ -866,7 +909,7 @@ def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) ->
         shutil.copyfile(entry.path, cell_dir / _copy_name(entry))
         if figures.records:
             with paths.cell_metrics(entry.cell_id).open("w", encoding="utf-8") as fh:
-                fh.writelines(json.dumps(o) + "\n" for o in figures.records)
+                fh.writelines(safejson.dumps(o) + "\n" for o in figures.records)
         source = {"path": str(entry.path.resolve()), "sha256": entry.sha256,
                   "format": entry.kind, "cell": entry.cell_id}
         sources.append(source)

@@ -54,7 +54,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.syntax import check_name
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.results import safejson
 from orchestrator.results.run_folder import CellResult
 
 log = logging.getLogger(__name__)
@@ -352,7 +354,7 @@ def is_throughput(name: str) -> bool:
 
 def _read(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return safejson.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         log.warning("%s: not read (%s)", path, exc)
         return None
@@ -394,7 +396,7 @@ def read_run_folder(run_dir: Path) -> ParsedRun:
             if not (entry.is_dir() and path.is_file()):
                 continue  # not yet written
             try:  # the same rules as every reader of result.json (RunPaths.results)
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = safejson.loads(path.read_text(encoding="utf-8"))
                 CellResult.from_json(data)
             except (OSError, ValueError) as exc:
                 log.warning("skipping cell %s: %s: %s", entry.name, path, exc)
@@ -670,7 +672,7 @@ class Store:
         ``MATRIX:latest`` or ``MATRIX:latest~N`` (the N-th run before the newest)."""
         name, sep, rest = spec.rpartition(":")
         if sep:
-            matrix = name or matrix
+            matrix = check_name(name, "run") if name else matrix  # it names a folder
         else:
             rest = spec
         candidates = self.runs(matrix=matrix)
@@ -678,8 +680,9 @@ class Store:
             if not matrix:
                 raise ConfigError(f"{spec!r}: say which matrix, e.g. MATRIX:{rest}", field="run")
             back = rest.partition("~")[2]
-            if back and not back.isdigit():
-                raise ConfigError(f"{spec!r}: expected latest~N with N a number", field="run")
+            if back and not (back.isdigit() and len(back) <= 6):
+                raise ConfigError(f"{spec[:80]!r}: expected latest~N with N a number below "
+                                  "a million", field="run")
             n = int(back or 0)
             if n >= len(candidates):
                 raise ConfigError(f"{spec!r}: {matrix!r} has {len(candidates)} run(s) under "
@@ -794,6 +797,8 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
         raise ConfigError(f"no results folder {root} (run a matrix first, or give the results "
                           "folder: --results, $ORCHESTRATE_RESULTS or `results` in the config "
                           "file)", field="--results")
+    for name in matrices or ():
+        check_name(name, "matrix")  # each names a folder under the root, never elsewhere
     candidates: list[tuple[str, str | None]] = []
     index = root / INDEX_NAME
     if _writable(root) and (not index.exists() or os.access(index, os.W_OK)):
