@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,6 +59,8 @@ class Case:
     check: Callable[[Path], None] | None = None
     #: also run it as a real subprocess
     subprocess: bool = False
+    #: environment variables set for the case (``{dir}`` replaced)
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -1467,6 +1470,35 @@ for _name, _plan, _err in [
          out=("(dllogger-raport, ok)",), err=("warning: ", _err))
 
 
+# --- the user's config file and environment (issue 24, item 9) -------------------------------
+
+_CONFIG = {"ORCHESTRATE_CONFIG": "{dir}/config.toml"}
+for _name, _line, _argv, _err in [
+    ("results-of-an-unknown-user", 'results = "~nosuchuser/x"', ["runs"],
+     ("config.toml: results", "no user 'nosuchuser' here")),
+    ("results-of-an-unknown-user-sweep", 'results = "~nosuchuser/x"',
+     ["matrix", "{dir}/m.toml"], ("config.toml: results", "no user 'nosuchuser'")),
+    ("results-with-a-nul-byte", 'results = "a\\u0000b"', ["matrix", "{dir}/m.toml"],
+     ("config.toml: results",)),
+    ("results-with-a-nul-byte-runs", 'results = "a\\u0000b"', ["runs"],
+     ("config.toml: results",)),
+    ("hosts-of-an-unknown-user", 'hosts = "~nosuchuser/h.toml"',
+     ["matrix", "{dir}/s.toml", "--dry-run"], ("config.toml: hosts", "no user 'nosuchuser'")),
+    ("results-a-number", "results = 5", ["runs"], ("config.toml: results",)),
+]:
+    case("user-config", _name, _argv, files={"config.toml": _line + "\n", "m.toml": mx(),
+                                             "s.toml": re.sub(r"(?m)^hosts = .*$", "",
+                                                              _SSH_SMOKE)},
+         env=_CONFIG, err=_err, subprocess=_name == "results-of-an-unknown-user")
+case("user-config", "results-env-of-an-unknown-user", ["runs"],
+     env={"ORCHESTRATE_RESULTS": "~nosuchuser/r"},
+     err=("$ORCHESTRATE_RESULTS: '~nosuchuser/r': no user 'nosuchuser'",))
+case("user-config", "results-relative-to-the-config-accepted",
+     ["matrix", "{dir}/m.toml", "--dry-run"], files={"config.toml": 'results = "res"\n',
+                                                     "m.toml": mx()},
+     env=_CONFIG, expect=0, out=("/case/res/m/<run id>/",))
+
+
 # --- the runner ------------------------------------------------------------------------------
 
 HANG_LIMIT_S = 60
@@ -1563,7 +1595,16 @@ def _run_case(c: Case, tmp_path: Path, runner: Callable[[list[str], Path], Outco
     root, argv = _prepare(c, tmp_path / "case")
     before = _snapshot(tmp_path, skip=root / "results")
     repo_before = _repository_snapshot()
-    outcome = runner(argv, root)
+    saved = {k: os.environ.get(k) for k in c.env}
+    os.environ.update({k: v.replace("{dir}", str(root)) for k, v in c.env.items()})
+    try:
+        outcome = runner(argv, root)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     _verify(c, outcome, root)
     assert _snapshot(tmp_path, skip=root / "results") == before, f"{c.id} wrote outside results/"
     assert _repository_snapshot() == repo_before, f"{c.id} wrote into the repository"
