@@ -1459,6 +1459,69 @@ for _name, _setup, _err in [
          err=_err)
 
 
+# links in what is imported are never followed (issue 24, item 10)
+_SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- not-for-the-results"
+
+
+def _linked(rel: str, target: str) -> Callable[[Path], None]:
+    """A copied run folder with ``rel`` (under {dir}/copy) a symbolic link to ``target``
+    ({dir}/secret.key holds a private key)."""
+    def setup(d: Path) -> None:
+        _copied_run()(d)
+        (d / "secret.key").write_text(_SECRET)
+        link = d / "copy" / rel
+        link.unlink(missing_ok=True)
+        link.symlink_to(target.replace("{dir}", str(d)))
+
+    return setup
+
+
+def _nothing_of(*names: str) -> Callable[[Path], None]:
+    def check(d: Path) -> None:
+        for path in (d / "results").rglob("*"):
+            assert path.name not in names, path
+            assert not path.is_symlink(), path
+            if path.is_file():
+                assert _SECRET not in path.read_text(errors="replace"), path
+
+    return check
+
+
+for _name, _rel, _target in [
+    ("run-folder-file-linked-to-a-private-key", "cells/a-r1/id_rsa", "{dir}/secret.key"),
+    ("run-folder-folder-linked-to-etc", "cells/a-r1/etc", "/etc"),
+    ("run-folder-fifo-in-a-cell", "cells/a-r1/pipe", ""),
+]:
+    case("imports", _name, ["import", "{dir}/copy", "--results", "{results}"],
+         setup=_linked(_rel, _target) if _target else lambda d: (
+             _copied_run()(d), os.mkfifo(d / "copy" / "cells" / "a-r1" / "pipe")),
+         expect=0, out=("a-r1",), err=("not copied",), check=_nothing_of("id_rsa", "etc", "pipe"),
+         subprocess=_name == "run-folder-folder-linked-to-etc")
+for _name, _rel in [("run-folder-result-is-a-link", "cells/a-r1/result.json"),
+                    ("run-folder-plan-is-a-link", "plan.json"),
+                    ("run-folder-cell-folder-is-a-link", "cells/a-r1")]:
+    case("imports", _name, ["import", "{dir}/copy", "--results", "{results}"],
+         setup=_linked(_rel, "{dir}/secret.key") if _rel != "cells/a-r1" else (
+             lambda d: (_copied_run()(d), (d / "elsewhere").mkdir(),
+                        os.rename(d / "copy" / "cells" / "a-r1", d / "elsewhere" / "a-r1"),
+                        (d / "copy" / "cells" / "a-r1").symlink_to(d / "elsewhere" / "a-r1"))),
+         err=(f"copy/{_rel}: a symbolic link: not followed",))
+
+
+def _logs_with_a_link(d: Path) -> None:
+    (d / "logs").mkdir()
+    (d / "logs" / "resnet50_amp_bs64_g1.log").write_text(_raport())
+    (d / "outside.log").write_text(_raport().replace("1020.0", "1030.0"))
+    (d / "logs" / "resnet50_amp_bs64_g1_r2.log").symlink_to(d / "outside.log")
+
+
+case("imports", "log-folder-link-to-a-file-outside",
+     ["import", "{dir}/logs", "--matrix", "imp", "--param", "hardware=v100", "--warmup", "2",
+      "--results", "{results}"], setup=_logs_with_a_link, expect=0,
+     out=("resnet50_amp_bs64_g1_r2.log (a symbolic link, not followed)", "-> v100-"),
+     err=("not followed",))
+
+
 # the matrix an import joins has a damaged run: skipped with a warning, the import goes on
 for _name, _plan, _err in [
     ("target-run-plan-cells-not-a-list", '{"cells": {"a": 1}}', "plan.json: cells: no 'cells'"),

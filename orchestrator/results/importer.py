@@ -359,8 +359,12 @@ def collect_entries(sources: Sequence[Path], options: ImportOptions
     skipped: list[str] = []
     for source in sources:
         if source.is_dir():
-            files = sorted(p for p in source.rglob("*") if p.is_file())
+            files = sorted(p for p in source.rglob("*") if p.is_symlink() or p.is_file())
             for path in files:
+                if path.is_symlink():  # it may lead anywhere (a private key, /etc)
+                    log.warning("%s: a symbolic link, not followed (skipped)", path)
+                    skipped.append(f"{path} (a symbolic link, not followed)")
+                    continue
                 rel = path.relative_to(source).as_posix()
                 match = rx.fullmatch(rel)
                 if match is None:
@@ -773,8 +777,23 @@ def _load_json(path: Path, problems: list[Problem]) -> Any:
     return None
 
 
+def _no_links(src: Path) -> list[Problem]:
+    """Problems for what in a run folder is a symbolic link where the import reads (its
+    plan.json, run.json, matrix.toml, cells/ and each cell's folder and result.json): a link
+    may lead anywhere, and its target would be read, or copied, into the results."""
+    found = [path for path in (src / "plan.json", src / "run.json", src / "matrix.toml",
+                               src / "cells") if path.is_symlink()]
+    if (src / "cells").is_dir() and not (src / "cells").is_symlink():
+        for cell in (src / "cells").iterdir():
+            found += [p for p in (cell, cell / "result.json") if p.is_symlink()]
+    return [Problem(str(path), "", "a symbolic link: not followed (copy what it leads to "
+                    "into the run folder, if it belongs there)") for path in found]
+
+
 def _validate_run_folder(src: Path) -> RunFolder:
-    problems: list[Problem] = []
+    problems = _no_links(src)
+    if problems:
+        raise ConfigError(problems)
     plan = _load_json(src / "plan.json", problems)
     run_meta = _load_json(src / "run.json", problems)
     if problems:
@@ -950,6 +969,20 @@ def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) ->
     return _plan_json(plan, sorted(cells, key=lambda c: (c["repeat"], c["id"])))
 
 
+def _not_copied(folder: str, names: list[str]) -> set[str]:
+    """What a run folder's copy leaves out: symbolic links (they may lead anywhere: a private
+    key, /etc) and what is neither a file nor a folder (a FIFO would block the copy); each
+    with a warning."""
+    left = set()
+    for name in names:
+        path = Path(folder, name)
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            log.warning("%s: %s, not copied", path, "a symbolic link" if path.is_symlink()
+                        else "not a regular file")
+            left.add(name)
+    return left
+
+
 def _write_run_folder(paths: RunPaths, plan: ImportPlan, options: ImportOptions
                       ) -> dict[str, Any]:
     folder = plan.run_folder
@@ -958,7 +991,8 @@ def _write_run_folder(paths: RunPaths, plan: ImportPlan, options: ImportOptions
     planned = {c["id"]: c for c in folder.plan["cells"]}
     cells = []
     for cell in folder.cells:
-        shutil.copytree(folder.root / "cells" / cell.old_id, paths.cell_dir(cell.new_id))
+        shutil.copytree(folder.root / "cells" / cell.old_id, paths.cell_dir(cell.new_id),
+                        ignore=_not_copied)
         result = cell.result
         earlier = result.provenance.get("imported")
         result.provenance = {**result.provenance, "imported": {
