@@ -539,6 +539,51 @@ case("templates", "set-apt-accepted", [*_RENDER, "--set", "apt_packages=numactl,
      check=_expect_in("results/ctx/Dockerfile", "      numactl libfoo:amd64 \\\n"))
 
 
+# images render --out never writes through a symbolic link; file variables keep their mode
+# (issue 24, item 12)
+
+
+def _ctx_with_link(name: str, target_is_dir: bool = False) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        (d / "results" / "ctx").mkdir(parents=True)
+        victim = d / "victim"
+        if target_is_dir:
+            victim.mkdir()
+        else:
+            victim.write_text("keep\n")
+        (d / "results" / "ctx" / name).symlink_to(victim)
+
+    return setup
+
+
+def _victim_kept(d: Path) -> None:
+    assert (d / "victim").read_text() == "keep\n"
+    assert not (d / "results" / "ctx" / "Dockerfile").is_symlink()
+
+
+case("templates", "render-out-dockerfile-a-link", _RENDER, setup=_ctx_with_link("Dockerfile"),
+     expect=0, out=("wrote",), check=_victim_kept, subprocess=True)
+case("templates", "render-out-workload-a-link-to-a-folder", _RENDER,
+     setup=_ctx_with_link("workload", target_is_dir=True),
+     err=("--out: ", "a symbolic link on the way; not followed",))
+
+
+def _private_deb(d: Path) -> None:
+    (d / "client.deb").write_bytes(b"!<arch>\n")
+    (d / "client.deb").chmod(0o640)
+    (d / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+
+
+def _mode_kept(d: Path) -> None:
+    assert (d / "results" / "ctx" / "client.deb").stat().st_mode & 0o777 == 0o640
+
+
+case("templates", "render-file-variable-keeps-its-mode-accepted",
+     ["images", "render", "bitfusion", "--out", "{results}/ctx", "--set",
+      "client_deb={dir}/client.deb", "--set", "ca_cert={dir}/ca.crt", "--set",
+      "parent_image=lab/pytorch:1"],
+     setup=_private_deb, expect=0, out=("wrote",), check=_mode_kept)
+
 # --- zip / exclude / include -----------------------------------------------------------------
 
 for _name, _kw, _field in [
