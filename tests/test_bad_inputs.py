@@ -231,6 +231,10 @@ _RANGES += [
 ]
 for _i, (_name, _kw, _field) in enumerate(_RANGES):
     bad_matrix("ranges", _name, mx(**_kw), _field, subprocess=_i % 12 == 0)
+bad_matrix("ranges", "data-an-option", mx(workload='data = "--help"'), "workload.data",
+           err=("starts with '-'", "./--help"))
+bad_matrix("ranges", "data-an-option-in-an-axis", mx(axes='data = ["/d", "-x"]'),
+           "axes.data[1]")
 good_matrix("ranges", "gpus=64-accepted", mx(workload="gpus = 64"), 1)
 good_matrix("ranges", "batch=65536-accepted", mx(workload="batch_size = 65536"), 1)
 good_matrix("ranges", "timeout-a-week-accepted", mx(matrix="timeout_s = 604800"), 1)
@@ -266,18 +270,21 @@ bad_matrix("unknown-keys", "nothing-near", mx(workload="zzzz = 1"),
 # --- nesting ---------------------------------------------------------------------------------
 
 _DEEP = "nested too deeply"
-for _name, _text in [
-    ("arrays-500", mx() + "deep = " + "[" * 500 + "]" * 500 + "\n"),
-    ("inline-tables-500", mx() + "deep = " + "{a = " * 500 + "1" + "}" * 500 + "\n"),
-    ("headers-500", mx() + "[" + ".".join(["a"] * 500) + "]\nx = 1\n"),
-    ("arrays-17", mx() + "deep = " + "[" * 17 + "]" * 17 + "\n"),
-    ("arrays-100000", "deep = " + "[" * 100000 + "]" * 100000 + "\n"),
+_LINE = len(mx().splitlines()) + 1  # the line appended to mx()
+for _name, _text, _field in [  # the field named (issue 24, item 17)
+    ("arrays-500", mx() + "deep = " + "[" * 500 + "]" * 500 + "\n", f"deep (line {_LINE})"),
+    ("inline-tables-500", mx() + "deep = " + "{a = " * 500 + "1" + "}" * 500 + "\n",
+     f"deep (line {_LINE})"),
+    ("headers-500", mx() + "[" + ".".join(["a"] * 500) + "]\nx = 1\n", "a.a.a..."),
+    ("arrays-17", mx() + "deep = " + "[" * 17 + "]" * 17 + "\n", "hardware.cpu.deep..."),
+    ("arrays-100000", "deep = " + "[" * 100000 + "]" * 100000 + "\n", "deep (line 1)"),
 ]:
     case("nesting", _name, ["validate", "{dir}/m.toml"], files={"m.toml": _text},
-         err=("m.toml: nested too deeply",), subprocess=_name == "arrays-500")
+         err=(f"m.toml: {_field}: nested too deeply",), subprocess=_name == "arrays-500")
 bad_matrix("nesting", "axis-of-lists", mx(axes="gpus = [[1], [2]]"), "axes.gpus[0]")
 case("nesting", "hosts-500", ["hosts", "check", "{dir}/h.toml"],
-     files={"h.toml": "x = " + "[" * 500 + "]" * 500 + "\n"}, err=("h.toml: nested too deeply",))
+     files={"h.toml": "x = " + "[" * 500 + "]" * 500 + "\n"},
+     err=("h.toml: x (line 1): nested too deeply",))
 
 # --- size ------------------------------------------------------------------------------------
 
@@ -722,6 +729,10 @@ case("cli", "report-accepted", ["report", "m", "--results", "{results}", "--base
 case("cli", "dry-run-accepted", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
                                  "{results}"],
      files={"m.toml": mx()}, expect=0, out=("dry run: would run 1 cells",))
+case("cli", "dry-run-names-the-backend-given-accepted",
+     ["matrix", "{dir}/m.toml", "--dry-run", "--backend", "slurm", "--results", "{results}"],
+     files={"m.toml": mx()}, expect=0, out=("repeats), backend slurm\n",
+                                            "dry run: would run 1 cells with backend slurm"))
 _SSH_SMOKE = (ROOT / "matrices" / "ssh_smoke.toml").read_text()
 case("cli", "dry-run-ssh-missing-hosts",
      ["matrix", "{dir}/s.toml", "--dry-run", "--hosts", "{dir}/none.toml"],

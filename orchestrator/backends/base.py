@@ -578,16 +578,21 @@ def _failure_reason(info: ExitInfo, error: str | None, tail: Iterable[str]) -> s
 
 
 @cache
-def git_revision() -> str | None:
-    """The project's git revision (with ``-dirty`` when the work tree has changes)."""
+def git_revision(repo: Path | None = None) -> str | None:
+    """The project's git revision (with ``-dirty`` when tracked files changed), learned
+    read-only: ``git status`` with ``GIT_OPTIONAL_LOCKS=0`` neither refreshes nor rewrites the
+    index (without it, every sweep briefly made ``.git/index.lock`` in the checkout, and a
+    ``git commit`` there at that moment failed)."""
+    where = str(repo or REPO_ROOT)
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     try:
         rev = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=True,
+            ["git", "-C", where, "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=True, env=env,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
+            ["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5, env=env,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("ORCHESTRATE_GIT_REVISION")

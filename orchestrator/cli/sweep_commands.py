@@ -159,7 +159,9 @@ def _checked(path: Path, backend: str | None, strict: bool = False) -> tuple[Mat
     return matrix, refuse_unrunnable(matrix, backend, strict=strict)
 
 
-def plan_lines(matrix: Matrix) -> list[str]:
+def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
+    """The plan's header and table (``backend``: the one the sweep would use, else the
+    matrix's own)."""
     from tabulate import tabulate
 
     from orchestrator.results.summary import column_order
@@ -171,7 +173,7 @@ def plan_lines(matrix: Matrix) -> list[str]:
                      disable_numparse=True)
     groups = len({c.group for c in matrix.cells})
     head = (f"{matrix.name}: {len(matrix.cells)} cells ({groups} configurations x "
-            f"{matrix.settings.repeats} repeats), backend {matrix.settings.backend}")
+            f"{matrix.settings.repeats} repeats), backend {backend or matrix.settings.backend}")
     return [head, table]
 
 
@@ -484,7 +486,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         images = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
         inventory = _inventory_line(matrix, args.hosts) if backend == "ssh" else []
         runtime = runtime_lines(matrix, backend, results)
-        print("\n".join([*plan_lines(matrix), *images, *inventory, *runtime]))
+        print("\n".join([*plan_lines(matrix, backend), *images, *inventory, *runtime]))
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
