@@ -219,6 +219,11 @@ class OpenRun:
             self.lock.release()
 
 
+#: How long a sweep waits for the results index another process is writing (it only wants
+#: the expected durations; the index's own default is 30 s).
+INDEX_WAIT_S = 2.0
+
+
 def order_run(run: OpenRun, results_root: Path) -> OpenRun:
     """The run's cells in the order to try them (:func:`~orchestrator.plan.ordering.order_cells`:
     repeats interleaved, longest expected first), with the durations of earlier runs of the
@@ -227,7 +232,8 @@ def order_run(run: OpenRun, results_root: Path) -> OpenRun:
 
     name = run.meta.get("matrix")
     try:
-        with open_store(results_root, [name] if isinstance(name, str) else None) as store:
+        with open_store(results_root, [name] if isinstance(name, str) else None,
+                        busy_timeout_s=INDEX_WAIT_S) as store:
             run.expected = store.expected_durations(str(name))
     except Exception as exc:  # an unreadable index costs the order, never the sweep
         log.warning("no expected durations from the results store (%s): plan order", exc)

@@ -51,7 +51,7 @@ class Case:
     err: tuple[str, ...] = ()
     #: texts stdout must contain
     out: tuple[str, ...] = ()
-    #: texts stdout must not contain (e.g. ``Infinity``, which is not JSON)
+    #: texts neither stdout nor stderr may contain (e.g. ``Infinity``, which is not JSON)
     absent: tuple[str, ...] = ()
     #: prepares the case folder beyond ``files`` (a FIFO, a symlink, an old run)
     setup: Callable[[Path], None] | None = None
@@ -895,6 +895,36 @@ for _name, _argv, _setup, _out, _err in [
          subprocess=_name.startswith("runs-with-a-result"))
 
 
+def _index_replaced_by(kind: str) -> Callable[[Path], None]:
+    """A run, and in the index file's place a truncated index, a folder or a FIFO."""
+    def setup(d: Path) -> None:
+        _a_run(d)
+        index = d / "results" / ".orchestrate-index.sqlite"
+        if kind == "truncated":
+            from orchestrator.cli import main as cli
+
+            cli(["runs", "--results", str(d / "results")])  # a real index, then cut
+            index.write_bytes(index.read_bytes()[:3000])
+        elif kind == "folder":
+            index.mkdir()
+        else:
+            os.mkfifo(index)
+
+    return setup
+
+
+def _index_rebuilt(d: Path) -> None:
+    index = d / "results" / ".orchestrate-index.sqlite"
+    assert index.is_file() and index.read_bytes().startswith(b"SQLite format 3")
+    assert list((d / "results").glob(".orchestrate-index.sqlite.damaged-*"))
+
+
+for _kind in ("truncated", "folder", "fifo"):
+    case("old-runs", f"index-{_kind}-is-rebuilt", ["runs", "--results", "{results}"],
+         setup=_index_replaced_by(_kind), expect=0, out=("m",), absent=("read-only",),
+         err=("was damaged",), check=_index_rebuilt, subprocess=_kind == "fifo")
+
+
 def _resume_setup(damage: str) -> Callable[[Path], None]:
     def setup(d: Path) -> None:
         from orchestrator.plan.matrix import load_matrix
@@ -1705,7 +1735,7 @@ def _verify(c: Case, outcome: Outcome, root: Path) -> None:
     for text in c.out:
         assert text in outcome.out, f"missing {text!r} on stdout\n{shown}"
     for text in c.absent:
-        assert text not in outcome.out, f"{text!r} on stdout\n{shown}"
+        assert text not in outcome.out + outcome.err, f"{text!r} in the output\n{shown}"
     if c.check is not None:
         c.check(root)
 
