@@ -478,3 +478,20 @@ def test_run_folder_values_are_checked(logs, results, tmp_path):
     with pytest.raises(ConfigError, match="is no matrix name"):
         plan_import([broken], options(tmp_path / "r4", matrix=None))
     assert not (tmp_path / "r4").exists() and not (tmp_path / "etc").exists()
+
+
+def test_a_dllogger_raport_is_streamed_and_read_once_with_the_same_figures(logs, results):
+    """Issue 24, item 14: a large raport was held whole as text, split into lines three times
+    and parsed twice (200 MB: 74 s and 1.5 GB here; benchmarks/import_speed.py). Now it is
+    read line by line and parsed once; the figures are those of the text parser."""
+    from orchestrator.results.figure_parsers import CellOutput, parse_figures
+
+    raport = logs["amp"][0]
+    plan = plan_import([raport], options(results))
+    (entry,) = plan.entries
+    assert entry.text == "" and entry.dll is not None  # no copy of the file's text is kept
+    whole = parse_figures(CellOutput(raport.read_text(), params=entry.params),
+                          FiguresConfig(parser="dllogger"))
+    assert entry.evaluation is not None
+    assert entry.evaluation.figures.metrics == whole.metrics
+    assert entry.evaluation.figures.started_at == whole.started_at

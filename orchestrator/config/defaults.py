@@ -82,7 +82,7 @@ def _expanded(value: str, file: str | None, field: str) -> Path:
         user = value[1:].split("/", 1)[0]
         who = f"no user {user!r} here" if user else "no home folder is known here"
         raise ConfigError(f"{value!r}: {who} to expand '~' for; write the path out",
-                          file=file, field=field) from None
+                          file=file or "", field=field) from None
 
 
 #: --help text of every command's --results.

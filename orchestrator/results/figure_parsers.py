@@ -125,6 +125,9 @@ class CellOutput:
     log_name: str = "log.txt"
     cell_dir: Path | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    #: The log already read as DLLogger output (an import streams a large raport once; its
+    #: text is then not kept): the dllogger parser takes it instead of reading the text.
+    dllogger: DLLoggerLog | None = None
 
     @classmethod
     def from_cell_dir(
@@ -256,6 +259,12 @@ class DLLoggerParser(FigureParser):
     name = "dllogger"
 
     def parse(self, output: CellOutput) -> Figures:
+        warmup = self.config.warmup
+        if warmup is None:
+            warmup = int(output.params.get("warmup", 0) or 0)
+        if self.config.raport is None and output.dllogger is not None:
+            return self.figures_of(output.dllogger, output.mode, warmup,
+                                   Figures(self.name, source=output.log_name))
         if self.config.raport is not None:
             text, label = output.text_of(self.config.raport)
         else:
@@ -266,9 +275,6 @@ class DLLoggerParser(FigureParser):
             figures.missing = {throughput_key(output.mode): f"no DLLogger records in {label}"}
             return figures
         dll = read_dllogger(text, label)
-        warmup = self.config.warmup
-        if warmup is None:
-            warmup = int(output.params.get("warmup", 0) or 0)
         return self.figures_of(dll, output.mode, warmup, figures)
 
     def figures_of(self, dll: DLLoggerLog, mode: str, warmup: int, figures: Figures) -> Figures:

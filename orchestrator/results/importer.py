@@ -55,7 +55,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,15 @@ from orchestrator.config.matrix_file import PARAM_NAMES, CellParams, param_type
 from orchestrator.config.syntax import name_problem
 from orchestrator.errors import ConfigError, LogFormatError, Problem
 from orchestrator.results import folder_lock, safejson
-from orchestrator.results.dllogger import has_dllogger_lines, looks_like_raport, read_dllogger
+from orchestrator.results.dllogger import (
+    DLLoggerLog,
+    FileForm,
+    has_dllogger_lines,
+    looks_like_raport,
+    read_dllogger,
+    read_dllogger_file,
+    scan_form,
+)
 from orchestrator.results.figure_parsers import (
     CellOutput,
     Evaluation,
@@ -150,6 +158,8 @@ class Entry:
     cell_id: str = ""
     params: dict[str, Any] = field(default_factory=dict)
     evaluation: Evaluation | None = None
+    #: The DLLogger log, read once (a streamed entry has no text, only this).
+    dll: DLLoggerLog | None = None
 
 
 @dataclass
@@ -278,24 +288,39 @@ def _kind(text: str, figures: FiguresConfig | None) -> str | None:
 
 def _read_entry(path: Path, label: str, options: ImportOptions,
                 problems: list[Problem]) -> Entry | None:
+    """One log file as an entry: its digest, kind and the parameters it states. A DLLogger
+    file read by the DLLogger parser alone (no regex figures) is streamed: read line by line
+    and parsed once (:func:`_stream_dllogger`), never held whole as text."""
     try:
-        data = path.read_bytes()
+        digest, form = _scan(path)
     except OSError as exc:
         problems.append(Problem(label, "", f"cannot read: {exc}"))
         return None
-    try:
-        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         problems.append(Problem(label, "", f"not UTF-8 text (byte {exc.start}): not a log?"))
         return None
-    kind = _kind(text, options.figures)
-    if kind is None:
-        problems.append(Problem(label, "", "no DLLogger (DLLL / DLL) or workload JSON lines: "
-                                "not a log this importer reads (give --figures FILE.toml with "
-                                "regex figures for other programs)"))
-        return None
-    entry = Entry(path, label, text, hashlib.sha256(data).hexdigest(), kind)
+    figures = options.figures
+    streamed = form.any_records and (figures is None or (
+        figures.parser == "dllogger" and not figures.regex and figures.raport is None))
+    if streamed:
+        kind = "dllogger-raport" if form.raport else "dllogger-log"
+        entry = Entry(path, label, "", digest, kind)
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            problems.append(Problem(label, "", f"cannot read: {exc}"))
+            return None
+        found_kind = _kind(text, figures)
+        if found_kind is None:
+            problems.append(Problem(label, "", "no DLLogger (DLLL / DLL) or workload JSON lines: "
+                                    "not a log this importer reads (give --figures FILE.toml "
+                                    "with regex figures for other programs)"))
+            return None
+        entry = Entry(path, label, text, digest, found_kind)
     try:
+        if streamed:
+            entry.dll = read_dllogger_file(path, label, form)
         found, bad = _log_params(entry)
     except LogFormatError as exc:
         problems.extend(exc.problems)
@@ -306,9 +331,35 @@ def _read_entry(path: Path, label: str, options: ImportOptions,
     return entry
 
 
+def _scan(path: Path) -> tuple[str, FileForm]:
+    """One pass over a file: its sha256 and what its lines are (UnicodeDecodeError with the
+    byte offset of the first that is not UTF-8)."""
+    digest = hashlib.sha256()
+    offset = 0
+
+    def lines() -> Iterator[str]:
+        nonlocal offset
+        with path.open("rb") as fh:
+            for raw in fh:
+                digest.update(raw)
+                try:
+                    yield raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise UnicodeDecodeError(exc.encoding, exc.object, offset + exc.start,
+                                             offset + exc.end, exc.reason) from None
+                offset += len(raw)
+
+    stream = lines()
+    form = scan_form(stream)
+    for _ in stream:  # the rest: the digest covers the whole file, and it must be UTF-8
+        pass
+    return digest.hexdigest(), form
+
+
 def _log_params(entry: Entry) -> tuple[dict[str, Any], list[Problem]]:
     if entry.kind.startswith("dllogger"):
-        dll = read_dllogger(entry.text, entry.label)
+        dll = entry.dll if entry.dll is not None else read_dllogger(entry.text, entry.label)
+        entry.dll = dll
         return _from_record(dll.parameters, _DLE_ARGS, entry.label)
     if entry.kind == "workload-log":
         lines = parse_metric_lines(entry.text)
@@ -627,7 +678,7 @@ def _judge_entry(entry: Entry, options: ImportOptions, problems: list[Problem]) 
     config = options.figures or FiguresConfig(
         parser="dllogger" if entry.kind.startswith("dllogger") else "workload",
         warmup=options.warmup if entry.kind.startswith("dllogger") else None)
-    output = CellOutput(entry.text, entry.label, None, entry.params)
+    output = CellOutput(entry.text, entry.label, None, entry.params, dllogger=entry.dll)
     try:
         figures = parse_figures(output, config)
     except LogFormatError as exc:

@@ -41,7 +41,17 @@ def loads(text: str | bytes, finite: bool = True) -> Any:
         raise
     except ValueError as exc:  # Python's limit on digits of an integer
         raise JSONLimitError(f"a number too long to read ({_first_line(exc)})") from None
+    if not finite and _brackets(text) <= MAX_DEPTH:
+        return value  # nothing to replace, and it cannot nest deeper than its brackets
     return _checked(value, finite)
+
+
+def _brackets(text: str | bytes) -> int:
+    """How many ``[`` and ``{`` the text holds (strings included: an upper bound of its
+    nesting, counted at C speed)."""
+    if isinstance(text, bytes):
+        return text.count(b"[") + text.count(b"{")
+    return text.count("[") + text.count("{")
 
 
 def _first_line(exc: BaseException) -> str:
