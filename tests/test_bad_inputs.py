@@ -1317,7 +1317,7 @@ for _name, _text, _field, _more in [
                                                   'param = "data"\nvalues = { synthetic = "x" }'),
      "commands.lab.placeholders.output_dir", ("is given by orchestrate",)),
     ("value-would-be-an-option", cx("{data}", workload='program = "lab"\ndata = "--help"'),
-     "commands.lab.command", ("starts with '-'", "--data={data}")),
+     "workload.data", ("starts with '-'", "./--help")),  # refused for every program (item 17)
     ("self-launch-on-several-nodes", cx(lines='launcher = "self"',
                                         hardware="multi_node = true"),
      "commands.lab.launcher", ("'self' starts the program once",)),
