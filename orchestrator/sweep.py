@@ -55,6 +55,8 @@ from orchestrator.plan import profilers
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.ordering import order_cells
 from orchestrator.plan.placement import Allocation
+from orchestrator.results import folder_lock
+from orchestrator.results.folder_lock import FolderLock
 from orchestrator.results.profiler_figures import figures_of_cell
 from orchestrator.results.rerun import should_rerun
 from orchestrator.results.run_folder import (
@@ -166,19 +168,24 @@ def run_sweep(
     """
     events = events or NullEvents()
     name, cls = preflight(matrix, backend_name)  # what cannot run, refused before a run folder
-    run = order_run(open_run(matrix, name, results_root, resume), results_root)
-    options = RunOptions(
-        timeout_s=matrix.settings.timeout_s,
-        output_hook=events.cell_output,
-        cancel=cancel or threading.Event(),
-        hosts_file=hosts_file or hosts_file_of(matrix),
-        lock_timeout_s=lock_timeout_s,
-        on_log=events.log,
-    )
-    backend = prepare_backend(cls, matrix, run, options, events)
-    events.sweep_started(run.paths, run.cells, run.expected)
-    results, interrupted = run_all(backend, run.cells, events, retries=matrix.settings.retries)
-    return finish_run(matrix, run, results, interrupted)
+    run = open_run(matrix, name, results_root, resume)
+    try:  # the run folder is locked until its run.json is finished (or the sweep failed)
+        run = order_run(run, results_root)
+        options = RunOptions(
+            timeout_s=matrix.settings.timeout_s,
+            output_hook=events.cell_output,
+            cancel=cancel or threading.Event(),
+            hosts_file=hosts_file or hosts_file_of(matrix),
+            lock_timeout_s=lock_timeout_s,
+            on_log=events.log,
+        )
+        backend = prepare_backend(cls, matrix, run, options, events)
+        events.sweep_started(run.paths, run.cells, run.expected)
+        results, interrupted = run_all(backend, run.cells, events,
+                                       retries=matrix.settings.retries)
+        return finish_run(matrix, run, results, interrupted)
+    finally:
+        run.release()
 
 
 @dataclass
@@ -192,6 +199,18 @@ class OpenRun:
     new: bool
     #: Seconds each configuration (content hash) took in earlier runs of the matrix (median).
     expected: dict[str, float] = field(default_factory=dict)
+    #: The run folder's lock (:func:`lock_run`), held while the sweep works in it.
+    lock: FolderLock | None = None
+
+    def release(self) -> None:
+        """Let go of the run folder's lock."""
+        if self.lock is not None:
+            self.lock.release()
+
+
+#: How long a sweep waits for the results index another process is writing (it only wants
+#: the expected durations; the index's own default is 30 s).
+INDEX_WAIT_S = 2.0
 
 
 def order_run(run: OpenRun, results_root: Path) -> OpenRun:
@@ -202,7 +221,8 @@ def order_run(run: OpenRun, results_root: Path) -> OpenRun:
 
     name = run.meta.get("matrix")
     try:
-        with open_store(results_root, [name] if isinstance(name, str) else None) as store:
+        with open_store(results_root, [name] if isinstance(name, str) else None,
+                        busy_timeout_s=INDEX_WAIT_S) as store:
             run.expected = store.expected_durations(str(name))
     except Exception as exc:  # an unreadable index costs the order, never the sweep
         log.warning("no expected durations from the results store (%s): plan order", exc)
@@ -223,8 +243,10 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
         return _reopen_run(matrix, backend, results_root, resume)
     root = Path(results_root) / matrix.name
     paths: RunPaths | None = None
+    lock: FolderLock | None = None
     try:
         paths = RunPaths.create(results_root, matrix.name)
+        lock = lock_run(paths)  # before plan.json: a --resume of the newest run waits its turn
         paths.matrix_file.write_text(redact_toml(matrix.source_text), encoding="utf-8")
         write_json(paths.plan, plan_json(matrix, backend))
         meta: dict[str, Any] = {
@@ -236,31 +258,56 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
         }
         write_json(paths.run_meta, meta)
     except OSError as exc:
+        if lock is not None:
+            lock.release()
         if paths is not None:
             shutil.rmtree(paths.root, ignore_errors=True)
             with contextlib.suppress(OSError):
                 root.rmdir()  # the matrix's folder, when this run was its first
         raise _unwritable(results_root, f"cannot write the run folder under {root}: "
                           f"{_os_error(exc)}; choose a writable folder") from None
-    return OpenRun(paths, list(matrix.cells), meta, new=True)
+    return OpenRun(paths, list(matrix.cells), meta, new=True, lock=lock)
+
+
+def lock_run(paths: RunPaths) -> FolderLock:
+    """The run folder's lock (``<run>/.lock``), held by the one sweep working in it: a second
+    ``--resume`` of a run that a sweep (or another resume) still works in is refused, naming
+    the holder, before it touches anything (it would archive the running cells' folders,
+    stop their processes and run every remaining cell twice)."""
+    try:
+        return folder_lock.acquire(paths.lock)
+    except folder_lock.LockHeld as exc:
+        raise ConfigError(
+            f"run {paths.run_id} is in use by another sweep ({exc.holder}); wait for it to end "
+            "(or stop it: Ctrl-C / kill PID, then --resume)", field="--resume") from None
 
 
 def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -> OpenRun:
     """``--resume``: an earlier run's folder and the cells of it that did not end ok."""
     paths = find_run(results_root, matrix.name, resume or None)
-    meta = read_json(paths.run_meta)  # damaged: a ConfigError naming it
-    if not isinstance(meta, dict):
-        raise ConfigError("not a JSON object; the file is damaged", file=str(paths.run_meta))
     try:
+        lock = lock_run(paths)
+    except OSError as exc:
+        raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
+                          f"{_os_error(exc)}") from None
+    try:
+        meta = read_json(paths.run_meta)  # damaged: a ConfigError naming it
+        if not isinstance(meta, dict):
+            raise ConfigError("not a JSON object; the file is damaged",
+                              file=str(paths.run_meta))
         cells = cells_to_resume(paths, matrix)
         meta.setdefault("resumed", []).append(
             {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend,
              "controller": controller_id()})
         write_json(paths.run_meta, meta)
     except OSError as exc:
+        lock.release()
         raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
                           f"{_os_error(exc)}") from None
-    return OpenRun(paths, cells, meta, new=False)
+    except BaseException:
+        lock.release()
+        raise
+    return OpenRun(paths, cells, meta, new=False, lock=lock)
 
 
 def _unwritable(results_root: Path, message: str) -> ConfigError:

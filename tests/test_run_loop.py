@@ -360,3 +360,31 @@ def test_resume_treats_a_truncated_result_as_not_ok(write_matrix, tmp_path):
     run.paths.plan.write_text('{"cells": [')
     with pytest.raises(ConfigError, match="the plan of run .* cannot be read"):
         sweep.cells_to_resume(run.paths, matrix)
+
+
+def test_the_revision_is_learned_without_writing_the_checkouts_index(tmp_path):
+    """Issue 24, item 17: every sweep ran `git status` in the checkout, which refreshes the
+    index (.git/index.lock, then a rewritten .git/index): a `git commit` there at that moment
+    failed. A file whose stat changed but whose content did not makes git want to refresh."""
+    from orchestrator.backends.base import git_revision
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c",
+                               "user.email=t@t", *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-qm", "one")
+    rev = git("rev-parse", "HEAD")
+    os.utime(tmp_path / "a.txt", (1_700_000_000, 1_700_000_000))  # stat-dirty, same content
+    index = tmp_path / ".git" / "index"
+    before = index.stat()
+    assert git_revision(tmp_path) == rev
+    after = index.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    (tmp_path / "a.txt").write_text("two, longer\n")  # another size: no racy-git doubt
+    git_revision.cache_clear()  # asked once per process
+    assert git_revision(tmp_path) == f"{rev}-dirty"
+    assert index.stat().st_mtime_ns == before.st_mtime_ns

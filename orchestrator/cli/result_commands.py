@@ -194,6 +194,15 @@ def matrix_name(arg: str) -> str:
     return name
 
 
+def _matrix_of(spec: str) -> str:
+    """The MATRIX of a ``MATRIX:RUN`` run argument ('' when it has none), checked: it names a
+    folder under the results, never one elsewhere (``../x:latest``)."""
+    from orchestrator.config.syntax import check_name
+
+    name = spec.rpartition(":")[0]
+    return check_name(name, "run") if name else name
+
+
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
 
 
@@ -365,7 +374,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not 0.5 <= confidence < 1:
         raise ConfigError("must be from 50% to below 100%", field="--confidence")
     matrix = matrix_name(args.matrix) if args.matrix else None
-    names = {s.rpartition(":")[0] for s in (args.run_a, args.run_b) if ":" in s} | (
+    names = {_matrix_of(s) for s in (args.run_a, args.run_b) if ":" in s} | (
         {matrix} if matrix else set())
     with open_results(args.results, sorted(names) if names and "" not in names else None
                       ) as store, store.snapshot():

@@ -104,6 +104,17 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=64)]
 #: A path or other string that reaches argv, a file or an environment: no NUL byte (the kernel
 #: cannot pass one), no line break, at most PATH_MAX.
 PathText = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+def _not_an_option(value: str) -> str:
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with '-': the program would read it as an option; "
+                         f"write a path that does not (./{value})")
+    return value
+
+
+#: A dataset path handed to the program as ``--data VALUE``: never one that reads as an option.
+DataPath = Annotated[PathText, AfterValidator(_not_an_option)]
 #: An environment variable name as POSIX shells accept it.
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
 #: An environment value: anything but a NUL byte (exec cannot pass one), at most 32 KiB.
@@ -165,7 +176,7 @@ class CellParams(StrictModel):
     iterations: Annotated[int, Field(gt=0, le=1_000_000)] = Field(
         100, description="Measured iterations, 1..1000000 (a day or more at a realistic step time)."
     )
-    data: PathText = Field(
+    data: DataPath = Field(
         "synthetic",
         description="'synthetic' or an ImageFolder dataset path (as the runner sees it).",
     )

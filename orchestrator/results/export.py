@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from orchestrator.results import safejson
 from orchestrator.results.store import CellRecord, RecordedStack, RunRecord, Store
 
 RUN_COLUMNS = ("matrix", "run_id", "run_started", "run_status", "backend", "git_revision")
@@ -133,11 +133,12 @@ def _csv_value(value: Any) -> Any:
 
 def write_json(store: Store, runs: Sequence[RunRecord], selection: Selection,
                out: TextIO) -> int:
-    """Write a JSON list of records to ``out`` (streamed); returns the rows written."""
+    """Write a JSON list of records to ``out`` (streamed); returns the rows written. Standard
+    JSON: a NaN or infinite figure (an old run's) is null."""
     out.write("[")
     n = 0
     for row in rows(store, runs, selection):
-        out.write(("\n" if n == 0 else ",\n") + json.dumps(row, default=str))
+        out.write(("\n" if n == 0 else ",\n") + safejson.dumps(row, default=str))
         n += 1
     out.write("\n]\n" if n else "]\n")
     return n

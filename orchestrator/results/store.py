@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import statistics
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -54,7 +55,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.syntax import check_name
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.results import safejson
 from orchestrator.results.run_folder import CellResult
 
 log = logging.getLogger(__name__)
@@ -355,7 +358,7 @@ def is_throughput(name: str) -> bool:
 
 def _read(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return safejson.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         log.warning("%s: not read (%s)", path, exc)
         return None
@@ -397,7 +400,7 @@ def read_run_folder(run_dir: Path) -> ParsedRun:
             if not (entry.is_dir() and path.is_file()):
                 continue  # not yet written
             try:  # the same rules as every reader of result.json (RunPaths.results)
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = safejson.loads(path.read_text(encoding="utf-8"))
                 CellResult.from_json(data)
             except (OSError, ValueError) as exc:
                 log.warning("skipping cell %s: %s: %s", entry.name, path, exc)
@@ -673,7 +676,7 @@ class Store:
         ``MATRIX:latest`` or ``MATRIX:latest~N`` (the N-th run before the newest)."""
         name, sep, rest = spec.rpartition(":")
         if sep:
-            matrix = name or matrix
+            matrix = check_name(name, "run") if name else matrix  # it names a folder
         else:
             rest = spec
         candidates = self.runs(matrix=matrix)
@@ -681,8 +684,9 @@ class Store:
             if not matrix:
                 raise ConfigError(f"{spec!r}: say which matrix, e.g. MATRIX:{rest}", field="run")
             back = rest.partition("~")[2]
-            if back and not back.isdigit():
-                raise ConfigError(f"{spec!r}: expected latest~N with N a number", field="run")
+            if back and not (back.isdigit() and len(back) <= 6):
+                raise ConfigError(f"{spec[:80]!r}: expected latest~N with N a number below "
+                                  "a million", field="run")
             n = int(back or 0)
             if n >= len(candidates):
                 raise ConfigError(f"{spec!r}: {matrix!r} has {len(candidates)} run(s) under "
@@ -762,11 +766,11 @@ def _param_text(value: Any) -> str:
 # --- opening -----------------------------------------------------------------------------------
 
 
-def _connect(location: str, read_only_hint: bool = False) -> sqlite3.Connection:
-    conn = sqlite3.connect(location, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+def _connect(location: str, busy: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
+    conn = sqlite3.connect(location, timeout=busy, isolation_level=None,
                            check_same_thread=False)
     try:
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        conn.execute(f"PRAGMA busy_timeout = {int(busy * 1000)}")
         if location != ":memory:":
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
@@ -784,10 +788,16 @@ def _writable(folder: Path) -> bool:
 
 
 def open_store(results_root: Path, matrices: Sequence[str] | None = None,
-               refresh: bool = True) -> Store:
+               refresh: bool = True, busy_timeout_s: float | None = None) -> Store:
     """Open (creating if needed) the index of ``results_root`` and refresh it for ``matrices``
     (default: every matrix). Falls back to a cache file, then to memory, where the results
-    folder cannot be written."""
+    folder cannot be written.
+
+    An index that is damaged (truncated, not a database) or is not a file at all (a folder or
+    a FIFO in its place) is only a cache: it is set aside (``.damaged-<time>``) and built
+    again, never taken for a read-only folder. ``busy_timeout_s``: how long to wait for another
+    process writing the index (default :data:`BUSY_TIMEOUT_S`; a sweep that only wants its
+    expected durations waits less)."""
     root = Path(results_root)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"{root} is not a folder (give the results folder: --results, "
@@ -797,9 +807,12 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
         raise ConfigError(f"no results folder {root} (run a matrix first, or give the results "
                           "folder: --results, $ORCHESTRATE_RESULTS or `results` in the config "
                           "file)", field="--results")
+    for name in matrices or ():
+        check_name(name, "matrix")  # each names a folder under the root, never elsewhere
+    busy = BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
     candidates: list[tuple[str, str | None]] = []
     index = root / INDEX_NAME
-    if _writable(root) and (not index.exists() or os.access(index, os.W_OK)):
+    if _writable(root) and _usable_file(index):
         candidates.append((str(index), None))
     cache = _cache_index_path(root)
     candidates.append((str(cache), f"{root} is read-only: index kept in {cache}"))
@@ -807,39 +820,90 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
                        "written: index built in memory for this command"))
     errors = []
     for location, note in candidates:
-        try:
-            if location != ":memory:":
-                Path(location).parent.mkdir(parents=True, exist_ok=True)
-            store = _open_at(root, location, note)
-        except (OSError, sqlite3.DatabaseError) as exc:
-            errors.append(f"{location}: {exc}")
-            log.debug("index at %s not usable: %s", location, exc)
-            continue
-        try:
-            if refresh:
-                store.refresh(matrices)
-        except sqlite3.DatabaseError as exc:
-            store.close()
-            errors.append(f"{location}: {exc}")
-            continue
-        return store
+        for attempt in (1, 2):
+            try:
+                if location != ":memory:":
+                    Path(location).parent.mkdir(parents=True, exist_ok=True)
+                store = _open_at(root, location, note, busy)
+            except (OSError, sqlite3.DatabaseError) as exc:
+                _refuse_if_busy(location, exc, busy)
+                errors.append(f"{location}: {exc}")
+                log.debug("index at %s not usable: %s", location, exc)
+                break
+            try:
+                if refresh:
+                    store.refresh(matrices)
+            except sqlite3.DatabaseError as exc:
+                store.close()
+                _refuse_if_busy(location, exc, busy)
+                if attempt == 1 and _damaged(exc) and _set_aside(location, exc):
+                    continue  # a damaged index, found only when read: rebuilt
+                errors.append(f"{location}: {exc}")
+                break
+            return store
     raise OrchestratorError("no usable results index: " + "; ".join(errors))
 
 
-def _open_at(root: Path, location: str, note: str | None) -> Store:
+def _usable_file(index: Path) -> bool:
+    """Whether ``index`` can be the index file: missing (it is made), or a writable regular
+    file. Anything else in its place (a folder, a FIFO, a link) is set aside first."""
     try:
-        conn = _connect(location)
+        mode = index.lstat().st_mode
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if stat.S_ISREG(mode):
+        return os.access(index, os.W_OK)
+    return _set_aside(str(index), "not a regular file")
+
+
+def _refuse_if_busy(location: str, exc: BaseException, busy: float) -> None:
+    """An index another process keeps locked past the wait is that, not a read-only folder:
+    an OrchestratorError saying so (no index is built elsewhere for it)."""
+    if isinstance(exc, sqlite3.OperationalError) and any(
+            word in str(exc).lower() for word in ("locked", "busy")):
+        raise OrchestratorError(f"the results index {location} stayed locked by another "
+                                f"orchestrate for {busy:g} s (a long re-index?); try again "
+                                "when it has finished") from None
+
+
+def _damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether ``exc`` says the index file is damaged (not merely locked by another process)."""
+    text = str(exc).lower()
+    return not any(word in text for word in ("locked", "busy", "readonly", "read-only",
+                                             "unable to open"))
+
+
+def _set_aside(location: str, why: object) -> bool:
+    """Move a damaged index (and its WAL files) aside; whether it could be."""
+    if location == ":memory:":
+        return False
+    aside = f"{location}.damaged-{int(time.time())}"
+    try:
+        os.replace(location, aside)
+    except OSError as exc:
+        log.debug("index %s cannot be set aside: %s", location, exc)
+        return False
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            os.replace(location + suffix, aside + suffix)
+    log.warning("index %s was damaged (%s; moved to %s); rebuilding", location, why, aside)
+    return True
+
+
+def _open_at(root: Path, location: str, note: str | None, busy: float = BUSY_TIMEOUT_S
+             ) -> Store:
+    try:
+        conn = _connect(location, busy)
         store = Store(root, conn, location, note)
         store._ensure_schema()
         return store
     except sqlite3.DatabaseError as exc:
-        if location == ":memory:" or "not a database" not in str(exc):
+        if location == ":memory:" or not _damaged(exc) or not _set_aside(location, exc):
             raise
-    # a damaged index file: it is only a cache; set it aside and start again
-    aside = f"{location}.damaged-{int(time.time())}"
-    os.replace(location, aside)
-    log.warning("index %s was damaged (moved to %s); rebuilding", location, aside)
-    conn = _connect(location)
+    # a damaged index file: it is only a cache; it was set aside, start again
+    conn = _connect(location, busy)
     store = Store(root, conn, location, note)
     store._ensure_schema()
     return store
