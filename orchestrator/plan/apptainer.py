@@ -42,7 +42,7 @@ from typing import Any
 
 from orchestrator.config.matrix_file import HardwareProfile, Program
 from orchestrator.config.redact import is_secret, resolve_env
-from orchestrator.plan.launch import CellCommand, LaunchSpec, NodeRole, cell_command
+from orchestrator.plan.launch import CellCommand, LaunchSpec, NodeLaunch, cell_command
 from orchestrator.plan.matrix import Cell
 
 #: The interpreter inside the images (NGC's, and the test base image's).
@@ -187,7 +187,7 @@ def apptainer_command(
     image: str,
     output_dir: str,
     gpu_ids: tuple[int, ...] = (),
-    node: NodeRole | None = None,
+    node: NodeLaunch | None = None,
 ) -> CellCommand:
     """The command of ``cell`` under ``apptainer exec`` with ``image`` (a .sif path where the
     cell runs), writing into ``output_dir`` (bound at its own path). ``gpu_ids``: the local GPUs
