@@ -55,6 +55,7 @@ from orchestrator.backends.slurm_jobs import (
     render_array,
     shape_of,
 )
+from orchestrator.cli import main as cli_main
 from orchestrator.config.matrix_file import SlurmOptions
 from orchestrator.errors import BackendUnavailable, LaunchError
 from orchestrator.plan.matrix import load_matrix
@@ -283,6 +284,39 @@ def test_cuda_cell_asks_for_gres_and_leaves_gpu_selection_to_slurm(write_matrix,
     assert "--nproc_per_node=2" in script and "export NCCL_DEBUG=WARN\n" in script
     assert "--gres" not in render_sbatch(backend.sbatch_job(by["cpu", 2]))
     assert "--gres=gpu:1" in render_sbatch(backend.sbatch_job(by["a100", 1]))
+
+
+def test_dry_run_names_the_arrays_and_jobs(write_matrix, tmp_path, capsys):
+    """--dry-run says how the cells go to Slurm: one array per job shape (with its %N), a job
+    of its own for a multi-node cell, none with arrays = false; it refuses nodes > 1 on a
+    backend that cannot span nodes, as validate and the sweep do."""
+    path = write_matrix(TINY + """
+        [hardware.cpu.slurm]
+        array_limit = 3
+        [axes]
+        seed = [1, 2, 3, 4]
+        [[include]]
+        gpus = 2
+        nodes = 2
+        [hardware.solo]
+        device = "cpu"
+        slurm = { arrays = false }
+        [[include]]
+        hardware = "solo"
+        [[include]]
+        hardware = "solo"
+        seed = 9
+    """, cpu_profile=False)
+    assert cli_main(["matrix", str(path), "--dry-run", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = out[out.index("slurm submissions"):].splitlines()
+    assert lines[1].startswith("  array of 4 cells (--array=0-3%3): --nodes=1 --ntasks=1 ")
+    assert lines[2].startswith("  job cpu-g2-bs2-fp32-n2-seed0-r1: --nodes=2 --ntasks-per-node=1 ")
+    assert [line.split(":")[0] for line in lines[3:5]] == [
+        "  job solo-g1-bs2-fp32-n1-seed0-r1", "  job solo-g1-bs2-fp32-n1-seed9-r1"]
+    assert cli_main(["matrix", str(path), "--dry-run", "--backend", "process"]) == 2
+    assert "include[0].nodes: nodes = 2: the process backend runs a cell on one machine" in \
+        capsys.readouterr().err
 
 
 def test_max_jobs_caps_cells_in_flight(write_matrix, tmp_path):

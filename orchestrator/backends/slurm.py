@@ -100,7 +100,7 @@ from orchestrator.backends.slurm_jobs import (
     slurm_time,
 )
 from orchestrator.config.matrix_file import HardwareProfile
-from orchestrator.config.redact import Scrubber, secret_env
+from orchestrator.config.redact import Scrubber, public_env, secret_env
 from orchestrator.errors import BackendUnavailable, LaunchError
 from orchestrator.images import sif
 from orchestrator.plan import apptainer
@@ -644,6 +644,30 @@ class SlurmBackend(Backend):
             env_prefix=prefix if nodes > 1 else "",
             tasks_per_node=1 if node is not None else cell.params.gpus_per_node,
         )
+
+    def submission_lines(self, cells: Sequence[Cell]) -> list[str]:
+        """How ``cells`` would go to Slurm if the sweep placed them together (``--dry-run``):
+        the arrays (cells of one job shape, cluster and limit) and the jobs of their own, each
+        with its shape. Nothing is submitted."""
+        groups: dict[tuple[Any, ...], list[Cell]] = {}
+        for cell in cells:
+            opts = self.matrix.profile(cell).slurm
+            job = self.sbatch_job(cell)
+            key = (shape_of(render_sbatch(job)), opts.conf, opts.array_limit,
+                   tuple(sorted(set(job.env) - set(public_env(job.env)))),
+                   None if opts.arrays else cell.id)
+            groups.setdefault(key, []).append(cell)
+        lines = ["slurm submissions (cells of one job shape placed together: one array):"]
+        for (shape, conf, limit, *_), members in groups.items():
+            options = " ".join(line.removeprefix("#SBATCH ") for line in shape)
+            where = f" on {conf}" if conf else ""
+            if len(members) == 1:
+                lines.append(f"  job {members[0].id}{where}: {options}")
+            else:
+                spec = f"0-{len(members) - 1}" + (f"%{limit}" if limit else "")
+                lines.append(f"  array of {len(members)} cells (--array={spec}){where}: "
+                             f"{options}")
+        return lines
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
         """Apptainer profiles: their runtime binary and bind sources on this (submit) host, the
