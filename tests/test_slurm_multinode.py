@@ -37,9 +37,10 @@ from slurm_support import (  # noqa: F401 - multinode_cluster is a fixture
 from workload_support import TINY_WORKLOAD
 
 import orchestrator.backends.slurm as slurm
+from orchestrator.backends.base import RunOptions
 from orchestrator.cli import main as cli_main
 from orchestrator.plan.matrix import load_matrix
-from orchestrator.results.run_folder import CellResult, Status
+from orchestrator.results.run_folder import CellResult, RunPaths, Status
 from orchestrator.sweep import SweepOutcome, run_sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -350,6 +351,61 @@ def test_cancelling_the_sweep_cancels_the_array(tmp_path: Path, cluster: MultiNo
     scancels = [c for c in slurm_calls if c[0] == "scancel"]
     assert scancels == [["scancel", array]], scancels
     assert {line[1].split()[0] for line in sacct(cluster, array)} == {"CANCELLED"}
+
+
+def test_an_array_task_past_its_timeout_is_cancelled_alone(
+        tmp_path: Path, cluster: MultiNodeCluster, slurm_calls: list[list[str]]) -> None:
+    """One task of an array runs past the per-cell timeout: that task alone is cancelled
+    (scancel ARRAY_TASK), its cell times out; the other tasks run on to ok."""
+    path = task_matrix(tmp_path, cluster, cells=3, timeout=12)
+    text = path.read_text().replace("--sleep 0", "--sleep {nap}")
+    path.write_text(text + """
+[commands.task.placeholders.nap]
+param = "seed"
+values = { "0" = "120", "1" = "1", "2" = "1" }
+""")
+    outcome = run_sweep(load_matrix(path), results_root=tmp_path / "results")
+    by_seed = {r.params["seed"]: r for r in outcome.results}
+    assert by_seed[0].status is Status.TIMEOUT, by_seed[0].reason
+    assert [by_seed[i].status for i in (1, 2)] == [Status.OK, Status.OK]
+    slow = by_seed[0].provenance["slurm_job_id"]
+    assert [c for c in slurm_calls if c[0] == "scancel"] == [["scancel", slow]]
+    assert len([c for c in slurm_calls if c[0] == "sbatch"]) == 1
+    assert sacct(cluster, slow)[0][1].split()[0] == "CANCELLED"
+
+
+def test_cells_that_never_reach_launch_do_not_hold_up_the_array(
+        tmp_path: Path, cluster: MultiNodeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three cells placed, two reach launch, the third never does (its worker failed before
+    it): after the batch window the two go as one array of two, without it."""
+    monkeypatch.setattr(slurm, "BATCH_WINDOW_S", 1.5)
+    matrix = load_matrix(task_matrix(tmp_path, cluster, cells=3))
+    paths = RunPaths.create(tmp_path / "results", matrix.name)
+    backend = slurm.SlurmBackend(matrix, paths, RunOptions(timeout_s=60))
+    cells = list(matrix.cells)
+    allocations = [backend.allocate(cell) for cell in cells]
+    assert all(allocations)
+    got: dict[str, Any] = {}
+
+    def launch(cell: Any) -> None:
+        paths.cell_dir(cell.id).mkdir(parents=True)
+        got[cell.id] = backend.launch(backend.spec(cell, allocations[0]))
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=launch, args=(cell,)) for cell in cells[:2]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    waited = time.monotonic() - started
+    assert 1.4 <= waited < 30, waited
+    jobs = sorted(execution.job_id for execution in got.values())
+    array = jobs[0].partition("_")[0]
+    assert jobs == [f"{array}_0", f"{array}_1"]
+    for execution in got.values():
+        assert execution.wait(60)
+    backend.release(cells[2], allocations[2])
+    backend.close()
 
 
 # --- preemption, requeue, node failure ----------------------------------------------------------
