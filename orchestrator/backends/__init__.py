@@ -4,8 +4,9 @@ Backends are looked up by name; each lives in its own module and is imported onl
 so planning a matrix never imports the Docker SDK or paramiko. :mod:`~orchestrator.backends.base`
 owns what every backend shares (timeouts, log capture, timing, a result from every outcome); a
 backend fills in launch / poll / logs / cancel. :mod:`~orchestrator.backends.containers` and
-:mod:`~orchestrator.backends.remote_executions` are shared by the container and SSH backends. The
-backends themselves (process, docker, ssh, slurm) never import each other.
+:mod:`~orchestrator.backends.remote_executions` are shared by the container and SSH backends;
+:mod:`~orchestrator.backends.slurm_jobs` is the slurm backend's text (its scripts, Slurm's
+answers: pure). The backends themselves (process, docker, ssh, slurm) never import each other.
 
 May import: errors, config, catalog, plan, results, local, remote, images.
 """
