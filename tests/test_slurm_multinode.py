@@ -17,6 +17,7 @@ administrator's ``scontrol requeue``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -39,6 +40,7 @@ from workload_support import TINY_WORKLOAD
 import orchestrator.backends.slurm as slurm
 from orchestrator.backends.base import RunOptions
 from orchestrator.cli import main as cli_main
+from orchestrator.errors import BackendUnavailable
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results.run_folder import CellResult, RunPaths, Status
 from orchestrator.sweep import SweepOutcome, run_sweep
@@ -258,6 +260,26 @@ regex = [{{ name = "probe.ips", pattern = 'probe images/s: (\\d+\\.\\d+)' }}]
     assert len(calls) == 2 and {c["slurm_job_id"] for c in calls} == {
         res.provenance["slurm_job_id"]}
     assert all("APPTAINERENV_PET_NODE_RANK" in c["prefixed"] for c in calls)
+
+
+def test_a_profile_names_its_cluster_and_a_wrong_one_is_refused_first(
+        tmp_path: Path, cluster: MultiNodeCluster) -> None:
+    """The profile's slurm.conf is what every command uses (this process's SLURM_CONF points
+    at the single-node cluster, or at nothing); a conf whose cluster does not answer is refused
+    before a run folder exists."""
+    outcome = run_sweep(load_matrix(task_matrix(tmp_path, cluster)),
+                        results_root=tmp_path / "results")
+    (res,) = outcome.results
+    assert res.status is Status.OK and res.provenance["host"] in cluster.nodes
+    assert json.loads(outcome.paths.cell_command(res.cell_id).read_text())["slurm"]["conf"] == \
+        cluster.conf
+    bad = tmp_path / "nowhere.conf"
+    bad.write_text("ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\n"
+                   "SlurmctldPort=1\n")
+    path = task_matrix(tmp_path, dataclasses.replace(cluster, conf=str(bad)))
+    with pytest.raises(BackendUnavailable, match=r"hardware.cpu.slurm.conf .*does not answer"):
+        run_sweep(load_matrix(path), results_root=tmp_path / "results2")
+    assert not (tmp_path / "results2").exists()
 
 
 # --- arrays ---------------------------------------------------------------------------------

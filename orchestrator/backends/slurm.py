@@ -69,7 +69,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -493,6 +493,24 @@ class SlurmBackend(Backend):
                 "(a single-node test cluster: bash tests/infra/start-slurm.sh), point "
                 "SLURM_CONF at your cluster's slurm.conf, or choose --backend process"
             )
+
+    @classmethod
+    def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
+        """The base's checks (Apptainer profiles), and every other cluster a profile names
+        (``slurm.conf``) answers, before a run folder exists."""
+        cells = list(cells)
+        super().check_runtime(matrix, cells)
+        for hw in sorted({c.hardware for c in cells}):
+            conf = matrix.profiles[hw].slurm.conf
+            if conf is None:
+                continue  # this environment's cluster: check_available asked it
+            proc = _slurm(["squeue", "-h", "-o", "%i"], timeout=15.0, env=conf_env(conf))
+            if proc.returncode != 0:
+                lines = proc.stderr.strip().splitlines()
+                raise BackendUnavailable(
+                    f"the Slurm cluster of hardware.{hw}.slurm.conf ({conf}) does not answer "
+                    f"(squeue: {lines[-1] if lines else 'no output'}): check the path and that "
+                    "its slurmctld runs, or remove conf to use this environment's cluster")
 
     # --- placement: Slurm's job ----------------------------------------------------------------
 
