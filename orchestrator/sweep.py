@@ -12,10 +12,12 @@ as soon as the backend can place it (:func:`place`, through
 main thread stays free to notice Ctrl-C / SIGTERM, cancel what runs and record what did not; a
 cell that ended is collected (:func:`collect`: its allocation goes back; a profiled cell's
 profiler figures are added to its result, :func:`add_profiler_figures`) and recorded
-(:func:`record`), or retried when its host was lost, or run again when its GPU throttled and
-``[matrix] rerun_throttled`` allows (:func:`orchestrator.results.rerun.should_rerun`; the throttled
-attempt's folder goes to ``superseded/``). Expected failures are results; one bad cell never
-stops the sweep.
+(:func:`record`), or retried when its host was lost (a Slurm job preempted or on a failed
+node too; ``[matrix] retries``), or run again when its GPU throttled and ``[matrix]
+rerun_throttled`` allows (:func:`orchestrator.results.rerun.should_rerun`). The folder of the
+attempt that is not the cell's result goes to ``superseded/``; a retried cell's result names
+its lost attempts (``lost_attempts``). Expected failures are results; one bad cell never stops
+the sweep.
 
 Every cell given to a sweep ends with exactly one result, on disk: a worker that raised or did
 not stop after an interrupt gives a failed result; a result that cannot be written when its cell
@@ -480,19 +482,29 @@ def _ended_ok(result: Path) -> bool:
 @dataclass(frozen=True)
 class Attempt:
     """One try of a cell: the first, a retry after its host was lost, or a re-run after it
-    throttled (``reruns`` of them so far)."""
+    throttled (``reruns`` of them so far). ``lost``: the earlier tries whose host was lost
+    (what the cell's result records of them)."""
 
     cell: Cell
     number: int = 1
     reruns: int = 0
+    lost: tuple[dict[str, Any], ...] = ()
 
-    def retry(self) -> Attempt:
-        """The next try of the same cell."""
-        return Attempt(self.cell, self.number + 1, self.reruns)
+    def retry(self, lost: dict[str, Any] | None = None) -> Attempt:
+        """The next try of the same cell, after the try ``lost`` (its host was lost)."""
+        return Attempt(self.cell, self.number + 1, self.reruns,
+                       self.lost + ((lost,) if lost else ()))
 
     def rerun(self) -> Attempt:
         """The next try after a throttled one."""
-        return Attempt(self.cell, self.number + 1, self.reruns + 1)
+        return Attempt(self.cell, self.number + 1, self.reruns + 1, self.lost)
+
+    def record(self, result: CellResult) -> CellResult:
+        """``result`` with the tries before it whose host was lost (``lost_attempts`` in its
+        provenance: each one's number, reason and where its folder was kept)."""
+        if self.lost:
+            result.provenance["lost_attempts"] = [dict(entry) for entry in self.lost]
+        return result
 
 
 @dataclass(frozen=True)
@@ -516,22 +528,24 @@ def run_cells(
     ends (and at the start), :func:`place` the pending ones, run each placed one in a worker
     thread (:meth:`~orchestrator.backends.base.Backend.run_cell`), and :func:`collect` each one
     that ended: its allocation goes back, and a cell whose host was lost runs again (up to
-    ``retries`` times) while one that ended otherwise is recorded (:func:`record`: written to
-    disk, reported). Cancelled: the running cells see the flag, stop their workload and report;
-    one that does not report within :data:`CANCEL_WAIT_S` is recorded failed and left behind.
+    ``retries`` times; the lost attempt's folder kept under ``superseded/`` and named in the
+    result's ``lost_attempts``) while one that ended otherwise is recorded (:func:`record`:
+    written to disk, reported). Cancelled: the running cells see the flag, stop their workload
+    and report; one that does not report within :data:`CANCEL_WAIT_S` is recorded failed and
+    left behind.
 
     Every cell given ends with exactly one recorded result, whatever happened to it.
     """
     results: list[CellResult] = []
 
-    def done(cell: Cell, result: CellResult) -> None:
-        results.append(record(backend.paths, cell, result, events))
+    def done(attempt: Attempt, result: CellResult) -> None:
+        results.append(record(backend.paths, attempt.cell, attempt.record(result), events))
 
     pending: deque[Attempt] = deque()
     for cell in cells:
         reason = backend.unplaceable(cell)
         if reason:
-            done(cell, unplaceable_result(Attempt(cell), reason))
+            done(Attempt(cell), unplaceable_result(Attempt(cell), reason))
         else:
             pending.append(Attempt(cell))
     running: dict[Future[CellResult], Running] = {}
@@ -542,7 +556,7 @@ def run_cells(
             if changed:
                 for attempt, decision in place(backend, pending):
                     if isinstance(decision, str):
-                        done(attempt.cell, unplaceable_result(attempt, decision))
+                        done(attempt, unplaceable_result(attempt, decision))
                         continue
                     events.cell_started(attempt.cell, decision)
                     fut = _in_worker(f"cell-{attempt.cell.id}", backend.run_cell,
@@ -560,7 +574,7 @@ def run_cells(
                 attempt = started.attempt
                 add_profiler_figures(backend, attempt.cell, result)
                 if should_rerun(result, backend.matrix.settings, attempt.reruns) and supersede(
-                        backend.paths, attempt.cell.id, "throttled"):
+                        backend.paths, attempt.cell.id, "throttled") is not None:
                     events.log(f"{attempt.cell.id}: the GPU throttled while measuring; "
                                f"running it again (re-run {attempt.reruns + 1} of "
                                f"{backend.matrix.settings.rerun_throttled})")
@@ -568,16 +582,20 @@ def run_cells(
                     continue
                 if (result.status is Status.HOST_LOST
                         and attempt.number - attempt.reruns <= retries):
+                    # the lost try's folder is kept aside: its output never mixes with the next
+                    kept = supersede(backend.paths, attempt.cell.id, "host_lost")
                     events.log(f"{attempt.cell.id}: {result.reason}; retrying "
                                f"(attempt {attempt.number + 1})")
-                    pending.appendleft(attempt.retry())
+                    pending.appendleft(attempt.retry({
+                        "attempt": attempt.number, "status": result.status.value,
+                        "reason": result.reason, **({"folder": kept} if kept else {})}))
                     continue
-                done(attempt.cell, result)
+                done(attempt, result)
     except KeyboardInterrupt:
         cancel.set()
     # Cancelled: running cells see the flag, kill their workload and report.
     for fut, started in list(running.items()):
-        done(started.attempt.cell, collect(backend, fut, started, wait_s=CANCEL_WAIT_S))
+        done(started.attempt, collect(backend, fut, started, wait_s=CANCEL_WAIT_S))
     return results
 
 
@@ -649,21 +667,23 @@ def add_profiler_figures(backend: Backend, cell: Cell, result: CellResult) -> No
         log.warning("%s: profiler figures not added: %s", cell.id, exc)
 
 
-def supersede(paths: RunPaths, cell_id: str, why: str) -> bool:
+def supersede(paths: RunPaths, cell_id: str, why: str) -> str | None:
     """Move a cell's folder to ``superseded/<cell>-<why>-<ms>`` (an attempt that is not the
-    cell's result, kept for the record). False when it cannot be moved (the attempt then stays
-    the cell's result)."""
+    cell's result, kept for the record). Returns that folder relative to the run ("" when the
+    cell had none), or None when it cannot be moved (the attempt then stays the cell's
+    result)."""
     cell_dir = paths.cell_dir(cell_id)
     try:
-        if cell_dir.exists():
-            archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
-            archive.parent.mkdir(exist_ok=True)
-            cell_dir.rename(archive)
+        if not cell_dir.exists():
+            return ""
+        archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
+        archive.parent.mkdir(exist_ok=True)
+        cell_dir.rename(archive)
     except OSError as exc:
         log.warning("%s: its folder cannot be moved to superseded/ (%s); keeping its result",
                     cell_id, exc)
-        return False
-    return True
+        return None
+    return str(archive.relative_to(paths.root))
 
 
 def record(paths: RunPaths, cell: Cell, result: CellResult, events: SweepEvents) -> CellResult:

@@ -388,3 +388,41 @@ def test_the_revision_is_learned_without_writing_the_checkouts_index(tmp_path):
     git_revision.cache_clear()  # asked once per process
     assert git_revision(tmp_path) == f"{rev}-dirty"
     assert index.stat().st_mtime_ns == before.st_mtime_ns
+
+
+class LosesItsFirstHost(FakeBackend):
+    """The first attempt of every cell ends host_lost (as a preempted or NODE_FAIL job
+    reports it), the next one ok."""
+
+    def launch(self, spec: LaunchSpec) -> Execution:
+        lost = Script([line(META), b"partial output of the lost attempt\n"],
+                      ExitInfo(code=None, host_lost=True, detail="Slurm: job 7 PREEMPTED on n1"))
+        execution = FakeExecution(lost if spec.attempt == 1 else OK_SCRIPT)
+        self.executions.append(execution)
+        return execution
+
+
+def test_a_lost_attempt_is_kept_aside_and_named_in_the_result(write_matrix, tmp_path):
+    """A cell whose host was lost runs again; the lost attempt's folder goes to superseded/
+    (its output never mixes with the next attempt's), and the cell's one result names it."""
+    backend = fake_backend(write_matrix, tmp_path, cls=LosesItsFirstHost)
+    cell = backend.matrix.cells[0]
+    (result,) = run_cells(backend, [cell], NullEvents(), retries=1)
+    assert result.status is Status.OK and result.attempts == 2
+    (lost,) = result.provenance["lost_attempts"]
+    assert lost["attempt"] == 1 and lost["status"] == "host_lost"
+    assert lost["reason"] == "Slurm: job 7 PREEMPTED on n1"
+    kept = backend.paths.root / lost["folder"]
+    assert kept.parent == backend.paths.root / "superseded"
+    assert json.loads((kept / "result.json").read_text())["status"] == "host_lost"
+    assert "partial output of the lost attempt" in (kept / "log.txt").read_text()
+    log = backend.paths.cell_log(cell.id).read_text()
+    assert "partial output" not in log and log.count('"type": "summary"') == 1
+    assert on_disk(backend.paths)[cell.id]["provenance"]["lost_attempts"] == [lost]
+
+
+def test_a_lost_attempt_without_retries_left_is_the_result(write_matrix, tmp_path):
+    backend = fake_backend(write_matrix, tmp_path, cls=LosesItsFirstHost)
+    (result,) = run_cells(backend, [backend.matrix.cells[0]], NullEvents(), retries=0)
+    assert result.status is Status.HOST_LOST and "lost_attempts" not in result.provenance
+    assert not (backend.paths.root / "superseded").exists()

@@ -19,7 +19,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -283,10 +283,20 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = [[iso(r.started_at).replace("T", " ").rstrip("Z"), r.matrix, r.run_id,
              r.backend or "", r.status, r.ok, r.failed, _duration(r.duration_s),
              (r.git_revision or "")[:10]] for r in runs]
-    print(tabulate(rows, headers=["started (UTC)", "matrix", "run", "backend", "status", "ok",
-                                  "failed", "duration", "revision"],
-                   tablefmt="simple", disable_numparse=True))
+    headers = ["started (UTC)", "matrix", "run", "backend", "status", "ok", "failed",
+               "duration", "revision"]
+    if any(r.slurm_jobs for r in runs):  # where to look with sacct -j
+        headers.append("slurm jobs")
+        for row, run in zip(rows, runs, strict=True):
+            row.append(_job_ids(run.slurm_jobs))
+    print(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
     return 0
+
+
+def _job_ids(jobs: Sequence[str], shown: int = 3) -> str:
+    """A run's Slurm job and array ids, the first ``shown`` of them and how many more."""
+    more = f" +{len(jobs) - shown}" if len(jobs) > shown else ""
+    return ",".join(jobs[:shown]) + more
 
 
 # --- report ------------------------------------------------------------------------------------

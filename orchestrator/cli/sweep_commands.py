@@ -487,7 +487,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         images = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
         inventory = _inventory_line(matrix, args.hosts) if backend == "ssh" else []
         runtime = runtime_lines(matrix, backend, results)
-        print("\n".join([*plan_lines(matrix, backend), *images, *inventory, *runtime]))
+        jobs = slurm_lines(matrix, results) if backend == "slurm" else []
+        print("\n".join([*plan_lines(matrix, backend), *images, *inventory, *runtime, *jobs]))
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
@@ -606,6 +607,18 @@ def runtime_lines(matrix: Matrix, backend: str, results: Path) -> list[str]:
         script.write_text(spec.script, encoding="utf-8")
         lines.append(f"    written: {script}")
     return lines
+
+
+def slurm_lines(matrix: Matrix, results: Path) -> list[str]:
+    """What ``--dry-run`` says of a slurm sweep's submissions: its arrays and jobs, each with
+    its sbatch options (:meth:`~orchestrator.backends.slurm.SlurmBackend.submission_lines`)."""
+    from orchestrator.backends.base import RunOptions
+    from orchestrator.backends.slurm import SlurmBackend
+    from orchestrator.results.run_folder import RunPaths
+
+    paths = RunPaths(results.resolve() / matrix.name / "<run id>")
+    backend = SlurmBackend(matrix, paths, RunOptions(timeout_s=matrix.settings.timeout_s))
+    return backend.submission_lines(list(matrix.cells))
 
 
 #: The signals that stop a sweep the one way it stops (see :func:`cmd_matrix`).

@@ -35,13 +35,16 @@ Tables: ``meta`` (schema version), ``runs`` (one per run folder), ``stacks`` (di
 ``cells`` (one per ``result.json``; ``value`` is the headline throughput, images/s),
 ``params`` (cell parameters as key/value rows, for filters) and ``figures`` (every numeric
 metric of a cell, plus ``train.step_ips_p90`` / ``val.step_ips_p90`` derived from its
-per-iteration times: see :data:`STEP_IPS_P90`).
+per-iteration times: see :data:`STEP_IPS_P90`). A cell that ran as a Slurm job keeps Slurm's
+accounting of it (``cells.slurm``: :func:`slurm_of`), its run the ids of its jobs and arrays
+(``runs.slurm_jobs``).
 """
 
 from __future__ import annotations
 
 import calendar
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -64,7 +67,7 @@ log = logging.getLogger(__name__)
 
 INDEX_NAME = ".orchestrate-index.sqlite"
 #: Bump when the tables or what goes into them change: older indexes are rebuilt.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -86,6 +89,7 @@ CREATE TABLE runs (
     n_cells INTEGER NOT NULL,
     n_ok INTEGER NOT NULL,
     status TEXT NOT NULL,
+    slurm_jobs TEXT,
     UNIQUE (matrix, run_id)
 );
 CREATE INDEX runs_by_matrix ON runs (matrix, started_at);
@@ -111,7 +115,8 @@ CREATE TABLE cells (
     stack_pk INTEGER REFERENCES stacks (stack_pk),
     metric TEXT,
     value REAL,
-    params TEXT NOT NULL
+    params TEXT NOT NULL,
+    slurm TEXT
 );
 CREATE INDEX cells_by_run ON cells (run_pk);
 CREATE INDEX cells_by_config ON cells (config);
@@ -231,6 +236,8 @@ class RunRecord:
     cells: int
     ok: int
     status: str  # ok | failed | interrupted | unfinished | empty
+    #: The Slurm jobs (and arrays, by their id) its cells ran as, in submission order.
+    slurm_jobs: tuple[str, ...] = ()
 
     @property
     def failed(self) -> int:
@@ -255,6 +262,7 @@ class RunRecord:
             "git_revision": self.git_revision, "orchestrate_version": self.orchestrate_version,
             "controller_host": self.controller_host, "repeats": self.repeats,
             "planned": self.planned, "cells": self.cells, "ok": self.ok, "failed": self.failed,
+            **({"slurm_jobs": list(self.slurm_jobs)} if self.slurm_jobs else {}),
         }
 
 
@@ -278,10 +286,36 @@ class CellRecord:
     value: float | None
     params: dict[str, Any]
     figures: dict[str, float] = field(default_factory=dict)
+    #: Slurm's accounting of the cell's job (:func:`slurm_of`); empty when it was none.
+    slurm: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+#: What the index keeps of a Slurm job, from a result's provenance (``slurm_<name>``).
+SLURM_FIELDS = ("job_id", "state", "exit_code", "elapsed_s", "node_list")
+
+
+def slurm_of(provenance: dict[str, Any]) -> dict[str, Any]:
+    """Slurm's accounting of a cell's job as recorded in its provenance
+    (:mod:`orchestrator.backends.slurm`): ``job_id``, ``state``, ``exit_code``, ``elapsed_s``,
+    ``node_list``; empty for a cell that was no Slurm job."""
+    if not provenance.get("slurm_job_id"):
+        return {}
+    return {name: provenance.get(f"slurm_{name}") for name in SLURM_FIELDS}
+
+
+def _slurm_job_ids(results: Iterable[dict[str, Any]]) -> list[str]:
+    """The distinct jobs of a run's results, an array by its id, in order of submission."""
+    ids: set[str] = set()
+    for res in results:
+        prov = res.get("provenance") or {}
+        job = prov.get("slurm_array_job_id") or prov.get("slurm_job_id")
+        if isinstance(job, str | int) and str(job):
+            ids.add(str(job))
+    return sorted(ids, key=lambda j: (len(j), j))
 
 
 # --- reading run folders (no database) -------------------------------------------------------
@@ -591,12 +625,13 @@ class Store:
         cur = conn.execute(
             "INSERT INTO runs (matrix, run_id, path, signature, backend, started_at, "
             "finished_at, git_revision, orchestrate_version, controller_host, repeats, planned, "
-            "n_cells, n_ok, status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "n_cells, n_ok, status, slurm_jobs) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (run.matrix, run.run_id, run.path, run.signature,
              meta.get("backend") or plan.get("backend"), _run_started(run_dir, meta),
              meta.get("finished_at"), meta.get("git_revision"), meta.get("orchestrate_version"),
              meta.get("controller_host"), plan.get("repeats"), planned, n_cells, n_ok,
-             _run_status(meta, planned, n_cells, n_ok)),
+             _run_status(meta, planned, n_cells, n_ok),
+             json.dumps(_slurm_job_ids(run.results)) if _slurm_job_ids(run.results) else None),
         )
         run_pk = cur.lastrowid
         param_rows: list[tuple[int, str, str]] = []
@@ -608,14 +643,16 @@ class Store:
             config = res.get("config_hash") or hashes.get(cell_id) or params_hash(params)
             stack = RecordedStack.from_result(res.get("env") or {}, res.get("provenance") or {})
             metric, value = headline(params, metrics)
+            slurm = slurm_of(res.get("provenance") or {})
             cur = conn.execute(
                 "INSERT INTO cells (run_pk, cell_id, grp, repeat, config, status, reason, "
-                "duration_s, started_at, attempts, stack_pk, metric, value, params) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "duration_s, started_at, attempts, stack_pk, metric, value, params, slurm) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (run_pk, cell_id, str(res.get("group", cell_id)), res.get("repeat"), config,
                  str(res.get("status")), res.get("reason") or "", res.get("duration_s"),
                  res.get("started_at"), res.get("attempts"), self._stack_pk(conn, stack),
-                 metric, value, json.dumps(params, sort_keys=True, default=str)),
+                 metric, value, json.dumps(params, sort_keys=True, default=str),
+                 json.dumps(slurm, default=str) if slurm else None),
             )
             cell_pk = cur.lastrowid
             assert cell_pk is not None  # an INSERT into a rowid table
@@ -665,11 +702,11 @@ class Store:
             args += list(run_ids)
         sql = ("SELECT run_pk, matrix, run_id, path, backend, started_at, finished_at, "
                "git_revision, orchestrate_version, controller_host, repeats, planned, n_cells, "
-               "n_ok, status FROM runs")
+               "n_ok, status, slurm_jobs FROM runs")
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY started_at, run_id"
-        return [RunRecord(*row) for row in self.conn.execute(sql, args)]
+        return [_run_record(row) for row in self.conn.execute(sql, args)]
 
     def resolve(self, spec: str, matrix: str | None = None) -> RunRecord:
         """A run from ``RUN_ID`` (or a unique prefix of one), ``MATRIX:RUN_ID``,
@@ -723,13 +760,15 @@ class Store:
         marks = ",".join("?" * len(run_pks))
         if metric:
             sql = ("SELECT c.cell_pk, run_pk, cell_id, grp, repeat, config, status, reason, "
-                   "duration_s, started_at, attempts, stack_pk, ?, f.value, params FROM cells c "
+                   "duration_s, started_at, attempts, stack_pk, ?, f.value, params, slurm "
+                   "FROM cells c "
                    "LEFT JOIN figures f ON f.cell_pk = c.cell_pk AND f.name = ? "
                    f"WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
             args: list[Any] = [metric, metric, *run_pks]
         else:
             sql = ("SELECT cell_pk, run_pk, cell_id, grp, repeat, config, status, reason, "
-                   "duration_s, started_at, attempts, stack_pk, metric, value, params FROM cells "
+                   "duration_s, started_at, attempts, stack_pk, metric, value, params, slurm "
+                   "FROM cells "
                    f"WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
             args = list(run_pks)
         rows = self.conn.execute(sql, args).fetchall()
@@ -742,9 +781,9 @@ class Store:
         return [
             CellRecord(pk, run_pk, cell_id, grp, repeat, config, status, reason or "",
                        duration, started, attempts, self._stack(stack_pk), metric, value,
-                       json.loads(params), figs.get(pk, {}))
+                       json.loads(params), figs.get(pk, {}), json.loads(slurm) if slurm else {})
             for (pk, run_pk, cell_id, grp, repeat, config, status, reason, duration, started,
-                 attempts, stack_pk, metric, value, params) in rows
+                 attempts, stack_pk, metric, value, params, slurm) in rows
         ]
 
     def expected_durations(self, matrix: str, last: int = 5) -> dict[str, float]:
@@ -757,6 +796,12 @@ class Store:
             if cell.ok and cell.duration_s is not None:
                 durations.setdefault(cell.config, []).append(cell.duration_s)
         return {config: statistics.median(v) for config, v in durations.items()}
+
+
+def _run_record(row: Sequence[Any]) -> RunRecord:
+    """A run from its row of ``runs`` (the columns of :meth:`Store.runs`, slurm_jobs last)."""
+    jobs = tuple(json.loads(row[-1])) if row[-1] else ()
+    return dataclasses.replace(RunRecord(*row[:-1]), slurm_jobs=jobs)
 
 
 def _param_text(value: Any) -> str:
