@@ -12,10 +12,12 @@ as soon as the backend can place it (:func:`place`, through
 main thread stays free to notice Ctrl-C / SIGTERM, cancel what runs and record what did not; a
 cell that ended is collected (:func:`collect`: its allocation goes back; a profiled cell's
 profiler figures are added to its result, :func:`add_profiler_figures`) and recorded
-(:func:`record`), or retried when its host was lost, or run again when its GPU throttled and
-``[matrix] rerun_throttled`` allows (:func:`orchestrator.results.rerun.should_rerun`; the throttled
-attempt's folder goes to ``superseded/``). Expected failures are results; one bad cell never
-stops the sweep.
+(:func:`record`), or retried when its host was lost (a Slurm job preempted or on a failed
+node too; ``[matrix] retries``), or run again when its GPU throttled and ``[matrix]
+rerun_throttled`` allows (:func:`orchestrator.results.rerun.should_rerun`). The folder of the
+attempt that is not the cell's result goes to ``superseded/``; a retried cell's result names
+its lost attempts (``lost_attempts``). Expected failures are results; one bad cell never stops
+the sweep.
 
 Every cell given to a sweep ends with exactly one result, on disk: a worker that raised or did
 not stop after an interrupt gives a failed result; a result that cannot be written when its cell
@@ -55,6 +57,8 @@ from orchestrator.plan import profilers
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.ordering import order_cells
 from orchestrator.plan.placement import Allocation
+from orchestrator.results import folder_lock
+from orchestrator.results.folder_lock import FolderLock
 from orchestrator.results.profiler_figures import figures_of_cell
 from orchestrator.results.rerun import should_rerun
 from orchestrator.results.run_folder import (
@@ -166,19 +170,24 @@ def run_sweep(
     """
     events = events or NullEvents()
     name, cls = preflight(matrix, backend_name)  # what cannot run, refused before a run folder
-    run = order_run(open_run(matrix, name, results_root, resume), results_root)
-    options = RunOptions(
-        timeout_s=matrix.settings.timeout_s,
-        output_hook=events.cell_output,
-        cancel=cancel or threading.Event(),
-        hosts_file=hosts_file or hosts_file_of(matrix),
-        lock_timeout_s=lock_timeout_s,
-        on_log=events.log,
-    )
-    backend = prepare_backend(cls, matrix, run, options, events)
-    events.sweep_started(run.paths, run.cells, run.expected)
-    results, interrupted = run_all(backend, run.cells, events, retries=matrix.settings.retries)
-    return finish_run(matrix, run, results, interrupted)
+    run = open_run(matrix, name, results_root, resume)
+    try:  # the run folder is locked until its run.json is finished (or the sweep failed)
+        run = order_run(run, results_root)
+        options = RunOptions(
+            timeout_s=matrix.settings.timeout_s,
+            output_hook=events.cell_output,
+            cancel=cancel or threading.Event(),
+            hosts_file=hosts_file or hosts_file_of(matrix),
+            lock_timeout_s=lock_timeout_s,
+            on_log=events.log,
+        )
+        backend = prepare_backend(cls, matrix, run, options, events)
+        events.sweep_started(run.paths, run.cells, run.expected)
+        results, interrupted = run_all(backend, run.cells, events,
+                                       retries=matrix.settings.retries)
+        return finish_run(matrix, run, results, interrupted)
+    finally:
+        run.release()
 
 
 @dataclass
@@ -192,6 +201,18 @@ class OpenRun:
     new: bool
     #: Seconds each configuration (content hash) took in earlier runs of the matrix (median).
     expected: dict[str, float] = field(default_factory=dict)
+    #: The run folder's lock (:func:`lock_run`), held while the sweep works in it.
+    lock: FolderLock | None = None
+
+    def release(self) -> None:
+        """Let go of the run folder's lock."""
+        if self.lock is not None:
+            self.lock.release()
+
+
+#: How long a sweep waits for the results index another process is writing (it only wants
+#: the expected durations; the index's own default is 30 s).
+INDEX_WAIT_S = 2.0
 
 
 def order_run(run: OpenRun, results_root: Path) -> OpenRun:
@@ -202,7 +223,8 @@ def order_run(run: OpenRun, results_root: Path) -> OpenRun:
 
     name = run.meta.get("matrix")
     try:
-        with open_store(results_root, [name] if isinstance(name, str) else None) as store:
+        with open_store(results_root, [name] if isinstance(name, str) else None,
+                        busy_timeout_s=INDEX_WAIT_S) as store:
             run.expected = store.expected_durations(str(name))
     except Exception as exc:  # an unreadable index costs the order, never the sweep
         log.warning("no expected durations from the results store (%s): plan order", exc)
@@ -223,8 +245,10 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
         return _reopen_run(matrix, backend, results_root, resume)
     root = Path(results_root) / matrix.name
     paths: RunPaths | None = None
+    lock: FolderLock | None = None
     try:
         paths = RunPaths.create(results_root, matrix.name)
+        lock = lock_run(paths)  # before plan.json: a --resume of the newest run waits its turn
         paths.matrix_file.write_text(redact_toml(matrix.source_text), encoding="utf-8")
         write_json(paths.plan, plan_json(matrix, backend))
         meta: dict[str, Any] = {
@@ -236,31 +260,56 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
         }
         write_json(paths.run_meta, meta)
     except OSError as exc:
+        if lock is not None:
+            lock.release()
         if paths is not None:
             shutil.rmtree(paths.root, ignore_errors=True)
             with contextlib.suppress(OSError):
                 root.rmdir()  # the matrix's folder, when this run was its first
         raise _unwritable(results_root, f"cannot write the run folder under {root}: "
                           f"{_os_error(exc)}; choose a writable folder") from None
-    return OpenRun(paths, list(matrix.cells), meta, new=True)
+    return OpenRun(paths, list(matrix.cells), meta, new=True, lock=lock)
+
+
+def lock_run(paths: RunPaths) -> FolderLock:
+    """The run folder's lock (``<run>/.lock``), held by the one sweep working in it: a second
+    ``--resume`` of a run that a sweep (or another resume) still works in is refused, naming
+    the holder, before it touches anything (it would archive the running cells' folders,
+    stop their processes and run every remaining cell twice)."""
+    try:
+        return folder_lock.acquire(paths.lock)
+    except folder_lock.LockHeld as exc:
+        raise ConfigError(
+            f"run {paths.run_id} is in use by another sweep ({exc.holder}); wait for it to end "
+            "(or stop it: Ctrl-C / kill PID, then --resume)", field="--resume") from None
 
 
 def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -> OpenRun:
     """``--resume``: an earlier run's folder and the cells of it that did not end ok."""
     paths = find_run(results_root, matrix.name, resume or None)
-    meta = read_json(paths.run_meta)  # damaged: a ConfigError naming it
-    if not isinstance(meta, dict):
-        raise ConfigError("not a JSON object; the file is damaged", file=str(paths.run_meta))
     try:
+        lock = lock_run(paths)
+    except OSError as exc:
+        raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
+                          f"{_os_error(exc)}") from None
+    try:
+        meta = read_json(paths.run_meta)  # damaged: a ConfigError naming it
+        if not isinstance(meta, dict):
+            raise ConfigError("not a JSON object; the file is damaged",
+                              file=str(paths.run_meta))
         cells = cells_to_resume(paths, matrix)
         meta.setdefault("resumed", []).append(
             {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend,
              "controller": controller_id()})
         write_json(paths.run_meta, meta)
     except OSError as exc:
+        lock.release()
         raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
                           f"{_os_error(exc)}") from None
-    return OpenRun(paths, cells, meta, new=False)
+    except BaseException:
+        lock.release()
+        raise
+    return OpenRun(paths, cells, meta, new=False, lock=lock)
 
 
 def _unwritable(results_root: Path, message: str) -> ConfigError:
@@ -433,19 +482,29 @@ def _ended_ok(result: Path) -> bool:
 @dataclass(frozen=True)
 class Attempt:
     """One try of a cell: the first, a retry after its host was lost, or a re-run after it
-    throttled (``reruns`` of them so far)."""
+    throttled (``reruns`` of them so far). ``lost``: the earlier tries whose host was lost
+    (what the cell's result records of them)."""
 
     cell: Cell
     number: int = 1
     reruns: int = 0
+    lost: tuple[dict[str, Any], ...] = ()
 
-    def retry(self) -> Attempt:
-        """The next try of the same cell."""
-        return Attempt(self.cell, self.number + 1, self.reruns)
+    def retry(self, lost: dict[str, Any] | None = None) -> Attempt:
+        """The next try of the same cell, after the try ``lost`` (its host was lost)."""
+        return Attempt(self.cell, self.number + 1, self.reruns,
+                       self.lost + ((lost,) if lost else ()))
 
     def rerun(self) -> Attempt:
         """The next try after a throttled one."""
-        return Attempt(self.cell, self.number + 1, self.reruns + 1)
+        return Attempt(self.cell, self.number + 1, self.reruns + 1, self.lost)
+
+    def record(self, result: CellResult) -> CellResult:
+        """``result`` with the tries before it whose host was lost (``lost_attempts`` in its
+        provenance: each one's number, reason and where its folder was kept)."""
+        if self.lost:
+            result.provenance["lost_attempts"] = [dict(entry) for entry in self.lost]
+        return result
 
 
 @dataclass(frozen=True)
@@ -469,22 +528,24 @@ def run_cells(
     ends (and at the start), :func:`place` the pending ones, run each placed one in a worker
     thread (:meth:`~orchestrator.backends.base.Backend.run_cell`), and :func:`collect` each one
     that ended: its allocation goes back, and a cell whose host was lost runs again (up to
-    ``retries`` times) while one that ended otherwise is recorded (:func:`record`: written to
-    disk, reported). Cancelled: the running cells see the flag, stop their workload and report;
-    one that does not report within :data:`CANCEL_WAIT_S` is recorded failed and left behind.
+    ``retries`` times; the lost attempt's folder kept under ``superseded/`` and named in the
+    result's ``lost_attempts``) while one that ended otherwise is recorded (:func:`record`:
+    written to disk, reported). Cancelled: the running cells see the flag, stop their workload
+    and report; one that does not report within :data:`CANCEL_WAIT_S` is recorded failed and
+    left behind.
 
     Every cell given ends with exactly one recorded result, whatever happened to it.
     """
     results: list[CellResult] = []
 
-    def done(cell: Cell, result: CellResult) -> None:
-        results.append(record(backend.paths, cell, result, events))
+    def done(attempt: Attempt, result: CellResult) -> None:
+        results.append(record(backend.paths, attempt.cell, attempt.record(result), events))
 
     pending: deque[Attempt] = deque()
     for cell in cells:
         reason = backend.unplaceable(cell)
         if reason:
-            done(cell, unplaceable_result(Attempt(cell), reason))
+            done(Attempt(cell), unplaceable_result(Attempt(cell), reason))
         else:
             pending.append(Attempt(cell))
     running: dict[Future[CellResult], Running] = {}
@@ -495,7 +556,7 @@ def run_cells(
             if changed:
                 for attempt, decision in place(backend, pending):
                     if isinstance(decision, str):
-                        done(attempt.cell, unplaceable_result(attempt, decision))
+                        done(attempt, unplaceable_result(attempt, decision))
                         continue
                     events.cell_started(attempt.cell, decision)
                     fut = _in_worker(f"cell-{attempt.cell.id}", backend.run_cell,
@@ -513,7 +574,7 @@ def run_cells(
                 attempt = started.attempt
                 add_profiler_figures(backend, attempt.cell, result)
                 if should_rerun(result, backend.matrix.settings, attempt.reruns) and supersede(
-                        backend.paths, attempt.cell.id, "throttled"):
+                        backend.paths, attempt.cell.id, "throttled") is not None:
                     events.log(f"{attempt.cell.id}: the GPU throttled while measuring; "
                                f"running it again (re-run {attempt.reruns + 1} of "
                                f"{backend.matrix.settings.rerun_throttled})")
@@ -521,16 +582,20 @@ def run_cells(
                     continue
                 if (result.status is Status.HOST_LOST
                         and attempt.number - attempt.reruns <= retries):
+                    # the lost try's folder is kept aside: its output never mixes with the next
+                    kept = supersede(backend.paths, attempt.cell.id, "host_lost")
                     events.log(f"{attempt.cell.id}: {result.reason}; retrying "
                                f"(attempt {attempt.number + 1})")
-                    pending.appendleft(attempt.retry())
+                    pending.appendleft(attempt.retry({
+                        "attempt": attempt.number, "status": result.status.value,
+                        "reason": result.reason, **({"folder": kept} if kept else {})}))
                     continue
-                done(attempt.cell, result)
+                done(attempt, result)
     except KeyboardInterrupt:
         cancel.set()
     # Cancelled: running cells see the flag, kill their workload and report.
     for fut, started in list(running.items()):
-        done(started.attempt.cell, collect(backend, fut, started, wait_s=CANCEL_WAIT_S))
+        done(started.attempt, collect(backend, fut, started, wait_s=CANCEL_WAIT_S))
     return results
 
 
@@ -602,21 +667,23 @@ def add_profiler_figures(backend: Backend, cell: Cell, result: CellResult) -> No
         log.warning("%s: profiler figures not added: %s", cell.id, exc)
 
 
-def supersede(paths: RunPaths, cell_id: str, why: str) -> bool:
+def supersede(paths: RunPaths, cell_id: str, why: str) -> str | None:
     """Move a cell's folder to ``superseded/<cell>-<why>-<ms>`` (an attempt that is not the
-    cell's result, kept for the record). False when it cannot be moved (the attempt then stays
-    the cell's result)."""
+    cell's result, kept for the record). Returns that folder relative to the run ("" when the
+    cell had none), or None when it cannot be moved (the attempt then stays the cell's
+    result)."""
     cell_dir = paths.cell_dir(cell_id)
     try:
-        if cell_dir.exists():
-            archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
-            archive.parent.mkdir(exist_ok=True)
-            cell_dir.rename(archive)
+        if not cell_dir.exists():
+            return ""
+        archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
+        archive.parent.mkdir(exist_ok=True)
+        cell_dir.rename(archive)
     except OSError as exc:
         log.warning("%s: its folder cannot be moved to superseded/ (%s); keeping its result",
                     cell_id, exc)
-        return False
-    return True
+        return None
+    return str(archive.relative_to(paths.root))
 
 
 def record(paths: RunPaths, cell: Cell, result: CellResult, events: SweepEvents) -> CellResult:

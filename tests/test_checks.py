@@ -45,6 +45,7 @@ SHIPPED: dict[str, dict[str, tuple[str, str] | None]] = {
     "docker_smoke": {"cpu-container": None},
     "ssh_smoke": {"cpu": None},
     "apptainer_slurm": {"gpu-node": ("23.10", "2.1.0a0+32f93b1")},
+    "v100_multinode": {"v100-node": ("23.10", "2.1.0a0+32f93b1")},
 }
 
 

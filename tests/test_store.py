@@ -370,3 +370,28 @@ def test_a_write_waits_for_another_writer_instead_of_failing(tmp_path):
         timer.join()
         blocker.close()
         assert len(store.runs()) == 4
+
+
+def test_a_sweep_does_not_wait_30_s_for_an_index_another_process_writes(tmp_path, caplog):
+    """Issue 24, item 16: a sweep only wants its expected durations from the index; while
+    another process holds the index's write lock it waits the sweep's short INDEX_WAIT_S, not
+    the index's 30 s, and goes on in plan order."""
+    from orchestrator import sweep
+
+    three_runs(tmp_path)
+    open_store(tmp_path).close()  # the index exists
+    write_run(tmp_path, "nightly", run_id(4), [Config(params(gpus=1), [100.0])],
+              started=day(4))  # a run the index has not seen: the refresh must write
+    holder = sqlite3.connect(tmp_path / INDEX_NAME, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # as a long re-index in another process
+    try:
+        run = sweep.OpenRun(paths=None, cells=[], meta={"matrix": "nightly"},  # type: ignore
+                            new=False)
+        started = time.monotonic()
+        sweep.order_run(run, tmp_path)
+        waited = time.monotonic() - started
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert run.expected == {} and "stayed locked by another orchestrate" in caplog.text
+    assert waited < store_mod.BUSY_TIMEOUT_S / 2, waited

@@ -8,10 +8,12 @@ imports the Docker SDK or paramiko. :mod:`~orchestrator.backends.base` owns what
 shares (timeouts, log capture, timing, a result from every outcome); a backend fills in launch
 / poll / logs / cancel. :mod:`~orchestrator.backends.containers` (a started container) and
 :mod:`~orchestrator.backends.remote_executions` (a cell's processes on a lab host) are shared by
-the docker and ssh backends. The backends themselves (process, docker, ssh, slurm) never import
-each other. :mod:`~orchestrator.backends.checks` decides, before anything is built, whether each
-cell can run on its backend, its runtime and its stack (``validate``, ``--dry-run`` and the
-sweep's :func:`~orchestrator.backends.checks.preflight` take that one decision).
+the docker and ssh backends; :mod:`~orchestrator.backends.slurm_jobs` is the slurm backend's text
+(its scripts, Slurm's answers: pure). The backends themselves (process, docker, ssh, slurm)
+never import each other. :mod:`~orchestrator.backends.checks` decides, before anything is
+built, whether each cell can run on its backend, its runtime and its stack (``validate``,
+``--dry-run`` and the sweep's :func:`~orchestrator.backends.checks.preflight` take that one
+decision).
 
 May import: errors, config, catalog, plan, results, local, remote, images, runtimes.
 """

@@ -181,6 +181,7 @@ def check_matrix(
         else:
             _CellCheck(found, file, places, cell.params, profile, stack, program).run()
     _program_checks(found, file, matrix, configurations)
+    _node_checks(found, file, places, configurations, backend)
     _gpu_checks(found, file, places, matrix, backend, machine)
     if comparisons and matrix.settings.baseline:
         _baseline_checks(found, file, matrix)
@@ -784,6 +785,23 @@ def _program_checks(found: Findings, file: str, matrix: Matrix, configs: list[Ce
                 f"{key} varies among the cells of program {name!r}, but its command never "
                 f"uses it ({{{key}}} or a placeholder mapping it): those cells run the same "
                 "command")))
+
+
+#: Backends that run one cell on several nodes of a scheduler's choosing (``nodes > 1``).
+MULTI_NODE_BACKENDS = ("slurm",)
+
+
+def _node_checks(found: Findings, file: str, places: _Places, configs: list[Cell],
+                 backend: str) -> None:
+    """``nodes > 1`` only where a backend runs a cell over several nodes."""
+    if backend in MULTI_NODE_BACKENDS or backend not in DEFAULTS:
+        return
+    for nodes in sorted({c.params.nodes for c in configs if c.params.nodes > 1}):
+        for where in places.of("nodes", nodes):
+            found.error(Problem(file, where, (
+                f"nodes = {nodes}: the {backend} backend runs a cell on one machine; a cell "
+                "spans several nodes on the slurm backend (the ssh backend spans hosts with "
+                "[hardware.NAME] multi_node = true and more GPUs than one host has)")))
 
 
 # --- the matrix: its baseline ------------------------------------------------------------------

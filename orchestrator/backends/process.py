@@ -29,6 +29,7 @@ of the runtime and the ``.sif`` here (:func:`orchestrator.runtimes.apptainer.pre
 from __future__ import annotations
 
 import io
+import logging
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -45,6 +46,8 @@ from orchestrator.plan.matrix import Cell
 from orchestrator.plan.placement import Allocation
 from orchestrator.results.run_folder import CellResult
 from orchestrator.runtimes import apptainer, none
+
+log = logging.getLogger(__name__)
 
 #: Seconds between SIGTERM and SIGKILL when a cell is stopped (timeout, interrupt).
 TERM_GRACE_S = 5.0
@@ -152,7 +155,8 @@ class ProcessBackend(Backend):
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
         """Refuse a memory limit this machine cannot apply; stop what a killed orchestrator left
-        running of this run (a resumed run)."""
+        running of this run (a resumed run); remove the empty cgroups killed orchestrators
+        left behind (any run's: :func:`~orchestrator.local.cell_processes.remove_stale_cgroups`)."""
         self._check_memory_limits(cells)
         if any(self.matrix.profile(c).apptainer_runtime for c in cells):
             self.sif_paths = apptainer.prepare(self.matrix, cells, LocalMachine(), on_log=on_log)
@@ -161,6 +165,9 @@ class ProcessBackend(Backend):
         if stopped and on_log:
             on_log(f"stopped {len(stopped)} processes left running by an earlier attempt of "
                    f"run {self.paths.run_id}")
+        for folder in cell_processes.remove_stale_cgroups():
+            log.info("removed the empty cgroup %s (left by an orchestrator killed mid-cell)",
+                     folder)
 
     def _check_memory_limits(self, cells: list[Cell]) -> None:
         limited = sorted({c.hardware for c in cells if self.matrix.profile(c).container.mem_limit})

@@ -19,7 +19,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,6 +194,15 @@ def matrix_name(arg: str) -> str:
     return name
 
 
+def _matrix_of(spec: str) -> str:
+    """The MATRIX of a ``MATRIX:RUN`` run argument ('' when it has none), checked: it names a
+    folder under the results, never one elsewhere (``../x:latest``)."""
+    from orchestrator.config.syntax import check_name
+
+    name = spec.rpartition(":")[0]
+    return check_name(name, "run") if name else name
+
+
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
 
 
@@ -274,10 +283,20 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = [[iso(r.started_at).replace("T", " ").rstrip("Z"), r.matrix, r.run_id,
              r.backend or "", r.status, r.ok, r.failed, _duration(r.duration_s),
              (r.git_revision or "")[:10]] for r in runs]
-    print(tabulate(rows, headers=["started (UTC)", "matrix", "run", "backend", "status", "ok",
-                                  "failed", "duration", "revision"],
-                   tablefmt="simple", disable_numparse=True))
+    headers = ["started (UTC)", "matrix", "run", "backend", "status", "ok", "failed",
+               "duration", "revision"]
+    if any(r.slurm_jobs for r in runs):  # where to look with sacct -j
+        headers.append("slurm jobs")
+        for row, run in zip(rows, runs, strict=True):
+            row.append(_job_ids(run.slurm_jobs))
+    print(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
     return 0
+
+
+def _job_ids(jobs: Sequence[str], shown: int = 3) -> str:
+    """A run's Slurm job and array ids, the first ``shown`` of them and how many more."""
+    more = f" +{len(jobs) - shown}" if len(jobs) > shown else ""
+    return ",".join(jobs[:shown]) + more
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -365,7 +384,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not 0.5 <= confidence < 1:
         raise ConfigError("must be from 50% to below 100%", field="--confidence")
     matrix = matrix_name(args.matrix) if args.matrix else None
-    names = {s.rpartition(":")[0] for s in (args.run_a, args.run_b) if ":" in s} | (
+    names = {_matrix_of(s) for s in (args.run_a, args.run_b) if ":" in s} | (
         {matrix} if matrix else set())
     with open_results(args.results, sorted(names) if names and "" not in names else None
                       ) as store, store.snapshot():

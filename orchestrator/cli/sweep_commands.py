@@ -12,8 +12,10 @@ hosts inventory default from the environment and the user's config file
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -157,7 +159,9 @@ def _checked(path: Path, backend: str | None, strict: bool = False) -> tuple[Mat
     return matrix, refuse_unrunnable(matrix, backend, strict=strict)
 
 
-def plan_lines(matrix: Matrix) -> list[str]:
+def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
+    """The plan's header and table (``backend``: the one the sweep would use, else the
+    matrix's own)."""
     from tabulate import tabulate
 
     from orchestrator.results.summary import column_order
@@ -169,7 +173,7 @@ def plan_lines(matrix: Matrix) -> list[str]:
                      disable_numparse=True)
     groups = len({c.group for c in matrix.cells})
     head = (f"{matrix.name}: {len(matrix.cells)} cells ({groups} configurations x "
-            f"{matrix.settings.repeats} repeats), backend {matrix.settings.backend}")
+            f"{matrix.settings.repeats} repeats), backend {backend or matrix.settings.backend}")
     return [head, table]
 
 
@@ -398,11 +402,20 @@ class LineEvents:
         self.eta: Eta | None = None
         self.clock = SweepClock()
         self._lock = threading.Lock()
+        self.mute = False
 
     def say(self, text: str) -> None:
-        """One timestamped line."""
+        """One timestamped line. Progress that cannot be written (the reader of the pipe is
+        gone: an ssh session closed) goes unsaid; the sweep goes on."""
         with self._lock:
-            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream, flush=True)
+            if self.mute:
+                return
+            try:
+                print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream,
+                      flush=True)
+            except OSError as exc:  # BrokenPipeError, EIO
+                self.mute = True
+                log.debug("progress lines stopped: %s", exc)
 
     def sweep_started(self, paths: RunPaths, cells: list[Cell],
                       expected: Mapping[str, float]) -> None:
@@ -476,7 +489,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         images = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
         inventory = _inventory_line(matrix, args.hosts) if backend == "ssh" else []
         runtime = runtime_lines(matrix, backend, results)
-        print("\n".join([*plan_lines(matrix), *images, *inventory, *runtime]))
+        jobs = slurm_lines(matrix, results) if backend == "slurm" else []
+        print("\n".join([*plan_lines(matrix, backend), *images, *inventory, *runtime, *jobs]))
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
@@ -485,9 +499,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         hosts = hosts_file(args.hosts, hosts_file_of(matrix))
     cancel = threading.Event()
     # SIGINT too, explicitly: a sweep started in the background of a script inherits SIGINT
-    # ignored from the shell, and `kill -INT` must still stop it the one way it stops.
-    previous = {sig: signal.signal(sig, _raise_interrupt)
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    # ignored from the shell, and `kill -INT` must still stop it the one way it stops. SIGHUP
+    # (its terminal or ssh session closed) stops it the same way: its cells stopped and
+    # recorded, its locks released, run.json finished (the default would kill it at once and
+    # orphan the running cell).
+    stopper = _Stopper()
+    previous = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS}
     progress = sweep_events(verbosity(args))
     try:
         if isinstance(progress, RichEvents):
@@ -594,6 +611,55 @@ def runtime_lines(matrix: Matrix, backend: str, results: Path) -> list[str]:
     return lines
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+def slurm_lines(matrix: Matrix, results: Path) -> list[str]:
+    """What ``--dry-run`` says of a slurm sweep's submissions: its arrays and jobs, each with
+    its sbatch options (:meth:`~orchestrator.backends.slurm.SlurmBackend.submission_lines`)."""
+    from orchestrator.backends.base import RunOptions
+    from orchestrator.backends.slurm import SlurmBackend
+    from orchestrator.results.run_folder import RunPaths
+
+    paths = RunPaths(results.resolve() / matrix.name / "<run id>")
+    backend = SlurmBackend(matrix, paths, RunOptions(timeout_s=matrix.settings.timeout_s))
+    return backend.submission_lines(list(matrix.cells))
+
+
+#: The signals that stop a sweep the one way it stops (see :func:`cmd_matrix`).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Stopper:
+    """The handler of :data:`STOP_SIGNALS`: each raises KeyboardInterrupt in the main thread.
+
+    SIGHUP means the terminal is gone: a closed terminal sends it twice (the kernel, then the
+    shell), and writing to it fails (EIO). So the first SIGHUP also points stdout and stderr at
+    /dev/null where they were that terminal (known from the start: a hung-up terminal no longer
+    says it is one), and later ones are ignored: the sweep stops once, quietly."""
+
+    def __init__(self) -> None:
+        self.terminal_fds = [fd for fd in (1, 2) if _isatty(fd)]
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGHUP:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            _to_devnull(self.terminal_fds)
+        raise KeyboardInterrupt
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _to_devnull(fds: list[int]) -> None:
+    if not fds:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 

@@ -90,6 +90,8 @@ MAX_LIST = MAX_CELLS
 MAX_EXCLUDES = 100
 #: Most accelerators of one cell: eight full 8-GPU nodes.
 MAX_GPUS = 64
+#: Most nodes one cell spans (one CPU process or GPU on each at least).
+MAX_NODES = MAX_GPUS
 #: Longest per-cell timeout: a week.
 MAX_TIMEOUT_S = 7 * 24 * 3600
 #: Biggest memory size (shm_size, mem_limit, Slurm mem): more than any machine has.
@@ -104,6 +106,17 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=64)]
 #: A path or other string that reaches argv, a file or an environment: no NUL byte (the kernel
 #: cannot pass one), no line break, at most PATH_MAX.
 PathText = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+def _not_an_option(value: str) -> str:
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with '-': the program would read it as an option; "
+                         f"write a path that does not (./{value})")
+    return value
+
+
+#: A dataset path handed to the program as ``--data VALUE``: never one that reads as an option.
+DataPath = Annotated[PathText, AfterValidator(_not_an_option)]
 #: An environment variable name as POSIX shells accept it.
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
 #: An environment value: anything but a NUL byte (exec cannot pass one), at most 32 KiB.
@@ -125,7 +138,7 @@ MIN_TELEMETRY_INTERVAL_S = 0.05
 #: Parameters the orchestrator consumes itself; every other one is passed to the workload.
 #: ``program`` picks what the cell runs; ``ngc_release`` the image it runs in (its profile's
 #: ``base_tag``): neither is a flag of the workload.
-ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "program", "ngc_release"})
+ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "nodes", "program", "ngc_release"})
 #: The program name of our own benchmark workload (every other program is a [commands.NAME]).
 WORKLOAD_PROGRAM = "workload"
 #: An NGC PyTorch release as a cell parameter: ``YY.MM`` (its image tag is ``YY.MM-py3``).
@@ -147,6 +160,11 @@ class CellParams(StrictModel):
         1, description=f"Accelerators (or CPU worker processes) per cell, 1..{MAX_GPUS} (eight "
         "8-GPU nodes; a typo of 1000000 would start a million processes).",
     )
+    nodes: Annotated[int, Field(gt=0, le=MAX_NODES)] = Field(
+        1, description=f"Nodes the cell spans, 1..{MAX_NODES} (slurm backend): one job of "
+        "--nodes=N with its `gpus` split evenly over them (gpus must be a multiple of nodes), "
+        "one torchrun per node, the rendezvous on the first node.",
+    )
     batch_size: Annotated[int, Field(gt=0, le=65536)] = Field(
         64, description="Batch size per GPU / rank, 1..65536 (beyond any accelerator's memory "
         "for these models).",
@@ -165,7 +183,7 @@ class CellParams(StrictModel):
     iterations: Annotated[int, Field(gt=0, le=1_000_000)] = Field(
         100, description="Measured iterations, 1..1000000 (a day or more at a realistic step time)."
     )
-    data: PathText = Field(
+    data: DataPath = Field(
         "synthetic",
         description="'synthetic' or an ImageFolder dataset path (as the runner sees it).",
     )
@@ -221,6 +239,18 @@ class CellParams(StrictModel):
         "them on the same hardware (docker and ssh backends; the workload never sees it). "
         "Unset: the profile's own base_tag or release.",
     )
+
+    @model_validator(mode="after")
+    def _gpus_split_over_nodes(self) -> CellParams:
+        if self.gpus % self.nodes:
+            raise ValueError(f"gpus = {self.gpus} cannot be split evenly over nodes = "
+                             f"{self.nodes}: give a multiple of nodes (gpus counts every node's)")
+        return self
+
+    @property
+    def gpus_per_node(self) -> int:
+        """Accelerators (or CPU worker processes) on each node of the cell."""
+        return self.gpus // self.nodes
 
     def workload_params(self) -> dict[str, Any]:
         """The parameters the workload receives as command-line flags (unset ones left out)."""
@@ -379,8 +409,34 @@ class SlurmOptions(StrictModel):
     )
     extra_args: list[SbatchValue] = Field(
         [], max_length=64, description="More sbatch options, one per #SBATCH line, in "
-        "--name=value form, e.g. '--constraint=a100'."
+        "--name=value form, e.g. '--constraint=a100' (not --requeue: a preempted cell is run "
+        "again by the sweep, as a job of its own).",
     )
+    conf: PathText | None = Field(
+        None, description="The slurm.conf of the cluster these cells go to: SLURM_CONF of "
+        "sbatch, squeue, sacct and scancel, and of the jobs (their srun). Default: this "
+        "environment's SLURM_CONF, else Slurm's own.",
+    )
+    arrays: bool = Field(
+        True, description="Submit the cells of one job shape (the same sbatch options) that "
+        "the sweep places together as one job array: one sbatch for all of them. false: one "
+        "sbatch per cell.",
+    )
+    array_limit: Annotated[int, Field(gt=0, le=MAX_CELLS)] | None = Field(
+        None, description=f"At most this many tasks of each array run at once (sbatch "
+        f"--array=0-K%N), 1..{MAX_CELLS}. Default: as many as Slurm can place.",
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_requeue(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if arg.split("=", 1)[0] in ("--requeue", "--no-requeue"):
+                raise ValueError(
+                    f"{arg!r}: orchestrate submits every job with --no-requeue and runs a "
+                    "preempted or lost cell again itself, as a new job ([matrix] retries): a "
+                    "job Slurm requeued would run the cell twice under one id, into one output")
+        return args
 
     @field_validator("mem")
     @classmethod
@@ -663,6 +719,7 @@ BUILTIN_PLACEHOLDERS: dict[str, str] = {
     "(a DLLogger raport, a trace) ends up in the cell folder",
     "total_iterations": "warmup + iterations, for a program that counts its warmup in (DLE's "
     "--prof)",
+    "gpus_per_node": "gpus / nodes: the processes (GPUs) of each node of a multi-node cell",
     "cell_id": "the cell's id",
 }
 #: How a command is started for several GPUs: ``torchrun`` starts one process per GPU with
@@ -932,7 +989,8 @@ def command_values(params: CellParams, program: str, *, python: str, output_dir:
     as resolved) and the built-in placeholders."""
     return {**params.model_dump(), "program": program, "python": python,
             "output_dir": output_dir, "cell_id": cell_id,
-            "total_iterations": params.warmup + params.iterations}
+            "total_iterations": params.warmup + params.iterations,
+            "gpus_per_node": params.gpus_per_node}
 
 
 @dataclass(frozen=True)

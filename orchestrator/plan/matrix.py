@@ -282,7 +282,7 @@ def _too_many_cells(
 
 _ABBREV = {
     "image_size": "px", "warmup": "w", "iterations": "it", "num_classes": "nc", "workers": "wk",
-    "seed": "seed", "ngc_release": "ngc",
+    "seed": "seed", "ngc_release": "ngc", "nodes": "n",
 }
 
 
@@ -321,7 +321,7 @@ def _id_parts(params: dict[str, Any], varying: Sequence[str], program: str = WOR
 #: before it existed), and a retired field keeps the value it always had there.
 HASH_NEUTRAL_PARAMS: dict[str, Any] = {
     "hpu_mode": None, "profile_start": 0, "profile_iterations": 5, "telemetry_interval": 0.5,
-    "program": None, "ngc_release": None,
+    "program": None, "ngc_release": None, "nodes": 1,
 }
 HASH_NEUTRAL_PROFILE: dict[str, Any] = {
     "gpu": None, "compute_capability": None, "program": None, "figures": None,
@@ -330,6 +330,10 @@ HASH_NEUTRAL_PROFILE: dict[str, Any] = {
        for tool in ("nsys", "ncu", "nvprof", "apptainer")},
 }
 HASH_RETIRED_PROFILE: dict[str, Any] = {"backend": None}
+#: Fields added to a profile's sub-tables after cells were first hashed, as HASH_NEUTRAL_PROFILE.
+HASH_NEUTRAL_PROFILE_TABLES: dict[str, dict[str, Any]] = {
+    "slurm": {"conf": None, "arrays": True, "array_limit": None},
+}
 
 
 def _hashed(dump: dict[str, Any], neutral: dict[str, Any]) -> dict[str, Any]:
@@ -347,9 +351,12 @@ def content_hash(params: CellParams, profile: HardwareProfile, program: Program 
     dump = params.model_dump()
     if program is not None and program.command is None:
         dump["program"] = None  # our workload, however it was named: as before programs
+    profile_dump = profile.model_dump()
+    for table, neutral in HASH_NEUTRAL_PROFILE_TABLES.items():
+        profile_dump[table] = _hashed(profile_dump[table], neutral)
     content: dict[str, Any] = {
         "params": _hashed(dump, HASH_NEUTRAL_PARAMS),
-        "profile": {**_hashed(profile.model_dump(), HASH_NEUTRAL_PROFILE),
+        "profile": {**_hashed(profile_dump, HASH_NEUTRAL_PROFILE),
                     **HASH_RETIRED_PROFILE},
     }
     if program is not None and program.command is not None:
@@ -510,6 +517,18 @@ def _check_hardware_values(
     return problems
 
 
+def _check_nodes(assignments: list[dict[str, Any]], file: str) -> list[Problem]:
+    """Every cell's GPUs split evenly over its nodes (one problem per gpus/nodes pair)."""
+    pairs = sorted({(a.get("gpus", 1), a.get("nodes", 1)) for a in assignments
+                    if isinstance(a.get("gpus", 1), int) and isinstance(a.get("nodes", 1), int)
+                    and a.get("nodes", 1) > 0 and a.get("gpus", 1) % a.get("nodes", 1)})
+    return [Problem(file, "nodes", (
+        f"a cell has gpus = {gpus} and nodes = {nodes}: gpus counts the GPUs (or CPU "
+        f"processes) of all its nodes, so give a multiple of nodes (e.g. gpus = "
+        f"{gpus // nodes * nodes or nodes} or {(gpus // nodes + 1) * nodes})"))
+        for gpus, nodes in pairs]
+
+
 # --- entry points ----------------------------------------------------------------------------
 
 
@@ -546,6 +565,7 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
         problems.append(_too_many_cells(
             file, _factors(mf, raw), len(mf.include), mf.matrix.repeats, cells_planned
         ))
+    problems += _check_nodes(assignments, file)
     if problems:
         raise ConfigError(problems)
 

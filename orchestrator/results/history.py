@@ -25,7 +25,6 @@ Built from the results store (:mod:`orchestrator.results.store`), so only what i
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -38,6 +37,7 @@ from tabulate import tabulate
 
 from orchestrator.config.references import ReferenceCheck, ReferenceEntry, check
 from orchestrator.errors import ConfigError
+from orchestrator.results import safejson
 from orchestrator.results.stats import (
     Check,
     between_run_variance,
@@ -367,10 +367,11 @@ def _missing(run: RunRecord, by_run: dict[int, list[CellRecord]], earlier_newest
 def _planned_configs(run: RunRecord) -> set[str] | None:
     """Content hashes the run's plan lists (None: the plan lists none, e.g. a hand-made run)."""
     try:
-        plan = json.loads((Path(run.path) / "plan.json").read_text(encoding="utf-8"))
+        plan = safejson.loads((Path(run.path) / "plan.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    hashes = {c["hash"] for c in plan.get("cells", [])
+    cells = plan.get("cells") if isinstance(plan, dict) else None
+    hashes = {c["hash"] for c in (cells if isinstance(cells, list) else [])
               if isinstance(c, dict) and isinstance(c.get("hash"), str)}
     return hashes or None
 

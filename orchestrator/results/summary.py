@@ -232,12 +232,14 @@ def _optional(row: GroupRow, ok: Sequence[CellResult]) -> None:
     row.throttled = sum(flags) if flags else None
 
 
-def _baselines(rows: Sequence[GroupRow], key: str, value: str
+def _baselines(rows: Sequence[GroupRow], key: str, value: str, also: Sequence[str] = ()
                ) -> list[tuple[GroupRow, GroupRow]]:
-    """(row, its baseline): the row with ``key = value`` and otherwise equal parameters, both
-    with a throughput."""
+    """(row, its baseline): the row with ``key = value`` and otherwise equal parameters (those
+    in ``also`` may differ too), both with a throughput."""
+    skip = {key, *also}
+
     def others(row: GroupRow) -> str:
-        return repr(sorted((k, v) for k, v in row.params.items() if k != key))
+        return repr(sorted((k, v) for k, v in row.params.items() if k not in skip))
 
     base = {others(r): r for r in rows if param_matches(r.params.get(key), value) and r.ips}
     return [(row, base[others(row)]) for row in rows
@@ -251,10 +253,11 @@ def _mark_cross_stack(row: GroupRow, ref: GroupRow, what: str) -> None:
 
 
 def _scaling(rows: list[GroupRow]) -> None:
-    """Speedup and efficiency vs the 1-GPU row with otherwise equal parameters."""
+    """Speedup and efficiency vs the 1-GPU row with otherwise equal parameters (its nodes
+    aside: a 16-GPU cell on two nodes is measured against one GPU, as DLPerf's 2n8g)."""
     if len({r.params.get("gpus") for r in rows}) < 2:
         return
-    for row, ref in _baselines(rows, "gpus", "1"):
+    for row, ref in _baselines(rows, "gpus", "1", also=("nodes",)):
         row.speedup = _ips_ratio(row, ref)
         row.efficiency = row.speedup / row.params["gpus"]
         _mark_cross_stack(row, ref, "speedup")

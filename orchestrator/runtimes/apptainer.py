@@ -63,7 +63,7 @@ from orchestrator.errors import ConfigError, Problem
 from orchestrator.images import build
 from orchestrator.images.sif import LocalMachine, Machine, SifPlan, ensure_sif, plan_sif
 from orchestrator.plan import selection
-from orchestrator.plan.launch import CellCommand, LaunchSpec, NodeRole, cell_command
+from orchestrator.plan.launch import CellCommand, LaunchSpec, NodeLaunch, cell_command
 from orchestrator.plan.matrix import Cell
 from orchestrator.plan.selection import ImageKey
 from orchestrator.runtimes import DEFAULTS, Report
@@ -213,7 +213,7 @@ def apptainer_command(
     image: str,
     output_dir: str,
     gpu_ids: tuple[int, ...] = (),
-    node: NodeRole | None = None,
+    node: NodeLaunch | None = None,
 ) -> CellCommand:
     """The command of ``cell`` under ``apptainer exec`` with ``image`` (a .sif path where the
     cell runs), writing into ``output_dir`` (bound at its own path). ``gpu_ids``: the local GPUs
@@ -279,10 +279,12 @@ class BatchCommand:
 
 
 def batch_command(cell: Cell, profile: HardwareProfile, program: Program, *, image: str,
-                  output_dir: str, gpus: bool) -> BatchCommand:
+                  output_dir: str, gpus: bool, node: NodeLaunch | None = None) -> BatchCommand:
     """``cell`` under ``apptainer exec`` in a batch job whose GPUs the scheduler grants at run
-    time (``gpus``: it asks for some): :func:`apptainer_command` with no GPU ids pinned."""
-    command = apptainer_command(cell, profile, program, image=image, output_dir=output_dir)
+    time (``gpus``: it asks for some): :func:`apptainer_command` with no GPU ids pinned;
+    ``node``: the cell's part of a multi-node launch (the job's ``srun`` runs it per node)."""
+    command = apptainer_command(cell, profile, program, image=image, output_dir=output_dir,
+                                node=node)
     binary = binary_of(profile)
     prefix = env_prefix(binary)
     return BatchCommand(

@@ -30,7 +30,7 @@ from typing import Any
 from orchestrator import REPO_ROOT
 from orchestrator.config.matrix_file import HardwareProfile, Program
 from orchestrator.errors import Problem
-from orchestrator.plan.launch import CellCommand, cell_command
+from orchestrator.plan.launch import CellCommand, NodeLaunch, cell_command
 from orchestrator.plan.matrix import Cell
 from orchestrator.runtimes import Report
 
@@ -39,12 +39,12 @@ BACKENDS = ("process", "slurm")
 
 
 def command(cell: Cell, profile: HardwareProfile, program: Program, *, output_dir: str,
-            gpu_ids: tuple[int, ...] = ()) -> CellCommand:
+            gpu_ids: tuple[int, ...] = (), node: NodeLaunch | None = None) -> CellCommand:
     """The cell's program with this Python, in the command's ``workdir`` else this checkout;
     ``gpu_ids``: the local GPUs to pin (none under Slurm, which sets ``CUDA_VISIBLE_DEVICES``
-    for the GPUs it grants)."""
+    for the GPUs it grants); ``node``: the cell's part of a multi-node launch."""
     found = cell_command(cell, profile, program, python=sys.executable, output_dir=output_dir,
-                         gpu_ids=gpu_ids)
+                         gpu_ids=gpu_ids, node=node)
     return dataclasses.replace(found, workdir=found.workdir or str(REPO_ROOT))
 
 
