@@ -65,6 +65,7 @@ from orchestrator.results.run_folder import (
     CellResult,
     RunPaths,
     Status,
+    check_results_root,
     find_run,
     read_json,
     write_json,
@@ -169,7 +170,10 @@ def run_sweep(
     run the cells -> finish the run (unrun cells recorded, tables and plot written).
     """
     events = events or NullEvents()
-    name, cls = preflight(matrix, backend_name)  # what cannot run, refused before a run folder
+    hosts_file = hosts_file or hosts_file_of(matrix)
+    decision = preflight(matrix, backend_name, hosts_file=hosts_file)  # before a run folder
+    check_run(matrix, results_root, resume)
+    name, cls = decision.backend, decision.cls
     run = open_run(matrix, name, results_root, resume)
     try:  # the run folder is locked until its run.json is finished (or the sweep failed)
         run = order_run(run, results_root)
@@ -177,7 +181,7 @@ def run_sweep(
             timeout_s=matrix.settings.timeout_s,
             output_hook=events.cell_output,
             cancel=cancel or threading.Event(),
-            hosts_file=hosts_file or hosts_file_of(matrix),
+            hosts_file=hosts_file,
             lock_timeout_s=lock_timeout_s,
             on_log=events.log,
         )
@@ -271,6 +275,42 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
     return OpenRun(paths, list(matrix.cells), meta, new=True, lock=lock)
 
 
+def check_run(matrix: Matrix, results_root: Path, resume: str | None) -> RunPaths | None:
+    """What a sweep refuses of its own run before it opens a run folder, decided without
+    writing anything (``matrix --dry-run`` takes the same decision): the results folder is a
+    folder; with ``resume`` (a run id, ``""``: the newest), the run is found, no other sweep
+    works in it, its run.json is readable, and the matrix's cells are the ones it planned.
+    Returns the run to resume (None: a new run). ConfigError otherwise, naming the option."""
+    check_results_root(results_root)
+    if resume is None:
+        return None
+    try:
+        paths = find_run(results_root, matrix.name, resume or None)
+    except ConfigError as exc:  # said of the option that asked for it
+        raise ConfigError([Problem(p.file, "--resume", p.message) for p in exc.problems]
+                          ) from None
+    holder = folder_lock.holder(paths.lock)
+    if holder is not None:
+        raise _in_use(paths, holder)
+    _run_meta(paths)
+    resume_selection(paths, matrix)
+    return paths
+
+
+def _in_use(paths: RunPaths, holder: str) -> ConfigError:
+    return ConfigError(
+        f"run {paths.run_id} is in use by another sweep ({holder}); wait for it to end "
+        "(or stop it: Ctrl-C / kill PID, then --resume)", field="--resume")
+
+
+def _run_meta(paths: RunPaths) -> dict[str, Any]:
+    """A run's run.json, which a resume adds to (damaged: a ConfigError naming it)."""
+    meta = read_json(paths.run_meta)
+    if not isinstance(meta, dict):
+        raise ConfigError("not a JSON object; the file is damaged", file=str(paths.run_meta))
+    return meta
+
+
 def lock_run(paths: RunPaths) -> FolderLock:
     """The run folder's lock (``<run>/.lock``), held by the one sweep working in it: a second
     ``--resume`` of a run that a sweep (or another resume) still works in is refused, naming
@@ -279,9 +319,7 @@ def lock_run(paths: RunPaths) -> FolderLock:
     try:
         return folder_lock.acquire(paths.lock)
     except folder_lock.LockHeld as exc:
-        raise ConfigError(
-            f"run {paths.run_id} is in use by another sweep ({exc.holder}); wait for it to end "
-            "(or stop it: Ctrl-C / kill PID, then --resume)", field="--resume") from None
+        raise _in_use(paths, exc.holder) from None
 
 
 def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -> OpenRun:
@@ -293,10 +331,7 @@ def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -
         raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
                           f"{_os_error(exc)}") from None
     try:
-        meta = read_json(paths.run_meta)  # damaged: a ConfigError naming it
-        if not isinstance(meta, dict):
-            raise ConfigError("not a JSON object; the file is damaged",
-                              file=str(paths.run_meta))
+        meta = _run_meta(paths)
         cells = cells_to_resume(paths, matrix)
         meta.setdefault("resumed", []).append(
             {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend,
@@ -431,7 +466,20 @@ def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
 
 
 def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
-    """The cells of ``matrix`` that did not end ok in run ``paths``; their old files archived.
+    """The cells of ``matrix`` that did not end ok in run ``paths`` (:func:`resume_selection`);
+    their old files archived."""
+    todo = resume_selection(paths, matrix)
+    for cell in todo:
+        cell_dir = paths.cell_dir(cell.id)
+        if cell_dir.exists():
+            archive = paths.root / "superseded" / f"{cell.id}-{int(time.time() * 1000)}"
+            archive.parent.mkdir(exist_ok=True)
+            cell_dir.rename(archive)
+    return todo
+
+
+def resume_selection(paths: RunPaths, matrix: Matrix) -> list[Cell]:
+    """The cells of ``matrix`` that did not end ok in run ``paths``; only reads.
 
     A result that cannot be read (a crash mid-write on an old version, a damaged disk) did not
     end ok. Refuses (ConfigError) when the matrix no longer matches the run's plan: resuming
@@ -454,17 +502,7 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
         raise ConfigError(
             f"the matrix changed since run {paths.run_id} ({len(changed)} cells differ, e.g. "
             f"{changed[0]}); start a new run instead of --resume", file=str(matrix.path))
-    todo = []
-    for cell in matrix.cells:
-        if _ended_ok(paths.cell_result(cell.id)):
-            continue
-        cell_dir = paths.cell_dir(cell.id)
-        if cell_dir.exists():
-            archive = paths.root / "superseded" / f"{cell.id}-{int(time.time() * 1000)}"
-            archive.parent.mkdir(exist_ok=True)
-            cell_dir.rename(archive)
-        todo.append(cell)
-    return todo
+    return [cell for cell in matrix.cells if not _ended_ok(paths.cell_result(cell.id))]
 
 
 def _ended_ok(result: Path) -> bool:

@@ -418,7 +418,7 @@ for _name, _argv, _field in [
     ("report-matrix-abs", ["report", "/etc"], "matrix"),
     ("history-matrix-dotdot", ["history", "../../etc"], "matrix"),
     ("history-matrix-file", ["history", "..toml"], "matrix"),
-    ("resume-dotdot", ["matrix", "{dir}/m.toml", "--resume", "../../x"], "run id"),
+    ("resume-dotdot", ["matrix", "{dir}/m.toml", "--resume", "../../x"], "--resume"),
     ("clean-run-dotdot", ["clean", "--run", "../x"], "--run"),
     ("clean-run-empty", ["clean", "--run", ""], "--run"),
     ("clean-matrix-slash", ["clean", "--matrix", "a/b"], "--matrix"),
@@ -734,11 +734,11 @@ case("cli", "report-accepted", ["report", "m", "--results", "{results}", "--base
      setup=_a_run, expect=0, out=("100.0",))
 case("cli", "dry-run-accepted", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
                                  "{results}"],
-     files={"m.toml": mx()}, expect=0, out=("dry run: would run 1 cells",))
+     files={"m.toml": mx()}, expect=0, out=("dry run: would run 1 cell with",))
 case("cli", "dry-run-names-the-backend-given-accepted",
      ["matrix", "{dir}/m.toml", "--dry-run", "--backend", "slurm", "--results", "{results}"],
      files={"m.toml": mx()}, expect=0, out=("repeats), backend slurm\n",
-                                            "dry run: would run 1 cells with backend slurm"))
+                                            "dry run: would run 1 cell with backend slurm"))
 _SSH_SMOKE = (ROOT / "matrices" / "ssh_smoke.toml").read_text()
 case("cli", "dry-run-ssh-missing-hosts",
      ["matrix", "{dir}/s.toml", "--dry-run", "--hosts", "{dir}/none.toml"],
@@ -1193,11 +1193,20 @@ bad_matrix("can-it-run", "cross-stack-baseline-strict",
                 "with 'v100' (NGC PyTorch 23.10"))
 
 
+#: The files a Bitfusion image copies into its build context (the lab's own client and CA),
+#: next to the matrix.
+BITFUSION_FILES = {"bitfusion-client.deb": b"!<arch>\n", "bitfusion-ca.crt": "-----BEGIN\n"}
+_BF_FILES = 'client_deb = "bitfusion-client.deb", ca_cert = "bitfusion-ca.crt"'
+
+
 def good_run(name: str, text: str, cells: int, out: tuple[str, ...] = (),
              argv: tuple[str, ...] = ("validate",), gpu: str = "V100") -> None:
     """A matrix the checks must accept (exit 0), with ``out`` on stdout, on a machine with a
     ``gpu`` (the docker backend's cells run on this machine's GPUs; a stand-in)."""
-    case("can-it-run", name, [*argv, "{dir}/m.toml"], files={"m.toml": text}, expect=0,
+    files: dict[str, str | bytes] = {"m.toml": text}
+    if 'wrapper = "bitfusion"' in text:
+        files.update(BITFUSION_FILES)
+    case("can-it-run", name, [*argv, "{dir}/m.toml"], files=files, expect=0,
          out=(f"ok ({cells} cells)", *out) if argv == ("validate",) else out, gpu=gpu)
 
 
@@ -1227,15 +1236,15 @@ good_run("bool-baseline", mx(matrix='baseline = "channels_last=false"',
 good_run("same-stack-bitfusion-baseline",
          gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
             after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
-                  'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3" }\n'), 2,
+                  'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3", ' + _BF_FILES
+                  + ' }\n'), 2,
          ("hardware bf (docker backend): NGC PyTorch 23.10",))
 _BF = gx(axes='hardware = ["v100", "bf"]', hw=None,
          after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
                'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3", client_deb = '
                '"client.deb", ca_cert = "ca.crt" }\n')
-good_run("missing-build-file-is-a-warning", _BF, 2,
-         ("warning:", "hardware.bf.image_vars.client_deb: file or folder",
-          "`orchestrate matrix` refuses to run until it is fixed"))
+bad_matrix("can-it-run", "missing-build-file-is-refused", _BF, "hardware.bf.image_vars.client_deb",
+           err=("file or folder", "m.toml: hardware.bf.image_vars.ca_cert"), gpu="V100")
 bad_matrix("can-it-run", "missing-build-file-strict", _BF, "hardware.bf.image_vars.client_deb",
            command=("validate", "--strict"), err=("hardware.bf.image_vars.ca_cert",), gpu="V100")
 bad_matrix("can-it-run", "missing-build-file-dry-run", _BF, "hardware.bf.image_vars.client_deb",
@@ -1244,7 +1253,7 @@ bad_matrix("can-it-run", "missing-build-file-dry-run", _BF, "hardware.bf.image_v
 good_run("cross-stack-baseline-warns",
          gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
             after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
-                  'wrapper = "bitfusion"\n'), 2,
+                  'wrapper = "bitfusion"\nimage_vars = { ' + _BF_FILES + ' }\n'), 2,
          ("warning:", "different software stacks", "NGC PyTorch 24.05"))
 good_run("process-backend-runs-this-python", mx(workload='arch = "resnext101_32x4d"'), 1,
          ("this machine's Python (torch ",))

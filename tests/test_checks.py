@@ -216,7 +216,8 @@ def test_what_this_machine_lacks_is_refused_before_the_run_folder_all_at_once(
     with pytest.raises(ConfigError) as err:
         run_sweep(matrix, results_root=tmp_path / "results")
     assert [p.field for p in err.value.problems] == ["hardware.cpu.env.TOKEN",
-                                                     "hardware.cpu.apptainer.binary"]
+                                                     "hardware.cpu.apptainer.binary",
+                                                     "hardware.cpu.apptainer.sif"]
     assert not (tmp_path / "results").exists()
 
 

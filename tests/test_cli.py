@@ -185,14 +185,15 @@ def test_help_names_every_backend(capsys):
 
 def test_dry_run_refuses_a_missing_build_file_before_printing_the_plan(tmp_path, capsys,
                                                                        gpu_machine):
-    """The Bitfusion client .deb is the lab's own: validate warns, a dry run refuses at once
-    (one screen: no 36-row plan above the error)."""
+    """The Bitfusion client .deb is the lab's own: the sweep refuses a build that would miss it,
+    so validate and a dry run refuse it too, at once (one screen: no 36-row plan above the
+    error)."""
     gpu_machine("V100")  # the native profile's cells run on this machine's V100
     path = tmp_path / "bitfusion_vs_native.toml"
     path.write_text((ROOT / "matrices" / "bitfusion_vs_native.toml").read_text())
-    assert main(["validate", str(path)]) == 0
-    out = capsys.readouterr().out
-    assert "ok (36 cells)" in out and "warning:" in out and "image_vars.client_deb" in out
+    assert main(["validate", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "image_vars.client_deb: file or folder" in captured.err
     assert main(["matrix", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""

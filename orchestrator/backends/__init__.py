@@ -65,18 +65,3 @@ def backend_for(matrix: Matrix, override: str | None = None) -> str:
     """The backend a sweep of ``matrix`` runs on: ``override`` (``--backend``), else
     ``[matrix] backend``."""
     return override or matrix.settings.backend
-
-
-def pick_backend(matrix: Matrix, override: str | None = None) -> tuple[str, type[Backend]]:
-    """The backend's name and class (:func:`backend_for`), checked available here.
-
-    An unknown name is a ConfigError naming where it came from; a backend that cannot run here
-    is :class:`~orchestrator.errors.BackendUnavailable`.
-    """
-    name = backend_for(matrix, override)
-    if override:
-        cls = backend_class(name)
-    else:
-        cls = backend_class(name, file=str(matrix.path), field="matrix.backend")
-    cls.check_available()
-    return name, cls

@@ -63,7 +63,7 @@ from typing import Any, BinaryIO, ClassVar
 
 from orchestrator import REPO_ROOT, __version__
 from orchestrator.config.redact import Scrubber, secret_env
-from orchestrator.errors import OrchestratorError, Problem
+from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.images.sif import LocalMachine
 from orchestrator.local import locks
 from orchestrator.local.locks import (
@@ -228,6 +228,20 @@ class Backend(ABC):
                            if matrix.profiles[c.hardware].apptainer_runtime})
         return apptainer.host_problems(matrix, profiles, LocalMachine())
 
+    @classmethod
+    def prepare_problems(cls, matrix: Matrix, cells: Iterable[Cell],
+                         hosts_file: Path | None = None) -> list[Problem]:
+        """Before a run folder exists (:func:`orchestrator.backends.checks.preflight`): what
+        :meth:`prepare` would refuse, decided without building, connecting or writing.
+        Default: the plans of the Apptainer images the cells need
+        (:func:`orchestrator.runtimes.apptainer.plan_sifs`). ``hosts_file``: the inventory a
+        remote backend reads."""
+        try:
+            apptainer.plan_sifs(matrix, cells)
+        except ConfigError as exc:
+            return list(exc.problems)
+        return []
+
     def prepare(  # noqa: B027 - optional hook
         self, cells: list[Cell], on_log: Callable[[str], None] | None = None
     ) -> None:
@@ -240,6 +254,22 @@ class Backend(ABC):
     @abstractmethod
     def launch(self, spec: LaunchSpec) -> Execution:
         """Start the cell. Raise LaunchError if it cannot start at all."""
+
+    def dry_spec(self, cell: Cell) -> LaunchSpec:
+        """The launch spec ``cell`` would get, for a dry run: decided without preparing,
+        building, connecting or locking (its GPUs as this backend would place them on an idle
+        machine). Default: :meth:`spec` on :meth:`dry_allocation`."""
+        return self.spec(cell, self.dry_allocation(cell))
+
+    def dry_allocation(self, cell: Cell) -> Allocation:
+        """Where ``cell`` would run on an idle machine (the GPUs :meth:`allocate` gives first)."""
+        profile = self.matrix.profile(cell)
+        if profile.wrapper == "bitfusion":
+            return Allocation.local(cell.id)
+        if profile.device == "cpu":
+            return Allocation.local(cell.id, tuple(profile.gpu_ids or ()))
+        ids = profile.gpu_ids if profile.gpu_ids is not None else range(cell.params.gpus)
+        return Allocation.local(cell.id, tuple(ids)[: cell.params.gpus])
 
     def runtime_image(self, cell: Cell) -> str:
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)

@@ -77,11 +77,12 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.backends import backend_for, gpu_checks, pick_backend
+from orchestrator.backends import backend_class, backend_for, gpu_checks
 from orchestrator.catalog import gpus, releases, stacks, templates
 from orchestrator.config.matrix_file import (
     ORCHESTRATOR_PARAMS,
@@ -202,19 +203,50 @@ def refuse_unrunnable(
     return found
 
 
-def preflight(matrix: Matrix, override: str | None = None) -> tuple[str, type[Backend]]:
-    """Everything a sweep refuses before its run folder exists, in this order (the first step
-    that fails raises): the matrix's own problems (:func:`refuse_unrunnable`; the baseline is
-    the caller's to check: a ``--only`` subset may leave out its rows); the backend
-    (``override``, else ``[matrix] backend``: a name of this build that can run here,
-    :func:`orchestrator.backends.pick_backend`); what this machine lacks for the run
-    (:func:`machine_problems`). Returns the backend's name and class."""
-    refuse_unrunnable(matrix, backend_for(matrix, override), comparisons=False)
-    name, cls = pick_backend(matrix, override)
-    problems = machine_problems(matrix, cls)
+@dataclass
+class Decision:
+    """What :func:`preflight` decided: the backend the cells run on and the checks' findings
+    (its warnings and notes, for the command to show)."""
+
+    backend: str
+    cls: type[Backend]
+    findings: Findings
+
+
+def preflight(
+    matrix: Matrix, override: str | None = None, *, hosts_file: Path | None = None,
+    comparisons: bool = False, strict: bool = False, machine: gpus.HostFacts | None = None,
+) -> Decision:
+    """Everything a sweep refuses before its run folder exists: **the one decision** that
+    ``validate``, ``plan``, ``matrix --dry-run`` and the sweep
+    (:func:`orchestrator.sweep.run_sweep`) take, from this one function, so none of them says
+    yes to what another refuses.
+
+    Every problem at once, one :class:`ConfigError`: the backend's name (``override``, else
+    ``[matrix] backend``; a backend of this build); the matrix's own problems on that backend,
+    its runtime, stack and GPUs (:func:`check_matrix`; ``comparisons``: the baseline too, which
+    the sweep leaves out: a ``--only`` subset may lack its rows; ``strict``: warnings too);
+    what this machine lacks for the run (:func:`machine_problems`); what preparing the backend
+    would refuse, decided without building, connecting or writing
+    (:meth:`~orchestrator.backends.base.Backend.prepare_problems`: image templates and their
+    variables, the hosts inventory, memory limits, Apptainer images). Then whether the backend
+    can run here at all (:class:`~orchestrator.errors.BackendUnavailable`: no engine, no Slurm).
+    ``hosts_file``: the inventory a sweep on the ssh backend would read."""
+    name = backend_for(matrix, override)
+    cls = (backend_class(name) if override else
+           backend_class(name, file=str(matrix.path), field="matrix.backend"))
+    found = check_matrix(matrix, name, comparisons=comparisons, machine=machine)
+    problems = found.errors + (found.warnings if strict else [])
+    problems += machine_problems(matrix, cls)
+    problems += cls.prepare_problems(matrix, matrix.cells, hosts_file)
     if problems:
-        raise ConfigError(problems)
-    return name, cls
+        raise ConfigError(_unique(problems))
+    cls.check_available()
+    return Decision(name, cls, found)
+
+
+def _unique(problems: list[Problem]) -> list[Problem]:
+    return list(dict.fromkeys(problems))
 
 
 def machine_problems(matrix: Matrix, backend: type[Backend]) -> list[Problem]:

@@ -17,16 +17,24 @@ run's leftovers, and ``orchestrate clean`` those of a sweep that crashed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import Backend, Execution, RunOptions
 from orchestrator.backends.containers import DockerExecution
 from orchestrator.catalog import gpus
-from orchestrator.errors import LaunchError
+from orchestrator.errors import LaunchError, Problem
 from orchestrator.images import build
-from orchestrator.images.prepare import Engine, Ledger, prepare_images
+from orchestrator.images.prepare import (
+    Engine,
+    Ledger,
+    plan_problems,
+    planned_tag,
+    prepare_images,
+)
 from orchestrator.images.state import ImageRecord
 from orchestrator.local.engine import (
     LABEL_CELL,
@@ -68,6 +76,16 @@ class DockerBackend(Backend):
     @classmethod
     def check_available(cls) -> None:
         docker_client().close()
+
+    @classmethod
+    def prepare_problems(cls, matrix: Matrix, cells: Iterable[Cell],
+                         hosts_file: Path | None = None) -> list[Problem]:
+        """The images' plans (:func:`orchestrator.images.prepare.plan_problems`; a release
+        chosen per driver: this machine's)."""
+        cells = list(cells)
+        auto = any(selection.is_auto(matrix, c.hardware) for c in cells)
+        host = selection.HostDriver.from_facts(gpus.local_facts()) if auto else None
+        return plan_problems(matrix, cells, cls.name, host)
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
         """Build (or find) every image the cells need, once per distinct image, each pinned to
@@ -114,6 +132,18 @@ class DockerBackend(Backend):
             attempt=attempt,
             gpu_ids=allocation.gpu_ids,
         )
+
+    def dry_spec(self, cell: Cell) -> LaunchSpec:
+        """The container ``cell`` would get: its image as planned (the tag covers the build
+        context; a build pins it to the base's bits), or, for ``release = "auto"``, the image
+        of the release this machine's driver runs."""
+        spec = super().dry_spec(cell)
+        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell, self._driver()))
+
+    def _driver(self) -> selection.HostDriver | None:
+        if any(selection.is_auto(self.matrix, hw) for hw in self.matrix.profiles):
+            return selection.HostDriver.from_facts(gpus.local_facts())
+        return None
 
     def launch(self, spec: LaunchSpec) -> Execution:
         import docker

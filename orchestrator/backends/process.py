@@ -28,21 +28,23 @@ of the runtime and the ``.sif`` here (:func:`orchestrator.runtimes.apptainer.pre
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import Backend, Execution, ExitInfo
 from orchestrator.config.redact import resolve_env
-from orchestrator.errors import BackendUnavailable, ConfigError, LaunchError
+from orchestrator.errors import BackendUnavailable, LaunchError, Problem
 from orchestrator.images.sif import LocalMachine
 from orchestrator.local import cell_processes
 from orchestrator.local.cell_processes import CellProcesses
 from orchestrator.plan.launch import LaunchSpec
-from orchestrator.plan.matrix import Cell
+from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.results.run_folder import CellResult
 from orchestrator.runtimes import apptainer, none
@@ -141,6 +143,15 @@ class ProcessBackend(Backend):
             program=command.program,
         )
 
+    def dry_spec(self, cell: Cell) -> LaunchSpec:
+        """The base's, with the ``PYTHONPATH`` :meth:`launch` gives the program (this checkout
+        first), so the dry run shows the environment it starts with."""
+        spec = super().dry_spec(cell)
+        if spec.runtime:
+            return spec
+        return dataclasses.replace(spec, env={**spec.env,
+                                              "PYTHONPATH": none.python_path(os.environ)})
+
     def _apptainer_spec(self, cell: Cell, allocation: Allocation, attempt: int, out: str
                         ) -> LaunchSpec:
         return apptainer.launch_spec(cell, self.matrix.profile(cell), self.matrix.program(cell),
@@ -153,11 +164,18 @@ class ProcessBackend(Backend):
             return super().provenance(spec)
         return {**super().provenance(spec), **none.provenance()}
 
+    @classmethod
+    def prepare_problems(cls, matrix: Matrix, cells: Iterable[Cell],
+                         hosts_file: Path | None = None) -> list[Problem]:
+        """A memory limit this machine cannot apply (no memory cgroup can be made), then the
+        base's problems (Apptainer images)."""
+        cells = list(cells)
+        return memory_limit_problems(matrix, cells) + super().prepare_problems(matrix, cells)
+
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
-        """Refuse a memory limit this machine cannot apply; stop what a killed orchestrator left
-        running of this run (a resumed run); remove the empty cgroups killed orchestrators
-        left behind (any run's: :func:`~orchestrator.local.cell_processes.remove_stale_cgroups`)."""
-        self._check_memory_limits(cells)
+        """Make sure of the Apptainer images; stop what a killed orchestrator left running of
+        this run (a resumed run). What it cannot apply was refused before (preflight's
+        :meth:`prepare_problems`)."""
         if any(self.matrix.profile(c).apptainer_runtime for c in cells):
             self.sif_paths = apptainer.prepare(self.matrix, cells, LocalMachine(), on_log=on_log)
         prefix = cell_processes.run_marker_prefix(self.matrix.name, self.paths.run_id)
@@ -165,32 +183,6 @@ class ProcessBackend(Backend):
         if stopped and on_log:
             on_log(f"stopped {len(stopped)} processes left running by an earlier attempt of "
                    f"run {self.paths.run_id}")
-        for folder in cell_processes.remove_stale_cgroups():
-            log.info("removed the empty cgroup %s (left by an orchestrator killed mid-cell)",
-                     folder)
-
-    def _check_memory_limits(self, cells: list[Cell]) -> None:
-        limited = sorted({c.hardware for c in cells if self.matrix.profile(c).container.mem_limit})
-        if not limited:
-            return
-        problems = []
-        for name in limited:
-            text = self.matrix.profiles[name].container.mem_limit or ""
-            field = f"hardware.{name}.container.mem_limit"
-            try:
-                limit = cell_processes.parse_bytes(text)
-                probe = cell_processes.make_cgroups(f"probe-{os.getpid()}", limit)
-                if probe is not None:
-                    probe.remove()
-            except ValueError as exc:
-                problems.append((field, str(exc)))
-            except cell_processes.MemoryLimitUnavailable as exc:
-                problems.append((field, f"the process backend limits a cell's memory with a "
-                                        f"memory cgroup, and {exc}"))
-        if problems:
-            from orchestrator.errors import Problem
-
-            raise ConfigError([Problem(str(self.matrix.path), f, m) for f, m in problems])
 
     def launch(self, spec: LaunchSpec) -> Execution:
         mem_limit = cell_processes.parse_bytes(spec.mem_limit) if spec.mem_limit else None
@@ -223,3 +215,25 @@ class ProcessBackend(Backend):
         result.provenance["process_tracking"] = execution.procs.tracking
         if execution.leftovers:
             result.provenance["leftover_processes"] = execution.leftovers
+
+
+def memory_limit_problems(matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
+    """Every ``container.mem_limit`` of the cells' profiles that this machine cannot apply to a
+    process (unreadable, or no memory cgroup can be made here: a probe cgroup is made and
+    removed at once)."""
+    limited = sorted({c.hardware for c in cells if matrix.profile(c).container.mem_limit})
+    problems = []
+    for name in limited:
+        text = matrix.profiles[name].container.mem_limit or ""
+        where = f"hardware.{name}.container.mem_limit"
+        try:
+            limit = cell_processes.parse_bytes(text)
+            probe = cell_processes.make_cgroups(f"probe-{os.getpid()}", limit)
+            if probe is not None:
+                probe.remove()
+        except ValueError as exc:
+            problems.append(Problem(str(matrix.path), where, str(exc)))
+        except cell_processes.MemoryLimitUnavailable as exc:
+            problems.append(Problem(str(matrix.path), where, (
+                f"the process backend limits a cell's memory with a memory cgroup, and {exc}")))
+    return problems

@@ -55,6 +55,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import Backend, Execution, RunOptions
@@ -69,10 +70,16 @@ from orchestrator.backends.remote_executions import (
     remove_remote_dir,
 )
 from orchestrator.catalog import gpus
-from orchestrator.config.inventory import Inventory, load_hosts, resolve_hosts
+from orchestrator.config.inventory import ConnectTarget, Inventory, load_hosts, resolve_hosts
 from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError, Problem
 from orchestrator.images import build, sif
-from orchestrator.images.prepare import Engine, Ledger, prepare_images
+from orchestrator.images.prepare import (
+    Engine,
+    Ledger,
+    plan_problems,
+    planned_tag,
+    prepare_images,
+)
 from orchestrator.images.state import ImageRecord
 from orchestrator.local.engine import (
     LABEL_RUN,
@@ -138,6 +145,17 @@ def _unreachable(exc: BaseException) -> bool:
     return isinstance(exc, HostUnreachable)
 
 
+def load_inventory(matrix: Matrix, hosts_file: Path | None
+                   ) -> tuple[Inventory, dict[str, ConnectTarget]]:
+    """The hosts inventory an ssh sweep of ``matrix`` reads, and every host resolved (its ssh
+    config read once): no host is contacted. No inventory, or an invalid one, is a
+    :class:`ConfigError` naming the file and field."""
+    if hosts_file is None:
+        raise ConfigError(NO_INVENTORY_HINT, file=str(matrix.path), field="matrix.hosts")
+    inventory = load_hosts(hosts_file)
+    return inventory, resolve_hosts(inventory)
+
+
 def _make_output_dir(ssh: SshHost, spec: LaunchSpec) -> None:
     """Make the cell attempt's folder on its host, writable by whoever the cell runs as."""
     assert spec.output_dir is not None
@@ -163,12 +181,7 @@ class SshDockerBackend(Backend):
 
     def __init__(self, matrix: Matrix, paths: RunPaths, options: RunOptions):
         super().__init__(matrix, paths, options)
-        hosts_file = self.options.hosts_file
-        if hosts_file is None:
-            raise ConfigError(NO_INVENTORY_HINT, file=str(self.matrix.path), field="matrix.hosts")
-        self.inventory: Inventory = load_hosts(hosts_file)
-        # resolved once (inventory + ssh config): every cell's connection reuses them
-        self.targets = resolve_hosts(self.inventory)
+        self.inventory, self.targets = load_inventory(matrix, self.options.hosts_file)
         self.placement_tags = self._placement_tags()
         self.hosts: dict[str, RemoteHost] = {}
         #: every image prepared, by (host, key)
@@ -193,6 +206,24 @@ class SshDockerBackend(Backend):
     def runtime_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
         """None here: the cells run on the hosts, where :meth:`prepare` checks each one."""
         return []
+
+    @classmethod
+    def prepare_problems(cls, matrix: Matrix, cells: Iterable[Cell],
+                         hosts_file: Path | None = None) -> list[Problem]:
+        """The hosts inventory (there, read and resolved, no host contacted:
+        :func:`load_inventory`; every host a profile names in it), the Docker images' plans
+        (:func:`orchestrator.images.prepare.plan_problems`) and the Apptainer images' (the base's).
+        What only a host can tell (its driver, its runtime) is checked on it when the sweep
+        reaches it."""
+        cells = list(cells)
+        problems: list[Problem] = []
+        try:
+            inventory, _ = load_inventory(matrix, hosts_file)
+            selection.host_profiles(matrix, inventory)
+        except ConfigError as exc:
+            problems += exc.problems
+        return (problems + plan_problems(matrix, cells, cls.name)
+                + super().prepare_problems(matrix, cells))
 
     # --- hosts and placement ---------------------------------------------------------------
 
@@ -470,6 +501,20 @@ class SshDockerBackend(Backend):
             for slot, role in zip(allocation.slots, roles, strict=True)
         ]
         return dataclasses.replace(nodes[0], peers=tuple(nodes[1:]))
+
+    def dry_spec(self, cell: Cell) -> LaunchSpec:
+        """The cell on the first host that may run it (its GPUs as an idle host would give
+        them; the sweep places it on whichever such host is free), its image as planned
+        (:func:`orchestrator.images.prepare.planned_tag`; ``release = "auto"``: each host's);
+        no host is contacted."""
+        hosts = [h for h in self.inventory.names if cell.hardware in self.placement_tags[h]]
+        local = self.dry_allocation(cell)
+        allocation = Allocation(cell.id, (placement.Slot(hosts[0] if hosts else None,
+                                                          local.gpu_ids),))
+        spec = self.spec(cell, allocation)
+        if self.matrix.profile(cell).apptainer_runtime:
+            return spec
+        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell))
 
     def _apptainer_spec(self, cell: Cell, allocation: Allocation, attempt: int,
                         output_dir: str) -> LaunchSpec:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from orchestrator.config.defaults import RESULTS_HELP, hosts_file, results_root
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.errors import ConfigError
 from orchestrator.plan.eta import Eta, format_duration
 from orchestrator.plan.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results.run_folder import (
@@ -39,7 +39,7 @@ from orchestrator.results.run_folder import (
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
-    from orchestrator.backends.checks import Findings
+    from orchestrator.backends.checks import Decision
     from orchestrator.plan.placement import Allocation
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                    help="only matching cells (repeatable; same key: any value)")
     p.add_argument("--json", action="store_true", help="a JSON list, one object per cell")
+    p.add_argument("--backend", help=f"plan for this backend: {_backends_help()} "
+                   "(default: [matrix] backend)")
+    p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
+                   help="hosts inventory for --backend ssh (default: [matrix] hosts)")
+    p.add_argument("--results", type=Path, metavar="DIR",
+                   help="where the run would go, for --json's cell folders; " + RESULTS_HELP)
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser(
@@ -109,6 +115,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
     p.add_argument("--backend", help=f"check for this backend: {_backends_help()} "
                    "(default: [matrix] backend)")
+    p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
+                   help="hosts inventory for --backend ssh (default: [matrix] hosts)")
     p.add_argument("--strict", action="store_true",
                    help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
@@ -132,15 +140,40 @@ def _backends_help() -> str:
 # --- plan / validate / schema ----------------------------------------------------------------
 
 
-def _load(args: argparse.Namespace) -> Matrix:
-    """The matrix file, validated, checked (every cell can run where it is planned: a
-    ConfigError otherwise, before anything is built or launched), then ``--only`` filtered."""
-    matrix, findings = _checked(args.matrix_file, getattr(args, "backend", None))
-    for problem in findings.warnings:
+def _decide(args: argparse.Namespace, *, strict: bool = False) -> tuple[Matrix, Decision]:
+    """The matrix file, validated, and the one decision a sweep of it takes before its run
+    folder exists (:func:`orchestrator.backends.checks.preflight`: a ConfigError, or
+    BackendUnavailable, with every problem; the baseline included), for the backend the
+    command names (``--backend``, else the matrix's) and its hosts inventory."""
+    from orchestrator.backends.checks import preflight
+
+    backend = getattr(args, "backend", None)
+    _check_backend(backend)
+    matrix = _load_matrix(args.matrix_file)
+    decision = preflight(matrix, backend, hosts_file=_hosts_of(args, matrix, backend),
+                         comparisons=True, strict=strict)
+    return matrix, decision
+
+
+def _hosts_of(args: argparse.Namespace, matrix: Matrix, backend: str | None) -> Path | None:
+    """The hosts inventory a sweep on the ssh backend reads (``--hosts`` > ``[matrix] hosts``
+    > $ORCHESTRATE_HOSTS > the config file); other backends read none."""
+    from orchestrator.sweep import hosts_file_of
+
+    given = getattr(args, "hosts", None)
+    if (backend or matrix.settings.backend) != "ssh":
+        return given
+    return hosts_file(given, hosts_file_of(matrix))
+
+
+def _load(args: argparse.Namespace) -> tuple[Matrix, Decision]:
+    """:func:`_decide`, its warnings and notes logged, then the cells ``--only`` keeps."""
+    matrix, decision = _decide(args)
+    for problem in decision.findings.warnings:
         log.warning("%s", problem)
-    for problem in findings.notes:
+    for problem in decision.findings.notes:
         log.info("not checked: %s", problem)
-    return filter_cells(matrix, getattr(args, "only", []))
+    return filter_cells(matrix, getattr(args, "only", [])), decision
 
 
 def _load_matrix(path: Path) -> Matrix:
@@ -148,15 +181,6 @@ def _load_matrix(path: Path) -> Matrix:
     from orchestrator.backends import backend_names
 
     return load_matrix(path, backends=backend_names())
-
-
-def _checked(path: Path, backend: str | None, strict: bool = False) -> tuple[Matrix, Findings]:
-    """The matrix and what :mod:`orchestrator.backends.checks` found for ``backend`` (default: its
-    own)."""
-    from orchestrator.backends.checks import refuse_unrunnable
-
-    matrix = _load_matrix(path)
-    return matrix, refuse_unrunnable(matrix, backend, strict=strict)
 
 
 def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
@@ -178,11 +202,16 @@ def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    matrix = _load(args)
-    if args.json:
-        print(json.dumps([c.to_json() for c in matrix.cells], indent=2))
+    matrix, decision = _load(args)
+    if args.json:  # each cell with the launch a sweep would give it (matrix --dry-run's)
+        from orchestrator.backends.dry_run import launches
+
+        started = launches(matrix, decision.backend, matrix.cells, results_root(args.results),
+                           _hosts_of(args, matrix, decision.backend))
+        print(json.dumps([{**c.to_json(), "launch": launch}
+                          for c, launch in zip(matrix.cells, started, strict=True)], indent=2))
     else:
-        print("\n".join(plan_lines(matrix)))
+        print("\n".join(plan_lines(matrix, decision.backend)))
     return 0
 
 
@@ -198,12 +227,8 @@ def _check_backend(name: str | None) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    _check_backend(args.backend)
-    matrix, findings = _checked(args.matrix_file, args.backend, strict=args.strict)
-    backend = args.backend or matrix.settings.backend
-    build_problems = _image_problems(matrix, backend)
-    if build_problems and args.strict:
-        raise ConfigError(build_problems)
+    matrix, decision = _decide(args, strict=args.strict)
+    findings, backend = decision.findings, decision.backend
     print(f"{args.matrix_file}: ok ({len(matrix.cells)} cells)")
     pinned = {hw for hw, _ in findings.release_stacks}
     for hw, stack in findings.stacks.items():
@@ -216,25 +241,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  hardware {hw}, ngc_release {release} ({backend} backend): {stack.label}")
     for problem in findings.warnings:
         print(f"  warning: {problem}")
-    for problem in build_problems:
-        print(f"  warning: {problem}; `orchestrate matrix` refuses to run until it is fixed")
     for problem in findings.notes:
         print(f"  note: {problem}")
     return 0
-
-
-def _image_problems(matrix: Matrix, backend: str) -> list[Problem]:
-    """What ``matrix --dry-run`` and a sweep refuse in the images of a docker/ssh matrix beyond
-    the checks: a file a profile copies into the build context that is not on this machine
-    (the Bitfusion client .deb, a lab's checkout). A warning for ``validate``: the matrix is
-    right, this machine lacks the file."""
-    if backend not in ("docker", "ssh"):
-        return []
-    try:
-        image_lines(matrix, backend)
-    except ConfigError as exc:
-        return exc.problems
-    return []
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -476,23 +485,15 @@ def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineE
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from orchestrator.backends import backend_for
-    from orchestrator.results.run_folder import check_results_root
-    from orchestrator.sweep import NullEvents, hosts_file_of, run_sweep
+    from orchestrator.sweep import NullEvents, check_run, hosts_file_of, run_sweep
 
-    _check_backend(args.backend)
-    matrix = _load(args)
+    matrix, decision = _load(args)
     results = results_root(args.results)
-    backend = backend_for(matrix, args.backend)
+    backend = decision.backend
     if args.dry_run:  # every refusal before the (long) plan, as a real sweep would refuse
-        check_results_root(results)
-        images = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
-        inventory = _inventory_line(matrix, args.hosts) if backend == "ssh" else []
-        runtime = runtime_lines(matrix, backend, results)
-        jobs = slurm_lines(matrix, results) if backend == "slurm" else []
-        print("\n".join([*plan_lines(matrix, backend), *images, *inventory, *runtime, *jobs]))
-        print(f"dry run: would run {len(matrix.cells)} cells with backend "
-              f"{backend} into {results}/{matrix.name}/<run id>/")
+        check_run(matrix, results, args.resume)
+        print("\n".join(dry_run_lines(matrix, backend, results,
+                                      _hosts_of(args, matrix, backend))))
         return 0
     hosts = args.hosts
     if backend == "ssh":
@@ -536,18 +537,13 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
-def _inventory_line(matrix: Matrix, cli_hosts: Path | None) -> list[str]:
-    """What ``--dry-run`` says of an ssh sweep's inventory: read and checked as the sweep reads
-    it (a missing or invalid file is refused here too); no host is contacted."""
-    from orchestrator.backends.ssh import NO_INVENTORY_HINT
-    from orchestrator.config.inventory import load_hosts
-    from orchestrator.sweep import hosts_file_of
+def _inventory_line(matrix: Matrix, hosts: Path | None) -> list[str]:
+    """What ``--dry-run`` says of an ssh sweep's inventory, read as the sweep reads it (the
+    decision refused a missing or invalid one); no host is contacted."""
+    from orchestrator.backends.ssh import load_inventory
 
-    path = hosts_file(cli_hosts, hosts_file_of(matrix))
-    if path is None:
-        raise ConfigError(NO_INVENTORY_HINT, file=str(matrix.path), field="matrix.hosts")
-    inventory = load_hosts(path)
-    return [f"hosts: {path} ({len(inventory.hosts)} hosts; not contacted by a dry run)"]
+    inventory, _ = load_inventory(matrix, hosts)
+    return [f"hosts: {hosts} ({len(inventory.hosts)} hosts; not contacted by a dry run)"]
 
 
 def image_lines(matrix: Matrix, backend: str) -> list[str]:
@@ -573,42 +569,31 @@ def image_lines(matrix: Matrix, backend: str) -> list[str]:
     return lines
 
 
-def runtime_lines(matrix: Matrix, backend: str, results: Path) -> list[str]:
-    """What ``--dry-run`` says of cells that run under Apptainer (process and slurm backends):
-    each cell's ``apptainer exec ...`` command as the backend builds it, and, under Slurm, its
-    batch script: the first one shown, every one written into a fresh folder (paths printed).
-    Cell folders read ``<run id>``; nothing is built or submitted."""
-    import shlex
-    import tempfile
+def dry_run_lines(matrix: Matrix, backend: str, results: Path, hosts: Path | None
+                  ) -> list[str]:
+    """What ``--dry-run`` prints: the plan, the images (docker, ssh), the inventory (ssh),
+    every cell's exact launch (:mod:`orchestrator.backends.dry_run`), Slurm's submissions, and
+    where the run would go. Nothing is built, written, submitted or connected to."""
+    from orchestrator.backends.dry_run import launches, lines
 
-    from orchestrator.backends import backend_class
-    from orchestrator.backends.base import RunOptions
-    from orchestrator.plan.placement import Allocation
-    from orchestrator.results.run_folder import RunPaths
+    out = plan_lines(matrix, backend)
+    if backend in ("docker", "ssh"):
+        out += image_lines(matrix, backend)
+    if backend == "ssh":
+        out += _inventory_line(matrix, hosts)
+    out.append(f"commands ({backend} backend; cell folders under {results}/{matrix.name}/"
+               "<run id>/):")
+    for launch in launches(matrix, backend, matrix.cells, results, hosts):
+        out += [f"  {line}" for line in lines(launch)]
+    if backend == "slurm":
+        out += slurm_lines(matrix, results)
+    out.append(f"dry run: would run {_cells(len(matrix.cells))} with backend {backend} into "
+               f"{results}/{matrix.name}/<run id>/")
+    return out
 
-    cells = [c for c in matrix.cells if matrix.profiles[c.hardware].apptainer_runtime]
-    if not cells or backend not in ("process", "slurm"):
-        return []
-    paths = RunPaths(results.resolve() / matrix.name / "<run id>")
-    runner = backend_class(backend)(matrix, paths, RunOptions(timeout_s=matrix.settings.timeout_s))
-    lines = ["apptainer commands (GPU ids: " + ("Slurm's allocation, passed in by the batch "
-             "script" if backend == "slurm" else "as placed when the sweep runs; 0.. shown")
-             + "):"]
-    scripts: Path | None = None
-    for cell in cells:
-        gpus = range(cell.params.gpus) if matrix.profile(cell).device == "cuda" else ()
-        spec = runner.spec(cell, Allocation.local(cell.id, gpus))
-        lines.append(f"  {cell.id}: {shlex.join(spec.argv)}")
-        if spec.script is None:
-            continue
-        if scripts is None:
-            scripts = Path(tempfile.mkdtemp(prefix=f"orchestrate-dry-run-{matrix.name}-"))
-            lines += [f"  batch script of {cell.id}:",
-                      *(f"    {line}" for line in spec.script.splitlines())]
-        script = scripts / f"{cell.id}.sbatch"
-        script.write_text(spec.script, encoding="utf-8")
-        lines.append(f"    written: {script}")
-    return lines
+
+def _cells(n: int) -> str:
+    return f"{n} cell" if n == 1 else f"{n} cells"
 
 
 def slurm_lines(matrix: Matrix, results: Path) -> list[str]:

@@ -40,14 +40,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import releases
-from orchestrator.errors import BuildError, ConfigError
+from orchestrator.errors import BuildError, ConfigError, Problem
 from orchestrator.images import build
 from orchestrator.images.state import ImageRecord, ImageState, state_path, update_state
 from orchestrator.plan import selection
 from orchestrator.plan.selection import HostDriver, ImageChoice, ImageKey
 
 if TYPE_CHECKING:
-    from orchestrator.plan.matrix import Matrix
+    from orchestrator.plan.matrix import Cell, Matrix
 
 log = logging.getLogger(__name__)
 
@@ -263,3 +263,41 @@ def driver_too_old(choice: ImageChoice, driver: HostDriver | None) -> str | None
             f"(>= {release.min_driver}) for hardware {choice.hardware!r}: its cells there "
             "may fail to start (unless CUDA forward compatibility covers it; release = "
             "'auto' picks what the driver runs)")
+
+
+def plan_problems(matrix: Matrix, cells: Iterable[Cell], backend: str,
+                  host: HostDriver | None = None) -> list[Problem]:
+    """What preparing the Docker images of ``cells`` would refuse, decided without an engine:
+    a profile without an image template (:func:`orchestrator.images.build.check_image_templates`)
+    and every image's plan (its template variables, the files it copies into the build context:
+    :func:`orchestrator.images.build.plan_key`). A release chosen per host's driver is planned
+    for ``host`` (this machine, for the docker backend: a driver that runs no release is
+    refused here too); with no host, when each host is known (the ssh sweep, per host)."""
+    cells = [c for c in cells if not matrix.profile(c).apptainer_runtime]
+    try:
+        build.check_image_templates(matrix, cells, backend)
+    except ConfigError as exc:
+        return list(exc.problems)
+    problems: list[Problem] = []
+    for key in selection.needed_keys(matrix, cells):
+        if key.ngc_release is None and selection.is_auto(matrix, key.hardware) and host is None:
+            continue
+        try:
+            build.plan_key(matrix, key, host)
+        except ConfigError as exc:
+            problems += [p for p in exc.problems if p not in problems]
+    return problems
+
+
+def planned_tag(matrix: Matrix, cell: Cell, host: HostDriver | None = None) -> str:
+    """The tag of the image ``cell`` runs, as planned without an engine (a dry run): it covers
+    the build context; the build pins it to the base's digest or ID. A release chosen per
+    host's driver (``release = "auto"``) is planned for ``host``'s, and is said to be chosen
+    so when no host is given (or the host's driver runs no release)."""
+    key = selection.image_key(matrix, cell)
+    if key.ngc_release is None and selection.is_auto(matrix, key.hardware) and host is None:
+        return f"<release chosen from each host's driver: template {matrix.profile(cell).image}>"
+    try:
+        return build.plan_key(matrix, key, host)[1].tag
+    except ConfigError as exc:  # e.g. this machine's driver runs no release of it
+        return f"<no image: {exc.problems[0].message}>"

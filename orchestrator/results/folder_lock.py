@@ -94,6 +94,24 @@ def acquire(path: Path, wait_s: float = 0.0, argv: Sequence[str] | None = None) 
     return FolderLock(path, fd)
 
 
+def holder(path: Path) -> str | None:
+    """Who holds the lock file ``path`` now, in words; None when nobody does (or there is no
+    such file). Only looks: nothing is made or written, the lock is not taken."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return describe(_read_holder(fd))
+        return None
+    finally:
+        os.close(fd)  # closing lets go of the shared lock, if it was taken
+    return None
+
+
 def _lock(fd: int, path: Path, deadline: float) -> bool:
     """flock ``fd`` (waiting until ``deadline``): True when locked, False when the file system
     has no locks; LockHeld past the deadline."""

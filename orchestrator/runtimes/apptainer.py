@@ -44,8 +44,10 @@ or a lab host over SSH), and the ``.sif`` of each image (:func:`plan_sifs`: a pr
 **What it checks before the run** (:func:`check_profile`, for ``validate``, ``--dry-run`` and
 the sweep alike): CUDA or CPU profiles only (no Gaudi, no Bitfusion wrapper), one host per cell
 on ssh, bind paths absolute and free of ``,`` and ``:``, an image to run (a template or a ready
-``.sif``), a release of its own (no ``release = "auto"``); a runtime program missing from this
-machine's PATH is a note there (the sweep refuses it where the cells run: :func:`host_problems`).
+``.sif``), a release of its own (no ``release = "auto"``). What must exist where the cells run
+(:func:`host_problems`) is part of the one decision on this machine's backends (process, slurm:
+:func:`orchestrator.backends.checks.preflight`), and checked on each lab host when an ssh
+sweep reaches it.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from orchestrator.config.matrix_file import HardwareProfile, Program
 from orchestrator.config.redact import is_secret, resolve_env
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.images import build
-from orchestrator.images.sif import LocalMachine, Machine, SifPlan, ensure_sif, plan_sif
+from orchestrator.images.sif import Machine, SifPlan, ensure_sif, plan_sif
 from orchestrator.plan import selection
 from orchestrator.plan.launch import CellCommand, LaunchSpec, NodeLaunch, cell_command
 from orchestrator.plan.matrix import Cell
@@ -329,8 +331,9 @@ def plan_sifs(matrix: Matrix, cells: Iterable[Cell]) -> dict[ImageKey, SifPlan]:
 
 
 def host_problems(matrix: Matrix, profiles: Iterable[str], machine: Machine) -> list[Problem]:
-    """What stops the profiles' cells on ``machine``: a runtime binary that is not there, a bind
-    source that does not exist there (apptainer refuses to bind a missing path)."""
+    """What stops the profiles' cells on ``machine``: a runtime binary that is not there, a
+    ready ``.sif`` that is not there, a bind source that does not exist there (apptainer
+    refuses to bind a missing path)."""
     file = str(matrix.path)
     problems: list[Problem] = []
     for hw in profiles:
@@ -342,6 +345,11 @@ def host_problems(matrix: Matrix, profiles: Iterable[str], machine: Machine) -> 
                 f"{binary!r} is not on PATH on {machine.name}: install Apptainer (or "
                 f"SingularityCE), or name its program in [hardware.{hw}.apptainer] binary "
                 "(an absolute path, or 'singularity')")))
+        given = profile.apptainer.sif
+        if given and not machine.exists(machine.expand(given)):
+            problems.append(Problem(file, f"{where}.apptainer.sif", (
+                f"{machine.expand(given)} does not exist on {machine.name}: give the path of a "
+                "ready .sif there, or leave sif out to build the profile's image")))
         mounts = [("container.mounts", profile.container.mounts),
                   ("apptainer.binds", profile.apptainer.binds)]
         for table, entries in mounts:
@@ -448,11 +456,6 @@ def check_profile(report: Report, file: str, hw: str, profile: HardwareProfile,
                 problem = bind_problem(value)
                 if problem:
                     report.error(Problem(file, f"{where}.{table}[{i}].{side}", problem))
-    binary = binary_of(profile)
-    if backend in ("process", "slurm") and LocalMachine().which(binary) is None:
-        report.note(Problem(file, f"{where}.apptainer.binary", (
-            f"{binary!r} is not on this machine's PATH: a sweep here refuses to start until it "
-            "is (install Apptainer or SingularityCE, or name the program's path)")))
     if profile.image is None:
         if profile.apptainer.sif is None:
             report.error(Problem(file, f"{where}.image", (
