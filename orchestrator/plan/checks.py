@@ -208,7 +208,7 @@ def check_matrix(
                                if c.params.ngc_release is not None}):
         found.release_stacks[(hw, release)] = _release_checks(
             found, file, places, hw, matrix.profiles[hw], release, backend)
-    configurations = _configurations(matrix.cells)
+    configurations = _configurations(matrix.checked_cells)
     for cell in configurations:
         stack = found.stack_of(cell)
         profile = matrix.profiles[cell.hardware]
