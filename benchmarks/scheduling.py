@@ -17,8 +17,9 @@ A seeded sweep of 1/2/4/8-GPU cells with known durations runs (in simulation) on
 
 The expected durations are what the results store would give: the median duration of each
 configuration over 3 earlier simulated runs (same noise model, other seeds), not the true
-durations of this run. Every makespan is set against the lower bound ``max(total GPU-seconds / total GPUs, longest cell)``. ``lpt`` and
-``area`` know every true duration and ignore repeats: they are references, not shippable.
+durations of this run. Every makespan is set against the lower bound
+``max(total GPU-seconds / total GPUs, longest cell)``. ``lpt`` and ``area`` know every true
+duration and ignore repeats: they are references, not shippable.
 
     python benchmarks/scheduling.py [--seed 7] [--repeats 2] [--seeds 20]
 """
