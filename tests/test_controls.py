@@ -550,3 +550,59 @@ def test_a_real_sweep_measures_its_control_between_the_cells_and_resume_keeps_th
                    key=lambda r: r.started_at or 0.0)
     assert [r.cell_id for r in rerun] == ["control-cpu-c4", *redo, "control-cpu-c5"]
     assert json.loads(paths.plan.read_text())["order"]["seed"] == 5  # the run's own order
+
+
+@pytest.mark.docker
+def test_a_control_in_containers_runs_on_the_image_the_sweep_built_once(
+        docker_client, base_image, write_matrix, tmp_path):
+    """The docker backend: the control's container is built with the cells' (one image for
+    the profile), runs between them, and leaves no container."""
+    from docker_support import cpu_container_matrix, run_containers
+
+    from orchestrator.sweep import run_sweep
+
+    text = cpu_container_matrix("dctl", base_image, backend="docker") + (
+        '[axes]\nbatch_size = [2, 4]\n[control]\nparams = { batch_size = 2, arch = '
+        '"mobilenet_v3_small" }\nevery = 2\n')
+    logs: list[str] = []
+
+    class Events(NullEvents):
+        def log(self, message: str) -> None:
+            logs.append(message)
+
+    outcome = run_sweep(load_matrix(write_matrix(text, cpu_profile=False)),
+                        results_root=tmp_path, events=Events())
+    assert outcome.ok, [(r.cell_id, r.reason) for r in outcome.results]
+    results = sorted(outcome.paths.results(), key=lambda r: r.started_at or 0.0)
+    assert ["C" if r.role == "control" else "x" for r in results] == list("CxxC")
+    assert len({r.provenance["image"] for r in results}) == 1
+    assert len([m for m in logs if m.startswith("image ")]) == 1
+    assert results[0].params["arch"] == "mobilenet_v3_small"
+    assert run_containers(docker_client, outcome.paths.run_id) == []
+    with open_store(tmp_path) as store:
+        cells = store.cells([store.runs("dctl")[0].pk])
+    assert all(c.norm is not None for c in cells if not c.is_control)
+
+
+@pytest.mark.slurm
+def test_a_control_on_slurm_is_a_job_and_calibrates_the_cells_of_its_node(
+        write_matrix, tmp_path, no_jobs_left):
+    from test_backend_slurm import TINY
+
+    from orchestrator.sweep import run_sweep
+
+    text = TINY + ('[axes]\nbatch_size = [2, 4]\n[control]\nparams = { batch_size = 2 }\n'
+                   'every = 2\n')
+    outcome = run_sweep(load_matrix(write_matrix(text, cpu_profile=False)),
+                        results_root=tmp_path)
+    assert outcome.ok, [(r.cell_id, r.reason) for r in outcome.results]
+    controls = [r for r in outcome.results if r.role == "control"]
+    configs = [r for r in outcome.results if r.role == "config"]
+    # Slurm runs both cells at once (the sweep cannot tell their nodes before they run): a
+    # control before the first, and one after each cell that ends with none waiting
+    assert len(configs) == 2 and 2 <= len(controls) <= 3
+    assert {r.provenance["host"] for r in outcome.results} == {no_jobs_left.node}
+    assert len({r.provenance["slurm_job_id"] for r in outcome.results}) == len(outcome.results)
+    with open_store(tmp_path) as store:
+        cells = store.cells([store.runs("slurm_tiny")[0].pk])
+    assert all(c.norm is not None for c in cells if not c.is_control)
