@@ -79,6 +79,28 @@ def test_a_named_cell_becomes_the_control_instead_of_a_configuration(write_matri
     assert template.params.batch_size == 4 and template.group == "control-cpu"
 
 
+def test_a_foreign_command_can_be_the_control(write_matrix, capsys, tmp_path):
+    """A pinned program of the lab's (a [commands.NAME] template) as the control: its own
+    environment keeps a change of the code under test out of it."""
+    text = CONTROL_MATRIX.replace(
+        'params = { arch = "mobilenet_v3_small", batch_size = 2 }',
+        'params = { program = "pinned", batch_size = 2 }') + """
+[commands.pinned]
+command = "{python} -m workload --arch {arch} --batch-size {batch_size} --output-dir {output_dir}"
+launcher = "self"
+env = { WORKLOAD_INJECT_SLOWDOWN = "0" }
+"""
+    matrix = load_matrix(write_matrix(text))
+    (template,) = matrix.controls.values()
+    program = matrix.program(template)
+    assert program.name == "pinned" and program.command is not None
+    assert program.command.env == {"WORKLOAD_INJECT_SLOWDOWN": "0"}
+    assert all(matrix.program(c).name == "workload" for c in matrix.cells)
+    assert main(["matrix", str(write_matrix(text)), "--dry-run", "--results",
+                 str(tmp_path)]) == 0
+    assert "control-cpu: program pinned" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("control, field, words", [
     ('params = { arch = "resnet18" }\ncell = "cpu-g1-bs2-fp32"', "control", "exactly one"),
     ("every = 3", "control", "exactly one"),
