@@ -109,8 +109,13 @@ class SweepOutcome:
 
     @property
     def counts(self) -> dict[str, int]:
-        """How many cells ended in each status."""
-        return dict(Counter(r.status.value for r in self.results))
+        """How many cells (configurations; control measurements apart) ended in each status."""
+        return dict(Counter(r.status.value for r in self.results if r.role != "control"))
+
+    @property
+    def control_counts(self) -> dict[str, int]:
+        """How many control measurements ended in each status (empty: no control)."""
+        return dict(Counter(r.status.value for r in self.results if r.role == "control"))
 
     @property
     def ok(self) -> bool:
@@ -479,6 +484,8 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
     _plot_if_possible(paths, rows, matrix.name)
     outcome = SweepOutcome(paths, every, rows, table, interrupted, problems)
     run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
+    if outcome.control_counts:
+        run.meta["control_counts"] = outcome.control_counts
     if problems:
         run.meta["problems"] = problems
     try:

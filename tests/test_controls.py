@@ -538,6 +538,7 @@ def test_a_real_sweep_measures_its_control_between_the_cells_and_resume_keeps_th
     matrix = load_matrix(write_matrix(CONTROL_MATRIX))
     outcome = run_sweep(matrix, results_root=tmp_path, order_seed=5)
     assert outcome.ok, [(r.cell_id, r.reason) for r in outcome.results]
+    assert outcome.counts == {"ok": 4} and outcome.control_counts == {"ok": 3}
     paths = outcome.paths
     results = sorted(paths.results(), key=lambda r: r.started_at or 0.0)
     kinds = ["C" if r.role == "control" else "x" for r in results]

@@ -556,7 +556,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     print(outcome.table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(outcome.counts.items()))
-    print(f"\n{len(outcome.results)} cells: {counts}")
+    controls = outcome.control_counts
+    extra = ("; control measurements: " + ", ".join(
+        f"{v} {k}" for k, v in sorted(controls.items()))) if controls else ""
+    print(f"\n{sum(outcome.counts.values())} cells: {counts}{extra}")
     print(f"results: {outcome.paths.root}")
     for problem in outcome.problems:
         print(f"error: {problem}", file=sys.stderr)
