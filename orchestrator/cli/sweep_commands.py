@@ -405,6 +405,9 @@ class RichEvents:
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
         if cell.is_control:
+            with self._lock:
+                if self.eta is not None:
+                    self.eta.control_finished(result.duration_s)
             self.console.print(escape(f"control {cell.id}: {_detail(cell, result)}"),
                                style="dim", highlight=False)
             return
@@ -470,6 +473,8 @@ class LineEvents:
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
         if cell.is_control:
+            if self.eta is not None:
+                self.eta.control_finished(result.duration_s)
             took = f" {result.duration_s:.1f} s" if result.duration_s else ""
             self.say(f"control {result.status.value} {cell.id}{took}: {_detail(cell, result)}")
             return
