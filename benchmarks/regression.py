@@ -258,6 +258,54 @@ def evaluate(folder: Path, window: int, min_history: int, trials: int, options: 
               f"{min(detectable):.1%}..{max(detectable):.1%}")
 
 
+def diagnose(folder: Path, matrix: str, metric: str | None) -> list[str]:
+    """Why the ratio does (not) cancel the noise, from every cell of the plain runs: the sd of
+    a cell's log figure around its configuration's median (raw) and of its log ratio to the
+    control, the correlation of the cell's log figure with its control reference's, and how
+    much the control itself moves between two successive measurements."""
+    import math
+
+    from orchestrator.results.store import open_store
+
+    raw: dict[str, list[float]] = {}
+    ratio: dict[str, list[float]] = {}
+    steps: list[float] = []
+    gaps: list[float] = []
+    with open_store(folder) as store, store.snapshot():
+        for run in store.runs(matrix):
+            if run.status == "unfinished":
+                continue
+            cells = store.cells([run.pk], metric=metric)
+            controls = sorted((c for c in cells if c.is_control and c.ok and c.value),
+                              key=lambda c: c.started_at or 0.0)
+            for a, b in zip(controls, controls[1:], strict=False):
+                steps.append(math.log(b.value / a.value))  # type: ignore[operator]
+                gaps.append((b.started_at or 0.0) - (a.started_at or 0.0))
+            for c in cells:
+                if c.is_control or not c.ok or not c.value or not c.norm:
+                    continue
+                raw.setdefault(c.group, []).append(math.log(c.value))
+                ratio.setdefault(c.group, []).append(math.log(c.norm))
+
+    def centred(groups: dict[str, list[float]]) -> list[float]:
+        return [v - statistics.median(vals) for vals in groups.values() for v in vals]
+
+    x, r = centred(raw), centred(ratio)
+    ref = [a - b for a, b in zip(x, r, strict=True)]  # log reference, centred alike
+    corr = statistics.correlation(x, ref) if len(x) > 2 else float("nan")
+
+    def sd(values: list[float]) -> float:
+        centre = statistics.median(values)
+        return math.expm1(1.4826 * statistics.median(abs(v - centre) for v in values))
+
+    return [f"  cells' robust sd around their configuration's median: raw {sd(x):.1%}, ratio "
+            f"{sd(r):.1%}, the control reference {sd(ref):.1%}; correlation of a cell's log "
+            f"figure with its reference's {corr:+.2f} ({len(x)} cells)",
+            f"  the control between two successive measurements ({statistics.median(gaps):.0f} s"
+            f" apart, median): robust sd {sd(steps):.1%} of the log change "
+            f"({len(steps)} pairs)"]
+
+
 #: The four ways ``evaluate --control`` judges each trial: (figure, basis, history options).
 WAYS = (
     ("images/s", "raw", ["--raw"]),
@@ -280,8 +328,10 @@ def evaluate_control(folder: Path, window: int, min_history: int, trials: int,
           f"options: {' '.join(options) or '-'}")
     for figure, metric in (("images/s", None), ("step p90", "train.step_ips_p90")):
         for label, normalised in (("raw", False), ("÷control", True)):
-            print(f"{figure}, {label}:")
+            print(f"{figure}, {label}, plain runs' medians:")
             print(noise_summary(folder, metric, CONTROL_MATRIX, normalised))
+        print(f"{figure}, every cell of the plain runs:")
+        print("\n".join(diagnose(folder / "noise", CONTROL_MATRIX, metric)))
     ways = [["--window", str(window), "--min-history", str(min_history), *options, *extra]
             for _, _, extra in WAYS]
     rng = random.Random(seed)
