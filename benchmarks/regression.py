@@ -39,7 +39,7 @@ that of the ratio. Collection sets ``ORCHESTRATE_LOCK_DIR`` to a folder of its o
 work on the machine (its load is the drift under test) neither waits for the benchmark's cells
 nor holds them up.
 
-    python benchmarks/regression.py collect --control --dir /tmp/regctl --runs 18 --inject-every 3
+    python benchmarks/regression.py collect --control --dir /tmp/regctl --runs 17 --inject-every 3
     python benchmarks/regression.py evaluate --control --dir /tmp/regctl --trials 200
 """
 
