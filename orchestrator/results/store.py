@@ -638,7 +638,8 @@ class Store:
         figure_rows: list[tuple[int, str, float]] = []
         figures = [_figures(res) for res in run.results]
         normalised = normalise([_measured(i, res, figures[i])
-                                for i, res in enumerate(run.results)], is_throughput)
+                                for i, res in enumerate(run.results)], is_throughput) if any(
+            res.get("role") == "control" for res in run.results) else {}
         for i, res in enumerate(run.results):
             params = res.get("params") or {}
             metrics = res.get("metrics") or {}
