@@ -624,6 +624,29 @@ good_matrix("zip-exclude-include", "include-duplicate-dropped",
 good_matrix("zip-exclude-include", "zip-accepted",
             mx(extra='[[zip]]\nbatch_size = [8, 16]\nprecision = ["fp32", "bf16"]'), 2)
 
+# --- control cells (issue 25) ----------------------------------------------------------------
+
+for _name, _extra, _field in [
+    ("control-empty", "[control]", "control: give exactly one of params"),
+    ("control-both", '[control]\nparams = {}\ncell = "cpu-bs8"', "control: give exactly one"),
+    ("control-hardware", '[control]\nparams = { hardware = "cpu" }',
+     "control.params.hardware: the control runs on the hardware"),
+    ("control-unknown-cell", '[control]\ncell = "../../etc"', "control.cell: no cell group"),
+    ("control-unknown-key", '[control]\nparams = {}\nevrey = 2', "control.evrey"),
+    ("control-every-0", '[control]\nparams = {}\nevery = 0', "control.every"),
+    ("control-every-huge", '[control]\nparams = {}\nevery = 100000', "control.every"),
+    ("control-every-text", '[control]\nparams = {}\nevery = "2"', "control.every"),
+    ("control-gpus", '[control]\nparams = { gpus = 4 }',
+     "control.params.gpus: the control needs 4 GPU(s)"),
+    ("control-bad-param", '[control]\nparams = { batch_size = 0 }', "control.params.batch_size"),
+    ("control-unknown-program", '[control]\nparams = { program = "ref" }',
+     "control.params.program: unknown program 'ref'"),
+]:
+    bad_matrix("control", _name, mx(extra=_extra), _field)
+    bad_matrix("control", f"{_name}-dry-run", mx(extra=_extra), _field,
+               command=("matrix", "--dry-run"))
+good_matrix("control", "control-params", mx(extra='[control]\nparams = { batch_size = 4 }'), 1)
+
 # --- hosts files -----------------------------------------------------------------------------
 
 _HOST = '[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n'

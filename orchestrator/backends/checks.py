@@ -166,7 +166,7 @@ def check_matrix(
                                if c.params.ngc_release is not None}):
         found.release_stacks[(hw, release)] = _release_checks(
             found, file, places, hw, matrix.profiles[hw], release, backend)
-    configurations = _configurations(matrix.cells)
+    configurations = _configurations(matrix.checked_cells)
     for cell in configurations:
         stack = found.stack_of(cell)
         profile = matrix.profiles[cell.hardware]
@@ -230,7 +230,7 @@ def machine_problems(matrix: Matrix, backend: type[Backend]) -> list[Problem]:
         for where, env in refs
         for name, source in missing_references(env)
     ]
-    return problems + backend.runtime_problems(matrix, matrix.cells)
+    return problems + backend.runtime_problems(matrix, matrix.checked_cells)
 
 
 # --- where a value is set ------------------------------------------------------------------------

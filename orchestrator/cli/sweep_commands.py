@@ -78,6 +78,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="re-run, in an earlier run's folder (default: the newest), only the "
                    "cells that did not end ok")
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    p.add_argument("--order-seed", type=_order_seed, metavar="N",
+                   help="seed of the cells' random order within each round of repeats "
+                   "(default: a fresh one, recorded in plan.json and run.json; give a run's "
+                   "seed to run its order again)")
     p.add_argument("--lock-timeout", type=_seconds, metavar="S",
                    help="a cell whose GPUs another sweep holds waits at most S seconds, then "
                    "fails (default: it waits as long as it takes)")
@@ -119,6 +123,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "description. Point an editor's TOML language server at it (e.g. taplo's "
         "`#:schema` comment) to get completion and checks while writing a matrix.")
     p.set_defaults(handler=cmd_schema)
+
+
+def _order_seed(text: str) -> int:
+    """``--order-seed``: an integer 0..2^32-1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{value} is out of range 0..{2**32 - 1}")
+    return value
 
 
 def _backends_help() -> str:
@@ -174,13 +189,35 @@ def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
     groups = len({c.group for c in matrix.cells})
     head = (f"{matrix.name}: {len(matrix.cells)} cells ({groups} configurations x "
             f"{matrix.settings.repeats} repeats), backend {backend or matrix.settings.backend}")
-    return [head, table]
+    return [head, table, *control_lines(matrix)]
+
+
+def control_lines(matrix: Matrix) -> list[str]:
+    """What the plan says of the matrix's ``[control]``: each template, where and how often it
+    runs (nothing when there is none)."""
+    from orchestrator.config.matrix_file import CellParams
+    from orchestrator.sweep import CONTROL_RULE
+
+    if not matrix.controls:
+        return []
+    defaults = {k: f.default for k, f in CellParams.model_fields.items()}
+    lines = [f"control ({CONTROL_RULE.format(every=matrix.control_every)}; recorded as "
+             "role 'control', never a configuration):"]
+    for template in matrix.controls.values():
+        params = template.params.model_dump()
+        shown = ", ".join(f"{k}={v}" for k, v in params.items()
+                          if k in ("arch", "batch_size", "image_size", "mode", "gpus",
+                                   "precision", "iterations") or (
+                              k != "hardware" and v != defaults.get(k)))
+        lines.append(f"  {template.group}: program {matrix.program(template).name}, "
+                     f"{shown}; hash {template.hash}")
+    return lines
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     matrix = _load(args)
     if args.json:
-        print(json.dumps([c.to_json() for c in matrix.cells], indent=2))
+        print(json.dumps([c.to_json() for c in matrix.checked_cells], indent=2))
     else:
         print("\n".join(plan_lines(matrix)))
     return 0
@@ -339,6 +376,8 @@ class RichEvents:
         self.console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
+        if cell.is_control:
+            return
         with self._lock:
             self.clock.started(self.eta, cell.id, len(self.running) + 1)
             self.running[cell.id] = "starting"
@@ -369,6 +408,13 @@ class RichEvents:
             self.progress.update(self._task, status=self._status())
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
+        if cell.is_control:
+            with self._lock:
+                if self.eta is not None:
+                    self.eta.control_finished(result.duration_s)
+            self.console.print(escape(f"control {cell.id}: {_detail(cell, result)}"),
+                               style="dim", highlight=False)
+            return
         with self._lock:
             self.running.pop(cell.id, None)
             self.clock.finished(self.eta, cell.id, result.duration_s)
@@ -425,6 +471,8 @@ class LineEvents:
         self.say(message)
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
+        if cell.is_control:
+            return
         self.started.add(cell.id)
         self.running.add(cell.id)
         self.clock.started(self.eta, cell.id, len(self.running))
@@ -437,6 +485,12 @@ class LineEvents:
             self.say(f"{cell_id} | {line}")
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
+        if cell.is_control:
+            if self.eta is not None:
+                self.eta.control_finished(result.duration_s)
+            took = f" {result.duration_s:.1f} s" if result.duration_s else ""
+            self.say(f"control {result.status.value} {cell.id}{took}: {_detail(cell, result)}")
+            return
         self.running.discard(cell.id)
         self.counts[result.status.value] += 1
         self.clock.finished(self.eta, cell.id, result.duration_s)
@@ -489,6 +543,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         runtime = runtime_lines(matrix, backend, results)
         jobs = slurm_lines(matrix, results) if backend == "slurm" else []
         print("\n".join([*plan_lines(matrix, backend), *images, *inventory, *runtime, *jobs]))
+        seed = (f"seed {args.order_seed}" if args.order_seed is not None
+                else "a fresh seed, recorded in plan.json")
+        print(f"order: rounds of repeats, each in a random order ({seed}); longest expected "
+              "first when the backend runs several cells at once")
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
@@ -509,18 +567,22 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             with progress:
                 outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
                                     events=progress, cancel=cancel, hosts_file=hosts,
-                                    resume=args.resume, lock_timeout_s=args.lock_timeout)
+                                    resume=args.resume, lock_timeout_s=args.lock_timeout,
+                                    order_seed=args.order_seed)
         else:
             outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
                                 events=progress or NullEvents(), cancel=cancel,
                                 hosts_file=hosts, resume=args.resume,
-                                lock_timeout_s=args.lock_timeout)
+                                lock_timeout_s=args.lock_timeout, order_seed=args.order_seed)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print(outcome.table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(outcome.counts.items()))
-    print(f"\n{len(outcome.results)} cells: {counts}")
+    controls = outcome.control_counts
+    extra = ("; control measurements: " + ", ".join(
+        f"{v} {k}" for k, v in sorted(controls.items()))) if controls else ""
+    print(f"\n{sum(outcome.counts.values())} cells: {counts}{extra}")
     print(f"results: {outcome.paths.root}")
     for problem in outcome.problems:
         print(f"error: {problem}", file=sys.stderr)
@@ -554,7 +616,7 @@ def image_lines(matrix: Matrix, backend: str) -> list[str]:
     from orchestrator.images import build
     from orchestrator.plan import selection
 
-    cells = [c for c in matrix.cells if not matrix.profile(c).apptainer_runtime]
+    cells = [c for c in matrix.checked_cells if not matrix.profile(c).apptainer_runtime]
     build.check_image_templates(matrix, cells, backend)
     lines = []
     for key in selection.needed_keys(matrix, cells):
@@ -584,7 +646,7 @@ def runtime_lines(matrix: Matrix, backend: str, results: Path) -> list[str]:
     from orchestrator.plan.placement import Allocation
     from orchestrator.results.run_folder import RunPaths
 
-    cells = [c for c in matrix.cells if matrix.profiles[c.hardware].apptainer_runtime]
+    cells = [c for c in matrix.checked_cells if matrix.profiles[c.hardware].apptainer_runtime]
     if not cells or backend not in ("process", "slurm"):
         return []
     paths = RunPaths(results.resolve() / matrix.name / "<run id>")

@@ -20,6 +20,8 @@ A matrix file is TOML with these tables (see docs/matrix-files.md):
     started
     for several GPUs, its working directory, environment and figures. A cell's ``program``
     (else its profile's) names it; :func:`program_of` resolves what a cell runs.
+``[control]``
+    a pinned measurement run between the configurations (:class:`ControlSpec`).
 ``[figures]``
     how the cells' figures of merit are read and judged (:mod:`orchestrator.config.figures`); also
     per profile and per command, the closest winning.
@@ -1057,6 +1059,46 @@ class MatrixSettings(StrictModel):
     )
 
 
+#: Default of ``[control] every``: a control measurement after every this many configuration
+#: cells on one host and GPU set.
+DEFAULT_CONTROL_EVERY = 2
+
+
+class ControlSpec(StrictModel):
+    """``[control]``: a pinned measurement the sweep runs between the configurations, on the
+    same hosts and GPUs, so that their figures can be judged as ratios to it (the machine's own
+    drift cancels; :mod:`orchestrator.plan.controls`, :mod:`orchestrator.results.normalise`).
+
+    Exactly one of ``params`` (a fixed setting of our workload, or of a ``[commands.NAME]``
+    program with ``program = NAME``; ``[workload]`` fills what it leaves out) and ``cell`` (the
+    group id of one of the matrix's cells, which then runs as the control instead of as a
+    configuration). The control takes each calibrated cell's ``hardware``: it runs on every
+    hardware profile of the matrix.
+    """
+
+    params: PartialParams | None = Field(  # type: ignore[valid-type]
+        None, description="The control's parameters (our workload at a fixed setting, or a "
+        "[commands.NAME] program with program = NAME); [workload] fills the rest; no "
+        "hardware: the control runs on each calibrated cell's hardware, host and GPUs.",
+    )
+    cell: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        None, description="The group id of a cell of this matrix (as `orchestrate plan` "
+        "prints it, without -rN) that runs as the control instead of as a configuration.",
+    )
+    every: Annotated[int, Field(ge=1, le=1000)] = Field(
+        DEFAULT_CONTROL_EVERY, description="A control measurement after every N configuration "
+        "cells on one host and GPU set, 1..1000 (and one before the first and after the last "
+        "cell there); smaller: controls closer in time to each cell, a longer sweep.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ControlSpec:
+        if (self.params is None) == (self.cell is None):
+            raise ValueError("give exactly one of params (the control's own parameters) and "
+                             "cell (a cell of this matrix that runs as the control)")
+        return self
+
+
 class MatrixFile(StrictModel):
     """The whole file, as written (before expansion)."""
 
@@ -1077,6 +1119,10 @@ class MatrixFile(StrictModel):
     figures: FiguresConfig | None = Field(
         None, description="How every cell's figures are read and judged, unless its command or "
         "hardware profile says otherwise (default: our workload's JSON lines).",
+    )
+    control: ControlSpec | None = Field(
+        None, description="A pinned measurement run between the configurations on their hosts "
+        "and GPUs; history and compare then judge each figure as a ratio to it.",
     )
 
 

@@ -167,7 +167,8 @@ def _cells_section(results: Sequence[CellResult]) -> Section:
         ips = res.metrics.get(throughput_key(str(res.params.get("mode", "train"))))
         prov = res.provenance
         rows.append([
-            Cell(res.cell_id), Cell(res.status.value, "" if res.status.value == "ok" else "bad"),
+            Cell(res.cell_id), Cell(res.role),
+            Cell(res.status.value, "" if res.status.value == "ok" else "bad"),
             Cell("" if res.duration_s is None else f"{res.duration_s:,.1f}", "num"),
             Cell(f"{ips:,.1f}" if isinstance(ips, int | float) else "", "num"),
             Cell(str(prov.get("host") or "")), Cell(str(prov.get("image") or "")),
@@ -175,7 +176,8 @@ def _cells_section(results: Sequence[CellResult]) -> Section:
             Cell(res.reason),
         ])
     return Section("cells", "Cells and provenance", table=Table(
-        ["cell", "status", "duration s", "images/s", "host", "image", "GPUs", "reason"], rows))
+        ["cell", "role", "status", "duration s", "images/s", "host", "image", "GPUs", "reason"],
+        rows))
 
 
 # --- compare report --------------------------------------------------------------------------
