@@ -331,3 +331,29 @@ def test_a_mirror_of_nvcr_keeps_its_release_a_base_of_its_own_does_not(tmp_path:
     assert (mirror.release, mirror.known) == ("23.10", True)
     assert mirror.base == "registry.lab:5000/nvidia/pytorch:23.10-py3"
     assert (own.release, own.known) == (None, False)
+
+
+def test_an_old_release_is_refused_for_the_workload_and_allowed_for_a_foreign_program(
+    tmp_path: Path
+) -> None:
+    """NGC 20.03 (seed 003's stack) ships torch 1.5: our workload cannot run there (an error at
+    the field that picks it), DLE's main.py, which brings its own code, can (a note)."""
+    path = tmp_path / "m.toml"
+    path.write_text(
+        '[matrix]\nbackend = "docker"\n[axes]\nprogram = ["workload", "dle"]\n'
+        '[workload]\nhardware = "v100"\n'
+        '[hardware.v100]\ndevice = "cuda"\ngpu = "V100"\nimage = "ngc-pytorch"\n'
+        'image_vars = { base_tag = "20.03-py3" }\n'
+        '[commands.dle]\ncommand = "python main.py --arch {arch} -b {batch_size} /data"\n'
+        'figures = { parser = "dllogger" }\n')
+    found = check_matrix(load_matrix(path), comparisons=False)
+    field = "hardware.v100.image_vars.base_tag"
+    assert [(p.field, "not offered for the workload" in p.message) for p in found.errors] == [
+        (field, True)]
+    assert "ships torch 1.5.0a0+8f84ded" in found.errors[0].message
+    assert any(p.field == field and "program 'dle' brings its own code" in p.message
+               for p in found.notes)
+    assert found.stacks["v100"].torch == "1.5.0a0+8f84ded" and found.stacks["v100"].ubuntu == (
+        "18.04")
+    path.write_text(path.read_text().replace('program = ["workload", "dle"]', 'program = ["dle"]'))
+    assert check_matrix(load_matrix(path), comparisons=False).errors == []

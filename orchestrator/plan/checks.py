@@ -144,6 +144,12 @@ class Stack:
     #: ``release = "auto"``: the stacks a host may get, oldest first (the stack itself is
     #: decided per host when the sweep runs).
     candidates: tuple[Stack, ...] = ()
+    #: Why our workload cannot run on this stack (an NGC release below its floor), and the
+    #: fields that pick it; another program ([commands.NAME]) brings its own code and may.
+    refused: str | None = None
+    refused_at: tuple[str, ...] = ()
+    #: The base image's Ubuntu release, where the release table records it.
+    ubuntu: str | None = None
 
     @property
     def identity(self) -> tuple[str | None, str | None]:
@@ -535,12 +541,16 @@ def _auto_stack(found: Findings, file: str, hw: str, profile: HardwareProfile) -
                  candidates=candidates)
 
 
-def _release_stack(release: releases.Release, base: str) -> Stack:
+def _release_stack(release: releases.Release, base: str, refused_at: tuple[str, ...] = ()
+                   ) -> Stack:
     return Stack(
         f"NGC PyTorch {release.name} (torch {release.torch}, torchvision {release.torchvision},"
         f" CUDA {release.cuda})",
         base=base, release=release.name, torch=release.torch, torchvision=release.torchvision,
         cuda=release.cuda, profilers=releases.container_profilers(),
+        refused=(f"NGC PyTorch {release.name} ({base}) is not offered for the workload: "
+                 f"{release.refused}") if release.refused else None,
+        refused_at=refused_at if release.refused else (), ubuntu=release.ubuntu,
     )
 
 
@@ -633,25 +643,22 @@ def _ngc_stack(
     fields: list[str] | None = None,
 ) -> Stack:
     fld = f"{where}.image_vars.base_tag" if "base_tag" in profile.image_vars else f"{where}.image"
+    at = tuple(fields or [fld])
     release = releases.find_release(name)
     if release is None:
         oldest = releases.load_releases()[0].name
         floor = releases.floor()["release"]
-        for at in fields or [fld]:
-            if _release_key(name) < _release_key(oldest):
-                found.error(Problem(file, at, (
-                    f"{base}: NGC PyTorch {name} is older than the workload's floor (torch "
-                    f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")))
-            else:
-                found.note(Problem(file, at, (
-                    f"{base}: NGC PyTorch {name} is not in orchestrator/data/ngc_releases.toml: "
-                    "its torch, models and profilers are not checked")))
-        return Stack(f"{base} (not in the release table)", base=base, known=False)
-    if release.refused:
-        for at in fields or [fld]:
-            found.error(Problem(file, at, (
-                f"NGC PyTorch {release.name} ({base}) is not offered: {release.refused}")))
-    return _release_stack(release, base)
+        for place in at:
+            found.note(Problem(file, place, (
+                f"{base}: NGC PyTorch {name} is not in orchestrator/data/ngc_releases.toml: "
+                "its torch, models and profilers are not checked")))
+        too_old = None
+        if _release_key(name) < _release_key(oldest):
+            too_old = (f"{base}: NGC PyTorch {name} is older than the workload's floor (torch "
+                       f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")
+        return Stack(f"{base} (not in the release table)", base=base, known=False,
+                     refused=too_old, refused_at=at if too_old else ())
+    return _release_stack(release, base, at)
 
 
 def _release_key(name: str) -> tuple[int, int]:
@@ -715,6 +722,7 @@ class _CellCheck:
         self.found.note(Problem(self.file, f"hardware.{self.hw}", message))
 
     def run(self) -> None:
+        self.floor()
         if self.program.command is None:  # what the workload's flags mean is ours to check
             self.arch()
             self.compile()
@@ -722,6 +730,20 @@ class _CellCheck:
             self.cuda_graphs()
         self.profiler()
         self.gaudi()
+
+    def floor(self) -> None:
+        """A stack below the workload's floor: refused for our workload, allowed (a note) for
+        another program, which brings its own code (the seeds' DLE on NGC 20.03)."""
+        if self.stack.refused is None:
+            return
+        for place in self.stack.refused_at:
+            if self.program.command is None:
+                self.found.error(Problem(self.file, place, self.stack.refused))
+            else:
+                self.found.note(Problem(self.file, place, (
+                    f"{self.stack.label} is below the workload's floor; program "
+                    f"{self.program.name!r} brings its own code, so it runs there (the "
+                    "workload's model, precision and compile rules are not applied to it)")))
 
     def _torch_lacks(self, feature: str) -> str | None:
         if self.stack.torch is None:
