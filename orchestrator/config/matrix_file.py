@@ -129,6 +129,8 @@ MIN_TELEMETRY_INTERVAL_S = 0.05
 ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "program", "ngc_release"})
 #: The program name of our own benchmark workload (every other program is a [commands.NAME]).
 WORKLOAD_PROGRAM = "workload"
+#: The table rules a matrix may name (:mod:`orchestrator.results.table_rules` defines them).
+TableRuleName = Literal["median", "dlperf", "dle", "tbd", "per-gpu", "habana"]
 #: An NGC PyTorch release as a cell parameter: ``YY.MM`` (its image tag is ``YY.MM-py3``).
 NGC_RELEASE_PATTERN = r"^[0-9]{2}\.[0-9]{2}$"
 
@@ -997,6 +999,13 @@ class MatrixSettings(StrictModel):
     baseline: Annotated[str, Field(pattern=r"^[a-z_]+=.+$")] | None = Field(
         None, description="KEY=VALUE row the table compares against, e.g. 'hardware=v100' "
         "for Bitfusion/native ratios.",
+    )
+    table_rule: TableRuleName = Field(
+        "median", description="How the table's numbers are made from the cells' figures: "
+        "median (ours: median images/s of the ok repeats), or a seed's own rule: dlperf "
+        "(DLPerf's median/average/speedup, seed 003), dle (DLE's compute_ips, seed 000), tbd "
+        "(TBD's coreutil.py utilisations, seed 001), per-gpu (one column per GPU, seed 002), "
+        "habana (images/s per card and scaling %, seed 004). The table names its rule.",
     )
 
 
