@@ -154,6 +154,8 @@ class Entry:
     evaluation: Evaluation | None = None
     #: Files beside the log that belong to it (seed 002's nvprof CSV per process), copied too.
     companions: list[Path] = field(default_factory=list)
+    #: A DLPerf model name the folder layout gave that maps to no architecture (--param arch).
+    unknown_model: str | None = None
 
 
 @dataclass
@@ -388,10 +390,7 @@ def _apply_layout(entry: Entry, match: re.Match[str], problems: list[Problem]) -
     model = match["model"]
     arch = fl.DLPERF_MODELS.get(model)
     if arch is None:
-        problems.append(Problem(entry.label, "file name", (
-            f"DLPerf model {model!r} is not one this importer knows "
-            f"({', '.join(fl.DLPERF_MODELS)}): give --param arch=NAME")))
-        arch = None
+        entry.unknown_model = model  # a problem unless --param arch says which it is
     stated = {"gpus": int(match["nodes"]) * int(match["gpus"]),
               "batch_size": int(match["batch_size"]),
               "precision": fl.DLPERF_PRECISIONS[match["precision"]]}
@@ -472,6 +471,10 @@ def collect_entries(sources: Sequence[Path], options: ImportOptions
             entry.origin[key] = origins[key] + (f" (the {where} said {said})" if said != value
                                                 else "")
             entry.known[key] = value
+        if entry.unknown_model is not None and "arch" not in entry.known:
+            problems.append(Problem(entry.label, "file name", (
+                f"DLPerf model {entry.unknown_model!r} is not one this importer knows "
+                f"({', '.join(fl.DLPERF_MODELS)}): give --param arch=NAME")))
     if not entries and not problems:
         rules = repr(options.pattern) if options.pattern else (
             f"{DEFAULT_PATTERN!r} or DLPerf's layout {fl.DLPERF_LAYOUT!r}")
