@@ -88,7 +88,9 @@ def test_bitfusion_is_built_from_exactly_the_native_image(tmp_path: Path) -> Non
     path = tmp_path / "bitfusion_vs_native.toml"
     shutil.copy(MATRICES / "bitfusion_vs_native.toml", path)
     (tmp_path / "bitfusion").mkdir()
-    (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2004_4.5.4-3_amd64.deb").write_bytes(b"deb")
+    (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2204_amd64.deb").write_bytes(b"deb")
+    for name in ("client.yaml", "servers.conf"):
+        (tmp_path / "bitfusion" / name).write_text("stand-in\n")
     (tmp_path / "bitfusion" / "bitfusion-ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     matrix = load_matrix(path)
     plans = build.plan_images(matrix, list(matrix.cells), "docker")
@@ -106,13 +108,19 @@ def test_the_gaudi_matrix_measures_eager_and_graph_mode() -> None:
     assert {c.params.compile for c in matrix.cells} == {"none"}
 
 
-def test_the_seed_000_matrix_is_amp_throughout() -> None:
-    """DLE's inference benchmark runs with --amp: inference is fp16 autocast like training."""
+def test_seed_000_infers_in_fp32_as_written_and_its_modern_equivalent_in_amp() -> None:
+    """The seed's --evaluate lines carry no --amp (only its training line does): the
+    reproduction infers in fp32; the modern equivalent (our workload) runs AMP throughout, and
+    says it is not a reproduction."""
     matrix = load_matrix(MATRICES / "bitfusion_vs_native.toml")
     assert {(c.params.mode, c.params.batch_size) for c in matrix.cells} == {
         ("train", 256), ("infer", 256), ("infer", 1)}
     assert {c.params.precision for c in matrix.cells} == {"amp"}
     assert {c.params.arch for c in matrix.cells} == {"resnet50", "resnext101_32x4d"}
+    assert "not a reproduction" in matrix.source_text
+    seed = load_matrix(MATRICES / "seeds" / "000_bitfusion_dle.toml")
+    assert {(c.params.mode, c.params.precision) for c in seed.cells} == {
+        ("train", "amp"), ("infer", "fp32")}
 
 
 GAUDI_COMPILE = """

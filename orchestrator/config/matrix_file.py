@@ -113,8 +113,11 @@ Precision = Literal["fp32", "amp", "bf16"]
 Mode = Literal["train", "infer"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune"]
 #: How PyTorch runs on Gaudi: op by op (eager), accumulated graphs flushed by mark_step (lazy,
-#: Habana's "graph mode"), or eager with torch.compile(backend="hpu_backend") (compile).
-HpuMode = Literal["eager", "lazy", "compile"]
+#: Habana's graph mode since it replaced tracing), eager with torch.compile(backend="hpu_backend")
+#: (compile), or the model traced by torch.jit.trace (graph: Habana's 0.13 "graph mode", seed
+#: 004's; `validate` refuses it where the Gaudi software has no such mode, which is every release
+#: still published).
+HpuMode = Literal["eager", "lazy", "compile", "graph"]
 Profiler = Literal["none", "torch", "nsys", "ncu", "nvprof"]
 #: Profilers that wrap the command (the orchestrator starts them; see
 # orchestrator/plan/profilers.py).
@@ -209,8 +212,10 @@ class CellParams(StrictModel):
     )
     hpu_mode: HpuMode | None = Field(
         None, description="Gaudi execution mode (device = 'hpu' profiles only): eager "
-        "(PT_HPU_LAZY_MODE=0), lazy (graph mode, PT_HPU_LAZY_MODE=1, mark_step) or compile "
-        "(PT_HPU_LAZY_MODE=0, torch.compile with the hpu_backend). Unset: lazy.",
+        "(PT_HPU_LAZY_MODE=0), lazy (PT_HPU_LAZY_MODE=1, mark_step: Habana's graph mode since "
+        "it replaced tracing), compile (PT_HPU_LAZY_MODE=0, torch.compile with the "
+        "hpu_backend) or graph (torch.jit.trace, the 0.13 software's graph mode of seed 004: "
+        "refused where the Gaudi software lacks it). Unset: lazy.",
     )
     program: Name | None = Field(
         None, description="What the cell runs: 'workload' (our benchmark workload) or the name "
@@ -309,6 +314,10 @@ class ContainerOptions(StrictModel):
         "8g", description="/dev/shm size, e.g. '16g' (b/k/m/g), at most 16 TiB."
     )
     privileged: bool = False
+    pid: Literal["host"] | None = Field(
+        None, description="'host': the container shares the host's process namespace (docker "
+        "run --pid=host; seed 000's Bitfusion client needs it).",
+    )
     mounts: list[Mount] = Field([], max_length=256)
     devices: list[PathText] = Field(
         [], max_length=256, description="Extra device nodes, e.g. /dev/accel for Gaudi."

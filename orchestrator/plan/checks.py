@@ -84,11 +84,12 @@ import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.catalog import gpus, releases, stacks, templates
+from orchestrator.catalog import debs, gpus, releases, stacks, templates
 from orchestrator.config.matrix_file import (
     ORCHESTRATOR_PARAMS,
     PARAM_NAMES,
@@ -324,7 +325,60 @@ def _profile_checks(
         return host_stack()
     if profile.release == selection.AUTO:
         return _auto_stack(found, file, hw, profile)
-    return _image_stack(found, file, hw, profile, backend)
+    stack = _image_stack(found, file, hw, profile, backend)
+    _bitfusion_client_check(found, file, hw, profile, stack)
+    return stack
+
+
+#: Templates whose image runs another program (its own code): any release of the table may be
+#: their base; every other template runs our workload (offered releases only).
+PROGRAM_TEMPLATES = ("program", "program-bitfusion", "program-sif")
+
+
+def _bitfusion_client_check(found: Findings, file: str, hw: str, profile: HardwareProfile,
+                            stack: Stack) -> None:
+    """A Bitfusion client .deb is built for one Ubuntu release: refuse a base of another, and
+    name the bases that fit (seed 000's client is for 20.04; NGC 23.10 is 22.04)."""
+    if profile.image is None:
+        return
+    try:
+        template = templates.load_template(profile.image)
+    except ConfigError:
+        return
+    if "client_deb" not in template.variables:
+        return
+    where = f"hardware.{hw}.image_vars"
+    value = str(profile.image_vars.get("client_deb") or template.variables["client_deb"].default)
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = Path(file).parent / path
+    deb = debs.deb_ubuntu(path)
+    base_ubuntu = stack.ubuntu or profile.image_vars.get("base_ubuntu") or None
+    if deb.ubuntu is None or base_ubuntu is None:
+        what = ("the client's Ubuntu is not known (" + deb.how + ")" if deb.ubuntu is None
+                else f"the base image's Ubuntu is not known ({stack.label}; set base_ubuntu)")
+        found.note(Problem(file, f"{where}.client_deb", (
+            f"the Bitfusion client and the base image must be of one Ubuntu release; {what}: "
+            "not checked (the image's build checks it inside the base)")))
+        return
+    if deb.ubuntu == base_ubuntu:
+        return
+    foreign = template.name in PROGRAM_TEMPLATES or (
+        template.parent is not None and template.parent.template in PROGRAM_TEMPLATES)
+    fits = [r for r in releases.load_releases()
+            if r.ubuntu == deb.ubuntu and (foreign or r.offered)]
+    if fits:
+        use = (f"build on a base of Ubuntu {deb.ubuntu}: base_tag = \"{fits[-1].base_tag}\" "
+               f"(NGC releases of Ubuntu {deb.ubuntu}: {', '.join(r.name for r in fits)})")
+    else:
+        newest = [r.name for r in releases.load_releases() if r.ubuntu == deb.ubuntu]
+        use = (f"no NGC release the workload runs on is Ubuntu {deb.ubuntu}"
+               + (f" ({', '.join(newest)} are, below its floor: run another program there, "
+                  "images/program-bitfusion)" if newest else ""))
+    found.error(Problem(file, f"{where}.client_deb", (
+        f"the Bitfusion client {path.name} is built for Ubuntu {deb.ubuntu} ({deb.how}); the "
+        f"base image ({stack.base or stack.label}) is Ubuntu {base_ubuntu}, whose libraries "
+        f"do not satisfy it: {use}, or use the client built for Ubuntu {base_ubuntu}")))
 
 
 def _accelerator_checks(
@@ -891,11 +945,34 @@ class _CellCheck:
         if mode is None:
             self.note(f"hpu_mode not set: its cells run in {hpu_mode(self.params, 'hpu')} mode "
                       "(set hpu_mode = \"eager\", \"lazy\" or \"compile\" to say so)")
+        elif mode == "graph" and not _trace_mode_runs(self.stack):
+            self.error("hpu_mode", (
+                f"hpu_mode = \"graph\" (torch.jit.trace: the graph mode of Habana's 0.13 "
+                f"software, as seed 004 ran it) does not run on {self.stack.label}: no Intel "
+                "Gaudi software still published has it (Model-References' ResNet trains in "
+                "eager and lazy mode only from 1.6.1, the oldest published, on; Intel documents "
+                "eager, lazy and torch.compile); use hpu_mode = \"lazy\", Habana's graph mode "
+                "since it replaced tracing"))
         elif mode == "compile":
             missing = self._torch_lacks("compile")
             if missing:
                 self.error("hpu_mode", f"hpu_mode = \"compile\" on hardware {self.hw!r}: "
                                        f"{missing} ({self.stack.label})")
+
+
+#: Intel Gaudi (SynapseAI) software versions whose PyTorch trains a torch.jit.trace'd model (the
+#: "graph mode" of Habana's 0.13 ResNet demo, seed 004): 0.13 and older, none of them published
+#: any more (vault.habana.ai and docs.habana.ai start at 1.6.1 as far as this project can see).
+TRACE_MODE_GAUDI: frozenset[str] = frozenset()
+_GAUDI_VERSION = re.compile(r"Habana PyTorch installer (\S+)|Intel Gaudi (\S+)")
+
+
+def _trace_mode_runs(stack: Stack) -> bool:
+    """Whether a Gaudi stack runs torch.jit.trace graph mode (its software version listed in
+    :data:`TRACE_MODE_GAUDI`)."""
+    found = _GAUDI_VERSION.search(stack.label)
+    version = (found[1] or found[2]) if found else None
+    return version is not None and version in TRACE_MODE_GAUDI
 
 
 # --- programs: our workload and command templates ---------------------------------------------
