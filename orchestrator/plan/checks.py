@@ -89,7 +89,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.catalog import debs, gpus, releases, stacks, templates
+from orchestrator.catalog import checkouts, debs, gpus, releases, stacks, templates
 from orchestrator.config.matrix_file import (
     ORCHESTRATOR_PARAMS,
     PARAM_NAMES,
@@ -327,7 +327,33 @@ def _profile_checks(
         return _auto_stack(found, file, hw, profile)
     stack = _image_stack(found, file, hw, profile, backend)
     _bitfusion_client_check(found, file, hw, profile, stack)
+    _program_revision_check(found, file, hw, profile)
     return stack
+
+
+def _program_revision_check(found: Findings, file: str, hw: str, profile: HardwareProfile
+                            ) -> None:
+    """A program checkout at another commit than the matrix's ``program_revision`` is not the
+    seed's program: a warning (``--strict`` refuses it); a folder that is no git checkout, a
+    note (its revision cannot be told)."""
+    wanted = str(profile.image_vars.get("program_revision") or "")
+    folder_value = profile.image_vars.get("program_dir")
+    if not wanted or not isinstance(folder_value, str):
+        return
+    folder = Path(folder_value).expanduser()
+    if not folder.is_absolute():
+        folder = Path(file).parent / folder
+    if not folder.is_dir():
+        return  # missing: the build-file check says so
+    where = f"hardware.{hw}.image_vars.program_revision"
+    actual = checkouts.head_revision(folder)
+    if actual is None:
+        found.note(Problem(file, where, (
+            f"{folder} is not in a git checkout: that it is at {wanted} is not checked")))
+    elif not checkouts.same_revision(actual, wanted):
+        found.warning(Problem(file, where, (
+            f"the checkout at {folder} is at {actual}, not {wanted}: the image would hold "
+            f"another revision of the program (check out {wanted}, or change the revision)")))
 
 
 #: Templates whose image runs another program (its own code): any release of the table may be
