@@ -22,6 +22,7 @@ output.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -138,7 +139,9 @@ ulimits = {{}}
 command = "python3 ./main.py --arch {{arch}}"
 launcher = "self"
 workdir = "/workspace/rn50"
-figures = {{ parser = "regex", regex = [{{ name = "train.total_ips", pattern = 'compute_ips : (?P<value>[0-9.]+)' }}] }}
+[commands.main.figures]
+parser = "regex"
+regex = [{{ name = "train.total_ips", pattern = 'compute_ips : (?P<value>[0-9.]+)' }}]
 """
 
 
@@ -229,10 +232,8 @@ def test_the_bitfusion_image_builds_and_its_token_stays_out_of_results(
         assert leaked == [] and token not in run.stdout + run.stderr
     finally:
         for tag in reversed(built):
-            try:
+            with contextlib.suppress(Exception):  # cleanup: an image already gone is fine
                 docker_client.images.remove(tag, force=True)
-            except Exception:  # noqa: BLE001 - cleanup: an image already gone is fine
-                pass
 
 
 def test_the_seed_000_containers_ask_what_the_seed_asks() -> None:

@@ -110,7 +110,7 @@ def test_ncu_csv_without_a_metric_or_header() -> None:
         fl.parse_ncu_long_csv(bad)
 
 
-# --- TensorFlow TimeHistory ------------------------------------------------------------------------
+# --- TensorFlow TimeHistory -----------------------------------------------------------------
 
 
 def test_time_history_mean_after_the_first_window(tmp_path: Path) -> None:
@@ -150,7 +150,8 @@ def test_every_gpus_series_is_kept_and_tabled(tmp_path: Path) -> None:
 
 
 NVPROF = """==1234== NVPROF is profiling process 1234, command: python
-"Start","Duration","Grid X","Device","Context","Stream","Name","SM Clock","Memory Clock","Temperature","Power","Fan"
+"Start","Duration","Grid X","Device","Context","Stream","Name","SM Clock","Memory Clock",\
+"Temperature","Power","Fan"
 s,ms,,,,,,MHz,MHz,C,mW,%
 0.5,,,"Tesla V100-SXM2-16GB (0)",,,,1380,877,41,65000,
 0.5001,0.2,80,"Tesla V100-SXM2-16GB (0)",1,7,"volta_sgemm",,,,,

@@ -56,7 +56,8 @@ def words(line: str) -> list[str]:
 
 S000_TRAIN = ("python ./main.py --arch resnet50 --epochs 3 --batch-size 256 --label-smoothing 0.1 "
               "--amp --static-loss-scale 256 --no-checkpoints /imagenet")
-S000_INFER = "python ./main.py --arch resnet50 --evaluate --epochs 1 --pretrained --batch-size {bs} /imagenet"
+S000_INFER = ("python ./main.py --arch resnet50 --evaluate --epochs 1 --pretrained "
+              "--batch-size {bs} /imagenet")
 S000_BITFUSION = "bitfusion run -n 1 -p 1 -- "
 
 
