@@ -99,7 +99,7 @@ def test_bitfusion_is_built_from_exactly_the_native_image(tmp_path: Path) -> Non
     assert native.base_image == "nvcr.io/nvidia/pytorch:23.10-py3"
 
 
-def test_the_gaudi_matrix_measures_eager_and_graph_mode() -> None:
+def test_the_gaudi_matrix_measures_eager_and_lazy_mode() -> None:
     matrix = load_matrix(MATRICES / "gaudi.toml")
     configs = {(c.params.gpus, c.params.precision, c.params.batch_size, c.params.hpu_mode)
                for c in matrix.cells}

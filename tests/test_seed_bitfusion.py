@@ -254,7 +254,7 @@ def test_the_seed_000_containers_ask_what_the_seed_asks() -> None:
     assert "device_requests" not in bf
     assert (native["privileged"], native.get("pid_mode"), native["ipc_mode"]) == (
         False, None, "host")
-    assert [d.device_ids for d in native["device_requests"]] == [["1"]]
+    assert [d["DeviceIDs"] for d in native["device_requests"]] == [["1"]]
     for kwargs in (bf, native):
         assert {(m["Target"], m["Source"]) for m in kwargs["mounts"]} >= {
             ("/root/.cache/torch/hub/checkpoints", "/data/pretrained"),

@@ -240,3 +240,17 @@ def test_a_plan_with_a_rule_this_version_does_not_know_falls_back(tmp_path: Path
     (paths.root / "plan.json").write_text(json.dumps(plan))
     rows, table = summarize_run(RunPaths(paths.root))
     assert rows[0].rule == "median" and "table rule" not in table
+
+
+def test_our_ncu_figures_read_the_seeds_elapsed_metrics_weighted_by_cycles() -> None:
+    """A profile asking for TBD's metrics (the _elapsed forms and gpc__cycles_elapsed.max) gets
+    its ncu.* figures from them, weighted by the elapsed cycles as coreutil.py weights them (the
+    figures were missing before: only the _active forms were read)."""
+    from orchestrator.results.profiler_figures import Kernel, ncu_figures
+
+    fma = fl.TBD_FIELDS["fma"]
+    kernels = [Kernel("a", 10.0, {fl.TBD_CYCLES: 3000.0, fma: 40.0}),
+               Kernel("b", 90.0, {fl.TBD_CYCLES: 1000.0, fma: 0.0})]
+    figures = ncu_figures(kernels)
+    assert figures.metrics["ncu.fma_pct"] == pytest.approx(30.0)  # by cycles; by time: 4.0
+    assert figures.info["weighting"]["fma"] == fl.TBD_CYCLES
