@@ -297,7 +297,7 @@ def test_describe_names_only_the_paths_a_run_uses() -> None:
 
 
 def test_versions_are_in_the_supported_range() -> None:
-    """The floor is torch 2.1 / torchvision 0.16 (README "Supported stacks")."""
+    """The floor is torch 2.1 / torchvision 0.16 (docs/workload.md, "Supported stacks")."""
     torch_series = tuple(int(p) for p in torch.__version__.split(".")[:2])
     vision_series = tuple(int(p) for p in torchvision.__version__.split(".")[:2])
     assert torch_series >= (2, 1) and vision_series >= (0, 16)
