@@ -330,6 +330,10 @@ HASH_NEUTRAL_PROFILE: dict[str, Any] = {
        for tool in ("nsys", "ncu", "nvprof", "apptainer")},
 }
 HASH_RETIRED_PROFILE: dict[str, Any] = {"backend": None}
+#: The same for the fields a version added inside a profile's container options and inside a
+#: figures table (a cell that does not use them keeps its hash).
+HASH_NEUTRAL_CONTAINER: dict[str, Any] = {"pid": None}
+HASH_NEUTRAL_FIGURES: dict[str, Any] = {"variant": None, "file": None, "telemetry": None}
 
 
 def _hashed(dump: dict[str, Any], neutral: dict[str, Any]) -> dict[str, Any]:
@@ -347,15 +351,21 @@ def content_hash(params: CellParams, profile: HardwareProfile, program: Program 
     dump = params.model_dump()
     if program is not None and program.command is None:
         dump["program"] = None  # our workload, however it was named: as before programs
+    profile_dump = _hashed(profile.model_dump(), HASH_NEUTRAL_PROFILE)
+    profile_dump["container"] = _hashed(profile_dump["container"], HASH_NEUTRAL_CONTAINER)
+    if isinstance(profile_dump.get("figures"), dict):
+        profile_dump["figures"] = _hashed(profile_dump["figures"], HASH_NEUTRAL_FIGURES)
     content: dict[str, Any] = {
         "params": _hashed(dump, HASH_NEUTRAL_PARAMS),
-        "profile": {**_hashed(profile.model_dump(), HASH_NEUTRAL_PROFILE),
-                    **HASH_RETIRED_PROFILE},
+        "profile": {**profile_dump, **HASH_RETIRED_PROFILE},
     }
     if program is not None and program.command is not None:
-        content["command"] = {"name": program.name, **program.command.model_dump()}
+        command = program.command.model_dump()
+        if isinstance(command.get("figures"), dict):
+            command["figures"] = _hashed(command["figures"], HASH_NEUTRAL_FIGURES)
+        content["command"] = {"name": program.name, **command}
     if program is not None and program.figures is not None:
-        content["figures"] = program.figures.model_dump()
+        content["figures"] = _hashed(program.figures.model_dump(), HASH_NEUTRAL_FIGURES)
     blob = json.dumps(content, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
