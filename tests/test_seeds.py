@@ -276,3 +276,34 @@ def test_graph_mode_is_refused_with_its_reason_on_the_seeds_gaudi_software(tmp_p
     assert [p.field for p in found.errors] == ["axes.hpu_mode[2]"]
     assert "torch.jit.trace" in found.errors[0].message
     assert "use hpu_mode = \"lazy\"" in found.errors[0].message
+
+
+def test_seed_002s_dry_run_prints_the_seeds_command(tmp_path: Path) -> None:
+    """`orchestrate matrix --dry-run` of the Slurm seed prints each cell's apptainer command:
+    after the image, the seed's own line (with the two declared paths). A stand-in
+    `singularity` on PATH (the dry run only asks that it exists) and an empty program folder."""
+    import subprocess
+    import sys
+
+    fake = tmp_path / "bin" / "singularity"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'singularity-ce version 3.7.2 (stand-in)'\n")
+    fake.chmod(0o755)
+    (tmp_path / "lab" / "sec5a_resnet").mkdir(parents=True)
+    path = tmp_path / "002.toml"
+    path.write_text((SEEDS / "002_variability.toml").read_text().replace(
+        "/opt/lab/gpu_variability_sc22_artifact/sec5a_resnet", "lab/sec5a_resnet"))
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "matrix", str(path),
+                           "--dry-run", "--results", str(tmp_path / "r")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = next(ln for ln in done.stdout.splitlines()
+                if ln.startswith("  gpu_node-g4-bs64-fp32-r1: srun singularity exec"))
+    argv = shlex.split(line.split(": ", 1)[1])
+    after = argv[next(i for i, w in enumerate(argv) if w.endswith(".sif")) + 1:]
+    cell = str(tmp_path / "r" / "seed002_variability" / "<run id>" / "cells"
+               / "gpu_node-g4-bs64-fp32-r1")
+    seed = SEED_TABLE["002"]
+    expected = [w.replace("{cell}", cell) for w in apply(seed, words(S002), 64)]
+    assert after == expected, _first_difference(after, expected)
