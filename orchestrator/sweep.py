@@ -35,6 +35,7 @@ import contextlib
 import importlib.util
 import logging
 import platform
+import secrets
 import shutil
 import sys
 import threading
@@ -53,9 +54,9 @@ from orchestrator.config.matrix_file import WRAPPING_PROFILERS
 from orchestrator.config.redact import redact_toml
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.local.engine import controller_id
-from orchestrator.plan import profilers
+from orchestrator.plan import ordering, profilers
+from orchestrator.plan.controls import ControlSchedule, control_allocation, highest_numbers
 from orchestrator.plan.matrix import Cell, Matrix
-from orchestrator.plan.ordering import order_cells
 from orchestrator.plan.placement import Allocation
 from orchestrator.results import folder_lock
 from orchestrator.results.folder_lock import FolderLock
@@ -71,6 +72,7 @@ from orchestrator.results.run_folder import (
     write_json,
 )
 from orchestrator.results.summary import GroupRow, render_table, summarize, write_summary
+from orchestrator.results.table_rules import table_rule
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +114,13 @@ class SweepOutcome:
 
     @property
     def counts(self) -> dict[str, int]:
-        """How many cells ended in each status."""
-        return dict(Counter(r.status.value for r in self.results))
+        """How many cells (configurations; control measurements apart) ended in each status."""
+        return dict(Counter(r.status.value for r in self.results if r.role != "control"))
+
+    @property
+    def control_counts(self) -> dict[str, int]:
+        """How many control measurements ended in each status (empty: no control)."""
+        return dict(Counter(r.status.value for r in self.results if r.role == "control"))
 
     @property
     def ok(self) -> bool:
@@ -136,15 +143,32 @@ def hosts_file_of(matrix: Matrix) -> Path | None:
 
 
 def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
-    return {
+    """plan.json: the configurations (``cells``, role ``config``) and, with a ``[control]``,
+    the control's templates (role ``control``) and its rule; the sweep adds the order it ran
+    the cells in (``order``)."""
+    out: dict[str, Any] = {
         "matrix": matrix.name,
         "source": str(matrix.path),
         "backend": backend,
         "repeats": matrix.settings.repeats,
         "varying": list(matrix.varying),
         "baseline": matrix.settings.baseline,
+        "table_rule": matrix.settings.table_rule,
         "cells": [c.to_json() for c in matrix.cells],
     }
+    if matrix.controls:
+        out["control"] = {
+            "every": matrix.control_every,
+            "rule": CONTROL_RULE.format(every=matrix.control_every),
+            "cells": [c.to_json() for c in matrix.controls.values()],
+        }
+    return out
+
+
+#: How the sweep interleaves the control, in words (plan.json's ``control.rule``).
+CONTROL_RULE = ("on each host/GPU set a configuration cell runs on: one control measurement "
+                "before its first cell, one after every {every} cells and one after the last; "
+                "in the cell's own allocation (same host, its first GPUs)")
 
 
 def run_sweep(
@@ -157,8 +181,13 @@ def run_sweep(
     hosts_file: Path | None = None,
     resume: str | None = None,
     lock_timeout_s: float | None = None,
+    order_seed: int | None = None,
 ) -> SweepOutcome:
     """Run every cell of ``matrix`` and write the run folder. Returns the outcome.
+
+    ``order_seed``: the seed of the cells' random order (:mod:`orchestrator.plan.ordering`;
+    None: a fresh one, recorded in plan.json and run.json). ``--resume`` keeps the order the
+    run recorded.
 
     ``resume``: a run id, or ``""`` for the newest run of the matrix: run again, in that run's
     folder, only the cells that did not end ok (the matrix must not have changed since).
@@ -176,7 +205,7 @@ def run_sweep(
     name, cls = decision.backend, decision.cls
     run = open_run(matrix, name, results_root, resume)
     try:  # the run folder is locked until its run.json is finished (or the sweep failed)
-        run = order_run(run, results_root)
+        run = expect_durations(run, results_root)
         options = RunOptions(
             timeout_s=matrix.settings.timeout_s,
             output_hook=events.cell_output,
@@ -186,9 +215,16 @@ def run_sweep(
             on_log=events.log,
         )
         backend = prepare_backend(cls, matrix, run, options, events)
+        try:
+            order_run(run, order_seed, parallel=can_run_several(backend, run.cells))
+        except BaseException:
+            backend.close()
+            raise
         events.sweep_started(run.paths, run.cells, run.expected)
+        controls = ControlSchedule.of(matrix.controls, matrix.control_every,
+                                      highest_numbers(run.existing, matrix.controls))
         results, interrupted = run_all(backend, run.cells, events,
-                                       retries=matrix.settings.retries)
+                                       retries=matrix.settings.retries, controls=controls)
         return finish_run(matrix, run, results, interrupted)
     finally:
         run.release()
@@ -205,6 +241,8 @@ class OpenRun:
     new: bool
     #: Seconds each configuration (content hash) took in earlier runs of the matrix (median).
     expected: dict[str, float] = field(default_factory=dict)
+    #: Ids of the cells the run folder already has (a resumed run; control numbers go on).
+    existing: list[str] = field(default_factory=list)
     #: The run folder's lock (:func:`lock_run`), held while the sweep works in it.
     lock: FolderLock | None = None
 
@@ -219,10 +257,9 @@ class OpenRun:
 INDEX_WAIT_S = 2.0
 
 
-def order_run(run: OpenRun, results_root: Path) -> OpenRun:
-    """The run's cells in the order to try them (:func:`~orchestrator.plan.ordering.order_cells`:
-    repeats interleaved, longest expected first), with the durations of earlier runs of the
-    matrix from the results store (none when it cannot tell: a sweep never stops for that)."""
+def expect_durations(run: OpenRun, results_root: Path) -> OpenRun:
+    """The durations of earlier runs of the matrix from the results store (none when it cannot
+    tell: a sweep never stops for that): the order's duration classes and the ETA."""
     from orchestrator.results.store import open_store
 
     name = run.meta.get("matrix")
@@ -233,8 +270,51 @@ def order_run(run: OpenRun, results_root: Path) -> OpenRun:
     except Exception as exc:  # an unreadable index costs the order, never the sweep
         log.warning("no expected durations from the results store (%s): plan order", exc)
         run.expected = {}
-    run.cells = order_cells(run.cells, run.expected)
     return run
+
+
+def can_run_several(backend: Backend, cells: list[Cell], tries: int = 64) -> bool:
+    """Whether the backend could run two of ``cells`` at once (it hands out a second
+    allocation while holding a first): what makes the order change the sweep's length. Every
+    allocation taken here is given back."""
+    taken: list[tuple[Cell, Allocation]] = []
+    try:
+        for cell in cells[:tries]:
+            allocation = backend.allocate(cell)
+            if allocation is not None:
+                taken.append((cell, allocation))
+                if len(taken) == 2:
+                    return True
+        return False
+    finally:
+        for cell, allocation in reversed(taken):
+            backend.release(cell, allocation)
+
+
+def order_run(run: OpenRun, seed: int | None, parallel: bool) -> None:
+    """The run's cells in the order to try them (:func:`~orchestrator.plan.ordering.order_cells`:
+    rounds of repeats, each shuffled by the run's seed; longest expected first when
+    ``parallel``), recorded in plan.json (``order``) and run.json (``order_seed``). A resumed
+    run keeps the order it recorded. Recording fails only with a warning: the order is
+    still used."""
+    plan = run.paths.plan_data()
+    recorded = plan.get("order") if plan is not None else None
+    if not run.new and isinstance(recorded, dict) and isinstance(recorded.get("cells"), list):
+        run.cells = ordering.recorded_order(run.cells, [str(c) for c in recorded["cells"]])
+        return
+    if seed is None:
+        seed = secrets.randbelow(2**32)
+    run.cells = ordering.order_cells(run.cells, run.expected, seed, parallel)
+    run.meta["order_seed"] = seed
+    if plan is None:
+        return
+    plan["order"] = {"seed": seed, "parallel": parallel, "rule": ordering.RULE,
+                     "cells": [c.id for c in run.cells]}
+    try:
+        write_json(run.paths.plan, plan)
+        write_json(run.paths.run_meta, run.meta)
+    except OSError as exc:
+        log.warning("the cells' order was not recorded: %s", _os_error(exc))
 
 
 def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | None) -> OpenRun:
@@ -331,6 +411,9 @@ def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -
         raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
                           f"{_os_error(exc)}") from None
     try:
+        cells_dir = paths.root / "cells"
+        existing = sorted(e.name for e in cells_dir.iterdir() if e.is_dir()) if (
+            cells_dir.is_dir()) else []
         meta = _run_meta(paths)
         cells = cells_to_resume(paths, matrix)
         meta.setdefault("resumed", []).append(
@@ -344,7 +427,7 @@ def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -
     except BaseException:
         lock.release()
         raise
-    return OpenRun(paths, cells, meta, new=False, lock=lock)
+    return OpenRun(paths, cells, meta, new=False, lock=lock, existing=existing)
 
 
 def _unwritable(results_root: Path, message: str) -> ConfigError:
@@ -369,7 +452,9 @@ def prepare_backend(cls: type[Backend], matrix: Matrix, run: OpenRun, options: R
     try:
         backend = cls(matrix, run.paths, options)
         if run.cells:
-            backend.prepare(run.cells, on_log=events.log)
+            controls = [t for t in matrix.controls.values()
+                        if any(c.hardware == t.hardware for c in run.cells)]
+            backend.prepare(run.cells + controls, on_log=events.log)
     except BaseException:
         if backend is not None:
             backend.close()
@@ -381,15 +466,15 @@ def prepare_backend(cls: type[Backend], matrix: Matrix, run: OpenRun, options: R
     return backend
 
 
-def run_all(backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0
-            ) -> tuple[list[CellResult], bool]:
+def run_all(backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0,
+            controls: ControlSchedule | None = None) -> tuple[list[CellResult], bool]:
     """Run the cells (:func:`run_cells`), then close the backend whatever happened.
 
     Returns the results and whether the sweep was interrupted (Ctrl-C, SIGTERM, the cancel flag).
     """
     interrupted = False
     try:
-        results = run_cells(backend, cells, events, retries=retries)
+        results = run_cells(backend, cells, events, retries=retries, controls=controls)
     except KeyboardInterrupt:
         backend.options.cancel.set()
         interrupted = True
@@ -430,11 +515,14 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
         rows, table = write_summary(paths, results=every)
     except OSError as exc:
         problems.append(f"summary.csv / summary.txt not written: {_os_error(exc)}")
-        rows = summarize(every)
-        table = render_table(rows, list(matrix.varying), baseline=matrix.settings.baseline)
+        rows = summarize(every, table_rule(matrix.settings.table_rule))
+        table = render_table(rows, list(matrix.varying), baseline=matrix.settings.baseline,
+                             results=every)
     _plot_if_possible(paths, rows, matrix.name)
     outcome = SweepOutcome(paths, every, rows, table, interrupted, problems)
     run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
+    if outcome.control_counts:
+        run.meta["control_counts"] = outcome.control_counts
     if problems:
         run.meta["problems"] = problems
     try:
@@ -547,10 +635,18 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Running:
-    """An attempt that was started, and the allocation it holds until it ends."""
+    """An attempt that was started on ``allocation``.
+
+    ``held`` is the allocation a configuration cell was given (``owner``) and that goes back
+    when this attempt ends, unless ``then`` (the configuration attempt a control measurement
+    runs before) starts on it next; a control measurement runs inside its owner's allocation
+    (:mod:`orchestrator.plan.controls`)."""
 
     attempt: Attempt
     allocation: Allocation
+    held: Allocation
+    owner: Cell
+    then: Attempt | None = None
 
 
 #: After an interrupt, how long the sweep waits for a running cell to stop and report.
@@ -558,7 +654,8 @@ CANCEL_WAIT_S = 60.0
 
 
 def run_cells(
-    backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0
+    backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0,
+    controls: ControlSchedule | None = None,
 ) -> list[CellResult]:
     """Start each cell as soon as the backend can place it; collect and record every result.
 
@@ -571,6 +668,10 @@ def run_cells(
     written to disk, reported). Cancelled: the running cells see the flag, stop their workload
     and report; one that does not report within :data:`CANCEL_WAIT_S` is recorded failed and
     left behind.
+
+    ``controls``: the matrix's control measurements (:class:`ControlSchedule`), each run in a
+    configuration cell's allocation before or after it (the cell's host and GPUs) and recorded
+    as a control result.
 
     Every cell given ends with exactly one recorded result, whatever happened to it.
     """
@@ -588,6 +689,24 @@ def run_cells(
             pending.append(Attempt(cell))
     running: dict[Future[CellResult], Running] = {}
     cancel = backend.options.cancel
+
+    def start(attempt: Attempt, allocation: Allocation, held: Allocation, owner: Cell,
+              then: Attempt | None = None) -> None:
+        events.cell_started(attempt.cell, allocation)
+        fut = _in_worker(f"cell-{attempt.cell.id}", backend.run_cell, attempt.cell, allocation,
+                         attempt.number)
+        running[fut] = Running(attempt, allocation, held, owner, then)
+
+    def control_on(cell: Cell, held: Allocation, control: Cell, then: Attempt | None) -> None:
+        start(Attempt(control), control_allocation(control, held), held, cell, then)
+
+    def launch(attempt: Attempt, allocation: Allocation) -> None:
+        control = controls.before(attempt.cell, allocation) if controls else None
+        if control is not None:
+            control_on(attempt.cell, allocation, control, attempt)
+        else:
+            start(attempt, allocation, allocation, attempt.cell)
+
     try:
         changed = True  # GPUs and hosts free up only when a cell ends: place only then
         while (pending or running) and not cancel.is_set():
@@ -596,10 +715,7 @@ def run_cells(
                     if isinstance(decision, str):
                         done(attempt, unplaceable_result(attempt, decision))
                         continue
-                    events.cell_started(attempt.cell, decision)
-                    fut = _in_worker(f"cell-{attempt.cell.id}", backend.run_cell,
-                                     attempt.cell, decision, attempt.number)
-                    running[fut] = Running(attempt, decision)
+                    launch(attempt, decision)
             if not running:
                 if not pending:
                     break  # the rest became unplaceable
@@ -608,11 +724,22 @@ def run_cells(
             changed = bool(finished)
             for fut in finished:
                 started = running.pop(fut)
-                result = collect(backend, fut, started)
+                result = _result_of(fut, started.attempt)
                 attempt = started.attempt
+                if attempt.cell.is_control:
+                    done(attempt, result)
+                    follow = started.then
+                    if follow is not None and result.status is not Status.HOST_LOST:
+                        start(follow, started.held, started.held, started.owner)
+                        continue
+                    backend.release(started.owner, started.held)
+                    if follow is not None:  # the host went away under the control
+                        pending.appendleft(follow)
+                    continue
                 add_profiler_figures(backend, attempt.cell, result)
                 if should_rerun(result, backend.matrix.settings, attempt.reruns) and supersede(
                         backend.paths, attempt.cell.id, "throttled") is not None:
+                    backend.release(started.owner, started.held)
                     events.log(f"{attempt.cell.id}: the GPU throttled while measuring; "
                                f"running it again (re-run {attempt.reruns + 1} of "
                                f"{backend.matrix.settings.rerun_throttled})")
@@ -622,6 +749,7 @@ def run_cells(
                         and attempt.number - attempt.reruns <= retries):
                     # the lost try's folder is kept aside: its output never mixes with the next
                     kept = supersede(backend.paths, attempt.cell.id, "host_lost")
+                    backend.release(started.owner, started.held)
                     events.log(f"{attempt.cell.id}: {result.reason}; retrying "
                                f"(attempt {attempt.number + 1})")
                     pending.appendleft(attempt.retry({
@@ -629,6 +757,13 @@ def run_cells(
                         "reason": result.reason, **({"folder": kept} if kept else {})}))
                     continue
                 done(attempt, result)
+                control = None
+                if controls is not None and result.status is not Status.HOST_LOST:
+                    control = controls.after(attempt.cell, started.held, last=not pending)
+                if control is not None and not cancel.is_set():
+                    control_on(attempt.cell, started.held, control, None)
+                else:
+                    backend.release(started.owner, started.held)
     except KeyboardInterrupt:
         cancel.set()
     # Cancelled: running cells see the flag, kill their workload and report.
@@ -681,7 +816,7 @@ def collect(backend: Backend, fut: Future[CellResult], started: Running,
 
     A worker that raised, or that did not report within ``wait_s``, gives a failed result."""
     result = _result_of(fut, started.attempt, wait_s)
-    backend.release(started.attempt.cell, started.allocation)
+    backend.release(started.owner, started.held)
     return result
 
 
@@ -764,7 +899,7 @@ def _result_of(fut: Future[CellResult], attempt: Attempt, wait_s: float | None =
 def _unrun_result(cell: Cell, status: Status, reason: str) -> CellResult:
     return CellResult(
         cell_id=cell.id, group=cell.group, repeat=cell.repeat, status=status, reason=reason,
-        params=cell.params.model_dump(), attempts=0,
+        params=cell.params.model_dump(), attempts=0, config_hash=cell.hash, role=cell.role,
     )
 
 

@@ -630,6 +630,29 @@ good_matrix("zip-exclude-include", "include-duplicate-dropped",
 good_matrix("zip-exclude-include", "zip-accepted",
             mx(extra='[[zip]]\nbatch_size = [8, 16]\nprecision = ["fp32", "bf16"]'), 2)
 
+# --- control cells (issue 25) ----------------------------------------------------------------
+
+for _name, _extra, _field in [
+    ("control-empty", "[control]", "control: give exactly one of params"),
+    ("control-both", '[control]\nparams = {}\ncell = "cpu-bs8"', "control: give exactly one"),
+    ("control-hardware", '[control]\nparams = { hardware = "cpu" }',
+     "control.params.hardware: the control runs on the hardware"),
+    ("control-unknown-cell", '[control]\ncell = "../../etc"', "control.cell: no cell group"),
+    ("control-unknown-key", '[control]\nparams = {}\nevrey = 2', "control.evrey"),
+    ("control-every-0", '[control]\nparams = {}\nevery = 0', "control.every"),
+    ("control-every-huge", '[control]\nparams = {}\nevery = 100000', "control.every"),
+    ("control-every-text", '[control]\nparams = {}\nevery = "2"', "control.every"),
+    ("control-gpus", '[control]\nparams = { gpus = 4 }',
+     "control.params.gpus: the control needs 4 GPU(s)"),
+    ("control-bad-param", '[control]\nparams = { batch_size = 0 }', "control.params.batch_size"),
+    ("control-unknown-program", '[control]\nparams = { program = "ref" }',
+     "control.params.program: unknown program 'ref'"),
+]:
+    bad_matrix("control", _name, mx(extra=_extra), _field)
+    bad_matrix("control", f"{_name}-dry-run", mx(extra=_extra), _field,
+               command=("matrix", "--dry-run"))
+good_matrix("control", "control-params", mx(extra='[control]\nparams = { batch_size = 4 }'), 1)
+
 # --- hosts files -----------------------------------------------------------------------------
 
 _HOST = '[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n'
@@ -1054,8 +1077,11 @@ for _name, _text, _field, _more in [
                           "hardware.v100.image_vars.base_tag: NGC PyTorch 23.02")),
     ("refused-release", gx().replace("23.10-py3", "23.04-py3"),
      "hardware.v100.image_vars.base_tag", ("Python 3.8", "pick 23.06 or 23.07")),
-    ("release-below-the-table", gx().replace("23.10-py3", "21.03-py3"),
+    ("release-below-the-table", gx().replace("23.10-py3", "19.10-py3"),
      "hardware.v100.image_vars.base_tag", ("older than the workload's floor",)),
+    ("seed-release-for-the-workload", gx().replace("23.10-py3", "21.03-py3"),
+     "hardware.v100.image_vars.base_tag",
+     ("not offered for the workload", "torch 1.9.0a0+df837d0", "for the workload pick 23.06")),
     ("singularity-on-docker", gx(profile="").replace('image = "ngc-pytorch"',
                                                       'image = "singularity"'),
      "hardware.v100.image", ("singularity definition", "docker backend")),
@@ -1134,7 +1160,7 @@ for _name, _text, _field, _more in [
      ("should match pattern",)),
     ("ngc_release-refused", gx(axes='ngc_release = ["24.05", "23.04"]'), "axes.ngc_release[1]",
      ("NGC PyTorch 23.04", "not offered", "pick 23.06 or 23.07")),
-    ("ngc_release-below-the-table", gx(axes='ngc_release = ["21.03"]'), "axes.ngc_release[0]",
+    ("ngc_release-below-the-table", gx(axes='ngc_release = ["19.10"]'), "axes.ngc_release[0]",
      ("older than the workload's floor",)),
     ("ngc_release-on-process", mx(axes='ngc_release = ["24.05"]'), "axes.ngc_release[0]",
      ("the process backend runs this machine's Python instead",)),
@@ -1301,7 +1327,7 @@ for _name, _text, _field, _more in [
     ("env-name", cx(lines='env = { "A B" = "1" }'), "commands.lab.env",
      ("should match pattern",)),
     ("figures-parser-typo", cx(lines='figures = { parser = "dlloger" }'),
-     "commands.lab.figures.parser", ("'workload', 'dllogger' or 'regex'",)),
+     "commands.lab.figures.parser", ("'workload', 'dllogger', 'regex'", "(got 'dlloger')")),
     ("figures-regex-without-group", cx(lines='figures = { parser = "regex", regex = [{ name = '
                                              '"x", pattern = "ips" }] }'),
      "commands.lab.figures.regex[0].pattern", ("has no group capturing the number",)),

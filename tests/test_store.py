@@ -388,7 +388,7 @@ def test_a_sweep_does_not_wait_30_s_for_an_index_another_process_writes(tmp_path
         run = sweep.OpenRun(paths=None, cells=[], meta={"matrix": "nightly"},  # type: ignore
                             new=False)
         started = time.monotonic()
-        sweep.order_run(run, tmp_path)
+        sweep.expect_durations(run, tmp_path)
         waited = time.monotonic() - started
     finally:
         holder.execute("ROLLBACK")

@@ -365,7 +365,7 @@ class Backend(ABC):
         result = CellResult(
             cell_id=cell.id, group=cell.group, repeat=cell.repeat, status=Status.FAILED,
             params=cell.params.model_dump(), attempts=attempt,
-            config_hash=cell.hash,
+            config_hash=cell.hash, role=cell.role,
         )
         step = _Step()
         try:

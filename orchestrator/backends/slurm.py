@@ -474,6 +474,8 @@ class SlurmBackend(Backend):
         self._batches: dict[tuple[Any, ...], Batch] = {}  # open batches by key
         self._arrays = 0  # arrays submitted (their script names)
         self._cancelled_all = False
+        # every cell a spec was made for (configurations, and the control measurements the
+        # sweep runs between them, which are no cells of the matrix's plan)
         self._cells = {cell.id: cell for cell in matrix.cells}
 
     @classmethod
@@ -697,6 +699,8 @@ class SlurmBackend(Backend):
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
         """The cell's argv and environment, with the batch script that runs them."""
+        with self._lock:
+            self._cells.setdefault(cell.id, cell)
         job = self.sbatch_job(cell)
         profile = self.matrix.profile(cell)
         env = {k: v for k, v in job.env.items() if k != "PYTHONPATH"}

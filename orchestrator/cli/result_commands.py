@@ -105,6 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", default="0%", metavar="PCT",
                    help="smallest change called faster/slower, a percentage (default 0%%)")
     _metric_arg(p)
+    _raw_arg(p)
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="JSON instead of the table")
     fmt.add_argument("--csv", action="store_true", help="CSV, one row per configuration")
@@ -130,6 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="chance of any false alarm in a run: one-sided level, Holm-adjusted "
                    "over its configurations (default 0.05)")
     _metric_arg(p)
+    _raw_arg(p)
     p.add_argument("--ignore-stack", action="append", default=[], metavar="FIELD",
                    help="stack field not to match on, e.g. host (repeatable)")
     refs = p.add_mutually_exclusive_group()
@@ -170,6 +172,12 @@ def _metric_arg(p: argparse.ArgumentParser) -> None:
                    help="throughput figure to judge instead of the headline images/s, e.g. "
                    "train.step_ips_p90 (per-step images/s, 90th percentile: robust on a shared "
                    "machine)")
+
+
+def _raw_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--raw", action="store_true",
+                   help="judge the raw figures even where the runs had a [control] (default: "
+                   "each cell's figure as a ratio to the control measured beside it)")
 
 
 def _results_arg(p: argparse.ArgumentParser) -> None:
@@ -395,7 +403,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if args.metric and not is_throughput(args.metric):
             raise ConfigError(f"{args.metric!r}: compare needs a throughput figure (higher is "
                               "better), e.g. train.total_ips", field="--metric")
-        comp = compare_runs(store, a, b, confidence, threshold, args.metric)
+        comp = compare_runs(store, a, b, confidence, threshold, args.metric, raw=args.raw)
     if args.json:
         print(json.dumps(comp.to_json(), indent=1))
     elif args.csv:
@@ -451,7 +459,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     plot_file(args.plot)
     options = Options(window=args.window, min_history=args.min_history,
                       threshold=percent(args.threshold, "--threshold"), alpha=args.alpha,
-                      ignore_stack=tuple(args.ignore_stack), metric=args.metric)
+                      ignore_stack=tuple(args.ignore_stack), metric=args.metric, raw=args.raw)
     options.validate()
     if args.last < 1:
         raise ConfigError([Problem("", "--last", "must be at least 1")])

@@ -78,6 +78,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="re-run, in an earlier run's folder (default: the newest), only the "
                    "cells that did not end ok")
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    p.add_argument("--order-seed", type=_order_seed, metavar="N",
+                   help="seed of the cells' random order within each round of repeats "
+                   "(default: a fresh one, recorded in plan.json and run.json; give a run's "
+                   "seed to run its order again)")
     p.add_argument("--lock-timeout", type=_seconds, metavar="S",
                    help="a cell whose GPUs another sweep holds waits at most S seconds, then "
                    "fails (default: it waits as long as it takes)")
@@ -127,6 +131,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "description. Point an editor's TOML language server at it (e.g. taplo's "
         "`#:schema` comment) to get completion and checks while writing a matrix.")
     p.set_defaults(handler=cmd_schema)
+
+
+def _order_seed(text: str) -> int:
+    """``--order-seed``: an integer 0..2^32-1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{value} is out of range 0..{2**32 - 1}")
+    return value
 
 
 def _backends_help() -> str:
@@ -198,7 +213,29 @@ def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
     groups = len({c.group for c in matrix.cells})
     head = (f"{matrix.name}: {len(matrix.cells)} cells ({groups} configurations x "
             f"{matrix.settings.repeats} repeats), backend {backend or matrix.settings.backend}")
-    return [head, table]
+    return [head, table, *control_lines(matrix)]
+
+
+def control_lines(matrix: Matrix) -> list[str]:
+    """What the plan says of the matrix's ``[control]``: each template, where and how often it
+    runs (nothing when there is none)."""
+    from orchestrator.config.matrix_file import CellParams
+    from orchestrator.sweep import CONTROL_RULE
+
+    if not matrix.controls:
+        return []
+    defaults = {k: f.default for k, f in CellParams.model_fields.items()}
+    lines = [f"control ({CONTROL_RULE.format(every=matrix.control_every)}; recorded as "
+             "role 'control', never a configuration):"]
+    for template in matrix.controls.values():
+        params = template.params.model_dump()
+        shown = ", ".join(f"{k}={v}" for k, v in params.items()
+                          if k in ("arch", "batch_size", "image_size", "mode", "gpus",
+                                   "precision", "iterations") or (
+                              k != "hardware" and v != defaults.get(k)))
+        lines.append(f"  {template.group}: program {matrix.program(template).name}, "
+                     f"{shown}; hash {template.hash}")
+    return lines
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -206,10 +243,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:  # each cell with the launch a sweep would give it (matrix --dry-run's)
         from orchestrator.backends.dry_run import launches
 
-        started = launches(matrix, decision.backend, matrix.cells, results_root(args.results),
+        cells = matrix.checked_cells
+        started = launches(matrix, decision.backend, cells, results_root(args.results),
                            _hosts_of(args, matrix, decision.backend))
         print(json.dumps([{**c.to_json(), "launch": launch}
-                          for c, launch in zip(matrix.cells, started, strict=True)], indent=2))
+                          for c, launch in zip(cells, started, strict=True)], indent=2))
     else:
         print("\n".join(plan_lines(matrix, decision.backend)))
     return 0
@@ -350,6 +388,8 @@ class RichEvents:
         self.console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
+        if cell.is_control:
+            return
         with self._lock:
             self.clock.started(self.eta, cell.id, len(self.running) + 1)
             self.running[cell.id] = "starting"
@@ -380,6 +420,13 @@ class RichEvents:
             self.progress.update(self._task, status=self._status())
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
+        if cell.is_control:
+            with self._lock:
+                if self.eta is not None:
+                    self.eta.control_finished(result.duration_s)
+            self.console.print(escape(f"control {cell.id}: {_detail(cell, result)}"),
+                               style="dim", highlight=False)
+            return
         with self._lock:
             self.running.pop(cell.id, None)
             self.clock.finished(self.eta, cell.id, result.duration_s)
@@ -436,6 +483,8 @@ class LineEvents:
         self.say(message)
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
+        if cell.is_control:
+            return
         self.started.add(cell.id)
         self.running.add(cell.id)
         self.clock.started(self.eta, cell.id, len(self.running))
@@ -448,6 +497,12 @@ class LineEvents:
             self.say(f"{cell_id} | {line}")
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
+        if cell.is_control:
+            if self.eta is not None:
+                self.eta.control_finished(result.duration_s)
+            took = f" {result.duration_s:.1f} s" if result.duration_s else ""
+            self.say(f"control {result.status.value} {cell.id}{took}: {_detail(cell, result)}")
+            return
         self.running.discard(cell.id)
         self.counts[result.status.value] += 1
         self.clock.finished(self.eta, cell.id, result.duration_s)
@@ -493,7 +548,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     if args.dry_run:  # every refusal before the (long) plan, as a real sweep would refuse
         check_run(matrix, results, args.resume)
         print("\n".join(dry_run_lines(matrix, backend, results,
-                                      _hosts_of(args, matrix, backend))))
+                                      _hosts_of(args, matrix, backend), args.order_seed)))
         return 0
     hosts = args.hosts
     if backend == "ssh":
@@ -512,18 +567,22 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             with progress:
                 outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
                                     events=progress, cancel=cancel, hosts_file=hosts,
-                                    resume=args.resume, lock_timeout_s=args.lock_timeout)
+                                    resume=args.resume, lock_timeout_s=args.lock_timeout,
+                                    order_seed=args.order_seed)
         else:
             outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
                                 events=progress or NullEvents(), cancel=cancel,
                                 hosts_file=hosts, resume=args.resume,
-                                lock_timeout_s=args.lock_timeout)
+                                lock_timeout_s=args.lock_timeout, order_seed=args.order_seed)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print(outcome.table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(outcome.counts.items()))
-    print(f"\n{len(outcome.results)} cells: {counts}")
+    controls = outcome.control_counts
+    extra = ("; control measurements: " + ", ".join(
+        f"{v} {k}" for k, v in sorted(controls.items()))) if controls else ""
+    print(f"\n{sum(outcome.counts.values())} cells: {counts}{extra}")
     print(f"results: {outcome.paths.root}")
     for problem in outcome.problems:
         print(f"error: {problem}", file=sys.stderr)
@@ -552,7 +611,7 @@ def image_lines(matrix: Matrix, backend: str) -> list[str]:
     from orchestrator.images import build
     from orchestrator.plan import selection
 
-    cells = [c for c in matrix.cells if not matrix.profile(c).apptainer_runtime]
+    cells = [c for c in matrix.checked_cells if not matrix.profile(c).apptainer_runtime]
     build.check_image_templates(matrix, cells, backend)
     lines = []
     for key in selection.needed_keys(matrix, cells):
@@ -569,8 +628,8 @@ def image_lines(matrix: Matrix, backend: str) -> list[str]:
     return lines
 
 
-def dry_run_lines(matrix: Matrix, backend: str, results: Path, hosts: Path | None
-                  ) -> list[str]:
+def dry_run_lines(matrix: Matrix, backend: str, results: Path, hosts: Path | None,
+                  order_seed: int | None = None) -> list[str]:
     """What ``--dry-run`` prints: the plan, the images (docker, ssh), the inventory (ssh),
     every cell's exact launch (:mod:`orchestrator.backends.dry_run`), Slurm's submissions, and
     where the run would go. Nothing is built, written, submitted or connected to."""
@@ -583,10 +642,13 @@ def dry_run_lines(matrix: Matrix, backend: str, results: Path, hosts: Path | Non
         out += _inventory_line(matrix, hosts)
     out.append(f"commands ({backend} backend; cell folders under {results}/{matrix.name}/"
                "<run id>/):")
-    for launch in launches(matrix, backend, matrix.cells, results, hosts):
+    for launch in launches(matrix, backend, matrix.checked_cells, results, hosts):
         out += [f"  {line}" for line in lines(launch)]
     if backend == "slurm":
         out += slurm_lines(matrix, results)
+    seed = f"seed {order_seed}" if order_seed is not None else "a fresh seed, recorded in plan.json"
+    out.append(f"order: rounds of repeats, each in a random order ({seed}); longest expected "
+               "first when the backend runs several cells at once")
     out.append(f"dry run: would run {_cells(len(matrix.cells))} with backend {backend} into "
                f"{results}/{matrix.name}/<run id>/")
     return out

@@ -1,14 +1,16 @@
 """Long-format export of any selection of runs: one row per cell result and figure.
 
 Every row carries the run (matrix, run id, start time in UTC ISO 8601, status, backend, git
-revision), the cell (id, group, configuration hash, repeat, status, reason, duration), every
+revision), the cell (id, group, configuration hash, repeat, status, reason, duration, role:
+``config`` or ``control``, a measurement of the matrix's ``[control]``), every
 parameter as a ``param.NAME`` column, the stack as ``stack.FIELD`` columns, and one figure:
-``figure`` (its name) and ``value``. A cell with no figure (it failed) has one row with both
-empty, so failures are in the data too. When any of the runs ran Slurm jobs, every row also
-carries Slurm's accounting of its cell's job as ``slurm.FIELD`` columns (job id, state, exit
-code, elapsed seconds, node list). ``pandas.read_csv`` / ``pandas.read_json`` read either
-format as is; a wide table is one ``pivot_table(index=..., columns="figure", values="value")``
-away.
+``figure`` (its name) and ``value``; a cell measured beside a control also has its
+normalised figures (``norm.train.total_ips``: the ratio to the control). A cell with no
+figure (it failed) has one row with both empty, so failures are in the data too. When any of
+the runs ran Slurm jobs, every row also carries Slurm's accounting of its cell's job as
+``slurm.FIELD`` columns (job id, state, exit code, elapsed seconds, node list).
+``pandas.read_csv`` / ``pandas.read_json`` read either format as is; a wide table is one
+``pivot_table(index=..., columns="figure", values="value")`` away.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from orchestrator.results import safejson
 from orchestrator.results.store import SLURM_FIELDS, CellRecord, RecordedStack, RunRecord, Store
 
 RUN_COLUMNS = ("matrix", "run_id", "run_started", "run_status", "backend", "git_revision")
-CELL_COLUMNS = ("cell_id", "group", "config", "repeat", "status", "reason", "duration_s")
+CELL_COLUMNS = ("cell_id", "group", "config", "repeat", "status", "reason", "duration_s",
+                "role")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ def rows(store: Store, runs: Sequence[RunRecord], selection: Selection = Selecti
                 "git_revision": run.git_revision or "", "cell_id": cell.cell_id,
                 "group": cell.group, "config": cell.config, "repeat": cell.repeat,
                 "status": cell.status, "reason": cell.reason, "duration_s": cell.duration_s,
+                "role": cell.role,
             }
             base.update({f"param.{k}": cell.params.get(k) for k in param_names})
             stack = cell.stack.as_dict() if cell.stack else {}

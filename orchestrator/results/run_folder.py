@@ -95,6 +95,9 @@ class CellResult:
     #: The cell's content hash (parameters + hardware profile): what it measures. Empty in
     #: results written before it was recorded (the run's plan.json has it).
     config_hash: str = ""
+    #: ``config`` (a configuration of the matrix) or ``control`` (a measurement of its
+    #: ``[control]``, :mod:`orchestrator.plan.controls`): never a row of the configurations.
+    role: str = "config"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -136,7 +139,7 @@ _RESULT_TYPES: dict[str, tuple[type, ...]] = {
     "exit_code": (int, type(None)), "started_at": (*_NUMBER, type(None)),
     "finished_at": (*_NUMBER, type(None)), "duration_s": (*_NUMBER, type(None)),
     "attempts": (int,), "params": (dict,), "metrics": (dict,), "env": (dict,),
-    "provenance": (dict,), "log_tail": (list,),
+    "provenance": (dict,), "log_tail": (list,), "role": (str,),
 }
 
 

@@ -35,9 +35,16 @@ Tables: ``meta`` (schema version), ``runs`` (one per run folder), ``stacks`` (di
 ``cells`` (one per ``result.json``; ``value`` is the headline throughput, images/s),
 ``params`` (cell parameters as key/value rows, for filters) and ``figures`` (every numeric
 metric of a cell, plus ``train.step_ips_p90`` / ``val.step_ips_p90`` derived from its
-per-iteration times: see :data:`STEP_IPS_P90`). A cell that ran as a Slurm job keeps Slurm's
-accounting of it (``cells.slurm``: :func:`slurm_of`), its run the ids of its jobs and arrays
-(``runs.slurm_jobs``).
+per-iteration times: see :data:`STEP_IPS_P90`, plus the normalised figures ``norm.F``). A cell
+that ran as a Slurm job keeps Slurm's accounting of it (``cells.slurm``: :func:`slurm_of`), its
+run the ids of its jobs and arrays (``runs.slurm_jobs``).
+
+**Controls** (a matrix's ``[control]``, :mod:`orchestrator.plan.controls`): their results are
+cells with ``role = 'control'`` (``config`` for every configuration), never counted as a
+run's configurations (``n_cells`` / ``n_ok``; a failed control still makes the run
+``failed``). When a run is indexed, every ok configuration cell with a nearest control gets
+``norm.F`` = F / the control's figure for each of its throughput figures, and ``norm_from``
+names the control measurements used (:mod:`orchestrator.results.normalise`).
 """
 
 from __future__ import annotations
@@ -61,13 +68,17 @@ from typing import Any
 from orchestrator.config.syntax import check_name
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.results import safejson
+from orchestrator.results.normalise import PREFIX as NORM_PREFIX
+from orchestrator.results.normalise import Measured, normalise
 from orchestrator.results.run_folder import CellResult
 
 log = logging.getLogger(__name__)
 
 INDEX_NAME = ".orchestrate-index.sqlite"
 #: Bump when the tables or what goes into them change: older indexes are rebuilt.
-SCHEMA_VERSION = 2
+#: 2: cells' role (config / control) and normalised figures (``norm.*``, issue 25); cells'
+#: Slurm accounting and runs' Slurm jobs (issue 26). 3: both (either 2 lacks the other's).
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -116,7 +127,9 @@ CREATE TABLE cells (
     metric TEXT,
     value REAL,
     params TEXT NOT NULL,
-    slurm TEXT
+    slurm TEXT,
+    role TEXT NOT NULL DEFAULT 'config',
+    norm_from TEXT
 );
 CREATE INDEX cells_by_run ON cells (run_pk);
 CREATE INDEX cells_by_config ON cells (config);
@@ -289,9 +302,18 @@ class CellRecord:
     #: Slurm's accounting of the cell's job (:func:`slurm_of`); empty when it was none.
     slurm: dict[str, Any] = field(default_factory=dict)
 
+    role: str = "config"
+    #: ``norm.F`` of this cell's figure (``metric``): its ratio to the nearest controls (None:
+    #: no control, or not asked for).
+    norm: float | None = None
+
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def is_control(self) -> bool:
+        return self.role == "control"
 
 
 #: What the index keeps of a Slurm job, from a result's provenance (``slurm_<name>``).
@@ -447,14 +469,31 @@ def read_run_folder(run_dir: Path) -> ParsedRun:
                      plan if isinstance(plan, dict) else {}, results)
 
 
-def _run_status(meta: dict[str, Any], planned: int, n_cells: int, n_ok: int) -> str:
+def _run_status(meta: dict[str, Any], planned: int, n_cells: int, n_ok: int,
+                controls_failed: int = 0) -> str:
     if meta.get("interrupted"):
         return "interrupted"
     if not meta.get("finished_at") and meta:
         return "unfinished"
     if n_cells == 0:
         return "empty"
-    return "ok" if n_ok == n_cells and n_cells >= planned else "failed"
+    return "ok" if n_ok == n_cells and n_cells >= planned and not controls_failed else "failed"
+
+
+def _measured(index: int, res: dict[str, Any], figures: dict[str, float]) -> Measured:
+    """What :func:`~orchestrator.results.normalise.normalise` needs of one result."""
+    params = res.get("params") or {}
+    prov = res.get("provenance") or {}
+    found = prov.get("gpu_ids")
+    gpus: list[Any] = found if isinstance(found, list) else []
+    started, finished = res.get("started_at"), res.get("finished_at")
+    return Measured(
+        key=index, role=str(res.get("role") or "config"), hardware=str(params.get("hardware")),
+        host=str(prov["host"]) if prov.get("host") is not None else None,
+        gpus=tuple(g for g in gpus if isinstance(g, int)),
+        started=float(started) if isinstance(started, int | float) else None,
+        finished=float(finished) if isinstance(finished, int | float) else None,
+        ok=res.get("status") == "ok", headline=headline(params, {})[0], figures=figures)
 
 
 # --- the store -------------------------------------------------------------------------------
@@ -619,8 +658,11 @@ class Store:
         hashes = {c.get("id"): c.get("hash") for c in plan.get("cells", []) or []
                   if isinstance(c, dict)}
         planned = len(hashes)
-        n_ok = sum(1 for r in run.results if r.get("status") == "ok")
-        n_cells = len(run.results)
+        configs = [r for r in run.results if (r.get("role") or "config") != "control"]
+        n_ok = sum(1 for r in configs if r.get("status") == "ok")
+        n_cells = len(configs)
+        controls_failed = sum(1 for r in run.results
+                              if r.get("role") == "control" and r.get("status") != "ok")
         run_dir = Path(run.path)
         cur = conn.execute(
             "INSERT INTO runs (matrix, run_id, path, signature, backend, started_at, "
@@ -630,37 +672,44 @@ class Store:
              meta.get("backend") or plan.get("backend"), _run_started(run_dir, meta),
              meta.get("finished_at"), meta.get("git_revision"), meta.get("orchestrate_version"),
              meta.get("controller_host"), plan.get("repeats"), planned, n_cells, n_ok,
-             _run_status(meta, planned, n_cells, n_ok),
+             _run_status(meta, planned, n_cells, n_ok, controls_failed),
              json.dumps(_slurm_job_ids(run.results)) if _slurm_job_ids(run.results) else None),
         )
         run_pk = cur.lastrowid
         param_rows: list[tuple[int, str, str]] = []
         figure_rows: list[tuple[int, str, float]] = []
-        for res in run.results:
+        figures = [_figures(res) for res in run.results]
+        normalised = normalise([_measured(i, res, figures[i])
+                                for i, res in enumerate(run.results)], is_throughput) if any(
+            res.get("role") == "control" for res in run.results) else {}
+        for i, res in enumerate(run.results):
             params = res.get("params") or {}
             metrics = res.get("metrics") or {}
             cell_id = str(res.get("cell_id", ""))
             config = res.get("config_hash") or hashes.get(cell_id) or params_hash(params)
             stack = RecordedStack.from_result(res.get("env") or {}, res.get("provenance") or {})
             metric, value = headline(params, metrics)
+            norm = normalised.get(i)
+            used = ",".join(str(run.results[k].get("cell_id"))
+                            for k in norm.controls) if norm else None
             slurm = slurm_of(res.get("provenance") or {})
             cur = conn.execute(
                 "INSERT INTO cells (run_pk, cell_id, grp, repeat, config, status, reason, "
-                "duration_s, started_at, attempts, stack_pk, metric, value, params, slurm) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "duration_s, started_at, attempts, stack_pk, metric, value, params, slurm, "
+                "role, norm_from) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (run_pk, cell_id, str(res.get("group", cell_id)), res.get("repeat"), config,
                  str(res.get("status")), res.get("reason") or "", res.get("duration_s"),
                  res.get("started_at"), res.get("attempts"), self._stack_pk(conn, stack),
                  metric, value, json.dumps(params, sort_keys=True, default=str),
-                 json.dumps(slurm, default=str) if slurm else None),
+                 json.dumps(slurm, default=str) if slurm else None,
+                 str(res.get("role") or "config"), used),
             )
             cell_pk = cur.lastrowid
             assert cell_pk is not None  # an INSERT into a rowid table
             param_rows += [(cell_pk, k, _param_text(v)) for k, v in params.items()]
-            figure_rows += [(cell_pk, k, float(v)) for k, v in metrics.items()
-                            if isinstance(v, int | float) and not isinstance(v, bool)]
-            figure_rows += [(cell_pk, k, v) for k, v in derived_figures(params,
-                                                                         metrics).items()]
+            figure_rows += [(cell_pk, k, v) for k, v in figures[i].items()]
+            if norm:
+                figure_rows += [(cell_pk, k, v) for k, v in norm.figures.items()]
         conn.executemany("INSERT INTO params VALUES (?,?,?)", param_rows)
         conn.executemany("INSERT INTO figures VALUES (?,?,?)", figure_rows)
 
@@ -753,24 +802,26 @@ class Store:
 
     def cells(self, run_pks: Sequence[int], figures: bool = False, metric: str | None = None
               ) -> list[CellRecord]:
-        """The cells of the given runs (in run order, then cell id); ``figures``: with every
-        numeric metric; ``metric``: ``value`` is this figure instead of the headline."""
+        """The cells of the given runs (in run order, then cell id), controls included (their
+        ``role``); ``figures``: with every numeric metric; ``metric``: ``value`` is this figure
+        instead of the headline. ``norm`` is the same figure normalised (``norm.`` + its name;
+        None where the run had no control)."""
         if not run_pks:
             return []
         marks = ",".join("?" * len(run_pks))
+        columns = ("c.cell_pk, run_pk, cell_id, grp, repeat, config, status, reason, "
+                   "duration_s, started_at, attempts, stack_pk")
+        norm_join = ("LEFT JOIN figures n ON n.cell_pk = c.cell_pk AND n.name = "
+                     f"'{NORM_PREFIX}' || COALESCE(?, c.metric)")
         if metric:
-            sql = ("SELECT c.cell_pk, run_pk, cell_id, grp, repeat, config, status, reason, "
-                   "duration_s, started_at, attempts, stack_pk, ?, f.value, params, slurm "
-                   "FROM cells c "
+            sql = (f"SELECT {columns}, ?, f.value, params, slurm, role, n.value FROM cells c "
                    "LEFT JOIN figures f ON f.cell_pk = c.cell_pk AND f.name = ? "
-                   f"WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
-            args: list[Any] = [metric, metric, *run_pks]
+                   f"{norm_join} WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
+            args: list[Any] = [metric, metric, metric, *run_pks]
         else:
-            sql = ("SELECT cell_pk, run_pk, cell_id, grp, repeat, config, status, reason, "
-                   "duration_s, started_at, attempts, stack_pk, metric, value, params, slurm "
-                   "FROM cells "
-                   f"WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
-            args = list(run_pks)
+            sql = (f"SELECT {columns}, c.metric, c.value, params, slurm, role, n.value "
+                   f"FROM cells c {norm_join} WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
+            args = [None, *run_pks]
         rows = self.conn.execute(sql, args).fetchall()
         figs: dict[int, dict[str, float]] = {}
         if figures and rows:
@@ -781,9 +832,10 @@ class Store:
         return [
             CellRecord(pk, run_pk, cell_id, grp, repeat, config, status, reason or "",
                        duration, started, attempts, self._stack(stack_pk), metric, value,
-                       json.loads(params), figs.get(pk, {}), json.loads(slurm) if slurm else {})
+                       json.loads(params), figs.get(pk, {}), json.loads(slurm) if slurm else {},
+                       role, norm)
             for (pk, run_pk, cell_id, grp, repeat, config, status, reason, duration, started,
-                 attempts, stack_pk, metric, value, params, slurm) in rows
+                 attempts, stack_pk, metric, value, params, slurm, role, norm) in rows
         ]
 
     def expected_durations(self, matrix: str, last: int = 5) -> dict[str, float]:
@@ -793,7 +845,7 @@ class Store:
         runs = runs[-last:] if last > 0 else []
         durations: dict[str, list[float]] = {}
         for cell in self.cells([r.pk for r in runs]):
-            if cell.ok and cell.duration_s is not None:
+            if cell.ok and cell.duration_s is not None and not cell.is_control:
                 durations.setdefault(cell.config, []).append(cell.duration_s)
         return {config: statistics.median(v) for config, v in durations.items()}
 
@@ -802,6 +854,16 @@ def _run_record(row: Sequence[Any]) -> RunRecord:
     """A run from its row of ``runs`` (the columns of :meth:`Store.runs`, slurm_jobs last)."""
     jobs = tuple(json.loads(row[-1])) if row[-1] else ()
     return dataclasses.replace(RunRecord(*row[:-1]), slurm_jobs=jobs)
+
+
+def _figures(res: dict[str, Any]) -> dict[str, float]:
+    """Every numeric metric of a result and the figures derived from it."""
+    params = res.get("params") or {}
+    metrics = res.get("metrics") or {}
+    out = {k: float(v) for k, v in metrics.items()
+           if isinstance(v, int | float) and not isinstance(v, bool)}
+    out.update(derived_figures(params, metrics))
+    return out
 
 
 def _param_text(value: Any) -> str:
