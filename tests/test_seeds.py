@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from gpu_support import GAUDI, facts
 
 from orchestrator.backends.checks import check_matrix
 from orchestrator.plan.launch import cell_command
@@ -243,9 +244,12 @@ def test_every_seed_matrix_validates_and_names_its_rule_and_stack() -> None:
         "003": ("dlperf", {"v100": "20.03"}),
         "004": ("habana", {"gaudi": None}),
     }
+    v100s = facts("V100", count=8)  # seed 000 pins gpu_ids = [1]
+    machines = {"000": v100s, "001": v100s, "003": v100s,
+                "004": GAUDI}  # the docker backend's cells get this machine's (stand-in) GPUs
     for number, (rule, stacks) in expected.items():
         matrix = load(SEED_TABLE[number])
-        found = check_matrix(matrix)
+        found = check_matrix(matrix, machine=machines.get(number))
         assert found.errors == [], (number, found.errors)
         assert matrix.settings.table_rule == rule
         for hw, release in stacks.items():
@@ -272,7 +276,7 @@ def test_graph_mode_is_refused_with_its_reason_on_the_seeds_gaudi_software(tmp_p
         'hpu_mode = ["eager", "lazy"]', 'hpu_mode = ["eager", "lazy", "graph"]')
     path = tmp_path / "004.toml"
     path.write_text(text)
-    found = check_matrix(load_matrix(path))
+    found = check_matrix(load_matrix(path), machine=GAUDI)
     assert [p.field for p in found.errors] == ["axes.hpu_mode[2]"]
     assert "torch.jit.trace" in found.errors[0].message
     assert "use hpu_mode = \"lazy\"" in found.errors[0].message
@@ -281,7 +285,9 @@ def test_graph_mode_is_refused_with_its_reason_on_the_seeds_gaudi_software(tmp_p
 def test_seed_002s_dry_run_prints_the_seeds_command(tmp_path: Path) -> None:
     """`orchestrate matrix --dry-run` of the Slurm seed prints each cell's apptainer command:
     after the image, the seed's own line (with the two declared paths). A stand-in
-    `singularity` on PATH (the dry run only asks that it exists) and an empty program folder."""
+    `singularity` on PATH (the dry run only asks that it exists), an empty program folder and
+    the data folder it binds (the sweep, so the dry run, refuses a bind source that is not
+    there)."""
     import subprocess
     import sys
 
@@ -291,15 +297,18 @@ def test_seed_002s_dry_run_prints_the_seeds_command(tmp_path: Path) -> None:
     fake.chmod(0o755)
     (tmp_path / "lab" / "sec5a_resnet").mkdir(parents=True)
     path = tmp_path / "002.toml"
+    (tmp_path / "imagenetv2").mkdir()
     path.write_text((SEEDS / "002_variability.toml").read_text().replace(
-        "/opt/lab/gpu_variability_sc22_artifact/sec5a_resnet", "lab/sec5a_resnet"))
+        "/opt/lab/gpu_variability_sc22_artifact/sec5a_resnet", "lab/sec5a_resnet").replace(
+        '"/scratch/imagenetv2"', f'"{tmp_path / "imagenetv2"}"'))
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
     done = subprocess.run([sys.executable, "-m", "orchestrator", "matrix", str(path),
                            "--dry-run", "--results", str(tmp_path / "r")],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
-    line = next(ln for ln in done.stdout.splitlines()
-                if ln.startswith("  gpu_node-g4-bs64-fp32-r1: srun singularity exec"))
+    shown = done.stdout.splitlines()
+    start = shown.index("  gpu_node-g4-bs64-fp32-r1:")
+    line = next(ln for ln in shown[start:] if ln.startswith("    command: srun singularity exec"))
     argv = shlex.split(line.split(": ", 1)[1])
     after = argv[next(i for i, w in enumerate(argv) if w.endswith(".sif")) + 1:]
     cell = str(tmp_path / "r" / "seed002_variability" / "<run id>" / "cells"
