@@ -1691,6 +1691,102 @@ case("user-config", "results-relative-to-the-config-accepted",
      env=_CONFIG, expect=0, out=("/case/res/m/<run id>/",))
 
 
+# --- say no before the run (issue 23): the machine, one decision, the exact commands ---------
+
+def gm(backend: str, profile: str, workload: str = "", matrix: str = "") -> str:
+    """A GPU matrix on ``backend`` whose one profile ``g`` has ``profile``'s lines."""
+    return (f'[matrix]\nbackend = "{backend}"\n{matrix}[workload]\nhardware = "g"\n'
+            f'iterations = 1\nwarmup = 0\n{workload}[hardware.g]\n{profile}\n')
+
+
+_CUDA = 'device = "cuda"'
+_NGC = 'device = "cuda"\nimage = "ngc-pytorch"\n'
+_RUN = ("matrix", "--results", "{dir}/results")
+_DRY = ("matrix", "--dry-run", "--results", "{dir}/results")
+# the torch that runs a cell against the GPU it gets (this machine has none; stand-ins where
+# the case gives it one)
+for _name, _text, _field, _command, _gpu, _more in [
+    ("cuda-cell-without-a-gpu", gm("process", _CUDA), "hardware.g.device", ("validate",), None,
+     ("this machine has none", "--backend slurm or ssh")),
+    ("cuda-cell-without-a-gpu-sweep", gm("process", _CUDA), "hardware.g.device", _RUN, None,
+     ("this machine has none",)),
+    ("cuda-cell-without-a-gpu-dry-run", gm("process", _CUDA), "hardware.g.device", _DRY, None,
+     ("this machine has none",)),
+    ("cuda-cell-without-a-gpu-plan", gm("process", _CUDA), "hardware.g.device", ("plan",), None,
+     ()),
+    ("docker-cuda-cell-without-a-gpu", gm("docker", _NGC), "hardware.g.device", ("validate",),
+     None, ("the docker backend runs them here",)),
+    ("v100-under-a-cuda-13-torch-on-slurm", gm("slurm", _CUDA + '\ngpu = "V100"'),
+     "hardware.g.gpu", ("validate",), None, ("no sm_70", "whl/cu126")),
+    ("v100-under-a-cuda-13-torch-here", gm("process", _CUDA), "hardware.g", ("validate",), "V100",
+     ("Tesla V100-SXM2-32GB (compute capability 7.0)", "no sm_70")),
+    ("driver-older-than-the-torchs-cuda", gm("process", _CUDA), "hardware.g", ("validate",),
+     "V100", ("driver 535.104.05 is older than torch", "580.65.06")),
+    ("ngc-release-too-new-for-the-gpu",
+     gm("docker", _NGC + 'gpu = "V100"\nimage_vars = { base_tag = "25.01-py3" }'),
+     "hardware.g.image_vars.base_tag", ("validate",), "V100",
+     ("supports compute capability 7.5 and newer", 'base_tag = "24.12-py3"')),
+    ("gpu-ids-this-machine-lacks", gm("process", _CUDA + "\ngpu_ids = [3]"), "hardware.g.gpu_ids",
+     ("validate",), "H100", ("no GPU with index 3",)),
+    ("gaudi-cell-without-a-card", gm("docker", 'device = "hpu"\nimage = "habana"',
+                                      'hpu_mode = "lazy"\n'), "hardware.g.device",
+     ("validate",), "H100", ("a Gaudi card (device", "hl-smi found no card")),
+]:
+    bad_matrix("say-no", _name, _text, _field, command=_command, gpu=_gpu, err=_more,
+               check=_NO_RUN_FOLDER, subprocess=_name == "cuda-cell-without-a-gpu-sweep")
+case("say-no", "cuda-cell-on-its-gpu", ["validate", "{dir}/m.toml"],
+     files={"m.toml": gm("process", _CUDA + '\ngpu = "H100"')}, expect=0, gpu="H100",
+     out=("ok (1 cells)", "on this machine's NVIDIA H100 80GB HBM3 (compute capability 9.0), "
+          "driver 580.159.04"))
+# one decision: what the sweep refuses on this machine, validate refuses too
+_APPT_HERE = ('device = "cpu"\nruntime = "apptainer"\n[hardware.g.apptainer]\n'
+              'binary = "/no/such/apptainer"\nsif = "/no/such/image.sif"\n')
+_INVENTORY = ('[[hosts]]\nname = "gpu1"\naddress = "127.0.0.1"\nport = 1\nuser = "lab"\n'
+              'tags = ["g"]\n')
+for _name, _text, _field, _command, _more in [
+    ("env-reference-unset", gm("process", 'device = "cpu"\n'
+                                          'env = { TOKEN = "$env:ORCHESTRATE_NO_SUCH_VAR" }'),
+     "hardware.g.env.TOKEN", ("validate",), ("export ORCHESTRATE_NO_SUCH_VAR",)),
+    ("env-reference-unset-dry-run", gm("process", 'device = "cpu"\n'
+                                                  'env = { T = "$env:ORCHESTRATE_NO_SUCH_VAR" }'),
+     "hardware.g.env.T", _DRY, ()),
+    ("apptainer-missing-here", gm("process", _APPT_HERE), "hardware.g.apptainer.binary",
+     ("validate",), ("m.toml: hardware.g.apptainer.sif", "/no/such/image.sif does not exist")),
+    ("ssh-without-an-inventory", gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"'),
+     "matrix.hosts", ("validate",), ("needs a hosts inventory",)),
+    ("ssh-inventory-invalid", gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"',
+                                 matrix='hosts = "m.toml"\n'), "",
+     ("validate",), ("this is a matrix file, not a hosts inventory",)),
+]:
+    bad_matrix("say-no", _name, _text, _field, command=_command, err=_more,
+               check=_NO_RUN_FOLDER)
+case("say-no", "ssh-profile-host-not-in-the-inventory", ["validate", "{dir}/m.toml"],
+     files={"m.toml": gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"\nhosts = ["gpu9"]',
+                         matrix='hosts = "h.toml"\n'), "h.toml": _INVENTORY},
+     err=("m.toml: hardware.g.hosts", "no host named 'gpu9'"))
+case("say-no", "ssh-profile-host-in-the-inventory", ["validate", "{dir}/m.toml"],
+     files={"m.toml": gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"\nhosts = ["gpu1"]',
+                         matrix='hosts = "h.toml"\n'), "h.toml": _INVENTORY},
+     expect=0, out=("ok (1 cells)",))
+case("say-no", "resume-a-run-that-is-not-there-dry-run",
+     ["matrix", "{dir}/m.toml", "--dry-run", "--results", "{dir}/results", "--resume",
+      "20200101-000000-aaaa"], files={"m.toml": mx()}, err=("--resume: no run",),
+     check=_NO_RUN_FOLDER)
+case("say-no", "plan-for-an-unknown-backend", ["plan", "{dir}/m.toml", "--backend", "k8s"],
+     files={"m.toml": mx()}, err=("--backend: unknown backend 'k8s'",))
+# the exact commands: what each cell would run, nothing written
+case("say-no", "dry-run-shows-each-command",
+     ["matrix", "{dir}/m.toml", "--dry-run", "--results", "{dir}/results"],
+     files={"m.toml": mx(hardware='env = { HF_TOKEN = "hf_0123456789abcdef" }')}, expect=0,
+     out=("commands (process backend", "command: ", " -m workload --batch-size 64",
+          "HF_TOKEN='***'", "dry run: would run 1 cell with"),
+     check=_NO_RUN_FOLDER)
+case("say-no", "plan-json-carries-each-launch",
+     ["plan", "{dir}/m.toml", "--json", "--results", "{dir}/results"],
+     files={"m.toml": mx()}, expect=0, out=('"launch": {', '"argv": [', '"backend": "process"'),
+     check=_NO_RUN_FOLDER)
+
+
 # --- the runner ------------------------------------------------------------------------------
 
 HANG_LIMIT_S = 60
