@@ -156,6 +156,8 @@ def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
         "table_rule": matrix.settings.table_rule,
         "cells": [c.to_json() for c in matrix.cells],
     }
+    if matrix.selection:  # history tells a configuration left out by --only from a removed one
+        out["only"] = list(matrix.selection)
     if matrix.controls:
         out["control"] = {
             "every": matrix.control_every,

@@ -59,8 +59,11 @@ def params(**kw: Any) -> dict[str, Any]:
 
 def write_run(root: Path, matrix: str, run_id: str, configs: Sequence[Config],
               started: float | None = None, source: str | None = None,
-              finished: bool = True, plan_extra: Sequence[Config] = ()) -> RunPaths:
-    """A run folder with one cell per repeat of each configuration."""
+              finished: bool = True, plan_extra: Sequence[Config] = (),
+              only: Sequence[str] | None = None,
+              argv: Sequence[str] = ("orchestrate",)) -> RunPaths:
+    """A run folder with one cell per repeat of each configuration (``only``: plan.json's
+    ``--only`` filters; ``argv``: run.json's command line)."""
     paths = RunPaths.create(root, matrix, run_id)
     started = started if started is not None else time.time()
     repeats = max((len(c.values) for c in configs), default=1)
@@ -69,9 +72,12 @@ def write_run(root: Path, matrix: str, run_id: str, configs: Sequence[Config],
         for r in range(1, repeats + 1):
             cells.append({"id": f"{cfg.group}-r{r}", "group": cfg.group, "repeat": r,
                           "hash": cfg.hash, "params": cfg.params})
-    write_json(paths.plan, {"matrix": matrix, "source": source or f"matrices/{matrix}.toml",
+    plan: dict[str, Any] = {"matrix": matrix, "source": source or f"matrices/{matrix}.toml",
                             "backend": "process", "repeats": repeats, "varying": [],
-                            "baseline": None, "cells": cells})
+                            "baseline": None, "cells": cells}
+    if only is not None:
+        plan["only"] = list(only)
+    write_json(paths.plan, plan)
     counts: dict[str, int] = {}
     for cfg in configs:
         for r, value in enumerate(cfg.values, start=1):
@@ -95,7 +101,7 @@ def write_run(root: Path, matrix: str, run_id: str, configs: Sequence[Config],
     write_json(paths.run_meta, {
         "run_id": run_id, "matrix": matrix, "backend": "process", "started_at": started,
         "finished_at": started + 100.0 if finished else None, "orchestrate_version": "0.1.0",
-        "git_revision": "0123456789abcdef", "controller_host": "ctl", "argv": ["orchestrate"],
+        "git_revision": "0123456789abcdef", "controller_host": "ctl", "argv": list(argv),
         "counts": counts, "interrupted": False,
     })
     return paths

@@ -1012,6 +1012,25 @@ case("old-runs", "resume-with-a-wider-only", ["matrix", "{dir}/m.toml", "--resum
      setup=_narrow_run, err=("--resume: 1 of the selected cells are not in run",
                              "resume with the --only it ran with"))
 
+def _stray_only_night(d: Path) -> None:
+    """Three nights of two configurations, then one made with ``--only gpus=1``."""
+    from results_support import Config, day, params, run_id, write_run
+
+    both = [Config(params(gpus=1), [100.0]), Config(params(gpus=8), [800.0])]
+    for n in (1, 2, 3):
+        write_run(d / "results", "m", run_id(n), both, started=day(n))
+    write_run(d / "results", "m", run_id(4), both[:1], started=day(4),
+              argv=["orchestrate", "matrix", "m.toml", "--only", "gpus=1"])
+
+
+# issue 23: a stray --only made the nightly gate go green ("1 dropped", rc 0)
+case("old-runs", "history-gate-with-a-stray-only",
+     ["history", "m", "--results", "{results}", "--fail-on-regression"], setup=_stray_only_night,
+     expect=1, out=("DROPPED (--only)", "800.0", "unless --allow-dropped"))
+case("old-runs", "history-gate-allow-dropped",
+     ["history", "m", "--results", "{results}", "--fail-on-regression", "--allow-dropped"],
+     setup=_stray_only_night, expect=0, out=("dropped (--only)", "allowed (--allow-dropped)"))
+
 # --- can it run: the semantic checks (orchestrator/backends/checks.py)
 # ---------------------------------
 # A cell that cannot run where it is planned is refused before anything is built or launched,

@@ -171,8 +171,80 @@ def test_a_sweep_that_died_is_judged_not_skipped(tmp_path, capsys):
 
 def test_a_configuration_taken_out_of_the_matrix_is_dropped_not_failing(tmp_path):
     nightly(tmp_path, [Config(G1, [100.0, 100.0, 100.0])])
-    lines, _ = check(tmp_path)
+    lines, report = check(tmp_path)
     assert lines[8].verdict == "dropped" and not lines[8].failing
+    assert lines[8].dropped_by == "the matrix"
+    assert "no longer in the matrix" in render_history(report)
+
+
+def _stray_only(root: Path, **kw) -> None:
+    """Five nightly runs of both configurations, then one made with ``--only gpus=1``."""
+    nightly(root, [Config(G1, [100.0, 100.0, 100.0]), Config(G8, [800.0, 800.0, 800.0])],
+            history=4)
+    write_run(root, "nightly", run_id(6), [Config(G1, [100.0, 100.0, 100.0])], started=day(6),
+              **kw)
+
+
+@pytest.mark.parametrize("recorded", [
+    {"only": ["gpus=1"]},  # plan.json's selection (runs made from now on)
+    {"argv": ["orchestrate", "matrix", "m.toml", "--only", "gpus=1"]},  # older runs: argv
+    {"argv": ["orchestrate", "matrix", "m.toml", "--only=gpus=1"]},
+    {"argv": ["orchestrate", "matrix", "m.toml", "--onl", "gpus=1"]},  # argparse's prefix
+])
+def test_a_configuration_left_out_by_only_fails_the_gate(tmp_path, capsys, recorded):
+    """Issue 23: a nightly run made with a stray --only went green ("1 dropped")."""
+    _stray_only(tmp_path, **recorded)
+    lines, report = check(tmp_path)
+    assert lines[8].verdict == "dropped" and lines[8].failing
+    assert lines[8].dropped_by == "--only gpus=1"
+    assert lines[1].verdict == "no significant change"
+    text = render_history(report)
+    assert "DROPPED (--only)" in text
+    assert "left out of 20261106-000000-aaaa by --only gpus=1: fails --fail-on-regression " \
+        "unless --allow-dropped" in text
+    args = ["history", "nightly", "--results", str(tmp_path), "--fail-on-regression"]
+    assert main(args) == 1
+    capsys.readouterr()
+    assert main([*args, "--allow-dropped"]) == 0
+    assert "allowed (--allow-dropped)" in capsys.readouterr().out
+    lines, _ = check(tmp_path, allow_dropped=True)
+    assert lines[8].verdict == "dropped" and not lines[8].failing
+
+
+def test_missing_and_dropped_lines_show_their_earlier_figures(tmp_path, capsys):
+    """history hid the earlier values of a configuration the newest run lacks."""
+    _stray_only(tmp_path, only=["gpus=1"])
+    lines, report = check(tmp_path)
+    shown_earlier = [r.pk for r in report.shown if r.pk != report.newest.pk]
+    assert shown_earlier and all(pk in lines[8].medians for pk in shown_earlier)
+    assert sorted(lines[8].medians.values())[0] == pytest.approx(8 * 99.0)
+    row = next(r for r in render_history(report).splitlines() if "DROPPED" in r)
+    assert "800.0" in row and "792.0" in row
+    assert main(["history", "nightly", "--results", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    dropped = next(ln for ln in out["lines"] if ln["verdict"] == "dropped")
+    assert dropped["dropped_by"] == "--only gpus=1" and dropped["failing"] is True
+    assert out["options"]["allow_dropped"] is False
+    # a missing configuration (planned, no result) too
+    root = tmp_path / "missing"
+    nightly(root, [Config(G1, [100.0, 100.0, 100.0])], plan_extra=[Config(G8, [0.0])])
+    lines, report = check(root)
+    assert lines[8].verdict == "missing" and len(lines[8].medians) == 5
+
+
+def test_a_sweep_with_only_records_its_selection_in_the_plan(write_matrix):
+    from orchestrator.plan.matrix import filter_cells, load_matrix
+    from orchestrator.sweep import plan_json
+
+    matrix = load_matrix(write_matrix("""
+        [axes]
+        hardware = ["cpu"]
+        batch_size = [8, 16]
+    """))
+    picked = filter_cells(matrix, ["batch_size=8"])
+    assert len(picked.cells) == 1
+    assert plan_json(picked, "process")["only"] == ["batch_size=8"]
+    assert "only" not in plan_json(matrix, "process")
 
 
 def test_window_and_options_are_validated():

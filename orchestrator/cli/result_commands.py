@@ -116,7 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "history", help="a matrix across runs: trend and a noise-aware regression check",
         description="The newest run of a matrix against the runs before it, per configuration "
         "(parameters + hardware profile) and stack. Exit 1 with --fail-on-regression when a "
-        "configuration regressed, failed, is missing, or misses its reference.")
+        "configuration regressed, failed, is missing or was dropped, or misses its reference.")
     p.add_argument("matrix", help="matrix name (or a path to its .toml)")
     _results_arg(p)
     p.add_argument("--run", help="check this run instead of the newest (finished or not)")
@@ -140,8 +140,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                       "matrix file, when there is one)")
     refs.add_argument("--no-references", action="store_true", help="check no references")
     p.add_argument("--fail-on-regression", action="store_true",
-                   help="exit 1 on a regression, failure, missing configuration or missed "
-                   "reference (for nightly jobs)")
+                   help="exit 1 on a regression, failure, missing or dropped configuration or "
+                   "missed reference (for nightly jobs)")
+    p.add_argument("--allow-dropped", action="store_true",
+                   help="a configuration the newest run left out of its plan (--only, or taken "
+                   "out of the matrix) does not fail --fail-on-regression")
     p.add_argument("--plot", type=Path, metavar="FILE", help="also draw the trend (png/svg/pdf)")
     p.add_argument("--json", action="store_true", help="JSON instead of the table")
     p.set_defaults(handler=cmd_history)
@@ -459,7 +462,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     plot_file(args.plot)
     options = Options(window=args.window, min_history=args.min_history,
                       threshold=percent(args.threshold, "--threshold"), alpha=args.alpha,
-                      ignore_stack=tuple(args.ignore_stack), metric=args.metric, raw=args.raw)
+                      ignore_stack=tuple(args.ignore_stack), metric=args.metric, raw=args.raw,
+                      allow_dropped=args.allow_dropped)
     options.validate()
     if args.last < 1:
         raise ConfigError([Problem("", "--last", "must be at least 1")])

@@ -34,6 +34,7 @@ planned (its model, options, profiler and image on its stack) is
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import itertools
@@ -139,6 +140,8 @@ class Matrix:
     #: how often it runs (a measurement after every ``control_every`` cells on a host/GPU set).
     controls: dict[str, Cell] = field(default_factory=dict)
     control_every: int = 0
+    #: The ``--only`` filters that selected ``cells`` (empty: every cell of the matrix).
+    selection: tuple[str, ...] = ()
 
     def profile(self, cell: Cell) -> HardwareProfile:
         return self.profiles[cell.hardware]
@@ -152,7 +155,7 @@ class Matrix:
         return Matrix(
             self.name, self.path, self.settings, self.profiles, tuple(cells), self.varying,
             self.source_text, self.commands, self.figures, self.raw, self.controls,
-            self.control_every,
+            self.control_every, self.selection,
         )
 
     def control_for(self, cell: Cell) -> Cell | None:
@@ -746,4 +749,5 @@ def filter_cells(matrix: Matrix, only: Sequence[str]) -> Matrix:
             "`orchestrate plan` lists the cells",
             file=str(matrix.path),
         )
-    return matrix.with_cells(cells)
+    return dataclasses.replace(matrix.with_cells(cells),
+                               selection=matrix.selection + tuple(only))

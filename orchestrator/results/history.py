@@ -18,9 +18,13 @@ Built from the results store (:mod:`orchestrator.results.store`), so only what i
   has no ok repeat of a configuration it ran (repeats that failed beside ok ones are counted
   too). ``missing``: a configuration of the earlier runs that the newest run planned but has no
   result for (a sweep that died leaves its run unfinished: it is judged all the same).
-  ``dropped``: one the newest run's plan no longer has (not a failure).
+  ``dropped``: one the newest run's plan no longer has (a stray ``--only``, or taken out of the
+  matrix). Missing and dropped lines show their earlier runs' figures too.
 * **Failing lines** (``--fail-on-regression``): regression, failed (any failed repeat),
-  missing, and any absolute reference (:mod:`orchestrator.config.references`) not met.
+  missing, dropped by the run's ``--only`` (unless ``allow_dropped``: a nightly run that left
+  configurations out on purpose; one taken out of the matrix is reported, not failed), and any
+  absolute reference (:mod:`orchestrator.config.references`) not met. A gate
+  cannot go green because configurations were not run.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from orchestrator.results.store import (
 )
 from orchestrator.results.summary import varying_keys
 
-FAILING = frozenset({"regression", "failed", "missing"})
+FAILING = frozenset({"regression", "failed", "missing", "dropped"})
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class Options:
     metric: str | None = None  # a throughput figure (``*_ips``); None: the headline images/s
     #: Judge the raw figures even where the runs had a control (``--raw``).
     raw: bool = False
+    #: A configuration the newest run left out of its plan does not fail the check.
+    allow_dropped: bool = False
 
     def validate(self) -> None:
         """ConfigError listing every bad option."""
@@ -129,10 +135,15 @@ class Line:
     basis: str = "raw"
     #: The same configuration on the other basis (the JSON carries both), when there is one.
     other: Line | None = None
+    #: A verdict in FAILING that does not fail (a dropped line under ``allow_dropped``, or one
+    #: the matrix no longer has).
+    excused: bool = False
+    #: What left a ``dropped`` line out of the newest run: ``--only K=V ...`` or ``the matrix``.
+    dropped_by: str = ""
 
     @property
     def failing(self) -> bool:
-        return (self.verdict in FAILING or bool(self.failed_cells)
+        return ((self.verdict in FAILING and not self.excused) or bool(self.failed_cells)
                 or any(r.failed for r in self.references))
 
     def figures_json(self) -> dict[str, Any]:
@@ -162,6 +173,7 @@ class Line:
             "earlier_runs_used": len(self.used_runs),
             "figures": both,
             "verdict": self.verdict, "failing": self.failing,
+            "dropped_by": self.dropped_by or None,
             "failed_cells": [{"cell_id": c.cell_id, "status": c.status, "reason": c.reason}
                              for c in self.failed_cells],
             "stack_change": {k: list(v) for k, v in self.stack_change.items()},
@@ -205,7 +217,8 @@ class HistoryReport:
             "metric": o.metric or "headline images/s (train.total_ips / val.total_ips)",
             "options": {"window": o.window, "min_history": o.min_history,
                         "threshold": o.threshold, "alpha": o.alpha,
-                        "ignore_stack": list(o.ignore_stack)},
+                        "ignore_stack": list(o.ignore_stack),
+                        "allow_dropped": o.allow_dropped},
             "method": METHOD,
             "between_run_sd": math.sqrt(self.noise.tau2) if self.noise else None,
             "pooled_deviations": self.noise.pairs if self.noise else 0,
@@ -347,7 +360,7 @@ def _analyze(store: Store, matrix: str, options: Options, run: RunRecord | None,
                                                options, NORMALISED)
         lines = _choose(lines, normalised)
     _adjust(lines, options)
-    lines += _missing(run, by_run, [r.pk for r in reversed(earlier)], lines)
+    lines += _missing(run, by_run, [r.pk for r in reversed(earlier)], lines, options)
     if references:
         _check_references(lines, by_run[run.pk], references, references_file or "")
     controls = _control_lines(controls_by_run, run, [r.pk for r in earlier],
@@ -486,32 +499,97 @@ def _adjust(lines: list[Line], options: Options) -> None:
 
 
 def _missing(run: RunRecord, by_run: dict[int, list[CellRecord]], earlier_newest_first: list[int],
-             lines: list[Line]) -> list[Line]:
-    """Configurations of the earlier runs with no result in the newest run."""
+             lines: list[Line], options: Options) -> list[Line]:
+    """Configurations of the earlier runs with no result in the newest run (``missing``: it
+    planned them; ``dropped``: it did not), each with its figures in the earlier runs (on its
+    newest stack; another stack's marked as such). A configuration the run's ``--only`` left
+    out fails unless ``allow_dropped``; one the matrix no longer has is reported, not failed
+    (the matrix was edited: a new content hash starts its own history)."""
     present = {line.config for line in lines}
-    planned = _planned_configs(run)
+    planned, only = _plan_of(run)
     out: dict[str, Line] = {}
     for pk in earlier_newest_first:
         for cell in by_run.get(pk, []):
             if cell.config in present or cell.config in out:
                 continue
-            verdict = "dropped" if planned is not None and cell.config not in planned else (
-                "missing")
-            out[cell.config] = Line(cell.config, cell.group, cell.params, cell.stack,
-                                    verdict=verdict)
+            dropped = planned is not None and cell.config not in planned
+            by = ("--only " + " ".join(only) if only else "the matrix") if dropped else ""
+            out[cell.config] = Line(
+                cell.config, cell.group, cell.params, cell.stack,
+                verdict="dropped" if dropped else "missing", dropped_by=by,
+                excused=dropped and (options.allow_dropped or not only))
+    for line in out.values():
+        _earlier_figures(line, by_run, options)
     return list(out.values())
 
 
-def _planned_configs(run: RunRecord) -> set[str] | None:
-    """Content hashes the run's plan lists (None: the plan lists none, e.g. a hand-made run)."""
+def _earlier_figures(line: Line, by_run: dict[int, list[CellRecord]], options: Options) -> None:
+    """A line without a newest figure: its median in every earlier run at hand (the window and
+    the runs shown), on its stack, else on another (``other_stack``)."""
+    own = _stack_key(line.stack, options.ignore_stack)
+    for pk, cells in by_run.items():
+        values = [c.value for c in cells if c.config == line.config and c.ok
+                  and c.value is not None]
+        same = [c.value for c in cells if c.config == line.config and c.ok
+                and c.value is not None and _stack_key(c.stack, options.ignore_stack) == own]
+        if same:
+            line.medians[pk] = statistics.median(v for v in same if v is not None)
+            line.repeats[pk] = [v for v in same if v is not None]
+        elif values:
+            line.other_stack[pk] = statistics.median(v for v in values if v is not None)
+
+
+def _plan_of(run: RunRecord) -> tuple[set[str] | None, tuple[str, ...]]:
+    """Content hashes the run's plan lists (None: the plan lists none, e.g. a hand-made run)
+    and the ``--only`` filters it was made with (plan.json's ``only``; a run written before
+    that field: the ``--only`` arguments of run.json's argv)."""
     try:
         plan = safejson.loads((Path(run.path) / "plan.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    cells = plan.get("cells") if isinstance(plan, dict) else None
+        return None, ()
+    if not isinstance(plan, dict):
+        return None, ()
+    cells = plan.get("cells")
     hashes = {c["hash"] for c in (cells if isinstance(cells, list) else [])
               if isinstance(c, dict) and isinstance(c.get("hash"), str)}
-    return hashes or None
+    only = plan.get("only")
+    if isinstance(only, list):
+        return hashes or None, tuple(str(o) for o in only)
+    return hashes or None, _only_in_argv(run)
+
+
+def _only_in_argv(run: RunRecord) -> tuple[str, ...]:
+    """The ``--only`` filters of the command line in run.json (``--only K=V``, ``--only=K=V``,
+    an abbreviation argparse took: ``--on K=V``)."""
+    try:
+        meta = safejson.loads((Path(run.path) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ()
+    argv = meta.get("argv") if isinstance(meta, dict) else None
+    if not isinstance(argv, list):
+        return ()
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if not isinstance(arg, str) or not arg.startswith("--o"):
+            continue
+        name, eq, value = arg.partition("=")
+        if len(name) < 4 or not "--only".startswith(name):
+            continue
+        if eq:
+            out.append(value)
+        elif i + 1 < len(argv) and isinstance(argv[i + 1], str):
+            out.append(argv[i + 1])
+    return tuple(out)
+
+
+def _dropped_note(line: Line, run_id: str) -> str:
+    """Why a dropped line is not in the newest run, and whether it fails the check."""
+    if line.dropped_by == "the matrix":
+        return (f"{line.label}: no longer in the matrix of {run_id} (taken out or its "
+                "parameters changed): reported, not failed")
+    return (f"{line.label}: left out of {run_id} by {line.dropped_by}: "
+            + ("allowed (--allow-dropped)" if line.excused else
+               "fails --fail-on-regression unless --allow-dropped"))
 
 
 def _p_text(line: Line) -> str:
@@ -549,7 +627,10 @@ def _fmt(value: float | None) -> str:
 
 
 def _verdict_text(line: Line) -> str:
-    text = line.verdict.upper() if line.verdict in FAILING else line.verdict
+    text = line.verdict.upper() if line.verdict in FAILING and not line.excused else (
+        line.verdict)
+    if line.verdict == "dropped":
+        text += " (--only)" if line.dropped_by.startswith("--only") else " (not in the matrix)"
     if line.failed_cells and line.verdict != "failed":
         text += f"; {len(line.failed_cells)} repeat(s) FAILED"
     if line.verdict == "insufficient history":
@@ -644,6 +725,8 @@ def _notes(report: HistoryReport) -> list[str]:
             notes.append(f"{cell.cell_id}: {cell.status}: {cell.reason}")
         if ln.verdict == "missing":
             notes.append(f"{ln.label}: planned but no result in {report.newest.run_id}")
+        if ln.verdict == "dropped":
+            notes.append(_dropped_note(ln, report.newest.run_id))
         for ref in ln.references:
             if ref.failed:
                 notes.append(f"{ln.label}: reference {ref.describe()}")
