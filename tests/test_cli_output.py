@@ -125,3 +125,28 @@ def test_terminal_progress_shows_brackets_as_they_are(tmp_path):
     assert f"run folder: {tmp_path / 'r[/x]'}" in out
     assert "waiting for [/dim] the CPU" in out
     assert "[Errno 28] No space left on device [/x]" in out
+
+
+def test_images_list_into_head_exits_141_and_a_pipe_gets_plain_tables(tmp_path: Path) -> None:
+    """Issue 23: ``images list | head -2`` exited 1 without a word (rich's own answer to a closed
+    pipe), and piped, rich wrapped its tables to 80 columns (354 lines)."""
+    cmd = [sys.executable, "-m", "orchestrator.cli", "images", "list"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == EXIT_BROKEN_PIPE
+    assert err == "", err
+
+    from orchestrator.catalog import templates
+
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}).stdout
+    lines = out.splitlines()
+    for name in templates.template_names():
+        template = templates.load_template(name)
+        assert f"{name} ({template.kind}): {template.description}" in lines
+        for variable in template.variables:  # one line per variable, never wrapped
+            assert [ln for ln in lines if ln.startswith(f"| {variable} ")], variable
+    assert not any("│" in ln or "┃" in ln for ln in lines)  # no rich box drawing in a pipe

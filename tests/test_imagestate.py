@@ -135,10 +135,85 @@ def test_a_host_that_cannot_be_reached_is_reported_and_left_as_it_was(
     assert not host.reachable and "gone" in host.reason and not report.ok
     assert load_state(state_path(results)).hosts["gone"]["driver"] == "550.54.15"
     assert cli.main(["images", "refresh", "--hosts", str(hosts), str(matrix), "--results",
-                     str(results), "--dry-run"]) == 1
+                     str(results), "--check"]) == 1
     out = capsys.readouterr().out
     assert out.startswith("gone: not reached: ") and "1 host(s) not reached" in out
-    assert state_path(results).read_text() == before  # a dry run writes nothing
+    assert state_path(results).read_text() == before  # a check writes nothing
+
+
+def _closes_at_once() -> tuple[int, threading.Thread]:
+    """A TCP port whose listener accepts and closes at once (no SSH banner), as a firewall or
+    a port forwarded to nothing does."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        with server:
+            server.settimeout(30)
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return port, thread
+
+
+def test_a_host_without_an_ssh_banner_is_said_in_words_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23: paramiko logged "Error reading SSH protocol banner" with its traceback from its
+    transport thread; the host's failure is one line of the report."""
+    port, thread = _closes_at_once()
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(f'[options]\nknown_hosts = "{tmp_path}/kh"\nssh_config = ""\n'
+                     f'connect_timeout = 5\n[[hosts]]\nname = "mute"\naddress = "127.0.0.1"\n'
+                     f'port = {port}\ntags = ["gpu"]\n')
+    matrix = tmp_path / "nightly.toml"
+    matrix.write_text(MATRIX)
+    assert cli.main(["images", "refresh", "--hosts", str(hosts), str(matrix), "--results",
+                     str(tmp_path / "results"), "--check"]) == 1
+    thread.join(30)
+    captured = capsys.readouterr()
+    assert captured.out.startswith("mute: not reached: ") and "banner" in captured.out
+    assert "Traceback" not in captured.err and "paramiko" not in captured.err, captured.err
+
+
+def test_a_dry_run_connects_to_nothing_and_says_what_it_would_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    tried: list[object] = []
+
+    def refuse(sock: socket.socket, address: object) -> None:
+        tried.append(address)
+        raise OSError("a dry run must not connect anywhere")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(f'[options]\nknown_hosts = "{tmp_path}/kh"\nssh_config = ""\n'
+                     '[[hosts]]\nname = "a"\naddress = "10.9.9.9"\nuser = "bench"\n'
+                     'tags = ["gpu"]\n[[hosts]]\nname = "b"\naddress = "10.9.9.8"\n'
+                     'tags = ["gpu"]\n')
+    matrix = tmp_path / "nightly.toml"
+    matrix.write_text(MATRIX)
+    results = tmp_path / "results"
+    update_state(state_path(results), lambda s: s.host_seen("a", "550.54.15", "nvidia", None))
+    before = state_path(results).read_bytes()
+    assert cli.main(["images", "refresh", "--hosts", str(hosts), str(matrix), "--results",
+                     str(results), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert tried == []
+    assert "a (bench@10.9.9.9:22, driver 550.54.15 when last probed): would probe" in out
+    assert "b (10.9.9.8:22, never probed)" in out and "no build recorded" in out
+    assert "nothing connected, built or written" in out.splitlines()[-1]
+    assert state_path(results).read_bytes() == before
 
 
 def test_refresh_keeps_docker_images_fresh_not_apptainer_profiles(tmp_path: Path) -> None:

@@ -106,7 +106,10 @@ class LogSetup:
         self.handler.setFormatter(_Formatter())
         self.root = logging.getLogger()
         self.warnings_logger = logging.getLogger("py.warnings")
-        self._saved = (self.root.level, self.warnings_logger.level)
+        # paramiko logs a failed handshake with its traceback from its transport thread; the
+        # command reports the same failure as a HostError in words (-vv shows paramiko's own)
+        self.paramiko_logger = logging.getLogger("paramiko")
+        self._saved = (self.root.level, self.warnings_logger.level, self.paramiko_logger.level)
         self.root.addHandler(self.handler)
         logging.captureWarnings(True)
         self.set(verbosity, quiet)
@@ -120,12 +123,14 @@ class LogSetup:
             self.root.setLevel(level)
         # library warnings (deprecations inside paramiko, docker, torch) are not the user's
         self.warnings_logger.setLevel(logging.WARNING if verbosity else logging.CRITICAL)
+        self.paramiko_logger.setLevel(logging.DEBUG if verbosity >= 2 else logging.CRITICAL + 1)
 
     def close(self) -> None:
         logging.captureWarnings(False)
         self.root.removeHandler(self.handler)
         self.root.setLevel(self._saved[0])
         self.warnings_logger.setLevel(self._saved[1])
+        self.paramiko_logger.setLevel(self._saved[2])
 
 
 def _early_flags(argv: Sequence[str]) -> tuple[int, bool]:

@@ -20,12 +20,13 @@ from rich.table import Table
 
 from orchestrator.catalog import templates
 from orchestrator.catalog.releases import Release, resolve_habana, resolve_release
+from orchestrator.config.syntax import plural
 from orchestrator.errors import BackendUnavailable, ConfigError, cannot_write
 from orchestrator.images import build
 from orchestrator.plan.selection import family
 
 if TYPE_CHECKING:
-    from orchestrator.images.refresh import ImageRefresh, RefreshReport
+    from orchestrator.images.refresh import ImageRefresh, PlannedHost, RefreshReport
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="results folder holding the image state (default as `matrix`)")
     p_refresh.add_argument("--jobs", type=int, default=8, help="hosts at once (default 8)")
     p_refresh.add_argument("--dry-run", action="store_true",
-                           help="probe and compare, build nothing, write nothing")
+                           help="list the hosts it would probe and the images it would check "
+                           "there (last builds and drivers from the state); connects to nothing")
+    p_refresh.add_argument("--check", action="store_true",
+                           help="probe the hosts and compare: say what would be rebuilt and "
+                           "why; build nothing, write nothing")
     p_refresh.set_defaults(handler=cmd_refresh)
 
 
@@ -187,32 +192,50 @@ def compute_capability(gpu: str) -> str:
     return found
 
 
+class _Console(Console):
+    """rich's Console, but a closed pipe is the CLI's to answer (exit 141, as every command):
+    rich's own answer is exit 1 without a word."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    """Print every template with its variables, and local content-hash tags if an engine answers."""
-    console = Console()
+    """Print every template with its variables, and local content-hash tags if an engine answers.
+    On a terminal: rich tables; piped: plain tables that do not wrap (one line per variable)."""
+    console = _Console()
     try:
         tags = build.local_tags()
     except BackendUnavailable as exc:
         tags = None
         log.debug("no engine for `images list`: %s", exc)
+    columns = ("variable", "type", "default", "description")
     for name in templates.template_names():
         template = templates.load_template(name)
-        table = Table(
-            title=f"{name} ({template.kind}): {template.description}", title_justify="left"
-        )
-        for column in ("variable", "type", "default", "description"):
-            table.add_column(column)
+        title = f"{name} ({template.kind}): {template.description}"
+        rows = []
         for vname, var in template.variables.items():
             default = ",".join(var.default) if var.type == "list" else str(var.default)
             suffix = " (file)" if var.file else (f" ({var.kind})" if var.kind else "")
-            table.add_row(vname, var.type + suffix, default or repr(default), var.description)
-        console.print(table)
+            rows.append((vname, var.type + suffix, default or repr(default), var.description))
         if tags is None:
-            console.print("  local images: (no Docker engine reachable)")
+            local = "  local images: (no Docker engine reachable)"
         else:
             found = tags.get(name, [])
-            console.print(f"  local images: {', '.join(found) if found else '(none)'}")
-        console.print()
+            local = f"  local images: {', '.join(found) if found else '(none)'}"
+        if console.is_terminal:
+            table = Table(title=title, title_justify="left")
+            for column in columns:
+                table.add_column(column)
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
+            console.print(local)
+            console.print()
+        else:
+            from tabulate import tabulate
+
+            print(f"{title}\n{tabulate(rows, headers=columns, tablefmt='github')}\n{local}\n")
     return 0
 
 
@@ -227,7 +250,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise cannot_write("--out", args.out, exc, "folder") from None
     rendered = args.out / templates.KINDS[plan.kind]
-    Console().print(f"wrote {rendered} (tag would be {plan.tag})", markup=False,
+    _Console().print(f"wrote {rendered} (tag would be {plan.tag})", markup=False,
                     highlight=False, soft_wrap=True)
     return 0
 
@@ -238,7 +261,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     context's alone)."""
     values, release = _values(args)
     plan = build.plan_image(args.name, values)
-    console = Console()
+    console = _Console()
     if release is not None:
         console.print(f"release:    {release}", markup=False, highlight=False)
     if args.sif or plan.kind == "singularity":
@@ -310,11 +333,40 @@ def cmd_refresh(args: argparse.Namespace) -> int:
                           "hosts in the user config)", file="--hosts")
     inventory = load_hosts(inventory_file)
     matrices = [load_matrix(path) for path in args.matrices]
+    if args.jobs < 1:
+        raise ConfigError("must be at least 1", field="--jobs")
+    if args.dry_run:
+        from orchestrator.images.refresh import plan_refresh
+
+        planned, notes = plan_refresh(inventory, matrices, results_root(args.results),
+                                      hosts=args.host)
+        print("\n".join(planned_lines(planned, notes)))
+        return 0
     report = refresh(inventory, matrices, results_root(args.results), hosts=args.host,
-                     dry_run=args.dry_run, jobs=max(1, args.jobs),
+                     dry_run=args.check, jobs=args.jobs,
                      on_log=lambda line: log.info("%s", line))
-    print("\n".join(refresh_lines(report, dry_run=args.dry_run)))
+    print("\n".join(refresh_lines(report, dry_run=args.check)))
     return 0 if report.ok else 1
+
+
+def planned_lines(planned: list[PlannedHost], notes: list[str]) -> list[str]:
+    """``images refresh --dry-run`` as the CLI prints it (pure)."""
+    lines = []
+    for host in planned:
+        seen = f"driver {host.last_driver} when last probed" if host.last_driver else (
+            "never probed")
+        lines.append(f"{host.host} ({host.address}, {seen}): would probe its driver and check "
+                     f"{plural(len(host.images), 'image')}")
+        for name, old in host.images:
+            last = (f"last built {old.tag} (release {old.ngc_release or old.release or '-'}, "
+                    f"driver {old.driver or '-'})" if old else "no build recorded")
+            lines.append(f"  {name}: {last}")
+    lines += [f"note: {n}" for n in notes]
+    images = sum(len(h.images) for h in planned)
+    lines.append(f"dry run: {plural(images, 'image')} to check on {plural(len(planned), 'host')}"
+                 "; nothing connected, built or written (--check probes the hosts and says what "
+                 "would be rebuilt)")
+    return lines
 
 
 def refresh_lines(report: RefreshReport, *, dry_run: bool = False) -> list[str]:

@@ -8,6 +8,7 @@ are the one check, used wherever a name or run id becomes a path.
 * ``KEY=VALUE`` parameter matches (:func:`param_matches`, :func:`parse_baseline`): ``--only``,
   ``--where``, ``--baseline`` and a matrix's ``baseline``.
 * Percentages (:func:`parse_percent`): thresholds and reference bounds, the unit required.
+* Counts in words (:func:`plural`): ``1 cell``, ``2 cells`` (never ``cell(s)``).
 """
 
 from __future__ import annotations
@@ -81,3 +82,9 @@ def parse_percent(text: str, signed: bool = False) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{text!r} is not a finite percentage")
     return value
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``n`` and ``word`` in its number: ``1 cell``, ``0 cells``, ``2 matches`` (``many``: an
+    irregular plural)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"

@@ -252,6 +252,46 @@ class RefreshReport:
                    for h in self.hosts) and self.problem is None
 
 
+@dataclass(frozen=True)
+class PlannedHost:
+    """What a refresh would do on one host, decided without connecting to it (``--dry-run``)."""
+
+    host: str
+    address: str
+    #: The driver the state last saw there (None: never probed).
+    last_driver: str | None
+    #: Each image to check: its name (``matrix/hardware[@release]``) and its last build (None:
+    #: none recorded).
+    images: list[tuple[str, ImageRecord | None]]
+
+
+def plan_refresh(inventory: Inventory, matrices: Sequence[Matrix], results_root: Path, *,
+                 hosts: Sequence[str] | None = None) -> tuple[list[PlannedHost], list[str]]:
+    """The refresh's plan from the inventory, the matrices and the image state alone: the hosts
+    it would probe and the images it would check on each (with their last builds). Connects to
+    nothing and writes nothing; what would be rebuilt depends on each host's driver now, which
+    only the refresh itself (or ``dry_run``: probe and compare) learns."""
+    state = load_state(state_path(results_root))
+    for name in hosts or []:
+        inventory.get(name)
+    wanted, notes = wanted_images(inventory, matrices, state, hosts)
+    out = []
+    for name in (h for h in inventory.names if hosts is None or h in hosts):
+        entry = inventory.get(name)
+        where = f"{entry.user + '@' if entry.user else ''}{entry.address}" + (
+            f":{entry.port}" if entry.port else "")
+        images = []
+        for item in (w for w in wanted if w.host == name):
+            label = ImageRefresh(item.matrix.name, item.key.hardware, item.key.ngc_release,
+                                 "planned").name
+            old = state.images.get((name, str(item.matrix.path.resolve()), item.key.hardware,
+                                    item.key.ngc_release))
+            images.append((label, old))
+        out.append(PlannedHost(name, where, (state.hosts.get(name) or {}).get("driver"),
+                               images))
+    return out, notes
+
+
 def refresh(
     inventory: Inventory, matrices: Sequence[Matrix], results_root: Path, *,
     hosts: Sequence[str] | None = None, dry_run: bool = False, jobs: int = 8,
