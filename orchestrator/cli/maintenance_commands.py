@@ -10,6 +10,7 @@ started from another host (this machine cannot tell whether it still runs) unles
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,8 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "clean", help="remove containers left behind by a crashed sweep",
         description="Remove every container labelled by orchestrate (or only one run's).",
     )
-    p.add_argument("--run", help="only the containers of this run id")
+    p.add_argument("--run", help="only the containers of this run: a run id, a unique prefix, "
+                   "MATRIX:RUN, latest or latest~N (as `compare` names runs)")
     p.add_argument("--matrix", help="only the containers of this matrix")
+    p.add_argument("--results", type=Path, metavar="DIR",
+                   help="the results folder --run is looked up in (default as `matrix`)")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed")
     p.add_argument("--force", action="store_true",
                    help="also remove containers started from another host (their sweep may "
@@ -29,13 +33,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_backends)
 
 
+def _run_label(spec: str, matrix: str | None, results: Path | None) -> tuple[str, str | None]:
+    """The run id (and matrix) of ``--run``: resolved in the results as ``compare`` resolves
+    runs; a plain run id the results do not hold (its folder removed, its containers left) is
+    taken as it is."""
+    from orchestrator.cli.result_commands import open_results
+    from orchestrator.config.defaults import results_root
+    from orchestrator.config.syntax import check_run_id
+    from orchestrator.errors import ConfigError, Problem
+
+    named = ":" in spec or spec == "latest" or spec.startswith("latest~")
+    root = results_root(results)
+    if not named:
+        check_run_id(spec, "--run")
+        if not root.is_dir():
+            return spec, matrix
+    try:
+        with open_results(root, [matrix] if matrix else None) as store:
+            run = store.resolve(spec, matrix)
+    except ConfigError as exc:
+        if named:
+            raise ConfigError([Problem(p.file, "--run", p.message) for p in exc.problems]
+                              ) from None
+        return spec, matrix
+    return run.run_id, matrix or run.matrix
+
+
 def cmd_clean(args: argparse.Namespace) -> int:
     from orchestrator.config.syntax import check_name, check_run_id
 
-    if args.run is not None:
-        check_run_id(args.run, "--run")
     if args.matrix is not None:
         check_name(args.matrix, "--matrix")
+    if args.run is not None:
+        args.run, args.matrix = _run_label(args.run, args.matrix, args.results)
+        check_run_id(args.run, "--run")
     from orchestrator.local.engine import (
         LABEL_MATRIX,
         LABEL_RUN,

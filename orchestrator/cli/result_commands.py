@@ -79,9 +79,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "its cells' result.json files. --plot draws it, --html writes one self-contained report "
         "(tables, plots, provenance); --baseline adds a ratio column. Read-only archives are "
         "fine: the summary files are refreshed only where they can be written.")
-    p.add_argument("matrix", help="matrix name (or a path to its .toml)")
-    p.add_argument("--run", help="run id, a unique prefix of one, latest or latest~N "
-                   "(default: the newest)")
+    p.add_argument("matrix", nargs="?",
+                   help="matrix name (or a path to its .toml; default: the one of --run "
+                   "MATRIX:RUN, else the one matrix under the results)")
+    p.add_argument("--run", help="run id, a unique prefix of one, latest or latest~N, each "
+                   "with MATRIX: before it or not (default: the newest)")
     _results_arg(p)
     p.add_argument("--baseline", metavar="KEY=VALUE",
                    help="add each row's ratio to this row, e.g. hardware=v100 "
@@ -205,6 +207,33 @@ def matrix_name(arg: str) -> str:
     return name
 
 
+def report_run(results: Path, matrix: str | None, spec: str | None) -> tuple[str, str | None]:
+    """The matrix and run id (None: the newest) that ``report [MATRIX] [--run SPEC]`` names:
+    the run-name grammar of ``compare`` and ``history`` (``MATRIX:RUN``, ``latest~N``, a
+    prefix), the matrix from the positional argument, else the run's ``MATRIX:``, else the one
+    matrix with runs under ``results``."""
+    from orchestrator.results.run_folder import runs_of
+
+    name = matrix_name(matrix) if matrix else None
+    if spec is not None and ":" in spec:
+        qualified = _matrix_of(spec)
+        spec = spec.rpartition(":")[2] or None
+        if name and qualified and qualified != name:
+            raise ConfigError(f"{qualified}:{spec or ''} is a run of {qualified}, not of "
+                              f"{name}; give one of them", field="--run")
+        name = name or qualified or None
+    if name is None:
+        root = Path(results)
+        names = sorted(p.name for p in root.iterdir() if p.is_dir() and runs_of(root, p.name)
+                       ) if root.is_dir() else []
+        if len(names) != 1:
+            which = f" (runs of {', '.join(names)})" if names else f" (no runs under {root})"
+            raise ConfigError(f"say which matrix: orchestrate report MATRIX, or --run "
+                              f"MATRIX:RUN{which}", field="matrix")
+        name = names[0]
+    return name, spec
+
+
 def _matrix_of(spec: str) -> str:
     """The MATRIX of a ``MATRIX:RUN`` run argument ('' when it has none), checked: it names a
     folder under the results, never one elsewhere (``../x:latest``)."""
@@ -318,9 +347,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.results.run_folder import find_run
     from orchestrator.results.summary import summarize_run, write_summary_files
 
-    name = matrix_name(args.matrix)
+    name, run = report_run(args.results, args.matrix, args.run)
     plot_file(args.plot)
-    paths = find_run(args.results, name, args.run)
+    paths = find_run(args.results, name, run)
     results = paths.results()
     rows, table = summarize_run(paths, baseline=args.baseline, results=results)
     if args.baseline:
@@ -399,8 +428,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         {matrix} if matrix else set())
     with open_results(args.results, sorted(names) if names and "" not in names else None
                       ) as store, store.snapshot():
-        a = store.resolve(args.run_a, matrix)
-        b = store.resolve(args.run_b, matrix)
+        # an unqualified run (latest~1, a prefix) is one of the other run's matrix
+        a = store.resolve(args.run_a, matrix or _matrix_of(args.run_b) or None)
+        b = store.resolve(args.run_b, matrix or a.matrix)
         from orchestrator.results.store import is_throughput
 
         if args.metric and not is_throughput(args.metric):

@@ -759,7 +759,8 @@ class Store:
 
     def resolve(self, spec: str, matrix: str | None = None) -> RunRecord:
         """A run from ``RUN_ID`` (or a unique prefix of one), ``MATRIX:RUN_ID``,
-        ``MATRIX:latest`` or ``MATRIX:latest~N`` (the N-th run before the newest)."""
+        ``MATRIX:latest`` or ``MATRIX:latest~N`` (the N-th run before the newest); ``latest``
+        without a matrix is the newest of the one matrix the results hold."""
         name, sep, rest = spec.rpartition(":")
         if sep:
             matrix = check_name(name, "run") if name else matrix  # it names a folder
@@ -768,7 +769,12 @@ class Store:
         candidates = self.runs(matrix=matrix)
         if rest == "latest" or rest.startswith("latest~"):
             if not matrix:
-                raise ConfigError(f"{spec!r}: say which matrix, e.g. MATRIX:{rest}", field="run")
+                names = sorted({r.matrix for r in candidates})
+                if len(names) != 1:
+                    which = f" (runs of {', '.join(names)})" if names else ""
+                    raise ConfigError(f"{spec!r}: say which matrix, e.g. MATRIX:{rest}{which}",
+                                      field="run")
+                matrix = names[0]
             back = rest.partition("~")[2]
             if back and not (back.isdigit() and len(back) <= 6):
                 raise ConfigError(f"{spec[:80]!r}: expected latest~N with N a number below "
