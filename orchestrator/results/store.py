@@ -769,12 +769,12 @@ class Store:
         candidates = self.runs(matrix=matrix)
         if rest == "latest" or rest.startswith("latest~"):
             if not matrix:
-                names = sorted({r.matrix for r in candidates})
-                if len(names) != 1:
-                    which = f" (runs of {', '.join(names)})" if names else ""
+                matrices = sorted({r.matrix for r in candidates})
+                if len(matrices) != 1:
+                    which = f" (runs of {', '.join(matrices)})" if matrices else ""
                     raise ConfigError(f"{spec!r}: say which matrix, e.g. MATRIX:{rest}{which}",
                                       field="run")
-                matrix = names[0]
+                matrix = matrices[0]
             back = rest.partition("~")[2]
             if back and not (back.isdigit() and len(back) <= 6):
                 raise ConfigError(f"{spec[:80]!r}: expected latest~N with N a number below "
