@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from orchestrator import __version__
 from orchestrator.errors import OrchestratorError
@@ -42,6 +43,23 @@ COMMAND_OWNERS = {
 EXIT_BROKEN_PIPE = 141
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with the nearest name for a misspelt command (``mtrix``: did you mean
+    ``matrix``?), as git does; the subcommands' own parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+        import re
+
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found.group(2))
+            close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        super().error(message)
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; with ``argv`` naming a known command, only that command's module is loaded."""
     first = next((a for a in (argv or []) if not a.startswith("-")), None)
@@ -49,7 +67,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         (COMMAND_OWNERS[first],) if first in COMMAND_OWNERS else COMMAND_MODULES)
     if first is None and _version_only(argv or []):
         modules = ()  # argparse prints the version and exits before it needs a command
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="orchestrate",
         description="Run GPU benchmark experiment matrices: locally, in Docker, over SSH or as "
         "Slurm jobs.",

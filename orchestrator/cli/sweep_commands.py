@@ -210,10 +210,24 @@ def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
             for c in matrix.cells]
     table = tabulate(rows, headers=["cell", *shown, "repeat", "hash"], tablefmt="simple",
                      disable_numparse=True)
-    groups = len({c.group for c in matrix.cells})
-    head = (f"{matrix.name}: {len(matrix.cells)} cells ({groups} configurations x "
-            f"{matrix.settings.repeats} repeats), backend {backend or matrix.settings.backend}")
+    head = f"{matrix.name}: {cell_count(matrix)}, backend {backend or matrix.settings.backend}"
     return [head, table, *control_lines(matrix)]
+
+
+def cell_count(matrix: Matrix) -> str:
+    """``12 cells (4 configurations x 3 repeats)`` of the cells planned (after ``--only``:
+    ``--only repeat=1`` plans 1 repeat of each), in words that agree with the numbers; a
+    selection that keeps different repeats of different configurations says so."""
+    from orchestrator.config.syntax import plural
+
+    configs = len({c.group for c in matrix.cells})
+    repeats = {c.repeat for c in matrix.cells}
+    per_config = len(matrix.cells) / configs if configs else 0
+    if per_config == len(repeats):
+        how = f"{plural(configs, 'configuration')} x {plural(len(repeats), 'repeat')}"
+    else:
+        how = f"{plural(configs, 'configuration')}, repeats {min(repeats)}..{max(repeats)}"
+    return f"{plural(len(matrix.cells), 'cell')} ({how})"
 
 
 def control_lines(matrix: Matrix) -> list[str]:

@@ -711,9 +711,11 @@ def parse_only(only: Sequence[str]) -> dict[str, list[Any]]:
         if key == "repeat":
             value: Any = text
         elif key not in PARAM_NAMES:
+            close = difflib.get_close_matches(key, ["repeat", *PARAM_NAMES], n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
             problems.append(Problem(
-                "--only", key, f"unknown parameter; known: repeat, {', '.join(PARAM_NAMES)}"
-            ))
+                "--only", key,
+                f"unknown parameter; {hint}known: repeat, {', '.join(PARAM_NAMES)}"))
             continue
         else:
             try:
