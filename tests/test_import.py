@@ -454,6 +454,22 @@ def test_dry_run_writes_nothing(logs, results, capsys):
     assert entries_of(results) == before
 
 
+@pytest.mark.parametrize("source", ["amp", "fp32"])
+def test_the_dry_run_names_the_run_the_import_then_writes(logs, results, capsys, source):
+    """Issue 23: the dry run printed a run id with a random suffix, and the import wrote
+    another."""
+    args = ["import", str(logs[source][0]), "--matrix", "dle_cal", "--results", str(results)]
+    assert main([*args, "--dry-run"]) == 0
+    said = capsys.readouterr().out.splitlines()[-1]
+    assert said.startswith("dry run: would write ")
+    assert main([*args, "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == said  # the same each time
+    assert main(args) == 0
+    folder = said.removeprefix("dry run: would write ").rstrip("/")
+    assert folder in capsys.readouterr().out.splitlines()  # the folder the import wrote
+    assert Path(folder, "run.json").is_file()
+
+
 def test_import_help(capsys):
     with pytest.raises(SystemExit) as info:
         main(["import", "--help"])

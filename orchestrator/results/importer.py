@@ -758,7 +758,8 @@ def plan_import(sources: Sequence[Path], options: ImportOptions) -> ImportPlan:
     if problems:
         raise ConfigError(problems)
     run_id = options.run_id or _run_id_of(
-        [e.evaluation.figures.started_at for e in entries if e.evaluation])
+        [e.evaluation.figures.started_at for e in entries if e.evaluation],
+        [e.sha256 for e in entries], [e.path for e in entries])
     _check_run_id(run_id, options.results_root / target.name)
     return ImportPlan(target, run_id, entries, skipped)
 
@@ -841,9 +842,23 @@ def _problem_of(entry: Entry, failure: Failure) -> Problem:
                                                             "produced", "the log has"))
 
 
-def _run_id_of(times: list[float | None]) -> str:
+def _run_id_of(times: list[float | None], digests: list[str], paths: list[Path]) -> str:
+    """The run id an import writes, the same in its dry run: the earliest time the logs state
+    (else the newest source file's modification time) and 4 hex digits of the sources'
+    digests (an import of the same sources is refused as already imported, so it is unique)."""
     known = [t for t in times if t]
-    return new_run_id(min(known)) if known else new_run_id()
+    if not known:
+        mtimes = []
+        for path in paths:
+            try:
+                mtimes.append(path.stat().st_mtime)
+            except OSError:
+                continue
+        known = [max(mtimes)] if mtimes else []
+    stamp = new_run_id(min(known)).rpartition("-")[0] if known else (
+        new_run_id().rpartition("-")[0])
+    suffix = hashlib.sha256("\n".join(sorted(digests)).encode()).hexdigest()[:4]
+    return f"{stamp}-{suffix}"
 
 
 def _check_run_id(run_id: str, base: Path) -> None:
