@@ -123,6 +123,20 @@ def test_runs_cli_lists_and_filters(tmp_path, capsys):
     assert "no results folder" in capsys.readouterr().err
 
 
+def test_runs_shows_missing_cells(tmp_path, capsys):
+    """Issue 23: a sweep that died after 1 of 4 planned cells was listed 'failed, ok 1,
+    failed 0', the 3 cells without a result nowhere."""
+    write_run(tmp_path, "m", run_id(1), [Config(G1, [100.0, 101.0])], started=day(1),
+              finished=False, plan_extra=[Config(params(gpus=8), [0.0])])
+    assert main(["runs", "--results", str(tmp_path)]) == 0
+    head, _, row = capsys.readouterr().out.splitlines()
+    assert head.split()[6:9] == ["ok", "failed", "missing"]
+    assert row.split()[6:9] == ["2", "0", "2"]
+    assert main(["runs", "--results", str(tmp_path), "--json"]) == 0
+    (data,) = json.loads(capsys.readouterr().out)
+    assert (data["planned"], data["ok"], data["failed"], data["missing"]) == (4, 2, 0, 2)
+
+
 def test_export_long_format_csv_and_json(tmp_path, capsys):
     two_runs(tmp_path)
     assert main(["export", "m", "--results", str(tmp_path)]) == 0

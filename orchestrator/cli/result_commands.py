@@ -321,10 +321,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print("(no runs)" + (f" of {name!r}" if name else "") + f" under {args.results}")
         return 0
     rows = [[iso(r.started_at).replace("T", " ").rstrip("Z"), r.matrix, r.run_id,
-             r.backend or "", r.status, r.ok, r.failed, _duration(r.duration_s),
+             r.backend or "", r.status, r.ok, r.failed, r.missing, _duration(r.duration_s),
              (r.git_revision or "")[:10]] for r in runs]
     headers = ["started (UTC)", "matrix", "run", "backend", "status", "ok", "failed",
-               "duration", "revision"]
+               "missing", "duration", "revision"]
     if any(r.slurm_jobs for r in runs):  # where to look with sacct -j
         headers.append("slurm jobs")
         for row, run in zip(rows, runs, strict=True):

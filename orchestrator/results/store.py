@@ -258,6 +258,11 @@ class RunRecord:
         return self.cells - self.ok
 
     @property
+    def missing(self) -> int:
+        """Planned cells with no result (a sweep that died or was stopped, a cell skipped)."""
+        return max(0, self.planned - self.cells)
+
+    @property
     def duration_s(self) -> float | None:
         if self.started_at is None or self.finished_at is None:
             return None
@@ -275,6 +280,7 @@ class RunRecord:
             "git_revision": self.git_revision, "orchestrate_version": self.orchestrate_version,
             "controller_host": self.controller_host, "repeats": self.repeats,
             "planned": self.planned, "cells": self.cells, "ok": self.ok, "failed": self.failed,
+            "missing": self.missing,
             **({"slurm_jobs": list(self.slurm_jobs)} if self.slurm_jobs else {}),
         }
 
