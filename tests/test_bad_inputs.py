@@ -1031,6 +1031,26 @@ case("old-runs", "history-gate-allow-dropped",
      ["history", "m", "--results", "{results}", "--fail-on-regression", "--allow-dropped"],
      setup=_stray_only_night, expect=0, out=("dropped (--only)", "allowed (--allow-dropped)"))
 
+# issue 23: one run-name grammar; latest resolved when the results hold one matrix
+for _name, _argv, _expect, _text in [
+    ("report-run-matrix-prefixed", ["report", "--run", "m:latest"], 0, f"results/m/{RUN}"),
+    ("report-run-latest-one-matrix", ["report", "--run", "latest"], 0, f"results/m/{RUN}"),
+    ("report-run-other-matrix", ["report", "m", "--run", "x:latest"], 2,
+     "--run: x:latest is a run of x, not of m"),
+    ("compare-latest-one-matrix", ["compare", "latest", f"m:{RUN}"], 0, f"A: m:{RUN}"),
+    ("export-run-latest-one-matrix", ["export", "--run", "latest"], 0, RUN),
+    ("clean-run-unknown-matrix", ["clean", "--run", "nosuch:latest"], 2, "--run: "),
+]:
+    case("old-runs", _name, [*_argv, "--results", "{results}"], files={"m.toml": mx()},
+         setup=_a_run, expect=_expect, **({"out": (_text,)} if _expect == 0 else
+                                          {"err": (_text,)}))
+# issue 23: the nearest name for a misspelt command and --only key
+case("cli", "command-misspelt", ["mtrix", "{dir}/m.toml"], files={"m.toml": mx()},
+     err=("did you mean 'matrix'?",))
+case("cli", "only-key-misspelt", ["plan", "{dir}/m.toml", "--only", "batchsize=8"],
+     files={"m.toml": mx()}, err=("--only: batchsize: unknown parameter; did you mean "
+                                  "batch_size?",))
+
 # --- can it run: the semantic checks (orchestrator/backends/checks.py)
 # ---------------------------------
 # A cell that cannot run where it is planned is refused before anything is built or launched,
