@@ -119,7 +119,7 @@ def bad_matrix(category: str, name: str, text: str | bytes, fld: str, *,
 def good_matrix(category: str, name: str, text: str, cells: int, **kwargs: Any) -> None:
     """A matrix that must validate (``ok (N cells)``)."""
     case(category, name, ["validate", "{dir}/m.toml"], files={"m.toml": text}, expect=0,
-         out=(f"ok ({cells} cells)",), **kwargs)
+         out=(f"ok ({cells} cell{'' if cells == 1 else 's'})",), **kwargs)
 
 
 def bad_hosts(name: str, text: str | bytes, fld: str, **kwargs: Any) -> None:
@@ -713,7 +713,7 @@ for _name, _only, _err in [
          subprocess=_name == "only-not-a-number")
 case("cli", "only-strings-accepted", [*_PLAN, "--only", "batch_size=8", "--only",
                                       "channels_last=no"],
-     files=_TWO, expect=0, out=("m: 1 cells", "cpu-g1-bs8-fp32-nochannelslast-r1"), subprocess=True)
+     files=_TWO, expect=0, out=("m: 1 cell (", "cpu-g1-bs8-fp32-nochannelslast-r1"), subprocess=True)
 case("cli", "only-yes-accepted", [*_PLAN, "--only", "channels_last=yes", "--only", "repeat=1"],
      files=_TWO, expect=0, out=("m: 2 cells",))
 for _name, _argv, _err in [
@@ -760,7 +760,7 @@ case("cli", "dry-run-accepted", ["matrix", "{dir}/m.toml", "--dry-run", "--resul
      files={"m.toml": mx()}, expect=0, out=("dry run: would run 1 cell with",))
 case("cli", "dry-run-names-the-backend-given-accepted",
      ["matrix", "{dir}/m.toml", "--dry-run", "--backend", "slurm", "--results", "{results}"],
-     files={"m.toml": mx()}, expect=0, out=("repeats), backend slurm\n",
+     files={"m.toml": mx()}, expect=0, out=("repeat), backend slurm\n",
                                             "dry run: would run 1 cell with backend slurm"))
 _SSH_SMOKE = (ROOT / "matrices" / "ssh_smoke.toml").read_text()
 case("cli", "dry-run-ssh-missing-hosts",
@@ -1272,7 +1272,7 @@ def good_run(name: str, text: str, cells: int, out: tuple[str, ...] = (),
     if 'wrapper = "bitfusion"' in text:
         files.update(BITFUSION_FILES)
     case("can-it-run", name, [*argv, "{dir}/m.toml"], files=files, expect=0,
-         out=(f"ok ({cells} cells)", *out) if argv == ("validate",) else out, gpu=gpu)
+         out=(f"ok ({cells} cell{'' if cells == 1 else 's'})", *out) if argv == ("validate",) else out, gpu=gpu)
 
 
 for _name, _text, _cells, _out in good_run_later:
@@ -1775,7 +1775,7 @@ for _name, _text, _field, _command, _gpu, _more in [
                check=_NO_RUN_FOLDER, subprocess=_name == "cuda-cell-without-a-gpu-sweep")
 case("say-no", "cuda-cell-on-its-gpu", ["validate", "{dir}/m.toml"],
      files={"m.toml": gm("process", _CUDA + '\ngpu = "H100"')}, expect=0, gpu="H100",
-     out=("ok (1 cells)", "on this machine's NVIDIA H100 80GB HBM3 (compute capability 9.0), "
+     out=("ok (1 cell)", "on this machine's NVIDIA H100 80GB HBM3 (compute capability 9.0), "
           "driver 580.159.04"))
 # one decision: what the sweep refuses on this machine, validate refuses too
 _APPT_HERE = ('device = "cpu"\nruntime = "apptainer"\n[hardware.g.apptainer]\n'
@@ -1806,7 +1806,7 @@ case("say-no", "ssh-profile-host-not-in-the-inventory", ["validate", "{dir}/m.to
 case("say-no", "ssh-profile-host-in-the-inventory", ["validate", "{dir}/m.toml"],
      files={"m.toml": gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"\nhosts = ["gpu1"]',
                          matrix='hosts = "h.toml"\n'), "h.toml": _INVENTORY},
-     expect=0, out=("ok (1 cells)",))
+     expect=0, out=("ok (1 cell)",))
 case("say-no", "resume-a-run-that-is-not-there-dry-run",
      ["matrix", "{dir}/m.toml", "--dry-run", "--results", "{dir}/results", "--resume",
       "20200101-000000-aaaa"], files={"m.toml": mx()}, err=("--resume: no run",),

@@ -281,7 +281,7 @@ def _check_backend(name: str | None) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     matrix, decision = _decide(args, strict=args.strict)
     findings, backend = decision.findings, decision.backend
-    print(f"{args.matrix_file}: ok ({len(matrix.cells)} cells)")
+    print(f"{args.matrix_file}: ok ({_cells(len(matrix.cells))})")
     pinned = {hw for hw, _ in findings.release_stacks}
     for hw, stack in findings.stacks.items():
         if hw in pinned and all(c.params.ngc_release for c in matrix.cells if c.hardware == hw):
@@ -491,7 +491,7 @@ class LineEvents:
                       expected: Mapping[str, float]) -> None:
         self.total = len(cells)
         self.eta = Eta(cells, expected)
-        self.say(f"run folder: {paths.root} ({self.total} cells)")
+        self.say(f"run folder: {paths.root} ({_cells(self.total)})")
 
     def log(self, message: str) -> None:
         self.say(message)
@@ -596,7 +596,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     controls = outcome.control_counts
     extra = ("; control measurements: " + ", ".join(
         f"{v} {k}" for k, v in sorted(controls.items()))) if controls else ""
-    print(f"\n{sum(outcome.counts.values())} cells: {counts}{extra}")
+    print(f"\n{_cells(sum(outcome.counts.values()))}: {counts}{extra}")
     print(f"results: {outcome.paths.root}")
     for problem in outcome.problems:
         print(f"error: {problem}", file=sys.stderr)
