@@ -385,3 +385,26 @@ def test_cli_picks_up_references_next_to_the_matrix(tmp_path, capsys, monkeypatc
     (tmp_path / "matrices" / "nightly.references.toml").write_text("[[reference]]\nbad = 1\n")
     assert main(base) == 2
     assert "nightly.references.toml" in capsys.readouterr().err
+
+
+def _without_stack(folder: Path) -> None:
+    """The run's results as an import of a log that states no stack writes them."""
+    for result in folder.glob("cells/*/result.json"):
+        data = json.loads(result.read_text())
+        data["env"], data["provenance"] = {}, {"backend": "import"}
+        result.write_text(json.dumps(data))
+
+
+def test_a_run_without_a_stack_names_what_changed_and_ignore_stack_joins_it(tmp_path):
+    """Issue 23: an imported log (no stack) was 'stack changed' against every sweep, naming
+    nothing, and --ignore-stack on all nine fields did not join it."""
+    from orchestrator.results.store import RecordedStack
+
+    nightly(tmp_path, [Config(G1, [99.0, 100.0, 101.0])])
+    _without_stack(tmp_path / "nightly" / run_id(6))
+    lines, report = check(tmp_path)
+    assert lines[1].verdict == "stack changed"
+    assert lines[1].stack_change["torch"] == ("2.4.0", None)
+    assert "torch 2.4.0 -> (not recorded)" in render_history(report)
+    lines, _ = check(tmp_path, ignore_stack=RecordedStack.names())
+    assert lines[1].verdict == "no significant change" and len(lines[1].used_runs) == 5

@@ -511,3 +511,26 @@ def test_a_dllogger_raport_is_streamed_and_read_once_with_the_same_figures(logs,
     assert entry.evaluation is not None
     assert entry.evaluation.figures.metrics == whole.metrics
     assert entry.evaluation.figures.started_at == whole.started_at
+
+
+def test_stack_declares_what_the_log_does_not_state(logs, results, capsys):
+    """Issue 23: an imported DLLogger raport had ``stack: null``, so history could not compare
+    it with the sweeps; ``--stack`` declares it, recorded as declared."""
+    from orchestrator.results.store import open_store
+
+    args = ["import", str(logs["amp"][0]), "--matrix", "dle_cal", "--results", str(results)]
+    assert main([*args, "--stack", "torhc=2.4.0", "--dry-run"]) == 2
+    assert "--stack: torhc: unknown field; did you mean torch?" in capsys.readouterr().err
+    assert main([*args, "--stack", "torch", "--dry-run"]) == 2
+    assert "expected FIELD=VALUE" in capsys.readouterr().err
+    assert main([*args, "--stack", "torch=2.4.0", "--stack", "gpu=Tesla V100-SXM2-32GB",
+                 "--stack", "image=nvcr.io/nvidia/pytorch:24.05-py3"]) == 0
+    capsys.readouterr()
+    with open_store(results) as store:
+        run = store.runs(matrix="dle_cal")[-1]
+        (cell,) = store.cells([run.pk])
+    assert cell.stack is not None
+    assert (cell.stack.torch, cell.stack.gpu, cell.stack.image, cell.stack.cuda) == (
+        "2.4.0", "Tesla V100-SXM2-32GB", "nvcr.io/nvidia/pytorch:24.05-py3", None)
+    (res,) = RunPaths(Path(run.path)).results()
+    assert res.provenance["declared_stack"]["torch"] == "2.4.0"

@@ -47,6 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, metavar="N",
                    help="DLLogger: iterations dropped before recomputing (default: the "
                    "matched cell's warmup)")
+    p.add_argument("--stack", action="append", default=[], metavar="FIELD=VALUE",
+                   help="the stack the logs ran on, where they do not state it (repeatable: "
+                   "torch, cuda, cudnn, driver, gpu, host, python, image, image_id); history "
+                   "compares it with the sweeps' as it compares theirs")
     p.add_argument("--run-id", help="the new run's id (default: from the logs' first time)")
     p.add_argument("--table-rule", choices=RULE_CHOICES, metavar="RULE",
                    help="the table rule of a matrix written from the logs: "
@@ -77,7 +81,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         matrix=args.matrix, results_root=args.results, params=args.param, pattern=args.pattern,
         figures=figures, warmup=args.warmup, run_id=args.run_id,
         allow_partial=args.allow_partial, device=args.device, argv=sys.argv,
-        table_rule=args.table_rule,
+        table_rule=args.table_rule, stack=args.stack,
     )
     plan = plan_import(args.sources, options)
     for line in _mapping_lines(plan):

@@ -310,8 +310,11 @@ class Noise:
     pairs: int  # earlier (configuration, run) deviations it is estimated from
 
 
-def _stack_key(stack: RecordedStack | None, ignore: Sequence[str]) -> str | None:
-    return None if stack is None else stack.key(ignore)
+def _stack_key(stack: RecordedStack | None, ignore: Sequence[str]) -> str:
+    """A stack's key without the ignored fields. A cell that recorded no stack (an import of a
+    log that states none) has every field unrecorded: ``--ignore-stack`` on the fields the
+    others state joins it to their history, as it joins any two stacks."""
+    return (stack or RecordedStack()).key(ignore)
 
 
 def analyze(
@@ -464,9 +467,9 @@ def _attach_history(lines: list[Line], run_pks: list[int],
             others = [k for k in values if k[0] == line.config]
             if others:
                 line.other_stack[pk] = statistics.median(values[others[0]])
-                theirs = stacks[others[0]]
-                if line.stack is not None and theirs is not None:
-                    line.stack_change = theirs.differences(line.stack, options.ignore_stack)
+                theirs = stacks[others[0]] or RecordedStack()
+                line.stack_change = theirs.differences(line.stack or RecordedStack(),
+                                                       options.ignore_stack)
 
 
 def _judge(line: Line, noise: Noise, options: Options, in_window: set[int],
@@ -718,7 +721,8 @@ def _notes(report: HistoryReport) -> list[str]:
         notes.append("* measured on another stack: not part of the reference")
     for ln in report.lines:
         if ln.verdict == "stack changed" and ln.stack_change:
-            diff = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in ln.stack_change.items())
+            diff = ", ".join(f"{k} {a or '(not recorded)'} -> {b or '(not recorded)'}"
+                             for k, (a, b) in ln.stack_change.items())
             notes.append(f"{ln.label}: stack changed ({diff}); history restarts on the new "
                          "stack")
         for cell in ln.failed_cells:

@@ -131,6 +131,9 @@ class ImportOptions:
     argv: Sequence[str] = ()
     #: The table rule of a matrix written from the logs (None: the logs' format's own rule).
     table_rule: str | None = None
+    #: ``--stack KEY=VALUE``: the software and hardware the logs ran on, as the user declares
+    #: it (the fields of :class:`orchestrator.results.store.RecordedStack`).
+    stack: Sequence[str] = ()
 
 
 @dataclass
@@ -728,15 +731,72 @@ def match_group(known: dict[str, Any], target: Target) -> tuple[str | None, str]
 # --- planning --------------------------------------------------------------------------------
 
 
+#: ``--stack`` fields -> where a result records them (the workload's ``env`` keys; ``image`` and
+#: ``image_id``: the provenance), so that an imported cell's stack is read as a sweep's is.
+STACK_ENV = {"torch": "torch_version", "cuda": "cuda_version", "cudnn": "cudnn_version",
+             "driver": "driver_version", "gpu": "device_name", "host": "hostname",
+             "python": "python_version"}
+STACK_PROVENANCE = ("image", "image_id")
+
+
+def parse_stack(items: Sequence[str]) -> dict[str, str]:
+    """``--stack KEY=VALUE`` as ``{field: value}``; ConfigError naming each bad item (the
+    nearest field for a misspelt one)."""
+    import difflib
+
+    known = [*STACK_ENV, *STACK_PROVENANCE]
+    out: dict[str, str] = {}
+    problems = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            problems.append(Problem("--stack", item, "expected FIELD=VALUE, e.g. --stack "
+                                    "torch=2.4.0"))
+        elif key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
+            problems.append(Problem("--stack", key, f"unknown field; {hint}known: "
+                                    f"{', '.join(known)}"))
+        elif key in out and out[key] != value:
+            problems.append(Problem("--stack", key, f"given twice ({out[key]!r}, {value!r})"))
+        else:
+            out[key] = value
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _declared(env: dict[str, Any], stack: dict[str, str], label: str,
+              problems: list[Problem]) -> dict[str, Any]:
+    """The log's env with the declared stack added; a field the log states otherwise is a
+    problem (the log is the record)."""
+    out = dict(env)
+    for key, value in stack.items():
+        name = STACK_ENV.get(key)
+        if name is None:
+            continue
+        stated = out.get(name)
+        if stated not in (None, "") and str(stated) != value:
+            problems.append(Problem(label, f"--stack {key}", f"the log states {stated!r}, "
+                                    f"not {value!r}"))
+        out[name] = stated if stated not in (None, "") else value
+    return out
+
+
 def plan_import(sources: Sequence[Path], options: ImportOptions) -> ImportPlan:
     """Read, match and judge every source; nothing is written. Raises ConfigError listing
     every problem (with file and line)."""
+    declared = parse_stack(options.stack)
     sources = [Path(s) for s in sources]
     folders = [s for s in sources if (s / "plan.json").is_file()]
     if folders:
         if len(sources) > 1:
             raise ConfigError("a run folder is imported on its own (one per import)",
                               file=str(folders[0]))
+        if declared:
+            raise ConfigError("a run folder records its own stack; --stack is for logs",
+                              field="--stack")
         return plan_run_folder(folders[0], options)
     entries, skipped = collect_entries(sources, options)
     target = resolve_target(options, [e.known for e in entries], [e.label for e in entries],
@@ -755,6 +815,9 @@ def plan_import(sources: Sequence[Path], options: ImportOptions) -> ImportPlan:
         _judge_entry(entry, options, problems)
     _check_not_imported(target.name, options.results_root, [e.sha256 for e in entries],
                         [e.label for e in entries], problems)
+    for entry in entries:
+        if entry.evaluation is not None:
+            _declared(entry.evaluation.figures.env, declared, entry.label, problems)
     if problems:
         raise ConfigError(problems)
     run_id = options.run_id or _run_id_of(
@@ -1125,6 +1188,7 @@ def _copy_name(entry: Entry) -> str:
 
 def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) -> dict[str, Any]:
     now = time.time()
+    declared = parse_stack(options.stack)
     sources = []
     cells = []
     for entry in plan.entries:
@@ -1149,9 +1213,12 @@ def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) ->
             status=Status.FAILED if failed else Status.OK, reason=entry.evaluation.reason,
             started_at=started, finished_at=finished,
             duration_s=round(finished - started, 3) if started and finished else None,
-            attempts=0, params=entry.params, metrics=figures.metrics, env=figures.env,
+            attempts=0, params=entry.params, metrics=figures.metrics,
+            env=_declared(figures.env, declared, entry.label, []),
             provenance={
                 "backend": "import",
+                **{k: v for k, v in declared.items() if k in STACK_PROVENANCE},
+                **({"declared_stack": declared} if declared else {}),
                 "imported": {**source, "importer_version": IMPORTER_VERSION,
                              "orchestrate_version": __version__, "imported_at": now},
                 "matched_on": entry.origin,
