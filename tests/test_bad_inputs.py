@@ -713,7 +713,8 @@ for _name, _only, _err in [
          subprocess=_name == "only-not-a-number")
 case("cli", "only-strings-accepted", [*_PLAN, "--only", "batch_size=8", "--only",
                                       "channels_last=no"],
-     files=_TWO, expect=0, out=("m: 1 cell (", "cpu-g1-bs8-fp32-nochannelslast-r1"), subprocess=True)
+     files=_TWO, expect=0, out=("m: 1 cell (", "cpu-g1-bs8-fp32-nochannelslast-r1"),
+     subprocess=True)
 case("cli", "only-yes-accepted", [*_PLAN, "--only", "channels_last=yes", "--only", "repeat=1"],
      files=_TWO, expect=0, out=("m: 2 cells",))
 for _name, _argv, _err in [
