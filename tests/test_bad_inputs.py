@@ -1273,7 +1273,8 @@ def good_run(name: str, text: str, cells: int, out: tuple[str, ...] = (),
     if 'wrapper = "bitfusion"' in text:
         files.update(BITFUSION_FILES)
     case("can-it-run", name, [*argv, "{dir}/m.toml"], files=files, expect=0,
-         out=(f"ok ({cells} cell{'' if cells == 1 else 's'})", *out) if argv == ("validate",) else out, gpu=gpu)
+         out=(f"ok ({cells} cell{'' if cells == 1 else 's'})", *out) if argv == ("validate",)
+         else out, gpu=gpu)
 
 
 for _name, _text, _cells, _out in good_run_later:
