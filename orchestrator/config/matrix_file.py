@@ -523,11 +523,15 @@ Capture = Literal["range", "nvtx", "whole"]
 
 #: ncu's default metrics: the pipe utilisations seed 001 asks for (FMA, FP16, Tensor Core, SFU
 #: = XU), as % of peak sustained over active cycles, plus each kernel's duration (the weights).
-#: Regular expressions, because the names differ by architecture (orchestrator/plan/profilers.py).
+#: Regular expressions, because the names differ by architecture (orchestrator/plan/profilers.py);
+#: the per-SM-subpartition (smsp__) forms only (these were written ``^smsp?__``, which reads
+#: "sms" + optional "p" and never matched an sm__ name: the real H100 profile had smsp__ alone).
 DEFAULT_NCU_METRICS: tuple[str, ...] = (
     "gpu__time_duration.sum",
-    r"regex:^smsp?__inst_executed_pipe_(fma|fp16|xu)\.avg\.pct_of_peak_sustained_active$",
-    r"regex:^smsp?__pipe_(fma|fp16|tensor|tensor_op_hmma|tensor_op_gmma)_cycles_active"
+    r"regex:^smsp__inst_executed_pipe_(fma|fp16|xu|fma_type_fp16)"
+    r"\.avg\.pct_of_peak_sustained_active$",
+    r"regex:^smsp__pipe_(fma|fp16|tensor|tensor_op_hmma"
+    r"|tensor_type_hmma_hgmma_qgmma_imma_igmma_bmma_bgmma)_cycles_active"
     r"\.avg\.pct_of_peak_sustained_active$",
 )
 #: nvprof's metrics for the same pipes (utilisation levels 0..10).
