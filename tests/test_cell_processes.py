@@ -111,7 +111,7 @@ def assert_nothing_left(paths: RunPaths, script: str) -> None:
     assert cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True)) == set()
 
 
-@pytest.mark.slow
+@pytest.mark.torch
 def test_torchrun_ranks_that_ignore_sigterm_do_not_outlive_a_timeout(write_matrix, tmp_path,
                                                                       tracking):
     result, paths, script = run_script(
@@ -179,7 +179,7 @@ def test_a_memory_limit_that_cannot_be_applied_is_refused_before_any_cell(write_
     assert not list(tmp_path.rglob("run.json")), "nothing ran, no run folder is left"
 
 
-@pytest.mark.slow
+@pytest.mark.torch
 def test_a_real_oom_kill_in_the_cells_memory_cgroup_is_oom(write_matrix, tmp_path):
     """The real workload (resnet18 at 224 px, batch 64: several GB) under a 1200 MiB limit."""
     path = write_matrix(MATRIX.replace("image_size = 32", "image_size = 224").replace(

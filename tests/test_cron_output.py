@@ -101,7 +101,7 @@ def orchestrate(*args: str, env: dict[str, str] | None = None, timeout: float = 
                           env={**os.environ, **(env or {})})
 
 
-@pytest.mark.slow
+@pytest.mark.torch
 def test_a_sweep_outside_a_terminal_prints_one_line_per_start_and_end(write_matrix, tmp_path):
     path = write_matrix(TINY)
     proc = orchestrate("matrix", str(path), env={"ORCHESTRATE_RESULTS": str(tmp_path / "r")})

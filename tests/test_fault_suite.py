@@ -18,7 +18,7 @@ from service_support import unavailable
 
 from benchmarks.fault_suite import run_suite, table
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.torch
 
 
 def test_every_cell_survives_kills_full_disks_and_read_only_folders(tmp_path):

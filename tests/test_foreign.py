@@ -521,7 +521,7 @@ def check_side_by_side(outcome: Any, program_dir: str) -> None:
     assert "vs program=lab" in table and "lab" in table
 
 
-@pytest.mark.slow
+@pytest.mark.torch
 @pytest.mark.timeout(600)
 def test_process_backend_runs_the_labs_program_beside_ours(write_matrix, tmp_path) -> None:
     dllogger_available()

@@ -110,7 +110,7 @@ def result_of(results: Path, name: str) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.torch
 def test_two_sweeps_on_one_gpu_run_one_after_the_other(tmp_path):
     locks, results = tmp_path / "locks", tmp_path / "results"
     first = start(matrix_file(tmp_path, "first", [0], iterations=30), results, locks)
@@ -127,7 +127,7 @@ def test_two_sweeps_on_one_gpu_run_one_after_the_other(tmp_path):
     assert "waiting for" not in outs[2][1], "a sweep on another GPU does not wait"
 
 
-@pytest.mark.slow
+@pytest.mark.torch
 def test_no_wait_fails_the_cell_saying_who_holds_the_gpu(tmp_path):
     locks, results = tmp_path / "locks", tmp_path / "results"
     first = start(matrix_file(tmp_path, "first", [0], iterations=1000000), results, locks)
@@ -146,7 +146,7 @@ def test_no_wait_fails_the_cell_saying_who_holds_the_gpu(tmp_path):
         first.communicate(timeout=120)
 
 
-@pytest.mark.slow
+@pytest.mark.torch
 def test_the_lock_of_a_sweep_killed_with_sigkill_is_released(tmp_path):
     locks, results = tmp_path / "locks", tmp_path / "results"
     first = start(matrix_file(tmp_path, "first", [0], iterations=1000000), results, locks)

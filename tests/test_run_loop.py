@@ -143,7 +143,7 @@ def test_enospc_writing_command_json_gives_a_failed_cell_on_disk(write_matrix, t
         assert not list(disk.rglob(".command.json.*")), "no temporary file left behind"
 
 
-@pytest.mark.slow
+@pytest.mark.torch
 def test_enospc_while_the_cell_runs_fails_it_and_its_output_still_drains(write_matrix, tmp_path):
     """The real workload on a real tmpfs that fills up at its first line of output: the cell
     still ends (its output is read to the end), failed because its files are incomplete, and

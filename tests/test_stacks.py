@@ -223,7 +223,7 @@ def test_models_table_lists_the_workloads_own_models() -> None:
     assert MODELS["range"]["floor"] == TABLE["floor"]["torchvision"]
 
 
-@pytest.mark.slow
+@pytest.mark.torch
 def test_models_table_matches_the_floor_torchvision() -> None:
     python = floor_python()
     code = ("import json, torchvision; print(json.dumps([torchvision.__version__, "

@@ -25,7 +25,7 @@ from orchestrator.plan.matrix import load_matrix
 from orchestrator.results.run_folder import RunPaths, Status
 from orchestrator.sweep import run_sweep
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.torch
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -230,7 +230,7 @@ def test_gpu_paths_table_compares_with_eager(paths: ModuleType) -> None:
     assert "vs eager" in paths.table(paths.HEADER, rows)
 
 
-@pytest.mark.slow
+@pytest.mark.torch
 def test_gpu_paths_cpu_smoke(
     paths: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,7 +26,7 @@ from orchestrator.catalog import stacks
 from workload.make_dataset import make_dataset
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.torch,
     pytest.mark.timeout(600),
     pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning"),
 ]

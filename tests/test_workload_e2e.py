@@ -21,7 +21,7 @@ from workload_support import TINY, Launched, Result
 from workload.make_dataset import make_dataset
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.torch,
     pytest.mark.timeout(300),
     pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning"),
 ]
