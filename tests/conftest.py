@@ -81,17 +81,27 @@ def standin() -> Standin:
 @pytest.fixture
 def orchestrate_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run the real console entry point in a fresh interpreter:
-    ``orchestrate_cli(*args, cwd=ROOT, env=None, timeout=120, module="orchestrator")`` (``env``:
-    added to this environment). A test that takes it starts processes: integration tier."""
+    ``orchestrate_cli(*args, cwd=ROOT, env=None, timeout=120, module="orchestrator")`` runs
+    ``python -m orchestrator ARGS`` (``env``: added to this environment; ``module=None``: ``python
+    ARGS``, e.g. ``-c CODE``). A test that takes it starts processes: integration tier."""
 
     def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
-            timeout: float = 120, module: str = "orchestrator"
+            timeout: float = 120, module: str | None = "orchestrator"
             ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
-                              text=True, cwd=cwd, timeout=timeout,
-                              env={**os.environ, **(env or {})})
+        prefix = [sys.executable] if module is None else [sys.executable, "-m", module]
+        return subprocess.run([*prefix, *args], capture_output=True, text=True, cwd=cwd,
+                              timeout=timeout, env={**os.environ, **(env or {})})
 
     return run
+
+
+@pytest.fixture
+def tmpfs() -> Callable[..., Any]:
+    """:func:`fs_support.tmpfs` (mounts a real tmpfs, as root): a test that takes it starts
+    processes (``mount``): integration tier."""
+    from fs_support import tmpfs
+
+    return tmpfs
 
 
 @pytest.fixture(autouse=True, scope="session")

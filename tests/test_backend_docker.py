@@ -106,16 +106,12 @@ def test_bitfusion_and_gaudi_containers_as_built(write_matrix, tmp_path):
     assert kw["command"][kw["command"].index("--device") + 1] == "hpu"
 
 
-def test_no_engine_gives_one_clear_message(monkeypatch, tmp_path):
+def test_no_engine_gives_one_clear_message(monkeypatch, tmp_path, orchestrate_cli):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(BackendUnavailable, match="no Docker engine reachable.*--backend process"):
         DockerBackend.check_available()
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "matrix", "matrices/docker_smoke.toml",
-         "--results", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env={**__import__("os").environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"},
-    )
+    proc = orchestrate_cli("matrix", "matrices/docker_smoke.toml", "--results", str(tmp_path),
+                           timeout=60, env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "no Docker engine reachable" in proc.stderr and "--backend process" in proc.stderr
 

@@ -112,6 +112,7 @@ def test_render_matches_golden(case: str) -> None:
     check_golden(f"sbatch-{case}.sh", render_sbatch(CASES[case]))
 
 
+@pytest.mark.subprocess  # runs the rendered script under bash
 def test_script_body_passes_every_value_through_unchanged(tmp_path: Path) -> None:
     """Run the rendered body with bash (no Slurm): no user string is expanded or split."""
     nasty = ["a b", "$(touch pwned)", "`touch pwned`", "it's", '"x"', "*", "$HOME", "; ls", ""]

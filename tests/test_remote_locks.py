@@ -58,6 +58,7 @@ def run_script(argv: list[str], stdin: str) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
+@pytest.mark.subprocess  # runs the lock script under sh
 def test_the_script_takes_the_locks_of_a_hostile_folder_name_and_writes_the_holder(
     tmp_path: Path,
 ) -> None:
@@ -71,6 +72,7 @@ def test_the_script_takes_the_locks_of_a_hostile_folder_name_and_writes_the_hold
     assert not (tmp_path / "pwned").exists() and not Path("/tmp/pwned").exists()
 
 
+@pytest.mark.subprocess  # runs the lock script under sh
 def test_the_script_says_busy_with_the_holder_and_gives_up_when_its_stdin_ends(
     tmp_path: Path,
 ) -> None:
@@ -87,6 +89,7 @@ def test_the_script_says_busy_with_the_holder_and_gives_up_when_its_stdin_ends(
         pass
 
 
+@pytest.mark.subprocess  # runs the lock script under sh
 def test_the_script_refuses_a_symlinked_folder_or_file(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")

@@ -131,6 +131,7 @@ class PrintingProcess(ProcessBackend):
                                    argv=(sys.executable, "-c", PRINT))
 
 
+@pytest.mark.subprocess  # a real process cell
 def test_process_cell_gets_its_secrets_and_no_file_of_the_run_has_them(write_matrix, tmp_path,
                                                                        monkeypatch):
     monkeypatch.setenv(SOURCE, FROM_ENV)

@@ -188,6 +188,7 @@ def test_gpu_paths_checks(paths: ModuleType, tmp_path: Path) -> None:
     assert paths.evaluate(_case(paths, "train-amp-bs256"), bare, tmp_path, gpu).failed == []
 
 
+@pytest.mark.subprocess  # runs a program
 def test_run_workload_reads_only_whole_json_lines_and_stops_at_the_timeout(
     paths: ModuleType,
 ) -> None:
