@@ -5,13 +5,16 @@ terminal, ``-q`` / ``-v``, the ETA, ``$ORCHESTRATE_RESULTS`` and the user's conf
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from workload_support import tiny_matrix
@@ -94,16 +97,15 @@ def test_both_spellings_of_quiet_parse() -> None:
         assert verbosity(args) == -1, argv
 
 
-def orchestrate(*args: str, env: dict[str, str] | None = None, timeout: float = 300
-                ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+@pytest.fixture
+def orchestrate(orchestrate_cli: Callable[..., Any]) -> Callable[..., Any]:
+    """The CLI in a fresh interpreter (``orchestrate_cli``), with a sweep's timeout."""
+    return functools.partial(orchestrate_cli, timeout=300)
 
 
-@pytest.mark.torch
-def test_a_sweep_outside_a_terminal_prints_one_line_per_start_and_end(write_matrix, tmp_path):
-    path = write_matrix(TINY)
+def test_a_sweep_outside_a_terminal_prints_one_line_per_start_and_end(write_matrix, tmp_path,
+                                                                       orchestrate, standin):
+    path = write_matrix(standin.matrix("cron") + "[axes]\nseed = [1, 2]\n")
     proc = orchestrate("matrix", str(path), env={"ORCHESTRATE_RESULTS": str(tmp_path / "r")})
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
@@ -157,7 +159,8 @@ def test_a_bad_config_file_names_the_file_and_the_field(config_home):
     assert found == {(str(path), "results"), (str(path), "resluts")}
 
 
-def test_every_command_with_results_uses_the_defaults(write_matrix, tmp_path, config_home):
+def test_every_command_with_results_uses_the_defaults(write_matrix, tmp_path, config_home,
+                                                     orchestrate):
     (config_home / "config.toml").write_text(f'results = "{tmp_path / "conf"}"\n')
     path = write_matrix(TINY)
     dry = orchestrate("matrix", str(path), "--dry-run",
@@ -173,7 +176,8 @@ def test_every_command_with_results_uses_the_defaults(write_matrix, tmp_path, co
 
 
 @pytest.mark.docker
-def test_clean_spares_running_sweeps_and_can_dry_run(docker_client, base_image, tmp_path):
+def test_clean_spares_running_sweeps_and_can_dry_run(docker_client, base_image, tmp_path,
+                                                     orchestrate):
     from docker_support import run_containers
 
     from orchestrator.local.engine import (
