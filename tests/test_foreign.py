@@ -8,7 +8,7 @@ shipped side-by-side matrices.
 
 Integration tests run a real program through every backend, with our workload beside it in one
 sweep, and check that its figures reach the summary like the workload's: the local process
-backend (``slow``), a real container (``docker``), a container on a real sshd host (``docker``,
+backend (workload tier: ``workload_python``), a real container (``docker``), a container on a real sshd host (``docker``,
 ``ssh``) and a real Slurm job (``slurm``). NVIDIA's ConvNets ``main.py`` needs CUDA, which these
 machines lack, so ``tests/lab_bench.py`` stands in for it: a real program with DLE's arguments
 that reads torchrun's environment (or spawns its own ranks), forms a real gloo process group,
@@ -521,9 +521,9 @@ def check_side_by_side(outcome: Any, program_dir: str) -> None:
     assert "vs program=lab" in table and "lab" in table
 
 
-@pytest.mark.torch
 @pytest.mark.timeout(600)
-def test_process_backend_runs_the_labs_program_beside_ours(write_matrix, tmp_path) -> None:
+def test_process_backend_runs_the_labs_program_beside_ours(write_matrix, tmp_path,
+                                                           workload_python) -> None:
     dllogger_available()
     hostile = "/data/it's \"q\"; $(touch PWNED) `id` a b"
     text = matrix_text(extra=f"""

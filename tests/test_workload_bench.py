@@ -231,9 +231,9 @@ def test_gpu_paths_table_compares_with_eager(paths: ModuleType) -> None:
     assert "vs eager" in paths.table(paths.HEADER, rows)
 
 
-@pytest.mark.torch
 def test_gpu_paths_cpu_smoke(
-    paths: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    paths: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    workload_python: str,
 ) -> None:
     monkeypatch.setattr(paths, "gpu_count", lambda: 0)  # the CPU path even on a GPU machine
     assert paths.main(["--cases", "infer-amp-bs1"]) == 2

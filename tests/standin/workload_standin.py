@@ -250,6 +250,9 @@ def _environment(args: argparse.Namespace, device: str, world: int) -> dict[str,
     if args.profiler != "none":
         api["profiler"] = "stand-in"
     env["api"] = api
+    release = os.environ.get("NVIDIA_PYTORCH_VERSION")  # set by NGC PyTorch containers
+    if release:
+        env["container_release"] = release
     env["standin"] = "tests/standin/workload_standin.py: not the workload, no model ran"
     return env
 
