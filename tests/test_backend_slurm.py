@@ -327,8 +327,9 @@ def test_sweep_runs_cells_as_jobs(write_matrix, tmp_path, no_jobs_left):
 
 @pytest.mark.slurm
 def test_timeout_cancels_the_job(write_matrix, tmp_path, no_jobs_left, standin):
-    matrix = load_matrix(write_matrix(standin_tiny(standin).replace("timeout_s = 240", "timeout_s = 8").replace(
-        "iterations = 2", "iterations = 1000000"), cpu_profile=False))
+    matrix = load_matrix(write_matrix(standin_tiny(standin).replace(
+        "timeout_s = 240", "timeout_s = 8").replace("iterations = 2", "iterations = 1000000"),
+        cpu_profile=False))
     started = time.monotonic()
     outcome = run_sweep(matrix, results_root=tmp_path)
     (res,) = outcome.results
@@ -342,7 +343,8 @@ def test_timeout_cancels_the_job(write_matrix, tmp_path, no_jobs_left, standin):
 
 @pytest.mark.slurm
 def test_cancel_scancels_running_jobs(write_matrix, tmp_path, no_jobs_left, standin):
-    matrix = load_matrix(write_matrix(standin_tiny(standin).replace("iterations = 2", "iterations = 1000000")
+    matrix = load_matrix(write_matrix(standin_tiny(standin).replace(
+                                          "iterations = 2", "iterations = 1000000")
                                       + '[axes]\nseed = [1, 2]\n', cpu_profile=False))
     cancel = threading.Event()
     box: dict = {}
@@ -373,7 +375,8 @@ def test_smoke_matrix_loads() -> None:
 @pytest.mark.slurm
 def test_timeout_of_a_queued_job_says_it_never_started(write_matrix, tmp_path, no_jobs_left,
                                                       standin):
-    matrix = load_matrix(write_matrix(standin_tiny(standin).replace("timeout_s = 240", "timeout_s = 4") + """
+    matrix = load_matrix(write_matrix(standin_tiny(standin).replace(
+        "timeout_s = 240", "timeout_s = 4") + """
         [hardware.cpu.slurm]
         extra_args = ["--begin=now+1hour"]
     """, cpu_profile=False))
@@ -385,7 +388,8 @@ def test_timeout_of_a_queued_job_says_it_never_started(write_matrix, tmp_path, n
 
 @pytest.mark.slurm
 def test_job_cancelled_outside_the_sweep(write_matrix, tmp_path, no_jobs_left, standin):
-    matrix = load_matrix(write_matrix(standin_tiny(standin).replace("iterations = 2", "iterations = 1000000"),
+    matrix = load_matrix(write_matrix(standin_tiny(standin).replace(
+        "iterations = 2", "iterations = 1000000"),
                                       cpu_profile=False))
     box: dict = {}
     sweep = threading.Thread(target=lambda: box.update(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping

@@ -17,7 +17,6 @@ import datetime
 import inspect
 import warnings
 from pathlib import Path
-
 from typing import Any
 
 import pytest
@@ -47,7 +46,8 @@ def _params() -> list[Any]:
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu", "hpu"])
-def test_optimizer_choice_binds_and_matches_the_signature(torch: Any, compat: Any, device: str) -> None:
+def test_optimizer_choice_binds_and_matches_the_signature(torch: Any, compat: Any,
+                                                          device: str) -> None:
     choice = compat.optimizer(device)
     assert choice.factory is torch.optim.SGD
     assert compat.accepts(choice.factory, _params(), **choice.kwargs)
@@ -106,7 +106,8 @@ def test_cpu_grad_scaler_choice_scales_a_real_step_or_is_none(compat: Any) -> No
 
 
 @pytest.mark.parametrize("precision", ["amp", "bf16"])
-def test_cuda_autocast_choice_constructs_without_a_gpu(torch: Any, compat: Any, precision: str) -> None:
+def test_cuda_autocast_choice_constructs_without_a_gpu(torch: Any, compat: Any,
+                                                       precision: str) -> None:
     choice = compat.autocast("cuda", precision)
     assert choice.factory is torch.autocast
     dtype = torch.float16 if precision == "amp" else torch.bfloat16
@@ -156,7 +157,8 @@ COMPILE_CASES = [("default", "cuda"), ("max-autotune", "cuda"), ("reduce-overhea
 
 
 @pytest.mark.parametrize(("mode", "device"), COMPILE_CASES)
-def test_compile_choice_binds_to_torch_compile(torch: Any, compat: Any, mode: str, device: str) -> None:
+def test_compile_choice_binds_to_torch_compile(torch: Any, compat: Any, mode: str,
+                                               device: str) -> None:
     ok, why = compat.compile_available()
     choice = compat.compiler(mode, device)
     assert choice.available == ok

@@ -53,7 +53,8 @@ def test_same_ordered_shapes_and_count_as_nvidia(models: Any, arch: str) -> None
 def test_golden_covers_every_model_built_here_and_resnet50(dle_models: Any) -> None:
     # resnet50 is torchvision's own: DLE's resnet50 (v1.5) must be the same network
     assert set(GOLDEN) == {*dle_models.BUILDERS, "resnet50"}
-    assert {GOLDEN[a]["dle_name"] for a in dle_models.BUILDERS} == set(dle_models.DLE_NAMES.values())
+    assert {GOLDEN[a]["dle_name"] for a in dle_models.BUILDERS} == set(
+        dle_models.DLE_NAMES.values())
     assert GOLDEN["resnet50"]["parameters"] == 25_557_032  # ResNet-50's well-known size
 
 
@@ -88,7 +89,8 @@ def test_se_unit_scales_before_the_residual_add(torch: Any, dle_models: Any) -> 
         assert torch.allclose(block(x), torch.relu(x + 0.5 * out), atol=1e-6)
 
 
-def test_names_are_known_archs_and_pretrained_is_refused(models: Any, dle_models: Any, tmp_path: Path) -> None:
+def test_names_are_known_archs_and_pretrained_is_refused(models: Any, dle_models: Any,
+                                                         tmp_path: Path) -> None:
     for arch in dle_models.BUILDERS:
         models.check_arch(arch)
         assert arch in models.classification_archs()

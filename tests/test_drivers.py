@@ -146,8 +146,9 @@ def test_each_host_runs_the_release_its_driver_allows_and_refresh_rebuilds_only_
 ) -> None:
     (a, a_driver), (b, _) = two_drivers
     hosts = inventory(tmp_path, [a, b])
-    path = matrix_file(standin, tmp_path, '[matrix]\nname = "drivers"\nbackend = "ssh"\ntimeout_s = 300\n'
-                                 '[axes]\nseed = [1, 2, 3, 4]\n')
+    path = matrix_file(standin, tmp_path,
+                       '[matrix]\nname = "drivers"\nbackend = "ssh"\ntimeout_s = 300\n'
+                       '[axes]\nseed = [1, 2, 3, 4]\n')
     results = tmp_path / "results"
     outcome = run_sweep(load_matrix(path), results_root=results, hosts_file=hosts)
 

@@ -8,12 +8,12 @@ shipped side-by-side matrices.
 
 Integration tests run a real program through every backend, with our workload beside it in one
 sweep, and check that its figures reach the summary like the workload's: the local process
-backend (workload tier: ``workload_python``), a real container (``docker``), a container on a real sshd host (``docker``,
-``ssh``) and a real Slurm job (``slurm``). NVIDIA's ConvNets ``main.py`` needs CUDA, which these
-machines lack, so ``tests/lab_bench.py`` stands in for it: a real program with DLE's arguments
-that reads torchrun's environment (or spawns its own ranks), forms a real gloo process group,
-does real work and logs through the real NVIDIA DLLogger (installed from the peers folder;
-``.ci/run`` installs it).
+backend (workload tier), a real container (``docker``), a container on a real sshd host
+(``docker``, ``ssh``) and a real Slurm job (``slurm``). NVIDIA's ConvNets ``main.py`` needs CUDA,
+which these machines lack, so ``tests/lab_bench.py`` stands in for it: a real program with DLE's
+arguments that reads torchrun's environment (or spawns its own ranks), forms a real gloo process
+group, does real work and logs through the real NVIDIA DLLogger (installed from the peers
+folder; ``.ci/run`` installs it).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Two sweeps on the same GPUs of one machine run one after the other (issue 10, item 10).
 
 Real sweeps (the orchestrate CLI, the process backend, the STAND-IN workload of tests/standin/,
-each iteration 0.2 s) run at the same time in separate processes, sharing one lock folder. This machine has no GPU: the cells are
-CPU cells whose profile lists ``gpu_ids``, which makes them hold those GPUs' locks while they
-run, exactly as GPU cells do. The unit tests at the top use the lock module alone.
+each iteration 0.2 s) run at the same time in separate processes, sharing one lock folder. This
+machine has no GPU: the cells are CPU cells whose profile lists ``gpu_ids``, which makes them
+hold those GPUs' locks while they run, exactly as GPU cells do. The unit tests at the top use the
+lock module alone.
 """
 
 from __future__ import annotations

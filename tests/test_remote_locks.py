@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 from docker_support import cpu_container_matrix
-from standin_support import Standin
 from lock_support import acquire
 from ssh_support import SshdFactory, SshdServer, write_inventory
+from standin_support import Standin
 
 from orchestrator.config.inventory import load_hosts, parse_hosts
 from orchestrator.errors import ConfigError, LaunchError
@@ -350,7 +350,8 @@ def test_an_ssh_sweep_waits_for_its_gpu_held_on_the_host_and_not_for_another(
     server, hosts, folder = lab
     on_host = remote(hosts, server.name)
     other = hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host)
-    matrix = load_matrix(sweep_matrix(tmp_path, "overlap", base_image, "[axes]\nseed = [1, 2]", standin=standin))
+    matrix = load_matrix(sweep_matrix(tmp_path, "overlap", base_image, "[axes]\nseed = [1, 2]",
+                                      standin=standin))
     said = Said()
     released: dict[str, float] = {}
 
@@ -399,7 +400,8 @@ def test_no_wait_fails_the_ssh_cell_saying_who_holds_the_gpu(
     hosts = inventory(tmp_path, server, folder, gpus=(0,))
     on_host = remote(hosts, server.name)
     with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
-        outcome = run_sweep(load_matrix(sweep_matrix(tmp_path, "nowait", base_image, standin=standin)),
+        outcome = run_sweep(load_matrix(sweep_matrix(tmp_path, "nowait", base_image,
+                                                     standin=standin)),
                             backend_name="ssh", results_root=tmp_path / "results",
                             hosts_file=hosts, lock_timeout_s=0)
     (result,) = outcome.results
@@ -422,7 +424,8 @@ def test_sigint_ends_an_ssh_sweep_waiting_for_its_gpu(
     results = tmp_path / "results"
     with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
         holding = steady_lock_processes(folder)
-        proc = cli_sweep(sweep_matrix(tmp_path, "sigint", base_image, standin=standin), hosts, results)
+        proc = cli_sweep(sweep_matrix(tmp_path, "sigint", base_image, standin=standin), hosts,
+                         results)
         assert proc.stderr is not None
         lines = []
         for line in proc.stderr:  # until the cell says it waits (after the image is ready)
@@ -489,7 +492,8 @@ def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
     hosts = inventory(tmp_path, server, folder, gpus=(0,))
     results = tmp_path / "results"
     first = cli_sweep(sweep_matrix(tmp_path, "first", base_image,
-                                   "[axes]\niterations = [1000000]", standin=standin), hosts, results)
+                                   "[axes]\niterations = [1000000]", standin=standin),
+                      hosts, results)
     second: subprocess.Popen[str] | None = None
     try:
         lock = folder / f"{server.name}-gpu0.lock"
@@ -497,7 +501,8 @@ def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
         while f'"pid": {first.pid}' not in (lock.read_text() if lock.exists() else ""):
             assert time.monotonic() < deadline and first.poll() is None, "never held GPU 0"
             time.sleep(0.2)
-        second = cli_sweep(sweep_matrix(tmp_path, "second", base_image, standin=standin), hosts, results)
+        second = cli_sweep(sweep_matrix(tmp_path, "second", base_image, standin=standin), hosts,
+                           results)
         assert second.stderr is not None
         for line in second.stderr:
             if "waiting for GPU 0 on" in line:

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 

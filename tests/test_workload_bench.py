@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,8 @@ def bench() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def paths() -> ModuleType:
+def paths(torch: Any) -> ModuleType:
+    """benchmarks/gpu_paths.py (it imports torch: the tests that take it are workload-tier)."""
     return _load("gpu_paths")
 
 

@@ -18,7 +18,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-
 from typing import Any
 
 import pytest
@@ -102,7 +101,8 @@ def _core() -> ModuleType:
     (None, "none", "1", "lazy", "1"),
     ("eager", "none", "0", "eager", "0"),
 ])
-def test_mode_and_its_environment(device: Any, requested: str | None, compile_mode: str, before: str | None,
+def test_mode_and_its_environment(device: Any, requested: str | None, compile_mode: str,
+                                  before: str | None,
                                   mode: str, after: str) -> None:
     environ = {} if before is None else {"PT_HPU_LAZY_MODE": before}
     assert device.hpu_mode(requested, compile_mode, environ) == mode
@@ -116,7 +116,8 @@ def test_mode_and_its_environment(device: Any, requested: str | None, compile_mo
     ("lazy", "none", "0", "needs PT_HPU_LAZY_MODE=1"),
     ("compile", "none", "1", "contradicts --hpu-mode compile"),
 ])
-def test_contradictions_are_refused(device: Any, requested: str, compile_mode: str, before: str | None,
+def test_contradictions_are_refused(device: Any, requested: str, compile_mode: str,
+                                    before: str | None,
                                     message: str) -> None:
     environ = {} if before is None else {"PT_HPU_LAZY_MODE": before}
     with pytest.raises(ConfigError, match=message):
@@ -131,7 +132,8 @@ def test_hpu_mode_only_with_a_gaudi_device(torch: Any) -> None:
     assert '"kind": "config"' in out.getvalue()
 
 
-def test_compiled_mode_is_torch_compile_with_the_hpu_backend(torch: Any, steps: Any, compat: Any) -> None:
+def test_compiled_mode_is_torch_compile_with_the_hpu_backend(torch: Any, steps: Any,
+                                                             compat: Any) -> None:
     assert steps.effective_compile("none", "hpu", "compile") == "default"
     assert steps.effective_compile("default", "hpu", "compile") == "default"
     for mode in ("eager", "lazy"):
@@ -154,14 +156,15 @@ def _train_step(mode: str | None) -> Any:
 
     model = torch.nn.Linear(4, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return steps.eager_train_step(model, torch.nn.CrossEntropyLoss(), optimizer, None, "hpu", "fp32",
-                                  mode)
+    return steps.eager_train_step(model, torch.nn.CrossEntropyLoss(), optimizer, None, "hpu",
+                                  "fp32", mode)
 
 
 @pytest.mark.parametrize(("mode", "per_train_step", "per_infer_step"), [
     ("lazy", 2, 1), ("eager", 0, 0), ("compile", 0, 0),
 ])
-def test_mark_step_only_in_lazy_mode(torch: Any, steps: Any, habana: Path, mode: str, per_train_step: int,
+def test_mark_step_only_in_lazy_mode(torch: Any, steps: Any, habana: Path, mode: str,
+                                     per_train_step: int,
                                      per_infer_step: int) -> None:
     """The steps run on CPU tensors labelled ``hpu`` (fp32: no autocast), so only the
     stand-in's mark_step is Gaudi's."""
@@ -206,7 +209,8 @@ def test_the_mode_is_set_before_habana_is_imported(torch: Any, habana: Path, ext
     assert _core().lazy_at_import == lazy
 
 
-def test_environment_records_the_gaudi_stack(device: Any, habana: Path, monkeypatch: pytest.MonkeyPatch
+def test_environment_records_the_gaudi_stack(device: Any, habana: Path,
+                                             monkeypatch: pytest.MonkeyPatch
                                              ) -> None:
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
     env = device.environment("hpu", device.Dist())

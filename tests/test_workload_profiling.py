@@ -22,7 +22,6 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
-
 from typing import Any
 
 import pytest
@@ -135,7 +134,8 @@ def _iterations(trace: Path) -> set[int]:
 
 
 @pytest.mark.parametrize(("start", "count"), [(2, 3), (0, 2), (5, 1)])
-def test_torch_trace_covers_exactly_the_window(torch: Any, tmp_path: Path, start: int, count: int) -> None:
+def test_torch_trace_covers_exactly_the_window(torch: Any, tmp_path: Path, start: int,
+                                               count: int) -> None:
     """A real torch.profiler trace on the CPU holds exactly the named iterations: the
     workload's ``iteration I`` labels, the loop's own ``step I`` record_functions, and as many
     ``ProfilerStep#N`` events as the window is long (torch 2.1 numbers them oddly: one lower,

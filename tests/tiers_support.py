@@ -19,11 +19,13 @@ The tier is **derived** from what a test needs, never written by hand:
 then ``-m workload``, then ``-m integration`` serially.
 
 **The unit tier is guarded** (:func:`_unit_guard`, autouse): a unit test that starts a process
-(``subprocess``, ``os.system``, ``os.fork``, ``multiprocessing``), imports torch, or sleeps more
-than :data:`UNIT_SLEEP_BUDGET_S` seconds in all fails with a message saying which marker or
-fixture it lacks. The process guard records the attempt even when the code under test catches
-the error it raises (a backend turning a failed launch into a failed cell), so a swallowed
-attempt still fails the test.
+(``subprocess``, ``os.system``, ``os.fork``, ``multiprocessing``), imports torch, or asks for a
+sleep of :data:`UNIT_LONGEST_SLEEP_S` seconds or more at once fails with a message saying which
+marker or fixture it lacks. (A sleep is judged by what was asked, never by the clock, so the
+guard does not depend on how loaded the machine is; polling loops of short sleeps pass.) The
+process guard records the attempt even when the code under test catches the error it raises (a
+backend turning a failed launch into a failed cell), so a swallowed attempt still fails the
+test.
 
 Stdlib and pytest only: the floor venv (torch 2.1, pytest, no orchestrator dependencies) runs
 some test modules with this plugin loaded. Registered by ``pytest_plugins`` in conftest.py.
@@ -76,8 +78,8 @@ FIXTURE_MARKS: dict[str, str] = {
     "tmpfs": "subprocess",
 }
 
-#: Seconds a unit test may spend in ``time.sleep`` (all threads together).
-UNIT_SLEEP_BUDGET_S = 1.0
+#: A unit test asking ``time.sleep`` for this many seconds or more at once fails.
+UNIT_LONGEST_SLEEP_S = 1.0
 
 
 def tier_of(capabilities: set[str]) -> str:
@@ -127,7 +129,7 @@ class _Guard:
 
     def __init__(self) -> None:
         self.attempts: list[str] = []
-        self.slept = 0.0
+        self.longest_sleep = 0.0
         self.lock = threading.Lock()
 
     def refuse(self, what: str) -> UnitTierViolation:
@@ -148,10 +150,10 @@ class _Guard:
         if not had_torch and "torch" in sys.modules:
             found.append("a unit-tier test imported torch: take the `torch` fixture (workload "
                          "tier), or import nothing that imports torch")
-        if self.slept > UNIT_SLEEP_BUDGET_S:
-            found.append(f"a unit-tier test slept {self.slept:.1f} s in all (budget "
-                         f"{UNIT_SLEEP_BUDGET_S:g} s): wait on an event instead, or mark what "
-                         "it needs")
+        if self.longest_sleep >= UNIT_LONGEST_SLEEP_S:
+            found.append(f"a unit-tier test slept {self.longest_sleep:g} s at once (unit "
+                         f"tests sleep less than {UNIT_LONGEST_SLEEP_S:g} s): wait on an event "
+                         "instead, or mark what it needs")
         return found
 
 
@@ -185,7 +187,7 @@ def _install(guard: _Guard, monkeypatch: pytest.MonkeyPatch) -> None:
 
     def sleep(seconds: float) -> None:
         with guard.lock:
-            guard.slept += max(0.0, float(seconds))
+            guard.longest_sleep = max(guard.longest_sleep, float(seconds))
         real_sleep(seconds)
 
     monkeypatch.setattr(time, "sleep", sleep)
@@ -193,7 +195,7 @@ def _install(guard: _Guard, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _unit_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unit tests only: block processes, count sleeps (checked after the test's call)."""
+    """Unit tests only: block processes, watch sleeps (checked after the test's call)."""
     if request.node.get_closest_marker("unit") is None:
         return
     guard = _Guard()
@@ -201,15 +203,13 @@ def _unit_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     request.node.stash[_GUARD] = guard
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """Fail a unit test that did what its tier forbids, even where the code under test caught
-    the error the guard raised."""
+    the error the guard raised (the guard's message replaces whatever the test raised)."""
     had_torch = "torch" in sys.modules
-    try:
-        return (yield)
-    finally:
-        guard = item.stash.get(_GUARD, None)
-        problems = guard.problems(had_torch) if guard is not None else []
-        if problems:
-            pytest.fail("\n".join(problems), pytrace=False)
+    outcome = yield
+    guard = item.stash.get(_GUARD, None)
+    problems = guard.problems(had_torch) if guard is not None else []
+    if problems:
+        outcome.force_exception(pytest.fail.Exception("\n".join(problems), pytrace=False))

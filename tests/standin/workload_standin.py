@@ -284,7 +284,7 @@ def _write_outputs(output_dir: Path, starts: list[float], data: list[float],
     with (output_dir / "iterations.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(ITERATION_FIELDS)
-        for i, row in enumerate(zip(starts, data, compute, iteration), start=1):
+        for i, row in enumerate(zip(starts, data, compute, iteration, strict=True), start=1):
             writer.writerow([i, f"{row[0]:.6f}", *(f"{v:.9f}" for v in row[1:])])
     (output_dir / "summary.json").write_text(json.dumps(_clean(summary), indent=2) + "\n")
 
@@ -396,14 +396,14 @@ def run(args: argparse.Namespace, reporter: Reporter) -> None:
         compute.append(time.perf_counter() - t1)
         if (i + 1) % PROGRESS_EVERY == 0:
             window = slice(i + 1 - PROGRESS_EVERY, i + 1)
-            block = _summarize(prefix, data[window], compute[window],
-                               [d + c for d, c in zip(data[window], compute[window])], gbs)
+            totals = [d + c for d, c in zip(data[window], compute[window], strict=True)]
+            block = _summarize(prefix, data[window], compute[window], totals, gbs)
             line = {f"{prefix}.total_ips": block[f"{prefix}.total_ips"],
                     f"{prefix}.compute_ips": block[f"{prefix}.compute_ips"]}
             if prefix == "train":
                 line["train.loss"] = _loss(i)
             reporter.emit({"type": "iter", "step": i + 1, "data": line})
-    iteration = [d + c for d, c in zip(data, compute)]
+    iteration = [d + c for d, c in zip(data, compute, strict=True)]
     summary_data: dict[str, Any] = _summarize(prefix, data, compute, iteration, gbs)
     if prefix == "train":
         summary_data["train.loss"] = _loss(args.iterations - 1)
