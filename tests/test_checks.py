@@ -2,9 +2,9 @@
 
 The bad-input table (tests/test_bad_inputs.py, category ``can-it-run``) runs each rule through
 the CLI; these tests check the module's own API: the stack each shipped profile resolves to (and
-that the README lists exactly that), the Bitfusion image built FROM the very image of its native
-twin, errors reported once per field (not once per cell), and a sweep refusing before it makes a
-run folder.
+that docs/matrix-files.md lists exactly that), the Bitfusion image built FROM the very image of
+its native twin, errors reported once per field (not once per cell), and a sweep refusing before
+it makes a run folder.
 """
 
 from __future__ import annotations
@@ -67,11 +67,13 @@ def test_the_stack_of_every_shipped_profile(name: str) -> None:
             assert stack.base == f"nvcr.io/nvidia/pytorch:{release}-py3"
 
 
-def test_the_readme_lists_what_each_matrix_resolves_to() -> None:
-    """README "Shipped matrices": one row per matrix, with the release and torch it runs."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Shipped matrices"):]
-    section = section[:section.index("\n## ")]
+def test_the_docs_list_what_each_matrix_resolves_to() -> None:
+    """docs/matrix-files.md "Shipped matrices": one row per matrix, with the release and torch
+    it runs."""
+    text = (ROOT / "docs" / "matrix-files.md").read_text()
+    section = text[text.index("## Shipped matrices"):]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
     rows = {m[1]: m[2] for m in re.finditer(r"^\| `(\w+)` \|(.*)$", section, re.M)}
     assert set(rows) == set(SHIPPED)
     for name, profiles in SHIPPED.items():

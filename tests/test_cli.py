@@ -156,7 +156,7 @@ def test_dry_run_runs_nothing(tmp_path, capsys):
 
 def test_help_names_every_backend(capsys):
     """`matrix --help` and `validate --help` list the backends the registry has; the
-    top-level description names the four the README's table shows."""
+    top-level description names the four of docs/backends.md's table."""
     from orchestrator.backends import backend_names
 
     for command in ("matrix", "validate"):

@@ -306,7 +306,7 @@ def test_describe_names_only_the_paths_a_run_uses(compat: Any) -> None:
 
 
 def test_versions_are_in_the_supported_range(torch: Any) -> None:
-    """The floor is torch 2.1 / torchvision 0.16 (README "Supported stacks")."""
+    """The floor is torch 2.1 / torchvision 0.16 (docs/workload.md, "Supported stacks")."""
     import torchvision
 
     torch_series = tuple(int(p) for p in torch.__version__.split(".")[:2])

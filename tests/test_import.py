@@ -28,6 +28,7 @@ from orchestrator.results.run_folder import (
     runs_of,
     write_json,
 )
+from orchestrator.results.summary import summarize
 from orchestrator.sweep import plan_json
 
 MATRIX = """\
@@ -163,8 +164,7 @@ def test_repeats_and_several_files_in_one_run(logs, results):
                                  options(results))
     assert plan.cell_ids == ["v100-g1-bs32-amp-r1", "v100-g1-bs32-amp-r2",
                              "v100-g1-bs32-fp32-r1"]
-    rows = {r.group: r for r in __import__("orchestrator.results.summary").summary.summarize(
-        paths.results())}
+    rows = {r.group: r for r in summarize(paths.results())}
     assert rows["v100-g1-bs32-amp"].ok == 2
 
 

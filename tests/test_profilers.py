@@ -4,7 +4,7 @@ an image cannot run.
 
 Every command line is compared with a golden file under ``tests/golden/profiler-*.argv`` (one
 argv item per line; ``UPDATE_GOLDEN=1`` rewrites them: review the diff). No NVIDIA tool runs
-here: what the tools do with these options is their documentation's word (README "Profiling"),
+here: what the tools do with these options is their documentation's word (docs/profiling.md),
 checked on a GPU machine only when one is lent.
 """
 

@@ -1,7 +1,7 @@
 """Every torch/torchvision API choice that depends on the installed version, in one place.
 
 The workload runs on every stack an image of the project ships, from the oldest offered NGC
-release (torch 2.1 / torchvision 0.16, the floor; see the README's "Supported stacks") to the
+release (torch 2.1 / torchvision 0.16, the floor; see "Supported stacks" in docs/workload.md) to the
 newest.  Where those versions differ, the calling code asks this module what to call, and this
 module decides by **feature detection** -- a signature, an attribute, or a tiny CPU probe --
 never by comparing version strings.  Each decision is a :class:`Choice`: the callable to use,

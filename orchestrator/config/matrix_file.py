@@ -1,6 +1,6 @@
 """The matrix file: typed models, loading and validation.
 
-A matrix file is TOML with these tables (see README, "Matrix files"):
+A matrix file is TOML with these tables (see docs/matrix-files.md):
 
 ``[matrix]``
     name, description, repeats, backend, timeout_s, one_cell_per_host.
