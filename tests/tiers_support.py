@@ -73,6 +73,7 @@ FIXTURE_MARKS: dict[str, str] = {
     "workload_python": "torch",
     "floor_python": "torch",
     "standin": "subprocess",
+    "apptainer_standin": "subprocess",
     "orchestrate_cli": "subprocess",
     "bitfusion_files": "subprocess",
     "tmpfs": "subprocess",
