@@ -5,7 +5,7 @@ The tier is **derived** from what a test needs, never written by hand:
 * what a test needs is a *capability marker*: ``docker``, ``ssh``, ``slurm``, ``chromium``
   (a real service or program), ``torch`` (imports torch or runs the real workload, also under
   the floor venv) or ``subprocess`` (starts processes: the CLI, a sweep on the process backend,
-  the stand-in workload, git, a tool stand-in on PATH);
+  the stand-in workload, a tool stand-in on PATH, a mount);
 * most capability markers come from the **fixtures** a test uses (:data:`FIXTURE_MARKS`: the
   ``docker_client`` fixture marks ``docker``, the ``torch`` fixture marks ``torch``, the
   ``standin`` fixture marks ``subprocess``, ...; a fixture's own dependencies count); an explicit
@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 
-#: Tier of each capability marker: integration wins over workload, workload over unit.
+#: Real services and programs: a test that needs one is integration-tier, whatever else it needs.
 SERVICES = ("docker", "ssh", "slurm", "chromium")
 CAPABILITIES: dict[str, str] = {
     "docker": "needs a running Docker engine (CI starts one); integration tier",
@@ -52,7 +52,7 @@ CAPABILITIES: dict[str, str] = {
     "slurm": "needs Slurm (slurm-wlm; CI starts a single-node cluster); integration tier",
     "chromium": "renders in headless Chromium (Debian's chromium); integration tier",
     "subprocess": "starts processes (the CLI, a process-backend sweep, the stand-in workload, "
-                  "git, a tool stand-in on PATH); integration tier",
+                  "a tool stand-in on PATH, a mount); integration tier",
     "torch": "imports torch or runs the real workload (also under the floor venv); "
              "workload tier",
 }
@@ -99,6 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its capabilities (from its fixtures) and its one tier."""
     wrong: list[str] = []
