@@ -95,6 +95,15 @@ def orchestrate_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run
 
 
+@pytest.fixture(scope="session")
+def dllogger_program() -> Callable[..., Any]:
+    """:func:`dllogger_support.run_program` (the real DLLogger writing a program's logs, in a
+    process of its own): a test that takes it is integration-tier."""
+    from dllogger_support import run_program
+
+    return run_program
+
+
 @pytest.fixture
 def tmpfs() -> Callable[..., Any]:
     """:func:`fs_support.tmpfs` (mounts a real tmpfs, as root): a test that takes it starts
@@ -111,8 +120,7 @@ def _own_lock_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ.setdefault("ORCHESTRATE_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _git_revision_once() -> None:
+def pytest_sessionstart(session: pytest.Session) -> None:
     """Every sweep records the checkout's git revision (``git rev-parse``, cached per process):
     asked once here, before any test, so that in-process sweeps of the unit tier start no
     process of their own. (Under the floor venv the orchestrator is not importable: nothing

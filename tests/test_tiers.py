@@ -102,6 +102,21 @@ def test_system():
     result.stdout.fnmatch_lines(["*called os.system*"])
 
 
+def test_a_fixture_of_a_unit_test_that_starts_a_process_fails_it_whatever_its_scope(
+        pytester: pytest.Pytester) -> None:
+    result = run(pytester, """
+import subprocess, pytest
+
+@pytest.fixture(scope="module")
+def made():
+    subprocess.run(["true"])
+
+def test_uses(made): pass
+""")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*a unit-tier test started a subprocess*"])
+
+
 def test_a_unit_test_that_imports_torch_fails(pytester: pytest.Pytester,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A stand-in ``torch`` module is what gets imported (the real one costs seconds)."""

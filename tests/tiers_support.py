@@ -18,7 +18,8 @@ The tier is **derived** from what a test needs, never written by hand:
 ``make test-fast`` runs ``-m unit`` in parallel (pytest-xdist); ``make test`` runs the unit tier,
 then ``-m workload``, then ``-m integration`` serially.
 
-**The unit tier is guarded** (:func:`_unit_guard`, autouse): a unit test that starts a process
+**The unit tier is guarded** (:func:`pytest_runtest_setup` to the end of its teardown: its
+fixtures too, whatever their scope): a unit test that starts a process
 (``subprocess``, ``os.system``, ``os.fork``, ``multiprocessing``), imports torch, or asks for a
 sleep of :data:`UNIT_LONGEST_SLEEP_S` seconds or more at once fails with a message saying which
 marker or fixture it lacks. (A sleep is judged by what was asked, never by the clock, so the
@@ -75,6 +76,7 @@ FIXTURE_MARKS: dict[str, str] = {
     "standin": "subprocess",
     "apptainer_standin": "subprocess",
     "orchestrate_cli": "subprocess",
+    "dllogger_program": "subprocess",
     "bitfusion_files": "subprocess",
     "tmpfs": "subprocess",
 }
@@ -195,14 +197,28 @@ def _install(guard: _Guard, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(time, "sleep", sleep)
 
 
-@pytest.fixture(autouse=True)
-def _unit_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unit tests only: block processes, watch sleeps (checked after the test's call)."""
-    if request.node.get_closest_marker("unit") is None:
-        return
-    guard = _Guard()
-    _install(guard, monkeypatch)
-    request.node.stash[_GUARD] = guard
+_PATCHES = pytest.StashKey[pytest.MonkeyPatch]()
+
+
+def _problems_after(item: pytest.Item, had_torch: bool, outcome: Any) -> None:
+    guard = item.stash.get(_GUARD, None)
+    problems = guard.problems(had_torch) if guard is not None else []
+    if problems:
+        outcome.force_exception(pytest.fail.Exception("\n".join(problems), pytrace=False))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """Unit tests: the guard is on from the start of their setup (so a module- or
+    session-scoped fixture that starts a process for them is caught too) to the end of their
+    teardown."""
+    if item.get_closest_marker("unit") is not None:
+        guard, patches = _Guard(), pytest.MonkeyPatch()
+        _install(guard, patches)
+        item.stash[_GUARD], item.stash[_PATCHES] = guard, patches
+    had_torch = "torch" in sys.modules
+    outcome = yield
+    _problems_after(item, had_torch, outcome)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -211,7 +227,12 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     the error the guard raised (the guard's message replaces whatever the test raised)."""
     had_torch = "torch" in sys.modules
     outcome = yield
-    guard = item.stash.get(_GUARD, None)
-    problems = guard.problems(had_torch) if guard is not None else []
-    if problems:
-        outcome.force_exception(pytest.fail.Exception("\n".join(problems), pytrace=False))
+    _problems_after(item, had_torch, outcome)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield
+    patches = item.stash.get(_PATCHES, None)
+    if patches is not None:
+        patches.undo()
