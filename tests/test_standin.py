@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
+import hashlib
 import importlib.util
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +139,56 @@ def test_only_rank_zero_prints(monkeypatch) -> None:
     monkeypatch.setenv("RANK", "0")
     code, lines = run_in_process([*ARGS, "--standin-step-s", "0"])
     assert lines[-1]["data"]["world_size"] == 2 and lines[-1]["data"]["global_batch_size"] == 4
+
+
+def test_knobs_for_logs_secrets_and_the_environment_it_was_given(tmp_path: Path, capsys,
+                                                                 monkeypatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    code, _ = run_in_process([*ARGS, "--standin-step-s", "0", "--standin-lines", "3",
+                              "--standin-env", "HF_TOKEN", "--output-dir", str(tmp_path),
+                              "--standin-write-env", "env-rank{rank}.json"])
+    err = capsys.readouterr().err
+    assert code == 0 and err.count("[standin] noise line") == 3
+    digest = hashlib.sha256(b"hf_secret").hexdigest()
+    assert f"HF_TOKEN {digest} value: hf_secret" in err
+    seen = json.loads((tmp_path / "env-rank0.json").read_text())
+    assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "3" and seen["cwd"]
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_text():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.subprocess  # the stand-in's process knobs, for real
+def test_a_hang_that_ignores_sigterm_and_leaves_a_daemon(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    marker = str(tmp_path / "out")
+    proc = subprocess.Popen(
+        [sys.executable, str(STANDIN), *ARGS, "--iterations", "1000000", "--output-dir", marker,
+         "--standin-ignore-sigterm", "--standin-children", "1", "--standin-detach"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stderr is not None and "started 1 children" in proc.stderr.readline()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None, "SIGTERM is ignored"
+        proc.kill()
+        proc.wait(10)
+        (daemon,) = [pid for pid in processes_with(marker) if pid != proc.pid]
+        assert os.getsid(daemon) not in (os.getsid(0), proc.pid), "its own session"
+    finally:
+        for pid in processes_with(marker):
+            os.kill(pid, signal.SIGKILL)
 
 
 # --- workload tier: the stand-in against the real workload -----------------------------------
