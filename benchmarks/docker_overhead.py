@@ -30,15 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.backends.containers import (  # noqa: E402
-    CONTAINER_PYTHON,
-    DockerExecution,
-    container_kwargs,
-)
+from orchestrator.backends.containers import DockerExecution  # noqa: E402
 from orchestrator.images import build  # noqa: E402
 from orchestrator.local.engine import docker_client  # noqa: E402
 from orchestrator.plan.launch import LaunchSpec, workload_argv  # noqa: E402
 from orchestrator.plan.matrix import load_matrix  # noqa: E402
+from orchestrator.runtimes.docker import CONTAINER_PYTHON, container_kwargs  # noqa: E402
 from orchestrator.sweep import run_sweep  # noqa: E402
 
 MATRIX = """

@@ -13,6 +13,13 @@ Every scenario runs the real CLI (``orchestrate matrix``, process backend, the t
   unmounted once the sweep has ended; then ``--resume``;
 * ``read-only-results``: the results folder is read-only from the start: the sweep must refuse
   at once and write nothing; made writable, the sweep runs;
+* ``sighup``: the sweep runs on a pseudo-terminal that is its controlling terminal, which is
+  closed while a cell runs (a terminal window or ssh session closed without ``nohup``): the
+  kernel sends SIGHUP; then ``--resume``;
+* ``concurrent-resume``: the sweep killed (SIGKILL) after its first cell, then two
+  ``--resume`` of it started at once: one must finish it, the other be refused;
+* ``concurrent-import``: four ``orchestrate import`` of one DLLogger raport at once: one
+  run imported, the others refused as already imported;
 * ``host-lost``: the ssh backend's test (tests/test_backend_ssh.py::
   test_lost_host_mid_sweep_is_retried_elsewhere: a real sshd killed under a running cell) run
   with pytest; its count line is read (with ``--host-lost``; needs Docker and sshd).
@@ -21,7 +28,10 @@ Counted: ``cells`` planned; ``recorded`` cells with a readable result.json that 
 end; ``lost`` planned cells with no result at all; ``duplicated`` results beyond one per cell
 (summary rows' run counts over the distinct results); ``silent`` cells of the damaged sweep that
 had neither a result on disk nor an error line naming them; ``tracebacks`` in any output;
-``left`` processes of the run still alive at the end. Mounting needs root.
+``left`` processes of the run still alive at the end (or orphaned by the damaged sweep);
+``broken`` what else a scenario finds wrong (a run.json left unfinished, a cgroup left behind,
+a result overwritten without its copy in ``superseded/``, a false failure: the note says which).
+Mounting needs root.
 
     python benchmarks/fault_suite.py [--seed 1] [--kills 3] [--cells 4] [--host-lost]
 """
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fcntl
 import json
 import os
 import random
@@ -38,6 +49,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import termios
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -89,6 +102,9 @@ class Count:
     silent: int = 0
     tracebacks: int = 0
     left: int = 0
+    #: what else the scenario found wrong: a run.json left unfinished, a cgroup left behind, a
+    #: result overwritten without a copy in superseded/, a false failure (see its note)
+    broken: int = 0
     exit_codes: list[int] = field(default_factory=list)
     note: str = ""
 
@@ -96,7 +112,7 @@ class Count:
     def clean(self) -> bool:
         """All cells recorded, none lost, duplicated or silent, no traceback, nothing left."""
         return (self.recorded == self.cells and self.lost == self.duplicated == self.silent
-                == self.tracebacks == self.left == 0 and self.cells > 0)
+                == self.tracebacks == self.left == self.broken == 0 and self.cells > 0)
 
 
 class Suite:
@@ -172,9 +188,9 @@ class Suite:
         summary = root / "summary.csv"
         if summary.exists():
             runs_in_table = sum(int(row["runs"]) for row in csv.DictReader(summary.open()))
-            count.duplicated = max(0, runs_in_table - len(found))
+            count.duplicated += max(0, runs_in_table - len(found))
         prefix = cell_processes.run_marker_prefix("faults", root.name)
-        count.left = len(cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True)))
+        count.left += len(cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True)))
         return count
 
     def silent(self, results: Path, stderr: str) -> int:
@@ -262,11 +278,193 @@ class Suite:
         count.note = "tests/test_backend_ssh.py (a real sshd killed mid-cell)"
         return count
 
+    def hangup(self) -> Count:
+        """SIGHUP: the sweep's terminal closes under it (an ssh session or a terminal window
+        closed without nohup). The sweep must stop as on SIGTERM: its running cell stopped and
+        recorded, no process of it left, run.json finished, the cell's cgroup removed."""
+        count = Count("sighup")
+        results = self.work / "sighup"
+        terminal = Terminal()
+        env = {**os.environ, "ORCHESTRATE_LOCK_DIR": str(self.locks), "PYTHONPATH": str(REPO)}
+        proc = terminal.start([sys.executable, "-m", "orchestrator", "matrix", str(self.matrix),
+                               "--results", str(results)], env)
+        wait_for(lambda: bool(list(results.glob("faults/*/cells/*/log.txt"))), proc)
+        time.sleep(0.5)  # the cell's program is running
+        terminal.hang_up()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            count.note += " did not end within 120 s of the hangup (a hang);"
+            count.broken += 1
+            proc.wait()
+        count.exit_codes.append(proc.returncode)
+        count.tracebacks += terminal.text().count("Traceback")
+        folders, root, _ = self.planned(results)
+        if folders:
+            prefix = cell_processes.run_marker_prefix("faults", root.name)
+            orphans = cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True))
+            if orphans:
+                count.left += len(orphans)
+                count.note += f" {len(orphans)} cell processes orphaned;"
+                cell_processes.kill_marked(prefix, prefix=True)
+            meta = json.loads((root / "run.json").read_text())
+            if meta.get("finished_at") is None:
+                count.broken += 1
+                count.note += " run.json not finished;"
+            if cell_processes.run_cgroups(root.name):
+                count.broken += 1
+                count.note += " the cell's cgroup left behind;"
+            done = len(list(root.glob("cells/*/result.json")))
+            count.note += f" stopped with {done} results on disk; resumed"
+        self.finish(results, count)
+        return self.tally(results, count)
+
+    def concurrent_resume(self) -> Count:
+        """Two ``--resume`` of one run at once (two people, or cron and a person, finishing a
+        nightly that died): one finishes the run, the other is refused naming the holder; no
+        cell runs twice, no live cell is stopped by the other's clean-up."""
+        count = Count("concurrent-resume")
+        results = self.work / "two-resumes"
+        proc = self.start(results)
+        wait_for(lambda: len(list(results.glob("faults/*/cells/*/result.json"))) >= 1, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        count.exit_codes.append(proc.returncode)
+        _, root, _ = self.planned(results)
+        before = workload_starts(root)
+        on_disk = len(list(root.glob("cells/*/result.json")))
+        first = self.start(results, "--resume")
+        wait_for(lambda: workload_starts(root) != before, first)  # its first cell runs
+        second = self.start(results, "--resume")
+        err2 = self.wait(second, count)
+        self.wait(first, count)
+        refused = count.exit_codes[-2] == 2 and "is in use by another sweep" in err2
+        if not refused:
+            count.broken += 1
+            count.note += f" the second --resume was not refused (exit {count.exit_codes[-2]});"
+        if count.exit_codes[-1] != 0:
+            count.broken += 1
+            count.note += f" the first --resume failed (exit {count.exit_codes[-1]});"
+        after = workload_starts(root)
+        ran = {c: after.get(c, 0) - before.get(c, 0) for c in after}
+        count.duplicated += sum(max(0, n - 1) for n in ran.values())
+        count.note += (f" killed with {on_disk} results on disk; the second --resume "
+                       + ("refused naming the holder" if refused else "NOT refused"))
+        self.finish(results, count)
+        return self.tally(results, count)
+
+    def concurrent_import(self, parallel: int = 4) -> Count:
+        """``parallel`` imports of one DLLogger raport into one results folder at once (a
+        script run twice, two people): one run is imported, the others are refused as already
+        imported; none duplicates it, and nothing half-written stays."""
+        count = Count("concurrent-import")
+        results = self.work / "imports"
+        raport = self.work / "raport.json"
+        raport.write_text(dllogger_raport())
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "import", str(raport), "--matrix", "imported",
+             "--param", "hardware=v100", "--results", str(results)], cwd=REPO, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(parallel)]
+        errors = [self.wait(proc, count) for proc in procs]
+        runs = sorted(results.glob("imported/*/plan.json"))
+        count.cells = 1
+        count.recorded = sum(1 for run in runs
+                             if json.loads(next(run.parent.glob("cells/*/result.json"))
+                                           .read_text())["status"] == "ok")
+        count.recorded = min(count.recorded, 1)
+        count.lost = 0 if runs else 1
+        count.duplicated = max(0, len(runs) - 1)
+        refused = sum(1 for code, err in zip(count.exit_codes, errors, strict=True)
+                      if code == 2 and "already imported into imported" in err)
+        if sorted(count.exit_codes) != [0] + [2] * (parallel - 1) or refused != parallel - 1:
+            count.broken += 1
+        leftovers = [p.name for p in (results / "imported").iterdir()
+                     if p.name.startswith(".")] if (results / "imported").is_dir() else []
+        count.broken += len(leftovers)
+        count.note = (f"{parallel} imports at once: {len(runs)} run folders, {refused} refused "
+                      "as already imported" + (f"; left: {leftovers}" if leftovers else ""))
+        return count
+
     def planned_ids(self) -> list[str]:
         out = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(self.matrix),
                               "--json"], cwd=REPO, capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
         return [c["id"] for c in json.loads(out)]
+
+
+def dllogger_raport(iterations: int = 40) -> str:
+    """A DLLogger JSON raport as DLE's main.py writes it (PARAMETER, iterations, summary)."""
+    def record(when: float, step: object, data: dict[str, object]) -> str:
+        return "DLLL " + json.dumps({"timestamp": f"{when}", "type": "LOG", "step": step,
+                                     "data": data})
+
+    start = 1767225600.0  # 2026-01-01
+    lines = [record(start, "PARAMETER", {"arch": "resnet50", "batch_size": 64,
+                                         "world_size": 1, "amp": True})]
+    lines += [record(start + i, [0, i], {"train.total_ips": 1000.0 + i,
+                                         "train.data_time": 0.01, "train.compute_time": 0.05})
+              for i in range(1, iterations + 1)]
+    lines.append(record(start + iterations + 1, [], {"train.total_ips": 1020.0}))
+    return "\n".join(lines) + "\n"
+
+
+def workload_starts(root: Path) -> dict[str, int]:
+    """How many times each cell's workload started in run ``root`` (its ``meta`` lines in the
+    logs of the cell's folder and of its archived attempts in ``superseded/``)."""
+    starts: dict[str, int] = {}
+    logs = [*root.glob("cells/*/log.txt"), *root.glob("superseded/*/log.txt")]
+    for log in logs:
+        folder = log.parent
+        cell = folder.name if folder.parent.name == "cells" else folder.name.rsplit("-", 1)[0]
+        text = log.read_text(errors="replace")
+        starts[cell] = starts.get(cell, 0) + text.count('"type": "meta"')
+    return starts
+
+
+class Terminal:
+    """A pseudo-terminal that is a process's controlling terminal, and can be closed under it
+    (what closing a terminal window or losing an ssh session does: the kernel sends SIGHUP)."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = os.openpty()
+        self.chunks: list[bytes] = []
+        self.closing = threading.Event()
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+
+    def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=self.slave, stdout=self.slave,
+                                stderr=self.slave, start_new_session=True,
+                                preexec_fn=_take_terminal)
+        os.close(self.slave)
+        self.reader.start()
+        return proc
+
+    def _drain(self) -> None:
+        import select
+
+        while not self.closing.is_set():
+            ready, _, _ = select.select([self.master], [], [], 0.1)
+            if ready:
+                try:
+                    self.chunks.append(os.read(self.master, 65536))
+                except OSError:
+                    break
+        os.close(self.master)
+
+    def hang_up(self) -> None:
+        """Close the terminal (its reader closes the master side)."""
+        self.closing.set()
+        self.reader.join(timeout=10)
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")
+
+
+def _take_terminal() -> None:
+    """In the child, a session leader: make stdin's terminal the controlling one."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str],
@@ -314,7 +512,8 @@ def run_suite(work: Path, *, seed: int = 1, kills: int = 3, cells: int = 4,
     suite = Suite(work, cells, workload=workload, tables=tables)
     span = span_s if span_s is not None else 6.0 * cells
     counts = [suite.kill9(t) for t in kill_points(seed, kills, span)]
-    counts += [suite.disk_full(), suite.read_only_cell(), suite.read_only_results()]
+    counts += [suite.disk_full(), suite.read_only_cell(), suite.read_only_results(),
+               suite.hangup(), suite.concurrent_resume(), suite.concurrent_import()]
     if host_lost:
         counts.append(suite.host_lost())
     return counts
@@ -322,12 +521,15 @@ def run_suite(work: Path, *, seed: int = 1, kills: int = 3, cells: int = 4,
 
 def table(counts: list[Count]) -> str:
     rows = [[c.scenario, c.cells, c.recorded, c.lost, c.duplicated, c.silent, c.tracebacks,
-             c.left, " ".join(map(str, c.exit_codes)), c.note.strip()] for c in counts]
+             c.left, c.broken, " ".join(map(str, c.exit_codes)), c.note.strip()]
+            for c in counts]
     total = [sum(getattr(c, k) for c in counts)
-             for k in ("cells", "recorded", "lost", "duplicated", "silent", "tracebacks", "left")]
+             for k in ("cells", "recorded", "lost", "duplicated", "silent", "tracebacks", "left",
+                       "broken")]
     rows.append(["total", *total, "", ""])
     return tabulate(rows, headers=["scenario", "cells", "recorded", "lost", "duplicated",
-                                   "silent", "tracebacks", "left", "exit codes", "note"])
+                                   "silent", "tracebacks", "left", "broken", "exit codes",
+                                   "note"])
 
 
 def main() -> int:

@@ -27,6 +27,20 @@ independent evidence.
 
     python benchmarks/regression.py collect --dir /tmp/regbench --runs 24 --inject-every 3
     python benchmarks/regression.py evaluate --dir /tmp/regbench [--metric train.step_ips_p90]
+
+**With a control** (``--control``, issue 25): ``collect --control`` runs
+``benchmarks/regression_control_matrix.toml`` instead, whose ``[control]`` (a pinned command
+the injected slowdown cannot reach) the sweep runs between the cells on the same machine; each
+run takes a fresh random cell order (its seed in plan.json). ``evaluate --control`` then judges
+every trial four ways on the same runs, side by side: images/s and ``train.step_ips_p90``, each
+raw (``history --raw``: as without a control) and normalised (the default: each cell's figure
+divided by the control measured beside it), and prints the noise of the raw figure against
+that of the ratio. Collection sets ``ORCHESTRATE_LOCK_DIR`` to a folder of its own: the other
+work on the machine (its load is the drift under test) neither waits for the benchmark's cells
+nor holds them up.
+
+    python benchmarks/regression.py collect --control --dir /tmp/regctl --runs 17 --inject-every 3
+    python benchmarks/regression.py evaluate --control --dir /tmp/regctl --trials 200
 """
 
 from __future__ import annotations
@@ -52,13 +66,25 @@ from orchestrator.cli import main  # noqa: E402
 
 MATRIX_FILE = REPO / "benchmarks" / "regression_matrix.toml"
 MATRIX = "regression_bench"
+CONTROL_MATRIX_FILE = REPO / "benchmarks" / "regression_control_matrix.toml"
+CONTROL_MATRIX = "regression_control"
 SLOWDOWN = "0.10"
 
 
-def collect(out: Path, runs: int, every: int) -> None:
+def _uptime() -> str:
+    """``uptime``'s line (load averages over 1, 5 and 15 minutes), as the machine says it."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10
+                              ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def collect(out: Path, runs: int, every: int, control: bool = False) -> None:
     """Run the matrix ``runs`` times; every ``every``-th run with the slowdown injected."""
     log = out / "collect.jsonl"
     out.mkdir(parents=True, exist_ok=True)
+    matrix_file = CONTROL_MATRIX_FILE if control else MATRIX_FILE
     for i in range(runs):
         injected = every > 0 and i % every == every - 1
         kind = "injected" if injected else "noise"
@@ -66,20 +92,26 @@ def collect(out: Path, runs: int, every: int) -> None:
         env.pop("WORKLOAD_INJECT_SLOWDOWN", None)
         if injected:
             env["WORKLOAD_INJECT_SLOWDOWN"] = SLOWDOWN
+        if control:
+            env["ORCHESTRATE_LOCK_DIR"] = str(out / "locks")
         t0 = time.time()
-        done = subprocess.run([sys.executable, "-m", "orchestrator", "matrix", str(MATRIX_FILE),
+        before = _uptime()
+        done = subprocess.run([sys.executable, "-m", "orchestrator", "matrix", str(matrix_file),
                                "--results", str(out / kind)], env=env, capture_output=True,
                               text=True)
         record = {"i": i, "kind": kind, "rc": done.returncode, "s": round(time.time() - t0, 1),
-                  "load": os.getloadavg()[0]}
+                  "load": os.getloadavg()[0], "uptime_before": before,
+                  "uptime_after": _uptime()}
+        if done.returncode != 0:
+            record["stderr_tail"] = done.stderr[-2000:]
         with log.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         print(json.dumps(record), flush=True)
 
 
-def finished_runs(folder: Path) -> list[Path]:
+def finished_runs(folder: Path, matrix: str = MATRIX) -> list[Path]:
     """Run folders of the matrix that ended, oldest first."""
-    base = folder / MATRIX
+    base = folder / matrix
     out = []
     for run in sorted(base.iterdir()) if base.is_dir() else []:
         meta = run / "run.json"
@@ -91,7 +123,7 @@ def finished_runs(folder: Path) -> list[Path]:
 def assemble(dest: Path, earlier: list[Path], newest: Path) -> None:
     """A results folder: ``earlier`` in the given order, then ``newest``, one day apart."""
     for n, run in enumerate([*earlier, newest]):
-        target = dest / MATRIX / f"20300101-{n:06d}-{run.name[-4:]}"
+        target = dest / run.parent.name / f"20300101-{n:06d}-{run.name[-4:]}"
         (target / "cells").mkdir(parents=True)
         shutil.copy(run / "plan.json", target / "plan.json")
         meta = json.loads((run / "run.json").read_text())
@@ -105,51 +137,75 @@ def assemble(dest: Path, earlier: list[Path], newest: Path) -> None:
 
 def flagged(earlier: list[Path], newest: Path, options: list[str]) -> tuple[bool, dict]:
     """Run the history check on these runs; (exit code was 1, its --json report)."""
+    return flagged_ways(earlier, newest, [options])[0]
+
+
+def flagged_ways(earlier: list[Path], newest: Path, ways: list[list[str]]
+                 ) -> list[tuple[bool, dict]]:
+    """The history check on these runs once per option list (one results folder, one index):
+    for each, (exit code was 1, its --json report)."""
+    out = []
     with tempfile.TemporaryDirectory(prefix="regbench-") as tmp:
         assemble(Path(tmp), earlier, newest)
-        argv = ["history", MATRIX, "--results", tmp, "--fail-on-regression",
-                "--no-references", "--json", *options]
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
-            code = main(argv)
-    if code not in (0, 1):
-        raise SystemExit(f"history exited {code}")
-    return code == 1, json.loads(buf.getvalue())
+        for options in ways:
+            argv = ["history", newest.parent.name, "--results", tmp, "--fail-on-regression",
+                    "--no-references", "--json", *options]
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
+                code = main(argv)
+            if code not in (0, 1):
+                raise SystemExit(f"history exited {code}")
+            out.append((code == 1, json.loads(buf.getvalue())))
+    return out
 
 
-def noise_summary(folder: Path, metric: str | None) -> str:
+def run_medians(folder: Path, matrix: str, metric: str | None, normalised: bool = False
+                ) -> dict[str, list[float]]:
+    """Per configuration (cell group), each ended run's median of its ok repeats: of the
+    figure, or of its ratio to the control (``normalised``)."""
+    from orchestrator.results.store import open_store
+
+    out: dict[str, list[float]] = {}
+    with open_store(folder) as store, store.snapshot():
+        for run in store.runs(matrix):
+            if run.status == "unfinished":
+                continue
+            values: dict[str, list[float]] = {}
+            for cell in store.cells([run.pk], metric=metric):
+                value = cell.norm if normalised else cell.value
+                if cell.ok and value and not cell.is_control:
+                    values.setdefault(cell.group, []).append(value)
+            for group, vals in values.items():
+                out.setdefault(group, []).append(statistics.median(vals))
+    return out
+
+
+def robust_sd(medians: list[float]) -> float:
+    """Robust sd (1.4826 x MAD) of the runs' leave-one-out log deviations, as a fraction."""
+    import math
+
+    from orchestrator.results.stats import loo_deviations
+
+    devs = loo_deviations(medians)
+    centre = statistics.median(devs)
+    return math.expm1(1.4826 * statistics.median(abs(d - centre) for d in devs))
+
+
+def noise_summary(folder: Path, metric: str | None, matrix: str = MATRIX,
+                  normalised: bool = False) -> str:
     """How noisy the plain runs are and how big the injected change came out, per
     configuration: robust sd (1.4826 x MAD) of plain runs' medians against the median of the
     other plain runs, and the injected runs' median change against the median of all plain
     runs."""
-    import math
-
-    from orchestrator.results.stats import loo_deviations
-    from orchestrator.results.store import open_store
-
-    def medians(kind: str) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
-        with open_store(folder / kind) as store, store.snapshot():
-            for run in store.runs(MATRIX):
-                if run.status == "unfinished":
-                    continue
-                values: dict[str, list[float]] = {}
-                for cell in store.cells([run.pk], metric=metric):
-                    if cell.ok and cell.value:
-                        values.setdefault(cell.group, []).append(cell.value)
-                for group, vals in values.items():
-                    out.setdefault(group, []).append(statistics.median(vals))
-        return out
-
-    plain, injected = medians("noise"), medians("injected")
+    plain = run_medians(folder / "noise", matrix, metric, normalised)
+    injected = run_medians(folder / "injected", matrix, metric, normalised)
     lines = []
     for group, meds in sorted(plain.items()):
-        devs = loo_deviations(meds)
-        centre = statistics.median(devs)
-        sd = 1.4826 * statistics.median(abs(d - centre) for d in devs)
+        if len(meds) < 3:
+            continue
         ref = statistics.median(meds)
         change = statistics.median(v / ref - 1 for v in injected.get(group, [ref]))
-        lines.append(f"  {group}: plain runs' sd {math.expm1(sd):.1%}, injected runs' median "
+        lines.append(f"  {group}: plain runs' sd {robust_sd(meds):.1%}, injected runs' median "
                      f"change {change:+.1%}")
     return "\n".join(lines)
 
@@ -202,6 +258,121 @@ def evaluate(folder: Path, window: int, min_history: int, trials: int, options: 
               f"{min(detectable):.1%}..{max(detectable):.1%}")
 
 
+def diagnose(folder: Path, matrix: str, metric: str | None) -> list[str]:
+    """Why the ratio does (not) cancel the noise, from every cell of the plain runs: the sd of
+    a cell's log figure around its configuration's median (raw) and of its log ratio to the
+    control, the correlation of the cell's log figure with its control reference's, and how
+    much the control itself moves between two successive measurements."""
+    import math
+
+    from orchestrator.results.store import open_store
+
+    raw: dict[str, list[float]] = {}
+    ratio: dict[str, list[float]] = {}
+    steps: list[float] = []
+    gaps: list[float] = []
+    with open_store(folder) as store, store.snapshot():
+        for run in store.runs(matrix):
+            if run.status == "unfinished":
+                continue
+            cells = store.cells([run.pk], metric=metric)
+            controls = sorted((c for c in cells if c.is_control and c.ok and c.value),
+                              key=lambda c: c.started_at or 0.0)
+            for a, b in zip(controls, controls[1:], strict=False):
+                steps.append(math.log(b.value / a.value))  # type: ignore[operator]
+                gaps.append((b.started_at or 0.0) - (a.started_at or 0.0))
+            for c in cells:
+                if c.is_control or not c.ok or not c.value or not c.norm:
+                    continue
+                raw.setdefault(c.group, []).append(math.log(c.value))
+                ratio.setdefault(c.group, []).append(math.log(c.norm))
+
+    def centred(groups: dict[str, list[float]]) -> list[float]:
+        return [v - statistics.median(vals) for vals in groups.values() for v in vals]
+
+    x, r = centred(raw), centred(ratio)
+    ref = [a - b for a, b in zip(x, r, strict=True)]  # log reference, centred alike
+    corr = statistics.correlation(x, ref) if len(x) > 2 else float("nan")
+
+    def sd(values: list[float]) -> float:
+        centre = statistics.median(values)
+        return math.expm1(1.4826 * statistics.median(abs(v - centre) for v in values))
+
+    return [f"  cells' robust sd around their configuration's median: raw {sd(x):.1%}, ratio "
+            f"{sd(r):.1%}, the control reference {sd(ref):.1%}; correlation of a cell's log "
+            f"figure with its reference's {corr:+.2f} ({len(x)} cells)",
+            f"  the control between two successive measurements ({statistics.median(gaps):.0f} s"
+            f" apart, median): robust sd {sd(steps):.1%} of the log change "
+            f"({len(steps)} pairs)"]
+
+
+#: The four ways ``evaluate --control`` judges each trial: (figure, basis, history options).
+WAYS = (
+    ("images/s", "raw", ["--raw"]),
+    ("images/s", "÷control", []),
+    ("step p90", "raw", ["--metric", "train.step_ips_p90", "--raw"]),
+    ("step p90", "÷control", ["--metric", "train.step_ips_p90"]),
+)
+
+
+def evaluate_control(folder: Path, window: int, min_history: int, trials: int,
+                     options: list[str], seed: int) -> None:
+    """False alarms and detections of the check on the same runs, judged four ways (images/s
+    and p90, raw and as a ratio to the control), side by side; and the noise of each."""
+    from tabulate import tabulate
+
+    noise = finished_runs(folder / "noise", CONTROL_MATRIX)
+    injected = finished_runs(folder / "injected", CONTROL_MATRIX)
+    print(f"runs: {len(noise)} plain, {len(injected)} injected ({SLOWDOWN} slowdown into the "
+          f"configurations, not the control); window {window}, min history {min_history}; "
+          f"options: {' '.join(options) or '-'}")
+    for figure, metric in (("images/s", None), ("step p90", "train.step_ips_p90")):
+        for label, normalised in (("raw", False), ("÷control", True)):
+            print(f"{figure}, {label}, plain runs' medians:")
+            print(noise_summary(folder, metric, CONTROL_MATRIX, normalised))
+        print(f"{figure}, every cell of the plain runs:")
+        print("\n".join(diagnose(folder / "noise", CONTROL_MATRIX, metric)))
+    ways = [["--window", str(window), "--min-history", str(min_history), *options, *extra]
+            for _, _, extra in WAYS]
+    rng = random.Random(seed)
+
+    def before(run: Path) -> list[Path]:
+        return [r for r in noise if r.name < run.name][-window:]
+
+    def trial(earlier: list[Path], run: Path) -> list[tuple[bool, dict]]:
+        return flagged_ways(earlier, run, ways)
+
+    fp_roll = [trial(before(r), r) for r in noise if len(before(r)) >= min_history]
+    tp_roll = [trial(before(r), r) for r in injected if len(before(r)) >= min_history]
+    fp_res, tp_res = [], []
+    for _ in range(trials):
+        run = rng.choice(noise)
+        others = [r for r in noise if r != run]
+        fp_res.append(trial(sorted(rng.sample(others, min(window, len(others)))), run))
+        if injected:
+            run = rng.choice(injected)
+            tp_res.append(trial(sorted(rng.sample(noise, min(window, len(noise)))), run))
+    rows = []
+    for w, (figure, basis, _) in enumerate(WAYS):
+        detects = [line["detectable_drop"] for got in fp_roll for line in got[w][1]["lines"]
+                   if line.get("detectable_drop") is not None]
+        judged = [line["basis"] for got in fp_roll + tp_roll for line in got[w][1]["lines"]
+                  if line.get("change") is not None]
+        rows.append([
+            figure, basis,
+            rate([got[w][0] for got in fp_roll]), rate([got[w][0] for got in fp_res]),
+            rate([got[w][0] for got in tp_roll]), rate([got[w][0] for got in tp_res]),
+            (f"{statistics.median(detects):.1%} ({min(detects):.1%}..{max(detects):.1%})"
+             if detects else ""),
+            f"{sum(b == 'normalised' for b in judged)}/{len(judged)}",
+        ])
+    print(tabulate(rows, headers=["figure", "judged on", "false alarms, rolling", "resampled",
+                                  "detected, rolling", "resampled", "detects (median, range)",
+                                  "lines on ratio"], tablefmt="github", disable_numparse=True))
+    print(f"({len(noise)} distinct plain and {len(injected)} distinct injected runs under test; "
+          "resampled trials share them)")
+
+
 def main_() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="step", required=True)
@@ -209,8 +380,12 @@ def main_() -> None:
     p.add_argument("--dir", type=Path, required=True)
     p.add_argument("--runs", type=int, default=24)
     p.add_argument("--inject-every", type=int, default=3)
+    p.add_argument("--control", action="store_true",
+                   help="the matrix with a [control] (regression_control_matrix.toml)")
     p = sub.add_parser("evaluate", help="false-positive and detection rates of the check")
     p.add_argument("--dir", type=Path, required=True)
+    p.add_argument("--control", action="store_true",
+                   help="runs collected with --control: judged raw and as ratios, side by side")
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--min-history", type=int, default=3)
     p.add_argument("--trials", type=int, default=200, help="resampled trials of each kind")
@@ -220,12 +395,18 @@ def main_() -> None:
     p.add_argument("--alpha", help="as history --alpha")
     args = parser.parse_args()
     if args.step == "collect":
-        collect(args.dir, args.runs, args.inject_every)
+        collect(args.dir, args.runs, args.inject_every, args.control)
         return
     options = []
     for name in ("metric", "threshold", "alpha"):
         if getattr(args, name):
             options += [f"--{name}", getattr(args, name)]
+    if args.control:
+        if args.metric:
+            parser.error("evaluate --control judges images/s and train.step_ips_p90 both")
+        evaluate_control(args.dir, args.window, args.min_history, args.trials, options,
+                         args.seed)
+        return
     evaluate(args.dir, args.window, args.min_history, args.trials, options, args.seed)
 
 

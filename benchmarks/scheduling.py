@@ -9,14 +9,17 @@ A seeded sweep of 1/2/4/8-GPU cells with known durations runs (in simulation) on
   benchmark used before the plan order was modelled; kept to compare with its earlier 1.077);
 * ``lpt``: our scheduler, longest cells first (the default of ``list_scheduling.schedule``);
 * ``area``: our scheduler, largest GPU-seconds first;
-* ``shipped``: the order the sweep ships (:func:`orchestrator.plan.ordering.order_cells`: repeats
-  interleaved, longest *expected* first within a repeat), tried in that order by the same
-  pool. The expected durations are what the results store would give: the median duration
-  of each configuration over 3 earlier simulated runs (same noise model, other seeds), not
-  the true durations of this run;
+* ``shipped``: the order the sweep ships (:func:`orchestrator.plan.ordering.order_cells` with a
+  seed, as a sweep that can run several cells at once uses it: repeats interleaved, each round
+  shuffled, then sorted by *expected*-duration class, longest first; cells within a factor
+  1.25 of each other keep their random order), tried in that order by the same pool;
+* ``before issue 25``: exactly longest expected first within a repeat, no shuffle.
 
-against the lower bound ``max(total GPU-seconds / total GPUs, longest cell)``. ``lpt`` and
-``area`` know every true duration and ignore repeats: they are references, not shippable.
+The expected durations are what the results store would give: the median duration of each
+configuration over 3 earlier simulated runs (same noise model, other seeds), not the true
+durations of this run. Every makespan is set against the lower bound
+``max(total GPU-seconds / total GPUs, longest cell)``. ``lpt`` and ``area`` know every true
+duration and ignore repeats: they are references, not shippable.
 
     python benchmarks/scheduling.py [--seed 7] [--repeats 2] [--seeds 20]
 """
@@ -85,10 +88,26 @@ def expected_durations(seed: int, repeats: int, earlier: int = 3) -> dict[str, f
 
 
 def shipped(requests: list[Request], seed: int, repeats: int) -> list[Request]:
-    """``requests`` in the order the sweep ships: :func:`orchestrator.plan.ordering.order_cells`."""
+    """``requests`` in the order the sweep ships: :func:`orchestrator.plan.ordering.order_cells`
+    with a seed (each round of repeats shuffled, then sorted by expected-duration class,
+    longest first: the sweep's order when several cells run at once)."""
     by_id = {r.cell_id: r for r in requests}
-    ordered = order_cells(as_cells(requests), expected_durations(seed, repeats))
+    ordered = order_cells(as_cells(requests), expected_durations(seed, repeats), seed=seed,
+                          parallel=True)
     return [by_id[c.id] for c in ordered]
+
+
+def exact_lpt(requests: list[Request], seed: int, repeats: int) -> list[Request]:
+    """The order before issue 25: within a repeat, exactly longest expected first (ties: more
+    GPUs, then plan order), no shuffle."""
+    expected = expected_durations(seed, repeats)
+    index = {r.cell_id: i for i, r in enumerate(requests)}
+
+    def key(r: Request) -> tuple[int, float, int, int]:
+        return (int(r.cell_id.rsplit("-r", 1)[1]), -expected[config_of(r.cell_id)], -r.gpus,
+                index[r.cell_id])
+
+    return sorted(requests, key=key)
 
 
 def pool() -> GpuPool:
@@ -107,6 +126,8 @@ def makespans(requests: list[Request], durations: dict[str, float], seed: int, r
                                                order="fifo").makespan
     for order in ("lpt", "area"):
         out[f"{order} (GpuPool)"] = schedule(requests, durations, pool(), order=order).makespan
+    out["before issue 25 (exact LPT)"] = schedule(exact_lpt(requests, seed, repeats), durations,
+                                                  pool(), order="fifo").makespan
     out["shipped (order_cells)"] = schedule(shipped(requests, seed, repeats), durations, pool(),
                                             order="fifo").makespan
     out["lower bound"] = lower_bound(requests, durations, pool().total_gpus())

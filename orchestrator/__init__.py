@@ -4,7 +4,7 @@ The packages are layers, lowest first; a package imports only the ones its docst
 all of them lower (``tests/test_layers.py`` checks it; ``docs/architecture.md`` draws the flow):
 
 ``errors`` -> ``config`` -> ``catalog`` -> ``plan`` -> ``results`` -> ``local`` -> ``remote`` ->
-``images`` -> ``backends`` -> ``sweep`` -> ``cli``
+``images`` -> ``runtimes`` -> ``backends`` -> ``sweep`` -> ``cli``
 
 ``workload/`` (the program inside the images) imports nothing of ``orchestrator`` and the other
 way round: JSON lines on stdout are the only contract.

@@ -1,10 +1,10 @@
 """The sweep pipeline, top to bottom.
 
 ``load -> expand -> check -> filter`` (:mod:`orchestrator.plan.matrix`,
-:mod:`orchestrator.plan.checks`,
-called by the CLI), then :func:`run_sweep`: ``refuse what cannot run -> pick backend -> open run
--> prepare (build images, reach hosts) -> run cells -> finish run (unrun cells recorded, tables
-and plot written)``.
+:mod:`orchestrator.backends.checks`, called by the CLI), then :func:`run_sweep`: ``refuse what
+cannot run, pick the backend (one step: :func:`orchestrator.backends.checks.preflight`) -> open
+run -> prepare (build images, reach hosts) -> run cells -> finish run (unrun cells recorded,
+tables and plot written)``.
 
 Each step is a plain function over plain values. Running cells (:func:`run_cells`): a cell starts
 as soon as the backend can place it (:func:`place`, through
@@ -12,10 +12,12 @@ as soon as the backend can place it (:func:`place`, through
 main thread stays free to notice Ctrl-C / SIGTERM, cancel what runs and record what did not; a
 cell that ended is collected (:func:`collect`: its allocation goes back; a profiled cell's
 profiler figures are added to its result, :func:`add_profiler_figures`) and recorded
-(:func:`record`), or retried when its host was lost, or run again when its GPU throttled and
-``[matrix] rerun_throttled`` allows (:func:`orchestrator.results.rerun.should_rerun`; the throttled
-attempt's folder goes to ``superseded/``). Expected failures are results; one bad cell never
-stops the sweep.
+(:func:`record`), or retried when its host was lost (a Slurm job preempted or on a failed
+node too; ``[matrix] retries``), or run again when its GPU throttled and ``[matrix]
+rerun_throttled`` allows (:func:`orchestrator.results.rerun.should_rerun`). The folder of the
+attempt that is not the cell's result goes to ``superseded/``; a retried cell's result names
+its lost attempts (``lost_attempts``). Expected failures are results; one bad cell never stops
+the sweep.
 
 Every cell given to a sweep ends with exactly one result, on disk: a worker that raised or did
 not stop after an interrupt gives a failed result; a result that cannot be written when its cell
@@ -33,6 +35,7 @@ import contextlib
 import importlib.util
 import logging
 import platform
+import secrets
 import shutil
 import sys
 import threading
@@ -45,17 +48,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator import __version__
-from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions, git_revision
+from orchestrator.backends.checks import preflight
 from orchestrator.config.matrix_file import WRAPPING_PROFILERS
-from orchestrator.config.redact import missing_references, redact_toml
+from orchestrator.config.redact import redact_toml
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.local.engine import controller_id
-from orchestrator.plan import profilers
-from orchestrator.plan.checks import refuse_unrunnable
+from orchestrator.plan import ordering, profilers
+from orchestrator.plan.controls import ControlSchedule, control_allocation, highest_numbers
 from orchestrator.plan.matrix import Cell, Matrix
-from orchestrator.plan.ordering import order_cells
 from orchestrator.plan.placement import Allocation
+from orchestrator.results import folder_lock
+from orchestrator.results.folder_lock import FolderLock
 from orchestrator.results.profiler_figures import figures_of_cell
 from orchestrator.results.rerun import should_rerun
 from orchestrator.results.run_folder import (
@@ -68,7 +72,7 @@ from orchestrator.results.run_folder import (
 )
 from orchestrator.results.summary import GroupRow, render_table, summarize, write_summary
 
-log = logging.getLogger("orchestrator.sweep")
+log = logging.getLogger(__name__)
 
 
 class SweepEvents(Protocol):
@@ -108,8 +112,13 @@ class SweepOutcome:
 
     @property
     def counts(self) -> dict[str, int]:
-        """How many cells ended in each status."""
-        return dict(Counter(r.status.value for r in self.results))
+        """How many cells (configurations; control measurements apart) ended in each status."""
+        return dict(Counter(r.status.value for r in self.results if r.role != "control"))
+
+    @property
+    def control_counts(self) -> dict[str, int]:
+        """How many control measurements ended in each status (empty: no control)."""
+        return dict(Counter(r.status.value for r in self.results if r.role == "control"))
 
     @property
     def ok(self) -> bool:
@@ -124,11 +133,6 @@ class SweepOutcome:
         return 0 if self.ok else 1
 
 
-def backend_for(matrix: Matrix, override: str | None) -> str:
-    """The backend name: --backend, else [matrix] backend."""
-    return override or matrix.settings.backend
-
-
 def hosts_file_of(matrix: Matrix) -> Path | None:
     """``[matrix] hosts``, resolved against the matrix file's folder."""
     if not matrix.settings.hosts:
@@ -137,7 +141,10 @@ def hosts_file_of(matrix: Matrix) -> Path | None:
 
 
 def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
-    return {
+    """plan.json: the configurations (``cells``, role ``config``) and, with a ``[control]``,
+    the control's templates (role ``control``) and its rule; the sweep adds the order it ran
+    the cells in (``order``)."""
+    out: dict[str, Any] = {
         "matrix": matrix.name,
         "source": str(matrix.path),
         "backend": backend,
@@ -146,6 +153,19 @@ def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
         "baseline": matrix.settings.baseline,
         "cells": [c.to_json() for c in matrix.cells],
     }
+    if matrix.controls:
+        out["control"] = {
+            "every": matrix.control_every,
+            "rule": CONTROL_RULE.format(every=matrix.control_every),
+            "cells": [c.to_json() for c in matrix.controls.values()],
+        }
+    return out
+
+
+#: How the sweep interleaves the control, in words (plan.json's ``control.rule``).
+CONTROL_RULE = ("on each host/GPU set a configuration cell runs on: one control measurement "
+                "before its first cell, one after every {every} cells and one after the last; "
+                "in the cell's own allocation (same host, its first GPUs)")
 
 
 def run_sweep(
@@ -158,38 +178,50 @@ def run_sweep(
     hosts_file: Path | None = None,
     resume: str | None = None,
     lock_timeout_s: float | None = None,
+    order_seed: int | None = None,
 ) -> SweepOutcome:
     """Run every cell of ``matrix`` and write the run folder. Returns the outcome.
+
+    ``order_seed``: the seed of the cells' random order (:mod:`orchestrator.plan.ordering`;
+    None: a fresh one, recorded in plan.json and run.json). ``--resume`` keeps the order the
+    run recorded.
 
     ``resume``: a run id, or ``""`` for the newest run of the matrix: run again, in that run's
     folder, only the cells that did not end ok (the matrix must not have changed since).
     ``lock_timeout_s``: how long a cell waits for GPUs another sweep holds (None: as long as it
     takes; :mod:`orchestrator.local.locks`).
 
-    The steps: refuse what cannot run (:mod:`orchestrator.plan.checks`) -> pick the backend -> open
-    the run -> prepare the backend -> run the cells -> finish the run (unrun cells recorded,
-    tables and plot written).
+    The steps: refuse what cannot run and pick the backend
+    (:func:`orchestrator.backends.checks.preflight`) -> open the run -> prepare the backend ->
+    run the cells -> finish the run (unrun cells recorded, tables and plot written).
     """
     events = events or NullEvents()
-    # what cannot run is refused before a run folder exists (the baseline is the CLI's to check:
-    # a --only subset may leave out its rows)
-    refuse_unrunnable(matrix, backend_for(matrix, backend_name), comparisons=False)
-    name, cls = pick_backend(matrix, backend_name)
-    check_references(matrix)
-    cls.check_runtime(matrix, matrix.cells)
-    run = order_run(open_run(matrix, name, results_root, resume), results_root)
-    options = RunOptions(
-        timeout_s=matrix.settings.timeout_s,
-        output_hook=events.cell_output,
-        cancel=cancel or threading.Event(),
-        hosts_file=hosts_file or hosts_file_of(matrix),
-        lock_timeout_s=lock_timeout_s,
-        on_log=events.log,
-    )
-    backend = prepare_backend(cls, matrix, run, options, events)
-    events.sweep_started(run.paths, run.cells, run.expected)
-    results, interrupted = run_all(backend, run.cells, events, retries=matrix.settings.retries)
-    return finish_run(matrix, run, results, interrupted)
+    name, cls = preflight(matrix, backend_name)  # what cannot run, refused before a run folder
+    run = open_run(matrix, name, results_root, resume)
+    try:  # the run folder is locked until its run.json is finished (or the sweep failed)
+        run = expect_durations(run, results_root)
+        options = RunOptions(
+            timeout_s=matrix.settings.timeout_s,
+            output_hook=events.cell_output,
+            cancel=cancel or threading.Event(),
+            hosts_file=hosts_file or hosts_file_of(matrix),
+            lock_timeout_s=lock_timeout_s,
+            on_log=events.log,
+        )
+        backend = prepare_backend(cls, matrix, run, options, events)
+        try:
+            order_run(run, order_seed, parallel=can_run_several(backend, run.cells))
+        except BaseException:
+            backend.close()
+            raise
+        events.sweep_started(run.paths, run.cells, run.expected)
+        controls = ControlSchedule.of(matrix.controls, matrix.control_every,
+                                      highest_numbers(run.existing, matrix.controls))
+        results, interrupted = run_all(backend, run.cells, events,
+                                       retries=matrix.settings.retries, controls=controls)
+        return finish_run(matrix, run, results, interrupted)
+    finally:
+        run.release()
 
 
 @dataclass
@@ -203,60 +235,80 @@ class OpenRun:
     new: bool
     #: Seconds each configuration (content hash) took in earlier runs of the matrix (median).
     expected: dict[str, float] = field(default_factory=dict)
+    #: Ids of the cells the run folder already has (a resumed run; control numbers go on).
+    existing: list[str] = field(default_factory=list)
+    #: The run folder's lock (:func:`lock_run`), held while the sweep works in it.
+    lock: FolderLock | None = None
+
+    def release(self) -> None:
+        """Let go of the run folder's lock."""
+        if self.lock is not None:
+            self.lock.release()
 
 
-def order_run(run: OpenRun, results_root: Path) -> OpenRun:
-    """The run's cells in the order to try them (:func:`~orchestrator.plan.ordering.order_cells`:
-    repeats interleaved, longest expected first), with the durations of earlier runs of the
-    matrix from the results store (none when it cannot tell: a sweep never stops for that)."""
+#: How long a sweep waits for the results index another process is writing (it only wants
+#: the expected durations; the index's own default is 30 s).
+INDEX_WAIT_S = 2.0
+
+
+def expect_durations(run: OpenRun, results_root: Path) -> OpenRun:
+    """The durations of earlier runs of the matrix from the results store (none when it cannot
+    tell: a sweep never stops for that): the order's duration classes and the ETA."""
     from orchestrator.results.store import open_store
 
     name = run.meta.get("matrix")
     try:
-        with open_store(results_root, [name] if isinstance(name, str) else None) as store:
+        with open_store(results_root, [name] if isinstance(name, str) else None,
+                        busy_timeout_s=INDEX_WAIT_S) as store:
             run.expected = store.expected_durations(str(name))
     except Exception as exc:  # an unreadable index costs the order, never the sweep
         log.warning("no expected durations from the results store (%s): plan order", exc)
         run.expected = {}
-    run.cells = order_cells(run.cells, run.expected)
     return run
 
 
-def pick_backend(matrix: Matrix, override: str | None) -> tuple[str, type[Backend]]:
-    """The backend's name and class (--backend, else ``[matrix] backend``), checked available.
+def can_run_several(backend: Backend, cells: list[Cell], tries: int = 64) -> bool:
+    """Whether the backend could run two of ``cells`` at once (it hands out a second
+    allocation while holding a first): what makes the order change the sweep's length. Every
+    allocation taken here is given back."""
+    taken: list[tuple[Cell, Allocation]] = []
+    try:
+        for cell in cells[:tries]:
+            allocation = backend.allocate(cell)
+            if allocation is not None:
+                taken.append((cell, allocation))
+                if len(taken) == 2:
+                    return True
+        return False
+    finally:
+        for cell, allocation in reversed(taken):
+            backend.release(cell, allocation)
 
-    An unknown name is a ConfigError naming where it came from; a backend that cannot run here
-    is :class:`~orchestrator.errors.BackendUnavailable`.
-    """
-    name = backend_for(matrix, override)
-    if override:
-        cls = backend_class(name)
-    else:
-        cls = backend_class(name, file=str(matrix.path), field="matrix.backend")
-    cls.check_available()
-    return name, cls
 
-
-def check_references(matrix: Matrix) -> None:
-    """Every ``$env:NAME`` value of the profiles and commands the cells use (their ``env``, a
-    command's ``workdir``) names a variable that is set here (it is read when each cell
-    starts); else a ConfigError naming each one."""
-    refs = [(f"hardware.{hardware}.env", matrix.profiles[hardware].env)
-            for hardware in sorted({c.hardware for c in matrix.cells})]
-    for name in sorted({p.name for p in map(matrix.program, matrix.cells) if p.command}):
-        command = matrix.commands[name]
-        refs.append((f"commands.{name}.env", command.env))
-        if command.workdir is not None:
-            refs.append((f"commands.{name}", {"workdir": command.workdir}))
-    problems = [
-        Problem(str(matrix.path), f"{where}.{name}",
-                f"takes its value from ${source} of this environment (\"$env:{source}\"), "
-                f"which is not set: export {source} before the sweep")
-        for where, env in refs
-        for name, source in missing_references(env)
-    ]
-    if problems:
-        raise ConfigError(problems)
+def order_run(run: OpenRun, seed: int | None, parallel: bool) -> None:
+    """The run's cells in the order to try them (:func:`~orchestrator.plan.ordering.order_cells`:
+    rounds of repeats, each shuffled by the run's seed; longest expected first when
+    ``parallel``), recorded in plan.json (``order``) and run.json (``order_seed``). A resumed
+    run keeps the order it recorded. Recording fails only with a warning: the order is
+    still used."""
+    plan = run.paths.plan_data()
+    recorded = plan.get("order") if plan is not None else None
+    if not run.new and isinstance(recorded, dict) and isinstance(recorded.get("cells"), list):
+        run.cells = ordering.recorded_order(run.cells, [str(c) for c in recorded["cells"]])
+        return
+    if seed is None:
+        seed = secrets.randbelow(2**32)
+    run.cells = ordering.order_cells(run.cells, run.expected, seed, parallel)
+    run.meta["order_seed"] = seed
+    if plan is None:
+        return
+    plan["order"] = {"seed": seed, "parallel": parallel, "rule": ordering.RULE,
+                     "cells": [c.id for c in run.cells]}
+    try:
+        write_json(run.paths.plan, plan)
+        write_json(run.paths.run_meta, run.meta)
+    except OSError as exc:
+        log.warning("the cells' order was not recorded: %s", _os_error(exc))
 
 
 def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | None) -> OpenRun:
@@ -271,8 +323,10 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
         return _reopen_run(matrix, backend, results_root, resume)
     root = Path(results_root) / matrix.name
     paths: RunPaths | None = None
+    lock: FolderLock | None = None
     try:
         paths = RunPaths.create(results_root, matrix.name)
+        lock = lock_run(paths)  # before plan.json: a --resume of the newest run waits its turn
         paths.matrix_file.write_text(redact_toml(matrix.source_text), encoding="utf-8")
         write_json(paths.plan, plan_json(matrix, backend))
         meta: dict[str, Any] = {
@@ -284,31 +338,59 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
         }
         write_json(paths.run_meta, meta)
     except OSError as exc:
+        if lock is not None:
+            lock.release()
         if paths is not None:
             shutil.rmtree(paths.root, ignore_errors=True)
             with contextlib.suppress(OSError):
                 root.rmdir()  # the matrix's folder, when this run was its first
         raise _unwritable(results_root, f"cannot write the run folder under {root}: "
                           f"{_os_error(exc)}; choose a writable folder") from None
-    return OpenRun(paths, list(matrix.cells), meta, new=True)
+    return OpenRun(paths, list(matrix.cells), meta, new=True, lock=lock)
+
+
+def lock_run(paths: RunPaths) -> FolderLock:
+    """The run folder's lock (``<run>/.lock``), held by the one sweep working in it: a second
+    ``--resume`` of a run that a sweep (or another resume) still works in is refused, naming
+    the holder, before it touches anything (it would archive the running cells' folders,
+    stop their processes and run every remaining cell twice)."""
+    try:
+        return folder_lock.acquire(paths.lock)
+    except folder_lock.LockHeld as exc:
+        raise ConfigError(
+            f"run {paths.run_id} is in use by another sweep ({exc.holder}); wait for it to end "
+            "(or stop it: Ctrl-C / kill PID, then --resume)", field="--resume") from None
 
 
 def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -> OpenRun:
     """``--resume``: an earlier run's folder and the cells of it that did not end ok."""
     paths = find_run(results_root, matrix.name, resume or None)
-    meta = read_json(paths.run_meta)  # damaged: a ConfigError naming it
-    if not isinstance(meta, dict):
-        raise ConfigError("not a JSON object; the file is damaged", file=str(paths.run_meta))
     try:
+        lock = lock_run(paths)
+    except OSError as exc:
+        raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
+                          f"{_os_error(exc)}") from None
+    try:
+        cells_dir = paths.root / "cells"
+        existing = sorted(e.name for e in cells_dir.iterdir() if e.is_dir()) if (
+            cells_dir.is_dir()) else []
+        meta = read_json(paths.run_meta)  # damaged: a ConfigError naming it
+        if not isinstance(meta, dict):
+            raise ConfigError("not a JSON object; the file is damaged",
+                              file=str(paths.run_meta))
         cells = cells_to_resume(paths, matrix)
         meta.setdefault("resumed", []).append(
             {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend,
              "controller": controller_id()})
         write_json(paths.run_meta, meta)
     except OSError as exc:
+        lock.release()
         raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
                           f"{_os_error(exc)}") from None
-    return OpenRun(paths, cells, meta, new=False)
+    except BaseException:
+        lock.release()
+        raise
+    return OpenRun(paths, cells, meta, new=False, lock=lock, existing=existing)
 
 
 def _unwritable(results_root: Path, message: str) -> ConfigError:
@@ -333,7 +415,9 @@ def prepare_backend(cls: type[Backend], matrix: Matrix, run: OpenRun, options: R
     try:
         backend = cls(matrix, run.paths, options)
         if run.cells:
-            backend.prepare(run.cells, on_log=events.log)
+            controls = [t for t in matrix.controls.values()
+                        if any(c.hardware == t.hardware for c in run.cells)]
+            backend.prepare(run.cells + controls, on_log=events.log)
     except BaseException:
         if backend is not None:
             backend.close()
@@ -345,15 +429,15 @@ def prepare_backend(cls: type[Backend], matrix: Matrix, run: OpenRun, options: R
     return backend
 
 
-def run_all(backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0
-            ) -> tuple[list[CellResult], bool]:
+def run_all(backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0,
+            controls: ControlSchedule | None = None) -> tuple[list[CellResult], bool]:
     """Run the cells (:func:`run_cells`), then close the backend whatever happened.
 
     Returns the results and whether the sweep was interrupted (Ctrl-C, SIGTERM, the cancel flag).
     """
     interrupted = False
     try:
-        results = run_cells(backend, cells, events, retries=retries)
+        results = run_cells(backend, cells, events, retries=retries, controls=controls)
     except KeyboardInterrupt:
         backend.options.cancel.set()
         interrupted = True
@@ -395,10 +479,13 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
     except OSError as exc:
         problems.append(f"summary.csv / summary.txt not written: {_os_error(exc)}")
         rows = summarize(every)
-        table = render_table(rows, list(matrix.varying), baseline=matrix.settings.baseline)
+        table = render_table(rows, list(matrix.varying), baseline=matrix.settings.baseline,
+                             results=every)
     _plot_if_possible(paths, rows, matrix.name)
     outcome = SweepOutcome(paths, every, rows, table, interrupted, problems)
     run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
+    if outcome.control_counts:
+        run.meta["control_counts"] = outcome.control_counts
     if problems:
         run.meta["problems"] = problems
     try:
@@ -481,27 +568,45 @@ def _ended_ok(result: Path) -> bool:
 @dataclass(frozen=True)
 class Attempt:
     """One try of a cell: the first, a retry after its host was lost, or a re-run after it
-    throttled (``reruns`` of them so far)."""
+    throttled (``reruns`` of them so far). ``lost``: the earlier tries whose host was lost
+    (what the cell's result records of them)."""
 
     cell: Cell
     number: int = 1
     reruns: int = 0
+    lost: tuple[dict[str, Any], ...] = ()
 
-    def retry(self) -> Attempt:
-        """The next try of the same cell."""
-        return Attempt(self.cell, self.number + 1, self.reruns)
+    def retry(self, lost: dict[str, Any] | None = None) -> Attempt:
+        """The next try of the same cell, after the try ``lost`` (its host was lost)."""
+        return Attempt(self.cell, self.number + 1, self.reruns,
+                       self.lost + ((lost,) if lost else ()))
 
     def rerun(self) -> Attempt:
         """The next try after a throttled one."""
-        return Attempt(self.cell, self.number + 1, self.reruns + 1)
+        return Attempt(self.cell, self.number + 1, self.reruns + 1, self.lost)
+
+    def record(self, result: CellResult) -> CellResult:
+        """``result`` with the tries before it whose host was lost (``lost_attempts`` in its
+        provenance: each one's number, reason and where its folder was kept)."""
+        if self.lost:
+            result.provenance["lost_attempts"] = [dict(entry) for entry in self.lost]
+        return result
 
 
 @dataclass(frozen=True)
 class Running:
-    """An attempt that was started, and the allocation it holds until it ends."""
+    """An attempt that was started on ``allocation``.
+
+    ``held`` is the allocation a configuration cell was given (``owner``) and that goes back
+    when this attempt ends, unless ``then`` (the configuration attempt a control measurement
+    runs before) starts on it next; a control measurement runs inside its owner's allocation
+    (:mod:`orchestrator.plan.controls`)."""
 
     attempt: Attempt
     allocation: Allocation
+    held: Allocation
+    owner: Cell
+    then: Attempt | None = None
 
 
 #: After an interrupt, how long the sweep waits for a running cell to stop and report.
@@ -509,7 +614,8 @@ CANCEL_WAIT_S = 60.0
 
 
 def run_cells(
-    backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0
+    backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0,
+    controls: ControlSchedule | None = None,
 ) -> list[CellResult]:
     """Start each cell as soon as the backend can place it; collect and record every result.
 
@@ -517,38 +623,59 @@ def run_cells(
     ends (and at the start), :func:`place` the pending ones, run each placed one in a worker
     thread (:meth:`~orchestrator.backends.base.Backend.run_cell`), and :func:`collect` each one
     that ended: its allocation goes back, and a cell whose host was lost runs again (up to
-    ``retries`` times) while one that ended otherwise is recorded (:func:`record`: written to
-    disk, reported). Cancelled: the running cells see the flag, stop their workload and report;
-    one that does not report within :data:`CANCEL_WAIT_S` is recorded failed and left behind.
+    ``retries`` times; the lost attempt's folder kept under ``superseded/`` and named in the
+    result's ``lost_attempts``) while one that ended otherwise is recorded (:func:`record`:
+    written to disk, reported). Cancelled: the running cells see the flag, stop their workload
+    and report; one that does not report within :data:`CANCEL_WAIT_S` is recorded failed and
+    left behind.
+
+    ``controls``: the matrix's control measurements (:class:`ControlSchedule`), each run in a
+    configuration cell's allocation before or after it (the cell's host and GPUs) and recorded
+    as a control result.
 
     Every cell given ends with exactly one recorded result, whatever happened to it.
     """
     results: list[CellResult] = []
 
-    def done(cell: Cell, result: CellResult) -> None:
-        results.append(record(backend.paths, cell, result, events))
+    def done(attempt: Attempt, result: CellResult) -> None:
+        results.append(record(backend.paths, attempt.cell, attempt.record(result), events))
 
     pending: deque[Attempt] = deque()
     for cell in cells:
         reason = backend.unplaceable(cell)
         if reason:
-            done(cell, unplaceable_result(Attempt(cell), reason))
+            done(Attempt(cell), unplaceable_result(Attempt(cell), reason))
         else:
             pending.append(Attempt(cell))
     running: dict[Future[CellResult], Running] = {}
     cancel = backend.options.cancel
+
+    def start(attempt: Attempt, allocation: Allocation, held: Allocation, owner: Cell,
+              then: Attempt | None = None) -> None:
+        events.cell_started(attempt.cell, allocation)
+        fut = _in_worker(f"cell-{attempt.cell.id}", backend.run_cell, attempt.cell, allocation,
+                         attempt.number)
+        running[fut] = Running(attempt, allocation, held, owner, then)
+
+    def control_on(cell: Cell, held: Allocation, control: Cell, then: Attempt | None) -> None:
+        start(Attempt(control), control_allocation(control, held), held, cell, then)
+
+    def launch(attempt: Attempt, allocation: Allocation) -> None:
+        control = controls.before(attempt.cell, allocation) if controls else None
+        if control is not None:
+            control_on(attempt.cell, allocation, control, attempt)
+        else:
+            start(attempt, allocation, allocation, attempt.cell)
+
     try:
         changed = True  # GPUs and hosts free up only when a cell ends: place only then
         while (pending or running) and not cancel.is_set():
             if changed:
                 for attempt, decision in place(backend, pending):
                     if isinstance(decision, str):
-                        done(attempt.cell, unplaceable_result(attempt, decision))
+                        done(attempt, unplaceable_result(attempt, decision))
                         continue
-                    events.cell_started(attempt.cell, decision)
-                    fut = _in_worker(f"cell-{attempt.cell.id}", backend.run_cell,
-                                     attempt.cell, decision, attempt.number)
-                    running[fut] = Running(attempt, decision)
+                    launch(attempt, decision)
             if not running:
                 if not pending:
                     break  # the rest became unplaceable
@@ -557,11 +684,22 @@ def run_cells(
             changed = bool(finished)
             for fut in finished:
                 started = running.pop(fut)
-                result = collect(backend, fut, started)
+                result = _result_of(fut, started.attempt)
                 attempt = started.attempt
+                if attempt.cell.is_control:
+                    done(attempt, result)
+                    follow = started.then
+                    if follow is not None and result.status is not Status.HOST_LOST:
+                        start(follow, started.held, started.held, started.owner)
+                        continue
+                    backend.release(started.owner, started.held)
+                    if follow is not None:  # the host went away under the control
+                        pending.appendleft(follow)
+                    continue
                 add_profiler_figures(backend, attempt.cell, result)
                 if should_rerun(result, backend.matrix.settings, attempt.reruns) and supersede(
-                        backend.paths, attempt.cell.id, "throttled"):
+                        backend.paths, attempt.cell.id, "throttled") is not None:
+                    backend.release(started.owner, started.held)
                     events.log(f"{attempt.cell.id}: the GPU throttled while measuring; "
                                f"running it again (re-run {attempt.reruns + 1} of "
                                f"{backend.matrix.settings.rerun_throttled})")
@@ -569,16 +707,28 @@ def run_cells(
                     continue
                 if (result.status is Status.HOST_LOST
                         and attempt.number - attempt.reruns <= retries):
+                    # the lost try's folder is kept aside: its output never mixes with the next
+                    kept = supersede(backend.paths, attempt.cell.id, "host_lost")
+                    backend.release(started.owner, started.held)
                     events.log(f"{attempt.cell.id}: {result.reason}; retrying "
                                f"(attempt {attempt.number + 1})")
-                    pending.appendleft(attempt.retry())
+                    pending.appendleft(attempt.retry({
+                        "attempt": attempt.number, "status": result.status.value,
+                        "reason": result.reason, **({"folder": kept} if kept else {})}))
                     continue
-                done(attempt.cell, result)
+                done(attempt, result)
+                control = None
+                if controls is not None and result.status is not Status.HOST_LOST:
+                    control = controls.after(attempt.cell, started.held, last=not pending)
+                if control is not None and not cancel.is_set():
+                    control_on(attempt.cell, started.held, control, None)
+                else:
+                    backend.release(started.owner, started.held)
     except KeyboardInterrupt:
         cancel.set()
     # Cancelled: running cells see the flag, kill their workload and report.
     for fut, started in list(running.items()):
-        done(started.attempt.cell, collect(backend, fut, started, wait_s=CANCEL_WAIT_S))
+        done(started.attempt, collect(backend, fut, started, wait_s=CANCEL_WAIT_S))
     return results
 
 
@@ -626,7 +776,7 @@ def collect(backend: Backend, fut: Future[CellResult], started: Running,
 
     A worker that raised, or that did not report within ``wait_s``, gives a failed result."""
     result = _result_of(fut, started.attempt, wait_s)
-    backend.release(started.attempt.cell, started.allocation)
+    backend.release(started.owner, started.held)
     return result
 
 
@@ -650,21 +800,23 @@ def add_profiler_figures(backend: Backend, cell: Cell, result: CellResult) -> No
         log.warning("%s: profiler figures not added: %s", cell.id, exc)
 
 
-def supersede(paths: RunPaths, cell_id: str, why: str) -> bool:
+def supersede(paths: RunPaths, cell_id: str, why: str) -> str | None:
     """Move a cell's folder to ``superseded/<cell>-<why>-<ms>`` (an attempt that is not the
-    cell's result, kept for the record). False when it cannot be moved (the attempt then stays
-    the cell's result)."""
+    cell's result, kept for the record). Returns that folder relative to the run ("" when the
+    cell had none), or None when it cannot be moved (the attempt then stays the cell's
+    result)."""
     cell_dir = paths.cell_dir(cell_id)
     try:
-        if cell_dir.exists():
-            archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
-            archive.parent.mkdir(exist_ok=True)
-            cell_dir.rename(archive)
+        if not cell_dir.exists():
+            return ""
+        archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
+        archive.parent.mkdir(exist_ok=True)
+        cell_dir.rename(archive)
     except OSError as exc:
         log.warning("%s: its folder cannot be moved to superseded/ (%s); keeping its result",
                     cell_id, exc)
-        return False
-    return True
+        return None
+    return str(archive.relative_to(paths.root))
 
 
 def record(paths: RunPaths, cell: Cell, result: CellResult, events: SweepEvents) -> CellResult:
@@ -707,7 +859,7 @@ def _result_of(fut: Future[CellResult], attempt: Attempt, wait_s: float | None =
 def _unrun_result(cell: Cell, status: Status, reason: str) -> CellResult:
     return CellResult(
         cell_id=cell.id, group=cell.group, repeat=cell.repeat, status=status, reason=reason,
-        params=cell.params.model_dump(), attempts=0,
+        params=cell.params.model_dump(), attempts=0, config_hash=cell.hash, role=cell.role,
     )
 
 

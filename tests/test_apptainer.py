@@ -42,17 +42,17 @@ from slurm_support import (  # noqa: F401 - slurm_cluster is a fixture
 from ssh_support import write_inventory
 
 from orchestrator.backends.base import RunOptions
+from orchestrator.backends.checks import check_matrix
 from orchestrator.backends.process import ProcessBackend
 from orchestrator.backends.slurm import SlurmBackend, render_sbatch
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import BuildError, ConfigError
 from orchestrator.images import build, sif
-from orchestrator.plan import apptainer
-from orchestrator.plan.checks import check_matrix
 from orchestrator.plan.matrix import Matrix, load_matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.plan.selection import ImageKey
 from orchestrator.results.run_folder import RunPaths, Status
+from orchestrator.runtimes import apptainer
 from orchestrator.sweep import SweepOutcome, run_sweep
 
 TESTS = Path(__file__).resolve().parent
@@ -268,7 +268,7 @@ def test_prepare_refuses_missing_binary_and_bind_source_at_once(tmp_path, monkey
     (tmp_path / "data").rmdir()
     matrix = load_matrix(path)
     with pytest.raises(ConfigError) as err:
-        sif.prepare_runtime(matrix, matrix.cells, sif.LocalMachine())
+        apptainer.prepare(matrix, matrix.cells, sif.LocalMachine())
     fields = {p.field: p.message for p in err.value.problems}
     assert set(fields) == {"hardware.cpu.apptainer.binary",
                            "hardware.cpu.apptainer.binds[0].source"}
@@ -281,7 +281,7 @@ def test_a_given_sif_that_is_missing_is_refused(tmp_path, apptainer_standin) -> 
     (tmp_path / "probe.sif").unlink()
     matrix = load_matrix(path)
     with pytest.raises(ConfigError) as err:
-        sif.prepare_runtime(matrix, matrix.cells, sif.LocalMachine())
+        apptainer.prepare(matrix, matrix.cells, sif.LocalMachine())
     (problem,) = err.value.problems
     assert problem.field == "hardware.cpu.apptainer.sif" and "does not exist" in problem.message
 
@@ -290,7 +290,7 @@ def test_sif_plans_follow_the_ngc_release_axis(write_matrix) -> None:
     matrix = load_matrix(write_matrix(WORKLOAD_MATRIX.replace('sif = "/images/resnet.sif"', "")
                                       + '[axes]\nngc_release = ["23.10", "24.05"]\n',
                                       cpu_profile=False))
-    plans = sif.plan_sifs(matrix, matrix.cells)
+    plans = apptainer.plan_sifs(matrix, matrix.cells)
     assert set(plans) == {ImageKey("node", "23.10"), ImageKey("node", "24.05")}
     assert len({p.path for p in plans.values()}) == 2
     assert plans[ImageKey("node", "24.05")].image.base_image.endswith(":24.05-py3")

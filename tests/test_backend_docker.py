@@ -21,13 +21,13 @@ from standin_support import Standin, container_mount
 from workload_support import TINY_WORKLOAD
 
 from orchestrator.backends.base import RunOptions
-from orchestrator.backends.containers import CONTAINER_OUT, container_kwargs
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.errors import BackendUnavailable
 from orchestrator.local.engine import LABEL_CELL, LABEL_CONTROLLER, LABEL_RUN
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.results.run_folder import RunPaths, Status
+from orchestrator.runtimes.docker import CONTAINER_OUT, container_kwargs
 from orchestrator.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,6 +13,7 @@ review the diff).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import threading
@@ -49,6 +50,15 @@ from orchestrator.backends.slurm import (
     render_sbatch,
     slurm_time,
 )
+from orchestrator.backends.slurm_jobs import (
+    ArrayJob,
+    ArrayTask,
+    expand_hostlist,
+    parse_elapsed,
+    render_array,
+    shape_of,
+)
+from orchestrator.cli import main as cli_main
 from orchestrator.config.matrix_file import SlurmOptions
 from orchestrator.errors import BackendUnavailable, LaunchError
 from orchestrator.plan.matrix import load_matrix
@@ -111,7 +121,60 @@ CASES = {
             extra_args=["--constraint=a100", '--comment=it\'s "quoted"', "--exclusive"],
         ),
     ),
+    "multinode": SbatchJob(
+        cell_id="cpu-g4-n2-r1",
+        argv=("/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes=2",
+              "--nproc_per_node=2", "--rdzv_backend=static", "--rdzv_id=cpu-g4-n2-r1", "-m",
+              "workload", "--device", "cpu", "--output-dir", "/runs/mn/cells/cpu-g4-n2-r1"),
+        env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+        output="/runs/mn/cells/cpu-g4-n2-r1/slurm-%j.out",
+        workdir="/src/orchestrate",
+        time_limit="00:35:00",
+        nodes=2,
+    ),
+    "multinode-apptainer": SbatchJob(
+        cell_id="a100-g16-n2-r1",
+        argv=("apptainer", "exec", "--nv", "--cleanenv", "--env", "PYTHONUNBUFFERED=1",
+              "/images/resnet.sif", "python3", "-m", "torch.distributed.run", "--nnodes=2",
+              "--nproc_per_node=8", "--rdzv_backend=static", "--rdzv_id=a100-g16-n2-r1", "-m",
+              "workload", "--device", "cuda"),
+        env={"APPTAINERENV_ODD": "a=b", "APPTAINERENV_HF_TOKEN": "$env:HF_TOKEN"},
+        output="/runs/mn/cells/a100-g16-n2-r1/slurm-%j.out",
+        workdir="/runs/mn/cells/a100-g16-n2-r1",
+        time_limit="01:00:00",
+        gpus=8,
+        options=SlurmOptions(partition="gpu", cpus_per_gpu=8),
+        gpu_env="APPTAINERENV_CUDA_VISIBLE_DEVICES",
+        nodes=2,
+        env_prefix="APPTAINERENV_",
+    ),
+    "multinode-self": SbatchJob(
+        cell_id="v100-g16-n2-r1",
+        argv=("mpirun", "-np", "16", "python", "main.py", "--arch", "resnet50"),
+        env={"PYTHONUNBUFFERED": "1"},
+        output="/runs/mn/cells/v100-g16-n2-r1/slurm-%j.out",
+        workdir="/workspace/rn50",
+        time_limit="01:00:00",
+        gpus=8,
+        nodes=2,
+        per_node=False,
+        tasks_per_node=8,
+    ),
 }
+
+ARRAY = ArrayJob(
+    name="orchestrate-slurm_tiny",
+    shape=("#SBATCH --nodes=1", "#SBATCH --ntasks=1", "#SBATCH --time=00:35:00",
+           "#SBATCH --no-requeue", '#SBATCH --account="bench lab"'),
+    tasks=(
+        ArrayTask("/runs/tiny/cells/cpu-bs2-r1", "/src/orchestrate",
+                  "/runs/tiny/cells/cpu-bs2-r1/job.sbatch"),
+        ArrayTask("/runs/tiny/cells/it's $(x)", "/src/my orchestrate",
+                  "/runs/tiny/cells/it's $(x)/job.sbatch"),
+    ),
+    output="/runs/100%%/slurm/array-%A_%a.out",
+    limit=4,
+)
 
 
 # --- the batch script ---------------------------------------------------------------------------
@@ -120,6 +183,15 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_render_matches_golden(case: str) -> None:
     check_golden(f"sbatch-{case}.sh", render_sbatch(CASES[case]))
+
+
+def test_array_matches_golden() -> None:
+    check_golden("sbatch-array.sh", render_array(ARRAY))
+    assert shape_of(render_sbatch(CASES["options"])) == shape_of(render_sbatch(
+        dataclasses.replace(CASES["options"], cell_id="other", workdir="/elsewhere",
+                            output="/x/slurm-%j.out", argv=("true",))))
+    assert shape_of(render_sbatch(CASES["options"])) != shape_of(render_sbatch(
+        dataclasses.replace(CASES["options"], gpus=4)))
 
 
 @pytest.mark.subprocess  # runs the rendered script under bash
@@ -137,6 +209,46 @@ def test_script_body_passes_every_value_through_unchanged(tmp_path: Path) -> Non
     assert out[0].startswith("# slurm job ? on ")
     assert out[1] == "$(touch pwned) it's"
     assert out[2:] == [f"[{a}]" for a in nasty]
+    assert not (tmp_path / "pwned").exists()
+
+
+FAKE_SRUN = """#!/bin/sh
+# srun as the multi-node script calls it: its options, then the command, once per node
+while [ "${1#--}" != "$1" ]; do shift; done
+for node in 0 1; do SLURM_NODEID=$node CUDA_VISIBLE_DEVICES="$node,7" "$@" || exit $?; done
+"""
+
+
+def test_multi_node_script_gives_each_node_its_rank_and_the_rendezvous(tmp_path: Path) -> None:
+    """The multi-node body run by bash with stand-ins for scontrol and srun (no Slurm): every
+    node gets its rank from SLURM_NODEID, the same rendezvous on the first node, its own GPUs
+    (with the Apptainer prefix too), and the argv unchanged."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\n[ \"$1 $2 $3\" = 'show hostnames mn[3-4]' ]"
+                                      " && printf 'mn3\\nmn4\\n'\n")
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    nasty = ["a b", "$(touch pwned)", "it's", "*"]
+    show = ('echo "rank=$NODE_RANK pet=$PET_NODE_RANK/$APPTAINERENV_PET_NODE_RANK '
+            'rdzv=$PET_RDZV_ENDPOINT master=$MASTER_ADDR:$MASTER_PORT '
+            'gpus=$APPTAINERENV_CUDA_VISIBLE_DEVICES"; printf "[%s]" "$@"; echo')
+    job = dataclasses.replace(CASES["multinode-apptainer"], argv=("sh", "-c", show, "x", *nasty),
+                              env={})
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(job))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "mn[3-4]",
+           "SLURM_JOB_ID": "1234"}
+    out = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True,
+                         env=env, check=True).stdout.splitlines()
+    port = 29400 + 1234 % 500
+    assert out[1] == f"# rendezvous mn3:{port} of nodes mn[3-4]"
+    body = "".join(f"[{a}]" for a in nasty)
+    assert out[2:] == [
+        f"rank=0 pet=0/0 rdzv=mn3:{port} master=mn3:{port} gpus=0,7", body,
+        f"rank=1 pet=1/1 rdzv=mn3:{port} master=mn3:{port} gpus=1,7", body,
+    ]
     assert not (tmp_path / "pwned").exists()
 
 
@@ -183,6 +295,39 @@ def test_cuda_cell_asks_for_gres_and_leaves_gpu_selection_to_slurm(write_matrix,
     assert "--nproc_per_node=2" in script and "export NCCL_DEBUG=WARN\n" in script
     assert "--gres" not in render_sbatch(backend.sbatch_job(by["cpu", 2]))
     assert "--gres=gpu:1" in render_sbatch(backend.sbatch_job(by["a100", 1]))
+
+
+def test_dry_run_names_the_arrays_and_jobs(write_matrix, tmp_path, capsys):
+    """--dry-run says how the cells go to Slurm: one array per job shape (with its %N), a job
+    of its own for a multi-node cell, none with arrays = false; it refuses nodes > 1 on a
+    backend that cannot span nodes, as validate and the sweep do."""
+    path = write_matrix(TINY + """
+        [hardware.cpu.slurm]
+        array_limit = 3
+        [axes]
+        seed = [1, 2, 3, 4]
+        [[include]]
+        gpus = 2
+        nodes = 2
+        [hardware.solo]
+        device = "cpu"
+        slurm = { arrays = false }
+        [[include]]
+        hardware = "solo"
+        [[include]]
+        hardware = "solo"
+        seed = 9
+    """, cpu_profile=False)
+    assert cli_main(["matrix", str(path), "--dry-run", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = out[out.index("slurm submissions"):].splitlines()
+    assert lines[1].startswith("  array of 4 cells (--array=0-3%3): --nodes=1 --ntasks=1 ")
+    assert lines[2].startswith("  job cpu-g2-bs2-fp32-n2-seed0-r1: --nodes=2 --ntasks-per-node=1 ")
+    assert [line.split(":")[0] for line in lines[3:5]] == [
+        "  job solo-g1-bs2-fp32-n1-seed0-r1", "  job solo-g1-bs2-fp32-n1-seed9-r1"]
+    assert cli_main(["matrix", str(path), "--dry-run", "--backend", "process"]) == 2
+    assert "include[0].nodes: nodes = 2: the process backend runs a cell on one machine" in \
+        capsys.readouterr().err
 
 
 def test_max_jobs_caps_cells_in_flight(write_matrix, tmp_path):
@@ -244,13 +389,26 @@ def test_outcome_to_exit_info(outcome: JobOutcome, code: int, oom: bool, lost: b
 
 
 def test_parse_sacct_and_scontrol() -> None:
-    assert parse_sacct("CANCELLED by 0|0:15|node1\n") == JobOutcome("CANCELLED", "0:15", "node1")
-    assert parse_sacct("PENDING|0:0|None assigned\n") == JobOutcome("PENDING", "0:0", None)
+    assert parse_sacct("CANCELLED by 0|0:15|node1|00:01:05\n") == JobOutcome(
+        "CANCELLED", "0:15", "node1", elapsed_s=65, source="sacct")
+    assert parse_sacct("PENDING|0:0|None assigned|00:00:00\n") == JobOutcome(
+        "PENDING", "0:0", None, elapsed_s=0, source="sacct")
+    assert parse_sacct("COMPLETED|0:0|mn[1-2]\n").hosts == ["mn1", "mn2"]
     assert parse_sacct("") is None
     text = ("JobId=7 JobName=x JobState=FAILED Reason=NonZeroExitCode Dependency=(null) "
-            "ExitCode=3:0 NodeList=localhost BatchHost=localhost")
-    assert parse_scontrol(text) == JobOutcome("FAILED", "3:0", "localhost", "NonZeroExitCode")
+            "RunTime=1-00:00:02 ExitCode=3:0 NodeList=localhost BatchHost=localhost")
+    assert parse_scontrol(text) == JobOutcome("FAILED", "3:0", "localhost", "NonZeroExitCode",
+                                              elapsed_s=86402, source="scontrol")
     assert parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+
+
+def test_host_lists_and_times() -> None:
+    assert expand_hostlist("mn[1-2],gpu[08-10,12],login") == [
+        "mn1", "mn2", "gpu08", "gpu09", "gpu10", "gpu12", "login"]
+    assert expand_hostlist("rack[1-2]-n[1,3]") == ["rack1-n1", "rack1-n3", "rack2-n1", "rack2-n3"]
+    assert expand_hostlist("") == [] and expand_hostlist("node7") == ["node7"]
+    assert parse_elapsed("00:00:03") == 3 and parse_elapsed("2-01:00:00") == 176400
+    assert parse_elapsed("05:07") == 307 and parse_elapsed("INVALID") is None
 
 
 def test_registered_and_unavailable_without_slurm(monkeypatch) -> None:

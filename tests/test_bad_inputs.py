@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from collections import Counter
@@ -49,12 +50,16 @@ class Case:
     err: tuple[str, ...] = ()
     #: texts stdout must contain
     out: tuple[str, ...] = ()
+    #: texts neither stdout nor stderr may contain (e.g. ``Infinity``, which is not JSON)
+    absent: tuple[str, ...] = ()
     #: prepares the case folder beyond ``files`` (a FIFO, a symlink, an old run)
     setup: Callable[[Path], None] | None = None
     #: checks the case folder afterwards (accepted cases: what was written)
     check: Callable[[Path], None] | None = None
     #: also run it as a real subprocess
     subprocess: bool = False
+    #: environment variables set for the case (``{dir}`` replaced)
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -225,6 +230,10 @@ _RANGES += [
 ]
 for _i, (_name, _kw, _field) in enumerate(_RANGES):
     bad_matrix("ranges", _name, mx(**_kw), _field, subprocess=_i % 12 == 0)
+bad_matrix("ranges", "data-an-option", mx(workload='data = "--help"'), "workload.data",
+           err=("starts with '-'", "./--help"))
+bad_matrix("ranges", "data-an-option-in-an-axis", mx(axes='data = ["/d", "-x"]'),
+           "axes.data[1]")
 good_matrix("ranges", "gpus=64-accepted", mx(workload="gpus = 64"), 1)
 good_matrix("ranges", "batch=65536-accepted", mx(workload="batch_size = 65536"), 1)
 good_matrix("ranges", "timeout-a-week-accepted", mx(matrix="timeout_s = 604800"), 1)
@@ -260,18 +269,21 @@ bad_matrix("unknown-keys", "nothing-near", mx(workload="zzzz = 1"),
 # --- nesting ---------------------------------------------------------------------------------
 
 _DEEP = "nested too deeply"
-for _name, _text in [
-    ("arrays-500", mx() + "deep = " + "[" * 500 + "]" * 500 + "\n"),
-    ("inline-tables-500", mx() + "deep = " + "{a = " * 500 + "1" + "}" * 500 + "\n"),
-    ("headers-500", mx() + "[" + ".".join(["a"] * 500) + "]\nx = 1\n"),
-    ("arrays-17", mx() + "deep = " + "[" * 17 + "]" * 17 + "\n"),
-    ("arrays-100000", "deep = " + "[" * 100000 + "]" * 100000 + "\n"),
+_LINE = len(mx().splitlines()) + 1  # the line appended to mx()
+for _name, _text, _field in [  # the field named (issue 24, item 17)
+    ("arrays-500", mx() + "deep = " + "[" * 500 + "]" * 500 + "\n", f"deep (line {_LINE})"),
+    ("inline-tables-500", mx() + "deep = " + "{a = " * 500 + "1" + "}" * 500 + "\n",
+     f"deep (line {_LINE})"),
+    ("headers-500", mx() + "[" + ".".join(["a"] * 500) + "]\nx = 1\n", "a.a.a..."),
+    ("arrays-17", mx() + "deep = " + "[" * 17 + "]" * 17 + "\n", "hardware.cpu.deep..."),
+    ("arrays-100000", "deep = " + "[" * 100000 + "]" * 100000 + "\n", "deep (line 1)"),
 ]:
     case("nesting", _name, ["validate", "{dir}/m.toml"], files={"m.toml": _text},
-         err=("m.toml: nested too deeply",), subprocess=_name == "arrays-500")
+         err=(f"m.toml: {_field}: nested too deeply",), subprocess=_name == "arrays-500")
 bad_matrix("nesting", "axis-of-lists", mx(axes="gpus = [[1], [2]]"), "axes.gpus[0]")
 case("nesting", "hosts-500", ["hosts", "check", "{dir}/h.toml"],
-     files={"h.toml": "x = " + "[" * 500 + "]" * 500 + "\n"}, err=("h.toml: nested too deeply",))
+     files={"h.toml": "x = " + "[" * 500 + "]" * 500 + "\n"},
+     err=("h.toml: x (line 1): nested too deeply",))
 
 # --- size ------------------------------------------------------------------------------------
 
@@ -408,6 +420,43 @@ for _name, _argv, _field in [
          else _argv, files={"m.toml": mx()}, setup=_a_run, err=(_field,),
          subprocess=_name == "report-run-dotdot")
 
+def _run_elsewhere(d: Path) -> None:
+    """A run in the results, and one outside it ({dir}/elsewhere) that a symlink in the results
+    leads to (results/m/<run 2>), and a victim matrix beside the results."""
+    _a_run(d)
+    _a_run(d / "elsewhere", run="20260102-000000-abcd")
+    _a_run(d / "elsewhere", name="victim")
+    (d / "results" / "m" / "20260102-000000-abcd").symlink_to(
+        d / "elsewhere" / "results" / "m" / "20260102-000000-abcd")
+
+
+def _nothing_indexed_outside(d: Path) -> None:
+    """The results index holds no run from outside the results folder."""
+    from orchestrator.results.store import open_store
+
+    with open_store(d / "results", refresh=False) as store:
+        outside = [r.path for r in store.runs() if "elsewhere" in r.path]
+    assert not outside, f"indexed from outside the results: {outside}"
+
+
+_LONG_BACK = "latest~" + "9" * 5000
+for _name, _argv, _err in [
+    ("compare-matrix-prefix-dotdot", ["compare", "../elsewhere/results/victim:latest",
+                                      "m:latest"], ("run: ",)),
+    ("compare-matrix-prefix-absolute", ["compare", "/etc:latest", "m:latest"], ("run: ",)),
+    ("compare-latest-5000-digits", ["compare", f"m:{_LONG_BACK}", "m:latest"],
+     ("expected latest~N with N a number below a million",)),
+    ("history-run-latest-5000-digits", ["history", "m", "--run", f"m:{_LONG_BACK}"],
+     ("expected latest~N",)),
+    ("report-run-a-link-out-of-the-results", ["report", "m", "--run", "20260102-000000-abcd"],
+     ("outside the results folder",)),
+    ("report-latest-a-link-out-of-the-results", ["report", "m"],
+     ("outside the results folder",)),
+]:
+    case("names-paths", _name, [*_argv, "--results", "{results}"], setup=_run_elsewhere,
+         err=_err, subprocess=_name == "compare-matrix-prefix-dotdot",
+         check=_nothing_indexed_outside)
+
 # --- template variables and injection --------------------------------------------------------
 
 
@@ -496,6 +545,51 @@ case("templates", "set-apt-accepted", [*_RENDER, "--set", "apt_packages=numactl,
      check=_expect_in("results/ctx/Dockerfile", "      numactl libfoo:amd64 \\\n"))
 
 
+# images render --out never writes through a symbolic link; file variables keep their mode
+# (issue 24, item 12)
+
+
+def _ctx_with_link(name: str, target_is_dir: bool = False) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        (d / "results" / "ctx").mkdir(parents=True)
+        victim = d / "victim"
+        if target_is_dir:
+            victim.mkdir()
+        else:
+            victim.write_text("keep\n")
+        (d / "results" / "ctx" / name).symlink_to(victim)
+
+    return setup
+
+
+def _victim_kept(d: Path) -> None:
+    assert (d / "victim").read_text() == "keep\n"
+    assert not (d / "results" / "ctx" / "Dockerfile").is_symlink()
+
+
+case("templates", "render-out-dockerfile-a-link", _RENDER, setup=_ctx_with_link("Dockerfile"),
+     expect=0, out=("wrote",), check=_victim_kept, subprocess=True)
+case("templates", "render-out-workload-a-link-to-a-folder", _RENDER,
+     setup=_ctx_with_link("workload", target_is_dir=True),
+     err=("--out: ", "a symbolic link on the way; not followed",))
+
+
+def _private_deb(d: Path) -> None:
+    (d / "client.deb").write_bytes(b"!<arch>\n")
+    (d / "client.deb").chmod(0o640)
+    (d / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+
+
+def _mode_kept(d: Path) -> None:
+    assert (d / "results" / "ctx" / "client.deb").stat().st_mode & 0o777 == 0o640
+
+
+case("templates", "render-file-variable-keeps-its-mode-accepted",
+     ["images", "render", "bitfusion", "--out", "{results}/ctx", "--set",
+      "client_deb={dir}/client.deb", "--set", "ca_cert={dir}/ca.crt", "--set",
+      "parent_image=lab/pytorch:1"],
+     setup=_private_deb, expect=0, out=("wrote",), check=_mode_kept)
+
 # --- zip / exclude / include -----------------------------------------------------------------
 
 for _name, _kw, _field in [
@@ -528,6 +622,29 @@ good_matrix("zip-exclude-include", "include-duplicate-dropped",
             mx(extra='[[include]]\nhardware = "cpu"'), 1)
 good_matrix("zip-exclude-include", "zip-accepted",
             mx(extra='[[zip]]\nbatch_size = [8, 16]\nprecision = ["fp32", "bf16"]'), 2)
+
+# --- control cells (issue 25) ----------------------------------------------------------------
+
+for _name, _extra, _field in [
+    ("control-empty", "[control]", "control: give exactly one of params"),
+    ("control-both", '[control]\nparams = {}\ncell = "cpu-bs8"', "control: give exactly one"),
+    ("control-hardware", '[control]\nparams = { hardware = "cpu" }',
+     "control.params.hardware: the control runs on the hardware"),
+    ("control-unknown-cell", '[control]\ncell = "../../etc"', "control.cell: no cell group"),
+    ("control-unknown-key", '[control]\nparams = {}\nevrey = 2', "control.evrey"),
+    ("control-every-0", '[control]\nparams = {}\nevery = 0', "control.every"),
+    ("control-every-huge", '[control]\nparams = {}\nevery = 100000', "control.every"),
+    ("control-every-text", '[control]\nparams = {}\nevery = "2"', "control.every"),
+    ("control-gpus", '[control]\nparams = { gpus = 4 }',
+     "control.params.gpus: the control needs 4 GPU(s)"),
+    ("control-bad-param", '[control]\nparams = { batch_size = 0 }', "control.params.batch_size"),
+    ("control-unknown-program", '[control]\nparams = { program = "ref" }',
+     "control.params.program: unknown program 'ref'"),
+]:
+    bad_matrix("control", _name, mx(extra=_extra), _field)
+    bad_matrix("control", f"{_name}-dry-run", mx(extra=_extra), _field,
+               command=("matrix", "--dry-run"))
+good_matrix("control", "control-params", mx(extra='[control]\nparams = { batch_size = 4 }'), 1)
 
 # --- hosts files -----------------------------------------------------------------------------
 
@@ -634,6 +751,10 @@ case("cli", "report-accepted", ["report", "m", "--results", "{results}", "--base
 case("cli", "dry-run-accepted", ["matrix", "{dir}/m.toml", "--dry-run", "--results",
                                  "{results}"],
      files={"m.toml": mx()}, expect=0, out=("dry run: would run 1 cells",))
+case("cli", "dry-run-names-the-backend-given-accepted",
+     ["matrix", "{dir}/m.toml", "--dry-run", "--backend", "slurm", "--results", "{results}"],
+     files={"m.toml": mx()}, expect=0, out=("repeats), backend slurm\n",
+                                            "dry run: would run 1 cells with backend slurm"))
 _SSH_SMOKE = (ROOT / "matrices" / "ssh_smoke.toml").read_text()
 case("cli", "dry-run-ssh-missing-hosts",
      ["matrix", "{dir}/s.toml", "--dry-run", "--hosts", "{dir}/none.toml"],
@@ -767,6 +888,65 @@ case("old-runs", "history-with-a-damaged-run", ["history", "m", "--results", "{r
      expect=0, err=("skipping cell a-r1",))
 
 
+# hostile files anywhere under the results: every reader skips them with a warning (issue 24,
+# item 7), and what it writes out is standard JSON
+_DEEP_RUN = lambda d: _a_run(d, {"a-r1": _result("a-r1"),  # noqa: E731
+                                 "b-r1": "[" * 100000 + "]" * 100000})
+_LONG_RUN = lambda d: _a_run(d, {"a-r1": _result("a-r1"),  # noqa: E731
+                                 "b-r1": '{"cell_id": "b-r1", "repeat": ' + "9" * 5000 + "}"})
+_INFINITE_RUN = lambda d: _a_run(  # noqa: E731
+    d, {"a-r1": json.dumps(_result("a-r1")).replace("100.0", "1e999")},
+    run_json=f'{{"run_id": "{RUN}", "matrix": "m", "started_at": Infinity, '
+             '"finished_at": 1e999}')
+for _name, _argv, _setup, _out, _err in [
+    ("runs-with-a-result-nested-100000", ["runs"], _DEEP_RUN, "m", "nested too deeply"),
+    ("report-with-a-result-nested-100000", ["report", "m"], _DEEP_RUN, "100.0",
+     "skipping cell b-r1"),
+    ("history-with-a-result-nested-100000", ["history", "m"], _DEEP_RUN, "100.0",
+     "nested too deeply"),
+    ("export-with-a-result-nested-100000", ["export", "m", "--format", "json"], _DEEP_RUN,
+     '"cell_id": "a-r1"', "nested too deeply"),
+    ("report-with-a-5000-digit-number", ["report", "m"], _LONG_RUN, "100.0",
+     "a number too long to read"),
+    ("runs-with-infinite-times", ["runs"], _INFINITE_RUN, "m", ""),
+    ("export-of-infinite-numbers-is-json", ["export", "m", "--format", "json"], _INFINITE_RUN,
+     '"cell_id": "a-r1"', ""),
+]:
+    case("old-runs", _name, [*_argv, "--results", "{results}"], setup=_setup, expect=0,
+         out=(_out,), err=(_err,) if _err else (), absent=("Infinity", "NaN"),
+         subprocess=_name.startswith("runs-with-a-result"))
+
+
+def _index_replaced_by(kind: str) -> Callable[[Path], None]:
+    """A run, and in the index file's place a truncated index, a folder or a FIFO."""
+    def setup(d: Path) -> None:
+        _a_run(d)
+        index = d / "results" / ".orchestrate-index.sqlite"
+        if kind == "truncated":
+            from orchestrator.cli import main as cli
+
+            cli(["runs", "--results", str(d / "results")])  # a real index, then cut
+            index.write_bytes(index.read_bytes()[:3000])
+        elif kind == "folder":
+            index.mkdir()
+        else:
+            os.mkfifo(index)
+
+    return setup
+
+
+def _index_rebuilt(d: Path) -> None:
+    index = d / "results" / ".orchestrate-index.sqlite"
+    assert index.is_file() and index.read_bytes().startswith(b"SQLite format 3")
+    assert list((d / "results").glob(".orchestrate-index.sqlite.damaged-*"))
+
+
+for _kind in ("truncated", "folder", "fifo"):
+    case("old-runs", f"index-{_kind}-is-rebuilt", ["runs", "--results", "{results}"],
+         setup=_index_replaced_by(_kind), expect=0, out=("m",), absent=("read-only",),
+         err=("was damaged",), check=_index_rebuilt, subprocess=_kind == "fifo")
+
+
 def _resume_setup(damage: str) -> Callable[[Path], None]:
     def setup(d: Path) -> None:
         from orchestrator.plan.matrix import load_matrix
@@ -790,6 +970,26 @@ case("old-runs", "resume-truncated-run", ["matrix", "{dir}/m.toml", "--resume", 
 
 
 
+_HELD: list[Any] = []  # locks the cases below hold for as long as the test process runs
+
+
+def _run_in_use(d: Path) -> None:
+    """A run that another sweep is working in: its run folder's lock is held (by this test
+    process, as a sweep or a --resume holds it while it runs)."""
+    from orchestrator.results import folder_lock
+
+    _resume_setup("none")(d)
+    run = d / "results" / "m" / RUN
+    _HELD.append(folder_lock.acquire(run / ".lock",
+                                     argv=["orchestrate", "matrix", "m.toml", "--resume"]))
+
+
+case("old-runs", "resume-of-a-run-in-use", ["matrix", "{dir}/m.toml", "--resume", "--results",
+                                            "{results}"],
+     setup=_run_in_use, err=("--resume: run 20260101-000000-abcd is in use by another sweep "
+                             "(held by pid ", ": orchestrate matrix m.toml --resume)"))
+
+
 def _narrow_run(d: Path) -> None:
     """A run that ran only ``--only batch_size=8`` of a two-cell matrix."""
     from orchestrator.plan.matrix import filter_cells, load_matrix
@@ -805,7 +1005,7 @@ case("old-runs", "resume-with-a-wider-only", ["matrix", "{dir}/m.toml", "--resum
      setup=_narrow_run, err=("--resume: 1 of the selected cells are not in run",
                              "resume with the --only it ran with"))
 
-# --- can it run: the semantic checks (orchestrator/plan/checks.py)
+# --- can it run: the semantic checks (orchestrator/backends/checks.py)
 # ---------------------------------
 # A cell that cannot run where it is planned is refused before anything is built or launched,
 # naming the field where its value is set; what cannot be checked is a note, not an error.
@@ -1110,6 +1310,12 @@ for _name, _text, _field, _more in [
     ("figures-regex-without-group", cx(lines='figures = { parser = "regex", regex = [{ name = '
                                              '"x", pattern = "ips" }] }'),
      "commands.lab.figures.regex[0].pattern", ("has no group capturing the number",)),
+    ("figures-regex-lookaround", cx(lines='figures = { parser = "regex", regex = [{ name = '
+                                          '"x", pattern = "(?<=ips )(?P<value>[0-9]+)" }] }'),
+     "commands.lab.figures.regex[0].pattern", ("invalid perl operator", "RE2 syntax")),
+    ("figures-regex-backreference", cx(lines='figures = { parser = "regex", regex = [{ name = '
+                                             '"x", pattern = "(?P<value>[0-9]+) \\\\1" }] }'),
+     "commands.lab.figures.regex[0].pattern", ("backreferences and lookaround",)),
     ("unknown-program", cx(workload="", axes='program = ["workload", "lba"]'),
      "axes.program[1]", ("unknown program 'lba'", "did you mean 'lab'?")),
     ("unknown-program-of-a-profile", cx(workload="", hardware='program = "dle"'),
@@ -1133,7 +1339,7 @@ for _name, _text, _field, _more in [
                                                   'param = "data"\nvalues = { synthetic = "x" }'),
      "commands.lab.placeholders.output_dir", ("is given by orchestrate",)),
     ("value-would-be-an-option", cx("{data}", workload='program = "lab"\ndata = "--help"'),
-     "commands.lab.command", ("starts with '-'", "--data={data}")),
+     "workload.data", ("starts with '-'", "./--help")),  # refused for every program (item 17)
     ("self-launch-on-several-nodes", cx(lines='launcher = "self"',
                                         hardware="multi_node = true"),
      "commands.lab.launcher", ("'self' starts the program once",)),
@@ -1217,6 +1423,251 @@ bad_matrix("apptainer", "binary-and-bind-source-missing-at-start",
            check=_NO_RUN_FOLDER, err=("not on PATH on localhost",
                                       "m.toml: hardware.cpu.apptainer.binds[0].source",
                                       "/no/such/data does not exist on localhost"))
+
+
+# --- imports: hostile logs and run folders -----------------------------------------------------
+# What `orchestrate import` reads comes from anywhere: each of these was a traceback (issue 24,
+# items 4, 6, 10, 15); now a refusal naming the file and line, or an import that writes only
+# standard JSON.
+
+_T0 = 1767225600.0  # 2026-01-01
+
+
+def _dlll(step: Any, data: dict[str, Any], when: Any = None, raw_when: str | None = None) -> str:
+    stamp = raw_when if raw_when is not None else json.dumps(str(when or _T0))
+    return (f'DLLL {{"timestamp": {stamp}, "type": "LOG", "step": {json.dumps(step)}, '
+            f'"data": {json.dumps(data)}}}')
+
+
+def _raport(first: str | None = None, data: str | None = None, summary: float = 1020.0) -> str:
+    """A DLLogger raport as DLE writes it; ``first``: a line put after PARAMETER; ``data``:
+    the raw JSON of the second iteration's data."""
+    lines = [_dlll("PARAMETER", {"arch": "resnet50", "batch_size": 64, "world_size": 1,
+                                 "amp": True})]
+    if first is not None:
+        lines.append(first)
+    for i in range(1, 11):
+        if i == 2 and data is not None:
+            lines.append(f'DLLL {{"timestamp": "{_T0 + i}", "type": "LOG", "step": [0, {i}], '
+                         f'"data": {data}}}')
+            continue
+        lines.append(_dlll([0, i], {"train.total_ips": 1000.0 + i}, _T0 + i))
+    lines.append(_dlll([], {"train.total_ips": summary}, _T0 + 20))
+    return "\n".join(lines) + "\n"
+
+
+def _stdout_log(date: str) -> str:
+    return (f"DLL {date} - PARAMETER arch : resnet50  batch_size : 64  world_size : 1  "
+            "amp : True\n"
+            + "".join(f"DLL 2026-01-01 00:00:{i:02d} - Epoch: 0 Iteration: {i}  "
+                      f"train.total_ips : {1000 + i} images/s\n" for i in range(1, 11))
+            + "DLL 2026-01-01 00:01:00 - Summary: train.total_ips : 1005.0 images/s\n")
+
+
+_IMPORT = ["import", "{dir}/raport.json", "--matrix", "imp", "--param", "hardware=v100",
+           "--results", "{results}"]
+for _name, _text, _err in [
+    ("dll-date-month-13", _stdout_log("2024-13-45 10:00:00"),
+     ("raport.json: line 1", "'2024-13-45 10:00:00' is not a date")),
+    ("dll-date-year-0", _stdout_log("0000-01-01 00:00:00"),
+     ("raport.json: line 1", "is not a date")),
+    ("dlll-timestamp-nan", _raport(first=_dlll([0, 0], {}, raw_when="NaN")),
+     ("raport.json: line 2", "timestamp nan is not a time from 1970 to 2099")),
+    ("dlll-timestamp-1e999", _raport(first=_dlll([0, 0], {}, raw_when="1e999")),
+     ("raport.json: line 2", "timestamp inf is not a time")),
+    ("dlll-timestamp-5000-digits", _raport(first=_dlll([0, 0], {}, raw_when='"' + "1" * 5000
+                                                        + '"')),
+     ("raport.json: line 2", "(5002 characters) is not a")),
+    ("dlll-timestamp-1e15", _raport(first=_dlll([0, 0], {}, when=1e15)),
+     ("raport.json: line 2", "is not a time from 1970 to 2099")),
+    ("dlll-timestamp-negative", _raport(first=_dlll([0, 0], {}, when=-86400.0)),
+     ("raport.json: line 2", "is not a time from 1970 to 2099")),
+    ("dlll-number-5000-digits", _raport(data='{"train.total_ips": ' + "1" * 5000 + "}"),
+     ("raport.json: line 3", "a number too long to read")),
+    ("dlll-nested-100000", _raport(data="[" * 100000 + "]" * 100000),
+     ("raport.json: line 3", "nested too deeply")),
+]:
+    case("imports", _name, _IMPORT, files={"raport.json": _text}, err=_err,
+         subprocess=_name == "dlll-nested-100000")
+
+
+def _expect_standard_json(root: Path) -> None:
+    """What orchestrate wrote is standard JSON (the copied source keeps what it said)."""
+    written = [p for p in (root / "results").rglob("*") if p.name in (
+        "result.json", "run.json", "plan.json", "metrics.jsonl")]
+    assert len(written) >= 3, written
+    for path in written:
+        text = path.read_text()
+        assert "Infinity" not in text and "NaN" not in text, path
+
+
+case("imports", "dlll-infinite-figure-written-as-null", [*_IMPORT, "--warmup", "2"],
+     files={"raport.json": _raport(summary=float("inf"))},
+     expect=0, out=("(dllogger-raport, ok)",), check=_expect_standard_json)
+case("imports", "param-hardware-with-a-dot-accepted",
+     ["import", "{dir}/raport.json", "--matrix", "imp", "--param", "hardware=v1.00",
+      "--warmup", "2", "--results", "{results}"], files={"raport.json": _raport()}, expect=0,
+     out=("-> v1.00-", "| v1.00 "))
+
+
+def _log_folder(name: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        (d / "logs").mkdir()
+        (d / "logs" / name).write_text(_raport())
+
+    return setup
+
+
+case("imports", "pattern-repeat-captures-letters",
+     ["import", "{dir}/logs", "--matrix", "imp", "--param", "hardware=v100", "--pattern",
+      r"(?P<arch>[a-z0-9]+)_r(?P<repeat>[a-z]+)\.log", "--results", "{results}"],
+     setup=_log_folder("resnet50_rx.log"),
+     err=("resnet50_rx.log: file name", "repeat='x': not a repeat number"))
+case("imports", "pattern-backtracking-cannot-hang",
+     ["import", "{dir}/logs", "--matrix", "imp", "--param", "hardware=v100", "--pattern",
+      r"(?P<arch>a+)+\.log", "--results", "{results}"],
+     setup=_log_folder("a" * 40 + "!.log"), err=("none matches the naming rule",),
+     subprocess=True)
+case("imports", "pattern-backreference",
+     ["import", "{dir}/logs", "--matrix", "imp", "--pattern", r"(?P<arch>a)\1\.log",
+      "--results", "{results}"], setup=_log_folder("aa.log"),
+     err=("--pattern: does not compile", "RE2 syntax"))
+
+
+def _copied_run(plan: Any = None, result: str | None = None) -> Callable[[Path], None]:
+    """A run folder of ours copied from elsewhere (``{dir}/copy``), with its plan.json or a
+    result.json replaced."""
+    def setup(d: Path) -> None:
+        root = d / "copy"
+        (root / "cells" / "a-r1").mkdir(parents=True)
+        cell = {"id": "a-r1", "group": "a", "repeat": 1, "hash": "h",
+                "params": {"hardware": "cpu"}}
+        (root / "plan.json").write_text(json.dumps(plan if plan is not None else
+                                                   {"matrix": "m", "cells": [cell]}))
+        (root / "run.json").write_text(json.dumps({"run_id": "r", "matrix": "m"}))
+        (root / "cells" / "a-r1" / "result.json").write_text(
+            result if result is not None else json.dumps(_result("a-r1")))
+
+    return setup
+
+
+for _name, _setup, _err in [
+    ("run-folder-plan-cells-not-a-list", _copied_run({"matrix": "m", "cells": {"a": 1}}),
+     ("copy/plan.json: cells", "no 'cells' list")),
+    ("run-folder-plan-cell-without-group",
+     _copied_run({"matrix": "m", "cells": [{"id": "a-r1", "params": {"hardware": "cpu"}}]}),
+     ("copy/plan.json: cells[0]", "needs id, group (text) and params")),
+    ("run-folder-result-nested-100000", _copied_run(result="[" * 100000 + "]" * 100000),
+     ("copy/cells/a-r1/result.json", "nested too deeply")),
+    ("run-folder-result-5000-digits",
+     _copied_run(result='{"cell_id": "a-r1", "repeat": ' + "1" * 5000 + "}"),
+     ("copy/cells/a-r1/result.json", "a number too long to read")),
+]:
+    case("imports", _name, ["import", "{dir}/copy", "--results", "{results}"], setup=_setup,
+         err=_err)
+
+
+# links in what is imported are never followed (issue 24, item 10)
+_SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- not-for-the-results"
+
+
+def _linked(rel: str, target: str) -> Callable[[Path], None]:
+    """A copied run folder with ``rel`` (under {dir}/copy) a symbolic link to ``target``
+    ({dir}/secret.key holds a private key)."""
+    def setup(d: Path) -> None:
+        _copied_run()(d)
+        (d / "secret.key").write_text(_SECRET)
+        link = d / "copy" / rel
+        link.unlink(missing_ok=True)
+        link.symlink_to(target.replace("{dir}", str(d)))
+
+    return setup
+
+
+def _nothing_of(*names: str) -> Callable[[Path], None]:
+    def check(d: Path) -> None:
+        for path in (d / "results").rglob("*"):
+            assert path.name not in names, path
+            assert not path.is_symlink(), path
+            if path.is_file():
+                assert _SECRET not in path.read_text(errors="replace"), path
+
+    return check
+
+
+for _name, _rel, _target in [
+    ("run-folder-file-linked-to-a-private-key", "cells/a-r1/id_rsa", "{dir}/secret.key"),
+    ("run-folder-folder-linked-to-etc", "cells/a-r1/etc", "/etc"),
+    ("run-folder-fifo-in-a-cell", "cells/a-r1/pipe", ""),
+]:
+    case("imports", _name, ["import", "{dir}/copy", "--results", "{results}"],
+         setup=_linked(_rel, _target) if _target else lambda d: (
+             _copied_run()(d), os.mkfifo(d / "copy" / "cells" / "a-r1" / "pipe")),
+         expect=0, out=("a-r1",), err=("not copied",), check=_nothing_of("id_rsa", "etc", "pipe"),
+         subprocess=_name == "run-folder-folder-linked-to-etc")
+for _name, _rel in [("run-folder-result-is-a-link", "cells/a-r1/result.json"),
+                    ("run-folder-plan-is-a-link", "plan.json"),
+                    ("run-folder-cell-folder-is-a-link", "cells/a-r1")]:
+    case("imports", _name, ["import", "{dir}/copy", "--results", "{results}"],
+         setup=_linked(_rel, "{dir}/secret.key") if _rel != "cells/a-r1" else (
+             lambda d: (_copied_run()(d), (d / "elsewhere").mkdir(),
+                        os.rename(d / "copy" / "cells" / "a-r1", d / "elsewhere" / "a-r1"),
+                        (d / "copy" / "cells" / "a-r1").symlink_to(d / "elsewhere" / "a-r1"))),
+         err=(f"copy/{_rel}: a symbolic link: not followed",))
+
+
+def _logs_with_a_link(d: Path) -> None:
+    (d / "logs").mkdir()
+    (d / "logs" / "resnet50_amp_bs64_g1.log").write_text(_raport())
+    (d / "outside.log").write_text(_raport().replace("1020.0", "1030.0"))
+    (d / "logs" / "resnet50_amp_bs64_g1_r2.log").symlink_to(d / "outside.log")
+
+
+case("imports", "log-folder-link-to-a-file-outside",
+     ["import", "{dir}/logs", "--matrix", "imp", "--param", "hardware=v100", "--warmup", "2",
+      "--results", "{results}"], setup=_logs_with_a_link, expect=0,
+     out=("resnet50_amp_bs64_g1_r2.log (a symbolic link, not followed)", "-> v100-"),
+     err=("not followed",))
+
+
+# the matrix an import joins has a damaged run: skipped with a warning, the import goes on
+for _name, _plan, _err in [
+    ("target-run-plan-cells-not-a-list", '{"cells": {"a": 1}}', "plan.json: cells: no 'cells'"),
+    ("target-run-plan-cell-without-group", '{"cells": [{"id": "a-r1"}]}',
+     "plan.json: cells[0]: needs group (text) and params"),
+]:
+    case("imports", _name, [*_IMPORT, "--warmup", "2"], files={"raport.json": _raport()},
+         setup=lambda d, plan=_plan: _a_run(d, name="imp", plan=plan), expect=0,
+         out=("(dllogger-raport, ok)",), err=("warning: ", _err))
+
+
+# --- the user's config file and environment (issue 24, item 9) -------------------------------
+
+_CONFIG = {"ORCHESTRATE_CONFIG": "{dir}/config.toml"}
+for _name, _line, _argv, _err in [
+    ("results-of-an-unknown-user", 'results = "~nosuchuser/x"', ["runs"],
+     ("config.toml: results", "no user 'nosuchuser' here")),
+    ("results-of-an-unknown-user-sweep", 'results = "~nosuchuser/x"',
+     ["matrix", "{dir}/m.toml"], ("config.toml: results", "no user 'nosuchuser'")),
+    ("results-with-a-nul-byte", 'results = "a\\u0000b"', ["matrix", "{dir}/m.toml"],
+     ("config.toml: results",)),
+    ("results-with-a-nul-byte-runs", 'results = "a\\u0000b"', ["runs"],
+     ("config.toml: results",)),
+    ("hosts-of-an-unknown-user", 'hosts = "~nosuchuser/h.toml"',
+     ["matrix", "{dir}/s.toml", "--dry-run"], ("config.toml: hosts", "no user 'nosuchuser'")),
+    ("results-a-number", "results = 5", ["runs"], ("config.toml: results",)),
+]:
+    case("user-config", _name, _argv, files={"config.toml": _line + "\n", "m.toml": mx(),
+                                             "s.toml": re.sub(r"(?m)^hosts = .*$", "",
+                                                              _SSH_SMOKE)},
+         env=_CONFIG, err=_err, subprocess=_name == "results-of-an-unknown-user")
+case("user-config", "results-env-of-an-unknown-user", ["runs"],
+     env={"ORCHESTRATE_RESULTS": "~nosuchuser/r"},
+     err=("$ORCHESTRATE_RESULTS: '~nosuchuser/r': no user 'nosuchuser'",))
+case("user-config", "results-relative-to-the-config-accepted",
+     ["matrix", "{dir}/m.toml", "--dry-run"], files={"config.toml": 'results = "res"\n',
+                                                     "m.toml": mx()},
+     env=_CONFIG, expect=0, out=("/case/res/m/<run id>/",))
 
 
 # --- the runner ------------------------------------------------------------------------------
@@ -1304,6 +1755,8 @@ def _verify(c: Case, outcome: Outcome, root: Path) -> None:
         assert text in outcome.err, f"missing {text!r} on stderr\n{shown}"
     for text in c.out:
         assert text in outcome.out, f"missing {text!r} on stdout\n{shown}"
+    for text in c.absent:
+        assert text not in outcome.out + outcome.err, f"{text!r} in the output\n{shown}"
     if c.check is not None:
         c.check(root)
 
@@ -1312,7 +1765,16 @@ def _run_case(c: Case, tmp_path: Path, runner: Callable[[list[str], Path], Outco
     root, argv = _prepare(c, tmp_path / "case")
     before = _snapshot(tmp_path, skip=root / "results")
     repo_before = _repository_snapshot()
-    outcome = runner(argv, root)
+    saved = {k: os.environ.get(k) for k in c.env}
+    os.environ.update({k: v.replace("{dir}", str(root)) for k, v in c.env.items()})
+    try:
+        outcome = runner(argv, root)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     _verify(c, outcome, root)
     assert _snapshot(tmp_path, skip=root / "results") == before, f"{c.id} wrote outside results/"
     assert _repository_snapshot() == repo_before, f"{c.id} wrote into the repository"

@@ -1,4 +1,4 @@
-"""orchestrator/plan/checks.py: can every cell run where it is planned, and do comparisons hold?
+"""orchestrator/backends/checks.py: can every cell run where it is planned, and do comparisons hold?
 
 The bad-input table (tests/test_bad_inputs.py, category ``can-it-run``) runs each rule through
 the CLI; these tests check the module's own API: the stack each shipped profile resolves to (and
@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.checks import check_matrix, refuse_unrunnable
 from orchestrator.errors import ConfigError
 from orchestrator.images import build
-from orchestrator.plan.checks import check_matrix, host_stack, refuse_unrunnable
 from orchestrator.plan.matrix import load_matrix
+from orchestrator.plan.selection import ImageKey
+from orchestrator.plan.software import host_stack
 from orchestrator.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +44,7 @@ SHIPPED: dict[str, dict[str, tuple[str, str] | None]] = {
     "docker_smoke": {"cpu-container": None},
     "ssh_smoke": {"cpu": None},
     "apptainer_slurm": {"gpu-node": ("23.10", "2.1.0a0+32f93b1")},
+    "v100_multinode": {"v100-node": ("23.10", "2.1.0a0+32f93b1")},
 }
 
 
@@ -93,8 +96,8 @@ def test_bitfusion_is_built_from_exactly_the_native_image(tmp_path: Path) -> Non
     (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2004_4.5.4-3_amd64.deb").write_bytes(b"deb")
     (tmp_path / "bitfusion" / "bitfusion-ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     matrix = load_matrix(path)
-    plans = build.plan_images(matrix, list(matrix.cells), "docker")
-    native, bitfusion = plans["v100"], plans["v100-bitfusion"]
+    native, bitfusion = (build.plan_key(matrix, ImageKey(hw))[1]
+                         for hw in ("v100", "v100-bitfusion"))
     assert bitfusion.parent is not None and bitfusion.parent.tag == native.tag
     assert native.base_image == "nvcr.io/nvidia/pytorch:23.10-py3"
 
@@ -192,6 +195,27 @@ def test_a_sweep_refuses_before_it_makes_a_run_folder(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         run_sweep(load_matrix(path), results_root=tmp_path / "results")
     assert {p.field for p in err.value.problems} == {"workload.precision", "workload.arch"}
+    assert not (tmp_path / "results").exists()
+
+
+def test_what_this_machine_lacks_is_refused_before_the_run_folder_all_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's one entry into the checks (preflight): an unset ``$env:`` reference and an
+    Apptainer runtime missing here are one error naming both (each used to stop the sweep
+    alone, the reference first), before any run folder."""
+    monkeypatch.delenv("ORCHESTRATE_TEST_UNSET", raising=False)
+    path = tmp_path / "m.toml"
+    path.write_text('[workload]\nhardware = "cpu"\n[hardware.cpu]\ndevice = "cpu"\n'
+                    'runtime = "apptainer"\nenv = { TOKEN = "$env:ORCHESTRATE_TEST_UNSET" }\n'
+                    '[hardware.cpu.apptainer]\nbinary = "/no/such/apptainer"\n'
+                    'sif = "/no/such/image.sif"\n')
+    matrix = load_matrix(path)
+    assert refuse_unrunnable(matrix).errors == []  # the matrix itself is right
+    with pytest.raises(ConfigError) as err:
+        run_sweep(matrix, results_root=tmp_path / "results")
+    assert [p.field for p in err.value.problems] == ["hardware.cpu.env.TOKEN",
+                                                     "hardware.cpu.apptainer.binary"]
     assert not (tmp_path / "results").exists()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import matrix_file
+from orchestrator.config import files
 from orchestrator.config.files import read_config_text
 from orchestrator.config.inventory import load_hosts, parse_hosts
 from orchestrator.config.matrix_file import MAX_CELLS, json_schema
@@ -245,7 +245,7 @@ def _catch(into: list[BaseException], fn: Callable[[], object]) -> None:
     (lambda d: d, "a folder"),
     (lambda d: _link(d / "zero.toml", "/dev/zero"), "a character device"),
     (lambda d: d / "missing.toml", "no such file"),
-    (lambda d: _file(d / "big.toml", b"#" * (matrix_file.MAX_FILE_BYTES + 1)), "at most 1,048,576"),
+    (lambda d: _file(d / "big.toml", b"#" * (files.MAX_FILE_BYTES + 1)), "at most 1,048,576"),
     (lambda d: _file(d / "latin.toml", b"name = '\xe9'\n"), "not UTF-8"),
 ])
 def test_special_files_are_refused(tmp_path: Path, make: Callable[[Path], Path],

@@ -1,11 +1,12 @@
-"""The fault suite (issue 10, "Measured"): a real small sweep killed with SIGKILL at seeded
-moments, run on a disk that fills up, with a read-only cell folder and a read-only results
-folder; after each, the run is finished with --resume and counted from disk alone: every cell
-recorded, none lost, none duplicated, no cell of the damaged sweep silent, no traceback, no
-process of the run left. The figures are printed (``pytest -s``); the full table with more
-kill points, with the real workload, is ``python benchmarks/fault_suite.py``
-(benchmarks/README.md). The lost-host case is the ssh backend's own test
-(tests/test_backend_ssh.py), which prints its count line too.
+"""The fault suite (issue 10, "Measured"; issue 24): a real small sweep killed with SIGKILL at
+seeded moments, run on a disk that fills up, with a read-only cell folder and a read-only
+results folder, its terminal closed under it (SIGHUP), resumed twice at once; after each, the
+run is finished with --resume and counted from disk alone: every cell recorded, none lost, none
+duplicated, no cell of the damaged sweep silent, no traceback, no process of the run left,
+nothing else broken (run.json finished, no cgroup left, the second --resume refused). The
+figures are printed (``pytest -s``); the full table with more kill points, with the real
+workload, is ``python benchmarks/fault_suite.py`` (benchmarks/README.md). The lost-host case is
+the ssh backend's own test (tests/test_backend_ssh.py), which prints its count line too.
 
 Mounting tmpfs needs root (CI runs as root); elsewhere the test is skipped, or fails under CI.
 """

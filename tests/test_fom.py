@@ -312,6 +312,29 @@ def test_workload_summary_is_the_figures():
     assert [r["type"] for r in ev.figures.records] == ["meta", "iter", "summary"]
 
 
+@pytest.mark.parametrize("hostile", ["[" * 200_000 + "]" * 200_000,
+                                     '{"type": "note", "n": ' + "7" * 5000 + "}",
+                                     '{"type": "note", "deep": ' + "[" * 150 + "]" * 150 + "}"])
+def test_a_hostile_json_line_in_the_output_does_not_fail_an_ok_cell(hostile):
+    """Issue 24, item 8: a 200k-deep JSON line or a 5000-digit integer among a program's lines
+    failed an ok cell with a traceback; such a line is no metric line, and is skipped."""
+    log = workload_log({"train.total_ips": 123.0})
+    ev = evaluate(CellOutput(hostile + "\n" + log + hostile + "\n", params={"mode": "train"}))
+    assert ev.ok, ev.reason
+    assert ev.figures.metrics["train.total_ips"] == 123.0
+
+
+@pytest.mark.parametrize(("date", "why"), [("2024-13-45 10:00:00", "is not a date"),
+                                           ("0000-01-01 00:00:00", "is not a date"),
+                                           ("2150-01-01 00:00:00", "from 1970 to 2099")])
+def test_a_bad_dllogger_date_fails_the_cell_naming_its_line(date, why):
+    text = (f"DLL 2026-01-01 00:00:00 - PARAMETER arch : resnet50  batch_size : 64\n"
+            f"DLL {date} - Epoch: 0 Iteration: 1  train.total_ips : 1000 images/s\n")
+    ev = evaluate(CellOutput(text, params={"mode": "train"}), FiguresConfig(parser="dllogger"))
+    assert not ev.ok and ev.failures[0].problem is not None
+    assert ev.failures[0].problem.field == "line 2" and why in ev.reason
+
+
 def test_workload_without_summary_fails_with_the_old_reason():
     ev = evaluate(CellOutput(workload_log(None), params={"mode": "train"}))
     assert ev.reason == "the workload exited 0 but printed no summary line"
@@ -413,6 +436,23 @@ def test_regex_on_a_cell_file_and_next_to_another_parser(tmp_path):
 def test_regex_nan_capture_fails():
     ev = evaluate(CellOutput("tput nan\n"), regex(pattern=r"tput (?P<value>\S+)"))
     assert not ev.ok and "train.total_ips is nan" in ev.reason
+
+
+@pytest.mark.timeout(60)
+def test_a_backtracking_pattern_cannot_hang_the_parse():
+    """Issue 24, item 4: with Python's re this pattern takes 2**40 steps on the first line (the
+    sweep hung after the cell ended, SIGTERM ignored); RE2 reads the log in linear time."""
+    text = "1" + "a" * 40 + "b\n12aaa\n"
+    ev = evaluate(CellOutput(text), regex(pattern=r"(?P<value>[0-9]+)(a+)+$"))
+    assert ev.ok and ev.figures.metrics["train.total_ips"] == 12.0
+
+
+@pytest.mark.parametrize("pattern", [r"(?P<value>\d+) \1", r"(?<=ips )(?P<value>\d+)",
+                                     r"(?P<value>\d+)(?= img)"])
+def test_patterns_outside_re2_syntax_are_refused_saying_so(pattern):
+    ((field, message),) = problems({"regex": [{"name": "a", "pattern": pattern}]})
+    assert field == "regex[0].pattern"
+    assert "backreferences and lookaround are not part of RE2's syntax" in message
 
 
 # --- success criteria: bounds ----------------------------------------------------------------

@@ -31,6 +31,7 @@ from slurm_support import SlurmCluster, slurm_cluster  # noqa: F401 - slurm_clus
 from standin_support import Standin, container_mount
 from workload_support import TINY_WORKLOAD
 
+from orchestrator.backends.checks import check_matrix, machine_problems
 from orchestrator.config.matrix_file import (
     CellParams,
     CommandRenderError,
@@ -38,11 +39,10 @@ from orchestrator.config.matrix_file import (
     command_values,
 )
 from orchestrator.errors import ConfigError, LaunchError
-from orchestrator.plan.checks import check_matrix
 from orchestrator.plan.launch import NodeRole, cell_command
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results.run_folder import CellResult, RunPaths, Status
-from orchestrator.sweep import check_references, run_sweep
+from orchestrator.sweep import run_sweep
 from workload import metrics as wm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -350,11 +350,10 @@ def test_the_process_backend_pins_gpus_and_runs_in_the_workdir(write_matrix, tmp
         'hardware = "cpu"', 'hardware = "gpu"') + '[hardware.gpu]\ndevice = "cuda"\n'
     matrix = load_matrix(write_matrix(text, cpu_profile=False))
     monkeypatch.delenv("LAB_DIR", raising=False)
-    with pytest.raises(ConfigError) as err:
-        check_references(matrix)
-    assert err.value.problems[0].field == "commands.lab.workdir"
+    problems = machine_problems(matrix, ProcessBackend)
+    assert [p.field for p in problems] == ["commands.lab.workdir"]
     monkeypatch.setenv("LAB_DIR", str(TESTS))
-    check_references(matrix)
+    assert machine_problems(matrix, ProcessBackend) == []
     backend = ProcessBackend(matrix, RunPaths.create(tmp_path / "r", "foreign"),
                              RunOptions(timeout_s=60))
     (cell,) = matrix.cells
@@ -458,7 +457,7 @@ def test_the_shipped_h100_matrix_runs_dle_as_seed_003_did(monkeypatch) -> None:
 
 
 def test_the_shipped_v100_matrix_builds_dle_into_its_image() -> None:
-    from orchestrator.backends.containers import container_spec
+    from orchestrator.runtimes.docker import container_spec
 
     matrix = load_matrix(ROOT / "matrices" / "dle_vs_workload_v100.toml")
     assert check_matrix(matrix).errors == []

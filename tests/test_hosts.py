@@ -10,7 +10,7 @@ from ssh_support import SshdServer, write_inventory
 
 from orchestrator.catalog.gpus import GpuInfo, HostFacts
 from orchestrator.cli import main
-from orchestrator.cli.host_commands import driver_from_host, render_check_table
+from orchestrator.cli.host_commands import facts_from_host, render_check_table
 from orchestrator.config.inventory import known_hosts_path, load_hosts, parse_hosts, resolve_host
 from orchestrator.errors import ConfigError, HostError
 
@@ -250,7 +250,7 @@ def test_driver_from_host_without_gpu_is_clear_error(
 ) -> None:
     inv = load_hosts(write_inventory(tmp_path, [sshd_server]))
     with pytest.raises(HostError, match="reports no GPU driver"):
-        driver_from_host(inv, sshd_server.name)
+        facts_from_host(inv, sshd_server.name)
 
 
 @pytest.mark.ssh

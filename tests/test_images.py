@@ -16,6 +16,20 @@ from golden_support import check_golden
 from orchestrator.catalog import templates
 from orchestrator.errors import BuildError, ConfigError
 
+
+def render_text(name: str, values: dict[str, Any] | None = None) -> str:
+    """Template ``name`` rendered with ``values`` over its defaults (pure: text in, text out)."""
+    template = templates.load_template(name)
+    return template.render(template.resolve(values))
+
+
+def context_files(name: str, values: dict[str, Any] | None = None, *,
+                  workload_dir: Path | None = None) -> dict[str, bytes]:
+    """Every file of template ``name``'s build context (:meth:`Template.files`)."""
+    template = templates.load_template(name)
+    return template.files(template.resolve(values), workload_dir=workload_dir)
+
+
 #: The bitfusion template's parent_image default is empty ("use the ngc-pytorch content-hash
 #: tag", resolved by the build plan, not by the pure renderer), so its goldens pin one.
 PARENT = "orchestrate/ngc-pytorch:0123456789ab"
@@ -82,13 +96,13 @@ def test_every_template_has_golden_cases() -> None:
     ("name", "case"), [(n, c) for n in sorted(CASES) for c in ("defaults", "overrides")]
 )
 def test_render_matches_golden(name: str, case: str) -> None:
-    check_golden(_golden_name(name, case), templates.render_text(name, CASES[name][case]))
+    check_golden(_golden_name(name, case), render_text(name, CASES[name][case]))
 
 
 def test_overrides_reach_the_output() -> None:
-    text = templates.render_text("ngc-pytorch", {"base_tag": "23.10-py3"})
+    text = render_text("ngc-pytorch", {"base_tag": "23.10-py3"})
     assert "FROM nvcr.io/nvidia/pytorch:23.10-py3\n" in text
-    habana = templates.render_text(
+    habana = render_text(
         "habana", {"synapse_version": "1.17.1", "torch_version": "2.3.1"})
     assert (
         "FROM vault.habana.ai/gaudi-docker/1.17.1/ubuntu22.04/habanalabs/"
@@ -121,7 +135,7 @@ def test_check_vars_reports_unknown_and_wrong_types() -> None:
 
 def test_render_with_bad_values_raises_config_error_with_every_problem() -> None:
     with pytest.raises(ConfigError) as err:
-        templates.render_text("ngc-pytorch", {"bse_tag": "x", "install_dir": 3})
+        render_text("ngc-pytorch", {"bse_tag": "x", "install_dir": 3})
     assert len(err.value.problems) == 2
 
 
@@ -170,7 +184,7 @@ def test_bool_variables_check_and_coerce(tmp_path: Path, monkeypatch: pytest.Mon
     assert templates.check_vars("flags", {"fast": "yes"}) != []
     assert templates.coerce_set("flags", ["fast=no"]) == {"fast": False}
     assert templates.coerce_set("flags", ["fast=TRUE"]) == {"fast": True}
-    assert "ENV X=0" in templates.render_text("flags", {"fast": False})
+    assert "ENV X=0" in render_text("flags", {"fast": False})
 
 
 def test_strict_undefined_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +196,7 @@ def test_strict_undefined_fails_clearly(tmp_path: Path, monkeypatch: pytest.Monk
     )
     monkeypatch.setattr(templates, "IMAGES_DIR", tmp_path)
     with pytest.raises(BuildError) as err:
-        templates.render_text("typo")
+        render_text("typo")
     assert "'not_declared' is undefined" in str(err.value)
     assert "typo" in str(err.value)
 
@@ -207,14 +221,14 @@ def test_bad_manifest_reports_every_problem(
 
 def test_bitfusion_without_parent_needs_the_plan() -> None:
     with pytest.raises(BuildError, match="parent_image"):
-        templates.render_text("bitfusion")
+        render_text("bitfusion")
 
 
 def render_context(
     name: str, values: dict[str, object], out: Path, *, workload_dir: Path
 ) -> Path:
     """Write template ``name``'s build context to ``out``; the rendered file's path."""
-    templates.write_context(templates.context_files(name, values, workload_dir=workload_dir), out)
+    templates.write_context(context_files(name, values, workload_dir=workload_dir), out)
     return out / templates.load_template(name).output_name
 
 
@@ -365,8 +379,8 @@ def test_no_variable_lets_a_value_add_a_line_or_run_a_command(
     if var.kind in _ONE_LINE_KINDS and one_line:
         assert messages == []  # a host path may have spaces or quotes: it is never pasted
         base = dict(CASES[name]["defaults"])
-        rendered = templates.render_text(name, {**base, vname: value})
-        plain = templates.render_text(name, base)
+        rendered = render_text(name, {**base, vname: value})
+        plain = render_text(name, base)
         assert rendered.count("\n") == plain.count("\n")
         changed = set(rendered.splitlines()) - set(plain.splitlines())
         # only file variables exist of these kinds: they enter as a sanitized file name
@@ -391,7 +405,7 @@ def test_every_str_and_list_variable_declares_a_kind() -> None:
     ("apt_packages", ["libfoo:amd64", "numactl=2.0.14-3"], "libfoo:amd64 numactl=2.0.14-3"),
 ])
 def test_list_items_are_quoted_in_shell_lines(vname: str, value: list[str], quoted: str) -> None:
-    rendered = templates.render_text("ngc-pytorch", {vname: value})
+    rendered = render_text("ngc-pytorch", {vname: value})
     assert quoted in rendered
 
 
@@ -461,7 +475,7 @@ def test_a_file_variable_enters_the_context_under_a_safe_name(tmp_path: Path) ->
     cert = tmp_path / "ca.pem"
     cert.write_text("cert")
     values = {"parent_image": PARENT, "client_deb": str(deb), "ca_cert": str(cert)}
-    files = templates.context_files("bitfusion", values, workload_dir=tmp_path)
+    files = context_files("bitfusion", values, workload_dir=tmp_path)
     assert "Bitfusion_Client___x_.deb" in files
     assert "COPY Bitfusion_Client___x_.deb /tmp/" in files["Dockerfile"].decode()
 
@@ -479,14 +493,14 @@ def test_a_folder_variable_enters_the_context_whole_and_an_unset_one_not_at_all(
     values = {"parent_image": PARENT, "dle_dir": str(checkout)}
     workload = tmp_path / "workload"
     workload.mkdir()
-    files = templates.context_files("dle-convnets", values, workload_dir=workload)
+    files = context_files("dle-convnets", values, workload_dir=workload)
     assert {k for k in files if k.startswith("Conv_Nets__lab_/")} == {
         "Conv_Nets__lab_/main.py", "Conv_Nets__lab_/image_classification/logger.py"}
     text = files["Dockerfile"].decode()
     assert "COPY Conv_Nets__lab_ /workspace/dle-convnets/\n" in text
     assert "dllogger" not in text.lower().replace("orchestrate_dle_dir", "")
     with pytest.raises(ConfigError) as err:
-        templates.context_files("dle-convnets", {**values, "dle_dir": str(tmp_path / "nowhere")},
+        context_files("dle-convnets", {**values, "dle_dir": str(tmp_path / "nowhere")},
                              workload_dir=workload)
     assert err.value.problems[0].field == "dle_dir"
     assert "file or folder" in err.value.problems[0].message

@@ -20,7 +20,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results import importer
 from orchestrator.results.figure_parsers import FiguresConfig
-from orchestrator.results.importer import ImportOptions, import_results, plan_import
+from orchestrator.results.importer import ImportOptions, ImportPlan, plan_import, write_import
 from orchestrator.results.run_folder import (
     CellResult,
     RunPaths,
@@ -49,6 +49,13 @@ precision = ["fp32", "amp"]
 device = "cuda"
 """
 EARLIER = "20260101-000000-aaaa"
+
+
+def import_results(sources: list[Path], options: ImportOptions) -> tuple[RunPaths, ImportPlan]:
+    """Plan and write an import, as ``orchestrate import`` does: the new run folder and the
+    plan."""
+    plan = plan_import(sources, options)
+    return write_import(plan, options), plan
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +263,48 @@ def test_own_run_folder_round_trip(logs, results, tmp_path, capsys):
     assert "already imported into dle_cal" in capsys.readouterr().err
 
 
+def test_a_run_folder_is_recognised_under_another_run_id_and_as_a_copy(logs, results,
+                                                                       tmp_path, capsys):
+    """Issue 24, item 3: a run folder imported again under a new --run-id, a copy of an import
+    of it, or the original sweep run lying in the results: each is the same run, refused; two
+    different runs of one matrix (the same plan.json) are two runs, both imported."""
+    paths, _ = import_results([logs["amp"][0]], options(results))
+    elsewhere = tmp_path / "elsewhere"
+    assert main(["import", str(paths.root), "--results", str(elsewhere)]) == 0
+    copy = elsewhere / "dle_cal" / paths.run_id
+    capsys.readouterr()
+    for source, target in [(paths.root, elsewhere), (copy, results), (copy, elsewhere)]:
+        assert main(["import", str(source), "--results", str(target), "--run-id",
+                     "another-name"]) == 2
+        assert "already imported into dle_cal as run" in capsys.readouterr().err
+    swept = tmp_path / "swept"
+    matrix_file = tmp_path / "dle_cal.toml"
+    for run_id, started in (("20260301-000000-aaaa", 1772323200.0),
+                            ("20260302-000000-aaaa", 1772409600.0)):
+        run = RunPaths.create(swept, "dle_cal", run_id)
+        write_json(run.plan, plan_json(load_matrix(matrix_file), "process"))
+        write_json(run.run_meta, {"run_id": run_id, "matrix": "dle_cal", "started_at": started,
+                                  "controller": "node1:4242:123"})
+        res = CellResult("v100-g1-bs32-amp-r1", "v100-g1-bs32-amp", 1, Status.OK,
+                         params=load_matrix(matrix_file).cells[1].params.model_dump())
+        write_json(run.cell_result(res.cell_id), res.to_json())
+        assert main(["import", str(run.root), "--results", str(results)]) == 0
+        assert main(["import", str(run.root), "--results", str(swept), "--run-id", "x"]) == 2
+        assert "already imported into dle_cal as run " + run_id in capsys.readouterr().err
+
+
+def test_two_imports_of_one_file_at_once_make_one_run(logs, results):
+    """Issue 24, item 3: both imports planned (each saw no earlier import), then written one
+    after the other: the second, under the import lock, finds the first's run and is refused.
+    (benchmarks/fault_suite.py's concurrent-import runs four real processes at once.)"""
+    raport = logs["amp"][0]
+    first, second = (plan_import([raport], options(results)) for _ in range(2))
+    importer.write_import(first, options(results))
+    with pytest.raises(ConfigError, match="already imported into dle_cal as run"):
+        importer.write_import(second, options(results))
+    assert entries_of(results) == sorted([EARLIER, first.run_id])
+
+
 def test_a_results_folder_that_cannot_take_the_run_is_one_error_line(logs, results, tmp_path,
                                                                      capsys):
     """As `matrix` does for a read-only or full results folder (root here: a file stands where
@@ -438,3 +487,20 @@ def test_run_folder_values_are_checked(logs, results, tmp_path):
     with pytest.raises(ConfigError, match="is no matrix name"):
         plan_import([broken], options(tmp_path / "r4", matrix=None))
     assert not (tmp_path / "r4").exists() and not (tmp_path / "etc").exists()
+
+
+def test_a_dllogger_raport_is_streamed_and_read_once_with_the_same_figures(logs, results):
+    """Issue 24, item 14: a large raport was held whole as text, split into lines three times
+    and parsed twice (200 MB: 74 s and 1.5 GB here; benchmarks/import_speed.py). Now it is
+    read line by line and parsed once; the figures are those of the text parser."""
+    from orchestrator.results.figure_parsers import CellOutput, parse_figures
+
+    raport = logs["amp"][0]
+    plan = plan_import([raport], options(results))
+    (entry,) = plan.entries
+    assert entry.text == "" and entry.dll is not None  # no copy of the file's text is kept
+    whole = parse_figures(CellOutput(raport.read_text(), params=entry.params),
+                          FiguresConfig(parser="dllogger"))
+    assert entry.evaluation is not None
+    assert entry.evaluation.figures.metrics == whole.metrics
+    assert entry.evaluation.figures.started_at == whole.started_at

@@ -130,7 +130,7 @@ GAUDI = HardwareProfile(device="hpu", image="habana", env={"HABANA_VISIBLE_DEVIC
 def test_each_gaudi_cell_gets_its_mode(params: dict[str, object], mode: str, lazy: str) -> None:
     """No Gaudi here: this checks what each cell is given (its environment and command, in a
     container too); the workload's side is tests/test_workload_gaudi.py."""
-    from orchestrator.backends.containers import container_kwargs, container_spec
+    from orchestrator.runtimes.docker import container_kwargs, container_spec
 
     this = cell(**params)
     assert workload_env(this, GAUDI, (0, 1))["PT_HPU_LAZY_MODE"] == lazy

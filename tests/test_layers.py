@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("local", ("orchestrator.local",)),
     ("remote", ("orchestrator.remote",)),
     ("images", ("orchestrator.images",)),
+    ("runtimes", ("orchestrator.runtimes",)),
     ("backends", ("orchestrator.backends",)),
     ("sweep", ("orchestrator.sweep",)),
     ("cli", ("orchestrator.cli", "orchestrator.__main__")),

@@ -450,7 +450,7 @@ def test_the_docs_example_matrix_is_valid(tmp_path):
     assert m.profiles["v100"].slurm.partition == "gpu"
     # 4 gpus x 2 precisions x 2 zipped archs = 16, minus fp32 on 4 and 8 GPUs (4), plus 1 include
     assert len(m.cells) == (16 - 4 + 1) * 5
-    from orchestrator.plan.checks import check_matrix
+    from orchestrator.backends.checks import check_matrix
 
     found = check_matrix(m)  # and every cell can run on the V100 in NGC 23.10
     assert found.errors == [] and found.warnings == [], found
@@ -458,9 +458,9 @@ def test_the_docs_example_matrix_is_valid(tmp_path):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "matrices").glob("*.toml")), ids=lambda p: p.stem)
 def test_every_shipped_matrix_validates(path):
-    """Structure, and every cell passes the semantic checks (orchestrator/plan/checks.py) for the
-    matrix's own backend: no error, no warning (a note only where a stack cannot be known)."""
-    from orchestrator.plan.checks import check_matrix
+    """Structure, and every cell passes the semantic checks (orchestrator/backends/checks.py) for
+    the matrix's own backend: no error, no warning (a note only where a stack cannot be known)."""
+    from orchestrator.backends.checks import check_matrix
 
     m = load_matrix(path)
     assert m.cells and m.name == path.stem

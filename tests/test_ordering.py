@@ -64,3 +64,13 @@ def test_eta_for_unknown_configurations():
     assert blind.remaining_s() == pytest.approx(12.0)  # learned from today's first cell
     with pytest.raises(ValueError):
         Eta(plan, {}, concurrency=0)
+
+
+def test_eta_counts_the_controls_time_for_each_cell_left():
+    plan = cells([("a", 1), ("b", 1), ("c", 1)], repeats=1)
+    eta = Eta(plan, {"a": 10.0, "b": 10.0, "c": 10.0})
+    eta.control_finished(5.0)  # the control before the first cell
+    eta.started("a-r1")
+    eta.finished("a-r1", 10.0)
+    eta.control_finished(None)  # one that never ran adds nothing
+    assert eta.remaining_s() == pytest.approx(2 * (10.0 + 5.0))

@@ -239,9 +239,6 @@ def test_mark_host_lost() -> None:
     assert pool.try_acquire(req("y", 16, allow_multi_node=True)) is None  # c is gone
     assert pool.total_gpus() == 16
     assert sorted(a.cell_id for a in pool.mark_host_lost("a")) == ["on-a", "on-a2"]
-    pool.restore_host("c")
-    assert pool.free_gpus("c") == tuple(range(8)) and "c" not in pool.lost
-    assert acquire(pool, "z", 8).host == "c"
     with pytest.raises(KeyError):
         pool.mark_host_lost("nope")
     assert on_a not in pool.live
@@ -354,17 +351,15 @@ def test_random_sequences_never_double_book(seed: int) -> None:
                 assert (alloc is not None) == expected, (seed, r)
                 if alloc is not None:
                     assert alloc.exclusive and set(alloc.hosts) <= {h.name for h in idle}
-        elif roll < 0.95:
+        elif roll < 0.985:
             if pool.live:
                 assert pool.release(rng.choice(pool.live))
-        elif roll < 0.965:
+        else:  # a lost host stays lost for the rest of the sweep
             victim = rng.choice(specs).name
             before = {a.cell_id for a in pool.live}
             affected = pool.mark_host_lost(victim)
             assert all(victim in a.hosts for a in affected)
             assert {a.cell_id for a in pool.live} == before - {a.cell_id for a in affected}
-        else:
-            pool.restore_host(rng.choice(specs).name)
         check_invariants(pool, by_name, reqs)
     for alloc in pool.live:
         pool.release(alloc)

@@ -17,6 +17,7 @@ import pytest
 from golden_support import check_golden
 from pydantic import ValidationError
 
+from orchestrator.backends.checks import refuse_unrunnable
 from orchestrator.catalog import gpus
 from orchestrator.config.matrix_file import (
     DEFAULT_NCU_METRICS,
@@ -28,7 +29,6 @@ from orchestrator.config.matrix_file import (
 )
 from orchestrator.errors import ConfigError
 from orchestrator.plan import profilers
-from orchestrator.plan.checks import refuse_unrunnable
 from orchestrator.plan.launch import workload_argv
 from orchestrator.plan.matrix import Cell, load_matrix
 
@@ -152,7 +152,8 @@ def test_nvprof_is_refused_on_ampere_and_later_and_on_cuda_12() -> None:
 
 
 def _errors(path: Path) -> list[str]:
-    """What `validate` refuses in a matrix (orchestrator.plan.checks: one place for can-it-run)."""
+    """What `validate` refuses in a matrix (orchestrator.backends.checks: one place for
+    can-it-run)."""
     with pytest.raises(ConfigError) as err:
         refuse_unrunnable(load_matrix(path))
     return [str(p) for p in err.value.problems]

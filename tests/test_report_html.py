@@ -130,7 +130,7 @@ def test_run_report_renders_in_chromium_with_the_runs_numbers(chromium, tmp_path
     assert summary["rows"] == cells  # the very numbers of the run, as summary.txt shows them
     assert any(r[-3] == "1,220.2" or r[-2] == "1,220.2" for r in summary["rows"])
     cells_table = next(t for t in seen["tables"] if "reason" in t["headers"])
-    failed = [r for r in cells_table["rows"] if r[1] == "failed"]
+    failed = [r for r in cells_table["rows"] if r[2] == "failed"]
     assert len(failed) == 3 and all("out of memory" in r[-1] for r in failed)
     stack = next(t for t in seen["tables"] if t["headers"] == ["field", "values"])
     assert ["torch", "2.4.0"] in stack["rows"]

@@ -358,3 +358,69 @@ def test_resume_treats_a_truncated_result_as_not_ok(write_matrix, tmp_path):
     run.paths.plan.write_text('{"cells": [')
     with pytest.raises(ConfigError, match="the plan of run .* cannot be read"):
         sweep.cells_to_resume(run.paths, matrix)
+
+
+def test_the_revision_is_learned_without_writing_the_checkouts_index(tmp_path):
+    """Issue 24, item 17: every sweep ran `git status` in the checkout, which refreshes the
+    index (.git/index.lock, then a rewritten .git/index): a `git commit` there at that moment
+    failed. A file whose stat changed but whose content did not makes git want to refresh."""
+    from orchestrator.backends.base import git_revision
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c",
+                               "user.email=t@t", *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-qm", "one")
+    rev = git("rev-parse", "HEAD")
+    os.utime(tmp_path / "a.txt", (1_700_000_000, 1_700_000_000))  # stat-dirty, same content
+    index = tmp_path / ".git" / "index"
+    before = index.stat()
+    assert git_revision(tmp_path) == rev
+    after = index.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    (tmp_path / "a.txt").write_text("two, longer\n")  # another size: no racy-git doubt
+    git_revision.cache_clear()  # asked once per process
+    assert git_revision(tmp_path) == f"{rev}-dirty"
+    assert index.stat().st_mtime_ns == before.st_mtime_ns
+
+
+class LosesItsFirstHost(FakeBackend):
+    """The first attempt of every cell ends host_lost (as a preempted or NODE_FAIL job
+    reports it), the next one ok."""
+
+    def launch(self, spec: LaunchSpec) -> Execution:
+        lost = Script([line(META), b"partial output of the lost attempt\n"],
+                      ExitInfo(code=None, host_lost=True, detail="Slurm: job 7 PREEMPTED on n1"))
+        execution = FakeExecution(lost if spec.attempt == 1 else OK_SCRIPT)
+        self.executions.append(execution)
+        return execution
+
+
+def test_a_lost_attempt_is_kept_aside_and_named_in_the_result(write_matrix, tmp_path):
+    """A cell whose host was lost runs again; the lost attempt's folder goes to superseded/
+    (its output never mixes with the next attempt's), and the cell's one result names it."""
+    backend = fake_backend(write_matrix, tmp_path, cls=LosesItsFirstHost)
+    cell = backend.matrix.cells[0]
+    (result,) = run_cells(backend, [cell], NullEvents(), retries=1)
+    assert result.status is Status.OK and result.attempts == 2
+    (lost,) = result.provenance["lost_attempts"]
+    assert lost["attempt"] == 1 and lost["status"] == "host_lost"
+    assert lost["reason"] == "Slurm: job 7 PREEMPTED on n1"
+    kept = backend.paths.root / lost["folder"]
+    assert kept.parent == backend.paths.root / "superseded"
+    assert json.loads((kept / "result.json").read_text())["status"] == "host_lost"
+    assert "partial output of the lost attempt" in (kept / "log.txt").read_text()
+    log = backend.paths.cell_log(cell.id).read_text()
+    assert "partial output" not in log and log.count('"type": "summary"') == 1
+    assert on_disk(backend.paths)[cell.id]["provenance"]["lost_attempts"] == [lost]
+
+
+def test_a_lost_attempt_without_retries_left_is_the_result(write_matrix, tmp_path):
+    backend = fake_backend(write_matrix, tmp_path, cls=LosesItsFirstHost)
+    (result,) = run_cells(backend, [backend.matrix.cells[0]], NullEvents(), retries=0)
+    assert result.status is Status.HOST_LOST and "lost_attempts" not in result.provenance
+    assert not (backend.paths.root / "superseded").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -187,8 +188,8 @@ def test_a_container_cell_gets_its_secrets_and_no_file_of_the_run_has_them(
 def test_containers_get_resolved_secrets_at_launch_only(write_matrix, tmp_path, monkeypatch):
     """The container's environment (what the engine stores, `docker inspect` shows) has the
     values; the spec written as command.json does not. As built: no engine needed."""
-    from orchestrator.backends.containers import container_kwargs
     from orchestrator.plan.placement import Allocation
+    from orchestrator.runtimes.docker import container_kwargs
 
     monkeypatch.setenv(SOURCE, FROM_ENV)
     matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))
@@ -234,3 +235,22 @@ def test_a_slurm_job_gets_its_secrets_from_sbatch(slurm_cluster, write_matrix,  
     paths = outcome.paths
     assert "value: ***" in next(paths.cell_dir(result.cell_id).glob("slurm-*.out")).read_text()
     assert files_with_secrets(paths.root) == []
+
+
+@pytest.mark.parametrize("comment", [
+    '# HF_TOKEN = "hf_rotated_0123456789" (rotated)',
+    "# wandb_api_key: 'wb_0123456789abcdef'",
+    '  # old: { GITHUB_TOKEN = "ghp_0123456789abcdef" }',
+])
+@pytest.mark.parametrize("live", [True, False])
+def test_a_commented_out_secret_is_masked_too(comment, live):
+    """Issue 24, item 13: the live HF_TOKEN line was masked and the commented-out one, written
+    beside it, kept in the run's copy of matrix.toml."""
+    text = ('[matrix]\nname = "m"  # not a secret\n[hardware.cpu]\ndevice = "cpu"\n'
+            + ('env = { HF_TOKEN = "hf_live_0123456789" }\n' if live else "")
+            + comment + '\nnote = "a # inside = a string"\n')
+    kept = redact_toml(text)
+    secret = re.search(r"(hf|wb|ghp)_[0-9a-z_]+", comment).group(0)
+    assert secret not in kept and "hf_live" not in kept
+    assert MASK in kept and "# not a secret" in kept
+    assert tomllib.loads(kept)["hardware"]["cpu"]["note"] == "a # inside = a string"

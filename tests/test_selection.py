@@ -147,16 +147,17 @@ def test_a_mirror_keeps_the_release_choice(tmp_path: Path) -> None:
 
 
 def test_a_pinned_release_the_hosts_driver_cannot_run_is_warned() -> None:
-    """The ssh backend warns (it still runs the cells: forward compatibility may cover it)."""
-    from orchestrator.backends.ssh import SshDockerBackend
+    """Preparing the image warns (the ssh backend still runs the cells: forward compatibility
+    may cover it)."""
+    from orchestrator.images.prepare import driver_too_old
 
     pinned = selection.ImageChoice("h100", "ngc-pytorch", {}, "24.10", "ngc", "profile")
     old = HostDriver("a", "550.54.15", "nvidia")
-    message = SshDockerBackend._driver_too_old(pinned, old)
+    message = driver_too_old(pinned, old)
     assert message is not None and message.startswith(
         "driver 550.54.15 is older than NGC PyTorch 24.10 needs (>= 560.35.03)")
-    assert SshDockerBackend._driver_too_old(pinned, HostDriver("b", "560.35.03", "nvidia")) is None
-    assert SshDockerBackend._driver_too_old(pinned, HostDriver("c")) is None  # not probed
+    assert driver_too_old(pinned, HostDriver("b", "560.35.03", "nvidia")) is None
+    assert driver_too_old(pinned, HostDriver("c")) is None  # not probed
 
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -178,3 +179,26 @@ def test_nvidia_smi_output_as_hosts_print_it_decides_the_release(
                                            accelerator="nvidia"))
     assert (host.driver, host.compute_capability) == (driver, capability)
     assert selection.newest_release(host) == shown
+
+
+def test_preparing_an_image_for_a_host_that_runs_no_release(tmp_path: Path) -> None:
+    """images.prepare, the one preparation of the docker and ssh backends and refresh: the ssh
+    backend and refresh skip the image on that host (said, with why; nothing recorded), the
+    docker backend raises. Nothing reaches an engine (there is none: the client is None)."""
+    from orchestrator.images.prepare import Engine, Ledger, prepare_image
+
+    m = matrix(tmp_path)
+    old = nvidia("old", "470.82.01", "A100")
+    ledger, said = Ledger(tmp_path), []
+    done = prepare_image(m, ImageKey("h100"), Engine("old", None, old, remote=True), ledger,
+                         skip_unrunnable=True, say=said.append)
+    assert (done.action, done.key, done.record) == ("skipped", ImageKey("h100", None, "old"),
+                                                    None)
+    assert "older than every known NGC PyTorch release" in done.why
+    assert said == [f"host old: not used for hardware 'h100': {done.why}"]
+    assert ledger.records == []
+    refreshed = prepare_image(m, ImageKey("h100"), Engine("old", None, old, remote=True),
+                              keep_going=True)
+    assert refreshed.action == "skipped"
+    with pytest.raises(NoRelease):
+        prepare_image(m, ImageKey("h100"), Engine("localhost", None, old))

@@ -20,7 +20,7 @@ from orchestrator.results import store as store_mod
 from orchestrator.results.run_folder import read_json, write_json
 from orchestrator.results.store import (
     INDEX_NAME,
-    Stack,
+    RecordedStack,
     open_store,
     run_signature,
     shallow_signature,
@@ -55,7 +55,7 @@ def test_index_is_built_from_folders_and_answers_queries(tmp_path):
         ok = [c for c in cells if c.ok and c.params["gpus"] == 1]
         assert sorted(c.value for c in ok) == [99.0, 101.0, 101.0]
         assert ok[0].figures["train.compute_ips"] == pytest.approx(ok[0].value * 1.05)
-        assert ok[0].stack == Stack(image="orchestrate/ngc-pytorch:abc123", image_id=None,
+        assert ok[0].stack == RecordedStack(image="orchestrate/ngc-pytorch:abc123", image_id=None,
                                     torch="2.4.0", cuda="12.4", cudnn="90100",
                                     driver="550.54", gpu="NVIDIA H100 80GB HBM3", host="dgx1",
                                     python="3.11.7")
@@ -372,3 +372,28 @@ def test_a_write_waits_for_another_writer_instead_of_failing(tmp_path):
         timer.join()
         blocker.close()
         assert len(store.runs()) == 4
+
+
+def test_a_sweep_does_not_wait_30_s_for_an_index_another_process_writes(tmp_path, caplog):
+    """Issue 24, item 16: a sweep only wants its expected durations from the index; while
+    another process holds the index's write lock it waits the sweep's short INDEX_WAIT_S, not
+    the index's 30 s, and goes on in plan order."""
+    from orchestrator import sweep
+
+    three_runs(tmp_path)
+    open_store(tmp_path).close()  # the index exists
+    write_run(tmp_path, "nightly", run_id(4), [Config(params(gpus=1), [100.0])],
+              started=day(4))  # a run the index has not seen: the refresh must write
+    holder = sqlite3.connect(tmp_path / INDEX_NAME, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # as a long re-index in another process
+    try:
+        run = sweep.OpenRun(paths=None, cells=[], meta={"matrix": "nightly"},  # type: ignore
+                            new=False)
+        started = time.monotonic()
+        sweep.expect_durations(run, tmp_path)
+        waited = time.monotonic() - started
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert run.expected == {} and "stayed locked by another orchestrate" in caplog.text
+    assert waited < store_mod.BUSY_TIMEOUT_S / 2, waited

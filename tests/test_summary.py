@@ -59,6 +59,15 @@ def test_speedup_and_efficiency_vs_one_gpu_with_equal_other_params():
     assert "speedup" in table and "efficiency" in table and "80%" in table
 
 
+def test_speedup_of_multi_node_rows_is_against_one_gpu_on_one_node():
+    cells = [result(1, 1, 100.0), result(8, 1, 760.0), result(16, 1, 1440.0)]
+    for cell, nodes in zip(cells, (1, 1, 2), strict=True):
+        cell.params["nodes"] = nodes
+    by = {r.params["gpus"]: r for r in summarize(cells)}
+    assert by[8].speedup == pytest.approx(7.6)
+    assert by[16].speedup == pytest.approx(14.4) and by[16].efficiency == pytest.approx(0.9)
+
+
 def test_no_speedup_without_a_one_gpu_baseline():
     rows = summarize([result(2, 1, 100.0), result(4, 1, 180.0)])
     assert all(r.speedup is None for r in rows)

@@ -119,9 +119,11 @@ def test_timeout_kills_the_cell_and_its_children(write_matrix, tmp_path, standin
     assert processes_mentioning(str(outcome.paths.root)) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, tmp_path, sig,
                                                                   standin):
+    """SIGHUP too (a closed terminal or ssh session; it comes twice, from the kernel and the
+    shell): stopped as SIGTERM stops it, not killed at once with its cell orphaned."""
     path = write_matrix(standin.matrix("tiny", timeout_s=240).replace(
         "iterations = 2", "iterations = 1000000") + """
         [axes]
@@ -143,6 +145,9 @@ def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, t
     proc.send_signal(signal.SIGUSR1)  # every thread's stack, and the sweep goes on
     time.sleep(0.5)
     proc.send_signal(sig)
+    if sig == signal.SIGHUP:
+        time.sleep(0.2)
+        proc.send_signal(sig)
     out, err = communicate_or_dump(proc, 90)
     assert proc.returncode == 130, err
     assert "Traceback" not in err

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,6 +165,7 @@ def test_torchrun_two_processes_gloo(runs: dict[str, Launched], work: Path) -> N
     metas = [line for line in result.lines if line["type"] == "meta"]
     assert len(metas) == 1  # only rank 0 prints
     assert summary["data"]["world_size"] == 2 and summary["env"]["world_size"] == 2
+    assert summary["env"]["rank_hosts"] == [socket.gethostname()] * 2  # every rank's host
     assert summary["data"]["global_batch_size"] == 4 == 2 * summary["env"]["batch_size"]
     assert summary["env"]["data"] == str(work / "jpegs")
     assert _positive(summary["data"]["train.total_ips"])

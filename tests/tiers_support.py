@@ -50,7 +50,8 @@ SERVICES = ("docker", "ssh", "slurm", "chromium")
 CAPABILITIES: dict[str, str] = {
     "docker": "needs a running Docker engine (CI starts one); integration tier",
     "ssh": "needs openssh-server (sshd on loopback, started per test); integration tier",
-    "slurm": "needs Slurm (slurm-wlm; CI starts a single-node cluster); integration tier",
+    "slurm": "needs Slurm (slurm-wlm; CI starts a single-node and a two-node cluster); "
+             "integration tier",
     "chromium": "renders in headless Chromium (Debian's chromium); integration tier",
     "subprocess": "starts processes (the CLI, a process-backend sweep, the stand-in workload, "
                   "a tool stand-in on PATH, a mount); integration tier",

@@ -19,7 +19,7 @@ from typing import TextIO
 from workload.errors import ConfigError, OutOfMemory, WorkloadError
 from workload.output import Reporter
 
-log = logging.getLogger("workload")
+log = logging.getLogger(__name__)
 
 ARCH_DEFAULT = "resnet50"
 
@@ -149,11 +149,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _setup_logging() -> None:
+    """``[workload] message`` on stderr for the package's loggers (every module's is a child)."""
+    package = logging.getLogger(__name__.partition(".")[0])
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[workload] %(message)s"))
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    package.handlers[:] = [handler]
+    package.setLevel(logging.INFO)
+    package.propagate = False
 
 
 def _is_oom(exc: BaseException) -> bool:

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from workload import compat
 from workload.errors import DataError
 
-log = logging.getLogger("workload")
+log = logging.getLogger(__name__)
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".JPG", ".JPEG")
 _MEAN = (0.485, 0.456, 0.406)

@@ -240,6 +240,14 @@ def cuda_uuids(count: int) -> list[str | None]:
     return out
 
 
+def rank_hosts() -> list[str]:
+    """Every rank's hostname, in rank order: where a multi-node run really ran. A collective:
+    every rank calls it (after the process group is up)."""
+    hosts: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(hosts, socket.gethostname())
+    return [str(host) for host in hosts]
+
+
 def environment(device: str, dist: Dist) -> dict[str, Any]:
     """Facts about the software and hardware that ran (the device-independent part)."""
     env: dict[str, Any] = {
@@ -280,6 +288,8 @@ def environment(device: str, dist: Dist) -> dict[str, Any]:
         env["pt_hpu_lazy_mode"] = os.environ.get("PT_HPU_LAZY_MODE")
     else:
         env["device_name"] = env["cpu_model"]
+    if dist.enabled and torch.distributed.is_available() and torch.distributed.is_initialized():
+        env["rank_hosts"] = rank_hosts()
     release = os.environ.get("NVIDIA_PYTORCH_VERSION")  # set by NGC PyTorch containers
     if release:
         env["container_release"] = release

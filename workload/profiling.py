@@ -39,7 +39,7 @@ from workload.errors import ConfigError
 # torch (and workload.compat, which imports it) are imported where used: the command line
 # checks the window with window_problem before anything heavy is loaded.
 
-log = logging.getLogger("workload")
+log = logging.getLogger(__name__)
 
 #: Profilers the orchestrator wraps around the command (they read the CUDA markers).
 OUTSIDE_TOOLS = ("nsys", "ncu", "nvprof")

@@ -40,7 +40,7 @@ from workload.steps import Step, build_step, compile_model, effective_compile
 from workload.telemetry import Sampler, make_sampler, summarize_telemetry, write_csv
 from workload.timing import CudaEventTimer, HostTimer, Timings
 
-log = logging.getLogger("workload")
+log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 10
 

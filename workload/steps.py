@@ -32,7 +32,7 @@ from workload import compat
 from workload.device import autocast, mark_step
 from workload.errors import ConfigError
 
-log = logging.getLogger("workload")
+log = logging.getLogger(__name__)
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

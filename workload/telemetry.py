@@ -29,7 +29,7 @@ from typing import Any
 
 from workload.metrics import mean
 
-log = logging.getLogger("workload")
+log = logging.getLogger(__name__)
 
 # NVML clock-throttle reason bits that mean "the clocks were held down" (not idle, not an
 # application-clock setting): SW power cap, HW slowdown, SW thermal, HW thermal, HW power brake.

@@ -46,7 +46,6 @@ by ``***`` in its output before anything sees it.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -64,8 +63,8 @@ from typing import Any, BinaryIO, ClassVar
 
 from orchestrator import REPO_ROOT, __version__
 from orchestrator.config.redact import Scrubber, secret_env
-from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.images import sif
+from orchestrator.errors import OrchestratorError, Problem
+from orchestrator.images.sif import LocalMachine
 from orchestrator.local import locks
 from orchestrator.local.locks import (
     FileLocker,
@@ -75,15 +74,16 @@ from orchestrator.local.locks import (
     LockRequest,
     LockWaitCancelled,
 )
-from orchestrator.plan import selection
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.plan.selection import ImageKey
+from orchestrator.results import safejson
 from orchestrator.results.figure_parsers import CellOutput, evaluate
 from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.runtimes import apptainer
 
-log = logging.getLogger("orchestrator.backends")
+log = logging.getLogger(__name__)
 
 
 #: Called with (cell id, one line of its output) as the cell runs (progress display).
@@ -129,6 +129,11 @@ class Execution(ABC):
 
 #: Lines of a failed cell's log kept in its result.
 TAIL_LINES = 40
+#: Of a line of a cell's output, the most the log pump keeps for the tail and the progress hook
+#: (its end: a ``\r`` progress bar's latest state); the log file keeps every byte.
+LINE_KEEP_BYTES = 64 * 1024
+#: Of a line kept in the tail (result.json's ``log_tail``, a failure's reason), the most kept.
+TAIL_LINE_CHARS = 4000
 
 
 @dataclass
@@ -143,7 +148,9 @@ class _Capture:
     scrub: Scrubber = field(default_factory=lambda: Scrubber(()))
 
     def line(self, text: str) -> None:
-        self.tail.append(text)
+        self.tail.append(text if len(text) <= TAIL_LINE_CHARS
+                         else f"[... {len(text) - TAIL_LINE_CHARS} characters] "
+                              f"{text[-TAIL_LINE_CHARS:]}")
 
     def write(self, log_file: BinaryIO, chunk: bytes) -> None:
         """Append ``chunk`` to the log; after a failed write, the log is left as it is."""
@@ -211,16 +218,15 @@ class Backend(ABC):
         """Raise :class:`~orchestrator.errors.BackendUnavailable` if this backend can't run here."""
 
     @classmethod
-    def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
-        """Before a run folder exists: a :class:`~orchestrator.errors.ConfigError` naming every
-        Apptainer profile whose runtime binary is not on this machine's PATH or whose bind
-        source does not exist here (:func:`orchestrator.images.sif.runtime_problems`; the process
+    def runtime_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
+        """Before a run folder exists (:func:`orchestrator.backends.checks.preflight`): what
+        the runtime of ``cells`` lacks on this machine. Default: every Apptainer profile whose
+        runtime binary is not on this machine's PATH or whose bind source does not exist here
+        (the runtime's :func:`~orchestrator.runtimes.apptainer.host_problems`; the process
         backend runs the cells here, the slurm backend on nodes that share this filesystem)."""
         profiles = sorted({c.hardware for c in cells
                            if matrix.profiles[c.hardware].apptainer_runtime})
-        problems = sif.runtime_problems(matrix, profiles, sif.LocalMachine())
-        if problems:
-            raise ConfigError(problems)
+        return apptainer.host_problems(matrix, profiles, LocalMachine())
 
     def prepare(  # noqa: B027 - optional hook
         self, cells: list[Cell], on_log: Callable[[str], None] | None = None
@@ -237,13 +243,8 @@ class Backend(ABC):
 
     def runtime_image(self, cell: Cell) -> str:
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
-        where it would be on this machine (:func:`orchestrator.images.sif.plan_sifs`)."""
-        key = selection.image_key(self.matrix, cell)
-        path = self.sif_paths.get(key)
-        if path is None:
-            plan = sif.plan_sifs(self.matrix, [cell])[key]
-            path = sif.LocalMachine().expand(plan.path)
-        return path
+        where it would be on this machine (:func:`orchestrator.runtimes.apptainer.image_path`)."""
+        return apptainer.image_path(self.matrix, cell, self.sif_paths, LocalMachine())
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """What ran where, beyond what the workload reports itself."""
@@ -334,7 +335,7 @@ class Backend(ABC):
         result = CellResult(
             cell_id=cell.id, group=cell.group, repeat=cell.repeat, status=Status.FAILED,
             params=cell.params.model_dump(), attempts=attempt,
-            config_hash=cell.hash,
+            config_hash=cell.hash, role=cell.role,
         )
         step = _Step()
         try:
@@ -452,15 +453,27 @@ class Backend(ABC):
               ) -> None:
         """Stream output into the log as it comes; hand each line to the capture and hook.
 
+        Linear in the output's size, however long its lines: each chunk is searched for a
+        newline once, and of a line still open (a progress bar drawn with ``\\r`` for hours is
+        one endless line) only its last :data:`LINE_KEEP_BYTES` are kept for the capture and
+        the hook (the log file gets every byte). With secrets to mask the open line is kept
+        whole, as masking needs whole lines (a secret split over two chunks is still found).
+
         A log that cannot be written (a full disk) does not stop the stream: the output is still
         read to its end (a workload blocked on a full pipe would hang until its timeout), its
         lines still captured, and the failure is noted for the result.
         """
         hook = self.options.output_hook
-        pending = b""
+        pending = bytearray()  # the open line (or its end)
+        cut = 0  # bytes dropped from the open line's front
 
-        def line(raw: bytes) -> None:
-            text = raw.decode("utf-8", errors="replace")
+        def line(raw: bytes | bytearray, dropped: int) -> None:
+            if len(raw) > LINE_KEEP_BYTES:
+                dropped += len(raw) - LINE_KEEP_BYTES
+                raw = raw[-LINE_KEEP_BYTES:]
+            text = bytes(raw).decode("utf-8", errors="replace")
+            if dropped:
+                text = f"[... {dropped} bytes] {text}"
             capture.line(text)
             if hook:
                 hook(cell_id, text)
@@ -468,21 +481,31 @@ class Backend(ABC):
         scrub = capture.scrub
         try:
             for chunk in execution.output():
-                *lines, pending = (pending + chunk).split(b"\n")
-                if scrub:  # whole lines only: a secret split over two chunks is still found
-                    lines = [scrub(raw) for raw in lines]
-                    capture.write(log_file, b"".join(raw + b"\n" for raw in lines))
-                else:
+                if not scrub:
                     capture.write(log_file, chunk)
-                for raw in lines:
-                    line(raw)
+                end = chunk.rfind(b"\n")
+                if end < 0:
+                    pending += chunk
+                    if not scrub and len(pending) > LINE_KEEP_BYTES:
+                        cut += len(pending) - LINE_KEEP_BYTES
+                        del pending[:len(pending) - LINE_KEEP_BYTES]
+                    continue
+                pending += chunk[:end]
+                lines = pending.split(b"\n")
+                pending = bytearray(chunk[end + 1:])
+                if scrub:
+                    lines = [bytearray(scrub(bytes(raw))) for raw in lines]
+                    capture.write(log_file, b"".join(bytes(raw) + b"\n" for raw in lines))
+                for i, raw in enumerate(lines):
+                    line(raw, cut if i == 0 else 0)
+                cut = 0
         except Exception as exc:  # a broken stream must not kill the sweep
             log.warning("output stream of %s ended: %s", cell_id, exc)
         if pending:
             if scrub:
-                pending = scrub(pending)
-                capture.write(log_file, pending)
-            line(pending)
+                pending = bytearray(scrub(bytes(pending)))
+                capture.write(log_file, bytes(pending))
+            line(pending, cut)
 
     def _interpret(
         self, cell: Cell, result: CellResult, status: Status | None, reason: str,
@@ -498,7 +521,7 @@ class Backend(ABC):
         if figures.records:
             try:
                 with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
-                    fh.writelines(json.dumps(obj) + "\n" for obj in figures.records)
+                    fh.writelines(safejson.dumps(obj) + "\n" for obj in figures.records)
             except OSError as exc:
                 capture.file_errors["metrics.jsonl"] = str(exc)
         result.metrics = dict(figures.metrics)
@@ -549,16 +572,21 @@ def _failure_reason(info: ExitInfo, error: str | None, tail: Iterable[str]) -> s
 
 
 @cache
-def git_revision() -> str | None:
-    """The project's git revision (with ``-dirty`` when the work tree has changes)."""
+def git_revision(repo: Path | None = None) -> str | None:
+    """The project's git revision (with ``-dirty`` when tracked files changed), learned
+    read-only: ``git status`` with ``GIT_OPTIONAL_LOCKS=0`` neither refreshes nor rewrites the
+    index (without it, every sweep briefly made ``.git/index.lock`` in the checkout, and a
+    ``git commit`` there at that moment failed)."""
+    where = str(repo or REPO_ROOT)
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     try:
         rev = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=True,
+            ["git", "-C", where, "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=True, env=env,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
+            ["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5, env=env,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("ORCHESTRATE_GIT_REVISION")

@@ -1,17 +1,16 @@
 """Docker backend: each cell in a container on this machine's Docker engine, one at a time.
 
-Images are planned (:func:`orchestrator.images.build.plan_key`) and built once per sweep, per
-distinct
-image (:class:`~orchestrator.plan.selection.ImageKey`: a profile, and the ``ngc_release`` a cell
-pins),
-before any cell runs; a profile with ``release = "auto"`` gets the release this machine's driver
-runs (``nvidia-smi`` / ``hl-smi``). Each image is pinned to the bits of its base on this engine
-(:func:`orchestrator.images.build.pin`), and every cell's result records the image it ran (image ID,
-base, release: :meth:`DockerBackend.provenance`); the builds are added to the results folder's
-image state (:mod:`orchestrator.images.state`, host ``localhost``). A cell's container is
-:func:`~orchestrator.backends.containers.container_spec` /
-:func:`~orchestrator.backends.containers.container_kwargs`, shared with the ssh backend; its
-GPUs are the allocation's ids, given as a device request. Every container carries the sweep's
+Images are prepared once per sweep, per distinct image
+(:class:`~orchestrator.plan.selection.ImageKey`: a profile, and the ``ngc_release`` a cell pins),
+before any cell runs, as the ssh backend and ``images refresh`` prepare them
+(:func:`orchestrator.images.prepare.prepare_images` on this machine's engine); a profile with
+``release = "auto"`` gets the release this machine's driver runs (``nvidia-smi`` / ``hl-smi``).
+Each image is pinned to the bits of its base on this engine, and every cell's result records the
+image it ran (image ID, base, release: :meth:`DockerBackend.provenance`); the builds are added to
+the results folder's image state (:mod:`orchestrator.images.state`, host ``localhost``). A cell's
+container is the Docker runtime's (:func:`~orchestrator.runtimes.docker.container_spec` /
+:func:`~orchestrator.runtimes.docker.container_kwargs`, shared with the ssh backend); its GPUs
+are the allocation's ids, given as a device request. Every container carries the sweep's
 labels (:func:`orchestrator.local.engine.container_labels`): :meth:`DockerBackend.close` removes the
 run's leftovers, and ``orchestrate clean`` those of a sweep that crashed.
 """
@@ -23,10 +22,11 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.backends.base import Backend, Execution, RunOptions
-from orchestrator.backends.containers import DockerExecution, container_kwargs, container_spec
+from orchestrator.backends.containers import DockerExecution
 from orchestrator.catalog import gpus
 from orchestrator.errors import LaunchError
 from orchestrator.images import build
+from orchestrator.images.prepare import Engine, Ledger, prepare_images
 from orchestrator.images.state import ImageRecord
 from orchestrator.local.engine import (
     LABEL_CELL,
@@ -40,6 +40,7 @@ from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.results.run_folder import RunPaths
+from orchestrator.runtimes.docker import container_kwargs, container_spec
 
 log = logging.getLogger(__name__)
 
@@ -70,26 +71,24 @@ class DockerBackend(Backend):
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
         """Build (or find) every image the cells need, once per distinct image, each pinned to
-        its base's bits on this engine; record them in the results folder's image state."""
+        its base's bits on this engine (:func:`orchestrator.images.prepare.prepare_images`);
+        record them in the results folder's image state."""
         build.check_image_templates(self.matrix, cells, self.name)
         keys = selection.needed_keys(self.matrix, cells)
+        ledger = Ledger(self.paths.root.parent.parent)
         host = None
         if any(k.ngc_release is None and selection.is_auto(self.matrix, k.hardware)
                for k in keys):
             host = selection.HostDriver.from_facts(gpus.local_facts())
-        resolve = build.engine_resolver(self.client, on_log=on_log)
-        for key in keys:
-            choice, plan = build.plan_key(self.matrix, key, host)
-            outcome = build.ensure_image(plan, self.client, on_log, resolve=resolve)
-            self.images[key] = build.record_of("localhost", self.matrix, key, choice, outcome,
-                                               host.driver if host else None)
-            if on_log:
-                on_log(f"image {outcome.tag} ({plan.template}, {choice.label}): "
-                       f"{outcome.summary}")
+            ledger.saw(host)
+        engine = Engine("localhost", self.client, host)
+        for prepared in prepare_images(self.matrix, keys, engine, ledger, on_log=on_log,
+                                       say=on_log):
+            assert prepared.record is not None  # else it raised
+            self.images[prepared.key] = prepared.record
         self.image_tags = {k.hardware: r.tag for k, r in self.images.items()
                            if k.ngc_release is None}
-        problem = build.remember(self.paths.root.parent.parent, self.images.values(),
-                                 [host] if host else [])
+        problem = ledger.save()
         if problem and on_log:
             on_log(problem)
 

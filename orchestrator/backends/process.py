@@ -1,9 +1,9 @@
 """Local process backend: a cell's program as a subprocess of this machine.
 
-The embedded default: needs nothing but torch in this Python environment. GPUs are selected with
-``CUDA_VISIBLE_DEVICES``; several GPUs run under ``torch.distributed.run`` (torchrun). The
-program is our workload, run with this Python from this checkout, or a ``[commands.NAME]``
-template (:func:`orchestrator.plan.launch.cell_command`), in its ``workdir`` when it has one.
+The embedded default: needs nothing but torch in this Python environment. The cell's program
+runs with no container (:mod:`orchestrator.runtimes.none`: this Python, this checkout, the
+command's ``workdir``), its GPUs selected with ``CUDA_VISIBLE_DEVICES``; several GPUs run under
+``torch.distributed.run`` (torchrun).
 
 Every process a cell starts is stopped when it ends, is timed out or interrupted, however it
 detached (torchrun's ranks each run in a session of their own; a daemon may double-fork):
@@ -19,35 +19,35 @@ orchestrator killed mid-cell left of it.
 ends ``oom``. Where no memory cgroup can be made the sweep refuses such a profile at once.
 
 A profile with ``runtime = "apptainer"`` (or ``"singularity"``) runs the same program in its
-image: ``apptainer exec --nv --cleanenv ... IMAGE.sif <argv>`` (:mod:`orchestrator.plan.apptainer`),
-its GPUs passed as ``--env CUDA_VISIBLE_DEVICES``, every other value and secret as
-``APPTAINERENV_*`` in the launcher's environment (the cell marker too, so the stop above
-reaches the processes in the container). ``prepare`` makes sure of the ``.sif``
-(:func:`orchestrator.images.sif.prepare_runtime`).
+image, as the Apptainer runtime wraps it (:mod:`orchestrator.runtimes.apptainer`): ``apptainer
+exec --nv --cleanenv ... IMAGE.sif <argv>``, its GPUs passed as ``--env CUDA_VISIBLE_DEVICES``,
+every other value and secret as ``APPTAINERENV_*`` in the launcher's environment (the cell
+marker too, so the stop above reaches the processes in the container). ``prepare`` makes sure
+of the runtime and the ``.sif`` here (:func:`orchestrator.runtimes.apptainer.prepare`).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
+import logging
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from orchestrator import REPO_ROOT
 from orchestrator.backends.base import Backend, Execution, ExitInfo
 from orchestrator.config.redact import resolve_env
 from orchestrator.errors import BackendUnavailable, ConfigError, LaunchError
-from orchestrator.images import sif
+from orchestrator.images.sif import LocalMachine
 from orchestrator.local import cell_processes
 from orchestrator.local.cell_processes import CellProcesses
-from orchestrator.plan import apptainer
-from orchestrator.plan.launch import LaunchSpec, cell_command
+from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell
 from orchestrator.plan.placement import Allocation
 from orchestrator.results.run_folder import CellResult
+from orchestrator.runtimes import apptainer, none
+
+log = logging.getLogger(__name__)
 
 #: Seconds between SIGTERM and SIGKILL when a cell is stopped (timeout, interrupt).
 TERM_GRACE_S = 5.0
@@ -113,30 +113,28 @@ class ProcessBackend(Backend):
 
     @classmethod
     def check_available(cls) -> None:
-        if importlib.util.find_spec("torch") is None:
-            raise BackendUnavailable(
-                f"the process backend runs the workload with this Python ({sys.executable}), "
-                "which has no torch: install it with `pip install -e '.[workload]'` "
-                "(or `make venv`), or choose --backend docker"
-            )
+        problem = none.python_problem(cls.name)
+        if problem:
+            raise BackendUnavailable(problem)
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
-        """The cell's program (:func:`~orchestrator.plan.launch.cell_command`) with this Python, in
-        this checkout (or the command's ``workdir``), its GPUs pinned by the environment; under
-        Apptainer, the same program in the profile's image (:mod:`orchestrator.plan.apptainer`)."""
+        """The cell's program with this Python, in this checkout (or the command's ``workdir``),
+        its GPUs pinned by the environment (:func:`orchestrator.runtimes.none.command`); under
+        Apptainer, the same program in the profile's image
+        (:func:`orchestrator.runtimes.apptainer.launch_spec`)."""
         profile = self.matrix.profile(cell)
         out = str(self.paths.cell_dir(cell.id).resolve())  # the program may run elsewhere
         if profile.apptainer_runtime:
             return self._apptainer_spec(cell, allocation, attempt, out)
-        command = cell_command(cell, profile, self.matrix.program(cell), python=sys.executable,
-                               output_dir=out, gpu_ids=allocation.gpu_ids)
+        command = none.command(cell, profile, self.matrix.program(cell), output_dir=out,
+                               gpu_ids=allocation.gpu_ids)
         return LaunchSpec(
             cell_id=cell.id,
             argv=tuple(command.argv),
             env=command.env,
             device=profile.device,
             gpu_ids=allocation.gpu_ids,
-            workdir=command.workdir or str(REPO_ROOT),
+            workdir=command.workdir,
             output_dir=out,
             attempt=attempt,
             mem_limit=profile.container.mem_limit,
@@ -153,25 +151,23 @@ class ProcessBackend(Backend):
         """Adds the Python environment that ran the workload (none: an Apptainer image's)."""
         if spec.runtime:
             return super().provenance(spec)
-        return {
-            **super().provenance(spec),
-            "python": sys.executable,
-            "python_version": sys.version.split()[0],
-            "venv": sys.prefix if sys.prefix != sys.base_prefix else None,
-        }
+        return {**super().provenance(spec), **none.provenance()}
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
         """Refuse a memory limit this machine cannot apply; stop what a killed orchestrator left
-        running of this run (a resumed run)."""
+        running of this run (a resumed run); remove the empty cgroups killed orchestrators
+        left behind (any run's: :func:`~orchestrator.local.cell_processes.remove_stale_cgroups`)."""
         self._check_memory_limits(cells)
         if any(self.matrix.profile(c).apptainer_runtime for c in cells):
-            self.sif_paths = sif.prepare_runtime(self.matrix, cells, sif.LocalMachine(),
-                                                 on_log=on_log)
+            self.sif_paths = apptainer.prepare(self.matrix, cells, LocalMachine(), on_log=on_log)
         prefix = cell_processes.run_marker_prefix(self.matrix.name, self.paths.run_id)
         stopped = cell_processes.kill_marked(prefix, prefix=True, grace=TERM_GRACE_S)
         if stopped and on_log:
             on_log(f"stopped {len(stopped)} processes left running by an earlier attempt of "
                    f"run {self.paths.run_id}")
+        for folder in cell_processes.remove_stale_cgroups():
+            log.info("removed the empty cgroup %s (left by an orchestrator killed mid-cell)",
+                     folder)
 
     def _check_memory_limits(self, cells: list[Cell]) -> None:
         limited = sorted({c.hardware for c in cells if self.matrix.profile(c).container.mem_limit})
@@ -206,12 +202,8 @@ class ProcessBackend(Backend):
             raise LaunchError(f"{spec.cell_id}: cannot apply mem_limit: {exc}") from exc
         env = {**os.environ, **resolve_env(spec.env), **procs.environment()}
         if spec.runtime:  # --cleanenv: what the container gets travels with the runtime's prefix
-            prefix = spec.runtime["env_prefix"]
-            env.update(apptainer.launcher_env(spec.env, prefix))
-            env.update({prefix + k: v for k, v in procs.environment().items()})
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-        )
+            env.update(apptainer.launch_env(spec, procs.environment()))
+        env["PYTHONPATH"] = none.python_path(os.environ)
         try:
             proc = subprocess.Popen(
                 procs.wrap(spec.argv), cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL,

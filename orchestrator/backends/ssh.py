@@ -1,30 +1,30 @@
 """Docker over SSH: each cell in a container on a lab host's engine, placed GPU-aware.
 
 This mirrors the local :mod:`~orchestrator.backends.docker` backend the way fabric's ``Remote``
-mirrors ``Local``: the same containers (:mod:`~orchestrator.backends.containers`), the same
-labels, the same run-folder shape. It shares those with the docker backend and nothing else (it
-never holds a client for this machine's engine). What differs:
+mirrors ``Local``: the same containers (the Docker runtime's, :mod:`orchestrator.runtimes.docker`),
+the same image preparation (:mod:`orchestrator.images.prepare`), the same labels, the same
+run-folder shape. It shares those with the docker backend and nothing else (it never holds a
+client for this machine's engine). What differs:
 
 * **Transport.** Each host's engine is reached with the Docker SDK over our own verified SSH
   connection (:func:`orchestrator.remote.docker_api.remote_docker_client`): host keys, key file,
-  user and
-  port are the inventory's.
+  user and port are the inventory's.
 * **Placement.** A :class:`~orchestrator.plan.placement.GpuPool` over the inventory's hosts hands
-  out
-  :class:`~orchestrator.plan.placement.Allocation` values (hosts and GPU ids); several cells run at
-  once, never two on one GPU. A profile runs on the hosts it lists (``hosts = [...]``), else on
-  the hosts tagged with its name. The allocation travels with the cell: ``spec`` reads its hosts
-  and GPU ids, ``release`` gives it back to the pool.
+  out :class:`~orchestrator.plan.placement.Allocation` values (hosts and GPU ids); several cells
+  run at once, never two on one GPU. A profile runs on the hosts it lists (``hosts = [...]``),
+  else on the hosts tagged with its name. The allocation travels with the cell: ``spec`` reads
+  its hosts and GPU ids, ``release`` gives it back to the pool.
 * **Locks.** Against other controllers' sweeps, each cell locks its GPUs on each of its hosts
   while it runs (:mod:`orchestrator.remote.ssh_locker`: the local locks' files, order and messages).
-* **Images** are built on each host that may run them, once per host and image, in
-  :meth:`SshDockerBackend.prepare` (content-hash tags: an up-to-date host builds nothing), each
-  pinned to the bits of its base on that host's engine. A profile with ``release = "auto"``
-  gets, on every host, the release that host's driver runs (probed with ``nvidia-smi`` /
-  ``hl-smi``: :mod:`orchestrator.plan.selection`), so hosts with different drivers run different
-  images; a host whose driver runs none of them is taken out of that profile's hosts (said why).
-  Every cell's result records the image it ran (image ID, base, release, the host's driver), and
-  the builds are added to the results folder's image state (:mod:`orchestrator.images.state`) that
+* **Images** are prepared on each host that may run them, once per host and image, in
+  :meth:`SshDockerBackend.prepare` (:func:`orchestrator.images.prepare.prepare_images`:
+  content-hash tags, so an up-to-date host builds nothing), each pinned to the bits of its base
+  on that host's engine. A profile with ``release = "auto"`` gets, on every host, the release
+  that host's driver runs (probed with ``nvidia-smi`` / ``hl-smi``:
+  :mod:`orchestrator.plan.selection`), so hosts with different drivers run different images; a
+  host whose driver runs none of them is taken out of that profile's hosts (said why). Every
+  cell's result records the image it ran (image ID, base, release, the host's driver), and the
+  builds are added to the results folder's image state (:mod:`orchestrator.images.state`) that
   ``orchestrate images refresh`` compares with.
 * **Output.** A cell writes into ``/tmp/orchestrate/<run id>/<cell id>/attempt-<n>`` on its host
   (mounted at ``/orchestrate/out``); its log streams back live; when it ends the files are copied
@@ -35,14 +35,13 @@ never holds a client for this machine's engine). What differs:
   per host, each with its :class:`~orchestrator.plan.launch.NodeRole` (torchrun ``--nnodes
   --node_rank --rdzv_endpoint=<first host>:PORT``), on the host network.
 
-**Apptainer** profiles (``runtime = "apptainer"``) need no engine on their hosts: ``prepare``
-checks the runtime binary and bind sources on each host and makes its ``.sif`` there
-(:class:`orchestrator.images.sif.SshMachine`); a cell is ``apptainer exec ... IMAGE.sif <argv>``
-run over
-its own connection (:class:`~orchestrator.backends.remote_executions.RemoteProcessExecution`), its
-GPUs
-pinned by an ``--env`` argument, the variables ``--env`` cannot carry (secrets among them)
-written to the command's stdin (:func:`orchestrator.plan.apptainer.remote_argv`). One host per cell.
+**Apptainer** profiles (``runtime = "apptainer"``: :mod:`orchestrator.runtimes.apptainer`) need
+no engine on their hosts: ``prepare`` checks the runtime binary and bind sources on each host
+and makes its ``.sif`` there (:class:`orchestrator.images.sif.SshMachine`); a cell is
+``apptainer exec ... IMAGE.sif <argv>`` run over its own connection
+(:class:`~orchestrator.backends.remote_executions.RemoteProcessExecution`), its GPUs pinned by an
+``--env`` argument, the variables ``--env`` cannot carry (secrets among them) written to the
+command's stdin (:func:`orchestrator.runtimes.apptainer.remote_command`). One host per cell.
 
 Each running cell has its own SSH connection (sshd allows 10 sessions per connection by default;
 a cell holds two long-lived channels), so many cells on one host never exhaust it.
@@ -59,7 +58,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.backends.base import Backend, Execution, RunOptions
-from orchestrator.backends.containers import container_kwargs, container_spec
 from orchestrator.backends.remote_executions import (
     LostExecution,
     RemoteExecution,
@@ -70,10 +68,11 @@ from orchestrator.backends.remote_executions import (
     remote_run_dir,
     remove_remote_dir,
 )
-from orchestrator.catalog import gpus, releases
+from orchestrator.catalog import gpus
 from orchestrator.config.inventory import Inventory, load_hosts, resolve_hosts
-from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError
+from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError, Problem
 from orchestrator.images import build, sif
+from orchestrator.images.prepare import Engine, Ledger, prepare_images
 from orchestrator.images.state import ImageRecord
 from orchestrator.local.engine import (
     LABEL_RUN,
@@ -83,7 +82,7 @@ from orchestrator.local.engine import (
     remove_containers,
 )
 from orchestrator.local.locks import Holder, Locker, LockRequest
-from orchestrator.plan import apptainer, placement, selection
+from orchestrator.plan import placement, selection
 from orchestrator.plan.launch import LaunchSpec, node_roles
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
@@ -91,6 +90,8 @@ from orchestrator.remote.connection import SshHost
 from orchestrator.remote.docker_api import remote_docker_client
 from orchestrator.remote.ssh_locker import SshLocker, remote_lock_dir
 from orchestrator.results.run_folder import CellResult, RunPaths, Status
+from orchestrator.runtimes import apptainer
+from orchestrator.runtimes.docker import container_kwargs, container_spec
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +180,8 @@ class SshDockerBackend(Backend):
         self._pool: placement.GpuPool | None = None
         self._lock = threading.RLock()
         self._lost: dict[str, str] = {}  # host -> why it was taken out
-        #: the .sif of each Apptainer image on each host, by (host, key)
-        self.host_sifs: dict[tuple[str, selection.ImageKey], str] = {}
+        #: the .sif of each Apptainer image on each host: host -> {key: path}
+        self.host_sifs: dict[str, dict[selection.ImageKey, str]] = {}
         #: the lock folder on the hosts (None: no remote locks)
         self.lock_dir = remote_lock_dir(self.inventory)
 
@@ -189,8 +190,9 @@ class SshDockerBackend(Backend):
         check_sdk()
 
     @classmethod
-    def check_runtime(cls, matrix: Matrix, cells: Iterable[Cell]) -> None:
-        """Nothing here: the cells run on the hosts, where :meth:`prepare` checks each one."""
+    def runtime_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
+        """None here: the cells run on the hosts, where :meth:`prepare` checks each one."""
+        return []
 
     # --- hosts and placement ---------------------------------------------------------------
 
@@ -313,14 +315,15 @@ class SshDockerBackend(Backend):
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
         """Connect to every host the cells may use, discover GPUs (and, for profiles whose
-        release is auto, the driver), build each host's images on it; record them."""
+        release is auto, the driver), prepare each host's images on it
+        (:func:`orchestrator.images.prepare.prepare_images`); record them."""
         say: Callable[[str], None] = on_log or (lambda _msg: None)
         build.check_image_templates(
             self.matrix, [c for c in cells if not self.matrix.profile(c).apptainer_runtime],
             self.name)
         every = selection.needed_keys(self.matrix, cells)
         needed = {k.hardware for k in every}
-        sifs = sif.plan_sifs(self.matrix, cells)  # the Apptainer images, planned once
+        sifs = apptainer.plan_sifs(self.matrix, cells)  # the Apptainer images, planned once
         keys = [k for k in every if k not in sifs]
         docker_profiles = {k.hardware for k in keys}
         auto = {k.hardware for k in keys
@@ -328,6 +331,7 @@ class SshDockerBackend(Backend):
         wanted = [h for h in self.inventory.names
                   if self.placement_tags[h] & needed and h not in self._lost]
         discovered: dict[str, list[int]] = {}
+        ledger = Ledger(self.paths.root.parent.parent)
 
         def connect(name: str) -> None:
             try:
@@ -354,6 +358,7 @@ class SshDockerBackend(Backend):
             driver = selection.HostDriver.from_facts(facts)
             with self._lock:
                 self.drivers[name] = driver
+            ledger.saw(driver)
             if self.inventory.get(name).gpus is None:
                 discovered[name] = facts.gpu_ids
                 say(f"host {name}: {len(facts.gpu_ids)} GPUs discovered")
@@ -372,29 +377,16 @@ class SshDockerBackend(Backend):
             self._prepare_sifs(name, host, sifs, build_log(name), say)
             if not self.placement_tags[name] & docker_profiles:
                 return
-            resolve = build.engine_resolver(host.client, where=f"host {name}",
-                                            on_log=build_log(name))
-            for key in keys:
-                if key.hardware not in self.placement_tags[name]:
+            engine = Engine(name, host.client, driver, remote=True)
+            mine = [k for k in keys if k.hardware in self.placement_tags[name]]
+            for prepared in prepare_images(self.matrix, mine, engine, ledger,
+                                           skip_unrunnable=True, on_log=build_log(name),
+                                           say=say):
+                if prepared.record is None:  # skipped: the driver runs no release of it
+                    self._exclude(name, prepared.key.hardware, prepared.why)
                     continue
-                hkey = selection.host_key(self.matrix, key, name)
-                try:
-                    choice, plan = build.plan_key(self.matrix, hkey, driver)
-                except selection.NoRelease as exc:
-                    self._exclude(name, key.hardware, exc.why)
-                    say(f"host {name}: not used for hardware {key.hardware!r}: {exc.why}")
-                    continue
-                old = self._driver_too_old(choice, driver)
-                if old:
-                    say(f"host {name}: warning: {old}")
-                outcome = build.ensure_image(plan, host.client, build_log(name),
-                                             resolve=resolve)
-                record = build.record_of(name, self.matrix, hkey, choice, outcome,
-                                         driver.driver)
                 with self._lock:
-                    self.images[(name, hkey)] = record
-                say(f"host {name}: image {outcome.tag} ({plan.template}, {choice.label}): "
-                    f"{outcome.summary}")
+                    self.images[(name, prepared.key)] = prepared.record
 
         # Every host is connected (host keys checked) before any of them builds anything.
         with ThreadPoolExecutor(max_workers=max(1, len(wanted)),
@@ -406,10 +398,7 @@ class SshDockerBackend(Backend):
                 fut.result()
         with self._lock:
             self._pool = self._build_pool(discovered)
-        problem = build.remember(self.paths.root.parent.parent,
-                                 [r for _, r in sorted(self.images.items(),
-                                                       key=lambda kv: kv[1].key)],
-                                 self.drivers.values())
+        problem = ledger.save()
         if problem:
             say(problem)
 
@@ -419,30 +408,15 @@ class SshDockerBackend(Backend):
                       ) -> None:
         """The Apptainer images ``name`` runs (of ``sifs``): its runtime binary and bind
         sources checked there (a ConfigError naming the host), each .sif made there unless it
-        is up to date (:func:`orchestrator.images.sif.prepare_runtime`)."""
+        is up to date (:func:`orchestrator.runtimes.apptainer.prepare`)."""
         plans = {k: p for k, p in sifs.items() if k.hardware in self.placement_tags[name]}
         if not plans:
             return
-        paths = sif.prepare_runtime(self.matrix, (), sif.SshMachine(host.ssh), plans=plans,
-                                    on_log=build_log, docker=host.client,
-                                    say=lambda line: say(f"host {line}"))
+        paths = apptainer.prepare(self.matrix, (), sif.SshMachine(host.ssh), plans=plans,
+                                  on_log=build_log, docker=host.client,
+                                  say=lambda line: say(f"host {line}"))
         with self._lock:
-            self.host_sifs.update({(name, key): path for key, path in paths.items()})
-
-    @staticmethod
-    def _driver_too_old(choice: selection.ImageChoice, driver: selection.HostDriver
-                        ) -> str | None:
-        """Why a host's driver (where probed) may not run a release the profile or a cell pins
-        (None: it does, or it is not known)."""
-        if choice.how == "auto" or choice.family != "ngc" or driver.accelerator != "nvidia":
-            return None
-        release = releases.find_release(choice.release or "")
-        if release is None or driver.driver is None or release.driver_runs(driver.driver):
-            return None
-        return (f"driver {driver.driver} is older than NGC PyTorch {release.name} needs "
-                f"(>= {release.min_driver}) for hardware {choice.hardware!r}: its cells there "
-                "may fail to start (unless CUDA forward compatibility covers it; release = "
-                "'auto' picks what the driver runs)")
+            self.host_sifs[name] = paths
 
     def _exclude(self, host: str, hardware: str, why: str) -> None:
         """``host`` runs no image of ``hardware``: the pool places none of its cells there."""
@@ -503,10 +477,8 @@ class SshDockerBackend(Backend):
         its remote folder, its GPUs pinned by an ``--env`` argument (one host per cell)."""
         if allocation.multi_node or allocation.host is None:
             raise LaunchError(f"{cell.id}: Apptainer cells run on one host each")
-        key = selection.image_key(self.matrix, cell)
-        image = self.host_sifs.get((allocation.host, key))
-        if image is None:  # a dry run: where it would be (~ unexpanded)
-            image = sif.plan_sifs(self.matrix, [cell])[key].path
+        # prepared on the host; a dry run: where it would be (~ left for the host to expand)
+        image = apptainer.image_path(self.matrix, cell, self.host_sifs.get(allocation.host, {}))
         return apptainer.launch_spec(cell, self.matrix.profile(cell), self.matrix.program(cell),
                                      image=image, output_dir=output_dir,
                                      gpu_ids=allocation.gpu_ids, attempt=attempt,
@@ -515,14 +487,13 @@ class SshDockerBackend(Backend):
     def _start_apptainer(self, spec: LaunchSpec) -> Execution:
         """Start an Apptainer cell's command on its host over a connection of its own; the
         variables ``--env`` does not carry (secrets among them) go over stdin, never into a
-        command line (:func:`orchestrator.plan.apptainer.remote_argv`)."""
+        command line (:func:`orchestrator.runtimes.apptainer.remote_command`)."""
         assert spec.host is not None and spec.output_dir is not None
         ssh = self._ssh(spec.host)
         node = RemoteNode(spec.host, ssh, None, spec.output_dir)
         try:
             _make_output_dir(ssh, spec)
-            argv, stdin = apptainer.remote_argv(spec.argv, apptainer.launcher_env(
-                spec.env, spec.runtime["env_prefix"]))
+            argv, stdin = apptainer.remote_command(spec)
             proc = ssh.start(argv, combine_stderr=True, stdin=stdin)
         except LaunchError:
             close_node(node)

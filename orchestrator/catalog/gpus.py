@@ -225,7 +225,7 @@ def local_accelerator_ids(device: str) -> list[int] | None:
 
 
 # --- accelerator facts -------------------------------------------------------------------------
-# What a hardware profile's ``gpu = "V100"`` tells ``validate`` (orchestrator/plan/checks.py).
+# What a hardware profile's ``gpu = "V100"`` tells ``validate`` (orchestrator/backends/checks.py).
 
 #: CUDA compute capability of the GPUs labs benchmark (NVIDIA's "CUDA GPUs" list), keyed by the
 #: model as nvidia-smi names it without the vendor words ("Tesla V100-SXM2-32GB" is a V100).

@@ -52,9 +52,12 @@ template name do the same for one call. :func:`write_context` writes a context t
 from __future__ import annotations
 
 import difflib
+import errno
 import functools
 import logging
+import os
 import re
+import secrets
 import shlex
 import stat
 import threading
@@ -63,7 +66,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -73,7 +75,12 @@ from pydantic import (
 )
 
 from orchestrator import REPO_ROOT
-from orchestrator.config.files import problems_from_validation, read_config_text, read_toml
+from orchestrator.config.files import (
+    StrictModel,
+    problems_from_validation,
+    read_config_text,
+    read_toml,
+)
 from orchestrator.errors import BuildError, ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -137,10 +144,13 @@ MAX_LIST_ITEMS = 256
 _RESERVED_CONTEXT_NAMES = {*KINDS.values(), "workload", ".dockerignore"}
 
 
-class Variable(BaseModel):
+class Variable(StrictModel):
     """One declared template variable (a ``[variables.NAME]`` table)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: Not strict, unlike the other user-file models: a manifest's numbers and flags have always
+    #: been coerced (``minimum = "4"``, ``file = 1``, ``forward`` as a TOML array into a tuple);
+    #: strictness would refuse manifests accepted today.
+    model_config = ConfigDict(strict=False)
 
     type: Literal["str", "int", "bool", "list"]
     default: Any = Field(description="value used when a profile or --set gives none")
@@ -224,20 +234,26 @@ class Variable(BaseModel):
         return ""
 
 
-class Parent(BaseModel):
+class Parent(StrictModel):
     """The template whose image another template is built on (the ``[parent]`` table)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: Not strict, unlike the other user-file models: a manifest's numbers and flags have always
+    #: been coerced (``minimum = "4"``, ``file = 1``, ``forward`` as a TOML array into a tuple);
+    #: strictness would refuse manifests accepted today.
+    model_config = ConfigDict(strict=False)
 
     template: str = Field(min_length=1)
     variable: str = Field(min_length=1, description="variable that receives the parent's image")
     forward: tuple[str, ...] = Field((), description="variables handed on to the parent")
 
 
-class Manifest(BaseModel):
+class Manifest(StrictModel):
     """A ``template.toml``; validated with the template's directory as context."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: Not strict, unlike the other user-file models: a manifest's numbers and flags have always
+    #: been coerced (``minimum = "4"``, ``file = 1``, ``forward`` as a TOML array into a tuple);
+    #: strictness would refuse manifests accepted today.
+    model_config = ConfigDict(strict=False)
 
     description: str = ""
     kind: Literal["dockerfile", "singularity"]
@@ -416,7 +432,7 @@ class Template:
             raise ConfigError("workload directory does not exist", file=str(workload))
         files: dict[str, bytes] = {self.output_name: self.render(resolved).encode()}
         for path in _iter_tree(workload):
-            files[f"workload/{path.relative_to(workload).as_posix()}"] = path.read_bytes()
+            files[f"workload/{path.relative_to(workload).as_posix()}"] = _read_file(path)
         problems = []
         for vname, var in self.variables.items():
             if not var.file or (resolved[vname] == "" and var.default == ""):
@@ -425,13 +441,13 @@ class Template:
             name = _file_context_name(resolved[vname])
             if source.is_dir():  # a folder (a lab's checkout): every file under it
                 for path in _iter_tree(source):
-                    files[f"{name}/{path.relative_to(source).as_posix()}"] = path.read_bytes()
+                    files[f"{name}/{path.relative_to(source).as_posix()}"] = _read_file(path)
                 continue
             if not source.is_file():
                 problems.append(Problem("--set", vname, f"file or folder {str(source)!r} not "
                                                         f"found ({var.description})"))
                 continue
-            files[name] = source.read_bytes()
+            files[name] = _read_file(source)
         if problems:
             raise ConfigError(problems)
         return dict(sorted(files.items()))
@@ -550,20 +566,6 @@ def coerce_set(name: str, assignments: list[str]) -> dict[str, Any]:
     return load_template(name).coerce(assignments)
 
 
-def render_text(name: str, values: dict[str, Any] | None = None) -> str:
-    """Render template ``name`` with ``values`` over its defaults. Pure: text in, text out."""
-    template = load_template(name)
-    return template.render(template.resolve(values))
-
-
-def context_files(
-    name: str, values: dict[str, Any] | None = None, *, workload_dir: Path | None = None
-) -> dict[str, bytes]:
-    """Every file of template ``name``'s build context (see :meth:`Template.files`)."""
-    template = load_template(name)
-    return template.files(template.resolve(values), workload_dir=workload_dir)
-
-
 def _coerce(text: str, vtype: str) -> Any:
     if vtype == "int":
         try:
@@ -634,11 +636,53 @@ def _iter_tree(root: Path) -> list[Path]:
     return files
 
 
+class FileData(bytes):
+    """A context file's bytes and the permission bits of the file it was read from (a file
+    variable's, a workload script's), which :func:`write_context` gives the written file."""
+
+    mode: int
+
+    def __new__(cls, data: bytes, mode: int) -> FileData:
+        obj = super().__new__(cls, data)
+        obj.mode = mode & 0o777
+        return obj
+
+
+def _read_file(path: Path) -> FileData:
+    return FileData(path.read_bytes(), path.stat().st_mode)
+
+
 def write_context(files: dict[str, bytes], out_dir: Path | str) -> None:
-    """Write a build context (relative path -> bytes) into ``out_dir``."""
+    """Write a build context (relative path -> bytes) into ``out_dir``.
+
+    Never through a symbolic link: a folder on the way that is one is an OSError (ELOOP), and
+    each file is written to a temporary name beside it and renamed over the old one (a link
+    named ``Dockerfile`` is replaced, its target untouched). A file read from disk keeps its
+    permission bits (:class:`FileData`); the others follow the umask."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for rel, data in files.items():
         target = out / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        _make_folders(out, target.parent)
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                if isinstance(data, FileData):
+                    os.fchmod(fh.fileno(), data.mode)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def _make_folders(out: Path, folder: Path) -> None:
+    """``folder`` and the folders between ``out`` and it, made where missing; an OSError when
+    one of them is a symbolic link (it may lead anywhere)."""
+    path = out
+    for part in folder.relative_to(out).parts:
+        path = path / part
+        if path.is_symlink():
+            raise OSError(errno.ELOOP, "a symbolic link on the way; not followed", str(path))
+        path.mkdir(exist_ok=True)

@@ -176,10 +176,3 @@ def facts_from_host(inventory: Inventory, name: str) -> HostFacts:
             f"pass the driver version explicitly instead of --driver-from"
         )
     return facts
-
-
-def driver_from_host(inventory: Inventory, name: str) -> str:
-    """The accelerator driver version of host ``name`` (see :func:`facts_from_host`)."""
-    driver = facts_from_host(inventory, name).driver
-    assert driver is not None  # facts_from_host refuses a host without one
-    return driver

@@ -89,5 +89,7 @@ def _mapping_lines(plan: ImportPlan) -> list[str]:
             f"FAILED: {entry.evaluation.reason if entry.evaluation else ''}"
         lines.append(f"  {entry.label} -> {entry.cell_id} ({entry.kind}, {state})")
     for path in plan.skipped:
-        lines.append(f"  skipped (name does not match the naming rule): {path}")
+        why = "" if path.endswith("(a symbolic link, not followed)") else \
+            " (name does not match the naming rule)"
+        lines.append(f"  skipped{why}: {path}")
     return lines

@@ -19,7 +19,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,6 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", default="0%", metavar="PCT",
                    help="smallest change called faster/slower, a percentage (default 0%%)")
     _metric_arg(p)
+    _raw_arg(p)
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="JSON instead of the table")
     fmt.add_argument("--csv", action="store_true", help="CSV, one row per configuration")
@@ -130,6 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="chance of any false alarm in a run: one-sided level, Holm-adjusted "
                    "over its configurations (default 0.05)")
     _metric_arg(p)
+    _raw_arg(p)
     p.add_argument("--ignore-stack", action="append", default=[], metavar="FIELD",
                    help="stack field not to match on, e.g. host (repeatable)")
     refs = p.add_mutually_exclusive_group()
@@ -172,6 +174,12 @@ def _metric_arg(p: argparse.ArgumentParser) -> None:
                    "machine)")
 
 
+def _raw_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--raw", action="store_true",
+                   help="judge the raw figures even where the runs had a [control] (default: "
+                   "each cell's figure as a ratio to the control measured beside it)")
+
+
 def _results_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
 
@@ -192,6 +200,15 @@ def matrix_name(arg: str) -> str:
     name = Path(arg).stem if arg.endswith(".toml") else arg
     check_name(name, "matrix")
     return name
+
+
+def _matrix_of(spec: str) -> str:
+    """The MATRIX of a ``MATRIX:RUN`` run argument ('' when it has none), checked: it names a
+    folder under the results, never one elsewhere (``../x:latest``)."""
+    from orchestrator.config.syntax import check_name
+
+    name = spec.rpartition(":")[0]
+    return check_name(name, "run") if name else name
 
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
@@ -274,10 +291,20 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = [[iso(r.started_at).replace("T", " ").rstrip("Z"), r.matrix, r.run_id,
              r.backend or "", r.status, r.ok, r.failed, _duration(r.duration_s),
              (r.git_revision or "")[:10]] for r in runs]
-    print(tabulate(rows, headers=["started (UTC)", "matrix", "run", "backend", "status", "ok",
-                                  "failed", "duration", "revision"],
-                   tablefmt="simple", disable_numparse=True))
+    headers = ["started (UTC)", "matrix", "run", "backend", "status", "ok", "failed",
+               "duration", "revision"]
+    if any(r.slurm_jobs for r in runs):  # where to look with sacct -j
+        headers.append("slurm jobs")
+        for row, run in zip(rows, runs, strict=True):
+            row.append(_job_ids(run.slurm_jobs))
+    print(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
     return 0
+
+
+def _job_ids(jobs: Sequence[str], shown: int = 3) -> str:
+    """A run's Slurm job and array ids, the first ``shown`` of them and how many more."""
+    more = f" +{len(jobs) - shown}" if len(jobs) > shown else ""
+    return ",".join(jobs[:shown]) + more
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -365,7 +392,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not 0.5 <= confidence < 1:
         raise ConfigError("must be from 50% to below 100%", field="--confidence")
     matrix = matrix_name(args.matrix) if args.matrix else None
-    names = {s.rpartition(":")[0] for s in (args.run_a, args.run_b) if ":" in s} | (
+    names = {_matrix_of(s) for s in (args.run_a, args.run_b) if ":" in s} | (
         {matrix} if matrix else set())
     with open_results(args.results, sorted(names) if names and "" not in names else None
                       ) as store, store.snapshot():
@@ -376,7 +403,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if args.metric and not is_throughput(args.metric):
             raise ConfigError(f"{args.metric!r}: compare needs a throughput figure (higher is "
                               "better), e.g. train.total_ips", field="--metric")
-        comp = compare_runs(store, a, b, confidence, threshold, args.metric)
+        comp = compare_runs(store, a, b, confidence, threshold, args.metric, raw=args.raw)
     if args.json:
         print(json.dumps(comp.to_json(), indent=1))
     elif args.csv:
@@ -432,7 +459,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     plot_file(args.plot)
     options = Options(window=args.window, min_history=args.min_history,
                       threshold=percent(args.threshold, "--threshold"), alpha=args.alpha,
-                      ignore_stack=tuple(args.ignore_stack), metric=args.metric)
+                      ignore_stack=tuple(args.ignore_stack), metric=args.metric, raw=args.raw)
     options.validate()
     if args.last < 1:
         raise ConfigError([Problem("", "--last", "must be at least 1")])

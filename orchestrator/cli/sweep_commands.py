@@ -12,8 +12,10 @@ hosts inventory default from the environment and the user's config file
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -37,7 +39,7 @@ from orchestrator.results.run_folder import (
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
-    from orchestrator.plan.checks import Findings
+    from orchestrator.backends.checks import Findings
     from orchestrator.plan.placement import Allocation
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="re-run, in an earlier run's folder (default: the newest), only the "
                    "cells that did not end ok")
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    p.add_argument("--order-seed", type=_order_seed, metavar="N",
+                   help="seed of the cells' random order within each round of repeats "
+                   "(default: a fresh one, recorded in plan.json and run.json; give a run's "
+                   "seed to run its order again)")
     p.add_argument("--lock-timeout", type=_seconds, metavar="S",
                    help="a cell whose GPUs another sweep holds waits at most S seconds, then "
                    "fails (default: it waits as long as it takes)")
@@ -119,6 +125,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_schema)
 
 
+def _order_seed(text: str) -> int:
+    """``--order-seed``: an integer 0..2^32-1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{value} is out of range 0..{2**32 - 1}")
+    return value
+
+
 def _backends_help() -> str:
     """The backends of this build, for --help ("process, docker, ssh or slurm")."""
     from orchestrator.backends import backend_names
@@ -149,15 +166,17 @@ def _load_matrix(path: Path) -> Matrix:
 
 
 def _checked(path: Path, backend: str | None, strict: bool = False) -> tuple[Matrix, Findings]:
-    """The matrix and what :mod:`orchestrator.plan.checks` found for ``backend`` (default: its
+    """The matrix and what :mod:`orchestrator.backends.checks` found for ``backend`` (default: its
     own)."""
-    from orchestrator.plan.checks import refuse_unrunnable
+    from orchestrator.backends.checks import refuse_unrunnable
 
     matrix = _load_matrix(path)
     return matrix, refuse_unrunnable(matrix, backend, strict=strict)
 
 
-def plan_lines(matrix: Matrix) -> list[str]:
+def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
+    """The plan's header and table (``backend``: the one the sweep would use, else the
+    matrix's own)."""
     from tabulate import tabulate
 
     from orchestrator.results.summary import column_order
@@ -169,14 +188,36 @@ def plan_lines(matrix: Matrix) -> list[str]:
                      disable_numparse=True)
     groups = len({c.group for c in matrix.cells})
     head = (f"{matrix.name}: {len(matrix.cells)} cells ({groups} configurations x "
-            f"{matrix.settings.repeats} repeats), backend {matrix.settings.backend}")
-    return [head, table]
+            f"{matrix.settings.repeats} repeats), backend {backend or matrix.settings.backend}")
+    return [head, table, *control_lines(matrix)]
+
+
+def control_lines(matrix: Matrix) -> list[str]:
+    """What the plan says of the matrix's ``[control]``: each template, where and how often it
+    runs (nothing when there is none)."""
+    from orchestrator.config.matrix_file import CellParams
+    from orchestrator.sweep import CONTROL_RULE
+
+    if not matrix.controls:
+        return []
+    defaults = {k: f.default for k, f in CellParams.model_fields.items()}
+    lines = [f"control ({CONTROL_RULE.format(every=matrix.control_every)}; recorded as "
+             "role 'control', never a configuration):"]
+    for template in matrix.controls.values():
+        params = template.params.model_dump()
+        shown = ", ".join(f"{k}={v}" for k, v in params.items()
+                          if k in ("arch", "batch_size", "image_size", "mode", "gpus",
+                                   "precision", "iterations") or (
+                              k != "hardware" and v != defaults.get(k)))
+        lines.append(f"  {template.group}: program {matrix.program(template).name}, "
+                     f"{shown}; hash {template.hash}")
+    return lines
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     matrix = _load(args)
     if args.json:
-        print(json.dumps([c.to_json() for c in matrix.cells], indent=2))
+        print(json.dumps([c.to_json() for c in matrix.checked_cells], indent=2))
     else:
         print("\n".join(plan_lines(matrix)))
     return 0
@@ -335,6 +376,8 @@ class RichEvents:
         self.console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
+        if cell.is_control:
+            return
         with self._lock:
             self.clock.started(self.eta, cell.id, len(self.running) + 1)
             self.running[cell.id] = "starting"
@@ -365,6 +408,13 @@ class RichEvents:
             self.progress.update(self._task, status=self._status())
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
+        if cell.is_control:
+            with self._lock:
+                if self.eta is not None:
+                    self.eta.control_finished(result.duration_s)
+            self.console.print(escape(f"control {cell.id}: {_detail(cell, result)}"),
+                               style="dim", highlight=False)
+            return
         with self._lock:
             self.running.pop(cell.id, None)
             self.clock.finished(self.eta, cell.id, result.duration_s)
@@ -396,11 +446,20 @@ class LineEvents:
         self.eta: Eta | None = None
         self.clock = SweepClock()
         self._lock = threading.Lock()
+        self.mute = False
 
     def say(self, text: str) -> None:
-        """One timestamped line."""
+        """One timestamped line. Progress that cannot be written (the reader of the pipe is
+        gone: an ssh session closed) goes unsaid; the sweep goes on."""
         with self._lock:
-            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream, flush=True)
+            if self.mute:
+                return
+            try:
+                print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream,
+                      flush=True)
+            except OSError as exc:  # BrokenPipeError, EIO
+                self.mute = True
+                log.debug("progress lines stopped: %s", exc)
 
     def sweep_started(self, paths: RunPaths, cells: list[Cell],
                       expected: Mapping[str, float]) -> None:
@@ -412,6 +471,8 @@ class LineEvents:
         self.say(message)
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
+        if cell.is_control:
+            return
         self.started.add(cell.id)
         self.running.add(cell.id)
         self.clock.started(self.eta, cell.id, len(self.running))
@@ -424,6 +485,12 @@ class LineEvents:
             self.say(f"{cell_id} | {line}")
 
     def cell_finished(self, cell: Cell, result: CellResult) -> None:
+        if cell.is_control:
+            if self.eta is not None:
+                self.eta.control_finished(result.duration_s)
+            took = f" {result.duration_s:.1f} s" if result.duration_s else ""
+            self.say(f"control {result.status.value} {cell.id}{took}: {_detail(cell, result)}")
+            return
         self.running.discard(cell.id)
         self.counts[result.status.value] += 1
         self.clock.finished(self.eta, cell.id, result.duration_s)
@@ -461,8 +528,9 @@ def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineE
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    from orchestrator.backends import backend_for
     from orchestrator.results.run_folder import check_results_root
-    from orchestrator.sweep import NullEvents, backend_for, hosts_file_of, run_sweep
+    from orchestrator.sweep import NullEvents, hosts_file_of, run_sweep
 
     _check_backend(args.backend)
     matrix = _load(args)
@@ -473,7 +541,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         images = image_lines(matrix, backend) if backend in ("docker", "ssh") else []
         inventory = _inventory_line(matrix, args.hosts) if backend == "ssh" else []
         runtime = runtime_lines(matrix, backend, results)
-        print("\n".join([*plan_lines(matrix), *images, *inventory, *runtime]))
+        jobs = slurm_lines(matrix, results) if backend == "slurm" else []
+        print("\n".join([*plan_lines(matrix, backend), *images, *inventory, *runtime, *jobs]))
+        seed = (f"seed {args.order_seed}" if args.order_seed is not None
+                else "a fresh seed, recorded in plan.json")
+        print(f"order: rounds of repeats, each in a random order ({seed}); longest expected "
+              "first when the backend runs several cells at once")
         print(f"dry run: would run {len(matrix.cells)} cells with backend "
               f"{backend} into {results}/{matrix.name}/<run id>/")
         return 0
@@ -482,27 +555,34 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         hosts = hosts_file(args.hosts, hosts_file_of(matrix))
     cancel = threading.Event()
     # SIGINT too, explicitly: a sweep started in the background of a script inherits SIGINT
-    # ignored from the shell, and `kill -INT` must still stop it the one way it stops.
-    previous = {sig: signal.signal(sig, _raise_interrupt)
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    # ignored from the shell, and `kill -INT` must still stop it the one way it stops. SIGHUP
+    # (its terminal or ssh session closed) stops it the same way: its cells stopped and
+    # recorded, its locks released, run.json finished (the default would kill it at once and
+    # orphan the running cell).
+    stopper = _Stopper()
+    previous = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS}
     progress = sweep_events(verbosity(args))
     try:
         if isinstance(progress, RichEvents):
             with progress:
                 outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
                                     events=progress, cancel=cancel, hosts_file=hosts,
-                                    resume=args.resume, lock_timeout_s=args.lock_timeout)
+                                    resume=args.resume, lock_timeout_s=args.lock_timeout,
+                                    order_seed=args.order_seed)
         else:
             outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
                                 events=progress or NullEvents(), cancel=cancel,
                                 hosts_file=hosts, resume=args.resume,
-                                lock_timeout_s=args.lock_timeout)
+                                lock_timeout_s=args.lock_timeout, order_seed=args.order_seed)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print(outcome.table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(outcome.counts.items()))
-    print(f"\n{len(outcome.results)} cells: {counts}")
+    controls = outcome.control_counts
+    extra = ("; control measurements: " + ", ".join(
+        f"{v} {k}" for k, v in sorted(controls.items()))) if controls else ""
+    print(f"\n{sum(outcome.counts.values())} cells: {counts}{extra}")
     print(f"results: {outcome.paths.root}")
     for problem in outcome.problems:
         print(f"error: {problem}", file=sys.stderr)
@@ -536,7 +616,7 @@ def image_lines(matrix: Matrix, backend: str) -> list[str]:
     from orchestrator.images import build
     from orchestrator.plan import selection
 
-    cells = [c for c in matrix.cells if not matrix.profile(c).apptainer_runtime]
+    cells = [c for c in matrix.checked_cells if not matrix.profile(c).apptainer_runtime]
     build.check_image_templates(matrix, cells, backend)
     lines = []
     for key in selection.needed_keys(matrix, cells):
@@ -566,7 +646,7 @@ def runtime_lines(matrix: Matrix, backend: str, results: Path) -> list[str]:
     from orchestrator.plan.placement import Allocation
     from orchestrator.results.run_folder import RunPaths
 
-    cells = [c for c in matrix.cells if matrix.profiles[c.hardware].apptainer_runtime]
+    cells = [c for c in matrix.checked_cells if matrix.profiles[c.hardware].apptainer_runtime]
     if not cells or backend not in ("process", "slurm"):
         return []
     paths = RunPaths(results.resolve() / matrix.name / "<run id>")
@@ -591,6 +671,55 @@ def runtime_lines(matrix: Matrix, backend: str, results: Path) -> list[str]:
     return lines
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+def slurm_lines(matrix: Matrix, results: Path) -> list[str]:
+    """What ``--dry-run`` says of a slurm sweep's submissions: its arrays and jobs, each with
+    its sbatch options (:meth:`~orchestrator.backends.slurm.SlurmBackend.submission_lines`)."""
+    from orchestrator.backends.base import RunOptions
+    from orchestrator.backends.slurm import SlurmBackend
+    from orchestrator.results.run_folder import RunPaths
+
+    paths = RunPaths(results.resolve() / matrix.name / "<run id>")
+    backend = SlurmBackend(matrix, paths, RunOptions(timeout_s=matrix.settings.timeout_s))
+    return backend.submission_lines(list(matrix.cells))
+
+
+#: The signals that stop a sweep the one way it stops (see :func:`cmd_matrix`).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Stopper:
+    """The handler of :data:`STOP_SIGNALS`: each raises KeyboardInterrupt in the main thread.
+
+    SIGHUP means the terminal is gone: a closed terminal sends it twice (the kernel, then the
+    shell), and writing to it fails (EIO). So the first SIGHUP also points stdout and stderr at
+    /dev/null where they were that terminal (known from the start: a hung-up terminal no longer
+    says it is one), and later ones are ignored: the sweep stops once, quietly."""
+
+    def __init__(self) -> None:
+        self.terminal_fds = [fd for fd in (1, 2) if _isatty(fd)]
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGHUP:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            _to_devnull(self.terminal_fds)
+        raise KeyboardInterrupt
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _to_devnull(fds: list[int]) -> None:
+    if not fds:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 

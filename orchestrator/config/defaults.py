@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from orchestrator.config.files import StrictModel, problems_from_validation, read_toml
 from orchestrator.errors import ConfigError
@@ -33,11 +34,16 @@ HOSTS_ENV = "ORCHESTRATE_HOSTS"
 DEFAULT_RESULTS = Path("results")
 
 
+#: A path of the config file: no NUL byte or control character (no file can be named so).
+ConfigPath = Annotated[str, Field(min_length=1, max_length=4096,
+                                  pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
 class UserConfig(StrictModel):
     """``config.toml``: the user's defaults."""
 
-    results: str | None = None
-    hosts: str | None = None
+    results: ConfigPath | None = None
+    hosts: ConfigPath | None = None
 
 
 def config_path() -> Path:
@@ -61,10 +67,22 @@ def load_user_config(path: Path | None = None) -> tuple[UserConfig, Path]:
             str(path), exc, keys_hint="known keys: results, hosts")) from None
 
 
-def _from_file(value: str, config: Path) -> Path:
+def _from_file(value: str, config: Path, key: str) -> Path:
     """A path written in the config file: ``~`` expanded, relative to the file's folder."""
-    path = Path(value).expanduser()
+    path = _expanded(value, str(config), key)
     return path if path.is_absolute() else config.parent / path
+
+
+def _expanded(value: str, file: str | None, field: str) -> Path:
+    """``value`` with ``~`` / ``~user`` expanded; a ConfigError naming where it was written
+    when there is no such user (or no home folder)."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        user = value[1:].split("/", 1)[0]
+        who = f"no user {user!r} here" if user else "no home folder is known here"
+        raise ConfigError(f"{value!r}: {who} to expand '~' for; write the path out",
+                          file=file or "", field=field) from None
 
 
 #: --help text of every command's --results.
@@ -92,7 +110,7 @@ def hosts_file(cli: Path | None = None, matrix_hosts: Path | None = None) -> Pat
 def _default(env: str, key: str) -> Path | None:
     """The user's default path: ``$env``, else ``key`` of the config file (None: neither)."""
     if os.environ.get(env):
-        return Path(os.environ[env]).expanduser()
+        return _expanded(os.environ[env], None, f"${env}")
     config, path = load_user_config()
     value = getattr(config, key)
-    return _from_file(value, path) if value else None
+    return _from_file(value, path, key) if value else None

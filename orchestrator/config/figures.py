@@ -12,18 +12,13 @@ unknown keys are errors, types are not coerced, values are frozen.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-
-class _Strict(BaseModel):
-    """Unknown keys are errors, types are not coerced, values are frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
+from orchestrator.config.files import StrictModel
+from orchestrator.config.user_regex import compile_pattern
 
 FigureName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$", max_length=100)]
 
@@ -42,10 +37,7 @@ RelativeFile = Annotated[str, AfterValidator(_relative_file)]
 
 
 def _figure_pattern(value: str) -> str:
-    try:
-        rx = re.compile(value, re.MULTILINE)
-    except re.error as exc:
-        raise ValueError(f"does not compile: {exc}") from None
+    rx = compile_pattern(value, multiline=True)  # PatternError (a ValueError) says why not
     if "value" not in rx.groupindex:
         if rx.groups == 0:
             raise ValueError(
@@ -56,7 +48,7 @@ def _figure_pattern(value: str) -> str:
     return value
 
 
-class Bounds(_Strict):
+class Bounds(StrictModel):
     """A figure's accepted range; a value outside fails the cell."""
 
     lower: float | None = Field(None, description="Smallest accepted value.")
@@ -75,12 +67,13 @@ class Bounds(_Strict):
         return self
 
 
-class RegexFigure(_Strict):
+class RegexFigure(StrictModel):
     """A figure captured from the log (or a file of the cell folder) by a regular expression."""
 
     name: FigureName = Field(description="Figure name, e.g. 'train.total_ips'.")
     pattern: Annotated[str, Field(min_length=1), AfterValidator(_figure_pattern)] = Field(
-        description="Python regex (multi-line); the number is its `value` group or only group."
+        description="Regular expression in RE2 syntax (multi-line; no backreferences or "
+        "lookaround); the number is its `value` group or only group."
     )
     unit: str = Field("", description="Unit, for readers (images/s, s, W).")
     which: Literal["last", "first", "mean", "median", "all"] = Field(
@@ -96,7 +89,7 @@ class RegexFigure(_Strict):
         return self
 
 
-class FiguresConfig(_Strict):
+class FiguresConfig(StrictModel):
     """How a cell's figures of merit are read and judged (a matrix's ``[figures]``)."""
 
     parser: Literal["workload", "dllogger", "regex"] = Field(

@@ -2,9 +2,7 @@
 file, the user's config) is read and validated, standing on the errors module and pydantic alone.
 
 It is small on purpose: commands that read only the user's config (``runs``, ``compare``,
-``export``) import it without the matrix models of :mod:`orchestrator.config.matrix_file`, which
-re-exports
-these names.
+``export``) import it without the matrix models of :mod:`orchestrator.config.matrix_file`.
 
 Rules for every user file:
 
@@ -20,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import stat
 import tomllib
 import types
@@ -206,15 +205,47 @@ def parse_toml(text: str, file: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"malformed TOML: {exc}", file=file) from None
     except RecursionError:  # tomllib recurses into nested arrays and inline tables
-        raise ConfigError(_too_deep(), file=file) from None
-    if _depth(data) > MAX_NESTING:  # nested [a.b.c...] headers do not recurse while parsing
-        raise ConfigError(_too_deep(), file=file)
+        raise ConfigError(_too_deep(), file=file, field=_deep_line(text)) from None
+    deep = _too_deep_at(data)
+    if deep is not None:  # nested [a.b.c...] headers do not recurse while parsing
+        raise ConfigError(_too_deep(), file=file, field=deep)
     return data
 
 
 def _too_deep() -> str:
     return (f"nested too deeply (at most {MAX_NESTING} levels of tables and lists; a matrix "
             "file needs 6)")
+
+
+def _too_deep_at(data: Any) -> str | None:
+    """The field where ``data`` nests deeper than :data:`MAX_NESTING` (``a.b[0]...``; its first
+    three steps), None where it does not."""
+    stack: list[tuple[Any, int, list[str]]] = [(data, 1, [])]
+    while stack:
+        item, depth, path = stack.pop()
+        if depth > MAX_NESTING:
+            shown = "".join(p if p.startswith("[") else f".{p}" for p in path[:3]).lstrip(".")
+            return shown + ("..." if len(path) > 3 else "")
+        pairs = item.items() if isinstance(item, dict) else (
+            (f"[{i}]", child) for i, child in enumerate(item))
+        stack.extend((child, depth + 1, [*path, str(key)]) for key, child in pairs
+                     if isinstance(child, dict | list))
+    return None
+
+
+def _deep_line(text: str) -> str:
+    """Where text that tomllib could not even parse for its nesting nests too deeply: the key
+    assigned on the first line whose brackets open past :data:`MAX_NESTING` (and that line)."""
+    depth, key = 0, ""
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = re.match(r"\s*([A-Za-z0-9_.\"'-]+)\s*=", line)
+        if match:
+            key = match.group(1).strip("\"'")
+        for char in line:
+            depth += 1 if char in "[{" else -1 if char in "]}" else 0
+            if depth > MAX_NESTING:
+                return f"{key} (line {number})" if key else f"line {number}"
+    return ""
 
 
 def _depth(value: Any) -> int:

@@ -33,9 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
-from orchestrator.config.files import parse_toml, problems_from_validation, read_toml
+from orchestrator.config.files import (
+    StrictModel,
+    parse_toml,
+    problems_from_validation,
+    read_config_text,
+)
 from orchestrator.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -44,17 +49,13 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
 #: No NUL, no line break: a string that becomes a path or a word of a command.
 _NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
 #: Most GPUs (and cells at once) of one host: more than any machine has.
 MAX_HOST_GPUS = 256
 
 
-class HostOptions(_Strict):
+class HostOptions(StrictModel):
     """Options shared by every host of an inventory (the ``[options]`` table)."""
 
     connect_timeout: float = Field(
@@ -87,7 +88,7 @@ class HostOptions(_Strict):
     )
 
 
-class HostEntry(_Strict):
+class HostEntry(StrictModel):
     """One lab machine (a ``[[hosts]]`` table)."""
 
     name: str = Field(
@@ -149,7 +150,7 @@ class HostEntry(_Strict):
         return field in self.model_fields_set
 
 
-class _InventoryFile(_Strict):
+class _InventoryFile(StrictModel):
     options: HostOptions = Field(default_factory=HostOptions)
     hosts: list[HostEntry] = Field(min_length=1)
 
@@ -250,7 +251,7 @@ def parse_hosts(text: str, source: str | Path = "<hosts>") -> Inventory:
 
 def load_hosts(path: str | Path) -> Inventory:
     """Read and validate the inventory at ``path``; every problem at once as ConfigError."""
-    inventory = _validate(read_toml(Path(path)), path)
+    inventory = parse_hosts(read_config_text(Path(path)), path)
     log.debug("loaded %d hosts from %s", len(inventory.hosts), path)
     return inventory
 

@@ -20,6 +20,8 @@ A matrix file is TOML with these tables (see docs/matrix-files.md):
     started
     for several GPUs, its working directory, environment and figures. A cell's ``program``
     (else its profile's) names it; :func:`program_of` resolves what a cell runs.
+``[control]``
+    a pinned measurement run between the configurations (:class:`ControlSpec`).
 ``[figures]``
     how the cells' figures of merit are read and judged (:mod:`orchestrator.config.figures`); also
     per profile and per command, the closest winning.
@@ -28,9 +30,10 @@ Validation reports every problem at once with the file and the field path.
 
 Rules for every user file (matrix, hosts inventory, image manifest):
 
-* It is read by :func:`read_config_text` only: a regular file (never a FIFO, a device or a
-  folder: checked before opening, so reading never blocks) of at most :data:`MAX_FILE_BYTES`,
-  UTF-8, nested at most :data:`MAX_NESTING` tables/lists deep.
+* It is read by :func:`~orchestrator.config.files.read_config_text` only: a regular file (never
+  a FIFO, a device or a folder: checked before opening, so reading never blocks) of at most
+  :data:`~orchestrator.config.files.MAX_FILE_BYTES`, UTF-8, nested at most
+  :data:`~orchestrator.config.files.MAX_NESTING` tables/lists deep.
 * Types are strict (no guessing): ``batch_size = "8"``, ``gpus = 1.0``, ``channels_last = 1``
   are errors naming the field; an integer is accepted where a float is expected
   (``timeout_s = 1800``). ``--only KEY=VALUE`` parses its strings by the same types.
@@ -66,14 +69,12 @@ from pydantic import (
 from orchestrator.config import argv_template
 from orchestrator.config.argv_template import TemplateError, Word
 from orchestrator.config.figures import FiguresConfig
-from orchestrator.config.files import MAX_FILE_BYTES as MAX_FILE_BYTES
-from orchestrator.config.files import MAX_NESTING as MAX_NESTING
-from orchestrator.config.files import StrictModel as StrictModel
-from orchestrator.config.files import nearest_key as nearest_key
-from orchestrator.config.files import parse_toml as parse_toml
-from orchestrator.config.files import problems_from_validation as problems_from_validation
-from orchestrator.config.files import read_config_text as read_config_text
-from orchestrator.config.files import read_toml as read_toml
+from orchestrator.config.files import (
+    StrictModel,
+    parse_toml,
+    problems_from_validation,
+    read_config_text,
+)
 from orchestrator.config.syntax import NAME_PATTERN
 from orchestrator.errors import ConfigError, Problem
 
@@ -91,6 +92,8 @@ MAX_LIST = MAX_CELLS
 MAX_EXCLUDES = 100
 #: Most accelerators of one cell: eight full 8-GPU nodes.
 MAX_GPUS = 64
+#: Most nodes one cell spans (one CPU process or GPU on each at least).
+MAX_NODES = MAX_GPUS
 #: Longest per-cell timeout: a week.
 MAX_TIMEOUT_S = 7 * 24 * 3600
 #: Biggest memory size (shm_size, mem_limit, Slurm mem): more than any machine has.
@@ -105,6 +108,17 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=64)]
 #: A path or other string that reaches argv, a file or an environment: no NUL byte (the kernel
 #: cannot pass one), no line break, at most PATH_MAX.
 PathText = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+def _not_an_option(value: str) -> str:
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with '-': the program would read it as an option; "
+                         f"write a path that does not (./{value})")
+    return value
+
+
+#: A dataset path handed to the program as ``--data VALUE``: never one that reads as an option.
+DataPath = Annotated[PathText, AfterValidator(_not_an_option)]
 #: An environment variable name as POSIX shells accept it.
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
 #: An environment value: anything but a NUL byte (exec cannot pass one), at most 32 KiB.
@@ -126,7 +140,7 @@ MIN_TELEMETRY_INTERVAL_S = 0.05
 #: Parameters the orchestrator consumes itself; every other one is passed to the workload.
 #: ``program`` picks what the cell runs; ``ngc_release`` the image it runs in (its profile's
 #: ``base_tag``): neither is a flag of the workload.
-ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "program", "ngc_release"})
+ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "nodes", "program", "ngc_release"})
 #: The program name of our own benchmark workload (every other program is a [commands.NAME]).
 WORKLOAD_PROGRAM = "workload"
 #: An NGC PyTorch release as a cell parameter: ``YY.MM`` (its image tag is ``YY.MM-py3``).
@@ -148,6 +162,11 @@ class CellParams(StrictModel):
         1, description=f"Accelerators (or CPU worker processes) per cell, 1..{MAX_GPUS} (eight "
         "8-GPU nodes; a typo of 1000000 would start a million processes).",
     )
+    nodes: Annotated[int, Field(gt=0, le=MAX_NODES)] = Field(
+        1, description=f"Nodes the cell spans, 1..{MAX_NODES} (slurm backend): one job of "
+        "--nodes=N with its `gpus` split evenly over them (gpus must be a multiple of nodes), "
+        "one torchrun per node, the rendezvous on the first node.",
+    )
     batch_size: Annotated[int, Field(gt=0, le=65536)] = Field(
         64, description="Batch size per GPU / rank, 1..65536 (beyond any accelerator's memory "
         "for these models).",
@@ -166,7 +185,7 @@ class CellParams(StrictModel):
     iterations: Annotated[int, Field(gt=0, le=1_000_000)] = Field(
         100, description="Measured iterations, 1..1000000 (a day or more at a realistic step time)."
     )
-    data: PathText = Field(
+    data: DataPath = Field(
         "synthetic",
         description="'synthetic' or an ImageFolder dataset path (as the runner sees it).",
     )
@@ -222,6 +241,18 @@ class CellParams(StrictModel):
         "them on the same hardware (docker and ssh backends; the workload never sees it). "
         "Unset: the profile's own base_tag or release.",
     )
+
+    @model_validator(mode="after")
+    def _gpus_split_over_nodes(self) -> CellParams:
+        if self.gpus % self.nodes:
+            raise ValueError(f"gpus = {self.gpus} cannot be split evenly over nodes = "
+                             f"{self.nodes}: give a multiple of nodes (gpus counts every node's)")
+        return self
+
+    @property
+    def gpus_per_node(self) -> int:
+        """Accelerators (or CPU worker processes) on each node of the cell."""
+        return self.gpus // self.nodes
 
     def workload_params(self) -> dict[str, Any]:
         """The parameters the workload receives as command-line flags (unset ones left out)."""
@@ -380,8 +411,34 @@ class SlurmOptions(StrictModel):
     )
     extra_args: list[SbatchValue] = Field(
         [], max_length=64, description="More sbatch options, one per #SBATCH line, in "
-        "--name=value form, e.g. '--constraint=a100'."
+        "--name=value form, e.g. '--constraint=a100' (not --requeue: a preempted cell is run "
+        "again by the sweep, as a job of its own).",
     )
+    conf: PathText | None = Field(
+        None, description="The slurm.conf of the cluster these cells go to: SLURM_CONF of "
+        "sbatch, squeue, sacct and scancel, and of the jobs (their srun). Default: this "
+        "environment's SLURM_CONF, else Slurm's own.",
+    )
+    arrays: bool = Field(
+        True, description="Submit the cells of one job shape (the same sbatch options) that "
+        "the sweep places together as one job array: one sbatch for all of them. false: one "
+        "sbatch per cell.",
+    )
+    array_limit: Annotated[int, Field(gt=0, le=MAX_CELLS)] | None = Field(
+        None, description=f"At most this many tasks of each array run at once (sbatch "
+        f"--array=0-K%N), 1..{MAX_CELLS}. Default: as many as Slurm can place.",
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_requeue(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if arg.split("=", 1)[0] in ("--requeue", "--no-requeue"):
+                raise ValueError(
+                    f"{arg!r}: orchestrate submits every job with --no-requeue and runs a "
+                    "preempted or lost cell again itself, as a new job ([matrix] retries): a "
+                    "job Slurm requeued would run the cell twice under one id, into one output")
+        return args
 
     @field_validator("mem")
     @classmethod
@@ -664,6 +721,7 @@ BUILTIN_PLACEHOLDERS: dict[str, str] = {
     "(a DLLogger raport, a trace) ends up in the cell folder",
     "total_iterations": "warmup + iterations, for a program that counts its warmup in (DLE's "
     "--prof)",
+    "gpus_per_node": "gpus / nodes: the processes (GPUs) of each node of a multi-node cell",
     "cell_id": "the cell's id",
 }
 #: How a command is started for several GPUs: ``torchrun`` starts one process per GPU with
@@ -933,7 +991,8 @@ def command_values(params: CellParams, program: str, *, python: str, output_dir:
     as resolved) and the built-in placeholders."""
     return {**params.model_dump(), "program": program, "python": python,
             "output_dir": output_dir, "cell_id": cell_id,
-            "total_iterations": params.warmup + params.iterations}
+            "total_iterations": params.warmup + params.iterations,
+            "gpus_per_node": params.gpus_per_node}
 
 
 @dataclass(frozen=True)
@@ -1000,6 +1059,46 @@ class MatrixSettings(StrictModel):
     )
 
 
+#: Default of ``[control] every``: a control measurement after every this many configuration
+#: cells on one host and GPU set.
+DEFAULT_CONTROL_EVERY = 2
+
+
+class ControlSpec(StrictModel):
+    """``[control]``: a pinned measurement the sweep runs between the configurations, on the
+    same hosts and GPUs, so that their figures can be judged as ratios to it (the machine's own
+    drift cancels; :mod:`orchestrator.plan.controls`, :mod:`orchestrator.results.normalise`).
+
+    Exactly one of ``params`` (a fixed setting of our workload, or of a ``[commands.NAME]``
+    program with ``program = NAME``; ``[workload]`` fills what it leaves out) and ``cell`` (the
+    group id of one of the matrix's cells, which then runs as the control instead of as a
+    configuration). The control takes each calibrated cell's ``hardware``: it runs on every
+    hardware profile of the matrix.
+    """
+
+    params: PartialParams | None = Field(  # type: ignore[valid-type]
+        None, description="The control's parameters (our workload at a fixed setting, or a "
+        "[commands.NAME] program with program = NAME); [workload] fills the rest; no "
+        "hardware: the control runs on each calibrated cell's hardware, host and GPUs.",
+    )
+    cell: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        None, description="The group id of a cell of this matrix (as `orchestrate plan` "
+        "prints it, without -rN) that runs as the control instead of as a configuration.",
+    )
+    every: Annotated[int, Field(ge=1, le=1000)] = Field(
+        DEFAULT_CONTROL_EVERY, description="A control measurement after every N configuration "
+        "cells on one host and GPU set, 1..1000 (and one before the first and after the last "
+        "cell there); smaller: controls closer in time to each cell, a longer sweep.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ControlSpec:
+        if (self.params is None) == (self.cell is None):
+            raise ValueError("give exactly one of params (the control's own parameters) and "
+                             "cell (a cell of this matrix that runs as the control)")
+        return self
+
+
 class MatrixFile(StrictModel):
     """The whole file, as written (before expansion)."""
 
@@ -1020,6 +1119,10 @@ class MatrixFile(StrictModel):
     figures: FiguresConfig | None = Field(
         None, description="How every cell's figures are read and judged, unless its command or "
         "hardware profile says otherwise (default: our workload's JSON lines).",
+    )
+    control: ControlSpec | None = Field(
+        None, description="A pinned measurement run between the configurations on their hosts "
+        "and GPUs; history and compare then judge each figure as a ratio to it.",
     )
 
 

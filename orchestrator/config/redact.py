@@ -167,10 +167,10 @@ def redact_toml(text: str) -> str:
     except tomllib.TOMLDecodeError:
         return "# the matrix file was not valid TOML; not kept (it may hold secrets)\n"
     entries = _secret_entries(data)
-    if not entries:
-        return text
     want = _masked(data)
-    redacted = text
+    redacted = _mask_comments(text)  # "# HF_TOKEN = '...' (rotated)" is still a secret
+    if not entries and redacted == text:
+        return text
     for path, value in entries:
         redacted = _mask_assignment(redacted, path[-1], value)
     if _parses_to(redacted, want):
@@ -180,6 +180,28 @@ def redact_toml(text: str) -> str:
     if _parses_to(rewritten, want):
         return rewritten
     return "# orchestrate: the matrix file held secrets and could not be masked; not kept\n"
+
+
+#: ``KEY = value`` (or ``KEY: value``) as written in a comment.
+_COMMENTED = re.compile(r"""(?P<key>[A-Za-z0-9_.'"-]+)(?P<eq>\s*[=:]\s*)"""
+                        r"""(?P<value>"[^"]*"|'[^']*'|[^\s,}#]+)""")
+
+
+def _mask_comments(text: str) -> str:
+    """``text`` with the value of every secret-looking ``KEY = value`` after a ``#`` masked (a
+    commented-out token is still a token). A ``#`` inside a string is no comment: such a change
+    alters the file's values, which :func:`redact_toml`'s check catches (it then writes the
+    file out again from its values, without comments)."""
+    def mask(match: re.Match[str]) -> str:
+        if not looks_secret(match.group("key").strip("'\"")):
+            return match.group(0)
+        return f'{match.group("key")}{match.group("eq")}"{MASK}"'
+
+    lines = []
+    for line in text.splitlines(keepends=True):
+        head, sign, comment = line.partition("#")
+        lines.append(head + sign + _COMMENTED.sub(mask, comment) if sign else line)
+    return "".join(lines)
 
 
 def _parses_to(text: str, want: Any) -> bool:

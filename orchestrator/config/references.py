@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
+from orchestrator.config.files import StrictModel
 from orchestrator.config.matrix_file import PARAM_NAMES, param_type
 from orchestrator.config.syntax import parse_percent
 from orchestrator.errors import ConfigError, Problem
@@ -41,10 +42,12 @@ from orchestrator.errors import ConfigError, Problem
 SUFFIX = ".references.toml"
 
 
-class ReferenceEntry(BaseModel):
+class ReferenceEntry(StrictModel):
     """One ``[[reference]]`` table."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: Not strict, unlike the other user-file models: bounds have always been coerced
+    #: (``value = "1500"``, ``min = true``); strictness would refuse files accepted today.
+    model_config = ConfigDict(strict=False)
 
     match: dict[str, Any] = Field(description="Parameters a configuration must have.")
     metric: str | None = Field(None, description="Figure to check (default: images/s).")

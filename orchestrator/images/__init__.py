@@ -5,6 +5,9 @@ a cell needs is :mod:`orchestrator.plan.selection`. Here:
 
 * :mod:`~orchestrator.images.build` — Docker builds on an engine (local or over SSH), skipped
   when the content-hash tag is there;
+* :mod:`~orchestrator.images.prepare` — "make sure this engine has the images these cells
+  need", the one way the docker and ssh backends and ``images refresh`` do it: the release per
+  host driver, the base pinned on that engine, the build, the record of what was built;
 * :mod:`~orchestrator.images.sif` — Apptainer / Singularity ``.sif`` files, cached by hash;
 * :mod:`~orchestrator.images.state` — what was built for which host and driver, kept beside the
   results;

@@ -15,10 +15,9 @@ reading of the disk. A template with a parent (``bitfusion`` on ``ngc-pytorch``)
 parent's content-hash tag, so a change in the parent (or its base) changes both tags;
 :func:`ensure_image` ensures the parent first.
 
-:func:`plan_image` (one template), :func:`plan_key` (one image of a matrix: its profile, the
-release the cell or the host's driver picks, :mod:`orchestrator.plan.selection`) and
-:func:`plan_images`
-need no Docker engine: ``--dry-run`` and every backend that runs images plan with them; such a
+:func:`plan_image` (one template) and :func:`plan_key` (one image of a matrix: its profile, the
+release the cell or the host's driver picks, :mod:`orchestrator.plan.selection`) need no Docker
+engine: ``--dry-run`` and every backend that runs images plan with them; such a
 plan is *unpinned* (its tag covers the context only) until :func:`pin` resolves its base on an
 engine. :func:`ensure_image` pins and builds on the engine client it is given (this machine's, or
 a lab host's over SSH) and says which image it made (:class:`BuildOutcome`: tag, image ID, base).
@@ -42,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import templates
 from orchestrator.errors import BuildError, ConfigError, Problem
-from orchestrator.images.state import ImageRecord, ImageState, state_path, update_state
 from orchestrator.local.engine import docker_client
 from orchestrator.plan.selection import HostDriver, ImageChoice, ImageKey, choose
 
@@ -60,7 +58,7 @@ LABEL_BASE = "org.orchestrate.base-image"
 LABEL_BASE_PIN = "org.orchestrate.base-pin"
 
 __all__ = ["BasePin", "BuildOutcome", "ImagePlan", "content_hash", "ensure_image", "pin",
-           "plan_image", "plan_images", "plan_key"]
+           "plan_image", "plan_key"]
 LOG_TAIL_LINES = 20
 
 _STEP_RE = re.compile(r"^Step (\d+/\d+) : (.*)$")
@@ -202,24 +200,6 @@ def plan_key(
             Problem(str(matrix.path), f"hardware.{key.hardware}.image_vars.{p.field}", p.message)
             for p in exc.problems
         ]) from None
-
-
-def plan_images(matrix: Matrix, cells: Iterable[Cell], backend: str) -> dict[str, ImagePlan]:
-    """The image plan of every hardware profile the cells use, by profile (no engine needed):
-    the image of the profile's own release. Profiles whose release is decided per host
-    (``release = "auto"``) are left out; cells that pin an ``ngc_release`` are planned by
-    :func:`plan_key` (one image per release).
-
-    A profile without an image template cannot run in a container: a :class:`ConfigError`
-    naming each such profile (``backend`` says who needs it).
-    """
-    cells = list(cells)
-    check_image_templates(matrix, cells, backend)
-    plans = {}
-    for hw in sorted({c.hardware for c in cells}):
-        if matrix.profiles[hw].release is None:
-            plans[hw] = plan_key(matrix, ImageKey(hw))[1]
-    return plans
 
 
 def content_hash(template: str, files: dict[str, bytes], base: str | None = None) -> str:
@@ -516,43 +496,3 @@ def local_tags(client: Any = None) -> dict[str, list[str]]:
             if tag.startswith(f"{TAG_PREFIX}/"):
                 found.setdefault(template, []).append(tag)
     return {k: sorted(v) for k, v in sorted(found.items())}
-
-
-def record_of(host: str, matrix: Matrix, key: ImageKey, choice: ImageChoice,
-              outcome: BuildOutcome, driver: str | None = None) -> ImageRecord:
-    """What a build of ``key``'s image on ``host`` says about it (provenance, image state).
-    ``driver``: the host's driver as probed, where the release did not come from it."""
-    pin_ = outcome.base_pin
-    plan = outcome.plan
-    return ImageRecord(
-        host=host, matrix=matrix.name, matrix_file=str(matrix.path.resolve()),
-        hardware=key.hardware, template=choice.template, tag=outcome.tag,
-        ngc_release=key.ngc_release, how=choice.how, family=choice.family,
-        release=choice.release, driver=choice.driver or driver, reason=choice.reason,
-        base_image=pin_.ref if pin_ else (plan.root.base_image if plan else ""),
-        base_digest=pin_.digest if pin_ else None,
-        base_image_id=pin_.image_id if pin_ else None,
-        image_id=outcome.image_id, built=outcome.built,
-    )
-
-
-def remember(results_root: Path, records: Iterable[ImageRecord],
-             hosts: Iterable[HostDriver] = ()) -> str | None:
-    """Add ``records`` (and the hosts' drivers as probed) to the image state of
-    ``results_root`` (:mod:`orchestrator.images.state`). Returns why it could not (a sweep goes on
-    without: the state only serves ``images refresh``), None when it did."""
-    records, hosts = list(records), list(hosts)
-
-    def change(state: ImageState) -> None:
-        for record in records:
-            state.put(record)
-        for host in hosts:
-            state.host_seen(host.name, host.driver, host.accelerator, host.compute_capability)
-
-    path = state_path(results_root)
-    try:
-        update_state(path, change)
-    except (OSError, ConfigError) as exc:
-        log.warning("image state %s not updated: %s", path, exc)
-        return f"image state {path} not updated: {exc}"
-    return None

@@ -6,22 +6,18 @@ The steps, each a plain function over plain values:
 1. :func:`wanted_images` — which images to keep fresh: those the given matrices need (every
    profile and pinned ``ngc_release`` their cells use, on every inventory host that may run the
    profile: :func:`orchestrator.plan.selection.host_profiles`; Docker images only, as the ssh
-   backend
-   builds them: a ``runtime = "apptainer"`` profile's .sif is its sweep's to make), else those
-   the image state recorded for the inventory's hosts (their matrix files read again: a sweep's
-   builds are kept fresh without naming its matrix).
+   backend builds them: a ``runtime = "apptainer"`` profile's .sif is its sweep's to make), else
+   those the image state recorded for the inventory's hosts (their matrix files read again: a
+   sweep's builds are kept fresh without naming its matrix).
 2. :func:`refresh_host` — per host, over a verified SSH connection: probe its GPUs and driver
-   (:func:`orchestrator.catalog.gpus.probe`); for each image choose the release the driver runs now
-   (:func:`orchestrator.plan.selection.choose`), plan it and pin its base on the host's engine; a
-   tag
-   the host already has is up to date, any other is built
-   (:func:`orchestrator.images.build.ensure_image`;
+   (:func:`orchestrator.catalog.gpus.probe`), then prepare each image on the host's engine as a
+   sweep does (:func:`orchestrator.images.prepare.prepare_image`: the release the driver runs
+   now, the base pinned there; a tag the host already has is up to date, any other is built;
    ``dry_run``: only said). Each image says what changed against the record of its last build:
    driver old -> new, release old -> new, base old -> new, or other inputs (workload, variables).
-3. :func:`orchestrator.images.build.remember` — the new records and the hosts' drivers go into the
-state
-   (``<results>/.orchestrate-images.json``, :mod:`orchestrator.images.state`); a dry run writes
-   nothing.
+3. :meth:`orchestrator.images.prepare.Ledger.save` — the new records and the hosts' drivers go
+   into the state (``<results>/.orchestrate-images.json``, :mod:`orchestrator.images.state`); a
+   dry run writes nothing.
 
 Idempotent: a second run with nothing changed finds every tag on its host and builds nothing.
 A host that cannot be reached is reported and left as it was; the other hosts still refresh.
@@ -38,8 +34,9 @@ from pathlib import Path
 
 from orchestrator.catalog import gpus
 from orchestrator.config.inventory import Inventory, resolve_hosts
-from orchestrator.errors import BuildError, ConfigError, HostError, OrchestratorError
+from orchestrator.errors import ConfigError, HostError, OrchestratorError
 from orchestrator.images import build
+from orchestrator.images.prepare import Engine, Ledger, Prepared, prepare_image
 from orchestrator.images.state import ImageRecord, ImageState, load_state, state_path
 from orchestrator.plan import selection
 from orchestrator.plan.matrix import Matrix, load_matrix
@@ -148,11 +145,13 @@ def _recorded_matrices(state: ImageState, hosts: Iterable[str]) -> tuple[list[Ma
 
 
 def refresh_host(
-    inventory: Inventory, name: str, wanted: Sequence[Wanted], state: ImageState, *,
-    dry_run: bool = False, on_log: Callable[[str], None] | None = None,
+    inventory: Inventory, name: str, wanted: Sequence[Wanted], state: ImageState,
+    ledger: Ledger | None = None, *, dry_run: bool = False,
+    on_log: Callable[[str], None] | None = None,
 ) -> HostRefresh:
     """Probe host ``name``, then bring each of its ``wanted`` images up to date (see the module
-    docstring). A host that cannot be reached (or refuses us) is reported, never raised."""
+    docstring; what was built goes into ``ledger``). A host that cannot be reached (or refuses
+    us) is reported, never raised."""
     report = HostRefresh(name, old_driver=(state.hosts.get(name) or {}).get("driver"))
     ssh = SshHost.from_inventory(inventory, name, resolve_hosts(inventory)[name])
     client = None
@@ -160,12 +159,14 @@ def refresh_host(
         ssh.connect()
         facts = gpus.probe(ssh, timeout=inventory.options.command_timeout)
         report.driver = selection.HostDriver.from_facts(facts)
+        if ledger is not None:
+            ledger.saw(report.driver)
         client = remote_docker_client(ssh)
-        resolve = build.engine_resolver(client, pull=not dry_run, where=f"host {name}",
-                                        on_log=on_log)
+        engine = Engine(name, client, report.driver, remote=True, pull=not dry_run)
         for item in wanted:
-            report.images.append(_refresh_image(item, report.driver, client, resolve, state,
-                                                dry_run, on_log))
+            prepared = prepare_image(item.matrix, item.key, engine, ledger, dry_run=dry_run,
+                                     keep_going=True, on_log=on_log)
+            report.images.append(_refreshed(item, prepared, report.driver, state))
     except HostError as exc:
         report.reachable, report.reason = False, str(exc)
     except OrchestratorError as exc:  # the engine over SSH answers nothing usable
@@ -177,48 +178,28 @@ def refresh_host(
     return report
 
 
-def _refresh_image(item: Wanted, driver: selection.HostDriver, client: object,
-                   resolve: Callable[[str], build.BasePin], state: ImageState, dry_run: bool,
-                   on_log: Callable[[str], None] | None) -> ImageRefresh:
-    host, matrix = item.host, item.matrix
-    key = selection.host_key(matrix, item.key, host)
-    old = state.images.get((host, str(matrix.path.resolve()), key.hardware, key.ngc_release))
-    result = ImageRefresh(matrix.name, key.hardware, key.ngc_release, "failed", old)
-    try:
-        choice, plan = build.plan_key(matrix, key, driver)
-    except selection.NoRelease as exc:
-        result.action, result.why = "skipped", exc.why
+def _refreshed(item: Wanted, prepared: Prepared, driver: selection.HostDriver,
+               state: ImageState) -> ImageRefresh:
+    """What ``prepared`` means for the refresh report: the action, and why, against the record
+    of the image's last build."""
+    key, choice = prepared.key, prepared.choice
+    old = state.images.get((item.host, str(item.matrix.path.resolve()), key.hardware,
+                            key.ngc_release))
+    result = ImageRefresh(item.matrix.name, key.hardware, key.ngc_release, prepared.action, old,
+                          prepared.record, prepared.why)
+    if choice is None or prepared.action in ("skipped", "failed"):
         return result
-    except ConfigError as exc:
-        result.why = str(exc)
-        return result
-    try:
-        pinned = build.pin(plan, resolve)
-    except BuildError as exc:
-        if not dry_run:
-            result.why = str(exc)
-            return result
-        result.action = "would build"
-        result.why = f"{_why(old, None, choice, driver)}; base {plan.root.base_image} to pull"
-        return result
-    present = build.image_id_of(build.docker_api(client), pinned.tag) is not None
-    if dry_run:
-        outcome = build.BuildOutcome(pinned.tag, False, 0.0, image_id=None, plan=pinned)
-    else:
-        try:
-            outcome = build.ensure_image(pinned, client, on_log)
-        except BuildError as exc:
-            result.why = str(exc)
-            return result
-    result.new = build.record_of(host, matrix, key, choice, outcome, driver.driver)
-    if present:
-        result.action = "up to date"
-        if old is not None and old.tag != pinned.tag:
+    if prepared.base_missing:
+        assert prepared.plan is not None
+        base = prepared.plan.root.base_image
+        result.why = f"{_why(old, None, choice, driver)}; base {base} to pull"
+    elif prepared.action == "up to date":
+        if old is not None and prepared.outcome is not None and old.tag != prepared.outcome.tag:
             result.why = "already on the host (built by another sweep or for another host)"
     else:
-        result.action = "would build" if dry_run else "built"
-        result.why = _why(old, result.new, choice, driver)
-        result.seconds = None if dry_run else outcome.seconds
+        result.why = _why(old, prepared.record, choice, driver)
+        if prepared.action == "built" and prepared.outcome is not None:
+            result.seconds = prepared.outcome.seconds
     return result
 
 
@@ -285,16 +266,16 @@ def refresh(
     names = [h for h in inventory.names if hosts is None or h in hosts]
     by_host = {h: [w for w in wanted if w.host == h] for h in names}
 
+    ledger = None if dry_run else Ledger(results_root)
+
     def one(name: str) -> HostRefresh:
         log_line = (lambda line: on_log(f"{name} | {line}")) if on_log else None
-        return refresh_host(inventory, name, by_host[name], state, dry_run=dry_run,
+        return refresh_host(inventory, name, by_host[name], state, ledger, dry_run=dry_run,
                             on_log=log_line)
 
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(names)))) as pool:
         reports = list(pool.map(one, names))
     report = RefreshReport(reports, notes, path)
-    if not dry_run:
-        records = [i.new for h in reports for i in h.images if i.new is not None]
-        drivers = [h.driver for h in reports if h.driver is not None]
-        report.problem = build.remember(results_root, records, drivers)
+    if ledger is not None:
+        report.problem = ledger.save()
     return report

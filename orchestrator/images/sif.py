@@ -23,9 +23,9 @@ kept on a shared filesystem): nothing is built, the file must exist.
 **Where**: a :class:`Machine` runs the steps: :class:`LocalMachine` (the process and slurm
 backends, ``orchestrate images build``) or :class:`SshMachine` (the ssh backend: each lab host
 makes its own image, a definition's build context sent over our verified SSH connection as a
-tar stream, a conversion from that host's engine). :func:`prepare_runtime` is what a backend
-calls before its first cell: it refuses, every problem at once, a missing runtime binary or a
-bind source that does not exist on that machine, then makes sure each profile's image is there.
+tar stream, a conversion from that host's engine). Which ``.sif`` the cells need, and checking
+a machine before the first cell, are the Apptainer runtime's
+(:mod:`orchestrator.runtimes.apptainer`: ``plan_sifs``, ``prepare``).
 """
 
 from __future__ import annotations
@@ -49,14 +49,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.catalog import templates
-from orchestrator.errors import BuildError, ConfigError, HostError, Problem
+from orchestrator.errors import BuildError, ConfigError, HostError
 from orchestrator.images import build
-from orchestrator.plan import selection
-from orchestrator.plan.apptainer import binary_of, bind_problem
-from orchestrator.plan.selection import ImageKey
 
 if TYPE_CHECKING:
-    from orchestrator.plan.matrix import Cell, Matrix
     from orchestrator.remote.connection import SshHost
 
 log = logging.getLogger(__name__)
@@ -122,36 +118,6 @@ def plan_sif(plan: build.ImagePlan, *, binary: str = "apptainer", directory: str
     source = "definition" if plan.kind == "singularity" else "docker-daemon"
     path = posixpath.join(image_dir(directory), sif_name(plan))
     return SifPlan(path, source, plan, binary, fakeroot)
-
-
-def plan_sifs(matrix: Matrix, cells: Iterable[Cell]) -> dict[ImageKey, SifPlan]:
-    """The ``.sif`` of every image the Apptainer cells need, by image key (a profile, and the
-    release a cell pins with ``ngc_release``); nothing built. A Docker conversion's name here
-    is the unpinned plan's: :func:`ensure_sif` names it by the pinned Docker image's hash.
-
-    A profile with neither an image template nor ``apptainer.sif`` is a :class:`ConfigError`.
-    """
-    problems: list[Problem] = []
-    plans: dict[ImageKey, SifPlan] = {}
-    for key in sorted({selection.image_key(matrix, c) for c in cells
-                       if matrix.profiles[c.hardware].apptainer_runtime},
-                      key=lambda k: (k.hardware, k.ngc_release or "")):
-        profile = matrix.profiles[key.hardware]
-        binary = binary_of(profile)
-        opts = profile.apptainer
-        if opts.sif:
-            plans[key] = SifPlan(opts.sif, "given", None, binary, opts.fakeroot)
-            continue
-        try:
-            image = build.plan_key(matrix, key)[1]
-        except ConfigError as exc:
-            problems += exc.problems
-            continue
-        plans[key] = plan_sif(image, binary=binary, directory=opts.image_dir,
-                              fakeroot=opts.fakeroot)
-    if problems:
-        raise ConfigError(problems)
-    return plans
 
 
 # --- machines that build and run -------------------------------------------------------------
@@ -359,64 +325,3 @@ def ensure_sif(plan: SifPlan, machine: Machine, on_log: Callable[[str], None] | 
     seconds = time.monotonic() - start
     log.info("%s: built %s in %.1f s", machine.name, path, seconds)
     return SifOutcome(path, True, seconds, converted)
-
-
-def prepare_runtime(
-    matrix: Matrix,
-    cells: Iterable[Cell],
-    machine: Machine,
-    *,
-    plans: dict[ImageKey, SifPlan] | None = None,
-    on_log: Callable[[str], None] | None = None,
-    docker: Any = None,
-    say: Callable[[str], None] | None = None,
-) -> dict[ImageKey, str]:
-    """Before a backend's first cell on ``machine``: refuse (every problem at once, a
-    :class:`ConfigError` naming the field) a runtime binary that is not there or a bind source
-    that does not exist there; then make sure every image the Apptainer cells need is there
-    (``plans``: those images, else :func:`plan_sifs` of ``cells``). Returns each image's path
-    there, by image key. ``on_log`` hears the builds' output; ``say`` (default ``on_log``) one
-    line per image: ``<machine>: image PATH (source): built in 12.3 s``."""
-    plans = plan_sifs(matrix, cells) if plans is None else plans
-    say = say or on_log
-    problems = runtime_problems(matrix, sorted({k.hardware for k in plans}), machine)
-    if problems:
-        raise ConfigError(problems)
-    paths = {}
-    for key, plan in plans.items():
-        try:
-            outcome = ensure_sif(plan, machine, on_log, docker)
-        except ConfigError as exc:
-            raise ConfigError([Problem(str(matrix.path), f"hardware.{key.hardware}.apptainer.sif",
-                                       p.message) for p in exc.problems]) from None
-        if say is not None:
-            say(f"{machine.name}: image {outcome.path} ({plan.source}): {outcome.summary}")
-        paths[key] = outcome.path
-    return paths
-
-
-def runtime_problems(matrix: Matrix, profiles: Iterable[str], machine: Machine
-                     ) -> list[Problem]:
-    """What stops the profiles' cells on ``machine``: a runtime binary that is not there, a bind
-    source that does not exist there (apptainer refuses to bind a missing path)."""
-    file = str(matrix.path)
-    problems: list[Problem] = []
-    for hw in profiles:
-        profile = matrix.profiles[hw]
-        where = f"hardware.{hw}"
-        binary = binary_of(profile)
-        if machine.which(binary) is None:
-            problems.append(Problem(file, f"{where}.apptainer.binary", (
-                f"{binary!r} is not on PATH on {machine.name}: install Apptainer (or "
-                f"SingularityCE), or name its program in [hardware.{hw}.apptainer] binary "
-                "(an absolute path, or 'singularity')")))
-        mounts = [("container.mounts", profile.container.mounts),
-                  ("apptainer.binds", profile.apptainer.binds)]
-        for table, entries in mounts:
-            for i, mount in enumerate(entries):
-                source = machine.expand(mount.source)
-                if not bind_problem(source) and not machine.exists(source):
-                    problems.append(Problem(file, f"{where}.{table}[{i}].source", (
-                        f"{source} does not exist on {machine.name}: apptainer refuses to bind "
-                        "a missing path (create it, or fix the path)")))
-    return problems

@@ -398,6 +398,46 @@ def cgroup_name(run_id: str, cell_id: str) -> str:
     return f"{run_id}-{hashlib.sha256(cell_id.encode()).hexdigest()[:12]}"
 
 
+def _cgroup_parents() -> list[Path]:
+    """The folders our cells' cgroups are made in (v2, and v1 ``memory``), where they exist."""
+    v2_mount, v1_mount = _mounts()
+    v2_path, v1_path = _own_paths()
+    bases = [_dir_of(v2_mount, v2_path), _dir_of(v1_mount, v1_path)]
+    return [base / CGROUP_FOLDER for base in bases
+            if base is not None and (base / CGROUP_FOLDER).is_dir()]
+
+
+def run_cgroups(run_id: str) -> list[Path]:
+    """The cgroup folders of run ``run_id`` that exist now (normally none once its cells ended)."""
+    return sorted(folder for parent in _cgroup_parents() for folder in parent.iterdir()
+                  if folder.is_dir() and folder.name.startswith(f"{run_id}-"))
+
+
+#: An empty cgroup older than this is a leftover (a live cell's is empty only for the moment
+#: between its making and its launcher joining it).
+STALE_CGROUP_S = 60.0
+
+
+def remove_stale_cgroups(min_age_s: float = STALE_CGROUP_S) -> list[Path]:
+    """Remove the empty cell cgroups an orchestrator killed mid-cell (``kill -9``) left behind,
+    whatever run made them; a cgroup with a process in it, or made less than ``min_age_s`` ago,
+    is kept. Returns the folders removed."""
+    removed = []
+    now = time.time()
+    for parent in _cgroup_parents():
+        for folder in parent.iterdir():
+            try:
+                if not folder.is_dir() or now - folder.stat().st_mtime < min_age_s:
+                    continue
+                if (folder / "cgroup.procs").read_text().strip():
+                    continue
+                folder.rmdir()  # EBUSY if a process joined meanwhile: kept
+                removed.append(folder)
+            except OSError as exc:
+                log.debug("cgroup %s kept: %s", folder, exc)
+    return removed
+
+
 # --- one cell ----------------------------------------------------------------------------------
 
 

@@ -7,7 +7,9 @@ ones) from the durations of earlier runs of the same matrix (the results store's
 today's
 finished cells compare with their expectation (median of actual / expected), divided by the
 number of cells the sweep runs at once, and never less than the longest single cell left. With
-no history it learns from today's finished cells (their median duration).
+no history it learns from today's finished cells (their median duration). A matrix's control
+measurements (:mod:`orchestrator.plan.controls`) are not cells of the plan: the time they took
+so far per finished cell (:meth:`Eta.control_finished`) is added for each cell left.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Eta:
     _running: dict[str, Cell] = field(init=False)
     _ratios: list[float] = field(init=False, default_factory=list)
     _actual: list[float] = field(init=False, default_factory=list)
+    _control_s: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         if self.concurrency <= 0:
@@ -57,6 +60,11 @@ class Eta:
         guess = self.expected.get(cell.hash)
         if guess:
             self._ratios.append(duration_s / guess)
+
+    def control_finished(self, duration_s: float | None) -> None:
+        """A control measurement ended: its time counts as overhead of the cells."""
+        if duration_s is not None and duration_s > 0:
+            self._control_s += duration_s
 
     @property
     def pace(self) -> float:
@@ -98,6 +106,8 @@ class Eta:
             if guess is None:
                 return None
             left.append(max(0.0, guess - elapsed.get(cell_id, 0.0)))
+        if self._control_s and self._actual:  # controls so far, per cell ended, for each left
+            left = [v + self._control_s / len(self._actual) for v in left]
         # cells run side by side, but no sooner than the longest one left can end
         return max(sum(left) / self.concurrency, max(left, default=0.0))
 

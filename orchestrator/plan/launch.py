@@ -90,8 +90,8 @@ class LaunchSpec:
     #: the template, its rendered argv items, launcher and figures parser.
     program: dict[str, Any] = field(default_factory=dict)
     #: The container runtime that runs ``argv`` when the backend starts it as a process
-    #: (Apptainer: :func:`orchestrator.plan.apptainer.runtime_record`: its name, binary, image and
-    #: the prefix of the variables the launcher passes); empty otherwise.
+    #: (Apptainer: :func:`orchestrator.runtimes.apptainer.runtime_record`: its name, binary,
+    #: image and the prefix of the variables the launcher passes); empty otherwise.
     runtime: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -175,6 +175,37 @@ class NodeRole:
         ]
 
 
+@dataclass(frozen=True)
+class ScheduledNodes:
+    """Every node of a multi-node cell whose nodes a scheduler picks as the job starts (Slurm).
+
+    All ``nnodes`` nodes run the same argv: torchrun with a static rendezvous, ``nproc``
+    processes each, the same ``rdzv_id`` (the cell id). What only the job knows comes from each
+    node's environment, as torchrun reads it for a flag not given: ``PET_NODE_RANK`` (its
+    ``--node_rank``) and ``PET_RDZV_ENDPOINT`` (``--rdzv_endpoint``, the first node of the
+    allocation), both set by the job script (:mod:`orchestrator.backends.slurm`).
+    """
+
+    nnodes: int
+    nproc: int
+    rdzv_id: str
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 2:
+            raise ValueError(f"{self.rdzv_id}: a multi-node cell needs two or more nodes")
+        if self.nproc < 1:
+            raise ValueError(f"{self.rdzv_id}: its nodes have no process to start")
+
+    def torchrun_flags(self) -> list[str]:
+        """torchrun's flags, the same on every node."""
+        return [f"--nnodes={self.nnodes}", f"--nproc_per_node={self.nproc}",
+                "--rdzv_backend=static", f"--rdzv_id={self.rdzv_id}"]
+
+
+#: A node's part in a multi-node cell: placed by us (ssh) or by the scheduler (Slurm).
+NodeLaunch = NodeRole | ScheduledNodes
+
+
 def rdzv_port(cell_id: str) -> int:
     """A stable rendezvous port for a cell (distinct cells rarely share one)."""
     digest = hashlib.sha256(cell_id.encode()).digest()
@@ -194,7 +225,7 @@ def node_roles(allocation: Allocation, rendezvous_address: str) -> list[NodeRole
     ]
 
 
-def torchrun(python: str, gpus: int, node: NodeRole | None = None) -> list[str]:
+def torchrun(python: str, gpus: int, node: NodeLaunch | None = None) -> list[str]:
     """torchrun and its flags: standalone with one process per GPU, or as ``node`` of a
     multi-node cell (what it starts follows)."""
     flags = node.torchrun_flags() if node is not None else [
@@ -202,7 +233,7 @@ def torchrun(python: str, gpus: int, node: NodeRole | None = None) -> list[str]:
     return [python, "-m", "torch.distributed.run", *flags]
 
 
-def python_launcher(python: str, gpus: int, node: NodeRole | None = None) -> list[str]:
+def python_launcher(python: str, gpus: int, node: NodeLaunch | None = None) -> list[str]:
     """How a Python module is started, up to where its name goes: ``python -m`` for one
     process, torchrun for several (standalone, or as ``node`` of a multi-node cell)."""
     if node is not None or gpus > 1:
@@ -233,7 +264,7 @@ def cell_command(
     python: str = "python",
     output_dir: str | None = None,
     gpu_ids: tuple[int, ...] = (),
-    node: NodeRole | None = None,
+    node: NodeLaunch | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> CellCommand:
     """The command of ``cell`` running ``program``, as every backend starts it.
@@ -262,7 +293,7 @@ def cell_command(
 
 
 def command_launcher(command: CommandTemplate, python: str, gpus: int,
-                     node: NodeRole | None = None) -> list[str]:
+                     node: NodeLaunch | None = None) -> list[str]:
     """What starts a command template's argv: nothing for one process or a program that
     spawns its own ranks; torchrun with ``--no_python`` (the argv is run as it is, one process
     per GPU) for several, standalone or as ``node`` of a multi-node cell."""
@@ -297,7 +328,7 @@ def workload_argv(
     *,
     python: str = "python",
     output_dir: str | None = None,
-    node: NodeRole | None = None,
+    node: NodeLaunch | None = None,
 ) -> list[str]:
     """The full command of a cell: profiler and runtime wrappers, the launcher, the workload.
 

@@ -27,8 +27,8 @@ cell is built, and the message names the fields that multiply up.
 
 Validation reports every problem of the file at once (types, unknown keys and profiles, image
 templates and their variables, rules that match nothing). Whether each cell can run where it is
-planned (its model, options, profiler and image on its stack) is :mod:`orchestrator.plan.checks`'
-question. This module knows nothing of backends:
+planned (its model, options, profiler and image on its stack) is
+:mod:`orchestrator.backends.checks`' question. This module knows nothing of backends:
 ``[matrix] backend`` is checked against the names the caller passes to :func:`load_matrix`.
 """
 
@@ -74,19 +74,33 @@ from orchestrator.errors import ConfigError, Problem
 MAX_ID_LENGTH = 150
 
 
+#: A cell's role: a configuration (what the matrix measures) or a control measurement (the
+#: pinned reference run between them, :mod:`orchestrator.plan.controls`).
+CONFIG = "config"
+CONTROL = "control"
+
+
 @dataclass(frozen=True)
 class Cell:
-    """One container launch: a full parameter assignment and one repeat of it."""
+    """One container launch: a full parameter assignment and one repeat of it.
+
+    A control cell (``role == "control"``) is one measurement of the matrix's control; its
+    ``repeat`` is its sequence number in the run (0 for the template the plan lists)."""
 
     id: str
     group: str
     repeat: int
     params: CellParams
     hash: str
+    role: str = CONFIG
 
     @property
     def hardware(self) -> str:
         return self.params.hardware
+
+    @property
+    def is_control(self) -> bool:
+        return self.role == CONTROL
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,8 +108,14 @@ class Cell:
             "group": self.group,
             "repeat": self.repeat,
             "hash": self.hash,
+            "role": self.role,
             "params": self.params.model_dump(),
         }
+
+    def measurement(self, number: int) -> Cell:
+        """Control measurement ``number`` (1, 2, ...) of this control template."""
+        return Cell(f"{self.group}-c{number}", self.group, number, self.params, self.hash,
+                    CONTROL)
 
 
 @dataclass(frozen=True)
@@ -115,6 +135,10 @@ class Matrix:
     figures: FiguresConfig | None = None
     #: ``source_text`` as parsed: where the checks find the field that sets a value.
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    #: ``[control]``: one control template cell per hardware profile (hardware -> cell), and
+    #: how often it runs (a measurement after every ``control_every`` cells on a host/GPU set).
+    controls: dict[str, Cell] = field(default_factory=dict)
+    control_every: int = 0
 
     def profile(self, cell: Cell) -> HardwareProfile:
         return self.profiles[cell.hardware]
@@ -127,8 +151,18 @@ class Matrix:
     def with_cells(self, cells: Iterable[Cell]) -> Matrix:
         return Matrix(
             self.name, self.path, self.settings, self.profiles, tuple(cells), self.varying,
-            self.source_text, self.commands, self.figures, self.raw,
+            self.source_text, self.commands, self.figures, self.raw, self.controls,
+            self.control_every,
         )
+
+    def control_for(self, cell: Cell) -> Cell | None:
+        """The control template that calibrates ``cell`` (None: the matrix has no control)."""
+        return self.controls.get(cell.hardware)
+
+    @property
+    def checked_cells(self) -> tuple[Cell, ...]:
+        """The configurations and the control templates: every cell the checks must pass."""
+        return self.cells + tuple(self.controls.values())
 
 
 # --- expansion -------------------------------------------------------------------------------
@@ -282,7 +316,7 @@ def _too_many_cells(
 
 _ABBREV = {
     "image_size": "px", "warmup": "w", "iterations": "it", "num_classes": "nc", "workers": "wk",
-    "seed": "seed", "ngc_release": "ngc",
+    "seed": "seed", "ngc_release": "ngc", "nodes": "n",
 }
 
 
@@ -321,7 +355,7 @@ def _id_parts(params: dict[str, Any], varying: Sequence[str], program: str = WOR
 #: before it existed), and a retired field keeps the value it always had there.
 HASH_NEUTRAL_PARAMS: dict[str, Any] = {
     "hpu_mode": None, "profile_start": 0, "profile_iterations": 5, "telemetry_interval": 0.5,
-    "program": None, "ngc_release": None,
+    "program": None, "ngc_release": None, "nodes": 1,
 }
 HASH_NEUTRAL_PROFILE: dict[str, Any] = {
     "gpu": None, "compute_capability": None, "program": None, "figures": None,
@@ -330,6 +364,10 @@ HASH_NEUTRAL_PROFILE: dict[str, Any] = {
        for tool in ("nsys", "ncu", "nvprof", "apptainer")},
 }
 HASH_RETIRED_PROFILE: dict[str, Any] = {"backend": None}
+#: Fields added to a profile's sub-tables after cells were first hashed, as HASH_NEUTRAL_PROFILE.
+HASH_NEUTRAL_PROFILE_TABLES: dict[str, dict[str, Any]] = {
+    "slurm": {"conf": None, "arrays": True, "array_limit": None},
+}
 
 
 def _hashed(dump: dict[str, Any], neutral: dict[str, Any]) -> dict[str, Any]:
@@ -347,9 +385,12 @@ def content_hash(params: CellParams, profile: HardwareProfile, program: Program 
     dump = params.model_dump()
     if program is not None and program.command is None:
         dump["program"] = None  # our workload, however it was named: as before programs
+    profile_dump = profile.model_dump()
+    for table, neutral in HASH_NEUTRAL_PROFILE_TABLES.items():
+        profile_dump[table] = _hashed(profile_dump[table], neutral)
     content: dict[str, Any] = {
         "params": _hashed(dump, HASH_NEUTRAL_PARAMS),
-        "profile": {**_hashed(profile.model_dump(), HASH_NEUTRAL_PROFILE),
+        "profile": {**_hashed(profile_dump, HASH_NEUTRAL_PROFILE),
                     **HASH_RETIRED_PROFILE},
     }
     if program is not None and program.command is not None:
@@ -449,6 +490,8 @@ def _check_program_names(mf: MatrixFile, file: str) -> list[Problem]:
     places += [(f"include[{i}].program", _set_keys(e).get("program"))
                for i, e in enumerate(mf.include)]
     places += [(f"hardware.{hw}.program", p.program) for hw, p in mf.hardware.items()]
+    if mf.control is not None and mf.control.params is not None:
+        places.append(("control.params.program", _set_keys(mf.control.params).get("program")))
     problems = []
     for where, value in places:
         if value is None or value in known:
@@ -510,6 +553,18 @@ def _check_hardware_values(
     return problems
 
 
+def _check_nodes(assignments: list[dict[str, Any]], file: str) -> list[Problem]:
+    """Every cell's GPUs split evenly over its nodes (one problem per gpus/nodes pair)."""
+    pairs = sorted({(a.get("gpus", 1), a.get("nodes", 1)) for a in assignments
+                    if isinstance(a.get("gpus", 1), int) and isinstance(a.get("nodes", 1), int)
+                    and a.get("nodes", 1) > 0 and a.get("gpus", 1) % a.get("nodes", 1)})
+    return [Problem(file, "nodes", (
+        f"a cell has gpus = {gpus} and nodes = {nodes}: gpus counts the GPUs (or CPU "
+        f"processes) of all its nodes, so give a multiple of nodes (e.g. gpus = "
+        f"{gpus // nodes * nodes or nodes} or {(gpus // nodes + 1) * nodes})"))
+        for gpus, nodes in pairs]
+
+
 # --- entry points ----------------------------------------------------------------------------
 
 
@@ -546,6 +601,7 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
         problems.append(_too_many_cells(
             file, _factors(mf, raw), len(mf.include), mf.matrix.repeats, cells_planned
         ))
+    problems += _check_nodes(assignments, file)
     if problems:
         raise ConfigError(problems)
 
@@ -556,9 +612,10 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
         except ValidationError as exc:  # pragma: no cover - types were checked field by field
             raise ConfigError(f"invalid cell {assignment}: {exc}", file=file) from None
     cells, varying = make_cells(params, mf.hardware, mf.matrix.repeats, mf.commands, mf.figures)
-    rendering = _check_rendering(cells, mf, file)
-    if rendering:
-        raise ConfigError(rendering)
+    cells, controls, control_problems = make_controls(mf, file, cells)
+    rendering = _check_rendering([*cells, *controls.values()], mf, file)
+    if control_problems or rendering:
+        raise ConfigError(control_problems + rendering)
     return Matrix(
         name=name,
         path=path,
@@ -570,7 +627,63 @@ def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) ->
         commands=dict(mf.commands),
         figures=mf.figures,
         raw=raw,
+        controls=controls,
+        control_every=mf.control.every if mf.control else 0,
     )
+
+
+def make_controls(mf: MatrixFile, file: str, cells: list[Cell]
+                  ) -> tuple[list[Cell], dict[str, Cell], list[Problem]]:
+    """``[control]`` as one template cell per hardware profile of the configurations; returns
+    the configurations (without a ``cell = GROUP`` control's cells), the templates and every
+    problem (a control that names no cell, sets hardware, or needs more GPUs than a cell it
+    calibrates has: it runs on those cells' GPUs)."""
+    spec = mf.control
+    if spec is None:
+        return cells, {}, []
+    problems: list[Problem] = []
+    if spec.cell is not None:
+        named = [c for c in cells if c.group == spec.cell]
+        if not named:
+            groups = sorted({c.group for c in cells})
+            close = difflib.get_close_matches(spec.cell, groups, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            return cells, {}, [Problem(file, "control.cell", (
+                f"no cell group {spec.cell!r} in this matrix; {hint}`orchestrate plan` lists "
+                "the groups (the cell ids without -rN)"))]
+        base = named[0].params.model_dump()
+        cells = [c for c in cells if c.group != spec.cell]
+        if not cells:
+            return cells, {}, [Problem(file, "control.cell", (
+                "the control is the only configuration: nothing would be left to calibrate"))]
+        where = "control.cell"
+    else:
+        given = _set_keys(spec.params)
+        if "hardware" in given:
+            problems.append(Problem(file, "control.params.hardware", (
+                "the control runs on the hardware, hosts and GPUs of each cell it calibrates: "
+                "leave hardware out")))
+        base = {name: info.default for name, info in CellParams.model_fields.items()
+                if not info.is_required()}
+        base.update(_set_keys(mf.workload))
+        base.update({k: v for k, v in given.items() if k != "hardware"})
+        where = "control.params"
+    out: dict[str, Cell] = {}
+    for hw in sorted({c.hardware for c in cells}):
+        params = CellParams.model_validate({**base, "hardware": hw})
+        fewest = min(c.params.gpus for c in cells if c.hardware == hw)
+        if params.gpus > fewest:
+            field_ = f"{where}.gpus" if where == "control.params" else where
+            problems.append(Problem(file, field_, (
+                f"the control needs {params.gpus} GPU(s) but hardware {hw!r} has cells with "
+                f"{fewest}: it runs on the GPUs of the cells it calibrates; give it gpus <= "
+                f"{fewest}")))
+            continue
+        profile = mf.hardware[hw]
+        program = program_of(params, profile, mf.commands, mf.figures)  # names checked before
+        group = f"control-{hw}"
+        out[hw] = Cell(group, group, 0, params, content_hash(params, profile, program), CONTROL)
+    return cells, out, problems
 
 
 def parse_only(only: Sequence[str]) -> dict[str, list[Any]]:

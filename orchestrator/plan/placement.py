@@ -326,15 +326,6 @@ class GpuPool:
         log.info("host %s lost; %d allocations affected", host, len(affected))
         return affected
 
-    def restore_host(self, host: str) -> None:
-        """Bring a lost ``host`` back with all its GPUs free."""
-        if host not in self._lost:
-            return
-        self._lost.discard(host)
-        self._free[host] = set(self._hosts[host].gpu_ids)
-        self._running[host] = 0
-        self._exclusive.pop(host, None)
-
     # -- feasibility -----------------------------------------------------------------------------
     def why_unplaceable(self, request: Request) -> str | None:
         """Why ``request`` can never be placed on this pool (as it is now), or None."""

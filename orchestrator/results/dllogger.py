@@ -28,22 +28,25 @@ the step (our workload keeps the slowest rank's).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal
 
 from orchestrator.errors import LogFormatError, Problem
+from orchestrator.results import safejson
 from workload import metrics as wm
 
 Step = str | tuple[Any, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DLLRecord:
     """One DLLogger LOG record (records of one step logged back to back are merged)."""
 
@@ -83,15 +86,20 @@ _TUPLE_STEP = re.compile(r"[(\[]\s*((?:-?\d+\s*,\s*)*-?\d+)?\s*,?\s*[)\]]")
 _NAMED_STEP = re.compile(r"(\S+) Iteration: (\d+)")
 
 
+#: Where a DLLogger line starts, in a whole text (after a newline or a ``\\r``).
+_ANY_DLL = re.compile(r"(?:^|(?<=\r))(?:DLLL |DLL \d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d"
+                      r"(?:\.\d+)? - )", re.MULTILINE)
+
+
 def looks_like_raport(text: str) -> bool:
     """True when the first non-empty line is a ``DLLL`` record (a JSONStreamBackend file)."""
-    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    first = next((ln for ln in io.StringIO(text) if ln.strip()), "")
     return first.startswith(_DLLL)
 
 
 def has_dllogger_lines(text: str) -> bool:
     """True when ``text`` holds DLLogger JSON (``DLLL``) or stdout (``DLL <time> -``) lines."""
-    return any(ln.startswith(_DLLL) or _DLL_LINE.match(ln) for ln in text.splitlines())
+    return _ANY_DLL.search(text) is not None
 
 
 def read_dllogger(text: str, file: str) -> DLLoggerLog:
@@ -107,29 +115,74 @@ def read_dllogger(text: str, file: str) -> DLLoggerLog:
     return _read_stdout_lines(lines, file)
 
 
-def _read_json_lines(lines: list[str], file: str, strict: bool) -> DLLoggerLog:
-    out = DLLoggerLog(file, "json", last_line=len(lines))
+@dataclass(frozen=True)
+class FileForm:
+    """What a pass over a file found: its form, and whether it is a raport (strict)."""
+
+    json: bool
+    raport: bool
+    any_records: bool
+
+
+def read_dllogger_file(path: Path, file: str, form: FileForm) -> DLLoggerLog:
+    """:func:`read_dllogger` of a file, read line by line (a raport of hundreds of MB is never
+    held whole as text); ``form`` from a first pass over it (:func:`scan_form`)."""
+    with path.open("r", encoding="utf-8", newline=None) as fh:
+        lines = (line.rstrip("\n") for line in fh)
+        if form.json:
+            return _read_json_lines(lines, file, strict=form.raport)
+        return _read_stdout_lines(lines, file)
+
+
+def scan_form(lines: Iterable[str]) -> FileForm:
+    """The :class:`FileForm` of these lines (one pass)."""
+    first: str | None = None
+    json_lines = any_records = False
+    for line in lines:
+        if first is None and line.strip():
+            first = line
+        if line.startswith(_DLLL):
+            json_lines = any_records = True
+            break  # a DLLL line decides it (and first is known by then)
+        if not any_records and _DLL_LINE.match(line.rstrip("\r\n")):
+            any_records = True
+    return FileForm(json_lines, (first or "").startswith(_DLLL), any_records)
+
+
+_TRUNCATED = " (the file ends here: a crashed or unfinished run?)"
+
+
+def _read_json_lines(lines: Iterable[str], file: str, strict: bool) -> DLLoggerLog:
+    out = DLLoggerLog(file, "json")
     problems: list[Problem] = []
     raw: list[DLLRecord] = []
+    number = 0
+    malformed_at = 0  # the line of the last malformed record (a truncated last line?)
     for number, line in enumerate(lines, start=1):
         if not line.startswith(_DLLL):
             if strict and line.strip():
                 problems.append(Problem(file, f"line {number}", "not a DLLogger record (every "
                                         "line of a raport starts with 'DLLL ')"))
             continue
-        try:
-            obj = json.loads(line[len(_DLLL):])
+        try:  # NaN and Infinity kept: DLLogger writes them, and a figure's judge sees them
+            obj = safejson.loads(line[len(_DLLL):], finite=False)
         except json.JSONDecodeError as exc:
-            truncated = " (the file ends here: a crashed or unfinished run?)" \
-                if number == len(lines) else ""
             problems.append(Problem(file, f"line {number}",
                                     f"malformed DLLogger record: {exc.msg} at column "
-                                    f"{exc.colno + len(_DLLL)}{truncated}"))
+                                    f"{exc.colno + len(_DLLL)}"))
+            malformed_at = number
+            continue
+        except safejson.JSONLimitError as exc:
+            problems.append(Problem(file, f"line {number}", f"not a DLLogger record: {exc}"))
             continue
         problem = _json_record(obj, number, out, raw)
         if problem:
             problems.append(Problem(file, f"line {number}", problem))
+    out.last_line = number
     if problems:
+        if malformed_at and malformed_at == number and problems[-1].field == f"line {number}":
+            last = problems[-1]
+            problems[-1] = Problem(last.file, last.field, last.message + _TRUNCATED)
         raise LogFormatError(problems)
     out.records = _merge(raw)
     return out
@@ -155,21 +208,33 @@ def _json_record(obj: Any, number: int, out: DLLoggerLog, raw: list[DLLRecord]) 
         return None
     try:
         when = float(obj["timestamp"]) if "timestamp" in obj else None
-    except (TypeError, ValueError):
-        return f"timestamp {obj.get('timestamp')!r} is not a number of seconds"
+    except (TypeError, ValueError, OverflowError):
+        return f"timestamp {_short(obj.get('timestamp'))} is not a number of seconds"
+    if when is not None and not is_plausible_time(when):
+        return f"timestamp {_short(obj.get('timestamp'))} is not a time {_TIME_RANGE}"
     raw.append(DLLRecord(number, step if isinstance(step, str) else tuple(step), data, when))
     return None
 
 
-def _read_stdout_lines(lines: list[str], file: str) -> DLLoggerLog:
-    out = DLLoggerLog(file, "stdout", last_line=len(lines))
+def _read_stdout_lines(lines: Iterable[str], file: str) -> DLLoggerLog:
+    out = DLLoggerLog(file, "stdout")
     problems: list[Problem] = []
     raw: list[DLLRecord] = []
+    number = 0
     for number, line in enumerate(lines, start=1):
         match = _DLL_LINE.match(line.rstrip("\r"))
         if not match:
             continue
-        when = datetime.fromisoformat(match.group(1)).replace(tzinfo=UTC).timestamp()
+        try:
+            when = datetime.fromisoformat(match.group(1)).replace(tzinfo=UTC).timestamp()
+        except (ValueError, OverflowError) as exc:  # 2024-13-45, year 0
+            problems.append(Problem(file, f"line {number}", f"date {match.group(1)!r} is not "
+                                    f"a date ({exc})"))
+            continue
+        if not is_plausible_time(when):
+            problems.append(Problem(file, f"line {number}", f"date {match.group(1)!r} is not "
+                                    f"a time {_TIME_RANGE}"))
+            continue
         body = match.group(2)
         keys = list(_DLL_KEY.finditer(body))
         head = body[: keys[0].start()] if keys else body
@@ -195,6 +260,7 @@ def _read_stdout_lines(lines: list[str], file: str) -> DLLoggerLog:
                 continue
             data[key] = value
         raw.append(DLLRecord(number, step, data, when))
+    out.last_line = number
     if problems:
         raise LogFormatError(problems)
     out.records = _merge(raw)
@@ -219,12 +285,27 @@ def _stdout_step(head: str) -> Step | None:
 
 _BAD = object()
 
+#: Times a log may state, in seconds since the epoch: 1970 up to (not including) 2100. Beyond
+#: them a clock or a file is broken, and a run id made from one would sort wrong for good.
+EARLIEST_TIME, LATEST_TIME = 0.0, 4102444800.0
+_TIME_RANGE = "from 1970 to 2099"
+
+
+def is_plausible_time(when: float) -> bool:
+    """Whether ``when`` (seconds since the epoch) can be a log's time (:data:`LATEST_TIME`)."""
+    return math.isfinite(when) and EARLIEST_TIME <= when < LATEST_TIME
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
+
 
 def _number(text: str) -> Any:
     if text == "None":
         return None
     try:
-        return int(text) if re.fullmatch(r"-?\d+", text) else float(text)
+        return int(text) if re.fullmatch(r"-?\d{1,300}", text) else float(text)
     except ValueError:
         return _BAD
 
@@ -249,14 +330,37 @@ def _merge(records: list[DLLRecord]) -> list[DLLRecord]:
     return out
 
 
-@dataclass(frozen=True)
+class Prefixed(Mapping[str, Any]):
+    """The entries of a record's data under ``prefix`` (``train.``), by their names without
+    it: a view, not a copy."""
+
+    __slots__ = ("data", "prefix")
+
+    def __init__(self, data: Mapping[str, Any], prefix: str):
+        self.data, self.prefix = data, prefix
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[self.prefix + key]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.prefix + key in self.data
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(self.prefix)
+        return (k[n:] for k in self.data if k.startswith(self.prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+@dataclass(frozen=True, slots=True)
 class Point:
     """A per-iteration record of one prefix: it covers ``k`` iterations (DLE's print
     frequency averages the iterations between two records)."""
 
     line: int
     k: int
-    data: dict[str, Any]
+    data: Mapping[str, Any]
 
 
 def iteration_series(records: Sequence[DLLRecord], prefix: str) -> list[Point]:
@@ -274,9 +378,9 @@ def iteration_series(records: Sequence[DLLRecord], prefix: str) -> list[Point]:
         if not (isinstance(step, tuple) and len(step) >= 2
                 and all(isinstance(s, int) and not isinstance(s, bool) for s in step)):
             continue
-        data = {k[len(lead):]: v for k, v in rec.data.items() if k.startswith(lead)}
-        if not data:
+        if not any(k.startswith(lead) for k in rec.data):
             continue
+        data = Prefixed(rec.data, lead)  # a view: a long log's records are not copied
         group, pos = step[:-1], step[-1]
         prev = last.get(group)
         k = pos - prev if prev is not None and pos > prev else (

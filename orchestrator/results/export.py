@@ -1,27 +1,32 @@
 """Long-format export of any selection of runs: one row per cell result and figure.
 
 Every row carries the run (matrix, run id, start time in UTC ISO 8601, status, backend, git
-revision), the cell (id, group, configuration hash, repeat, status, reason, duration), every
+revision), the cell (id, group, configuration hash, repeat, status, reason, duration, role:
+``config`` or ``control``, a measurement of the matrix's ``[control]``), every
 parameter as a ``param.NAME`` column, the stack as ``stack.FIELD`` columns, and one figure:
-``figure`` (its name) and ``value``. A cell with no figure (it failed) has one row with both
-empty, so failures are in the data too. ``pandas.read_csv`` / ``pandas.read_json`` read either
-format as is; a wide table is one ``pivot_table(index=..., columns="figure", values="value")``
-away.
+``figure`` (its name) and ``value``; a cell measured beside a control also has its
+normalised figures (``norm.train.total_ips``: the ratio to the control). A cell with no
+figure (it failed) has one row with both empty, so failures are in the data too. When any of
+the runs ran Slurm jobs, every row also carries Slurm's accounting of its cell's job as
+``slurm.FIELD`` columns (job id, state, exit code, elapsed seconds, node list).
+``pandas.read_csv`` / ``pandas.read_json`` read either format as is; a wide table is one
+``pivot_table(index=..., columns="figure", values="value")`` away.
 """
 
 from __future__ import annotations
 
 import csv
 import datetime as dt
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from orchestrator.results.store import CellRecord, RunRecord, Stack, Store
+from orchestrator.results import safejson
+from orchestrator.results.store import SLURM_FIELDS, CellRecord, RecordedStack, RunRecord, Store
 
 RUN_COLUMNS = ("matrix", "run_id", "run_started", "run_status", "backend", "git_revision")
-CELL_COLUMNS = ("cell_id", "group", "config", "repeat", "status", "reason", "duration_s")
+CELL_COLUMNS = ("cell_id", "group", "config", "repeat", "status", "reason", "duration_s",
+                "role")
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ def rows(store: Store, runs: Sequence[RunRecord], selection: Selection = Selecti
     by_pk = {r.pk: r for r in runs}
     if param_names is None:
         param_names = _param_names(store, runs)
+    slurm = _any_slurm(runs)
     for chunk in _chunks([r.pk for r in runs], 200):
         for cell in store.cells(chunk, figures=True):
             if not selection.keeps(cell):
@@ -69,10 +75,13 @@ def rows(store: Store, runs: Sequence[RunRecord], selection: Selection = Selecti
                 "git_revision": run.git_revision or "", "cell_id": cell.cell_id,
                 "group": cell.group, "config": cell.config, "repeat": cell.repeat,
                 "status": cell.status, "reason": cell.reason, "duration_s": cell.duration_s,
+                "role": cell.role,
             }
             base.update({f"param.{k}": cell.params.get(k) for k in param_names})
             stack = cell.stack.as_dict() if cell.stack else {}
-            base.update({f"stack.{k}": stack.get(k) for k in Stack.names()})
+            base.update({f"stack.{k}": stack.get(k) for k in RecordedStack.names()})
+            if slurm:
+                base.update({f"slurm.{k}": cell.slurm.get(k) for k in SLURM_FIELDS})
             figures = sorted(cell.figures.items())
             if selection.figures:
                 figures = [(k, v) for k, v in figures if k in selection.figures]
@@ -87,8 +96,14 @@ def columns(store: Store, runs: Sequence[RunRecord], param_names: Sequence[str] 
     """Column order of the export (``param_names``: as for :func:`rows`)."""
     if param_names is None:
         param_names = _param_names(store, runs)
+    slurm = [f"slurm.{k}" for k in SLURM_FIELDS] if _any_slurm(runs) else []
     return [*RUN_COLUMNS, *CELL_COLUMNS, *[f"param.{k}" for k in param_names],
-            *[f"stack.{k}" for k in Stack.names()], "figure", "value"]
+            *[f"stack.{k}" for k in RecordedStack.names()], *slurm, "figure", "value"]
+
+
+def _any_slurm(runs: Sequence[RunRecord]) -> bool:
+    """Whether any of ``runs`` ran Slurm jobs (then rows carry ``slurm.*`` columns)."""
+    return any(r.slurm_jobs for r in runs)
 
 
 def _param_names(store: Store, runs: Sequence[RunRecord]) -> list[str]:
@@ -133,11 +148,12 @@ def _csv_value(value: Any) -> Any:
 
 def write_json(store: Store, runs: Sequence[RunRecord], selection: Selection,
                out: TextIO) -> int:
-    """Write a JSON list of records to ``out`` (streamed); returns the rows written."""
+    """Write a JSON list of records to ``out`` (streamed); returns the rows written. Standard
+    JSON: a NaN or infinite figure (an old run's) is null."""
     out.write("[")
     n = 0
     for row in rows(store, runs, selection):
-        out.write(("\n" if n == 0 else ",\n") + json.dumps(row, default=str))
+        out.write(("\n" if n == 0 else ",\n") + safejson.dumps(row, default=str))
         n += 1
     out.write("\n]\n" if n else "]\n")
     return n

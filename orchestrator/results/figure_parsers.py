@@ -23,7 +23,9 @@ Parsers (``[figures] parser``):
     as ``dle.<name>`` (``dle.train.total_ips``: DLLogger's mean of per-iteration ips, warmup
     included).
 ``regex``
-    only the ``[[figures.regex]]`` declarations: a named number captured from the log.
+    only the ``[[figures.regex]]`` declarations: a named number captured from the log. The
+    patterns are RE2's syntax (:mod:`orchestrator.config.user_regex`: matching is linear in
+    the log's size, no pattern can hang the sweep; no backreferences or lookaround).
 
 Regex figures may also be declared next to the ``workload`` or ``dllogger`` parser (extra
 figures). Success criteria, for a program that exited 0: the end of its output was seen (our
@@ -73,6 +75,7 @@ from typing import Any, ClassVar, Literal
 
 from orchestrator.config.figures import Bounds as Bounds  # re-exported: declared there
 from orchestrator.config.figures import FiguresConfig, RegexFigure
+from orchestrator.config.user_regex import compile_pattern
 from orchestrator.errors import ConfigError, LogFormatError, Problem
 from orchestrator.results.dllogger import (
     DLLoggerLog,
@@ -87,7 +90,7 @@ from orchestrator.results.dllogger import (
 from orchestrator.results.run_folder import parse_metric_lines, throughput_key
 from workload import metrics as wm
 
-log = logging.getLogger("orchestrator.results.figure_parsers")
+log = logging.getLogger(__name__)
 
 def load_figures_file(path: Path) -> FiguresConfig:
     """A TOML file holding a ``[figures]`` table, exactly as in a matrix file."""
@@ -122,6 +125,9 @@ class CellOutput:
     log_name: str = "log.txt"
     cell_dir: Path | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    #: The log already read as DLLogger output (an import streams a large raport once; its
+    #: text is then not kept): the dllogger parser takes it instead of reading the text.
+    dllogger: DLLoggerLog | None = None
 
     @classmethod
     def from_cell_dir(
@@ -253,6 +259,12 @@ class DLLoggerParser(FigureParser):
     name = "dllogger"
 
     def parse(self, output: CellOutput) -> Figures:
+        warmup = self.config.warmup
+        if warmup is None:
+            warmup = int(output.params.get("warmup", 0) or 0)
+        if self.config.raport is None and output.dllogger is not None:
+            return self.figures_of(output.dllogger, output.mode, warmup,
+                                   Figures(self.name, source=output.log_name))
         if self.config.raport is not None:
             text, label = output.text_of(self.config.raport)
         else:
@@ -263,9 +275,6 @@ class DLLoggerParser(FigureParser):
             figures.missing = {throughput_key(output.mode): f"no DLLogger records in {label}"}
             return figures
         dll = read_dllogger(text, label)
-        warmup = self.config.warmup
-        if warmup is None:
-            warmup = int(output.params.get("warmup", 0) or 0)
         return self.figures_of(dll, output.mode, warmup, figures)
 
     def figures_of(self, dll: DLLoggerLog, mode: str, warmup: int, figures: Figures) -> Figures:
@@ -353,7 +362,7 @@ def regex_figures(figs: Sequence[RegexFigure], output: CellOutput, figures: Figu
     problems: list[Problem] = []
     for fig in figs:
         text, label = output.text_of(fig.file)
-        rx = re.compile(fig.pattern, re.MULTILINE)
+        rx = compile_pattern(fig.pattern, multiline=True)  # RE2: linear in the text
         values: list[float] = []
         for match in rx.finditer(text):
             raw = match.group("value") if "value" in rx.groupindex else match.group(1)

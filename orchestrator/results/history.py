@@ -25,7 +25,6 @@ Built from the results store (:mod:`orchestrator.results.store`), so only what i
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -38,6 +37,7 @@ from tabulate import tabulate
 
 from orchestrator.config.references import ReferenceCheck, ReferenceEntry, check
 from orchestrator.errors import ConfigError
+from orchestrator.results import safejson
 from orchestrator.results.stats import (
     Check,
     between_run_variance,
@@ -48,7 +48,14 @@ from orchestrator.results.stats import (
     regression_test,
     verdict,
 )
-from orchestrator.results.store import CellRecord, RunRecord, Stack, Store, headline, is_throughput
+from orchestrator.results.store import (
+    CellRecord,
+    RecordedStack,
+    RunRecord,
+    Store,
+    headline,
+    is_throughput,
+)
 from orchestrator.results.summary import varying_keys
 
 FAILING = frozenset({"regression", "failed", "missing"})
@@ -64,6 +71,8 @@ class Options:
     alpha: float = 0.05  # family-wise: chance of any false alarm in a run (Holm over configs)
     ignore_stack: tuple[str, ...] = ()
     metric: str | None = None  # a throughput figure (``*_ips``); None: the headline images/s
+    #: Judge the raw figures even where the runs had a control (``--raw``).
+    raw: bool = False
 
     def validate(self) -> None:
         """ConfigError listing every bad option."""
@@ -83,10 +92,10 @@ class Options:
             problems.append(("--metric", f"{self.metric!r}: the check needs a throughput "
                              "figure (higher is better), e.g. train.total_ips or "
                              "train.step_ips_p90"))
-        unknown = set(self.ignore_stack) - set(Stack.names())
+        unknown = set(self.ignore_stack) - set(RecordedStack.names())
         if unknown:
             problems.append(("--ignore-stack", f"unknown field(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(Stack.names())}"))
+                             f"known: {', '.join(RecordedStack.names())}"))
         if problems:
             from orchestrator.errors import Problem
 
@@ -100,7 +109,7 @@ class Line:
     config: str
     label: str
     params: dict[str, Any]
-    stack: Stack | None
+    stack: RecordedStack | None
     newest: list[float] = field(default_factory=list)
     failed_cells: list[CellRecord] = field(default_factory=list)
     medians: dict[int, float] = field(default_factory=dict)  # run pk -> median, same stack
@@ -115,16 +124,35 @@ class Line:
     detectable: float | None = None
     verdict: str = "insufficient history"
     references: list[ReferenceCheck] = field(default_factory=list)
+    #: What the line's figures are: ``raw`` (images/s) or ``normalised`` (ratios to the
+    #: control measured beside each cell, :mod:`orchestrator.results.normalise`).
+    basis: str = "raw"
+    #: The same configuration on the other basis (the JSON carries both), when there is one.
+    other: Line | None = None
 
     @property
     def failing(self) -> bool:
         return (self.verdict in FAILING or bool(self.failed_cells)
                 or any(r.failed for r in self.references))
 
+    def figures_json(self) -> dict[str, Any]:
+        """The line's figures on its basis: newest repeats, reference, change, noise."""
+        return {
+            "newest": self.newest, "reference": self.check.reference if self.check else None,
+            "change": self.check.change if self.check else None,
+            "p_slower_unadjusted": self.check.p_slower if self.check else None,
+            "noise": self.check.noise if self.check else None,
+            "earlier_runs_used": len(self.used_runs),
+        }
+
     def to_json(self) -> dict[str, Any]:
+        both = {self.basis: self.figures_json()}
+        if self.other is not None:
+            both[self.other.basis] = self.other.figures_json()
         return {
             "config": self.config, "label": self.label, "params": self.params,
             "stack": None if self.stack is None else self.stack.as_dict(),
+            "basis": self.basis,
             "newest": self.newest, "reference": self.check.reference if self.check else None,
             "change": self.check.change if self.check else None,
             "p_slower": self.p_slower, "p_faster": self.p_faster,
@@ -132,6 +160,7 @@ class Line:
             "noise": self.check.noise if self.check else None,
             "detectable_drop": self.detectable,
             "earlier_runs_used": len(self.used_runs),
+            "figures": both,
             "verdict": self.verdict, "failing": self.failing,
             "failed_cells": [{"cell_id": c.cell_id, "status": c.status, "reason": c.reason}
                              for c in self.failed_cells],
@@ -153,6 +182,10 @@ class HistoryReport:
     options: Options
     noise: Noise | None = None
     references_file: str | None = None
+    #: The between-run noise of the normalised figures (None: no control, or ``--raw``).
+    norm_noise: Noise | None = None
+    #: The control's own trend: the machine's drift (shown, never judged).
+    controls: list[ControlLine] = field(default_factory=list)
 
     @property
     def failing(self) -> list[Line]:
@@ -176,6 +209,10 @@ class HistoryReport:
             "method": METHOD,
             "between_run_sd": math.sqrt(self.noise.tau2) if self.noise else None,
             "pooled_deviations": self.noise.pairs if self.noise else 0,
+            "between_run_sd_normalised": (math.sqrt(self.norm_noise.tau2)
+                                          if self.norm_noise else None),
+            "normalisation": NORMALISATION if self.norm_noise else None,
+            "controls": [c.to_json() for c in self.controls],
             "references_file": self.references_file,
             "counts": self.counts(), "failing": len(self.failing),
             "lines": [line.to_json() for line in self.lines],
@@ -186,6 +223,65 @@ METHOD = ("log(newest median / median of earlier runs' medians), one-sided Stude
           "variance tau^2 + v_new + v_ref: tau^2 the between-run variance pooled over the "
           "matrix's earlier runs (median Paule-Mandel on leave-one-out deviations), v the exact "
           "bootstrap variance of a run's median over its repeats")
+
+NORMALISATION = ("a line with a control in the newest run and in at least min_history earlier "
+                 "runs is judged on each cell's figure / the control's, log-interpolated "
+                 "between the control measurements just before and after it on the same host "
+                 "and GPUs (the machine factor cancels); other lines on the raw figure")
+
+
+@dataclass
+class ControlLine:
+    """One control (per hardware profile) across runs: the machine's own drift."""
+
+    group: str
+    config: str
+    medians: dict[int, float]  # run pk -> median of its measurements
+    newest: list[float]  # the newest run's measurements, in time order
+    reference: float | None  # median of the earlier runs' medians
+    failed: int = 0  # measurements of the newest run that did not end ok
+
+    @property
+    def change(self) -> float | None:
+        if self.reference is None or not self.newest:
+            return None
+        return statistics.median(self.newest) / self.reference - 1.0
+
+    @property
+    def within(self) -> float | None:
+        """Last / first measurement of the newest run - 1: its drift over the night."""
+        return self.newest[-1] / self.newest[0] - 1.0 if len(self.newest) >= 2 else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"group": self.group, "config": self.config, "newest": self.newest,
+                "reference": self.reference, "change": self.change,
+                "within_run_change": self.within, "failed": self.failed}
+
+
+def _control_lines(controls_by_run: dict[int, list[CellRecord]], run: RunRecord,
+                   earlier: list[int], shown: list[int]) -> list[ControlLine]:
+    """Each control group's measurements in the newest run against its earlier runs."""
+    out: dict[str, ControlLine] = {}
+    newest = sorted(controls_by_run.get(run.pk, []), key=lambda c: (c.started_at or 0.0,
+                                                                    c.repeat or 0))
+    for cell in newest:
+        line = out.setdefault(cell.group, ControlLine(cell.group, cell.config, {}, [], None))
+        if cell.ok and cell.value is not None:
+            line.newest.append(cell.value)
+        elif not cell.ok:
+            line.failed += 1
+    for line in out.values():
+        for pk in dict.fromkeys([*earlier, *shown]):
+            values = [c.value for c in controls_by_run.get(pk, [])
+                      if c.config == line.config and c.ok and c.value is not None]
+            if values:
+                line.medians[pk] = statistics.median(values)
+        if line.newest:
+            line.medians[run.pk] = statistics.median(line.newest)
+        before = [line.medians[pk] for pk in earlier if pk in line.medians]
+        line.reference = statistics.median(before) if before else None
+    return list(out.values())
+
 
 #: Smallest run-to-run noise assumed (relative): identical numbers do not make every change
 #: significant.
@@ -201,7 +297,7 @@ class Noise:
     pairs: int  # earlier (configuration, run) deviations it is estimated from
 
 
-def _stack_key(stack: Stack | None, ignore: Sequence[str]) -> str | None:
+def _stack_key(stack: RecordedStack | None, ignore: Sequence[str]) -> str | None:
     return None if stack is None else stack.key(ignore)
 
 
@@ -238,11 +334,44 @@ def _analyze(store: Store, matrix: str, options: Options, run: RunRecord | None,
     cells = (store.cells(sorted(wanted - {run.pk}), metric=options.metric)
              + store.cells([run.pk], figures=bool(references), metric=options.metric))
     by_run: dict[int, list[CellRecord]] = defaultdict(list)
+    controls_by_run: dict[int, list[CellRecord]] = defaultdict(list)
     for cell in cells:
-        by_run[cell.run_pk].append(cell)
-    lines = _newest_lines(by_run[run.pk], options)
-    _attach_history(lines, [r.pk for r in runs[:idx] if r.pk in wanted], by_run, options)
+        (controls_by_run if cell.is_control else by_run)[cell.run_pk].append(cell)
+    history_pks = [r.pk for r in runs[:idx] if r.pk in wanted]
     in_window = {r.pk for r in earlier}
+    position = {r.pk: i for i, r in enumerate(runs)}
+    lines, noise = _judged_lines(run, by_run, history_pks, in_window, position, options, RAW)
+    norm_noise = None
+    if not options.raw and any(c.norm is not None for c in by_run[run.pk]):
+        normalised, norm_noise = _judged_lines(run, by_run, history_pks, in_window, position,
+                                               options, NORMALISED)
+        lines = _choose(lines, normalised)
+    _adjust(lines, options)
+    lines += _missing(run, by_run, [r.pk for r in reversed(earlier)], lines)
+    if references:
+        _check_references(lines, by_run[run.pk], references, references_file or "")
+    controls = _control_lines(controls_by_run, run, [r.pk for r in earlier],
+                              [r.pk for r in shown_runs])
+    return HistoryReport(matrix, run, earlier, shown_runs, lines, options, noise,
+                         references_file, norm_noise, controls)
+
+
+#: The two figures a line can be judged on: the raw figure, or its ratio to the control.
+RAW = "raw"
+NORMALISED = "normalised"
+
+
+def _value(cell: CellRecord, basis: str) -> float | None:
+    return cell.norm if basis == NORMALISED else cell.value
+
+
+def _judged_lines(run: RunRecord, by_run: dict[int, list[CellRecord]], history_pks: list[int],
+                  in_window: set[int], position: dict[int, int], options: Options, basis: str
+                  ) -> tuple[list[Line], Noise]:
+    """The newest run's lines on one basis (raw or normalised figures), each tested against
+    its history with the between-run noise of that basis (not yet Holm-adjusted)."""
+    lines = _newest_lines(by_run[run.pk], options, basis)
+    _attach_history(lines, history_pks, by_run, options, basis)
     for line in lines:
         line.used_runs = [pk for pk in line.used_runs if pk in in_window]
     pairs = [pair for line in lines if len(line.used_runs) >= 2 for pair in zip(
@@ -250,49 +379,65 @@ def _analyze(store: Store, matrix: str, options: Options, run: RunRecord | None,
         [median_log_variance(line.repeats[pk]) for pk in line.used_runs], strict=True)]
     tau2 = between_run_variance(pairs, MIN_NOISE)
     noise = Noise(tau2, max(1, len(pairs) - 1), len(pairs))
-    position = {r.pk: i for i, r in enumerate(runs)}
     for line in lines:
         _judge(line, noise, options, in_window, position)
-    _adjust(lines, options)
-    lines += _missing(run, by_run, [r.pk for r in reversed(earlier)], lines)
-    if references:
-        _check_references(lines, by_run[run.pk], references, references_file or "")
-    return HistoryReport(matrix, run, earlier, shown_runs, lines, options, noise,
-                         references_file)
+    return lines, noise
 
 
-def _newest_lines(cells: list[CellRecord], options: Options) -> list[Line]:
+def _choose(raw: list[Line], normalised: list[Line]) -> list[Line]:
+    """Per line, the normalised one where it can be tested (the newest run and at least
+    ``min_history`` earlier runs have a control), else the raw one; each keeps the other as
+    ``other`` (both figures in the JSON)."""
+    by_key = {(ln.config, ln.stack.key() if ln.stack else None): ln for ln in normalised}
+    out = []
+    for line in raw:
+        norm = by_key.get((line.config, line.stack.key() if line.stack else None))
+        if norm is not None and norm.check is not None:
+            norm.other = line
+            out.append(norm)
+        else:
+            line.other = norm
+            out.append(line)
+    return out
+
+
+def _newest_lines(cells: list[CellRecord], options: Options, basis: str = RAW) -> list[Line]:
     lines: dict[tuple[str, str | None], Line] = {}
     failed: dict[str, list[CellRecord]] = defaultdict(list)
     for cell in cells:
         if not cell.ok:
             failed[cell.config].append(cell)
             continue
-        if cell.value is None:
-            continue  # ok, but without this figure (e.g. an old result)
+        value = _value(cell, basis)
+        if value is None:
+            continue  # ok, but without this figure (e.g. an old result, no control)
         key = (cell.config, _stack_key(cell.stack, options.ignore_stack))
-        line = lines.setdefault(key, Line(cell.config, cell.group, cell.params, cell.stack))
-        line.newest.append(cell.value)
+        line = lines.setdefault(key, Line(cell.config, cell.group, cell.params, cell.stack,
+                                          basis=basis))
+        line.newest.append(value)
     out = list(lines.values())
     for config, bad in failed.items():
         found = next((ln for ln in out if ln.config == config), None)
         if found is None:
-            found = Line(config, bad[0].group, bad[0].params, None, verdict="failed")
+            found = Line(config, bad[0].group, bad[0].params, None, verdict="failed",
+                         basis=basis)
             out.append(found)
         found.failed_cells.extend(bad)
     return out
 
 
 def _attach_history(lines: list[Line], run_pks: list[int],
-                    by_run: dict[int, list[CellRecord]], options: Options) -> None:
+                    by_run: dict[int, list[CellRecord]], options: Options, basis: str = RAW
+                    ) -> None:
     """Each line's median in each earlier run: same stack (used) or another (shown only)."""
     for pk in run_pks:
         values: dict[tuple[str, str | None], list[float]] = defaultdict(list)
-        stacks: dict[tuple[str, str | None], Stack | None] = {}
+        stacks: dict[tuple[str, str | None], RecordedStack | None] = {}
         for cell in by_run.get(pk, []):
-            if cell.ok and cell.value is not None:
+            value = _value(cell, basis)
+            if cell.ok and value is not None:
                 key = (cell.config, _stack_key(cell.stack, options.ignore_stack))
-                values[key].append(cell.value)
+                values[key].append(value)
                 stacks[key] = cell.stack
         for line in lines:
             if not line.newest:
@@ -360,10 +505,11 @@ def _missing(run: RunRecord, by_run: dict[int, list[CellRecord]], earlier_newest
 def _planned_configs(run: RunRecord) -> set[str] | None:
     """Content hashes the run's plan lists (None: the plan lists none, e.g. a hand-made run)."""
     try:
-        plan = json.loads((Path(run.path) / "plan.json").read_text(encoding="utf-8"))
+        plan = safejson.loads((Path(run.path) / "plan.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    hashes = {c["hash"] for c in plan.get("cells", [])
+    cells = plan.get("cells") if isinstance(plan, dict) else None
+    hashes = {c["hash"] for c in (cells if isinstance(cells, list) else [])
               if isinstance(c, dict) and isinstance(c.get("hash"), str)}
     return hashes or None
 
@@ -414,37 +560,72 @@ def _verdict_text(line: Line) -> str:
     return text
 
 
+def _fmt_on(value: float | None, basis: str) -> str:
+    """A figure of a line: images/s, or a ratio to the control (3 decimals)."""
+    if value is None:
+        return ""
+    return f"{value:.3f}" if basis == NORMALISED else f"{value:,.1f}"
+
+
 def render_history(report: HistoryReport) -> str:
     """The table: parameters, the shown runs' medians, reference, change, noise, verdict;
-    then notes on stack changes, failures and references."""
+    then the control's own trend (the machine's drift), then notes on stack changes,
+    failures and references."""
     if not report.lines:
         return f"(no cells in run {report.newest.run_id})"
     keys = varying_keys([ln.params for ln in report.lines], always=("hardware",))
+    normalised = any(ln.basis == NORMALISED for ln in report.lines)
     headers = [*keys, *[r.run_id[:15] for r in report.shown], "reference", "change",
+               *(["raw change", "basis"] if normalised else []),
                "noise ±", "detects", "p", "verdict"]
     rows = []
     for ln in report.lines:
         row = [ln.params.get(k, "") for k in keys]
         for r in report.shown:
             if r.pk == report.newest.pk:
-                row.append(_fmt(statistics.median(ln.newest)) if ln.newest else "")
+                row.append(_fmt_on(statistics.median(ln.newest), ln.basis) if ln.newest
+                           else "")
             elif r.pk in ln.medians:
-                row.append(_fmt(ln.medians[r.pk]))
+                row.append(_fmt_on(ln.medians[r.pk], ln.basis))
             elif r.pk in ln.other_stack:
-                row.append(_fmt(ln.other_stack[r.pk]) + "*")
+                row.append(_fmt_on(ln.other_stack[r.pk], ln.basis) + "*")
             else:
                 row.append("")
         c = ln.check
-        row += [_fmt(c.reference) if c else "", f"{c.change:+.1%}" if c else "",
-                f"{c.noise:.1%}" if c else "",
+        row += [_fmt_on(c.reference, ln.basis) if c else "", f"{c.change:+.1%}" if c else ""]
+        if normalised:
+            raw = ln if ln.basis == RAW else ln.other
+            raw_check = raw.check if raw is not None else None
+            row += [f"{raw_check.change:+.1%}" if raw_check else "",
+                    "÷control" if ln.basis == NORMALISED else "raw"]
+        row += [f"{c.noise:.1%}" if c else "",
                 f"-{ln.detectable:.1%}" if ln.detectable is not None else "",
                 _p_text(ln), _verdict_text(ln)]
         rows.append(row)
     out = [tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)]
+    if report.controls:
+        out.append(render_controls(report))
     notes = _notes(report)
     if notes:
         out.append("\n".join(notes))
     return "\n\n".join(out)
+
+
+def render_controls(report: HistoryReport) -> str:
+    """The control's own figures across the shown runs: the machine's drift, not judged."""
+    headers = ["control", *[r.run_id[:15] for r in report.shown], "reference", "change",
+               "first -> last (newest run)", "measurements"]
+    rows = []
+    for c in report.controls:
+        row: list[str] = [c.group]
+        row += [_fmt(c.medians.get(r.pk)) for r in report.shown]
+        row += [_fmt(c.reference), f"{c.change:+.1%}" if c.change is not None else "",
+                f"{c.within:+.1%}" if c.within is not None else "",
+                f"{len(c.newest)}" + (f" ({c.failed} FAILED)" if c.failed else "")]
+        rows.append(row)
+    return ("control: the machine's own drift (images/s of the pinned control; shown, not "
+            "judged)\n" + tabulate(rows, headers=headers, tablefmt="github",
+                                     disable_numparse=True))
 
 
 def _notes(report: HistoryReport) -> list[str]:
@@ -476,7 +657,14 @@ def _notes(report: HistoryReport) -> list[str]:
     if any(ln.detectable is not None for ln in report.lines):
         notes.append("detects: the smallest drop flagged 95 % of the time at this run-to-run "
                      "noise; a regression smaller than that can pass as noise (a quieter or "
-                     "dedicated machine lowers it)")
+                     "dedicated machine, or a [control], lowers it)")
+    if any(ln.basis == NORMALISED for ln in report.lines):
+        notes.append("÷control: judged on each cell's figure / the control measured just "
+                     "before and after it on the same host and GPUs (the machine's drift "
+                     "cancels); raw change: the same on images/s. --raw judges images/s")
+    elif report.controls and not report.options.raw:
+        notes.append(f"control: judged on images/s until at least {o.min_history} earlier "
+                     "runs have a control too")
     if report.references_file:
         checked = sum(len(ln.references) for ln in report.lines)
         notes.append(f"references: {report.references_file} ({checked} check(s))")

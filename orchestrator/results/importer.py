@@ -55,7 +55,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,10 +63,20 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from orchestrator import __version__
+from orchestrator.config import user_regex
 from orchestrator.config.matrix_file import PARAM_NAMES, CellParams, param_type
 from orchestrator.config.syntax import name_problem
 from orchestrator.errors import ConfigError, LogFormatError, Problem
-from orchestrator.results.dllogger import has_dllogger_lines, looks_like_raport, read_dllogger
+from orchestrator.results import folder_lock, safejson
+from orchestrator.results.dllogger import (
+    DLLoggerLog,
+    FileForm,
+    has_dllogger_lines,
+    looks_like_raport,
+    read_dllogger,
+    read_dllogger_file,
+    scan_form,
+)
 from orchestrator.results.figure_parsers import (
     CellOutput,
     Evaluation,
@@ -88,7 +98,7 @@ from orchestrator.results.run_folder import (
     write_json,
 )
 
-log = logging.getLogger("orchestrator.results.importer")
+log = logging.getLogger(__name__)
 
 #: Bumped when what an import writes changes meaning.
 IMPORTER_VERSION = "1"
@@ -148,6 +158,8 @@ class Entry:
     cell_id: str = ""
     params: dict[str, Any] = field(default_factory=dict)
     evaluation: Evaluation | None = None
+    #: The DLLogger log, read once (a streamed entry has no text, only this).
+    dll: DLLoggerLog | None = None
 
 
 @dataclass
@@ -159,6 +171,14 @@ class ImportPlan:
     entries: list[Entry] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     run_folder: RunFolder | None = None
+
+    @property
+    def sources(self) -> tuple[list[str], list[str]]:
+        """What the import reads: each source's digest, and its name (for messages)."""
+        if self.run_folder is not None:
+            digests = self.run_folder.digests
+            return digests, [str(self.run_folder.root)] * len(digests)
+        return [e.sha256 for e in self.entries], [e.label for e in self.entries]
 
     @property
     def cell_ids(self) -> list[str]:
@@ -200,13 +220,14 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def compile_pattern(pattern: str | None) -> re.Pattern[str]:
-    """The file-naming rule: its named groups must be cell parameters or ``repeat``."""
+def compile_pattern(pattern: str | None) -> Any:
+    """The file-naming rule (RE2 syntax, :mod:`orchestrator.config.user_regex`): its named
+    groups must be cell parameters or ``repeat``."""
     text = pattern or DEFAULT_PATTERN
     try:
-        rx = re.compile(text)
-    except re.error as exc:
-        raise ConfigError(f"does not compile: {exc}", file="--pattern") from None
+        rx = user_regex.compile_pattern(text)
+    except user_regex.PatternError as exc:
+        raise ConfigError(str(exc), file="--pattern") from None
     unknown = sorted(set(rx.groupindex) - set(PARAM_NAMES) - {"repeat"})
     if unknown:
         raise ConfigError(f"named groups must be cell parameters or 'repeat'; unknown: "
@@ -267,24 +288,39 @@ def _kind(text: str, figures: FiguresConfig | None) -> str | None:
 
 def _read_entry(path: Path, label: str, options: ImportOptions,
                 problems: list[Problem]) -> Entry | None:
+    """One log file as an entry: its digest, kind and the parameters it states. A DLLogger
+    file read by the DLLogger parser alone (no regex figures) is streamed: read line by line
+    and parsed once (:func:`_stream_dllogger`), never held whole as text."""
     try:
-        data = path.read_bytes()
+        digest, form = _scan(path)
     except OSError as exc:
         problems.append(Problem(label, "", f"cannot read: {exc}"))
         return None
-    try:
-        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         problems.append(Problem(label, "", f"not UTF-8 text (byte {exc.start}): not a log?"))
         return None
-    kind = _kind(text, options.figures)
-    if kind is None:
-        problems.append(Problem(label, "", "no DLLogger (DLLL / DLL) or workload JSON lines: "
-                                "not a log this importer reads (give --figures FILE.toml with "
-                                "regex figures for other programs)"))
-        return None
-    entry = Entry(path, label, text, hashlib.sha256(data).hexdigest(), kind)
+    figures = options.figures
+    streamed = form.any_records and (figures is None or (
+        figures.parser == "dllogger" and not figures.regex and figures.raport is None))
+    if streamed:
+        kind = "dllogger-raport" if form.raport else "dllogger-log"
+        entry = Entry(path, label, "", digest, kind)
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            problems.append(Problem(label, "", f"cannot read: {exc}"))
+            return None
+        found_kind = _kind(text, figures)
+        if found_kind is None:
+            problems.append(Problem(label, "", "no DLLogger (DLLL / DLL) or workload JSON lines: "
+                                    "not a log this importer reads (give --figures FILE.toml "
+                                    "with regex figures for other programs)"))
+            return None
+        entry = Entry(path, label, text, digest, found_kind)
     try:
+        if streamed:
+            entry.dll = read_dllogger_file(path, label, form)
         found, bad = _log_params(entry)
     except LogFormatError as exc:
         problems.extend(exc.problems)
@@ -295,9 +331,35 @@ def _read_entry(path: Path, label: str, options: ImportOptions,
     return entry
 
 
+def _scan(path: Path) -> tuple[str, FileForm]:
+    """One pass over a file: its sha256 and what its lines are (UnicodeDecodeError with the
+    byte offset of the first that is not UTF-8)."""
+    digest = hashlib.sha256()
+    offset = 0
+
+    def lines() -> Iterator[str]:
+        nonlocal offset
+        with path.open("rb") as fh:
+            for raw in fh:
+                digest.update(raw)
+                try:
+                    yield raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise UnicodeDecodeError(exc.encoding, exc.object, offset + exc.start,
+                                             offset + exc.end, exc.reason) from None
+                offset += len(raw)
+
+    stream = lines()
+    form = scan_form(stream)
+    for _ in stream:  # the rest: the digest covers the whole file, and it must be UTF-8
+        pass
+    return digest.hexdigest(), form
+
+
 def _log_params(entry: Entry) -> tuple[dict[str, Any], list[Problem]]:
     if entry.kind.startswith("dllogger"):
-        dll = read_dllogger(entry.text, entry.label)
+        dll = entry.dll if entry.dll is not None else read_dllogger(entry.text, entry.label)
+        entry.dll = dll
         return _from_record(dll.parameters, _DLE_ARGS, entry.label)
     if entry.kind == "workload-log":
         lines = parse_metric_lines(entry.text)
@@ -313,7 +375,12 @@ def _apply_name(entry: Entry, match: re.Match[str] | None, problems: list[Proble
         if text is None:
             continue
         if key == "repeat":
-            entry.repeat = int(text)
+            if not (text.isdigit() and len(text) <= 6):
+                problems.append(Problem(entry.label, "file name", f"repeat={text[:40]!r}: "
+                                        "not a repeat number (the pattern's repeat group must "
+                                        "capture digits only)"))
+            else:
+                entry.repeat = int(text)
             continue
         try:
             value = _typed(key, text, from_text=True)
@@ -343,8 +410,12 @@ def collect_entries(sources: Sequence[Path], options: ImportOptions
     skipped: list[str] = []
     for source in sources:
         if source.is_dir():
-            files = sorted(p for p in source.rglob("*") if p.is_file())
+            files = sorted(p for p in source.rglob("*") if p.is_symlink() or p.is_file())
             for path in files:
+                if path.is_symlink():  # it may lead anywhere (a private key, /etc)
+                    log.warning("%s: a symbolic link, not followed (skipped)", path)
+                    skipped.append(f"{path} (a symbolic link, not followed)")
+                    continue
                 rel = path.relative_to(source).as_posix()
                 match = rx.fullmatch(rel)
                 if match is None:
@@ -391,17 +462,49 @@ def _target_from_matrix_file(path: Path) -> Target:
                   matrix.source_text, str(path))
 
 
-def _target_from_runs(name: str, runs: list[RunPaths]) -> Target:
+def _planned_groups(run: RunPaths) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A run's plan and its groups (``group -> {"params", "hash"}``); ConfigError naming the
+    plan when it is not a plan (damaged, or hand-made without groups)."""
+    plan = read_json(run.plan)
+    cells = plan.get("cells") if isinstance(plan, dict) else None
+    if not isinstance(cells, list):
+        raise ConfigError("no 'cells' list", file=str(run.plan), field="cells")
     groups: dict[str, dict[str, Any]] = {}
-    for run in reversed(runs):  # newest first: its definition of a group wins
-        for cell in read_json(run.plan).get("cells", []):
-            groups.setdefault(cell["group"], {"params": cell["params"], "hash": cell["hash"]})
-    newest = runs[-1]
-    plan = read_json(newest.plan)
-    text = (newest.matrix_file.read_text(encoding="utf-8") if newest.matrix_file.exists()
-            else f"# the groups of {name}'s runs under {newest.root.parent}\n")
-    return Target(name, groups, list(plan.get("varying", [])), plan.get("baseline"), text,
-                  f"the runs of {name} under {newest.root.parent}")
+    for i, cell in enumerate(cells):
+        if not (isinstance(cell, dict) and isinstance(cell.get("group"), str)
+                and isinstance(cell.get("params"), dict)):
+            raise ConfigError("needs group (text) and params", file=str(run.plan),
+                              field=f"cells[{i}]")
+        groups.setdefault(cell["group"], {"params": cell["params"],
+                                          "hash": str(cell.get("hash", ""))})
+    return plan, groups
+
+
+def _target_from_runs(name: str, runs: list[RunPaths]) -> Target | None:
+    """The groups of the runs of ``name`` (newest first: its definition of a group wins); a
+    run whose plan cannot be read is skipped with a warning (None: none could be)."""
+    groups: dict[str, dict[str, Any]] = {}
+    newest: tuple[RunPaths, dict[str, Any]] | None = None
+    for run in reversed(runs):
+        try:
+            plan, found = _planned_groups(run)
+        except ConfigError as exc:
+            log.warning("%s; its groups are not matched against", exc)
+            continue
+        for group, data in found.items():
+            groups.setdefault(group, data)
+        newest = newest or (run, plan)
+    if newest is None:
+        return None
+    run, plan = newest
+    text = (run.matrix_file.read_text(encoding="utf-8") if run.matrix_file.is_file()
+            else f"# the groups of {name}'s runs under {run.root.parent}\n")
+    varying = plan.get("varying")
+    baseline = plan.get("baseline")
+    return Target(name, groups, [v for v in varying if isinstance(v, str)]
+                  if isinstance(varying, list) else [],
+                  baseline if isinstance(baseline, str) else None, text,
+                  f"the runs of {name} under {run.root.parent}")
 
 
 def _toml_value(value: Any) -> str:
@@ -426,8 +529,9 @@ def generated_matrix(name: str, configs: list[dict[str, Any]], device: str, note
         lines += [f"{k} = {_toml_value(v)}" for k, v in full.items()
                   if v is not None]  # unset (program, hpu_mode): TOML has no null
         lines.append("")
-    for hw in sorted({c["hardware"] for c in configs}):
-        lines += [f"[hardware.{hw}]", f"device = {_toml_value(device)}", ""]
+    for hw in sorted({c["hardware"] for c in configs}):  # "v1.00": a quoted key, not dotted
+        key = hw if re.fullmatch(r"[A-Za-z0-9_-]+", hw) else _toml_value(hw)
+        lines += [f"[hardware.{key}]", f"device = {_toml_value(device)}", ""]
     return "\n".join(lines)
 
 
@@ -450,7 +554,11 @@ def _target_generated(name: str, known: list[dict[str, Any]], options: ImportOpt
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.toml"
         path.write_text(text, encoding="utf-8")
-        target = _target_from_matrix_file(path)
+        try:
+            target = _target_from_matrix_file(path)
+        except ConfigError as exc:  # named after what the user gave, not a deleted temp file
+            raise ConfigError([Problem("--param", p.field, p.message) for p in exc.problems]
+                              ) from None
     target.source = "generated from the imported logs"
     return target
 
@@ -471,9 +579,8 @@ def resolve_target(options: ImportOptions, known: list[dict[str, Any]], labels: 
         return _target_from_matrix_file(Path(options.matrix))
     name = _checked_name(options.matrix)
     runs = runs_of(options.results_root, name)
-    if runs:
-        return _target_from_runs(name, runs)
-    return _target_generated(name, known, options, labels)
+    target = _target_from_runs(name, runs) if runs else None
+    return target or _target_generated(name, known, options, labels)
 
 
 def match_group(known: dict[str, Any], target: Target) -> tuple[str | None, str]:
@@ -571,7 +678,7 @@ def _judge_entry(entry: Entry, options: ImportOptions, problems: list[Problem]) 
     config = options.figures or FiguresConfig(
         parser="dllogger" if entry.kind.startswith("dllogger") else "workload",
         warmup=options.warmup if entry.kind.startswith("dllogger") else None)
-    output = CellOutput(entry.text, entry.label, None, entry.params)
+    output = CellOutput(entry.text, entry.label, None, entry.params, dllogger=entry.dll)
     try:
         figures = parse_figures(output, config)
     except LogFormatError as exc:
@@ -610,22 +717,74 @@ def _check_run_id(run_id: str, base: Path) -> None:
 
 def _check_not_imported(name: str, root: Path, digests: list[str], labels: list[str],
                         problems: list[Problem]) -> None:
+    """Each source (its digest) not imported into matrix ``name`` yet, nor twice in this import.
+
+    A run folder's digests stand for the run itself (:func:`source_digests`), so a run is
+    recognised whatever its copy is called: the same run folder again, under another --run-id,
+    a copy of an import of it, or the original run itself lying in the results."""
     seen: dict[str, str] = {}
     for run in runs_of(root, name):
         try:
             meta = read_json(run.run_meta)
-        except (OSError, ValueError):
-            continue
-        for src in (meta.get("imported") or {}).get("sources", []):
-            seen[src.get("sha256", "")] = run.run_id
+        except ConfigError:
+            continue  # a damaged run.json: that run's sources are not known
+        for digest in source_digests(meta):
+            seen.setdefault(digest, run.run_id)
     mine: dict[str, str] = {}
+    named: set[str] = set()  # a run folder's several digests: one problem
     for digest, label in zip(digests, labels, strict=True):
+        if label in named:
+            continue
         if digest in seen:
             problems.append(Problem(label, "", f"already imported into {name} as run "
-                                    f"{seen[digest]} (same sha256)"))
-        elif digest in mine:
+                                    f"{seen[digest]} (the same source)"))
+            named.add(label)
+        elif digest in mine and mine[digest] != label:
             problems.append(Problem(label, "", f"the same file as {mine[digest]}"))
+            named.add(label)
         mine.setdefault(digest, label)
+
+
+def run_identity(meta: Any) -> str | None:
+    """What makes a run that run wherever its folder is copied: the orchestrator process that
+    started it and when (``controller@started_at``; older runs: ``matrix/run id@started_at``),
+    kept through imports (an imported run folder's source says whose copy it is)."""
+    if not isinstance(meta, dict):
+        return None
+    imported = meta.get("imported")
+    if isinstance(imported, dict):
+        for src in imported.get("sources") or []:
+            if isinstance(src, dict) and src.get("format") == "run-folder" \
+                    and isinstance(src.get("run"), str):
+                return str(src["run"])
+    started = meta.get("started_at")
+    if not isinstance(started, int | float) or isinstance(started, bool):
+        return None
+    who = meta.get("controller")
+    if isinstance(who, str) and who:
+        return f"{who}@{started!r}"
+    matrix, run_id = meta.get("matrix"), meta.get("run_id")
+    if isinstance(matrix, str) and isinstance(run_id, str):
+        return f"{matrix}/{run_id}@{started!r}"
+    return None
+
+
+def source_digests(meta: Any) -> list[str]:
+    """The digests a run's ``run.json`` stands for: its identity's (:func:`run_identity`)
+    and those of every source it was imported from."""
+    out: list[str] = []
+    identity = run_identity(meta)
+    if identity is not None:
+        out.append(hashlib.sha256(identity.encode()).hexdigest())
+    imported = meta.get("imported") if isinstance(meta, dict) else None
+    sources = imported.get("sources") if isinstance(imported, dict) else None
+    for src in sources if isinstance(sources, list) else []:
+        if not isinstance(src, dict):
+            continue
+        for digest in [src.get("sha256"), *(src.get("identities") or [])]:
+            if isinstance(digest, str) and digest and digest not in out:
+                out.append(digest)
+    return out
 
 
 # --- our own run folders ------------------------------------------------------------------
@@ -650,23 +809,42 @@ class RunFolder:
     plan: dict[str, Any]
     run_meta: dict[str, Any]
     cells: list[RunCell]
-    sha256: str
+    #: What the run stands for (:func:`source_digests`); the first is its identity's.
+    digests: list[str]
+    identity: str
 
 
 def _load_json(path: Path, problems: list[Problem]) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return safejson.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         problems.append(Problem(str(path), "", "missing (not a complete run folder)"))
     except json.JSONDecodeError as exc:
         problems.append(Problem(str(path), f"line {exc.lineno}", f"malformed JSON: {exc.msg}"))
+    except safejson.JSONLimitError as exc:
+        problems.append(Problem(str(path), "", str(exc)))
     except (OSError, UnicodeDecodeError) as exc:
         problems.append(Problem(str(path), "", f"cannot read: {exc}"))
     return None
 
 
+def _no_links(src: Path) -> list[Problem]:
+    """Problems for what in a run folder is a symbolic link where the import reads (its
+    plan.json, run.json, matrix.toml, cells/ and each cell's folder and result.json): a link
+    may lead anywhere, and its target would be read, or copied, into the results."""
+    found = [path for path in (src / "plan.json", src / "run.json", src / "matrix.toml",
+                               src / "cells") if path.is_symlink()]
+    if (src / "cells").is_dir() and not (src / "cells").is_symlink():
+        for cell in (src / "cells").iterdir():
+            found += [p for p in (cell, cell / "result.json") if p.is_symlink()]
+    return [Problem(str(path), "", "a symbolic link: not followed (copy what it leads to "
+                    "into the run folder, if it belongs there)") for path in found]
+
+
 def _validate_run_folder(src: Path) -> RunFolder:
-    problems: list[Problem] = []
+    problems = _no_links(src)
+    if problems:
+        raise ConfigError(problems)
     plan = _load_json(src / "plan.json", problems)
     run_meta = _load_json(src / "run.json", problems)
     if problems:
@@ -714,8 +892,11 @@ def _validate_run_folder(src: Path) -> RunFolder:
         problems.append(Problem(str(src / "cells"), "", "no cell results"))
     if problems:
         raise ConfigError(problems)
-    digest = hashlib.sha256((src / "plan.json").read_bytes()).hexdigest()
-    return RunFolder(src, plan, run_meta if isinstance(run_meta, dict) else {}, found, digest)
+    meta = run_meta if isinstance(run_meta, dict) else {}
+    identity = run_identity(meta) or "run-folder:" + hashlib.sha256(
+        (src / "plan.json").read_bytes() + (src / "run.json").read_bytes()).hexdigest()
+    digests = source_digests(meta) or [hashlib.sha256(identity.encode()).hexdigest()]
+    return RunFolder(src, plan, meta, found, digests, identity)
 
 
 def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
@@ -750,8 +931,8 @@ def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
                         folder.plan.get("baseline"),
                         matrix_text.read_text(encoding="utf-8") if matrix_text.exists()
                         else f"# imported from {src}\n", f"the run folder {src}")
-    _check_not_imported(target.name, options.results_root, [folder.sha256], [str(src)],
-                        problems)
+    _check_not_imported(target.name, options.results_root, folder.digests,
+                        [str(src)] * len(folder.digests), problems)
     if problems:
         raise ConfigError(problems)
     run_id = options.run_id or src.name
@@ -798,7 +979,7 @@ def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) ->
         shutil.copyfile(entry.path, cell_dir / _copy_name(entry))
         if figures.records:
             with paths.cell_metrics(entry.cell_id).open("w", encoding="utf-8") as fh:
-                fh.writelines(json.dumps(o) + "\n" for o in figures.records)
+                fh.writelines(safejson.dumps(o) + "\n" for o in figures.records)
         source = {"path": str(entry.path.resolve()), "sha256": entry.sha256,
                   "format": entry.kind, "cell": entry.cell_id}
         sources.append(source)
@@ -839,6 +1020,20 @@ def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) ->
     return _plan_json(plan, sorted(cells, key=lambda c: (c["repeat"], c["id"])))
 
 
+def _not_copied(folder: str, names: list[str]) -> set[str]:
+    """What a run folder's copy leaves out: symbolic links (they may lead anywhere: a private
+    key, /etc) and what is neither a file nor a folder (a FIFO would block the copy); each
+    with a warning."""
+    left = set()
+    for name in names:
+        path = Path(folder, name)
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            log.warning("%s: %s, not copied", path, "a symbolic link" if path.is_symlink()
+                        else "not a regular file")
+            left.add(name)
+    return left
+
+
 def _write_run_folder(paths: RunPaths, plan: ImportPlan, options: ImportOptions
                       ) -> dict[str, Any]:
     folder = plan.run_folder
@@ -847,7 +1042,8 @@ def _write_run_folder(paths: RunPaths, plan: ImportPlan, options: ImportOptions
     planned = {c["id"]: c for c in folder.plan["cells"]}
     cells = []
     for cell in folder.cells:
-        shutil.copytree(folder.root / "cells" / cell.old_id, paths.cell_dir(cell.new_id))
+        shutil.copytree(folder.root / "cells" / cell.old_id, paths.cell_dir(cell.new_id),
+                        ignore=_not_copied)
         result = cell.result
         earlier = result.provenance.get("imported")
         result.provenance = {**result.provenance, "imported": {
@@ -862,25 +1058,58 @@ def _write_run_folder(paths: RunPaths, plan: ImportPlan, options: ImportOptions
         old = planned[cell.old_id]
         cells.append({**old, "id": cell.new_id, "group": cell.group,
                       "hash": plan.target.groups.get(cell.group, {}).get("hash", old.get("hash"))})
-    sources = [{"path": str(folder.root.resolve()), "sha256": folder.sha256,
-                "format": "run-folder"}]
+    sources = [{"path": str(folder.root.resolve()), "sha256": folder.digests[0],
+                "format": "run-folder", "run": folder.identity,
+                "identities": folder.digests[1:]}]
     meta = {**folder.run_meta, "run_id": plan.run_id, "matrix": plan.target.name,
             "imported": _imported_block(options, sources, plan.target)}
     write_json(paths.run_meta, meta)
     return _plan_json(plan, sorted(cells, key=lambda c: (c.get("repeat", 1), c["id"])))
 
 
+#: The lock file of a matrix's folder that imports into it take (one at a time).
+IMPORT_LOCK = ".import.lock"
+#: How long an import waits for another import into the same matrix to finish.
+IMPORT_LOCK_WAIT_S = 600.0
+
+
 def write_import(plan: ImportPlan, options: ImportOptions) -> RunPaths:
     """Write the run folder: into a hidden folder beside it, renamed at the end. On any
-    error nothing is left behind."""
+    error nothing is left behind.
+
+    Imports into one matrix are serialized (``<results>/<matrix>/.import.lock``), and under
+    that lock the sources are checked again: of two imports of one file started at once, the
+    second finds the first's run and is refused."""
     from orchestrator.results.summary import write_summary
 
     base = options.results_root / plan.target.name
     final = base / plan.run_id
     try:
         base.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".import-{plan.run_id}-"))
+        lock = folder_lock.acquire(base / IMPORT_LOCK, wait_s=IMPORT_LOCK_WAIT_S,
+                                   argv=options.argv or None)
+    except folder_lock.LockHeld as exc:
+        raise ConfigError(f"another import into {plan.target.name!r} is still under way "
+                          f"({exc.holder}) after {IMPORT_LOCK_WAIT_S:g} s; try again when it "
+                          "has ended", file=str(base)) from None
     except OSError as exc:  # a read-only or full results folder: nothing was written
+        raise ConfigError([Problem("--results", str(options.results_root),
+                                   f"cannot create the run folder {final}: "
+                                   f"{exc.strerror or exc}")]) from None
+    with lock:
+        problems: list[Problem] = []
+        _check_not_imported(plan.target.name, options.results_root, *plan.sources, problems)
+        if problems:
+            raise ConfigError(problems)
+        _check_run_id(plan.run_id, base)
+        return _write_locked(plan, options, base, final, write_summary)
+
+
+def _write_locked(plan: ImportPlan, options: ImportOptions, base: Path, final: Path,
+                  write_summary: Any) -> RunPaths:
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".import-{plan.run_id}-"))
+    except OSError as exc:
         raise ConfigError([Problem("--results", str(options.results_root),
                                    f"cannot create the run folder {final}: "
                                    f"{exc.strerror or exc}")]) from None
@@ -903,9 +1132,3 @@ def write_import(plan: ImportPlan, options: ImportOptions) -> RunPaths:
         raise
     log.info("imported %d cells into %s", len(plan.cell_ids), final)
     return RunPaths(final)
-
-
-def import_results(sources: Sequence[Path], options: ImportOptions) -> tuple[RunPaths, ImportPlan]:
-    """Plan and write an import; returns the new run folder and the plan."""
-    plan = plan_import(sources, options)
-    return write_import(plan, options), plan

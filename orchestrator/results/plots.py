@@ -198,7 +198,8 @@ def _titles(ax: Any, title: str, subtitle: str) -> None:
 
 def plot_history(report: HistoryReport, out: Target, title: str, fmt: str | None = None
                  ) -> Target:
-    """Median images/s per configuration across the shown runs; regressions circled in red."""
+    """Median images/s per configuration across the shown runs (the ratio to the control, dashed,
+    where a line is judged on it); regressions circled in red."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5), dpi=120)
     lines = [ln for ln in report.lines if ln.newest or ln.medians]
@@ -215,15 +216,20 @@ def plot_history(report: HistoryReport, out: Target, title: str, fmt: str | None
         if not points:
             continue
         values += [p[1] for p in points]
+        ratio = ln.basis == "normalised"
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colour,
-                label=_label(ln.params, keys))
+                linestyle="--" if ratio else "-",
+                label=_label(ln.params, keys) + (" (÷control)" if ratio else ""))
         if ln.verdict == "regression" and ys[-1] is not None:
             ax.plot([xs[-1]], [ys[-1]], marker="o", markersize=14, fillstyle="none",
                     color="red", markeredgewidth=2)
     if spans_decades(values):
         ax.set_yscale("log")
     ax.set_xticks(xs, [r.run_id[:13] for r in runs], rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("images/s (median over repeats)")
+    bases = {ln.basis for ln in lines}
+    ax.set_ylabel("ratio to the control (median over repeats)" if bases == {"normalised"}
+                  else "images/s (median over repeats)" if "normalised" not in bases
+                  else "images/s; dashed: ratio to the control")
     _titles(ax, title + " (red circle: regression)", "")
     if lines:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

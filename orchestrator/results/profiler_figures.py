@@ -53,7 +53,7 @@ from typing import Any
 from orchestrator.config.matrix_file import NcuOptions, NsysOptions, NvprofOptions
 from orchestrator.errors import LogFormatError, Problem
 
-log = logging.getLogger("orchestrator.results.profiler_figures")
+log = logging.getLogger(__name__)
 
 _PCT = ".avg.pct_of_peak_sustained_active"
 #: Per figure, the metrics that can feed it, preferred first. A tuple inside the list: metrics

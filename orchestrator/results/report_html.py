@@ -25,7 +25,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from orchestrator import __version__
 from orchestrator.results.run_folder import CellResult, RunPaths, read_json
-from orchestrator.results.store import Stack, stack_field_values
+from orchestrator.results.store import RecordedStack, stack_field_values
 from orchestrator.results.summary import GroupRow, table_cells, throughput_key
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def _utc(ts: Any) -> str:
 
 def stacks_of(results: Sequence[CellResult]) -> dict[str, list[str]]:
     """Per stack field, the distinct values recorded by a run's cells."""
-    return stack_field_values(Stack.from_result(res.env, res.provenance) for res in results)
+    return stack_field_values(RecordedStack.from_result(res.env, res.provenance) for res in results)
 
 
 # --- run report ------------------------------------------------------------------------------
@@ -167,7 +167,8 @@ def _cells_section(results: Sequence[CellResult]) -> Section:
         ips = res.metrics.get(throughput_key(str(res.params.get("mode", "train"))))
         prov = res.provenance
         rows.append([
-            Cell(res.cell_id), Cell(res.status.value, "" if res.status.value == "ok" else "bad"),
+            Cell(res.cell_id), Cell(res.role),
+            Cell(res.status.value, "" if res.status.value == "ok" else "bad"),
             Cell("" if res.duration_s is None else f"{res.duration_s:,.1f}", "num"),
             Cell(f"{ips:,.1f}" if isinstance(ips, int | float) else "", "num"),
             Cell(str(prov.get("host") or "")), Cell(str(prov.get("image") or "")),
@@ -175,7 +176,8 @@ def _cells_section(results: Sequence[CellResult]) -> Section:
             Cell(res.reason),
         ])
     return Section("cells", "Cells and provenance", table=Table(
-        ["cell", "status", "duration s", "images/s", "host", "image", "GPUs", "reason"], rows))
+        ["cell", "role", "status", "duration s", "images/s", "host", "image", "GPUs", "reason"],
+        rows))
 
 
 # --- compare report --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ Layout::
         matrix.toml        the matrix file as it was (secrets masked)
         plan.json          the expanded cells
         run.json           backend, start/end, provenance, status counts
+        .lock              there while a sweep or --resume works in the run (flock)
         summary.csv        one row per cell group (medians over repeats)
         summary.txt        the same table as printed
         cells/<cell id>/
@@ -35,7 +36,6 @@ Layout::
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
 import re
@@ -48,6 +48,7 @@ from typing import Any
 
 from orchestrator.config.syntax import check_name, check_run_id, name_problem
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.results import safejson
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,9 @@ class CellResult:
     #: The cell's content hash (parameters + hardware profile): what it measures. Empty in
     #: results written before it was recorded (the run's plan.json has it).
     config_hash: str = ""
+    #: ``config`` (a configuration of the matrix) or ``control`` (a measurement of its
+    #: ``[control]``, :mod:`orchestrator.plan.controls`): never a row of the configurations.
+    role: str = "config"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -135,7 +139,7 @@ _RESULT_TYPES: dict[str, tuple[type, ...]] = {
     "exit_code": (int, type(None)), "started_at": (*_NUMBER, type(None)),
     "finished_at": (*_NUMBER, type(None)), "duration_s": (*_NUMBER, type(None)),
     "attempts": (int,), "params": (dict,), "metrics": (dict,), "env": (dict,),
-    "provenance": (dict,), "log_tail": (list,),
+    "provenance": (dict,), "log_tail": (list,), "role": (str,),
 }
 
 
@@ -150,9 +154,10 @@ def throughput_key(mode: str, kind: str = "total_ips") -> str:
 
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (a crash never leaves half a file). The file follows the umask,
-    like every other file of a run (``mkstemp`` would make it 0600: unreadable to colleagues)."""
+    like every other file of a run (``mkstemp`` would make it 0600: unreadable to colleagues).
+    Standard JSON only: NaN and infinities are written as null (:mod:`safejson`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    text = safejson.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
     while True:
         tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
         try:
@@ -171,17 +176,21 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file of a run; a missing, truncated or unreadable file is a ConfigError naming it."""
+    """A JSON file of a run; a missing, truncated or unreadable file (nested too deeply, an
+    integer too long: :func:`safejson.loads`) is a ConfigError naming it. NaN and infinities
+    are read as None."""
     try:
         # a FIFO planted in a shared results folder must not hang `report`: regular files only
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as fh:
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
                 raise ConfigError("not a regular file", file=str(path))
-            return json.loads(fh.read().decode("utf-8"))
+            return safejson.loads(fh.read().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError("missing (the run folder is incomplete)", file=str(path)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except safejson.JSONLimitError as exc:
+        raise ConfigError(f"unreadable: {exc}", file=str(path)) from None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError
         raise ConfigError(f"unreadable ({exc}); the file is damaged or truncated",
                           file=str(path)) from None
 
@@ -231,6 +240,11 @@ class RunPaths:
     @property
     def run_meta(self) -> Path:
         return self.root / "run.json"
+
+    @property
+    def lock(self) -> Path:
+        """The lock of the sweep working in the run (:mod:`orchestrator.results.folder_lock`)."""
+        return self.root / ".lock"
 
     @property
     def summary_csv(self) -> Path:
@@ -299,9 +313,9 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
         line = line.strip()
         if not line.startswith("{"):
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
+        try:  # a program's own lines may be anything: what is no metric line is skipped
+            obj = safejson.loads(line, finite=False)
+        except ValueError:
             continue
         if isinstance(obj, dict) and isinstance(obj.get("type"), str):
             out.append(obj)
@@ -318,10 +332,10 @@ def find_run(results_root: Path, matrix_name: str, run_id: str | None = None) ->
         check_run_id(run_id)
         root = base / run_id
         if root.is_dir():
-            return RunPaths(root)
+            return _inside(results_root, RunPaths(root))
         matches = [r for r in runs_of(results_root, matrix_name) if r.run_id.startswith(run_id)]
         if len(matches) == 1:
-            return matches[0]
+            return _inside(results_root, matches[0])
         many = f" ({len(matches)} runs start with it)" if matches else ""
         raise ConfigError(f"no run {run_id!r} under {base}{many}; `orchestrate runs "
                           f"{matrix_name}` lists them", field="run")
@@ -332,7 +346,19 @@ def find_run(results_root: Path, matrix_name: str, run_id: str | None = None) ->
     if back >= len(runs):
         raise ConfigError(f"{run_id!r}: {matrix_name!r} has {len(runs)} run(s) under "
                           f"{results_root}", field="run")
-    return runs[-1 - back]
+    return _inside(results_root, runs[-1 - back])
+
+
+def _inside(results_root: Path, paths: RunPaths) -> RunPaths:
+    """``paths`` if its folder is really under ``results_root``: a run folder that is a
+    symbolic link out of it is refused (commands write into the run they are given)."""
+    root = Path(results_root).resolve()
+    where = paths.root.resolve()
+    if not where.is_relative_to(root):
+        raise ConfigError(f"{paths.root} leads (through a symbolic link) to {where}, outside "
+                          f"the results folder {root}; give the results folder it lies in",
+                          field="run")
+    return paths
 
 
 def runs_of(results_root: Path, matrix_name: str) -> list[RunPaths]:

@@ -35,18 +35,29 @@ Tables: ``meta`` (schema version), ``runs`` (one per run folder), ``stacks`` (di
 ``cells`` (one per ``result.json``; ``value`` is the headline throughput, images/s),
 ``params`` (cell parameters as key/value rows, for filters) and ``figures`` (every numeric
 metric of a cell, plus ``train.step_ips_p90`` / ``val.step_ips_p90`` derived from its
-per-iteration times: see :data:`STEP_IPS_P90`).
+per-iteration times: see :data:`STEP_IPS_P90`, plus the normalised figures ``norm.F``). A cell
+that ran as a Slurm job keeps Slurm's accounting of it (``cells.slurm``: :func:`slurm_of`), its
+run the ids of its jobs and arrays (``runs.slurm_jobs``).
+
+**Controls** (a matrix's ``[control]``, :mod:`orchestrator.plan.controls`): their results are
+cells with ``role = 'control'`` (``config`` for every configuration), never counted as a
+run's configurations (``n_cells`` / ``n_ok``; a failed control still makes the run
+``failed``). When a run is indexed, every ok configuration cell with a nearest control gets
+``norm.F`` = F / the control's figure for each of its throughput figures, and ``norm_from``
+names the control measurements used (:mod:`orchestrator.results.normalise`).
 """
 
 from __future__ import annotations
 
 import calendar
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import sqlite3
+import stat
 import statistics
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -54,14 +65,20 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.syntax import check_name
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.results import safejson
+from orchestrator.results.normalise import PREFIX as NORM_PREFIX
+from orchestrator.results.normalise import Measured, normalise
 from orchestrator.results.run_folder import CellResult
 
 log = logging.getLogger(__name__)
 
 INDEX_NAME = ".orchestrate-index.sqlite"
 #: Bump when the tables or what goes into them change: older indexes are rebuilt.
-SCHEMA_VERSION = 1
+#: 2: cells' role (config / control) and normalised figures (``norm.*``, issue 25); cells'
+#: Slurm accounting and runs' Slurm jobs (issue 26). 3: both (either 2 lacks the other's).
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -83,6 +100,7 @@ CREATE TABLE runs (
     n_cells INTEGER NOT NULL,
     n_ok INTEGER NOT NULL,
     status TEXT NOT NULL,
+    slurm_jobs TEXT,
     UNIQUE (matrix, run_id)
 );
 CREATE INDEX runs_by_matrix ON runs (matrix, started_at);
@@ -108,7 +126,10 @@ CREATE TABLE cells (
     stack_pk INTEGER REFERENCES stacks (stack_pk),
     metric TEXT,
     value REAL,
-    params TEXT NOT NULL
+    params TEXT NOT NULL,
+    slurm TEXT,
+    role TEXT NOT NULL DEFAULT 'config',
+    norm_from TEXT
 );
 CREATE INDEX cells_by_run ON cells (run_pk);
 CREATE INDEX cells_by_config ON cells (config);
@@ -133,8 +154,10 @@ _TABLES = ("figures", "params", "cells", "stacks", "runs", "meta")
 
 
 @dataclass(frozen=True)
-class Stack:
-    """The software and hardware a cell ran on. Empty fields: not recorded."""
+class RecordedStack:
+    """The software and hardware a cell ran on, as its result recorded it. Empty fields: not
+    recorded. (What a profile's cells are planned to run on, before anything is built, is
+    :class:`orchestrator.plan.software.PlannedStack`.)"""
 
     image: str | None = None
     image_id: str | None = None
@@ -152,7 +175,7 @@ class Stack:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def from_result(cls, env: dict[str, Any], provenance: dict[str, Any]) -> Stack | None:
+    def from_result(cls, env: dict[str, Any], provenance: dict[str, Any]) -> RecordedStack | None:
         """The stack of a result: None when the workload reported no environment (it never
         started, or failed before its first line) and the backend recorded no image."""
         if not env and not provenance.get("image"):
@@ -185,7 +208,8 @@ class Stack:
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
-    def differences(self, other: Stack, ignore: Iterable[str] = ()) -> dict[str, tuple[Any, Any]]:
+    def differences(self, other: RecordedStack, ignore: Iterable[str] = ()
+                    ) -> dict[str, tuple[Any, Any]]:
         """``{field: (ours, theirs)}`` for every field that differs."""
         skip = set(ignore)
         return {
@@ -195,9 +219,9 @@ class Stack:
         }
 
 
-def stack_field_values(stacks: Iterable[Stack | None]) -> dict[str, list[str]]:
+def stack_field_values(stacks: Iterable[RecordedStack | None]) -> dict[str, list[str]]:
     """Per stack field, the distinct values ``stacks`` hold (sorted; a None stack is skipped)."""
-    out: dict[str, set[str]] = {name: set() for name in Stack.names()}
+    out: dict[str, set[str]] = {name: set() for name in RecordedStack.names()}
     for stack in stacks:
         if stack is not None:
             for name, value in stack.as_dict().items():
@@ -225,6 +249,8 @@ class RunRecord:
     cells: int
     ok: int
     status: str  # ok | failed | interrupted | unfinished | empty
+    #: The Slurm jobs (and arrays, by their id) its cells ran as, in submission order.
+    slurm_jobs: tuple[str, ...] = ()
 
     @property
     def failed(self) -> int:
@@ -249,6 +275,7 @@ class RunRecord:
             "git_revision": self.git_revision, "orchestrate_version": self.orchestrate_version,
             "controller_host": self.controller_host, "repeats": self.repeats,
             "planned": self.planned, "cells": self.cells, "ok": self.ok, "failed": self.failed,
+            **({"slurm_jobs": list(self.slurm_jobs)} if self.slurm_jobs else {}),
         }
 
 
@@ -267,15 +294,50 @@ class CellRecord:
     duration_s: float | None
     started_at: float | None
     attempts: int | None
-    stack: Stack | None
+    stack: RecordedStack | None
     metric: str | None
     value: float | None
     params: dict[str, Any]
     figures: dict[str, float] = field(default_factory=dict)
+    #: Slurm's accounting of the cell's job (:func:`slurm_of`); empty when it was none.
+    slurm: dict[str, Any] = field(default_factory=dict)
+
+    role: str = "config"
+    #: ``norm.F`` of this cell's figure (``metric``): its ratio to the nearest controls (None:
+    #: no control, or not asked for).
+    norm: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def is_control(self) -> bool:
+        return self.role == "control"
+
+
+#: What the index keeps of a Slurm job, from a result's provenance (``slurm_<name>``).
+SLURM_FIELDS = ("job_id", "state", "exit_code", "elapsed_s", "node_list")
+
+
+def slurm_of(provenance: dict[str, Any]) -> dict[str, Any]:
+    """Slurm's accounting of a cell's job as recorded in its provenance
+    (:mod:`orchestrator.backends.slurm`): ``job_id``, ``state``, ``exit_code``, ``elapsed_s``,
+    ``node_list``; empty for a cell that was no Slurm job."""
+    if not provenance.get("slurm_job_id"):
+        return {}
+    return {name: provenance.get(f"slurm_{name}") for name in SLURM_FIELDS}
+
+
+def _slurm_job_ids(results: Iterable[dict[str, Any]]) -> list[str]:
+    """The distinct jobs of a run's results, an array by its id, in order of submission."""
+    ids: set[str] = set()
+    for res in results:
+        prov = res.get("provenance") or {}
+        job = prov.get("slurm_array_job_id") or prov.get("slurm_job_id")
+        if isinstance(job, str | int) and str(job):
+            ids.add(str(job))
+    return sorted(ids, key=lambda j: (len(j), j))
 
 
 # --- reading run folders (no database) -------------------------------------------------------
@@ -352,7 +414,7 @@ def is_throughput(name: str) -> bool:
 
 def _read(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return safejson.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         log.warning("%s: not read (%s)", path, exc)
         return None
@@ -394,7 +456,7 @@ def read_run_folder(run_dir: Path) -> ParsedRun:
             if not (entry.is_dir() and path.is_file()):
                 continue  # not yet written
             try:  # the same rules as every reader of result.json (RunPaths.results)
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = safejson.loads(path.read_text(encoding="utf-8"))
                 CellResult.from_json(data)
             except (OSError, ValueError) as exc:
                 log.warning("skipping cell %s: %s: %s", entry.name, path, exc)
@@ -407,14 +469,31 @@ def read_run_folder(run_dir: Path) -> ParsedRun:
                      plan if isinstance(plan, dict) else {}, results)
 
 
-def _run_status(meta: dict[str, Any], planned: int, n_cells: int, n_ok: int) -> str:
+def _run_status(meta: dict[str, Any], planned: int, n_cells: int, n_ok: int,
+                controls_failed: int = 0) -> str:
     if meta.get("interrupted"):
         return "interrupted"
     if not meta.get("finished_at") and meta:
         return "unfinished"
     if n_cells == 0:
         return "empty"
-    return "ok" if n_ok == n_cells and n_cells >= planned else "failed"
+    return "ok" if n_ok == n_cells and n_cells >= planned and not controls_failed else "failed"
+
+
+def _measured(index: int, res: dict[str, Any], figures: dict[str, float]) -> Measured:
+    """What :func:`~orchestrator.results.normalise.normalise` needs of one result."""
+    params = res.get("params") or {}
+    prov = res.get("provenance") or {}
+    found = prov.get("gpu_ids")
+    gpus: list[Any] = found if isinstance(found, list) else []
+    started, finished = res.get("started_at"), res.get("finished_at")
+    return Measured(
+        key=index, role=str(res.get("role") or "config"), hardware=str(params.get("hardware")),
+        host=str(prov["host"]) if prov.get("host") is not None else None,
+        gpus=tuple(g for g in gpus if isinstance(g, int)),
+        started=float(started) if isinstance(started, int | float) else None,
+        finished=float(finished) if isinstance(finished, int | float) else None,
+        ok=res.get("status") == "ok", headline=headline(params, {})[0], figures=figures)
 
 
 # --- the store -------------------------------------------------------------------------------
@@ -435,7 +514,7 @@ class Store:
         self.conn = conn
         self.location = location  # the index file, or ":memory:"
         self.note = note  # why the index is not where it normally is
-        self._stacks: dict[int, Stack | None] = {}
+        self._stacks: dict[int, RecordedStack | None] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -560,7 +639,7 @@ class Store:
                 f"SELECT path, signature FROM runs WHERE matrix IN ({marks})", list(matrices))
         return dict(rows.fetchall())
 
-    def _stack_pk(self, conn: sqlite3.Connection, stack: Stack | None) -> int | None:
+    def _stack_pk(self, conn: sqlite3.Connection, stack: RecordedStack | None) -> int | None:
         if stack is None:
             return None
         key = stack.key()
@@ -579,45 +658,58 @@ class Store:
         hashes = {c.get("id"): c.get("hash") for c in plan.get("cells", []) or []
                   if isinstance(c, dict)}
         planned = len(hashes)
-        n_ok = sum(1 for r in run.results if r.get("status") == "ok")
-        n_cells = len(run.results)
+        configs = [r for r in run.results if (r.get("role") or "config") != "control"]
+        n_ok = sum(1 for r in configs if r.get("status") == "ok")
+        n_cells = len(configs)
+        controls_failed = sum(1 for r in run.results
+                              if r.get("role") == "control" and r.get("status") != "ok")
         run_dir = Path(run.path)
         cur = conn.execute(
             "INSERT INTO runs (matrix, run_id, path, signature, backend, started_at, "
             "finished_at, git_revision, orchestrate_version, controller_host, repeats, planned, "
-            "n_cells, n_ok, status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "n_cells, n_ok, status, slurm_jobs) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (run.matrix, run.run_id, run.path, run.signature,
              meta.get("backend") or plan.get("backend"), _run_started(run_dir, meta),
              meta.get("finished_at"), meta.get("git_revision"), meta.get("orchestrate_version"),
              meta.get("controller_host"), plan.get("repeats"), planned, n_cells, n_ok,
-             _run_status(meta, planned, n_cells, n_ok)),
+             _run_status(meta, planned, n_cells, n_ok, controls_failed),
+             json.dumps(_slurm_job_ids(run.results)) if _slurm_job_ids(run.results) else None),
         )
         run_pk = cur.lastrowid
         param_rows: list[tuple[int, str, str]] = []
         figure_rows: list[tuple[int, str, float]] = []
-        for res in run.results:
+        figures = [_figures(res) for res in run.results]
+        normalised = normalise([_measured(i, res, figures[i])
+                                for i, res in enumerate(run.results)], is_throughput) if any(
+            res.get("role") == "control" for res in run.results) else {}
+        for i, res in enumerate(run.results):
             params = res.get("params") or {}
             metrics = res.get("metrics") or {}
             cell_id = str(res.get("cell_id", ""))
             config = res.get("config_hash") or hashes.get(cell_id) or params_hash(params)
-            stack = Stack.from_result(res.get("env") or {}, res.get("provenance") or {})
+            stack = RecordedStack.from_result(res.get("env") or {}, res.get("provenance") or {})
             metric, value = headline(params, metrics)
+            norm = normalised.get(i)
+            used = ",".join(str(run.results[k].get("cell_id"))
+                            for k in norm.controls) if norm else None
+            slurm = slurm_of(res.get("provenance") or {})
             cur = conn.execute(
                 "INSERT INTO cells (run_pk, cell_id, grp, repeat, config, status, reason, "
-                "duration_s, started_at, attempts, stack_pk, metric, value, params) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "duration_s, started_at, attempts, stack_pk, metric, value, params, slurm, "
+                "role, norm_from) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (run_pk, cell_id, str(res.get("group", cell_id)), res.get("repeat"), config,
                  str(res.get("status")), res.get("reason") or "", res.get("duration_s"),
                  res.get("started_at"), res.get("attempts"), self._stack_pk(conn, stack),
-                 metric, value, json.dumps(params, sort_keys=True, default=str)),
+                 metric, value, json.dumps(params, sort_keys=True, default=str),
+                 json.dumps(slurm, default=str) if slurm else None,
+                 str(res.get("role") or "config"), used),
             )
             cell_pk = cur.lastrowid
             assert cell_pk is not None  # an INSERT into a rowid table
             param_rows += [(cell_pk, k, _param_text(v)) for k, v in params.items()]
-            figure_rows += [(cell_pk, k, float(v)) for k, v in metrics.items()
-                            if isinstance(v, int | float) and not isinstance(v, bool)]
-            figure_rows += [(cell_pk, k, v) for k, v in derived_figures(params,
-                                                                         metrics).items()]
+            figure_rows += [(cell_pk, k, v) for k, v in figures[i].items()]
+            if norm:
+                figure_rows += [(cell_pk, k, v) for k, v in norm.figures.items()]
         conn.executemany("INSERT INTO params VALUES (?,?,?)", param_rows)
         conn.executemany("INSERT INTO figures VALUES (?,?,?)", figure_rows)
 
@@ -659,18 +751,18 @@ class Store:
             args += list(run_ids)
         sql = ("SELECT run_pk, matrix, run_id, path, backend, started_at, finished_at, "
                "git_revision, orchestrate_version, controller_host, repeats, planned, n_cells, "
-               "n_ok, status FROM runs")
+               "n_ok, status, slurm_jobs FROM runs")
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY started_at, run_id"
-        return [RunRecord(*row) for row in self.conn.execute(sql, args)]
+        return [_run_record(row) for row in self.conn.execute(sql, args)]
 
     def resolve(self, spec: str, matrix: str | None = None) -> RunRecord:
         """A run from ``RUN_ID`` (or a unique prefix of one), ``MATRIX:RUN_ID``,
         ``MATRIX:latest`` or ``MATRIX:latest~N`` (the N-th run before the newest)."""
         name, sep, rest = spec.rpartition(":")
         if sep:
-            matrix = name or matrix
+            matrix = check_name(name, "run") if name else matrix  # it names a folder
         else:
             rest = spec
         candidates = self.runs(matrix=matrix)
@@ -678,8 +770,9 @@ class Store:
             if not matrix:
                 raise ConfigError(f"{spec!r}: say which matrix, e.g. MATRIX:{rest}", field="run")
             back = rest.partition("~")[2]
-            if back and not back.isdigit():
-                raise ConfigError(f"{spec!r}: expected latest~N with N a number", field="run")
+            if back and not (back.isdigit() and len(back) <= 6):
+                raise ConfigError(f"{spec[:80]!r}: expected latest~N with N a number below "
+                                  "a million", field="run")
             n = int(back or 0)
             if n >= len(candidates):
                 raise ConfigError(f"{spec!r}: {matrix!r} has {len(candidates)} run(s) under "
@@ -697,34 +790,38 @@ class Store:
                               "or more of the id", field="run")
         return found[0]
 
-    def _stack(self, stack_pk: int | None) -> Stack | None:
+    def _stack(self, stack_pk: int | None) -> RecordedStack | None:
         if stack_pk is None:
             return None
         if stack_pk not in self._stacks:
             row = self.conn.execute(
-                f"SELECT {', '.join(Stack.names())} FROM stacks WHERE stack_pk = ?",
+                f"SELECT {', '.join(RecordedStack.names())} FROM stacks WHERE stack_pk = ?",
                 (stack_pk,)).fetchone()
-            self._stacks[stack_pk] = Stack(*row) if row else None
+            self._stacks[stack_pk] = RecordedStack(*row) if row else None
         return self._stacks[stack_pk]
 
     def cells(self, run_pks: Sequence[int], figures: bool = False, metric: str | None = None
               ) -> list[CellRecord]:
-        """The cells of the given runs (in run order, then cell id); ``figures``: with every
-        numeric metric; ``metric``: ``value`` is this figure instead of the headline."""
+        """The cells of the given runs (in run order, then cell id), controls included (their
+        ``role``); ``figures``: with every numeric metric; ``metric``: ``value`` is this figure
+        instead of the headline. ``norm`` is the same figure normalised (``norm.`` + its name;
+        None where the run had no control)."""
         if not run_pks:
             return []
         marks = ",".join("?" * len(run_pks))
+        columns = ("c.cell_pk, run_pk, cell_id, grp, repeat, config, status, reason, "
+                   "duration_s, started_at, attempts, stack_pk")
+        norm_join = ("LEFT JOIN figures n ON n.cell_pk = c.cell_pk AND n.name = "
+                     f"'{NORM_PREFIX}' || COALESCE(?, c.metric)")
         if metric:
-            sql = ("SELECT c.cell_pk, run_pk, cell_id, grp, repeat, config, status, reason, "
-                   "duration_s, started_at, attempts, stack_pk, ?, f.value, params FROM cells c "
+            sql = (f"SELECT {columns}, ?, f.value, params, slurm, role, n.value FROM cells c "
                    "LEFT JOIN figures f ON f.cell_pk = c.cell_pk AND f.name = ? "
-                   f"WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
-            args: list[Any] = [metric, metric, *run_pks]
+                   f"{norm_join} WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
+            args: list[Any] = [metric, metric, metric, *run_pks]
         else:
-            sql = ("SELECT cell_pk, run_pk, cell_id, grp, repeat, config, status, reason, "
-                   "duration_s, started_at, attempts, stack_pk, metric, value, params FROM cells "
-                   f"WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
-            args = list(run_pks)
+            sql = (f"SELECT {columns}, c.metric, c.value, params, slurm, role, n.value "
+                   f"FROM cells c {norm_join} WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
+            args = [None, *run_pks]
         rows = self.conn.execute(sql, args).fetchall()
         figs: dict[int, dict[str, float]] = {}
         if figures and rows:
@@ -735,9 +832,10 @@ class Store:
         return [
             CellRecord(pk, run_pk, cell_id, grp, repeat, config, status, reason or "",
                        duration, started, attempts, self._stack(stack_pk), metric, value,
-                       json.loads(params), figs.get(pk, {}))
+                       json.loads(params), figs.get(pk, {}), json.loads(slurm) if slurm else {},
+                       role, norm)
             for (pk, run_pk, cell_id, grp, repeat, config, status, reason, duration, started,
-                 attempts, stack_pk, metric, value, params) in rows
+                 attempts, stack_pk, metric, value, params, slurm, role, norm) in rows
         ]
 
     def expected_durations(self, matrix: str, last: int = 5) -> dict[str, float]:
@@ -747,9 +845,25 @@ class Store:
         runs = runs[-last:] if last > 0 else []
         durations: dict[str, list[float]] = {}
         for cell in self.cells([r.pk for r in runs]):
-            if cell.ok and cell.duration_s is not None:
+            if cell.ok and cell.duration_s is not None and not cell.is_control:
                 durations.setdefault(cell.config, []).append(cell.duration_s)
         return {config: statistics.median(v) for config, v in durations.items()}
+
+
+def _run_record(row: Sequence[Any]) -> RunRecord:
+    """A run from its row of ``runs`` (the columns of :meth:`Store.runs`, slurm_jobs last)."""
+    jobs = tuple(json.loads(row[-1])) if row[-1] else ()
+    return dataclasses.replace(RunRecord(*row[:-1]), slurm_jobs=jobs)
+
+
+def _figures(res: dict[str, Any]) -> dict[str, float]:
+    """Every numeric metric of a result and the figures derived from it."""
+    params = res.get("params") or {}
+    metrics = res.get("metrics") or {}
+    out = {k: float(v) for k, v in metrics.items()
+           if isinstance(v, int | float) and not isinstance(v, bool)}
+    out.update(derived_figures(params, metrics))
+    return out
 
 
 def _param_text(value: Any) -> str:
@@ -759,11 +873,11 @@ def _param_text(value: Any) -> str:
 # --- opening -----------------------------------------------------------------------------------
 
 
-def _connect(location: str, read_only_hint: bool = False) -> sqlite3.Connection:
-    conn = sqlite3.connect(location, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+def _connect(location: str, busy: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
+    conn = sqlite3.connect(location, timeout=busy, isolation_level=None,
                            check_same_thread=False)
     try:
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        conn.execute(f"PRAGMA busy_timeout = {int(busy * 1000)}")
         if location != ":memory:":
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
@@ -781,10 +895,16 @@ def _writable(folder: Path) -> bool:
 
 
 def open_store(results_root: Path, matrices: Sequence[str] | None = None,
-               refresh: bool = True) -> Store:
+               refresh: bool = True, busy_timeout_s: float | None = None) -> Store:
     """Open (creating if needed) the index of ``results_root`` and refresh it for ``matrices``
     (default: every matrix). Falls back to a cache file, then to memory, where the results
-    folder cannot be written."""
+    folder cannot be written.
+
+    An index that is damaged (truncated, not a database) or is not a file at all (a folder or
+    a FIFO in its place) is only a cache: it is set aside (``.damaged-<time>``) and built
+    again, never taken for a read-only folder. ``busy_timeout_s``: how long to wait for another
+    process writing the index (default :data:`BUSY_TIMEOUT_S`; a sweep that only wants its
+    expected durations waits less)."""
     root = Path(results_root)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"{root} is not a folder (give the results folder: --results, "
@@ -794,9 +914,12 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
         raise ConfigError(f"no results folder {root} (run a matrix first, or give the results "
                           "folder: --results, $ORCHESTRATE_RESULTS or `results` in the config "
                           "file)", field="--results")
+    for name in matrices or ():
+        check_name(name, "matrix")  # each names a folder under the root, never elsewhere
+    busy = BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
     candidates: list[tuple[str, str | None]] = []
     index = root / INDEX_NAME
-    if _writable(root) and (not index.exists() or os.access(index, os.W_OK)):
+    if _writable(root) and _usable_file(index):
         candidates.append((str(index), None))
     cache = _cache_index_path(root)
     candidates.append((str(cache), f"{root} is read-only: index kept in {cache}"))
@@ -804,39 +927,90 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
                        "written: index built in memory for this command"))
     errors = []
     for location, note in candidates:
-        try:
-            if location != ":memory:":
-                Path(location).parent.mkdir(parents=True, exist_ok=True)
-            store = _open_at(root, location, note)
-        except (OSError, sqlite3.DatabaseError) as exc:
-            errors.append(f"{location}: {exc}")
-            log.debug("index at %s not usable: %s", location, exc)
-            continue
-        try:
-            if refresh:
-                store.refresh(matrices)
-        except sqlite3.DatabaseError as exc:
-            store.close()
-            errors.append(f"{location}: {exc}")
-            continue
-        return store
+        for attempt in (1, 2):
+            try:
+                if location != ":memory:":
+                    Path(location).parent.mkdir(parents=True, exist_ok=True)
+                store = _open_at(root, location, note, busy)
+            except (OSError, sqlite3.DatabaseError) as exc:
+                _refuse_if_busy(location, exc, busy)
+                errors.append(f"{location}: {exc}")
+                log.debug("index at %s not usable: %s", location, exc)
+                break
+            try:
+                if refresh:
+                    store.refresh(matrices)
+            except sqlite3.DatabaseError as exc:
+                store.close()
+                _refuse_if_busy(location, exc, busy)
+                if attempt == 1 and _damaged(exc) and _set_aside(location, exc):
+                    continue  # a damaged index, found only when read: rebuilt
+                errors.append(f"{location}: {exc}")
+                break
+            return store
     raise OrchestratorError("no usable results index: " + "; ".join(errors))
 
 
-def _open_at(root: Path, location: str, note: str | None) -> Store:
+def _usable_file(index: Path) -> bool:
+    """Whether ``index`` can be the index file: missing (it is made), or a writable regular
+    file. Anything else in its place (a folder, a FIFO, a link) is set aside first."""
     try:
-        conn = _connect(location)
+        mode = index.lstat().st_mode
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if stat.S_ISREG(mode):
+        return os.access(index, os.W_OK)
+    return _set_aside(str(index), "not a regular file")
+
+
+def _refuse_if_busy(location: str, exc: BaseException, busy: float) -> None:
+    """An index another process keeps locked past the wait is that, not a read-only folder:
+    an OrchestratorError saying so (no index is built elsewhere for it)."""
+    if isinstance(exc, sqlite3.OperationalError) and any(
+            word in str(exc).lower() for word in ("locked", "busy")):
+        raise OrchestratorError(f"the results index {location} stayed locked by another "
+                                f"orchestrate for {busy:g} s (a long re-index?); try again "
+                                "when it has finished") from None
+
+
+def _damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether ``exc`` says the index file is damaged (not merely locked by another process)."""
+    text = str(exc).lower()
+    return not any(word in text for word in ("locked", "busy", "readonly", "read-only",
+                                             "unable to open"))
+
+
+def _set_aside(location: str, why: object) -> bool:
+    """Move a damaged index (and its WAL files) aside; whether it could be."""
+    if location == ":memory:":
+        return False
+    aside = f"{location}.damaged-{int(time.time())}"
+    try:
+        os.replace(location, aside)
+    except OSError as exc:
+        log.debug("index %s cannot be set aside: %s", location, exc)
+        return False
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            os.replace(location + suffix, aside + suffix)
+    log.warning("index %s was damaged (%s; moved to %s); rebuilding", location, why, aside)
+    return True
+
+
+def _open_at(root: Path, location: str, note: str | None, busy: float = BUSY_TIMEOUT_S
+             ) -> Store:
+    try:
+        conn = _connect(location, busy)
         store = Store(root, conn, location, note)
         store._ensure_schema()
         return store
     except sqlite3.DatabaseError as exc:
-        if location == ":memory:" or "not a database" not in str(exc):
+        if location == ":memory:" or not _damaged(exc) or not _set_aside(location, exc):
             raise
-    # a damaged index file: it is only a cache; set it aside and start again
-    aside = f"{location}.damaged-{int(time.time())}"
-    os.replace(location, aside)
-    log.warning("index %s was damaged (moved to %s); rebuilding", location, aside)
-    conn = _connect(location)
+    # a damaged index file: it is only a cache; it was set aside, start again
+    conn = _connect(location, busy)
     store = Store(root, conn, location, note)
     store._ensure_schema()
     return store

@@ -188,10 +188,14 @@ def stack_difference(row: GroupRow, ref: GroupRow) -> str:
 
 
 def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
-    """Group results by cell group (plan order) and compute medians, speedup, efficiency."""
+    """Group results by cell group (plan order) and compute medians, speedup, efficiency.
+    Control measurements (role ``control``) are no configuration: they make no row
+    (:func:`control_note` says what they measured)."""
     rows: dict[str, GroupRow] = {}
     ok_by_group: dict[str, list[CellResult]] = {}
     for res in results:
+        if res.role == "control":
+            continue
         row = rows.setdefault(res.group, GroupRow(res.group, dict(res.params)))
         row.runs += 1
         row.statuses[res.status.value] = row.statuses.get(res.status.value, 0) + 1
@@ -232,12 +236,14 @@ def _optional(row: GroupRow, ok: Sequence[CellResult]) -> None:
     row.throttled = sum(flags) if flags else None
 
 
-def _baselines(rows: Sequence[GroupRow], key: str, value: str
+def _baselines(rows: Sequence[GroupRow], key: str, value: str, also: Sequence[str] = ()
                ) -> list[tuple[GroupRow, GroupRow]]:
-    """(row, its baseline): the row with ``key = value`` and otherwise equal parameters, both
-    with a throughput."""
+    """(row, its baseline): the row with ``key = value`` and otherwise equal parameters (those
+    in ``also`` may differ too), both with a throughput."""
+    skip = {key, *also}
+
     def others(row: GroupRow) -> str:
-        return repr(sorted((k, v) for k, v in row.params.items() if k != key))
+        return repr(sorted((k, v) for k, v in row.params.items() if k not in skip))
 
     base = {others(r): r for r in rows if param_matches(r.params.get(key), value) and r.ips}
     return [(row, base[others(row)]) for row in rows
@@ -251,10 +257,11 @@ def _mark_cross_stack(row: GroupRow, ref: GroupRow, what: str) -> None:
 
 
 def _scaling(rows: list[GroupRow]) -> None:
-    """Speedup and efficiency vs the 1-GPU row with otherwise equal parameters."""
+    """Speedup and efficiency vs the 1-GPU row with otherwise equal parameters (its nodes
+    aside: a 16-GPU cell on two nodes is measured against one GPU, as DLPerf's 2n8g)."""
     if len({r.params.get("gpus") for r in rows}) < 2:
         return
-    for row, ref in _baselines(rows, "gpus", "1"):
+    for row, ref in _baselines(rows, "gpus", "1", also=("nodes",)):
         row.speedup = _ips_ratio(row, ref)
         row.efficiency = row.speedup / row.params["gpus"]
         _mark_cross_stack(row, ref, "speedup")
@@ -356,9 +363,11 @@ def table_cells(
 
 
 def render_table(
-    rows: Sequence[GroupRow], plan_varying: Sequence[str] = (), baseline: str | None = None
+    rows: Sequence[GroupRow], plan_varying: Sequence[str] = (), baseline: str | None = None,
+    results: Sequence[CellResult] = (),
 ) -> str:
-    """The human table (tabulate): one row per group; a footnote when a group throttled."""
+    """The human table (tabulate): one row per group; a footnote when a group throttled, and
+    one per control of the run (``results``: the run's results, controls included)."""
     if not rows:
         return "(no results)"
     headers, table = table_cells(rows, plan_varying, baseline)
@@ -366,7 +375,35 @@ def render_table(
     notes = [THROTTLE_NOTE] if any(r.throttled for r in rows) else []
     if "release" in headers and any(len(r.releases) > 1 for r in rows):
         notes.append(MIXED_NOTE)
+    notes += control_note(results)
     return "\n\n".join([text, *notes])
+
+
+def control_note(results: Sequence[CellResult]) -> list[str]:
+    """One line per control of a run: its measurements, median images/s and its drift over
+    the run (last / first measurement): the machine's own, which ``history`` and ``compare``
+    divide out."""
+    by_group: dict[str, list[CellResult]] = {}
+    for res in results:
+        if res.role == "control":
+            by_group.setdefault(res.group, []).append(res)
+    out = []
+    for group, measured in by_group.items():
+        measured.sort(key=lambda r: (r.started_at or 0.0, r.repeat))
+        ips = [float(v) for r in measured if r.status is Status.OK
+               for v in [r.metrics.get(throughput_key(r.params.get("mode", "train")))]
+               if isinstance(v, int | float)]
+        failed = sum(1 for r in measured if r.status is not Status.OK)
+        text = f"control {group}: {len(measured)} measurements"
+        if ips:
+            text += f", median {statistics.median(ips):,.1f} images/s"
+        if len(ips) >= 2:
+            text += f", first -> last {ips[-1] / ips[0] - 1:+.1%} (the machine's drift)"
+        if failed:
+            text += f", {failed} FAILED"
+        out.append(text + "; not a configuration: `orchestrate history` and `compare` judge "
+                   "each configuration's figure as a ratio to it")
+    return out
 
 
 #: The footnote of a row whose repeats ran different releases.
@@ -425,7 +462,8 @@ def summarize_run(
 ) -> tuple[list[GroupRow], str]:
     """The rows and the table of a run folder, as :func:`write_summary` makes them, writing
     nothing (a read-only archive can still be reported)."""
-    rows = summarize(paths.results() if results is None else results)
+    results = paths.results() if results is None else results
+    rows = summarize(results)
     plan = paths.plan_data() or {}  # a damaged plan.json only loses its column order
     varying = plan.get("varying")
     plan_varying = [k for k in varying if isinstance(k, str)] if isinstance(varying, list) else []
@@ -433,7 +471,7 @@ def summarize_run(
     base = parse_baseline(baseline)
     if base:
         add_ratios(rows, *base)
-    table = render_table(rows, plan_varying, baseline=baseline)
+    table = render_table(rows, plan_varying, baseline=baseline, results=results)
     return rows, table
 
 

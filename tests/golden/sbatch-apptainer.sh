@@ -6,11 +6,13 @@
 #SBATCH --ntasks=1
 #SBATCH --time=00:15:00
 #SBATCH --chdir=/results/appt/RUN/cells/node-g4-bs64-fp32-r1
+#SBATCH --no-requeue
 #SBATCH --gres=gpu:4
 #SBATCH --partition=gpu
 #SBATCH --cpus-per-gpu=8
 
-echo "# slurm job ${SLURM_JOB_ID:-?} on $(hostname) CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"
+job=${SLURM_JOB_ID:-?}; [ -z "${SLURM_ARRAY_JOB_ID:-}" ] || job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
+echo "# slurm job $job on $(hostname) CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"
 # passed by sbatch from the submitting environment, not written here: APPTAINERENV_HF_TOKEN
 export APPTAINERENV_ODD=a=b
 # the GPUs Slurm gave this job, passed into the container explicitly

@@ -6,6 +6,7 @@
 #SBATCH --ntasks=1
 #SBATCH --time=1-00:05:00
 #SBATCH --chdir="/src/my orchestrate"
+#SBATCH --no-requeue
 #SBATCH --gres=gpu:2
 #SBATCH --partition=gpu
 #SBATCH --account="bench lab"
@@ -16,7 +17,8 @@
 #SBATCH --comment="it's \"quoted\""
 #SBATCH --exclusive
 
-echo "# slurm job ${SLURM_JOB_ID:-?} on $(hostname) CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"
+job=${SLURM_JOB_ID:-?}; [ -z "${SLURM_ARRAY_JOB_ID:-}" ] || job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
+echo "# slurm job $job on $(hostname) CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"
 export PYTHONUNBUFFERED=1
 export NCCL_DEBUG=WARN
 export QUOTED='it'"'"'s $(not run) `x`'

@@ -1,8 +1,8 @@
 """A tiny program for the Apptainer-path tests: says what it sees from inside the "container".
 
 Writes ``probe-rank<RANK>.json`` (its environment's GPU, rank and marker variables, the SHA-256
-of the secret, its working directory, whether each ``--check`` path exists) into ``--out``,
-prints one line the tests' regex figures read (``probe images/s: 100.0``), then sleeps
+of the secret, its working directory and host, whether each ``--check`` path exists) into
+``--out``, prints one line the tests' regex figures read (``probe images/s: 100.0``), then sleeps
 ``--sleep`` seconds (timeout and cancel tests). Stdlib only.
 """
 
@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import time
 
 KEYS = ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "PUBLIC_VAR", "TRICKY_VAR",
@@ -32,6 +33,7 @@ def main() -> None:
         "secret_sha256": hashlib.sha256(os.environ.get(SECRET_KEY, "").encode()).hexdigest(),
         "env_names": sorted(os.environ),
         "cwd": os.getcwd(),
+        "host": socket.gethostname(),
         "exists": {p: os.path.exists(p) for p in args.check},
     }
     with open(os.path.join(args.out, f"probe-rank{rank}.json"), "w", encoding="utf-8") as fh:

@@ -1,42 +1,40 @@
 """Can this run? The semantic checks of a matrix, before anything is built or launched.
 
 :func:`~orchestrator.plan.matrix.load_matrix` checks a matrix file's structure and types and
-expands it
-into cells; this module asks of every cell whether it can run where it is planned, and of the
-matrix whether its comparisons hold. It is the one place for these rules: ``orchestrate
-validate``, ``plan`` and ``matrix`` (before a run folder exists) and
-:func:`orchestrator.sweep.run_sweep` call :func:`check_matrix` / :func:`refuse_unrunnable`.
+expands it into cells; this module asks of every cell whether it can run where it is planned,
+and of the matrix whether its comparisons hold. It only decides: the software a profile's cells
+run on is :mod:`orchestrator.plan.software`'s (:class:`~orchestrator.plan.software.PlannedStack`),
+what each runtime refuses is the runtime's (:mod:`orchestrator.runtimes`: ``check_profile``).
 
-The *stack* of a profile (:class:`Stack`) is the software its cells run on, as far as it is known
-without building anything. The backends that run images (docker, ssh) run the profile's image:
-the base image at the root of its template chain (``bitfusion`` -> ``ngc-pytorch`` -> its base)
-names an NGC PyTorch release (torch, torchvision and tools from ``data/ngc_releases.toml``;
-its ``base_tag`` names it, from nvcr.io or a mirror's ``base_repository``), a Habana PyTorch
-installer (its torch version), or something else (unknown). A cell's ``ngc_release`` replaces
-its profile's release (the cell's stack is that release's). A profile with ``release = "auto"``
-has its release chosen per host from the host's driver when the sweep runs: its cells are
-checked against every
-release a host may get (the offered NGC releases that support the profile's GPU, or the Intel
-Gaudi releases of ``data/habana_releases.toml``); what fails on every one of them is an error,
-what fails only on older ones a warning naming them. The backends that run this machine's Python
-(process, slurm) run this interpreter's torch, read from its package metadata (torch is never
-imported): a release there is not theirs to pick (``ngc_release`` is refused, ``release =
-"auto"`` noted as unused).
+It is the one place for these rules, with one decision (:func:`refuse_unrunnable`) that
+``orchestrate validate``, ``plan`` and ``matrix`` (``--dry-run`` too, before a run folder
+exists) take, and one entry point for the sweep (:func:`preflight`: that decision, the backend
+picked and available, what this machine lacks for the run), so what the run refuses, validate
+and ``--dry-run`` refuse too.
+
+A cell's stack: the backends that run images (docker, ssh; Apptainer on process, ssh and slurm)
+run the profile's image, whose root base names an NGC PyTorch release, a Habana installer, or
+something else (unknown); a cell's ``ngc_release`` replaces its profile's release. A profile
+with ``release = "auto"`` has its release chosen per host from the host's driver when the sweep
+runs: its cells are checked against every release a host may get; what fails on every one of
+them is an error, what fails only on older ones a warning naming them. The backends that run
+this machine's Python (process, slurm) run this interpreter's torch: a release there is not
+theirs to pick (``ngc_release`` is refused, ``release = "auto"`` noted as unused).
 
 Rules; an error names the file and the field where the value is set (``axes.arch[1]``,
 ``hardware.v100.image_vars.base_tag``), every problem at once:
 
 * image: docker/ssh need an image template that builds a Docker image (not a Singularity
   definition); an NGC release below the workload's floor is refused with the reason.
-* runtime: a profile with ``runtime = "apptainer"`` (or ``"singularity"``) runs its image (a
-  Singularity definition, a Dockerfile template converted, or a ready ``apptainer.sif``) on the
-  process, ssh and slurm backends, not on docker; CUDA or CPU profiles only (no Gaudi, no
-  Bitfusion wrapper, no multi-host cells on ssh), a release of its own (no ``release =
-  "auto"``); its bind paths are absolute and free of apptainer's separators ``,`` and ``:``; a
-  runtime binary missing from this machine's PATH is a note (the sweep refuses it where the
-  cells run, with bind sources that do not exist there:
-  :func:`orchestrator.images.sif.runtime_problems`). ``runtime = "docker"`` on the process or slurm
-  backend is refused.
+* runtime: each runtime's own checks (:mod:`orchestrator.runtimes`): a profile with ``runtime
+  = "apptainer"`` (or ``"singularity"``) runs its image (a Singularity definition, a Dockerfile
+  template converted, or a ready ``apptainer.sif``) on the process, ssh and slurm backends, not
+  on docker; CUDA or CPU profiles only (no Gaudi, no Bitfusion wrapper, no multi-host cells on
+  ssh), a release of its own (no ``release = "auto"``); its bind paths are absolute and free of
+  apptainer's separators ``,`` and ``:``; a runtime binary missing from this machine's PATH is a
+  note (the sweep refuses it where the cells run, with bind sources that do not exist there:
+  :func:`orchestrator.runtimes.apptainer.host_problems`). ``runtime = "docker"`` on the process
+  or slurm backend is refused.
 * arch: a model the workload builds on the stack's torchvision (else ``did you mean``);
   ``pretrained`` is refused for the workload's own DeepLearningExamples models (no weights).
 * compile: needs torch >= 2.0 on the stack and, on CUDA, a GPU Triton compiles for (7.0+); on
@@ -75,19 +73,15 @@ outside the release table, the host's profilers, the release an auto profile get
 from __future__ import annotations
 
 import difflib
-import functools
-import importlib.metadata
 import json
 import logging
-import os
-import re
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from orchestrator.backends import backend_for, pick_backend
 from orchestrator.catalog import gpus, releases, stacks, templates
 from orchestrator.config.matrix_file import (
     ORCHESTRATOR_PARAMS,
@@ -98,57 +92,21 @@ from orchestrator.config.matrix_file import (
     param_type,
     profile_window_problem,
 )
+from orchestrator.config.redact import missing_references
 from orchestrator.config.syntax import param_matches
-from orchestrator.errors import BuildError, ConfigError, Problem
-from orchestrator.plan import apptainer, profilers, selection
+from orchestrator.errors import ConfigError, Problem
+from orchestrator.plan import profilers, selection, software
 from orchestrator.plan.launch import hpu_mode
 from orchestrator.plan.matrix import Cell, Matrix
+from orchestrator.plan.software import NOT_CHECKED, PlannedStack
+from orchestrator.runtimes import DEFAULTS, apptainer, docker, none
+
+if TYPE_CHECKING:
+    from orchestrator.backends.base import Backend
 
 log = logging.getLogger(__name__)
 
-#: How each backend runs a cell: in a Docker image built from the profile's template ("image"),
-#: or with this machine's Python ("host": the process backend; slurm jobs run this checkout's
-#: Python on nodes that share the filesystem). A backend not listed is not checked (a note).
-BACKEND_RUNS: dict[str, str] = {
-    "process": "host", "slurm": "host", "docker": "image", "ssh": "image",
-}
-
-_NGC_BASE = re.compile(r"^nvcr\.io/nvidia/pytorch:(\d\d\.\d\d)-py3$")
-#: An NGC release tag, as base_tag names it (from nvcr.io or a mirror's base_repository).
-_NGC_TAG = re.compile(r"^(\d\d\.\d\d)-py3$")
-_HABANA_BASE = re.compile(
-    r"^vault\.habana\.ai/gaudi-docker/([^/]+)/([^/]+)/habanalabs/pytorch-installer-([^/:]+)"
-    r":[A-Za-z0-9_][A-Za-z0-9_.-]*$"
-)
 _TOOLS = {"nsys": "Nsight Systems (nsys)", "ncu": "Nsight Compute (ncu)", "nvprof": "nvprof"}
-
-
-@dataclass(frozen=True)
-class Stack:
-    """The software a profile's cells run on, as far as it is known before anything is built."""
-
-    #: For people: ``NGC PyTorch 23.10 (torch 2.1.0a0+32f93b1, torchvision 0.16, CUDA 12.2.2)``.
-    label: str
-    #: The base image at the root of the template chain; None for this machine's Python.
-    base: str | None = None
-    #: The NGC release of the base, where it is one.
-    release: str | None = None
-    torch: str | None = None
-    torchvision: str | None = None
-    #: The CUDA toolkit of the stack, where known (nvprof left CUDA 12 toolkits).
-    cuda: str | None = None
-    #: Profilers the stack ships; None where that is not known.
-    profilers: frozenset[str] | None = None
-    #: False where the stack could not be told (an unknown base image or backend).
-    known: bool = True
-    #: ``release = "auto"``: the stacks a host may get, oldest first (the stack itself is
-    #: decided per host when the sweep runs).
-    candidates: tuple[Stack, ...] = ()
-
-    @property
-    def identity(self) -> tuple[str | None, str | None]:
-        """What two profiles must share to be compared: the base image and the torch."""
-        return self.base, self.torch
 
 
 @dataclass
@@ -159,11 +117,11 @@ class Findings:
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     notes: list[Problem] = field(default_factory=list)
-    stacks: dict[str, Stack] = field(default_factory=dict)
+    stacks: dict[str, PlannedStack] = field(default_factory=dict)
     #: (hardware, ngc_release) -> the stack of cells that pin a release
-    release_stacks: dict[tuple[str, str], Stack] = field(default_factory=dict)
+    release_stacks: dict[tuple[str, str], PlannedStack] = field(default_factory=dict)
 
-    def stack_of(self, cell: Cell) -> Stack:
+    def stack_of(self, cell: Cell) -> PlannedStack:
         """The stack ``cell`` runs on: its pinned release's, else its profile's."""
         release = cell.params.ngc_release
         if release is not None and (cell.hardware, release) in self.release_stacks:
@@ -208,7 +166,7 @@ def check_matrix(
                                if c.params.ngc_release is not None}):
         found.release_stacks[(hw, release)] = _release_checks(
             found, file, places, hw, matrix.profiles[hw], release, backend)
-    configurations = _configurations(matrix.cells)
+    configurations = _configurations(matrix.checked_cells)
     for cell in configurations:
         stack = found.stack_of(cell)
         profile = matrix.profiles[cell.hardware]
@@ -218,6 +176,7 @@ def check_matrix(
         else:
             _CellCheck(found, file, places, cell.params, profile, stack, program).run()
     _program_checks(found, file, matrix, configurations)
+    _node_checks(found, file, places, configurations, backend)
     if comparisons and matrix.settings.baseline:
         _baseline_checks(found, file, matrix)
     return found
@@ -227,10 +186,51 @@ def refuse_unrunnable(
     matrix: Matrix, backend: str | None = None, *, comparisons: bool = True, strict: bool = False
 ) -> Findings:
     """:func:`check_matrix`, raising a :class:`ConfigError` with every error (``strict``: and
-    every warning) before anything is built or launched. Returns the findings otherwise."""
+    every warning) before anything is built or launched. Returns the findings otherwise.
+
+    The one decision ``validate``, ``plan``, ``matrix --dry-run`` and the sweep
+    (:func:`preflight`) all take."""
     found = check_matrix(matrix, backend, comparisons=comparisons)
     found.refuse(strict=strict)
     return found
+
+
+def preflight(matrix: Matrix, override: str | None = None) -> tuple[str, type[Backend]]:
+    """Everything a sweep refuses before its run folder exists, in this order (the first step
+    that fails raises): the matrix's own problems (:func:`refuse_unrunnable`; the baseline is
+    the caller's to check: a ``--only`` subset may leave out its rows); the backend
+    (``override``, else ``[matrix] backend``: a name of this build that can run here,
+    :func:`orchestrator.backends.pick_backend`); what this machine lacks for the run
+    (:func:`machine_problems`). Returns the backend's name and class."""
+    refuse_unrunnable(matrix, backend_for(matrix, override), comparisons=False)
+    name, cls = pick_backend(matrix, override)
+    problems = machine_problems(matrix, cls)
+    if problems:
+        raise ConfigError(problems)
+    return name, cls
+
+
+def machine_problems(matrix: Matrix, backend: type[Backend]) -> list[Problem]:
+    """What this machine lacks for a sweep of ``matrix``'s cells on ``backend``, every problem
+    at once: a ``$env:NAME`` value of the profiles and commands the cells use (their ``env``, a
+    command's ``workdir``) whose variable is not set here (it is read when each cell starts),
+    and what the backend's runtime needs where its cells run, as far as this machine tells
+    (:meth:`~orchestrator.backends.base.Backend.runtime_problems`)."""
+    refs = [(f"hardware.{hardware}.env", matrix.profiles[hardware].env)
+            for hardware in sorted({c.hardware for c in matrix.cells})]
+    for name in sorted({p.name for p in map(matrix.program, matrix.cells) if p.command}):
+        command = matrix.commands[name]
+        refs.append((f"commands.{name}.env", command.env))
+        if command.workdir is not None:
+            refs.append((f"commands.{name}", {"workdir": command.workdir}))
+    problems = [
+        Problem(str(matrix.path), f"{where}.{name}",
+                f"takes its value from ${source} of this environment (\"$env:{source}\"), "
+                f"which is not set: export {source} before the sweep")
+        for where, env in refs
+        for name, source in missing_references(env)
+    ]
+    return problems + backend.runtime_problems(matrix, matrix.checked_cells)
 
 
 # --- where a value is set ------------------------------------------------------------------------
@@ -286,39 +286,33 @@ def _did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str
 
 def _profile_checks(
     found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
-) -> Stack:
-    """Check a profile against the backend; return the stack its cells run on."""
+) -> PlannedStack:
+    """Check a profile against the backend and its runtime; return the stack its cells run on."""
     where = f"hardware.{hw}"
     _accelerator_checks(found, file, where, profile)
     if profile.device == "hpu" and "PT_HPU_LAZY_MODE" in profile.env:
         found.error(Problem(file, f"{where}.env.PT_HPU_LAZY_MODE", (
             "the Gaudi mode is a per-cell choice: set hpu_mode (eager, lazy or compile) and "
             "remove PT_HPU_LAZY_MODE here (orchestrate sets it in each cell's environment)")))
-    runs = BACKEND_RUNS.get(backend)
     if profile.apptainer_runtime:
         return _apptainer_stack(found, file, hw, profile, backend)
-    if profile.runtime == "docker" and runs == "host":
-        found.error(Problem(file, f"{where}.runtime", (
-            f"runtime 'docker' runs on the docker and ssh backends; the {backend} backend runs "
-            "this machine's Python, or an Apptainer image with runtime = \"apptainer\"")))
-    if runs is None:
-        found.note(Problem(file, where, (
-            f"the {backend} backend is not known to these checks: its image and stack are not "
-            "checked")))
-        return Stack(f"not checked ({backend} backend)", known=False)
-    if runs == "host":
-        if profile.image is not None:
-            found.note(Problem(file, f"{where}.image", (
-                f"not used: the {backend} backend runs this machine's Python and its torch, not "
-                f"the image {profile.image!r}")))
-        if profile.release is not None:
-            found.note(Problem(file, f"{where}.release", (
-                f"not used: the {backend} backend runs this machine's Python, whose torch no "
-                "release picks (release = 'auto' applies to the docker and ssh backends)")))
-        return host_stack()
+    refusal = docker.refused_on(backend) if profile.runtime == "docker" else None
+    if refusal:
+        found.error(Problem(file, f"{where}.runtime", refusal))
+    if backend not in DEFAULTS:
+        found.note(_unknown_backend(file, where, backend))
+        return PlannedStack(f"not checked ({backend} backend)", known=False)
+    if DEFAULTS[backend] == "none":  # this machine's Python, no container
+        none.check_profile(found, file, hw, profile, backend)
+        return software.host_stack()
     if profile.release == selection.AUTO:
         return _auto_stack(found, file, hw, profile)
     return _image_stack(found, file, hw, profile, backend)
+
+
+def _unknown_backend(file: str, where: str, backend: str) -> Problem:
+    return Problem(file, where, (f"the {backend} backend is not known to these checks: its "
+                                 "image and stack are not checked"))
 
 
 def _accelerator_checks(
@@ -337,173 +331,95 @@ def _accelerator_checks(
             f"checked{spelled}{hint}")))
 
 
-@functools.cache
-def host_stack() -> Stack:
-    """This interpreter's torch and torchvision (the process and slurm backends run it), read
-    from the package metadata without importing torch."""
-    versions: dict[str, str | None] = {}
-    for name in ("torch", "torchvision"):
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    torch, vision = versions["torch"], versions["torchvision"]
-    if torch is None:
-        return Stack("this machine's Python (no torch installed)", known=False)
-    return Stack(f"this machine's Python (torch {torch}, torchvision {vision})",
-                 torch=torch, torchvision=vision)
-
-
 def _image_stack(
     found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
-) -> Stack:
-    where = f"hardware.{hw}"
-    unknown = Stack("not checked", known=False)
-    if profile.image is None:
-        found.error(Problem(file, f"{where}.image", (
-            f"the {backend} backend runs each cell in a container: give an image template "
-            f"({', '.join(templates.template_names())})")))
-        return unknown
-    try:
-        template = templates.load_template(profile.image)
-    except ConfigError:  # load_matrix reported it
-        return unknown
-    if template.kind != "dockerfile":
-        docker = [n for n in templates.template_names()
-                  if templates.load_template(n).kind == "dockerfile"]
-        found.error(Problem(file, f"{where}.image", (
-            f"{profile.image!r} is a {template.kind} definition, which the {backend} backend "
-            f"cannot run (it runs Docker images): pick a Dockerfile template "
-            f"({', '.join(docker)})"
-            + ("" if backend == "docker" else ", or set runtime = \"apptainer\" to run it "
-               "with Apptainer"))))
-        return unknown
-    return _template_stack(found, file, where, profile, template)
-
-
-def _template_stack(found: Findings, file: str, where: str, profile: HardwareProfile,
-                    template: templates.Template) -> Stack:
-    """The stack an image template builds on: its chain's root base, classified."""
-    try:
-        root, resolved = _chain_root(template, profile.image_vars)
-        base = root.base_ref(resolved)
-    except (ConfigError, BuildError) as exc:
-        found.note(Problem(file, f"{where}.image_vars", f"base image not resolved ({exc}): "
-                           "its stack is not checked"))
-        return Stack("not checked", known=False)
-    tagged = _ngc_tag(root, resolved)
-    if tagged is not None:  # nvcr.io's or a mirror's (base_repository) release
-        return _ngc_stack(found, file, where, profile, base, tagged)
-    return _classify_base(found, file, where, profile, base)
+) -> PlannedStack:
+    """The stack of a profile whose cells run in its Docker image (the Docker runtime's checks
+    first: :func:`orchestrator.runtimes.docker.check_profile`)."""
+    if not docker.check_profile(found, file, hw, profile, backend):
+        return NOT_CHECKED
+    assert profile.image is not None  # the check says so
+    return _template_stack(found, file, f"hardware.{hw}", profile,
+                           templates.load_template(profile.image))
 
 
 def _apptainer_stack(
     found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
-) -> Stack:
-    """A profile whose cells run under Apptainer: where it can run, its binds, its image."""
+) -> PlannedStack:
+    """A profile whose cells run under Apptainer: where it can run and its own checks
+    (:func:`orchestrator.runtimes.apptainer.check_profile`), then its image's stack."""
     where = f"hardware.{hw}"
-    unknown = Stack("not checked", known=False)
-    runtime = profile.runtime
-    if backend == "docker":
-        found.error(Problem(file, f"{where}.runtime", (
-            f"runtime {runtime!r} runs `{runtime} exec` on the process, ssh and slurm backends; "
-            "the docker backend runs Docker containers (pick another backend, or remove "
-            "runtime)")))
-        return unknown
-    if backend not in BACKEND_RUNS:
-        found.note(Problem(file, where, (
-            f"the {backend} backend is not known to these checks: its image and stack are not "
-            "checked")))
-        return unknown
-    if profile.device == "hpu":
-        found.error(Problem(file, f"{where}.runtime", (
-            f"runtime {runtime!r} runs CUDA (--nv) and CPU profiles; Gaudi (device hpu) runs in "
-            "Docker with the habana runtime")))
-    if profile.wrapper != "none":
-        found.error(Problem(file, f"{where}.wrapper", (
-            f"wrapper {profile.wrapper!r} is not available under runtime {runtime!r}: the "
-            "Bitfusion client runs in a Docker image of its own (runtime docker)")))
-    if profile.multi_node and backend == "ssh":
-        found.error(Problem(file, f"{where}.multi_node", (
-            f"cells spanning several hosts are not run under runtime {runtime!r} (one host per "
-            "cell): set multi_node = false")))
-    for table, mounts in (("container.mounts", profile.container.mounts),
-                          ("apptainer.binds", profile.apptainer.binds)):
-        for i, mount in enumerate(mounts):
-            for side in ("source", "target"):
-                value = getattr(mount, side)
-                if side == "source" and value.startswith("~/"):
-                    continue  # expanded where the cell runs
-                problem = apptainer.bind_problem(value)
-                if problem:
-                    found.error(Problem(file, f"{where}.{table}[{i}].{side}", problem))
-    binary = apptainer.binary_of(profile)
-    if backend in ("process", "slurm") and shutil.which(binary) is None and not (
-            binary.startswith("/") and os.access(binary, os.X_OK)):
-        found.note(Problem(file, f"{where}.apptainer.binary", (
-            f"{binary!r} is not on this machine's PATH: a sweep here refuses to start until it "
-            "is (install Apptainer or SingularityCE, or name the program's path)")))
-    if profile.image is None:
-        if profile.apptainer.sif is None:
-            found.error(Problem(file, f"{where}.image", (
-                f"runtime {runtime!r} runs an image: name a template (singularity, or a "
-                "Dockerfile template to convert) or a ready .sif in apptainer.sif")))
-        else:
-            found.note(Problem(file, f"{where}.apptainer.sif", (
-                f"a ready image ({profile.apptainer.sif}): its torch, models and profilers are "
-                "not checked (name the template it was built from in image to have them "
-                "checked)")))
-        return unknown
-    if profile.release == selection.AUTO:
-        found.error(Problem(file, f"{where}.release", (
-            f"release = 'auto' (a release per host's driver) is not offered under runtime "
-            f"{runtime!r}: pin the release in image_vars (base_tag), or make it an axis "
-            "(ngc_release)")))
-        return unknown
+    refusal = apptainer.refused_on(backend, profile)
+    if refusal:
+        found.error(Problem(file, f"{where}.runtime", refusal))
+        return NOT_CHECKED
+    if backend not in DEFAULTS:
+        found.note(_unknown_backend(file, where, backend))
+        return NOT_CHECKED
+    apptainer.check_profile(found, file, hw, profile, backend)
+    if profile.image is None or profile.release == selection.AUTO:
+        return NOT_CHECKED
     try:
         template = templates.load_template(profile.image)
     except ConfigError:  # load_matrix reported it
-        return unknown
+        return NOT_CHECKED
     return _template_stack(found, file, where, profile, template)
 
 
-def _chain_root(template: templates.Template, values: dict[str, Any]
-                ) -> tuple[templates.Template, dict[str, Any]]:
-    """The template at the root of ``template``'s chain and its resolved values (a template
-    whose parent image is left to the build is built FROM its parent's image)."""
-    resolved = template.resolve(values)
-    while template.parent and not resolved.get(template.parent.variable):
-        forwarded = {k: resolved[k] for k in template.parent.forward}
-        template = templates.load_template(template.parent.template)
-        resolved = template.resolve(forwarded)
-    return template, resolved
+def _template_stack(found: Findings, file: str, where: str, profile: HardwareProfile,
+                    template: templates.Template) -> PlannedStack:
+    """The stack an image template builds on (:func:`orchestrator.plan.software.template_stack`)
+    and what it says of the profile: a base that cannot be told, a release below the floor."""
+    stack = software.template_stack(profile, template)
+    if stack.unknown_why == software.UNRESOLVED:
+        found.note(Problem(file, f"{where}.image_vars", f"base image not resolved "
+                           f"({stack.detail}): its stack is not checked"))
+    elif stack.unknown_why == software.UNKNOWN_BASE:
+        found.note(Problem(file, f"{where}.image_vars", (
+            f"base image {stack.base!r} is not an NGC PyTorch or Habana release these checks "
+            "know: its torch, models and profilers are not checked")))
+    else:
+        fld = (f"{where}.image_vars.base_tag" if "base_tag" in profile.image_vars
+               else f"{where}.image")
+        _release_findings(found, file, [fld], stack)
+    return stack
 
 
-def _ngc_tag(root: templates.Template, resolved: dict[str, Any]) -> str | None:
-    """The NGC release a root template's ``base_tag`` names, where no ``base_image`` replaces
-    it (the repository may be a lab mirror); None otherwise."""
-    if selection.family(root) != "ngc" or resolved.get("base_image"):
-        return None
-    match = _NGC_TAG.match(str(resolved.get("base_tag", "")))
-    return match[1] if match else None
+def _release_findings(found: Findings, file: str, fields: list[str], stack: PlannedStack
+                      ) -> None:
+    """What an NGC release stack says at ``fields``: a release below the workload's floor or
+    one the table refuses is an error, one the table does not have a note."""
+    if stack.unknown_why == software.UNLISTED:
+        name = stack.detail
+        oldest = releases.load_releases()[0].name
+        floor = releases.floor()["release"]
+        for at in fields:
+            if software.release_key(name) < software.release_key(oldest):
+                found.error(Problem(file, at, (
+                    f"{stack.base}: NGC PyTorch {name} is older than the workload's floor (torch "
+                    f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")))
+            else:
+                found.note(Problem(file, at, (
+                    f"{stack.base}: NGC PyTorch {name} is not in "
+                    "orchestrator/data/ngc_releases.toml: its torch, models and profilers are "
+                    "not checked")))
+        return
+    release = releases.find_release(stack.release) if stack.release else None
+    if release is not None and release.refused:
+        for at in fields:
+            found.error(Problem(file, at, (
+                f"NGC PyTorch {release.name} ({stack.base}) is not offered: {release.refused}")))
 
 
-def root_base_image(template: templates.Template, values: dict[str, Any]) -> str:
-    """The base image at the root of ``template``'s chain for the profile's ``values``: a
-    template whose parent image is left to the build (``bitfusion``) is built FROM its parent's
-    image, which is built FROM the parent's base."""
-    root, resolved = _chain_root(template, values)
-    return root.base_ref(resolved)
-
-
-def _auto_stack(found: Findings, file: str, hw: str, profile: HardwareProfile) -> Stack:
-    """The stacks a host may get for a profile whose release is chosen per host."""
+def _auto_stack(found: Findings, file: str, hw: str, profile: HardwareProfile) -> PlannedStack:
+    """The stacks a host may get for a profile whose release is chosen per host
+    (:func:`orchestrator.plan.software.auto_stack`), and whether its template lets it choose."""
     where = f"hardware.{hw}"
     assert profile.image is not None  # the profile model requires an image with release = auto
     try:
         template = templates.load_template(profile.image)
     except ConfigError:  # load_matrix reported it
-        return Stack("not checked", known=False)
+        return NOT_CHECKED
     kind = selection.family(template)
     fixed = selection.fixed_base(template, profile.image_vars)
     if kind is None:
@@ -511,41 +427,23 @@ def _auto_stack(found: Findings, file: str, hw: str, profile: HardwareProfile) -
             f"release = 'auto' picks a release of the base image, but the template "
             f"{profile.image!r} names none (it has neither base_tag nor synapse_version/"
             "torch_version)")))
-        return Stack("not checked", known=False)
+        return NOT_CHECKED
     if fixed:
         found.error(Problem(file, f"{where}.image_vars.{fixed[0]}", (
             f"{fixed[0]} fixes the base image, which release = 'auto' chooses per host from its "
             "driver: remove one of them")))
-    if kind == "habana":
-        candidates = tuple(
-            Stack(f"Intel Gaudi {r.name} (torch {r.torch})", torch=r.torch,
-                  profilers=frozenset(), release=r.name)
-            for r in releases.load_habana_releases())
-    else:
-        cc = _capability(profile)
-        shown = f"{cc[0]}.{cc[1]}" if cc else None
-        candidates = tuple(_release_stack(r, r.base_tag) for r in releases.load_releases()
-                           if r.offered and r.runs_on(shown))
+    stack = software.auto_stack(profile, kind)
+    candidates = stack.candidates
     span = f"{candidates[0].release}..{candidates[-1].release}" if candidates else "none"
-    label = selection.FAMILY_LABEL[kind]
     found.note(Problem(file, f"{where}.release", (
-        f"release = 'auto': each host gets the {label} release its driver runs when the sweep "
-        f"reaches it ({span} possible); the cells are checked against each of them")))
-    return Stack(f"{label} chosen per host from its driver (release = 'auto')", known=False,
-                 candidates=candidates)
-
-
-def _release_stack(release: releases.Release, base: str) -> Stack:
-    return Stack(
-        f"NGC PyTorch {release.name} (torch {release.torch}, torchvision {release.torchvision},"
-        f" CUDA {release.cuda})",
-        base=base, release=release.name, torch=release.torch, torchvision=release.torchvision,
-        cuda=release.cuda, profilers=releases.container_profilers(),
-    )
+        f"release = 'auto': each host gets the {selection.FAMILY_LABEL[kind]} release its driver "
+        f"runs when the sweep reaches it ({span} possible); the cells are checked against each "
+        "of them")))
+    return stack
 
 
 def _check_candidates(found: Findings, file: str, places: _Places, cell: Cell,
-                      profile: HardwareProfile, stack: Stack, program: Program) -> None:
+                      profile: HardwareProfile, stack: PlannedStack, program: Program) -> None:
     """A cell of an auto profile against every stack a host may get: what fails on the newest
     is an error; what fails only on older ones, a warning naming them."""
     results = []
@@ -559,7 +457,7 @@ def _check_candidates(found: Findings, file: str, places: _Places, cell: Cell,
     for problem in [*last.warnings, *(n for _, s in results for n in s.notes)]:
         (found.warning if problem in last.warnings else found.note)(problem)
     failing = {p.field for p in last.errors}
-    worst: dict[str, tuple[Stack, Problem]] = {}
+    worst: dict[str, tuple[PlannedStack, Problem]] = {}
     for candidate, sub in results[:-1]:
         for problem in sub.errors:
             if problem.field not in failing:
@@ -571,21 +469,19 @@ def _check_candidates(found: Findings, file: str, places: _Places, cell: Cell,
 
 
 def _release_checks(found: Findings, file: str, places: _Places, hw: str,
-                    profile: HardwareProfile, release: str, backend: str) -> Stack:
+                    profile: HardwareProfile, release: str, backend: str) -> PlannedStack:
     """The stack of cells of ``hw`` that pin ``ngc_release = release``, and whether they can."""
-    unknown = Stack(f"NGC PyTorch {release} (not checked)", known=False)
+    unknown = PlannedStack(f"NGC PyTorch {release} (not checked)", known=False)
 
-    def error(message: str) -> Stack:
+    def error(message: str) -> PlannedStack:
         for where in places.of("ngc_release", release):
             found.error(Problem(file, where, message))
         return unknown
 
-    runs = BACKEND_RUNS.get(backend)
-    if runs == "host" and not profile.apptainer_runtime:
-        return error(f"ngc_release picks the NGC image of hardware {hw!r}'s cells; the {backend} "
-                     "backend runs this machine's Python instead: remove it, or run with "
-                     "--backend docker or ssh")
-    if runs is None or profile.image is None:
+    runtime = DEFAULTS.get(backend)
+    if runtime == "none" and not profile.apptainer_runtime:
+        return error(none.release_refusal(hw, backend))
+    if runtime is None or profile.image is None:
         return unknown  # the profile's own checks said so
     try:
         template = templates.load_template(profile.image)
@@ -603,82 +499,11 @@ def _release_checks(found: Findings, file: str, places: _Places, hw: str,
             f"{fixed[0]} fixes the base image, which the cells' ngc_release = {release} is to "
             "pick: remove it (a lab mirror: set base_repository)")))
         return unknown
-    try:
-        base = root_base_image(template, {**profile.image_vars, "base_tag": f"{release}-py3"})
-    except (ConfigError, BuildError):
+    stack = software.pinned_stack(profile, template, release)
+    if stack.unknown_why == software.UNRESOLVED:
         return unknown
-    fields = places.of("ngc_release", release)
-    return _ngc_stack(found, file, f"hardware.{hw}", profile, base, release, fields)
-
-
-def _classify_base(
-    found: Findings, file: str, where: str, profile: HardwareProfile, base: str
-) -> Stack:
-    ngc = _NGC_BASE.match(base)
-    if ngc:
-        return _ngc_stack(found, file, where, profile, base, ngc[1])
-    habana = _HABANA_BASE.match(base)
-    if habana:
-        torch = habana[3] if _parses(habana[3]) else None
-        return Stack(f"Habana PyTorch installer {habana[1]} (torch {habana[3]}, {habana[2]})",
-                     base=base, torch=torch, profilers=frozenset())
-    found.note(Problem(file, f"{where}.image_vars", (
-        f"base image {base!r} is not an NGC PyTorch or Habana release these checks know: its "
-        "torch, models and profilers are not checked")))
-    return Stack(f"{base} (not checked)", base=base, known=False)
-
-
-def _ngc_stack(
-    found: Findings, file: str, where: str, profile: HardwareProfile, base: str, name: str,
-    fields: list[str] | None = None,
-) -> Stack:
-    fld = f"{where}.image_vars.base_tag" if "base_tag" in profile.image_vars else f"{where}.image"
-    release = releases.find_release(name)
-    if release is None:
-        oldest = releases.load_releases()[0].name
-        floor = releases.floor()["release"]
-        for at in fields or [fld]:
-            if _release_key(name) < _release_key(oldest):
-                found.error(Problem(file, at, (
-                    f"{base}: NGC PyTorch {name} is older than the workload's floor (torch "
-                    f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")))
-            else:
-                found.note(Problem(file, at, (
-                    f"{base}: NGC PyTorch {name} is not in orchestrator/data/ngc_releases.toml: "
-                    "its torch, models and profilers are not checked")))
-        return Stack(f"{base} (not in the release table)", base=base, known=False)
-    if release.refused:
-        for at in fields or [fld]:
-            found.error(Problem(file, at, (
-                f"NGC PyTorch {release.name} ({base}) is not offered: {release.refused}")))
-    return _release_stack(release, base)
-
-
-def _release_key(name: str) -> tuple[int, int]:
-    year, month = name.split(".")
-    return int(year), int(month)
-
-
-def _parses(version: str) -> bool:
-    try:
-        stacks.parse_version(version)
-    except ValueError:
-        return False
-    return True
-
-
-# --- cells -------------------------------------------------------------------------------------
-
-
-def _capability(profile: HardwareProfile) -> tuple[int, int] | None:
-    """The profile's CUDA compute capability, where it says or its ``gpu`` tells."""
-    text = profile.compute_capability
-    if text is None and profile.gpu is not None and profile.device == "cuda":
-        text = gpus.compute_capability(profile.gpu)
-    if text is None:
-        return None
-    major, minor = text.split(".")
-    return int(major), int(minor)
+    _release_findings(found, file, places.of("ngc_release", release), stack)
+    return stack
 
 
 @dataclass
@@ -690,7 +515,7 @@ class _CellCheck:
     places: _Places
     params: CellParams
     profile: HardwareProfile
-    stack: Stack
+    stack: PlannedStack
     program: Program = Program("workload")
 
     @property
@@ -699,7 +524,7 @@ class _CellCheck:
 
     @property
     def gpu(self) -> str:
-        cc = _capability(self.profile)
+        cc = software.capability(self.profile)
         shown = f"compute capability {cc[0]}.{cc[1]}" if cc else "compute capability unknown"
         return f"{self.profile.gpu}, {shown}" if self.profile.gpu else shown
 
@@ -735,7 +560,7 @@ class _CellCheck:
         """Whether the stack's torchvision is one the model table covers (below the floor the
         release itself is refused; nothing is recorded there)."""
         version = self.stack.torchvision
-        if not version or not _parses(version):
+        if not version or not software.parses(version):
             return False
         return stacks.series(version) >= stacks.series(stacks.model_range()[0])
 
@@ -769,7 +594,7 @@ class _CellCheck:
                 "(eager mode with the hpu_backend): set compile = \"none\" and hpu_mode"))
             return
         missing = self._torch_lacks("compile")
-        cc = _capability(self.profile)
+        cc = software.capability(self.profile)
         if missing:
             self.error("compile", f"compile = {mode!r} on hardware {self.hw!r}: {missing} "
                                   f"({self.stack.label})")
@@ -789,7 +614,7 @@ class _CellCheck:
                 f"amp is fp16 autocast with a GradScaler, for CUDA GPUs; on the CPU (hardware "
                 f"{self.hw!r}) use bf16 or fp32"))
         elif precision == "bf16" and device == "cuda":
-            cc = _capability(self.profile)
+            cc = software.capability(self.profile)
             if cc is None:
                 self.note("bf16 not checked: the profile does not say which GPU it is (set gpu "
                           "= \"A100\" or compute_capability = \"8.0\")")
@@ -842,7 +667,7 @@ class _CellCheck:
                 f"{_TOOLS[tool]} profiles CUDA GPUs; hardware {self.hw!r} is device "
                 f"{self.profile.device!r}: use profiler = \"torch\""))
             return
-        cc = _capability(self.profile)
+        cc = software.capability(self.profile)
         unsupported = profilers.tool_problem(tool, cc, self.stack.cuda)
         if unsupported:  # nvprof on Ampere and later, or on a CUDA 12 stack
             self.error("profiler", f"hardware {self.hw!r} ({self.stack.label}): {unsupported}")
@@ -918,6 +743,23 @@ def _program_checks(found: Findings, file: str, matrix: Matrix, configs: list[Ce
                 f"{key} varies among the cells of program {name!r}, but its command never "
                 f"uses it ({{{key}}} or a placeholder mapping it): those cells run the same "
                 "command")))
+
+
+#: Backends that run one cell on several nodes of a scheduler's choosing (``nodes > 1``).
+MULTI_NODE_BACKENDS = ("slurm",)
+
+
+def _node_checks(found: Findings, file: str, places: _Places, configs: list[Cell],
+                 backend: str) -> None:
+    """``nodes > 1`` only where a backend runs a cell over several nodes."""
+    if backend in MULTI_NODE_BACKENDS or backend not in DEFAULTS:
+        return
+    for nodes in sorted({c.params.nodes for c in configs if c.params.nodes > 1}):
+        for where in places.of("nodes", nodes):
+            found.error(Problem(file, where, (
+                f"nodes = {nodes}: the {backend} backend runs a cell on one machine; a cell "
+                "spans several nodes on the slurm backend (the ssh backend spans hosts with "
+                "[hardware.NAME] multi_node = true and more GPUs than one host has)")))
 
 
 # --- the matrix: its baseline ------------------------------------------------------------------

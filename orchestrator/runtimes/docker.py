@@ -1,0 +1,170 @@
+"""The Docker runtime: a cell's program in a Docker container, on this machine's engine or a lab
+host's (the docker and ssh backends).
+
+**How the argv is wrapped**: it is not; the container is. :func:`container_spec` is a cell's
+:class:`~orchestrator.plan.launch.LaunchSpec` in a container: its program's argv
+(:func:`~orchestrator.plan.launch.cell_command`: our workload, or a command template) with the
+image's Python, its output at :data:`CONTAINER_OUT`, the command's working directory (else the
+image's), the profile's container options, the cell's labels; a multi-node cell's node on the
+host network. GPUs come from a device request, not the environment. :func:`container_kwargs` is
+what a lab types by hand (``docker run --gpus '"device=0,1"' --ipc=host --shm-size=16g --ulimit
+memlock=-1 -v /data/imagenet:/imagenet ...``) as the arguments of ``client.containers.run``: a
+pure function of the spec, checked by tests as built.
+
+**What it needs from the host**: a Docker engine (the backend's client: local, or over SSH) and
+the image of each profile on it, built from the profile's Dockerfile template
+(:func:`orchestrator.images.prepare.prepare_images`, before the first cell).
+
+**What it checks before the run** (:func:`check_profile`): a profile names an image template,
+and one that builds a Docker image (not a Singularity definition); ``runtime = "docker"`` on a
+backend that runs no container is refused (:func:`refused_on`).
+
+Nothing here connects to anything: the engine client is the backend's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.catalog import templates
+from orchestrator.config.matrix_file import HardwareProfile, Program
+from orchestrator.config.redact import resolve_env
+from orchestrator.errors import ConfigError, Problem
+from orchestrator.plan.launch import LaunchSpec, NodeRole, cell_command
+from orchestrator.plan.matrix import Cell
+from orchestrator.runtimes import DEFAULTS, Report
+
+#: The backends that run cells in Docker containers.
+BACKENDS = ("docker", "ssh")
+
+#: Where the cell's folder is mounted in the container (the workload's --output-dir).
+CONTAINER_OUT = "/orchestrate/out"
+#: The interpreter in NGC / Habana images (and the test base image).
+CONTAINER_PYTHON = "python3"
+
+
+def container_spec(
+    cell: Cell,
+    profile: HardwareProfile,
+    program: Program,
+    *,
+    image: str | None,
+    output_dir: str,
+    labels: dict[str, str],
+    attempt: int = 1,
+    host: str | None = None,
+    gpu_ids: tuple[int, ...] = (),
+    node: NodeRole | None = None,
+) -> LaunchSpec:
+    """The launch spec of ``cell`` in a container on ``host`` (None: the local engine).
+
+    ``output_dir`` is the folder (on the engine's machine) mounted at :data:`CONTAINER_OUT`.
+    ``node``: one node of a multi-node cell; its container uses the host network, where the
+    rendezvous and the collectives between hosts go.
+    """
+    container = profile.container
+    if node is not None:
+        container = container.model_copy(update={"network": "host"})
+    command = cell_command(cell, profile, program, python=CONTAINER_PYTHON,
+                           output_dir=CONTAINER_OUT, node=node)  # GPUs: the device request
+    return LaunchSpec(
+        cell_id=cell.id,
+        argv=tuple(command.argv),
+        env=command.env,
+        device=profile.device,
+        gpu_ids=gpu_ids,
+        image=image,
+        container=container,
+        workdir=command.workdir,
+        output_dir=output_dir,
+        host=host,
+        labels=labels,
+        attempt=attempt,
+        program=command.program,
+    )
+
+
+def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
+    """Arguments of ``client.containers.run`` for a launch spec (pure; tested as built)."""
+    from docker.types import DeviceRequest, Mount, Ulimit
+    from docker.utils import parse_bytes
+
+    opts = spec.container
+    assert opts is not None and spec.image is not None
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        "command": list(spec.argv),
+        "environment": resolve_env(spec.env),  # secrets too: visible to `docker inspect`
+        "labels": dict(spec.labels),
+        "detach": True,
+        "ipc_mode": opts.ipc,
+        "shm_size": parse_bytes(opts.shm_size),
+        "ulimits": [Ulimit(name=k, soft=v, hard=v) for k, v in opts.ulimits.items()],
+        "privileged": opts.privileged,
+        "mounts": [
+            Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+            for m in opts.mounts
+        ],
+    }
+    if spec.output_dir:
+        kwargs["mounts"].append(
+            Mount(target=CONTAINER_OUT, source=spec.output_dir, type="bind", read_only=False)
+        )
+    if spec.device == "cuda" and spec.gpu_ids:
+        kwargs["device_requests"] = [
+            DeviceRequest(driver="nvidia", device_ids=[str(i) for i in spec.gpu_ids],
+                          capabilities=[["gpu"]])
+        ]
+    if spec.device == "hpu" and spec.gpu_ids:
+        kwargs["environment"]["HABANA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpu_ids))
+    if opts.devices:
+        kwargs["devices"] = [f"{d}:{d}:rwm" for d in opts.devices]
+    if opts.cap_add:
+        kwargs["cap_add"] = list(opts.cap_add)
+    if opts.mem_limit:
+        kwargs["mem_limit"] = opts.mem_limit
+        kwargs["memswap_limit"] = opts.mem_limit  # no swap: an over-limit cell is OOM-killed
+    if opts.network:
+        kwargs["network_mode"] = opts.network
+    if opts.runtime:
+        kwargs["runtime"] = opts.runtime
+    if spec.workdir:
+        kwargs["working_dir"] = spec.workdir
+    return kwargs
+
+
+def refused_on(backend: str) -> str | None:
+    """Why ``runtime = "docker"`` cannot run on ``backend`` (one that runs this machine's
+    Python); None where it can, or the backend is not known here."""
+    if backend not in DEFAULTS or backend in BACKENDS:
+        return None
+    return (f"runtime 'docker' runs on the docker and ssh backends; the {backend} backend runs "
+            "this machine's Python, or an Apptainer image with runtime = \"apptainer\"")
+
+
+def check_profile(report: Report, file: str, hw: str, profile: HardwareProfile,
+                  backend: str) -> bool:
+    """Whether the profile's image template builds a Docker image: an error naming the field
+    where it does not (no template, a Singularity definition); False then. A template that
+    does not load was reported by the matrix's own validation: False, nothing said."""
+    where = f"hardware.{hw}"
+    if profile.image is None:
+        report.error(Problem(file, f"{where}.image", (
+            f"the {backend} backend runs each cell in a container: give an image template "
+            f"({', '.join(templates.template_names())})")))
+        return False
+    try:
+        template = templates.load_template(profile.image)
+    except ConfigError:  # load_matrix reported it
+        return False
+    if template.kind != "dockerfile":
+        docker = [n for n in templates.template_names()
+                  if templates.load_template(n).kind == "dockerfile"]
+        report.error(Problem(file, f"{where}.image", (
+            f"{profile.image!r} is a {template.kind} definition, which the {backend} backend "
+            f"cannot run (it runs Docker images): pick a Dockerfile template "
+            f"({', '.join(docker)})"
+            + ("" if backend == "docker" else ", or set runtime = \"apptainer\" to run it "
+               "with Apptainer"))))
+        return False
+    return True
