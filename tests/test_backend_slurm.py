@@ -219,6 +219,7 @@ for node in 0 1; do SLURM_NODEID=$node CUDA_VISIBLE_DEVICES="$node,7" "$@" || ex
 """
 
 
+@pytest.mark.subprocess  # runs the rendered script under bash
 def test_multi_node_script_gives_each_node_its_rank_and_the_rendezvous(tmp_path: Path) -> None:
     """The multi-node body run by bash with stand-ins for scontrol and srun (no Slurm): every
     node gets its rank from SLURM_NODEID, the same rendezvous on the first node, its own GPUs

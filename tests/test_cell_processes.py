@@ -197,6 +197,7 @@ def test_a_real_oom_kill_in_the_cells_memory_cgroup_is_oom(write_matrix, tmp_pat
     assert outcome.exit_code == 1
 
 
+@pytest.mark.subprocess  # a real process in a stale cgroup
 def test_empty_cgroups_of_killed_orchestrators_are_removed_by_the_next_sweep():
     """kill -9 of an orchestrator mid-cell leaves the cell's (then empty) cgroup: the next
     sweep's prepare removes it; a cgroup a process is still in, or one just made, is kept."""

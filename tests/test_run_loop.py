@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import threading
 from pathlib import Path
@@ -360,11 +361,16 @@ def test_resume_treats_a_truncated_result_as_not_ok(write_matrix, tmp_path):
         sweep.cells_to_resume(run.paths, matrix)
 
 
-def test_the_revision_is_learned_without_writing_the_checkouts_index(tmp_path):
+@pytest.mark.subprocess  # git, for real
+def test_the_revision_is_learned_without_writing_the_checkouts_index(tmp_path, request):
     """Issue 24, item 17: every sweep ran `git status` in the checkout, which refreshes the
     index (.git/index.lock, then a rewritten .git/index): a `git commit` there at that moment
     failed. A file whose stat changed but whose content did not makes git want to refresh."""
     from orchestrator.backends.base import git_revision
+
+    # the checkout's revision is asked once per session (conftest): asked again after the
+    # cache_clear below, so that the unit tests after this one start no git of their own
+    request.addfinalizer(lambda: (git_revision.cache_clear(), git_revision()))
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c",
