@@ -71,6 +71,7 @@ from orchestrator.results.run_folder import (
     write_json,
 )
 from orchestrator.results.summary import GroupRow, render_table, summarize, write_summary
+from orchestrator.results.table_rules import table_rule
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
         "repeats": matrix.settings.repeats,
         "varying": list(matrix.varying),
         "baseline": matrix.settings.baseline,
+        "table_rule": matrix.settings.table_rule,
         "cells": [c.to_json() for c in matrix.cells],
     }
     if matrix.controls:
@@ -478,7 +480,7 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
         rows, table = write_summary(paths, results=every)
     except OSError as exc:
         problems.append(f"summary.csv / summary.txt not written: {_os_error(exc)}")
-        rows = summarize(every)
+        rows = summarize(every, table_rule(matrix.settings.table_rule))
         table = render_table(rows, list(matrix.varying), baseline=matrix.settings.baseline,
                              results=every)
     _plot_if_possible(paths, rows, matrix.name)

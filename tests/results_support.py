@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.results.importer import ImportOptions, ImportPlan, plan_import, write_import
 from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
 
 BASE_ENV = {
@@ -110,3 +111,10 @@ def day(n: int) -> float:
     import calendar
 
     return float(calendar.timegm((2026, 11, n, 0, 0, 0, 0, 0, 0)))
+
+
+def import_results(sources: list[Path], options: ImportOptions) -> tuple[RunPaths, ImportPlan]:
+    """Plan and write an import, as ``orchestrate import`` does: the new run folder and the
+    plan."""
+    plan = plan_import(sources, options)
+    return write_import(plan, options), plan

@@ -93,7 +93,9 @@ def test_bitfusion_is_built_from_exactly_the_native_image(tmp_path: Path) -> Non
     path = tmp_path / "bitfusion_vs_native.toml"
     shutil.copy(MATRICES / "bitfusion_vs_native.toml", path)
     (tmp_path / "bitfusion").mkdir()
-    (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2004_4.5.4-3_amd64.deb").write_bytes(b"deb")
+    (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2204_amd64.deb").write_bytes(b"deb")
+    for name in ("client.yaml", "servers.conf"):
+        (tmp_path / "bitfusion" / name).write_text("stand-in\n")
     (tmp_path / "bitfusion" / "bitfusion-ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     matrix = load_matrix(path)
     native, bitfusion = (build.plan_key(matrix, ImageKey(hw))[1]
@@ -102,7 +104,7 @@ def test_bitfusion_is_built_from_exactly_the_native_image(tmp_path: Path) -> Non
     assert native.base_image == "nvcr.io/nvidia/pytorch:23.10-py3"
 
 
-def test_the_gaudi_matrix_measures_eager_and_graph_mode() -> None:
+def test_the_gaudi_matrix_measures_eager_and_lazy_mode() -> None:
     matrix = load_matrix(MATRICES / "gaudi.toml")
     configs = {(c.params.gpus, c.params.precision, c.params.batch_size, c.params.hpu_mode)
                for c in matrix.cells}
@@ -111,13 +113,19 @@ def test_the_gaudi_matrix_measures_eager_and_graph_mode() -> None:
     assert {c.params.compile for c in matrix.cells} == {"none"}
 
 
-def test_the_seed_000_matrix_is_amp_throughout() -> None:
-    """DLE's inference benchmark runs with --amp: inference is fp16 autocast like training."""
+def test_seed_000_infers_in_fp32_as_written_and_its_modern_equivalent_in_amp() -> None:
+    """The seed's --evaluate lines carry no --amp (only its training line does): the
+    reproduction infers in fp32; the modern equivalent (our workload) runs AMP throughout, and
+    says it is not a reproduction."""
     matrix = load_matrix(MATRICES / "bitfusion_vs_native.toml")
     assert {(c.params.mode, c.params.batch_size) for c in matrix.cells} == {
         ("train", 256), ("infer", 256), ("infer", 1)}
     assert {c.params.precision for c in matrix.cells} == {"amp"}
     assert {c.params.arch for c in matrix.cells} == {"resnet50", "resnext101_32x4d"}
+    assert "not a reproduction" in matrix.source_text
+    seed = load_matrix(MATRICES / "seeds" / "000_bitfusion_dle.toml")
+    assert {(c.params.mode, c.params.precision) for c in seed.cells} == {
+        ("train", "amp"), ("infer", "fp32")}
 
 
 GAUDI_COMPILE = """
@@ -357,3 +365,29 @@ def test_a_mirror_of_nvcr_keeps_its_release_a_base_of_its_own_does_not(tmp_path:
     assert (mirror.release, mirror.known) == ("23.10", True)
     assert mirror.base == "registry.lab:5000/nvidia/pytorch:23.10-py3"
     assert (own.release, own.known) == (None, False)
+
+
+def test_an_old_release_is_refused_for_the_workload_and_allowed_for_a_foreign_program(
+    tmp_path: Path
+) -> None:
+    """NGC 20.03 (seed 003's stack) ships torch 1.5: our workload cannot run there (an error at
+    the field that picks it), DLE's main.py, which brings its own code, can (a note)."""
+    path = tmp_path / "m.toml"
+    path.write_text(
+        '[matrix]\nbackend = "docker"\n[axes]\nprogram = ["workload", "dle"]\n'
+        '[workload]\nhardware = "v100"\n'
+        '[hardware.v100]\ndevice = "cuda"\ngpu = "V100"\nimage = "ngc-pytorch"\n'
+        'image_vars = { base_tag = "20.03-py3" }\n'
+        '[commands.dle]\ncommand = "python main.py --arch {arch} -b {batch_size} /data"\n'
+        'figures = { parser = "dllogger" }\n')
+    found = check_matrix(load_matrix(path), comparisons=False)
+    field = "hardware.v100.image_vars.base_tag"
+    assert [(p.field, "not offered for the workload" in p.message) for p in found.errors] == [
+        (field, True)]
+    assert "ships torch 1.5.0a0+8f84ded" in found.errors[0].message
+    assert any(p.field == field and "program 'dle' brings its own code" in p.message
+               for p in found.notes)
+    assert found.stacks["v100"].torch == "1.5.0a0+8f84ded" and found.stacks["v100"].ubuntu == (
+        "18.04")
+    path.write_text(path.read_text().replace('program = ["workload", "dle"]', 'program = ["dle"]'))
+    assert check_matrix(load_matrix(path), comparisons=False).errors == []

@@ -183,7 +183,9 @@ def test_dry_run_refuses_a_missing_build_file_before_printing_the_plan(tmp_path,
     assert captured.out == ""
     assert "hardware.v100-bitfusion.image_vars.client_deb: file or folder" in captured.err
     (tmp_path / "bitfusion").mkdir()
-    (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2004_4.5.4-3_amd64.deb").write_bytes(b"x")
+    (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2204_amd64.deb").write_bytes(b"x")
+    for name in ("client.yaml", "servers.conf"):
+        (tmp_path / "bitfusion" / name).write_text("stand-in\n")
     (tmp_path / "bitfusion" / "bitfusion-ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     assert main(["validate", str(path), "--strict"]) == 0
     assert "warning" not in capsys.readouterr().out

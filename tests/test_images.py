@@ -45,13 +45,57 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
             "install_nvml": False,
         },
     },
-    "bitfusion": {
-        "defaults": {"parent_image": PARENT},
+    "bitfusion": {  # the optional client files set: their COPY lines are part of the check
+        "defaults": {"parent_image": PARENT, "client_config": "client.yaml",
+                     "servers_conf": "servers.conf"},
         "overrides": {
             "parent_image": PARENT,
             "client_deb": "/opt/bitfusion/bitfusion-client-ubuntu2204_5.0.1-2_amd64.deb",
+            "client_config": "/opt/bitfusion/client.yaml",
+            "servers_conf": "/opt/bitfusion/servers.conf",
             "ca_cert": "/etc/pki/bitfusion/ca.pem",
             "bitfusion_dir": "/etc/bf",
+        },
+    },
+    "program": {  # the optional installer set: its COPY line is part of the check
+        "defaults": {"installer": "nsight-compute.run"},
+        "overrides": {
+            "base_image": "tensorflow/tensorflow:2.2.0-gpu",
+            "program_dir": "/opt/lab/tbd-suite/ImageClassification-Resnet_50/TensorFlow2/source",
+            "program_source": "https://github.com/tbd-ai/tbd-suite",
+            "program_revision": "ad48842549b61e171254cf4a895239022ef509d4",
+            "install_dir": "/app/source",
+            "requirements": "requirements.txt",
+            "pip_setup": ["nvidia-pyindex"],
+            "pip_packages": ["tensorflow-model-optimization", "numba"],
+            "apt_packages": ["cuda-nvprof-10-1"],
+            "installer": "/opt/lab/nsight-compute-linux-2020.1.0.33-28294165.run",
+            "extra_path": "/usr/local/NVIDIA-Nsight-Compute-2020.1",
+        },
+    },
+    "program-bitfusion": {
+        "defaults": {"parent_image": "orchestrate/program:0123456789ab",
+                     "client_config": "client.yaml", "servers_conf": "servers.conf"},
+        "overrides": {
+            "parent_image": "orchestrate/program:0123456789ab",
+            "client_deb": "/opt/lab/bitfusion-client-ubuntu2004_4.0.1-5_amd64.deb",
+            "client_config": "/opt/lab/client.yaml",
+            "servers_conf": "/opt/lab/servers.conf",
+            "ca_cert": "/opt/lab/ca.crt",
+            "timezone": "Asia/Shanghai",
+            "troubleshooting_tools": True,
+            "install_dir": "/workspace/rn50",
+        },
+    },
+    "program-sif": {
+        "defaults": {},
+        "overrides": {
+            "base_tag": "22.06-py3",
+            "program_dir": "/opt/lab/gpu_variability_sc22_artifact/sec5a_resnet",
+            "program_revision": "7961513beeab98b3113be56db3e904930c820c83",
+            "install_dir": "/opt/sec5a_resnet",
+            "setup_dir": "cnn_utils/dataloader",
+            "pip_packages": ["torchinfo==1.5.2"],
         },
     },
     "dle-convnets": {  # dllogger_dir set: the optional block is part of what is checked
@@ -115,7 +159,8 @@ def test_unknown_template_lists_known_ones() -> None:
         templates.load_template("ngc-pytroch")
     message = str(err.value)
     assert "unknown image template 'ngc-pytroch'" in message
-    for name in ("bitfusion", "dle-convnets", "habana", "ngc-pytorch", "singularity"):
+    for name in ("bitfusion", "dle-convnets", "habana", "ngc-pytorch", "program",
+                 "program-bitfusion", "program-sif", "singularity"):
         assert name in message
 
 
@@ -376,15 +421,17 @@ def test_no_variable_lets_a_value_add_a_line_or_run_a_command(
     value: Any = [text] if var.type == "list" else text
     messages = template.check({vname: value})
     one_line = "\n" not in text and "\r" not in text
-    if var.kind in _ONE_LINE_KINDS and one_line:
+    if var.kind in _ONE_LINE_KINDS and one_line and not var.pattern:  # a pattern narrows it
         assert messages == []  # a host path may have spaces or quotes: it is never pasted
         base = dict(CASES[name]["defaults"])
         rendered = render_text(name, {**base, vname: value})
         plain = render_text(name, base)
         assert rendered.count("\n") == plain.count("\n")
         changed = set(rendered.splitlines()) - set(plain.splitlines())
-        # only file variables exist of these kinds: they enter as a sanitized file name
-        assert all(re.fullmatch(r"COPY [A-Za-z0-9._+-]+ /\S+", line) for line in changed), changed
+        # only file variables exist of these kinds: they enter as a sanitized file name (a
+        # Dockerfile's COPY line, a definition's %files line)
+        assert all(re.fullmatch(r"(?:COPY |\s+)[A-Za-z0-9._+-]+ /\S+", line)
+                   for line in changed), changed
     else:
         assert len(messages) == 1 and f"'{vname}'" in messages[0], messages
         with pytest.raises(ConfigError) as err:

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from results_support import import_results
 
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results import importer
 from orchestrator.results.figure_parsers import FiguresConfig
-from orchestrator.results.importer import ImportOptions, ImportPlan, plan_import, write_import
+from orchestrator.results.importer import ImportOptions, plan_import
 from orchestrator.results.run_folder import (
     CellResult,
     RunPaths,
@@ -49,13 +50,6 @@ precision = ["fp32", "amp"]
 device = "cuda"
 """
 EARLIER = "20260101-000000-aaaa"
-
-
-def import_results(sources: list[Path], options: ImportOptions) -> tuple[RunPaths, ImportPlan]:
-    """Plan and write an import, as ``orchestrate import`` does: the new run folder and the
-    plan."""
-    plan = plan_import(sources, options)
-    return write_import(plan, options), plan
 
 
 @pytest.fixture(scope="module")

@@ -504,3 +504,32 @@ def test_content_hashes_stay_those_of_orchestrate_0_1(write_matrix):
     changed = load_matrix(write_matrix(path.read_text().replace(
         'image_size = 64', 'image_size = 64\nprofile_iterations = 3'), name="changed.toml"))
     assert "54611089260c" not in {c.hash for c in changed.cells}, "a used new field changes it"
+
+
+def test_content_hashes_of_command_cells_survive_the_seed_fields(write_matrix):
+    """The fields issue 22 added (a container's pid, a figures table's variant / file /
+    telemetry) leave a cell that does not use them with the hash it had before (recorded from
+    main at a40e88c): another program's history still lines up."""
+    path = write_matrix("""
+        [matrix]
+        name = "hashes_cmd"
+        [workload]
+        hardware = "v100"
+        program = "dle"
+        [axes]
+        gpus = [1, 8]
+        [hardware.v100]
+        device = "cuda"
+        image = "ngc-pytorch"
+        image_vars = { base_tag = "23.10-py3" }
+        container = { ipc = "host", shm_size = "16g" }
+        [commands.dle]
+        command = "python main.py --arch {arch} -b {batch_size} /data"
+        figures = { parser = "dllogger", warmup = 10 }
+    """, cpu_profile=False)
+    assert {c.id: c.hash for c in load_matrix(path).cells} == {
+        "v100-g1-bs64-fp32-r1": "44dd00a528c5", "v100-g8-bs64-fp32-r1": "dbdc572703ac"}
+    pid = load_matrix(write_matrix(path.read_text().replace(
+        'shm_size = "16g" }', 'shm_size = "16g", pid = "host" }'), name="pid.toml",
+        cpu_profile=False))
+    assert "44dd00a528c5" not in {c.hash for c in pid.cells}, "a used new field changes it"

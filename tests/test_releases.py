@@ -66,8 +66,14 @@ def test_habana_driver_picks_its_own_software_release() -> None:
 def test_release_data_is_consistent() -> None:
     releases = load_releases()
     names = [r.name for r in releases]
-    assert names[0] == "22.12" and names[-1] == "25.12" and "23.05" in names
+    assert names[0] == "20.03" and names[-1] == "25.12" and "23.05" in names
     by_name = {r.name: r for r in releases}
+    # the seeds' own stacks, for programs that bring their own code (never offered to ours)
+    assert [n for n in names if n < "22.12"] == ["20.03", "21.03", "22.06"]
+    assert by_name["20.03"].torch == "1.5.0a0+8f84ded" and by_name["20.03"].ubuntu == "18.04"
+    assert by_name["21.03"].cuda == "11.2.1" and by_name["21.03"].ubuntu == "20.04"
+    assert all(not by_name[n].offered for n in ("20.03", "21.03", "22.06"))
+    assert by_name["23.10"].ubuntu == "22.04"
     assert by_name["22.12"].cuda == "11.8.0" and by_name["22.12"].min_driver.startswith("520")
     assert by_name["23.10"].cuda.startswith("12.2") and by_name["23.10"].min_driver.startswith(
         "535"
@@ -118,6 +124,10 @@ def test_releases_carry_their_stack() -> None:
 
 def test_too_old_driver() -> None:
     with pytest.raises(ConfigError, match="older than every known NGC PyTorch release"):
+        resolve_release("418.39.01")
+    # a driver that runs only the seeds' old releases: refused with the reason (never offered to
+    # the workload), not silently given 21.03
+    with pytest.raises(ConfigError, match=r"runs NGC PyTorch 21\.03 at the newest.*floor"):
         resolve_release("470.82.01")
 
 

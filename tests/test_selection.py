@@ -97,6 +97,8 @@ def test_a_host_that_runs_no_release_is_named_with_what_to_do(tmp_path: Path) ->
     assert no_driver.value.host == "cpu-box" and "nvidia-smi did not answer" in no_driver.value.why
     assert no_driver.value.problems[0].field == "hardware.h100.release"
     with pytest.raises(NoRelease, match="older than every known NGC PyTorch release"):
+        selection.choose(m, ImageKey("h100", None, "old"), nvidia("old", "418.39.01", "A100"))
+    with pytest.raises(NoRelease, match=r"runs NGC PyTorch 21\.03 at the newest.*floor"):
         selection.choose(m, ImageKey("h100", None, "old"), nvidia("old", "470.82.01", "A100"))
     gaudi = HostDriver("g", "1.18.0-524", "gaudi")
     with pytest.raises(NoRelease, match="reports a gaudi driver"):

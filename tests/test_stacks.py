@@ -28,7 +28,7 @@ RELEASES: dict[str, dict[str, Any]] = TABLE["releases"]
 MODELS: dict[str, Any] = tomllib.loads((DATA / "torchvision_models.toml").read_text())
 
 REQUIRED = {"cuda", "min_driver", "torch", "torchvision", "source", "verified"}
-OPTIONAL = {"forward_compat", "refused", "min_compute_capability"}
+OPTIONAL = {"forward_compat", "refused", "min_compute_capability", "ubuntu", "python"}
 DRIVER = re.compile(r"^\d+\.\d+(\.\d+)?$")
 HABANA: dict[str, dict[str, Any]] = tomllib.loads(
     (DATA / "habana_releases.toml").read_text())["releases"]
@@ -65,10 +65,16 @@ def test_every_release_is_complete_and_parses(release: str) -> None:
     assert re.fullmatch(r"\d+\.\d+\.\d+", row["cuda"])
     stacks.parse_version(row["torch"])
     stacks.parse_version(row["torchvision"])
+    # NVIDIA's pages are rel_YY-MM.html up to 22.xx, rel-YY-MM.html after
+    sep = "_" if _key(release) < (22, 12) else "-"
     assert row["source"] == (
         "https://docs.nvidia.com/deeplearning/frameworks/pytorch-release-notes/"
-        f"rel-{release.replace('.', '-')}.html"
+        f"rel{sep}{release.replace('.', '-')}.html"
     )
+    if "ubuntu" in row:
+        assert re.fullmatch(r"\d\d\.04", row["ubuntu"])
+    if "python" in row:
+        assert re.fullmatch(r"3\.\d+", row["python"])
     assert set(row["verified"]) <= set(row) - {"source", "verified", "refused"}
 
 
@@ -115,9 +121,11 @@ def test_habana_table_is_ordered_complete_and_above_the_floor() -> None:
     assert torches == sorted(torches)
 
 
-@pytest.mark.parametrize("release", list(RELEASES))
+@pytest.mark.parametrize("release", [n for n in RELEASES if _key(n) >= (22, 12)])
 def test_torchvision_pairs_with_torch(release: str) -> None:
-    """torchvision 0.(N+15) goes with torch 2.N (torch 1.14 was the pre-release of 2.0)."""
+    """torchvision 0.(N+15) goes with torch 2.N (torch 1.14 was the pre-release of 2.0). The
+    seeds' torch 1.x rows (20.03-22.06, for foreign programs only) give what was seen in the
+    containers, where NVIDIA's source builds need not follow the pairing (21.03: 0.9.0a0)."""
     torch_major, torch_minor = stacks.series(RELEASES[release]["torch"])
     vision = stacks.series(RELEASES[release]["torchvision"])
     torch_minor = 0 if (torch_major, torch_minor) == (1, 14) else torch_minor

@@ -85,11 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cuda", "cpu", "hpu"), default="auto")
     p.add_argument(
         "--hpu-mode",
-        choices=("eager", "lazy", "compile"),
+        choices=("eager", "lazy", "compile", "graph"),
         default=None,
-        help="Gaudi execution mode: eager (PT_HPU_LAZY_MODE=0), lazy (graph mode, "
-        "PT_HPU_LAZY_MODE=1, mark_step) or compile (eager + torch.compile(backend=hpu_backend)); "
-        "default: compile with --compile, else PT_HPU_LAZY_MODE's mode, else lazy",
+        help="Gaudi execution mode: eager (PT_HPU_LAZY_MODE=0), lazy (PT_HPU_LAZY_MODE=1, "
+        "mark_step), compile (eager + torch.compile(backend=hpu_backend)) or graph "
+        "(torch.jit.trace, Habana's 0.13 graph mode); default: compile with --compile, else "
+        "PT_HPU_LAZY_MODE's mode, else lazy",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default=None, metavar="DIR")

@@ -164,7 +164,7 @@ def synchronize(device: str) -> None:
 
 
 #: PT_HPU_LAZY_MODE of each Gaudi execution mode (read by habana_frameworks when it is imported).
-HPU_LAZY_MODE = {"eager": "0", "lazy": "1", "compile": "0"}
+HPU_LAZY_MODE = {"eager": "0", "lazy": "1", "compile": "0", "graph": "0"}
 
 
 def hpu_mode(requested: str | None, compile_mode: str, environ: Any = None) -> str:
@@ -172,7 +172,7 @@ def hpu_mode(requested: str | None, compile_mode: str, environ: Any = None) -> s
     ``environ`` (default ``os.environ``) -- before ``habana_frameworks`` is imported, which
     reads it once.
 
-    ``requested`` is ``--hpu-mode`` (eager | lazy | compile); unset, it is ``compile`` when
+    ``requested`` is ``--hpu-mode`` (eager | lazy | compile | graph); unset, it is ``compile`` when
     ``--compile`` asks for torch.compile, else what ``PT_HPU_LAZY_MODE`` already says, else
     ``lazy``.  A contradiction (``--compile`` with eager/lazy, or a ``PT_HPU_LAZY_MODE`` that
     does not match the mode) is a ConfigError: the run would not be the mode it is labelled.
@@ -188,7 +188,7 @@ def hpu_mode(requested: str | None, compile_mode: str, environ: Any = None) -> s
         else:
             mode = "lazy"
     if mode not in HPU_LAZY_MODE:
-        raise ConfigError(f"unknown --hpu-mode {mode!r}; use eager, lazy or compile")
+        raise ConfigError(f"unknown --hpu-mode {mode!r}; use eager, lazy, compile or graph")
     if compile_mode != "none" and mode != "compile":
         raise ConfigError(
             f"--compile {compile_mode} with --hpu-mode {mode}: on Gaudi torch.compile is "

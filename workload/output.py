@@ -56,6 +56,17 @@ def write_iterations_csv(
             writer.writerow([i, f"{row[0]:.6f}", *(f"{v:.9f}" for v in row[1:])])
 
 
+def write_rank_iterations_csv(path: Path, ranks: Sequence[Sequence[float]]) -> None:
+    """Write ``iterations_per_rank.csv``: every rank's own iteration time per step (steps from 1),
+    one row per step and rank."""
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(("step", "rank", "iteration_time_s"))
+        for rank, times in enumerate(ranks):
+            for step, value in enumerate(times, start=1):
+                writer.writerow([step, rank, f"{value:.9f}"])
+
+
 def write_json(path: Path, obj: dict[str, Any]) -> None:
     """Write ``obj`` as pretty JSON."""
     path.write_text(json.dumps(clean(obj), indent=2) + "\n")

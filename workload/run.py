@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,23 @@ from workload.device import (
     torch_device,
 )
 from workload.errors import ConfigError
-from workload.metrics import images_per_second, summarize
+from workload.metrics import images_per_second, mean, summarize
 from workload.models import build_model, check_arch
-from workload.output import Reporter, write_iterations_csv, write_json
+from workload.output import (
+    Reporter,
+    write_iterations_csv,
+    write_json,
+    write_rank_iterations_csv,
+)
 from workload.profiling import Profiler
 from workload.steps import Step, build_step, compile_model, effective_compile
-from workload.telemetry import Sampler, make_sampler, summarize_telemetry, write_csv
+from workload.telemetry import (
+    Sampler,
+    make_sampler,
+    per_gpu_telemetry,
+    summarize_telemetry,
+    write_csv,
+)
 from workload.timing import CudaEventTimer, HostTimer, Timings
 
 log = logging.getLogger(__name__)
@@ -308,6 +320,39 @@ def _measure(
     return timings, out
 
 
+def _gather_ranks(timings: Timings, device: str, dist: Dist) -> list[list[float]]:
+    """Every rank's own iteration times, by rank (one list for a single process): the per-GPU
+    series seed 002 is about, kept beside the per-step maximum the throughput uses."""
+    if not dist.enabled:
+        return [list(timings.iteration)]
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
+        torch.device(device))
+    dtype = torch.float32 if device == "hpu" else torch.float64
+    mine = torch.tensor(timings.iteration, dtype=dtype, device=dev)
+    every = [torch.empty_like(mine) for _ in range(dist.world_size)]
+    torch.distributed.all_gather(every, mine)
+    return [t.cpu().tolist() for t in every]
+
+
+def per_rank_figures(series: list[list[float]]) -> dict[str, Any]:
+    """Figures of every rank's series: ``gpu<rank>.iteration_median_s`` / ``_mean_s`` (the GPU
+    of that rank), the spread of the medians across ranks, (max - min) / min in %
+    (``per_gpu.spread_pct``), and the series themselves (``per_gpu.iteration_times``)."""
+    out: dict[str, Any] = {"per_gpu.iteration_times": {str(r): s for r, s in enumerate(series)},
+                           "per_gpu.gpus": len(series)}
+    medians = []
+    for rank, times in enumerate(series):
+        if not times:
+            continue
+        median = statistics.median(times)
+        medians.append(median)
+        out[f"gpu{rank}.iteration_median_s"] = median
+        out[f"gpu{rank}.iteration_mean_s"] = mean(times)
+    if len(medians) > 1 and min(medians) > 0:
+        out["per_gpu.spread_pct"] = 100.0 * (max(medians) - min(medians)) / min(medians)
+    return out
+
+
 def _reduce(
     timings: Timings, last: torch.Tensor, mode: str, device: str, dist: Dist
 ) -> tuple[list[float], list[float], list[float], float | None]:
@@ -342,9 +387,11 @@ def _report(
     started: float,
 ) -> dict[str, Any]:
     data_t, compute_t, iter_t, loss = _reduce(timings, last, args.mode, device, dist)
+    ranks = _gather_ranks(timings, device, dist)
     prefix = "train" if args.mode == "train" else "val"
     gbs = args.batch_size * dist.world_size
     data: dict[str, Any] = summarize(prefix, data_t, compute_t, gbs, iter_t)
+    data |= per_rank_figures(ranks)
     if loss is not None:
         data["train.loss"] = loss
     data |= {
@@ -361,6 +408,7 @@ def _report(
         images = args.batch_size * args.iterations * dist.local_world_size
         data |= summarize_telemetry(samples, window_start, window_end, images,
                                     sampler.reports_throttle)
+        data |= per_gpu_telemetry(samples, window_start, window_end)
         env = env | {"telemetry": sampler.name}
     summary = {
         "type": "summary",
@@ -373,6 +421,7 @@ def _report(
         write_iterations_csv(
             output_dir / "iterations.csv", timings.start_wall, data_t, compute_t, iter_t
         )
+        write_rank_iterations_csv(output_dir / "iterations_per_rank.csv", ranks)
         if sampler is not None:
             write_csv(samples, output_dir / "telemetry.csv")
         write_json(output_dir / "summary.json", summary)

@@ -5,9 +5,12 @@ autocast without a scaler, SGD with momentum (fused on CUDA where torch has it, 
 optional ``torch.compile`` and optional CUDA graphs.  Which API each of these calls on the
 installed torch is decided in :mod:`workload.compat`.
 
-Gaudi (``hpu``) runs in one of three modes (:func:`workload.device.hpu_mode`): eager, lazy (graph
-mode: ``mark_step`` flushes the accumulated graph after backward and after the optimizer step,
-only in this mode) or compile (eager with ``torch.compile(backend="hpu_backend")``).
+Gaudi (``hpu``) runs in one of four modes (:func:`workload.device.hpu_mode`): eager, lazy
+(``mark_step`` flushes the accumulated graph after backward and after the optimizer step, only in
+this mode), compile (eager with ``torch.compile(backend="hpu_backend")``) or graph (the model
+traced by ``torch.jit.trace(check_trace=False)``, as Habana's 0.13 software ran "graph mode";
+the orchestrator refuses it on Gaudi software without that mode, :func:`trace_model` runs
+anywhere torch does).
 
 CUDA graphs (CUDA only; untested on the CPU-only CI machines): the whole training step is
 captured with a static input batch (fp32/bf16: forward + backward + ``optimizer.step()``;
@@ -195,6 +198,14 @@ def cuda_graph_infer_step(  # CUDA only
     return step
 
 
+def trace_model(model: nn.Module, example: torch.Tensor) -> nn.Module:
+    """``model`` traced by ``torch.jit.trace`` on ``example`` (``check_trace=False``, as Habana's
+    ResNet demo traced it): the graph mode of seed 004. The traced module shares the model's
+    parameters, so the optimizer built on ``model`` trains it."""
+    traced: nn.Module = torch.jit.trace(model, example, check_trace=False)
+    return traced
+
+
 def build_step(
     model: nn.Module,
     mode: str,
@@ -205,9 +216,16 @@ def build_step(
     hpu_mode: str | None = None,
 ) -> tuple[Step, bool]:
     """The step for ``mode``; returns (step, whether CUDA graphs are in use).  ``hpu_mode``:
-    the Gaudi execution mode (``mark_step`` only in lazy mode)."""
+    the Gaudi execution mode (``mark_step`` only in lazy mode; ``graph``: the model traced)."""
     if mode == "train":
         model.train()
+        if hpu_mode == "graph":
+            base, model = model, trace_model(model, example[0])
+            criterion = nn.CrossEntropyLoss()
+            optimizer = make_optimizer(base, device)
+            scaler = make_scaler(device, precision)
+            return (eager_train_step(model, criterion, optimizer, scaler, device, precision,
+                                     hpu_mode), False)
         criterion = nn.CrossEntropyLoss()
         optimizer = make_optimizer(model, device)
         scaler = make_scaler(device, precision)
@@ -225,6 +243,9 @@ def build_step(
             False,
         )
     model.eval()
+    if hpu_mode == "graph":
+        with torch.no_grad():
+            model = trace_model(model, example[0])
     if use_cuda_graphs:
         try:
             return cuda_graph_infer_step(model, precision, example[0]), True

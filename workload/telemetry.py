@@ -91,6 +91,24 @@ def summarize_telemetry(
     return out
 
 
+def per_gpu_telemetry(samples: Sequence[Sample], start: float, end: float) -> dict[str, Any]:
+    """Per sampled device (its ``gpu`` index: the local rank's GPU), over ``[start, end]``: mean
+    power, mean SM clock, max temperature (``gpu<N>.power_w_mean``, ``gpu<N>.sm_clock_mhz_mean``,
+    ``gpu<N>.temp_c_max``): the per-GPU view of seed 002."""
+    out: dict[str, Any] = {}
+    by_gpu: dict[int, list[Sample]] = {}
+    for s in samples:
+        if start <= s.timestamp <= end:
+            by_gpu.setdefault(s.gpu, []).append(s)
+    for gpu, window in sorted(by_gpu.items()):
+        out[f"gpu{gpu}.power_w_mean"] = mean([s.power_w for s in window])
+        out[f"gpu{gpu}.temp_c_max"] = max(s.temp_c for s in window)
+        clocks = [s.sm_clock_mhz for s in window if not math.isnan(s.sm_clock_mhz)]
+        if clocks:
+            out[f"gpu{gpu}.sm_clock_mhz_mean"] = mean(clocks)
+    return out
+
+
 def write_csv(samples: Sequence[Sample], path: Path) -> None:
     """Write ``telemetry.csv``."""
     with path.open("w", newline="") as fh:

@@ -72,17 +72,20 @@ outside the release table, the host's profilers, the release an auto profile get
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from orchestrator.backends import backend_for, pick_backend
-from orchestrator.catalog import gpus, releases, stacks, templates
+from orchestrator.catalog import checkouts, debs, gpus, releases, stacks, templates
 from orchestrator.config.matrix_file import (
     ORCHESTRATOR_PARAMS,
     PARAM_NAMES,
@@ -307,7 +310,86 @@ def _profile_checks(
         return software.host_stack()
     if profile.release == selection.AUTO:
         return _auto_stack(found, file, hw, profile)
-    return _image_stack(found, file, hw, profile, backend)
+    stack = _image_stack(found, file, hw, profile, backend)
+    _bitfusion_client_check(found, file, hw, profile, stack)
+    _program_revision_check(found, file, hw, profile)
+    return stack
+
+
+def _program_revision_check(found: Findings, file: str, hw: str, profile: HardwareProfile
+                            ) -> None:
+    """A program checkout at another commit than the matrix's ``program_revision`` is not the
+    seed's program: a warning (``--strict`` refuses it); a folder that is no git checkout, a
+    note (its revision cannot be told)."""
+    wanted = str(profile.image_vars.get("program_revision") or "")
+    folder_value = profile.image_vars.get("program_dir")
+    if not wanted or not isinstance(folder_value, str):
+        return
+    folder = Path(folder_value).expanduser()
+    if not folder.is_absolute():
+        folder = Path(file).parent / folder
+    if not folder.is_dir():
+        return  # missing: the build-file check says so
+    where = f"hardware.{hw}.image_vars.program_revision"
+    actual = checkouts.head_revision(folder)
+    if actual is None:
+        found.note(Problem(file, where, (
+            f"{folder} is not in a git checkout: that it is at {wanted} is not checked")))
+    elif not checkouts.same_revision(actual, wanted):
+        found.warning(Problem(file, where, (
+            f"the checkout at {folder} is at {actual}, not {wanted}: the image would hold "
+            f"another revision of the program (check out {wanted}, or change the revision)")))
+
+
+#: Templates whose image runs another program (its own code): any release of the table may be
+#: their base; every other template runs our workload (offered releases only).
+PROGRAM_TEMPLATES = ("program", "program-bitfusion", "program-sif")
+
+
+def _bitfusion_client_check(found: Findings, file: str, hw: str, profile: HardwareProfile,
+                            stack: PlannedStack) -> None:
+    """A Bitfusion client .deb is built for one Ubuntu release: refuse a base of another, and
+    name the bases that fit (seed 000's client is for 20.04; NGC 23.10 is 22.04)."""
+    if profile.image is None:
+        return
+    try:
+        template = templates.load_template(profile.image)
+    except ConfigError:
+        return
+    if "client_deb" not in template.variables:
+        return
+    where = f"hardware.{hw}.image_vars"
+    value = str(profile.image_vars.get("client_deb") or template.variables["client_deb"].default)
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = Path(file).parent / path
+    deb = debs.deb_ubuntu(path)
+    base_ubuntu = stack.ubuntu or profile.image_vars.get("base_ubuntu") or None
+    if deb.ubuntu is None or base_ubuntu is None:
+        what = ("the client's Ubuntu is not known (" + deb.how + ")" if deb.ubuntu is None
+                else f"the base image's Ubuntu is not known ({stack.label}; set base_ubuntu)")
+        found.note(Problem(file, f"{where}.client_deb", (
+            f"the Bitfusion client and the base image must be of one Ubuntu release; {what}: "
+            "not checked (the image's build checks it inside the base)")))
+        return
+    if deb.ubuntu == base_ubuntu:
+        return
+    foreign = template.name in PROGRAM_TEMPLATES or (
+        template.parent is not None and template.parent.template in PROGRAM_TEMPLATES)
+    fits = [r for r in releases.load_releases()
+            if r.ubuntu == deb.ubuntu and (foreign or r.offered)]
+    if fits:
+        use = (f"build on a base of Ubuntu {deb.ubuntu}: base_tag = \"{fits[-1].base_tag}\" "
+               f"(NGC releases of Ubuntu {deb.ubuntu}: {', '.join(r.name for r in fits)})")
+    else:
+        newest = [r.name for r in releases.load_releases() if r.ubuntu == deb.ubuntu]
+        use = (f"no NGC release the workload runs on is Ubuntu {deb.ubuntu}"
+               + (f" ({', '.join(newest)} are, below its floor: run another program there, "
+                  "images/program-bitfusion)" if newest else ""))
+    found.error(Problem(file, f"{where}.client_deb", (
+        f"the Bitfusion client {path.name} is built for Ubuntu {deb.ubuntu} ({deb.how}); the "
+        f"base image ({stack.base or stack.label}) is Ubuntu {base_ubuntu}, whose libraries "
+        f"do not satisfy it: {use}, or use the client built for Ubuntu {base_ubuntu}")))
 
 
 def _unknown_backend(file: str, where: str, backend: str) -> Problem:
@@ -381,34 +463,37 @@ def _template_stack(found: Findings, file: str, where: str, profile: HardwarePro
     else:
         fld = (f"{where}.image_vars.base_tag" if "base_tag" in profile.image_vars
                else f"{where}.image")
-        _release_findings(found, file, [fld], stack)
+        stack = _release_findings(found, file, [fld], stack)
     return stack
 
 
 def _release_findings(found: Findings, file: str, fields: list[str], stack: PlannedStack
-                      ) -> None:
-    """What an NGC release stack says at ``fields``: a release below the workload's floor or
-    one the table refuses is an error, one the table does not have a note."""
+                      ) -> PlannedStack:
+    """What an NGC release stack says at ``fields``: one the table does not have is a note; one
+    below the workload's floor (unlisted and older than the table, or refused by it) is recorded
+    on the stack (``refused`` at ``fields``), for each cell's check to decide: refused for our
+    workload, allowed for a program that brings its own code (:meth:`_CellCheck.floor`)."""
+    at = tuple(fields)
     if stack.unknown_why == software.UNLISTED:
         name = stack.detail
         oldest = releases.load_releases()[0].name
         floor = releases.floor()["release"]
-        for at in fields:
-            if software.release_key(name) < software.release_key(oldest):
-                found.error(Problem(file, at, (
-                    f"{stack.base}: NGC PyTorch {name} is older than the workload's floor (torch "
-                    f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer")))
-            else:
-                found.note(Problem(file, at, (
-                    f"{stack.base}: NGC PyTorch {name} is not in "
-                    "orchestrator/data/ngc_releases.toml: its torch, models and profilers are "
-                    "not checked")))
-        return
+        for place in at:
+            found.note(Problem(file, place, (
+                f"{stack.base}: NGC PyTorch {name} is not in "
+                "orchestrator/data/ngc_releases.toml: its torch, models and profilers are "
+                "not checked")))
+        if software.release_key(name) < software.release_key(oldest):
+            return dataclasses.replace(stack, refused_at=at, refused=(
+                f"{stack.base}: NGC PyTorch {name} is older than the workload's floor (torch "
+                f"{releases.floor()['torch']}, NGC {floor}): pick {floor}-py3 or newer"))
+        return stack
     release = releases.find_release(stack.release) if stack.release else None
     if release is not None and release.refused:
-        for at in fields:
-            found.error(Problem(file, at, (
-                f"NGC PyTorch {release.name} ({stack.base}) is not offered: {release.refused}")))
+        return dataclasses.replace(stack, refused_at=at, refused=(
+            f"NGC PyTorch {release.name} ({stack.base}) is not offered for the workload: "
+            f"{release.refused}"))
+    return stack
 
 
 def _auto_stack(found: Findings, file: str, hw: str, profile: HardwareProfile) -> PlannedStack:
@@ -502,8 +587,7 @@ def _release_checks(found: Findings, file: str, places: _Places, hw: str,
     stack = software.pinned_stack(profile, template, release)
     if stack.unknown_why == software.UNRESOLVED:
         return unknown
-    _release_findings(found, file, places.of("ngc_release", release), stack)
-    return stack
+    return _release_findings(found, file, places.of("ngc_release", release), stack)
 
 
 @dataclass
@@ -540,6 +624,7 @@ class _CellCheck:
         self.found.note(Problem(self.file, f"hardware.{self.hw}", message))
 
     def run(self) -> None:
+        self.floor()
         if self.program.command is None:  # what the workload's flags mean is ours to check
             self.arch()
             self.compile()
@@ -547,6 +632,20 @@ class _CellCheck:
             self.cuda_graphs()
         self.profiler()
         self.gaudi()
+
+    def floor(self) -> None:
+        """A stack below the workload's floor: refused for our workload, allowed (a note) for
+        another program, which brings its own code (the seeds' DLE on NGC 20.03)."""
+        if self.stack.refused is None:
+            return
+        for place in self.stack.refused_at:
+            if self.program.command is None:
+                self.found.error(Problem(self.file, place, self.stack.refused))
+            else:
+                self.found.note(Problem(self.file, place, (
+                    f"{self.stack.label} is below the workload's floor; program "
+                    f"{self.program.name!r} brings its own code, so it runs there (the "
+                    "workload's model, precision and compile rules are not applied to it)")))
 
     def _torch_lacks(self, feature: str) -> str | None:
         if self.stack.torch is None:
@@ -694,11 +793,34 @@ class _CellCheck:
         if mode is None:
             self.note(f"hpu_mode not set: its cells run in {hpu_mode(self.params, 'hpu')} mode "
                       "(set hpu_mode = \"eager\", \"lazy\" or \"compile\" to say so)")
+        elif mode == "graph" and not _trace_mode_runs(self.stack):
+            self.error("hpu_mode", (
+                f"hpu_mode = \"graph\" (torch.jit.trace: the graph mode of Habana's 0.13 "
+                f"software, as seed 004 ran it) does not run on {self.stack.label}: no Intel "
+                "Gaudi software still published has it (Model-References' ResNet trains in "
+                "eager and lazy mode only from 1.6.1, the oldest published, on; Intel documents "
+                "eager, lazy and torch.compile); use hpu_mode = \"lazy\", Habana's graph mode "
+                "since it replaced tracing"))
         elif mode == "compile":
             missing = self._torch_lacks("compile")
             if missing:
                 self.error("hpu_mode", f"hpu_mode = \"compile\" on hardware {self.hw!r}: "
                                        f"{missing} ({self.stack.label})")
+
+
+#: Intel Gaudi (SynapseAI) software versions whose PyTorch trains a torch.jit.trace'd model (the
+#: "graph mode" of Habana's 0.13 ResNet demo, seed 004): 0.13 and older, none of them published
+#: any more (vault.habana.ai and docs.habana.ai start at 1.6.1 as far as this project can see).
+TRACE_MODE_GAUDI: frozenset[str] = frozenset()
+_GAUDI_VERSION = re.compile(r"Habana PyTorch installer (\S+)|Intel Gaudi (\S+)")
+
+
+def _trace_mode_runs(stack: PlannedStack) -> bool:
+    """Whether a Gaudi stack runs torch.jit.trace graph mode (its software version listed in
+    :data:`TRACE_MODE_GAUDI`)."""
+    found = _GAUDI_VERSION.search(stack.label)
+    version = (found[1] or found[2]) if found else None
+    return version is not None and version in TRACE_MODE_GAUDI
 
 
 # --- programs: our workload and command templates ---------------------------------------------

@@ -8,7 +8,10 @@
 * :mod:`~orchestrator.catalog.stacks` — what a torch / torchvision version can do (features,
   models);
 * :mod:`~orchestrator.catalog.gpus` — accelerators: ``nvidia-smi`` / ``hl-smi`` output parsed into
-  host facts, compute capabilities.
+  host facts, compute capabilities;
+* :mod:`~orchestrator.catalog.debs`, :mod:`~orchestrator.catalog.checkouts` — files a template
+  copies in: which Ubuntu a ``.deb`` is built for (the Bitfusion client), which commit a lab's
+  program checkout is at.
 
 May import: errors, config.
 """

@@ -5,7 +5,9 @@ each value was checked): one ``[releases."YY.MM"]`` table per release with its `
 the ``min_driver`` it needs, where known the older driver branches that work through CUDA forward
 compatibility (``forward_compat``) and the oldest GPU architecture it supports
 (``min_compute_capability``), the ``torch`` and ``torchvision`` it ships, NVIDIA's notes
-(``source``) and, on releases below the workload's floor, why they are ``refused``; and the
+(``source``), where known its Ubuntu and Python, and, on releases below the workload's floor,
+why they are ``refused`` for the workload (another program brings its own code and may run on
+them: the seeds' own stacks, 20.03-22.06, are listed for that); and the
 ``[floor]``: the oldest torch/torchvision pair CI proves the workload on; ``[container]``: what
 every release's container ships besides torch (the profilers). The Gaudi table is
 ``orchestrator/data/habana_releases.toml``: the PyTorch of each Intel Gaudi software release's
@@ -54,6 +56,9 @@ class Release:
     #: The oldest GPU architecture it supports, as its notes say (None: not recorded on this
     #: row; :func:`load_releases` fills it in from the previous release).
     min_compute_capability: str | None = None
+    #: The container's Ubuntu release (``"22.04"``) and Python (``"3.10"``); None: not recorded.
+    ubuntu: str | None = None
+    python: str | None = None
 
     @property
     def base_tag(self) -> str:
@@ -62,7 +67,8 @@ class Release:
 
     @property
     def offered(self) -> bool:
-        """False for releases below the workload's floor (``refused`` says why)."""
+        """False for releases below the workload's floor (``refused`` says why). Such a release
+        still runs other programs, which bring their own code (a ``[commands.NAME]`` cell)."""
         return self.refused is None
 
     @classmethod
@@ -71,7 +77,7 @@ class Release:
         return cls(name, table["cuda"], table["min_driver"],
                    tuple(table.get("forward_compat", ())), table.get("torch"),
                    table.get("torchvision"), table.get("refused"), table.get("source"),
-                   table.get("min_compute_capability"))
+                   table.get("min_compute_capability"), table.get("ubuntu"), table.get("python"))
 
     def runs_on(self, compute_capability: str | None) -> bool:
         """Whether the release supports a GPU of ``compute_capability`` (None: unknown, yes)."""

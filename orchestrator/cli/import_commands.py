@@ -13,15 +13,22 @@ from orchestrator.config.defaults import RESULTS_HELP, results_root
 if TYPE_CHECKING:
     from orchestrator.results.importer import ImportPlan
 
+#: orchestrator.config.matrix_file.TableRuleName, spelled out so that parsing the command line
+#: imports no pydantic (tests/test_seeds.py keeps the two equal).
+RULE_CHOICES = ("median", "dlperf", "dle", "tbd", "per-gpu", "habana")
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "import", help="turn existing logs (DLLogger, DLPerf-style folders, runs copied from "
         "elsewhere) into a run of a matrix",
         description="Read DLLogger raports or stdout logs, a folder of logs named "
-        "<arch>_<precision>_bs<batch>_g<gpus>[_r<repeat>].log, or a run folder of ours, and "
-        "write them as a run of --matrix under RESULTS/<matrix>/<run id>/, so report and "
-        "history show them. Parameters come from the log (DLE's PARAMETER record), the file "
-        "name and --param; they pick the matrix's cell group.",
+        "<arch>_<precision>_bs<batch>_g<gpus>[_r<repeat>].log or laid out as DLPerf's "
+        "(<nodes>n<gpus>g/<model>_b<batch>_<precision>_<run>.log), the seeds' own formats "
+        "(Nsight Compute CSV, TensorFlow TimeHistory lines, seed 002's per-GPU iteration logs, "
+        "Habana train.py logs), or a run folder of ours, and write them as a run of --matrix "
+        "under RESULTS/<matrix>/<run id>/, so report and history show them. Parameters come "
+        "from the log (DLE's PARAMETER record), the file name and --param; they pick the "
+        "matrix's cell group.",
     )
     p.add_argument("sources", nargs="+", type=Path, metavar="SOURCE",
                    help="log or raport files, a folder of logs, or one run folder")
@@ -41,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="DLLogger: iterations dropped before recomputing (default: the "
                    "matched cell's warmup)")
     p.add_argument("--run-id", help="the new run's id (default: from the logs' first time)")
+    p.add_argument("--table-rule", choices=RULE_CHOICES, metavar="RULE",
+                   help="the table rule of a matrix written from the logs: "
+                   f"{', '.join(RULE_CHOICES)} (default: the logs' format's own, e.g. dlperf "
+                   "for DLPerf's layout; median otherwise)")
     p.add_argument("--device", choices=("cuda", "hpu", "cpu"), default="cuda",
                    help="device of the hardware profiles of a new matrix (default: cuda)")
     p.add_argument("--allow-partial", action="store_true",
@@ -66,6 +77,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         matrix=args.matrix, results_root=args.results, params=args.param, pattern=args.pattern,
         figures=figures, warmup=args.warmup, run_id=args.run_id,
         allow_partial=args.allow_partial, device=args.device, argv=sys.argv,
+        table_rule=args.table_rule,
     )
     plan = plan_import(args.sources, options)
     for line in _mapping_lines(plan):

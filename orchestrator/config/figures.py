@@ -89,15 +89,39 @@ class RegexFigure(StrictModel):
         return self
 
 
+#: The parsers of other programs' output in the seeds' own formats
+#: (:mod:`orchestrator.results.foreign_logs`).
+SEED_PARSERS = ("dlperf", "tbd-ncu", "tf-timehistory", "iteration-durations", "habana")
+#: Parsers that drop a number of warmup iterations (or lines) first.
+WARMUP_PARSERS = ("dllogger", "dlperf", "tf-timehistory", "habana")
+
+
 class FiguresConfig(StrictModel):
     """How a cell's figures of merit are read and judged (a matrix's ``[figures]``)."""
 
-    parser: Literal["workload", "dllogger", "regex"] = Field(
-        "workload", description="workload (our JSON lines), dllogger, or regex only.")
+    parser: Literal["workload", "dllogger", "regex", "dlperf", "tbd-ncu", "tf-timehistory",
+                    "iteration-durations", "habana"] = Field(
+        "workload", description="workload (our JSON lines), dllogger, regex only, or a seed's "
+        "own format read by its own rule: dlperf (DLE text logs, DLPerf's "
+        "extract_pytorch_logs_time.py), tbd-ncu (Nsight Compute CSV, TBD's coreutil.py), "
+        "tf-timehistory (TensorFlow's TimeHistory lines), iteration-durations (seed 002's "
+        "per-GPU iteration times), habana (Model-References train.py).")
     raport: RelativeFile | None = Field(
         None, description="dllogger: the JSON raport in the cell folder (default: the log).")
     warmup: Annotated[int, Field(ge=0)] | None = Field(
-        None, description="dllogger: iterations dropped (default: the cell's warmup).")
+        None, description="dllogger, dlperf, habana: iterations (lines) dropped first; "
+        "tf-timehistory: windows dropped (default: the cell's warmup; tf-timehistory: 1).")
+    variant: Literal["timestamps", "time-values"] | None = Field(
+        None, description="dlperf: which of DLPerf's rules (timestamps: DLLogger lines' "
+        "times, seed 003's script; time-values: the Time column of 'Epoch: [e][i/n]' lines, the "
+        "peers' script). Default: told from the log.")
+    file: RelativeFile | None = Field(
+        None, description="The cell file the parser reads (default: the log); "
+        "iteration-durations: also the nvprof CSV files' glob for per-GPU clocks, power and "
+        "temperature, e.g. 'resnet_*.csv'.")
+    telemetry: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.*?%-]{1,128}$")] | None = Field(
+        None, description="iteration-durations: a glob of the cell files holding nvprof's "
+        "system-profiling CSV (one per process), e.g. 'resnet_*.csv'.")
     regex: list[RegexFigure] = Field([], description="Figures captured by regular expressions.")
     required: list[FigureName] | None = Field(
         None, description="Figures a cell must produce (default: the mode's throughput and "
@@ -111,10 +135,17 @@ class FiguresConfig(StrictModel):
     def _consistent(self) -> FiguresConfig:
         if self.parser == "regex" and not self.regex:
             raise ValueError("parser 'regex' needs at least one [[figures.regex]] entry")
-        if self.parser != "dllogger":
-            for key in ("raport", "warmup"):
-                if getattr(self, key) is not None:
-                    raise ValueError(f"{key} applies to parser 'dllogger' only")
+        if self.parser != "dllogger" and self.raport is not None:
+            raise ValueError("raport applies to parser 'dllogger' only")
+        if self.parser not in WARMUP_PARSERS and self.warmup is not None:
+            raise ValueError(f"warmup applies to parsers {', '.join(WARMUP_PARSERS)} only")
+        if self.parser != "dlperf" and self.variant is not None:
+            raise ValueError("variant applies to parser 'dlperf' only")
+        if self.parser != "iteration-durations" and self.telemetry is not None:
+            raise ValueError("telemetry applies to parser 'iteration-durations' only")
+        if self.file is not None and self.parser not in SEED_PARSERS:
+            raise ValueError(f"file applies to parsers {', '.join(SEED_PARSERS)} (dllogger: "
+                             "raport)")
         names = [fig.name for fig in self.regex]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

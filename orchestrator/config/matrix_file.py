@@ -127,8 +127,11 @@ Precision = Literal["fp32", "amp", "bf16"]
 Mode = Literal["train", "infer"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune"]
 #: How PyTorch runs on Gaudi: op by op (eager), accumulated graphs flushed by mark_step (lazy,
-#: Habana's "graph mode"), or eager with torch.compile(backend="hpu_backend") (compile).
-HpuMode = Literal["eager", "lazy", "compile"]
+#: Habana's graph mode since it replaced tracing), eager with torch.compile(backend="hpu_backend")
+#: (compile), or the model traced by torch.jit.trace (graph: Habana's 0.13 "graph mode", seed
+#: 004's; `validate` refuses it where the Gaudi software has no such mode, which is every release
+#: still published).
+HpuMode = Literal["eager", "lazy", "compile", "graph"]
 Profiler = Literal["none", "torch", "nsys", "ncu", "nvprof"]
 #: Profilers that wrap the command (the orchestrator starts them; see
 # orchestrator/plan/profilers.py).
@@ -143,6 +146,8 @@ MIN_TELEMETRY_INTERVAL_S = 0.05
 ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "nodes", "program", "ngc_release"})
 #: The program name of our own benchmark workload (every other program is a [commands.NAME]).
 WORKLOAD_PROGRAM = "workload"
+#: The table rules a matrix may name (:mod:`orchestrator.results.table_rules` defines them).
+TableRuleName = Literal["median", "dlperf", "dle", "tbd", "per-gpu", "habana"]
 #: An NGC PyTorch release as a cell parameter: ``YY.MM`` (its image tag is ``YY.MM-py3``).
 NGC_RELEASE_PATTERN = r"^[0-9]{2}\.[0-9]{2}$"
 
@@ -226,8 +231,10 @@ class CellParams(StrictModel):
     )
     hpu_mode: HpuMode | None = Field(
         None, description="Gaudi execution mode (device = 'hpu' profiles only): eager "
-        "(PT_HPU_LAZY_MODE=0), lazy (graph mode, PT_HPU_LAZY_MODE=1, mark_step) or compile "
-        "(PT_HPU_LAZY_MODE=0, torch.compile with the hpu_backend). Unset: lazy.",
+        "(PT_HPU_LAZY_MODE=0), lazy (PT_HPU_LAZY_MODE=1, mark_step: Habana's graph mode since "
+        "it replaced tracing), compile (PT_HPU_LAZY_MODE=0, torch.compile with the "
+        "hpu_backend) or graph (torch.jit.trace, the 0.13 software's graph mode of seed 004: "
+        "refused where the Gaudi software lacks it). Unset: lazy.",
     )
     program: Name | None = Field(
         None, description="What the cell runs: 'workload' (our benchmark workload) or the name "
@@ -338,6 +345,10 @@ class ContainerOptions(StrictModel):
         "8g", description="/dev/shm size, e.g. '16g' (b/k/m/g), at most 16 TiB."
     )
     privileged: bool = False
+    pid: Literal["host"] | None = Field(
+        None, description="'host': the container shares the host's process namespace (docker "
+        "run --pid=host; seed 000's Bitfusion client needs it).",
+    )
     mounts: list[Mount] = Field([], max_length=256)
     devices: list[PathText] = Field(
         [], max_length=256, description="Extra device nodes, e.g. /dev/accel for Gaudi."
@@ -1056,6 +1067,13 @@ class MatrixSettings(StrictModel):
     baseline: Annotated[str, Field(pattern=r"^[a-z_]+=.+$")] | None = Field(
         None, description="KEY=VALUE row the table compares against, e.g. 'hardware=v100' "
         "for Bitfusion/native ratios.",
+    )
+    table_rule: TableRuleName = Field(
+        "median", description="How the table's numbers are made from the cells' figures: "
+        "median (ours: median images/s of the ok repeats), or a seed's own rule: dlperf "
+        "(DLPerf's median/average/speedup, seed 003), dle (DLE's compute_ips, seed 000), tbd "
+        "(TBD's coreutil.py utilisations, seed 001), per-gpu (one column per GPU, seed 002), "
+        "habana (images/s per card and scaling %, seed 004). The table names its rule.",
     )
 
 

@@ -389,8 +389,9 @@ def hpu_mode(params: CellParams, device: str) -> str | None:
 
 
 #: PT_HPU_LAZY_MODE of each Gaudi mode: lazy mode accumulates graphs (mark_step flushes them);
-#: eager mode, with or without torch.compile(backend="hpu_backend"), runs op by op.
-HPU_LAZY_MODE = {"eager": "0", "lazy": "1", "compile": "0"}
+#: eager mode, with or without torch.compile(backend="hpu_backend"), runs op by op; graph mode
+#: (torch.jit.trace) ran the traced graph without lazy accumulation.
+HPU_LAZY_MODE = {"eager": "0", "lazy": "1", "compile": "0", "graph": "0"}
 
 
 def workload_env(cell: Cell, profile: HardwareProfile, gpu_ids: tuple[int, ...]) -> dict[str, str]:

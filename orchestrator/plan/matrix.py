@@ -364,10 +364,14 @@ HASH_NEUTRAL_PROFILE: dict[str, Any] = {
        for tool in ("nsys", "ncu", "nvprof", "apptainer")},
 }
 HASH_RETIRED_PROFILE: dict[str, Any] = {"backend": None}
-#: Fields added to a profile's sub-tables after cells were first hashed, as HASH_NEUTRAL_PROFILE.
+#: Fields added to a profile's sub-tables (its Slurm options, its container options) after
+#: cells were first hashed, as HASH_NEUTRAL_PROFILE: a cell that does not use them keeps its hash.
 HASH_NEUTRAL_PROFILE_TABLES: dict[str, dict[str, Any]] = {
     "slurm": {"conf": None, "arrays": True, "array_limit": None},
+    "container": {"pid": None},
 }
+#: The same for the fields a version added inside a figures table.
+HASH_NEUTRAL_FIGURES: dict[str, Any] = {"variant": None, "file": None, "telemetry": None}
 
 
 def _hashed(dump: dict[str, Any], neutral: dict[str, Any]) -> dict[str, Any]:
@@ -388,15 +392,20 @@ def content_hash(params: CellParams, profile: HardwareProfile, program: Program 
     profile_dump = profile.model_dump()
     for table, neutral in HASH_NEUTRAL_PROFILE_TABLES.items():
         profile_dump[table] = _hashed(profile_dump[table], neutral)
+    if isinstance(profile_dump.get("figures"), dict):
+        profile_dump["figures"] = _hashed(profile_dump["figures"], HASH_NEUTRAL_FIGURES)
     content: dict[str, Any] = {
         "params": _hashed(dump, HASH_NEUTRAL_PARAMS),
         "profile": {**_hashed(profile_dump, HASH_NEUTRAL_PROFILE),
                     **HASH_RETIRED_PROFILE},
     }
     if program is not None and program.command is not None:
-        content["command"] = {"name": program.name, **program.command.model_dump()}
+        command = program.command.model_dump()
+        if isinstance(command.get("figures"), dict):
+            command["figures"] = _hashed(command["figures"], HASH_NEUTRAL_FIGURES)
+        content["command"] = {"name": program.name, **command}
     if program is not None and program.figures is not None:
-        content["figures"] = program.figures.model_dump()
+        content["figures"] = _hashed(program.figures.model_dump(), HASH_NEUTRAL_FIGURES)
     blob = json.dumps(content, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

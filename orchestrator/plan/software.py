@@ -76,6 +76,13 @@ class PlannedStack:
     unknown_why: str = ""
     #: The error that left the base unresolved; the name of an unlisted release.
     detail: str = ""
+    #: Why our workload cannot run on this stack (an NGC release below its floor), and the
+    #: fields that pick it: the checks refuse it for the workload; another program
+    #: ([commands.NAME]) brings its own code and may run there.
+    refused: str | None = None
+    refused_at: tuple[str, ...] = ()
+    #: The base image's Ubuntu release, where the release table records it.
+    ubuntu: str | None = None
 
     @property
     def identity(self) -> tuple[str | None, str | None]:
@@ -155,7 +162,7 @@ def release_stack(release: releases.Release, base: str) -> PlannedStack:
         f"NGC PyTorch {release.name} (torch {release.torch}, torchvision {release.torchvision},"
         f" CUDA {release.cuda})",
         base=base, release=release.name, torch=release.torch, torchvision=release.torchvision,
-        cuda=release.cuda, profilers=releases.container_profilers(),
+        cuda=release.cuda, profilers=releases.container_profilers(), ubuntu=release.ubuntu,
     )
 
 

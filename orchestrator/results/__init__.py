@@ -7,8 +7,11 @@ Tables and reports are built only from what is on disk, so any old run can be re
   (:class:`~orchestrator.results.run_folder.CellResult`,
   :class:`~orchestrator.results.run_folder.Status`);
 * :mod:`~orchestrator.results.figure_parsers`, :mod:`~orchestrator.results.dllogger`,
-  :mod:`~orchestrator.results.profiler_figures` — figures read from a program's output (our JSON
-  lines, DLLogger, a regex) and from profiler CSV;
+  :mod:`~orchestrator.results.profiler_figures`, :mod:`~orchestrator.results.foreign_logs` —
+  figures read from a program's output (our JSON lines, DLLogger, a regex, the seeds' own
+  formats by their own rules) and from profiler CSV;
+* :mod:`~orchestrator.results.table_rules` — how a table's numbers are made (ours, or a seed's
+  rule named by the matrix);
 * :mod:`~orchestrator.results.store` — the SQLite index over every run folder;
 * :mod:`~orchestrator.results.summary`, :mod:`~orchestrator.results.compare`,
   :mod:`~orchestrator.results.history`, :mod:`~orchestrator.results.export`,

@@ -77,6 +77,7 @@ from orchestrator.config.figures import Bounds as Bounds  # re-exported: declare
 from orchestrator.config.figures import FiguresConfig, RegexFigure
 from orchestrator.config.user_regex import compile_pattern
 from orchestrator.errors import ConfigError, LogFormatError, Problem
+from orchestrator.results import foreign_logs as fl
 from orchestrator.results.dllogger import (
     DLLoggerLog,
     Point,
@@ -407,8 +408,189 @@ class RegexParser(FigureParser):
         return [f.name for f in self.config.regex]
 
 
+# --- the seeds' own formats (orchestrator/results/foreign_logs.py) ------------------------------
+
+
+def _int_param(params: Mapping[str, Any], key: str, default: int) -> int:
+    value = params.get(key, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+class DLPerfParser(FigureParser):
+    """DLE's text log, one run, by DLPerf's rule: ``dlperf.total_ips`` (also
+    ``train.total_ips``), rounded to 2 decimals as DLPerf rounds it."""
+
+    name = "dlperf"
+
+    def parse(self, output: CellOutput) -> Figures:
+        text, label = output.text_of(self.config.file)
+        params = output.params
+        warmup = self.config.warmup
+        if warmup is None:
+            warmup = _int_param(params, "warmup", 20)
+        train = warmup + _int_param(params, "iterations", 100)
+        batch = _int_param(params, "batch_size", 1) * _int_param(params, "gpus", 1)
+        speed = fl.dlperf_speed(text, batch, warmup=warmup, train=train,
+                                variant=self.config.variant, file=label)
+        figures = Figures(self.name, source=label)
+        figures.details = {"rule": f"DLPerf extract_pytorch_logs_time.py ({speed.variant})",
+                           "warmup_lines": warmup, "train_lines": train, "global_batch": batch,
+                           "lines": speed.lines, **speed.detail}
+        if speed.ips is None:
+            figures.incomplete = Problem(label, "", (
+                f"{speed.lines} DLPerf lines ({speed.variant}); its rule needs {train}"))
+            figures.missing = {"train.total_ips": f"the log ends before DLPerf's line {train}"}
+            return figures
+        figures.metrics.update({"dlperf.total_ips": speed.ips, "train.total_ips": speed.ips,
+                                "global_batch_size": batch})
+        figures.units = {"dlperf.total_ips": "images/s"}
+        return figures
+
+    def required(self, params: Mapping[str, Any]) -> list[str]:
+        return list(self.config.required) if self.config.required is not None else [
+            "dlperf.total_ips"]
+
+
+class TbdNcuParser(FigureParser):
+    """Nsight Compute CSV by TBD's coreutil.py rule: ``tbd.<unit>_pct`` for fma, fp16, tensor
+    and sfu (elapsed pipe metrics weighted by ``gpc__cycles_elapsed.max``)."""
+
+    name = "tbd-ncu"
+
+    def parse(self, output: CellOutput) -> Figures:
+        text, label = output.text_of(self.config.file)
+        result = fl.coreutil(fl.parse_ncu_long_csv(text, label))
+        figures = Figures(self.name, source=label)
+        for unit, value in result.pct.items():
+            figures.metrics[f"tbd.{unit}_pct"] = value
+            figures.units[f"tbd.{unit}_pct"] = "%"
+        figures.metrics["tbd.kernels"] = float(result.kernels)
+        figures.details = {"rule": "TBD coreutil.py: sum(cycles x pct) / sum(cycles), cycles = "
+                           f"{fl.TBD_CYCLES}", "launches_in_csv": result.launches,
+                           "printed": fl.coreutil_lines(result)}
+        figures.notes += result.notes
+        if not result.pct:
+            figures.missing = {f"tbd.{u}_pct": "no kernel with its metrics" for u in fl.TBD_FIELDS}
+        return figures
+
+    def required(self, params: Mapping[str, Any]) -> list[str]:
+        return list(self.config.required) if self.config.required is not None else [
+            f"tbd.{u}_pct" for u in fl.TBD_FIELDS]
+
+
+class TimeHistoryParser(FigureParser):
+    """TensorFlow's TimeHistory lines: ``train.total_ips`` = the mean examples/second of the
+    windows after the first ``warmup`` (default 1)."""
+
+    name = "tf-timehistory"
+
+    def parse(self, output: CellOutput) -> Figures:
+        text, label = output.text_of(self.config.file)
+        windows = fl.time_history(text)
+        skip = 1 if self.config.warmup is None else self.config.warmup
+        kept = windows[skip:]
+        figures = Figures(self.name, source=label)
+        figures.details = {"rule": "mean examples/second of the TimeHistory windows after the "
+                           f"first {skip}", "windows": len(windows)}
+        if kept:
+            figures.metrics["train.total_ips"] = wm.mean([w[1] for w in kept])
+            figures.metrics["tf.windows"] = float(len(kept))
+        else:
+            figures.missing = {"train.total_ips": f"{len(windows)} TimeHistory lines in {label}, "
+                               f"{skip} dropped"}
+        return figures
+
+
+class IterationDurationsParser(FigureParser):
+    """Seed 002's per-GPU iteration durations: every GPU's series kept
+    (``per_gpu.iteration_times``), per GPU ``gpu<N>.iteration_median_s`` / ``_mean_s``, the
+    spread of the medians across GPUs (``per_gpu.spread_pct``), and per GPU clock, power and
+    temperature from nvprof's system-profiling CSV files (``telemetry``)."""
+
+    name = "iteration-durations"
+
+    def parse(self, output: CellOutput) -> Figures:
+        text, label = output.text_of(self.config.file)
+        series = fl.per_gpu(fl.iteration_durations(text))
+        figures = Figures(self.name, source=label)
+        figures.metrics["per_gpu.iteration_times"] = {str(s.gpu): s.times for s in series}
+        for s in series:
+            for what, value in (("median", s.median_s), ("mean", s.mean_s), ("max", s.max_s),
+                                ("min", s.min_s)):
+                if value is not None:
+                    figures.metrics[f"gpu{s.gpu}.iteration_{what}_s"] = value
+            figures.metrics[f"gpu{s.gpu}.iterations"] = float(len(s.times))
+        spread = fl.spread_pct([s.median_s for s in series if s.median_s is not None])
+        if spread is not None:
+            figures.metrics["per_gpu.spread_pct"] = spread
+        figures.metrics["per_gpu.gpus"] = float(len(series))
+        figures.details = {"rule": "per GPU: median and mean iteration time with the first "
+                           "iteration dropped; spread = (max - min) / min of the medians"}
+        if not series:
+            figures.missing = {"per_gpu.gpus": f"no 'Iteration Duration' line in {label}"}
+        self._telemetry(output, figures)
+        return figures
+
+    def _telemetry(self, output: CellOutput, figures: Figures) -> None:
+        pattern = self.config.telemetry
+        if pattern is None or output.cell_dir is None:
+            return
+        files = sorted(output.cell_dir.glob(pattern))
+        samples: dict[int, dict[str, list[float]]] = {}
+        for path in files:
+            try:
+                found = fl.nvprof_system(path.read_text(encoding="utf-8", errors="replace"),
+                                         path.name)
+            except LogFormatError as exc:
+                figures.notes += [str(p) for p in exc.problems]
+                continue
+            for gpu, values in found.items():
+                for key, vals in values.items():
+                    samples.setdefault(gpu, {}).setdefault(key, []).extend(vals)
+        for gpu, values in sorted(samples.items()):
+            for key, vals in values.items():
+                figures.metrics[f"gpu{gpu}.{key}_mean"] = wm.mean(vals)
+                figures.metrics[f"gpu{gpu}.{key}_max"] = max(vals)
+        figures.details["telemetry_files"] = [p.name for p in files]
+        if pattern and not files:
+            figures.notes.append(f"no cell file matches telemetry {pattern!r}")
+
+    def required(self, params: Mapping[str, Any]) -> list[str]:
+        return list(self.config.required) if self.config.required is not None else [
+            "per_gpu.gpus"]
+
+
+class HabanaParser(FigureParser):
+    """Model-References ResNet train.py: the main process's per-card ``img/s`` lines;
+    ``habana.img_per_s_card`` = their mean after the first ``warmup`` lines, and
+    ``train.total_ips`` = that x the cell's cards."""
+
+    name = "habana"
+
+    def parse(self, output: CellOutput) -> Figures:
+        text, label = output.text_of(self.config.file)
+        lines = fl.habana_img_per_s(text)
+        warmup = self.config.warmup
+        if warmup is None:
+            warmup = _int_param(output.params, "warmup", 0)
+        kept = [v for _, _, v in lines[warmup:]]
+        cards = _int_param(output.params, "gpus", 1)
+        figures = Figures(self.name, source=label)
+        figures.details = {"rule": f"mean of the printed img/s (one card) after {warmup} lines",
+                           "lines": len(lines), "cards": cards}
+        if kept:
+            per_card = wm.mean(kept)
+            figures.metrics.update({"habana.img_per_s_card": per_card,
+                                    "train.total_ips": per_card * cards})
+        else:
+            figures.missing = {"train.total_ips": f"{len(lines)} img/s lines in {label}, "
+                               f"{warmup} dropped as warmup"}
+        return figures
+
+
 PARSERS: dict[str, type[FigureParser]] = {
-    p.name: p for p in (WorkloadParser, DLLoggerParser, RegexParser)
+    p.name: p for p in (WorkloadParser, DLLoggerParser, RegexParser, DLPerfParser,
+                        TbdNcuParser, TimeHistoryParser, IterationDurationsParser, HabanaParser)
 }
 
 DEFAULT = FiguresConfig()

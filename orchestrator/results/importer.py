@@ -68,6 +68,7 @@ from orchestrator.config.matrix_file import PARAM_NAMES, CellParams, param_type
 from orchestrator.config.syntax import name_problem
 from orchestrator.errors import ConfigError, LogFormatError, Problem
 from orchestrator.results import folder_lock, safejson
+from orchestrator.results import foreign_logs as fl
 from orchestrator.results.dllogger import (
     DLLoggerLog,
     FileForm,
@@ -128,6 +129,8 @@ class ImportOptions:
     allow_partial: bool = False
     device: str = "cuda"
     argv: Sequence[str] = ()
+    #: The table rule of a matrix written from the logs (None: the logs' format's own rule).
+    table_rule: str | None = None
 
 
 @dataclass
@@ -140,6 +143,7 @@ class Target:
     baseline: str | None
     matrix_text: str
     source: str
+    table_rule: str = "median"
 
 
 @dataclass
@@ -160,6 +164,10 @@ class Entry:
     evaluation: Evaluation | None = None
     #: The DLLogger log, read once (a streamed entry has no text, only this).
     dll: DLLoggerLog | None = None
+    #: Files beside the log that belong to it (seed 002's nvprof CSV per process), copied too.
+    companions: list[Path] = field(default_factory=list)
+    #: A DLPerf model name the folder layout gave that maps to no architecture (--param arch).
+    unknown_model: str | None = None
 
 
 @dataclass
@@ -271,15 +279,47 @@ def _from_record(raw: dict[str, Any], mapping: dict[str, Any], label: str
 # --- reading log files ---------------------------------------------------------------------
 
 
-def _kind(text: str, figures: FiguresConfig | None) -> str | None:
-    """What a file is: a DLLogger raport or log, our workload's log, a log for regex figures."""
+#: The seeds' formats: kind -> (figures parser, the table rule of a matrix written from them).
+SEED_KINDS: dict[str, tuple[str, str]] = {
+    "dlperf-log": ("dlperf", "dlperf"), "tbd-ncu": ("tbd-ncu", "tbd"),
+    "tf-timehistory": ("tf-timehistory", "tbd"),
+    "iteration-durations": ("iteration-durations", "per-gpu"), "habana-log": ("habana", "habana"),
+}
+_PARSER_KIND = {parser: kind for kind, (parser, _) in SEED_KINDS.items()}
+
+
+def _seed_kind(text: str) -> str | None:
+    """Which seed format a file is in, from its content."""
+    if fl.TBD_HEADER in text:
+        return "tbd-ncu"
+    if fl.ITERATION_DURATION.search(text):
+        return "iteration-durations"
+    if fl.HABANA_LINE.search(text):
+        return "habana-log"
+    if fl.TIME_HISTORY.search(text):
+        return "tf-timehistory"
+    if any("Epoch: " in ln and fl.DLPERF_INDEX.search(ln) and fl.DLPERF_TIME.search(ln)
+           for ln in text.splitlines()):
+        return "dlperf-log"  # pytorch/examples-style lines (old DLE main.py): DLPerf reads them
+    return None
+
+
+def _kind(text: str, figures: FiguresConfig | None, dlperf_layout: bool = False) -> str | None:
+    """What a file is: a DLLogger raport or log, our workload's log, a log for regex figures, a
+    seed's own format; a log in DLPerf's folder layout is read by DLPerf's rule."""
     parser = figures.parser if figures is not None else None
     if parser == "regex":
         return "regex-log"
+    if parser in _PARSER_KIND:
+        return _PARSER_KIND[parser]
+    if parser is None and dlperf_layout and (has_dllogger_lines(text) or _seed_kind(text)):
+        return "dlperf-log"
     if parser in (None, "dllogger") and looks_like_raport(text):
         return "dllogger-raport"
     if parser == "dllogger" or (parser is None and has_dllogger_lines(text)):
         return "dllogger-log"
+    if parser is None and _seed_kind(text):
+        return _seed_kind(text)
     if parser == "workload" or (parser is None and any(
             o["type"] in ("meta", "summary") for o in parse_metric_lines(text))):
         return "workload-log"
@@ -287,7 +327,7 @@ def _kind(text: str, figures: FiguresConfig | None) -> str | None:
 
 
 def _read_entry(path: Path, label: str, options: ImportOptions,
-                problems: list[Problem]) -> Entry | None:
+                problems: list[Problem], dlperf_layout: bool = False) -> Entry | None:
     """One log file as an entry: its digest, kind and the parameters it states. A DLLogger
     file read by the DLLogger parser alone (no regex figures) is streamed: read line by line
     and parsed once (:func:`_stream_dllogger`), never held whole as text."""
@@ -300,7 +340,7 @@ def _read_entry(path: Path, label: str, options: ImportOptions,
         problems.append(Problem(label, "", f"not UTF-8 text (byte {exc.start}): not a log?"))
         return None
     figures = options.figures
-    streamed = form.any_records and (figures is None or (
+    streamed = not dlperf_layout and form.any_records and (figures is None or (
         figures.parser == "dllogger" and not figures.regex and figures.raport is None))
     if streamed:
         kind = "dllogger-raport" if form.raport else "dllogger-log"
@@ -311,11 +351,13 @@ def _read_entry(path: Path, label: str, options: ImportOptions,
         except OSError as exc:
             problems.append(Problem(label, "", f"cannot read: {exc}"))
             return None
-        found_kind = _kind(text, figures)
+        found_kind = _kind(text, figures, dlperf_layout)
         if found_kind is None:
-            problems.append(Problem(label, "", "no DLLogger (DLLL / DLL) or workload JSON lines: "
-                                    "not a log this importer reads (give --figures FILE.toml "
-                                    "with regex figures for other programs)"))
+            problems.append(Problem(label, "", (
+                "no DLLogger (DLLL / DLL) or workload JSON lines and none of the seeds' formats "
+                "(DLPerf's DLE logs, Nsight Compute CSV, TimeHistory, 'Iteration Duration', "
+                "Habana train.py): not a log this importer reads (give --figures FILE.toml "
+                "with regex figures for other programs)")))
             return None
         entry = Entry(path, label, text, digest, found_kind)
     try:
@@ -356,11 +398,24 @@ def _scan(path: Path) -> tuple[str, FileForm]:
     return digest.hexdigest(), form
 
 
+#: A seed file name that states the batch size (TBD's ``core_util_batch_32.csv``,
+#: ``throughput_32.log``).
+_BATCH_IN_NAME = re.compile(r"(?:batch_|throughput_)([0-9]+)\.(?:csv|log|txt)$")
+
+
 def _log_params(entry: Entry) -> tuple[dict[str, Any], list[Problem]]:
+    if entry.kind == "dlperf-log":
+        return {}, []  # the folder layout states them (_apply_layout)
     if entry.kind.startswith("dllogger"):
         dll = entry.dll if entry.dll is not None else read_dllogger(entry.text, entry.label)
         entry.dll = dll
         return _from_record(dll.parameters, _DLE_ARGS, entry.label)
+    if entry.kind == "iteration-durations":  # every rank prints its own series
+        gpus = len(fl.iteration_durations(entry.text))
+        return ({"gpus": gpus} if gpus else {}), []
+    if entry.kind in ("tbd-ncu", "tf-timehistory"):
+        match = _BATCH_IN_NAME.search(entry.path.name)
+        return ({"batch_size": int(match[1])} if match else {}), []
     if entry.kind == "workload-log":
         lines = parse_metric_lines(entry.text)
         meta = next((o for o in lines if o["type"] == "meta"), {})
@@ -396,11 +451,45 @@ def _apply_name(entry: Entry, match: re.Match[str] | None, problems: list[Proble
         entry.origin.setdefault(key, "file name")
 
 
+def _apply_layout(entry: Entry, match: re.Match[str], problems: list[Problem]) -> None:
+    """The parameters DLPerf's folder layout states: ``<nodes>n<gpus>g/<model>_b<batch>_
+    <precision>_<run>.log`` (gpus = nodes x GPUs per node, DLPerf's global batch)."""
+    model = match["model"]
+    arch = fl.DLPERF_MODELS.get(model)
+    if arch is None:
+        entry.unknown_model = model  # a problem unless --param arch says which it is
+    stated = {"gpus": int(match["nodes"]) * int(match["gpus"]),
+              "batch_size": int(match["batch_size"]),
+              "precision": fl.DLPERF_PRECISIONS[match["precision"]]}
+    if arch is not None:
+        stated["arch"] = arch
+    for key, value in stated.items():
+        entry.known[key] = value
+        entry.origin[key] = "DLPerf folder layout"
+    entry.repeat = int(match["repeat"])
+
+
+def _companions(entry: Entry) -> None:
+    """Seed 002's nvprof CSV files beside its iteration log: ``resnet_<pid>_<ts>_<host>.csv``
+    for ``resnet_iterdur_<ts>_<host>.txt``."""
+    if entry.kind != "iteration-durations":
+        return
+    match = re.fullmatch(r"resnet_iterdur_(.+)\.txt", entry.path.name)
+    if match:
+        entry.companions = sorted(p for p in entry.path.parent.glob(f"resnet_*_{match[1]}.csv")
+                                  if p.is_file())
+
+
 def collect_entries(sources: Sequence[Path], options: ImportOptions
                     ) -> tuple[list[Entry], list[str]]:
     """Every log file of ``sources`` with the parameters it states. Returns (entries, skipped
-    files). Raises ConfigError listing every problem."""
+    files). Raises ConfigError listing every problem.
+
+    In a folder, a file is one cell when its path matches the naming rule (``--pattern``, else
+    :data:`DEFAULT_PATTERN`) or, without ``--pattern``, DLPerf's layout
+    (:data:`~orchestrator.results.foreign_logs.DLPERF_LAYOUT`)."""
     rx = compile_pattern(options.pattern)
+    layout = re.compile(fl.DLPERF_LAYOUT) if options.pattern is None else None
     problems: list[Problem] = []
     try:
         given = parse_params(options.params)
@@ -418,17 +507,29 @@ def collect_entries(sources: Sequence[Path], options: ImportOptions
                     continue
                 rel = path.relative_to(source).as_posix()
                 match = rx.fullmatch(rel)
-                if match is None:
+                dlperf = layout.fullmatch(rel) if layout is not None and match is None else None
+                if match is None and dlperf is None:
                     skipped.append(str(path))
                     continue
-                entry = _read_entry(path, str(path), options, problems)
+                entry = _read_entry(path, str(path), options, problems, dlperf is not None)
                 if entry is not None:
-                    _apply_name(entry, match, problems)
+                    if dlperf is not None:
+                        _apply_layout(entry, dlperf, problems)
+                    else:
+                        _apply_name(entry, match, problems)
+                    _companions(entry)
                     entries.append(entry)
         elif source.is_file():
-            entry = _read_entry(source, str(source), options, problems)
+            dlperf = None
+            if layout is not None:
+                dlperf = layout.fullmatch(f"{source.parent.name}/{source.name}")
+            entry = _read_entry(source, str(source), options, problems, dlperf is not None)
             if entry is not None:
-                _apply_name(entry, rx.fullmatch(source.name), problems)
+                if dlperf is not None:
+                    _apply_layout(entry, dlperf, problems)
+                else:
+                    _apply_name(entry, rx.fullmatch(source.name), problems)
+                _companions(entry)
                 entries.append(entry)
         else:
             problems.append(Problem(str(source), "", "no such file or folder"))
@@ -441,10 +542,15 @@ def collect_entries(sources: Sequence[Path], options: ImportOptions
             entry.origin[key] = origins[key] + (f" (the {where} said {said})" if said != value
                                                 else "")
             entry.known[key] = value
+        if entry.unknown_model is not None and "arch" not in entry.known:
+            problems.append(Problem(entry.label, "file name", (
+                f"DLPerf model {entry.unknown_model!r} is not one this importer knows "
+                f"({', '.join(fl.DLPERF_MODELS)}): give --param arch=NAME")))
     if not entries and not problems:
+        rules = repr(options.pattern) if options.pattern else (
+            f"{DEFAULT_PATTERN!r} or DLPerf's layout {fl.DLPERF_LAYOUT!r}")
         problems.append(Problem(", ".join(map(str, sources)), "",
-                                "no log file to import (none matches the naming rule "
-                                f"{options.pattern or DEFAULT_PATTERN!r})"))
+                                f"no log file to import (none matches the naming rule {rules})"))
     if problems:
         raise ConfigError(problems)
     return entries, skipped
@@ -459,7 +565,7 @@ def _target_from_matrix_file(path: Path) -> Target:
     matrix = load_matrix(path)
     groups = {c.group: {"params": c.params.model_dump(), "hash": c.hash} for c in matrix.cells}
     return Target(matrix.name, groups, list(matrix.varying), matrix.settings.baseline,
-                  matrix.source_text, str(path))
+                  matrix.source_text, str(path), matrix.settings.table_rule)
 
 
 def _planned_groups(run: RunPaths) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -504,7 +610,8 @@ def _target_from_runs(name: str, runs: list[RunPaths]) -> Target | None:
     return Target(name, groups, [v for v in varying if isinstance(v, str)]
                   if isinstance(varying, list) else [],
                   baseline if isinstance(baseline, str) else None, text,
-                  f"the runs of {name} under {run.root.parent}")
+                  f"the runs of {name} under {run.root.parent}",
+                  str(plan.get("table_rule") or "median"))
 
 
 def _toml_value(value: Any) -> str:
@@ -515,11 +622,15 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a JSON string is a TOML basic string
 
 
-def generated_matrix(name: str, configs: list[dict[str, Any]], device: str, note: str) -> str:
+def generated_matrix(name: str, configs: list[dict[str, Any]], device: str, note: str,
+                     table_rule: str | None = None) -> str:
     """A matrix file whose cells are ``configs``: the first is ``[workload]`` (the one cell of
     an empty product), each other an ``[[include]]`` that sets every key the first sets."""
     lines = [f"# {note}", "[matrix]", f"name = {_toml_value(name)}",
-             f"description = {_toml_value('imported by orchestrate import')}", ""]
+             f"description = {_toml_value('imported by orchestrate import')}"]
+    if table_rule and table_rule != "median":
+        lines.append(f"table_rule = {_toml_value(table_rule)}")
+    lines.append("")
     first = configs[0]
     for i, config in enumerate(configs):
         lines.append("[workload]" if i == 0 else "[[include]]")
@@ -536,7 +647,7 @@ def generated_matrix(name: str, configs: list[dict[str, Any]], device: str, note
 
 
 def _target_generated(name: str, known: list[dict[str, Any]], options: ImportOptions,
-                      labels: list[str]) -> Target:
+                      labels: list[str], kinds: Sequence[str] = ()) -> Target:
     missing = [label for label, k in zip(labels, known, strict=True) if "hardware" not in k]
     if missing:
         raise ConfigError([Problem(label, "hardware", "unknown: give --param hardware=NAME "
@@ -548,9 +659,15 @@ def _target_generated(name: str, known: list[dict[str, Any]], options: ImportOpt
         ordered = {p: k[p] for p in PARAM_NAMES if p in k}
         if ordered not in configs:
             configs.append(ordered)
+    rule = options.table_rule
+    seed_rules = {SEED_KINDS[k][1] for k in kinds if k in SEED_KINDS}
+    if rule is None and len(seed_rules) == 1 and len(set(kinds)) >= 1 and all(
+            k in SEED_KINDS for k in kinds):
+        rule = seed_rules.pop()  # the logs' own format: its table rule
     text = generated_matrix(name, configs, options.device,
                             "generated by orchestrate import: the configurations of the "
-                            "imported logs (parameters the logs did not state are defaults)")
+                            "imported logs (parameters the logs did not state are defaults)",
+                            rule)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.toml"
         path.write_text(text, encoding="utf-8")
@@ -569,8 +686,8 @@ def _checked_name(name: str, where: str = "--matrix") -> str:
     return name
 
 
-def resolve_target(options: ImportOptions, known: list[dict[str, Any]], labels: list[str]
-                   ) -> Target:
+def resolve_target(options: ImportOptions, known: list[dict[str, Any]], labels: list[str],
+                   kinds: Sequence[str] = ()) -> Target:
     """The matrix whose groups the imported cells join (see the module docstring)."""
     if not options.matrix:
         raise ConfigError("give --matrix NAME (or a matrix .toml): the matrix whose history "
@@ -580,7 +697,7 @@ def resolve_target(options: ImportOptions, known: list[dict[str, Any]], labels: 
     name = _checked_name(options.matrix)
     runs = runs_of(options.results_root, name)
     target = _target_from_runs(name, runs) if runs else None
-    return target or _target_generated(name, known, options, labels)
+    return target or _target_generated(name, known, options, labels, kinds)
 
 
 def match_group(known: dict[str, Any], target: Target) -> tuple[str | None, str]:
@@ -622,7 +739,8 @@ def plan_import(sources: Sequence[Path], options: ImportOptions) -> ImportPlan:
                               file=str(folders[0]))
         return plan_run_folder(folders[0], options)
     entries, skipped = collect_entries(sources, options)
-    target = resolve_target(options, [e.known for e in entries], [e.label for e in entries])
+    target = resolve_target(options, [e.known for e in entries], [e.label for e in entries],
+                            [e.kind for e in entries])
     problems: list[Problem] = []
     for entry in entries:
         group, why = match_group(entry.known, target)
@@ -675,10 +793,14 @@ def _assign_repeats(entries: list[Entry], problems: list[Problem]) -> None:
 
 
 def _judge_entry(entry: Entry, options: ImportOptions, problems: list[Problem]) -> None:
-    config = options.figures or FiguresConfig(
-        parser="dllogger" if entry.kind.startswith("dllogger") else "workload",
-        warmup=options.warmup if entry.kind.startswith("dllogger") else None)
-    output = CellOutput(entry.text, entry.label, None, entry.params, dllogger=entry.dll)
+    config = options.figures or _default_figures(entry, options)
+    params = dict(entry.params)
+    if entry.kind == "dlperf-log":  # DLPerf's own window unless the import states another
+        params["warmup"] = entry.known.get("warmup", 20)
+        params["iterations"] = entry.known.get("iterations", 100)
+    # seed 002: the nvprof CSV files beside the log are read from its folder
+    output = CellOutput(entry.text, entry.label, entry.path.parent if entry.companions else None,
+                        params, dllogger=entry.dll)
     try:
         figures = parse_figures(output, config)
     except LogFormatError as exc:
@@ -690,6 +812,23 @@ def _judge_entry(entry: Entry, options: ImportOptions, problems: list[Problem]) 
     for failure in bad:
         problems.append(_problem_of(entry, failure))
     entry.evaluation = Evaluation(figures, [f for f in failures if f not in bad])
+
+
+def _default_figures(entry: Entry, options: ImportOptions) -> FiguresConfig:
+    """How an entry's figures are read when ``--figures`` does not say: by its kind."""
+    if entry.kind in SEED_KINDS:
+        parser = SEED_KINDS[entry.kind][0]
+        telemetry = None
+        if entry.companions:
+            suffix = entry.path.name.removeprefix("resnet_iterdur_").removesuffix(".txt")
+            telemetry = f"resnet_*_{suffix}.csv"
+        warmup = options.warmup if parser in ("dlperf", "habana", "tf-timehistory") else None
+        return FiguresConfig.model_validate(
+            {"parser": parser, **({"warmup": warmup} if warmup is not None else {}),
+             **({"telemetry": telemetry} if telemetry else {})}, strict=False)
+    dll = entry.kind.startswith("dllogger")
+    return FiguresConfig(parser="dllogger" if dll else "workload",
+                         warmup=options.warmup if dll else None)
 
 
 def _problem_of(entry: Entry, failure: Failure) -> Problem:
@@ -930,7 +1069,8 @@ def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
         target = Target(name, groups, list(folder.plan.get("varying", [])),
                         folder.plan.get("baseline"),
                         matrix_text.read_text(encoding="utf-8") if matrix_text.exists()
-                        else f"# imported from {src}\n", f"the run folder {src}")
+                        else f"# imported from {src}\n", f"the run folder {src}",
+                        str(folder.plan.get("table_rule") or "median"))
     _check_not_imported(target.name, options.results_root, folder.digests,
                         [str(src)] * len(folder.digests), problems)
     if problems:
@@ -956,6 +1096,7 @@ def _plan_json(plan: ImportPlan, cells: list[dict[str, Any]]) -> dict[str, Any]:
         "matrix": plan.target.name, "source": plan.target.source, "backend": "import",
         "repeats": max([c["repeat"] for c in cells], default=1),
         "varying": plan.target.varying, "baseline": plan.target.baseline,
+        "table_rule": plan.target.table_rule,
         "imported": True, "cells": cells,
     }
 
@@ -977,6 +1118,9 @@ def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) ->
         cell_dir = paths.cell_dir(entry.cell_id)
         cell_dir.mkdir(parents=True)
         shutil.copyfile(entry.path, cell_dir / _copy_name(entry))
+        for extra in entry.companions:
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "_", extra.name)
+            shutil.copyfile(extra, cell_dir / (f"source-{name}" if name in _RESERVED else name))
         if figures.records:
             with paths.cell_metrics(entry.cell_id).open("w", encoding="utf-8") as fh:
                 fh.writelines(safejson.dumps(o) + "\n" for o in figures.records)

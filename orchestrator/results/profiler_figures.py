@@ -18,6 +18,11 @@ launch, a units row under the header)
     ``ncu.kernels`` (launches profiled), ``ncu.kernel_time_ms`` (their summed duration), and
     ``ncu.<metric>`` for every other metric named explicitly (not by ``regex:``) in the
     profile's ncu ``metrics``. Which metric fed each figure is in ``provenance.profiler``.
+    A profile asking for the ``.pct_of_peak_sustained_elapsed`` forms and
+    ``gpc__cycles_elapsed.max`` (seed 001's metrics) gets its figures from those, weighted by the
+    elapsed cycles, as TBD's coreutil.py weights them (``provenance.profiler.weighting`` per
+    pipe); coreutil.py's own table, with its kernel set, is the ``tbd`` table rule
+    (:mod:`orchestrator.results.table_rules`).
 ``nsys_kern_sum.csv`` / ``nsys_gpu_trace.csv`` (``nsys stats --report cuda_gpu_kern_sum`` /
 ``cuda_gpu_trace``, or ``gpukernsum`` / ``gputrace`` of nsys before 2023)
     ``nsys.kernel_time_ms``, ``nsys.kernels``, ``nsys.top_kernel_pct`` (share of kernel time of
@@ -56,21 +61,30 @@ from orchestrator.errors import LogFormatError, Problem
 log = logging.getLogger(__name__)
 
 _PCT = ".avg.pct_of_peak_sustained_active"
+#: The same metrics over the elapsed cycles: what seed 001 (TBD's coreutil.py) asked for.
+_ELAPSED = ".avg.pct_of_peak_sustained_elapsed"
 #: Per figure, the metrics that can feed it, preferred first. A tuple inside the list: metrics
-#: added up per kernel (the Tensor pipe split by instruction from Ampere on).
+#: added up per kernel (the Tensor pipe split by instruction from Ampere on). The ``_elapsed``
+#: forms come last: a profile that asks for them (TBD's metrics) gets its figures from them.
 PIPE_METRICS: Mapping[str, list[str | tuple[str, ...]]] = {
     "fma": [f"sm__inst_executed_pipe_fma{_PCT}", f"smsp__inst_executed_pipe_fma{_PCT}",
-            f"sm__pipe_fma_cycles_active{_PCT}", f"smsp__pipe_fma_cycles_active{_PCT}"],
+            f"sm__pipe_fma_cycles_active{_PCT}", f"smsp__pipe_fma_cycles_active{_PCT}",
+            f"sm__inst_executed_pipe_fma{_ELAPSED}"],
     "fp16": [f"sm__inst_executed_pipe_fp16{_PCT}", f"smsp__inst_executed_pipe_fp16{_PCT}",
-             f"sm__pipe_fp16_cycles_active{_PCT}", f"smsp__pipe_fp16_cycles_active{_PCT}"],
+             f"sm__pipe_fp16_cycles_active{_PCT}", f"smsp__pipe_fp16_cycles_active{_PCT}",
+             f"sm__inst_executed_pipe_fp16{_ELAPSED}"],
     "tensor": [f"sm__pipe_tensor_cycles_active{_PCT}", f"smsp__pipe_tensor_cycles_active{_PCT}",
                (f"sm__pipe_tensor_op_hmma_cycles_active{_PCT}",
                 f"sm__pipe_tensor_op_gmma_cycles_active{_PCT}"),
                (f"smsp__pipe_tensor_op_hmma_cycles_active{_PCT}",
-                f"smsp__pipe_tensor_op_gmma_cycles_active{_PCT}")],
-    "sfu": [f"sm__inst_executed_pipe_xu{_PCT}", f"smsp__inst_executed_pipe_xu{_PCT}"],
+                f"smsp__pipe_tensor_op_gmma_cycles_active{_PCT}"),
+               f"sm__inst_executed_pipe_tensor{_ELAPSED}"],
+    "sfu": [f"sm__inst_executed_pipe_xu{_PCT}", f"smsp__inst_executed_pipe_xu{_PCT}",
+            f"sm__inst_executed_pipe_xu{_ELAPSED}"],
 }
 DURATION = "gpu__time_duration.sum"
+#: Elapsed cycles: the weights of the ``_elapsed`` metrics (TBD's coreutil.py weights by it).
+CYCLES = "gpc__cycles_elapsed.max"
 #: nvprof's utilisation metrics (levels 0..10) of the same pipes.
 NVPROF_PIPES: Mapping[str, str] = {
     "fma": "single_precision_fu_utilization", "fp16": "half_precision_fu_utilization",
@@ -210,7 +224,9 @@ def ncu_figures(kernels: Sequence[Kernel], options: NcuOptions | None = None) ->
     def weight(k: Kernel) -> float:
         return (k.duration_ns or 0.0) if timed else 1.0
 
+    cycles = all(CYCLES in k.metrics for k in kernels)
     sources: dict[str, str] = {}
+    weights: dict[str, str] = {}
     for pipe, candidates in PIPE_METRICS.items():
         picked = _pick(kernels, candidates)
         if picked is None:
@@ -219,7 +235,12 @@ def ncu_figures(kernels: Sequence[Kernel], options: NcuOptions | None = None) ->
                 if pipe == "fp16" else ""))
             continue
         label, values = picked
-        value = _weighted((v, weight(k)) for k, v in values)
+        if label.endswith(_ELAPSED) and cycles:  # seed 001's rule: % of elapsed x cycles
+            value = _weighted((v, k.metrics[CYCLES]) for k, v in values)
+            weights[pipe] = CYCLES
+        else:
+            value = _weighted((v, weight(k)) for k, v in values)
+            weights[pipe] = DURATION if timed else "none (plain mean)"
         if value is not None:
             figs.metrics[f"ncu.{pipe}_pct"] = value
             sources[pipe] = label
@@ -231,6 +252,8 @@ def ncu_figures(kernels: Sequence[Kernel], options: NcuOptions | None = None) ->
             figs.metrics[f"ncu.{name}"] = value
     figs.info = {"weighting": "gpu__time_duration.sum" if timed else "none (plain mean)",
                  "metrics_from": sources}
+    if any(w == CYCLES for w in weights.values()):
+        figs.info["weighting"] = weights  # per pipe: which weights made its figure
     return figs
 
 
@@ -240,7 +263,7 @@ def _explicit_metrics(options: NcuOptions | None) -> list[str]:
     pipe_names = {n for cands in PIPE_METRICS.values() for c in cands
                   for n in (c if isinstance(c, tuple) else (c,))}
     return [m for m in options.metrics if not m.startswith(("regex:", "group:", "breakdown:"))
-            and m != DURATION and m not in pipe_names]
+            and m not in (DURATION, CYCLES) and m not in pipe_names]
 
 
 # --- nsys ------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from orchestrator import __version__
 from orchestrator.results.run_folder import CellResult, RunPaths, read_json
 from orchestrator.results.store import RecordedStack, stack_field_values
-from orchestrator.results.summary import GroupRow, table_cells, throughput_key
+from orchestrator.results.summary import GroupRow, rule_line, table_cells, throughput_key
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,11 @@ def run_report(paths: RunPaths, rows: Sequence[GroupRow], results: Sequence[Cell
     ])]
     headers, table = table_cells(rows, plan.get("varying", []), baseline)
     first_number = headers.index("ok") if "ok" in headers else len(headers)
+    rule = rule_line(rows)
     sections.append(Section(
-        "summary", "Summary", text="One row per configuration: the median over the repeats "
-        "that ended ok, and their min..max.",
+        "summary", "Summary", text=(f"One row per configuration, by the {rule}." if rule else
+                                    "One row per configuration: the median over the repeats "
+                                    "that ended ok, and their min..max."),
         table=_plain(headers, table, first_number, "summary")))
     svg = _svg(plot_run, [r for r in rows if r.ips is not None], f"{matrix} {paths.run_id}",
                subtitle) if any(r.ips is not None for r in rows) else None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,9 @@ from typing import Any
 from tabulate import tabulate
 
 from orchestrator.config.syntax import param_matches, parse_baseline
+from orchestrator.results import table_rules
 from orchestrator.results.run_folder import CellResult, RunPaths, Status, throughput_key
+from orchestrator.results.table_rules import TableRule
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -111,9 +114,18 @@ class GroupRow:
     extra: dict[str, float] = field(default_factory=dict)
     #: ok repeats whose GPU throttled; None when no ok repeat says.
     throttled: int | None = None
+    #: The table rule that made ``ips``, speedup and the rule's columns
+    #: (:mod:`orchestrator.results.table_rules`).
+    rule: str = table_rules.DEFAULT_RULE
+    #: The mean of the repeats, where the rule reports it (DLPerf's average_speed).
+    ips_mean: float | None = None
+    #: The rule's columns by csv name.
+    rule_columns: dict[str, float] = field(default_factory=dict)
 
     def csv_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"group": self.group, **self.params}
+        if self.rule != table_rules.DEFAULT_RULE:
+            row["table_rule"] = self.rule
         row.update(
             runs=self.runs, ok=self.ok,
             statuses=";".join(f"{k}={v}" for k, v in sorted(self.statuses.items())),
@@ -123,6 +135,9 @@ class GroupRow:
             efficiency=self.efficiency, ratio_vs_baseline=self.ratio,
             cross_stack="; ".join(f"{k}: {v}" for k, v in sorted(self.cross_stack.items())),
         )
+        if self.ips_mean is not None:
+            row["images_per_s_mean"] = self.ips_mean
+        row.update(self.rule_columns)
         if self.releases:
             row["release"] = "/".join(self.releases)
         if self.release_comparison:
@@ -187,16 +202,18 @@ def stack_difference(row: GroupRow, ref: GroupRow) -> str:
     return ", ".join(shown)
 
 
-def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
-    """Group results by cell group (plan order) and compute medians, speedup, efficiency.
-    Control measurements (role ``control``) are no configuration: they make no row
-    (:func:`control_note` says what they measured)."""
+def summarize(results: Sequence[CellResult], rule: TableRule | None = None) -> list[GroupRow]:
+    """Group results by cell group (plan order) and compute, by the table ``rule`` (default:
+    :data:`~orchestrator.results.table_rules.DEFAULT_RULE`), each row's number, speedup and
+    efficiency, and the rule's columns. Control measurements (role ``control``) are no
+    configuration: they make no row (:func:`control_note` says what they measured)."""
+    rule = rule or table_rules.table_rule(None)
     rows: dict[str, GroupRow] = {}
     ok_by_group: dict[str, list[CellResult]] = {}
     for res in results:
         if res.role == "control":
             continue
-        row = rows.setdefault(res.group, GroupRow(res.group, dict(res.params)))
+        row = rows.setdefault(res.group, GroupRow(res.group, dict(res.params), rule=rule.name))
         row.runs += 1
         row.statuses[res.status.value] = row.statuses.get(res.status.value, 0) + 1
         if res.status is Status.OK:
@@ -210,10 +227,12 @@ def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
         ok = ok_by_group.get(row.group, [])
         row.ok = len(ok)
         mode = row.params.get("mode", "train")
-        found = [r.metrics.get(throughput_key(mode)) for r in ok]
-        ips = [float(v) for v in found if isinstance(v, int | float)]
+        found = [table_rules.cell_value(rule, mode, r.metrics, r.params) for r in ok]
+        ips = [v for v in found if v is not None]
         if ips:
-            row.ips, row.ips_min, row.ips_max = statistics.median(ips), min(ips), max(ips)
+            row.ips, row.ips_min, row.ips_max = rule.aggregate(ips), min(ips), max(ips)
+            if rule.mean_header:
+                row.ips_mean = table_rules.fl.dlperf_average(ips)
         row.compute_ips = _median(r.metrics.get(throughput_key(mode, "compute_ips")) for r in ok)
         # inference latency: infer cells, and training runs with a validation pass (DLE's)
         for pct, attr in ((50, "latency_p50_ms"), (99, "latency_p99_ms")):
@@ -222,7 +241,15 @@ def summarize(results: Sequence[CellResult]) -> list[GroupRow]:
         if mode == "train":
             row.loss = _median(r.metrics.get("train.loss") for r in ok)
         _optional(row, ok)
-    _scaling(list(rows.values()))
+    columns = table_rules.expand_columns(
+        rule, [r.metrics for group in ok_by_group.values() for r in group])
+    for row in rows.values():
+        ok = ok_by_group.get(row.group, [])
+        for _, csv_name, figure, _ in columns:
+            value = _median(r.metrics.get(figure) for r in ok)
+            if value is not None:
+                row.rule_columns[csv_name] = value
+    _scaling(list(rows.values()), rule)
     return list(rows.values())
 
 
@@ -256,14 +283,20 @@ def _mark_cross_stack(row: GroupRow, ref: GroupRow, what: str) -> None:
         row.cross_stack[what] = difference
 
 
-def _scaling(rows: list[GroupRow]) -> None:
-    """Speedup and efficiency vs the 1-GPU row with otherwise equal parameters (its nodes
-    aside: a 16-GPU cell on two nodes is measured against one GPU, as DLPerf's 2n8g)."""
+def _scaling(rows: list[GroupRow], rule: TableRule | None = None) -> None:
+    """Speedup and efficiency vs the 1-GPU row with otherwise equal parameters, its nodes aside
+    (a 16-GPU cell on two nodes is measured against one GPU, as DLPerf's 2n8g); a per-card rule:
+    efficiency is the per-card ratio, the seed's scaling %; DLPerf's: speedup rounded to 2."""
+    rule = rule or table_rules.table_rule(None)
     if len({r.params.get("gpus") for r in rows}) < 2:
         return
     for row, ref in _baselines(rows, "gpus", "1", also=("nodes",)):
-        row.speedup = _ips_ratio(row, ref)
-        row.efficiency = row.speedup / row.params["gpus"]
+        ratio = _ips_ratio(row, ref)
+        speedup = ratio * row.params["gpus"] if rule.per_card else ratio
+        if rule.speedup_digits is not None:
+            speedup = round(speedup, rule.speedup_digits)
+        row.speedup = speedup
+        row.efficiency = ratio if rule.per_card else speedup / row.params["gpus"]
         _mark_cross_stack(row, ref, "speedup")
 
 
@@ -326,17 +359,25 @@ def table_cells(
 ) -> tuple[list[str], list[list[str]]]:
     """Headers and formatted cells of the summary table (the text and HTML tables share them)."""
     cols = varying_params(rows, plan_varying)
+    rule = table_rules.table_rule(rows[0].rule if rows else None)
+    digits = rule.digits
     infer = any(r.params.get("mode") == "infer" or r.latency_p50_ms is not None
                 or r.latency_p99_ms is not None for r in rows)
     scaling = any(r.speedup is not None for r in rows)
-    headers = [*cols, "ok", "images/s (median)", "min..max"]
+    main = rule.header
+    headers = [*cols, "ok", main, "min..max"]
+    mean = rule.mean_header is not None and any(r.ips_mean is not None for r in rows)
+    if mean:
+        headers.append(str(rule.mean_header))
     if scaling:
-        headers += ["speedup", "efficiency"]
+        headers += ["speedup", "scaling %" if rule.scaling == "scaling" else "efficiency"]
     if infer:
         headers += ["p50 ms", "p99 ms"]
     ratios = baseline is not None and any(r.ratio is not None for r in rows)
     if ratios:
         headers.append(f"vs {baseline}")
+    shown = _rule_columns(rule, rows)
+    headers += [c[0] for c in shown]
     optional = [c for c in METRIC_COLUMNS if any(c.csv in r.extra for r in rows)]
     headers += [c.header for c in optional]
     shown_release = release_column(rows, cols)
@@ -348,18 +389,46 @@ def table_cells(
         if shown_release:
             line.append("/".join(r.releases) + ("*" if len(r.releases) > 1 else ""))
         mark = "!" if r.throttled else ""
-        line += [f"{r.ok}/{r.runs}", _fmt(r.ips) + mark,
-                 f"{_fmt(r.ips_min)}..{_fmt(r.ips_max)}" if r.ips is not None else ""]
+        line += [f"{r.ok}/{r.runs}", _fmt(r.ips, digits) + mark,
+                 f"{_fmt(r.ips_min, digits)}..{_fmt(r.ips_max, digits)}" if r.ips is not None
+                 else ""]
+        if mean:
+            line.append(_fmt(r.ips_mean, digits))
         if scaling:
-            line += [_fmt(r.speedup, 2) + _cross_note(r, "speedup"),
-                     "" if r.efficiency is None else f"{r.efficiency:.0%}"]
+            efficiency = "" if r.efficiency is None else (
+                f"{r.efficiency:.1%}" if rule.scaling == "scaling" else f"{r.efficiency:.0%}")
+            line += [_fmt(r.speedup, 2) + _cross_note(r, "speedup"), efficiency]
         if infer:
             line += [_fmt(r.latency_p50_ms, 2), _fmt(r.latency_p99_ms, 2)]
         if ratios:
             line.append("" if r.ratio is None else f"{r.ratio:.2f}x" + _cross_note(r, "ratio"))
+        line += [_fmt(r.rule_columns.get(csv_name), d) for _, csv_name, _, d in shown]
         line += [_fmt(r.extra.get(c.csv), c.digits) for c in optional]
         table.append(line)
     return headers, table
+
+
+def _rule_columns(rule: TableRule, rows: Sequence[GroupRow]) -> list[tuple[str, str, str, int]]:
+    """The rule's columns some row has a value for, in the rule's order."""
+    names = {k for r in rows for k in r.rule_columns}
+    per_gpu = re.compile(r"^gpu(\d+)_")
+    gpus = sorted({int(m[1]) for k in names for m in [per_gpu.match(k)] if m})
+    out = []
+    for header, csv_name, figure, digits in rule.columns:
+        for gpu in (gpus if "{gpu}" in csv_name else [None]):
+            fill = {} if gpu is None else {"gpu": gpu}
+            name = csv_name.format(**fill)
+            if name in names:
+                out.append((header.format(**fill), name, figure.format(**fill), digits))
+    return out
+
+
+def rule_line(rows: Sequence[GroupRow]) -> str:
+    """The line above a table made by a rule other than the default: which rule, from where."""
+    if not rows or rows[0].rule == table_rules.DEFAULT_RULE:
+        return ""
+    rule = table_rules.table_rule(rows[0].rule)
+    return f"table rule: {rule.name} ({rule.source})"
 
 
 def render_table(
@@ -372,6 +441,9 @@ def render_table(
         return "(no results)"
     headers, table = table_cells(rows, plan_varying, baseline)
     text = tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
+    rule = rule_line(rows)
+    if rule:
+        text = f"{rule}\n\n{text}"
     notes = [THROTTLE_NOTE] if any(r.throttled for r in rows) else []
     if "release" in headers and any(len(r.releases) > 1 for r in rows):
         notes.append(MIXED_NOTE)
@@ -463,8 +535,13 @@ def summarize_run(
     """The rows and the table of a run folder, as :func:`write_summary` makes them, writing
     nothing (a read-only archive can still be reported)."""
     results = paths.results() if results is None else results
-    rows = summarize(results)
     plan = paths.plan_data() or {}  # a damaged plan.json only loses its column order
+    rule = plan.get("table_rule")
+    try:
+        chosen = table_rules.table_rule(rule if isinstance(rule, str) else None)
+    except ValueError:  # a plan.json of a newer orchestrate: its rule is not known here
+        chosen = table_rules.table_rule(None)
+    rows = summarize(results, chosen)
     varying = plan.get("varying")
     plan_varying = [k for k in varying if isinstance(k, str)] if isinstance(varying, list) else []
     baseline = baseline or (plan.get("baseline") if isinstance(plan.get("baseline"), str) else None)

@@ -72,7 +72,9 @@ def container_spec(
         argv=tuple(command.argv),
         env=command.env,
         device=profile.device,
-        gpu_ids=gpu_ids,
+        # Bitfusion: the GPUs are remote (`bitfusion run -n N` picks them), so no local device
+        # request: the client VM has no GPU of its own to give the container
+        gpu_ids=() if profile.wrapper == "bitfusion" else gpu_ids,
         image=image,
         container=container,
         workdir=command.workdir,
@@ -126,6 +128,8 @@ def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
         kwargs["memswap_limit"] = opts.mem_limit  # no swap: an over-limit cell is OOM-killed
     if opts.network:
         kwargs["network_mode"] = opts.network
+    if opts.pid:
+        kwargs["pid_mode"] = opts.pid
     if opts.runtime:
         kwargs["runtime"] = opts.runtime
     if spec.workdir:

@@ -2,16 +2,31 @@
 FROM orchestrate/ngc-pytorch:0123456789ab
 
 COPY bitfusion-client.deb /tmp/bitfusion-client.deb
-RUN (dpkg -i /tmp/bitfusion-client.deb \
+# The client is built for one Ubuntu release (its package says which: ubuntu2004 = 20.04): a base
+# of another release does not satisfy its libraries. `orchestrate validate` refuses the mismatch
+# first; the build refuses it too, for a base validate cannot see into.
+RUN want=$(dpkg-deb -f /tmp/bitfusion-client.deb Package | sed -n 's/.*ubuntu\([0-9][0-9]\)\([0-9][0-9]\).*/\1.\2/p') \
+ && . /etc/os-release \
+ && if [ -n "$want" ] && [ "$want" != "${VERSION_ID:-}" ]; then \
+      echo "the Bitfusion client $(dpkg-deb -f /tmp/bitfusion-client.deb Package) is built for Ubuntu $want; this base is ${PRETTY_NAME:-unknown}: build on a base of Ubuntu $want, or use the client for ${VERSION_ID:-this release}" >&2; \
+      exit 1; \
+    fi \
+ && (dpkg -i /tmp/bitfusion-client.deb \
      || (apt-get update \
          && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -f \
          && rm -rf /var/lib/apt/lists/*)) \
  && rm -f /tmp/bitfusion-client.deb \
  && command -v bitfusion
 
+# The client's configuration, build inputs that never reach a result or a log: the token
+# (client.yaml, readable by root only), the servers list, the servers' CA certificate.
+RUN mkdir -p /root/.bitfusion /etc/bitfusion/tls
+COPY client.yaml /root/.bitfusion/client.yaml
+RUN chmod 400 /root/.bitfusion/client.yaml
+COPY servers.conf /etc/bitfusion/servers.conf
 COPY bitfusion-ca.crt /usr/local/share/ca-certificates/bitfusion-ca.crt
-RUN mkdir -p /etc/bitfusion/tls \
- && cp /usr/local/share/ca-certificates/bitfusion-ca.crt /etc/bitfusion/tls/ca.crt \
- && (command -v update-ca-certificates >/dev/null && update-ca-certificates || true)
+RUN cp /usr/local/share/ca-certificates/bitfusion-ca.crt /etc/bitfusion/tls/ca.crt \
+ && (command -v update-ca-certificates >/dev/null && update-ca-certificates || true) \
+ && (getent group bitfusion >/dev/null && usermod -aG bitfusion root || true)
 
 ENV ORCHESTRATE_IMAGE_TEMPLATE=bitfusion

@@ -1,0 +1,170 @@
+"""Table rules: how a run's cells become the numbers of its table, named and chosen per matrix.
+
+Each seed experiment computed its table by a rule of its own; a matrix names the rule its table
+follows (``[matrix] table_rule = "dlperf"``, recorded in ``plan.json`` so ``report`` rebuilds the
+same table from disk), and every table says which rule made its numbers (a line above it, the
+``rule`` column of ``summary.csv``). :mod:`orchestrator.results.summary` applies the rule; the
+per-cell figures it combines come from the parsers of :mod:`orchestrator.results.foreign_logs`.
+
+``median`` (the default, ours)
+    per configuration, the median images/s (``train.total_ips`` / ``val.total_ips``) of the
+    repeats that ended ok; speedup and efficiency against the 1-GPU row; ratios to a baseline.
+``dlperf`` (seed 003)
+    DLPerf's ``extract_pytorch_logs_time.py``: per run (log) ``dlperf.total_ips`` (its rule,
+    rounded to 2), per configuration the median of the runs rounded to 2 (its
+    ``compute_median``) and their mean (``compute_average``), speedup = median / the 1-GPU
+    median, rounded to 2.
+``dle`` (seed 000)
+    DeepLearningExamples' own run summary: ``train.compute_ips`` / ``val.compute_ips`` as
+    DLE's logger reports it (``dle.train.compute_ips``: its mean of per-iteration ips, warmup
+    included), median over repeats; the baseline ratio (Bitfusion / native) on it. Two decimals,
+    as the seed's table.
+``tbd`` (seed 001)
+    TBD's ``coreutil.py``: per configuration the FMA, FP16, Tensor and SFU utilisation (%), each
+    the median over repeats of ``tbd.<unit>_pct`` (elapsed pipe metrics weighted by
+    ``gpc__cycles_elapsed.max``), five decimals as coreutil prints them; images/s where the cells
+    have it.
+``per-gpu`` (seed 002)
+    one column per GPU: the median iteration time of each GPU (``gpu<N>.iteration_median_s``,
+    first iteration dropped), the spread of those medians across GPUs (``per_gpu.spread_pct``)
+    and, where recorded, each GPU's mean power and SM clock; median over repeats.
+``habana`` (seed 004)
+    images/s per card (``habana.img_per_s_card``, else ``train.total_ips`` / cards) and scaling
+    % = per-card images/s of the row / per-card images/s of the 1-card row, as the seed's table.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from orchestrator.results import foreign_logs as fl
+
+
+@dataclass(frozen=True)
+class TableRule:
+    """How a table's numbers are made (see the module docstring)."""
+
+    name: str
+    #: Where the rule comes from, for the line above the table.
+    source: str
+    #: The figure a row's main number is made of, per mode (``train`` / ``infer``); None: the
+    #: row has no main number (tbd: the utilisations are the table).
+    figure: Callable[[str], str | None]
+    #: The header of the main number.
+    header: str
+    #: Repeats -> the row's number.
+    aggregate: Callable[[Sequence[float]], float] = statistics.median
+    digits: int = 1
+    #: Divide each cell's figure by its cards first (per-card throughput).
+    per_card: bool = False
+    #: ``speedup``: x vs the 1-GPU row with efficiency; ``scaling``: % of the 1-card row's
+    #: per-card number (the row's number is per card already).
+    scaling: Literal["speedup", "scaling"] = "speedup"
+    #: Speedups rounded as the rule rounds them (None: not rounded).
+    speedup_digits: int | None = None
+    #: Also the mean of the repeats (DLPerf's average_speed), under this header.
+    mean_header: str | None = None
+    #: Figures shown as columns: (header, csv name, figure, digits); a figure name with ``{gpu}``
+    #: is one column per GPU the rows have.
+    columns: tuple[tuple[str, str, str, int], ...] = field(default=())
+
+
+def _throughput(mode: str) -> str:
+    return "train.total_ips" if mode == "train" else "val.total_ips"
+
+
+RULES: dict[str, TableRule] = {
+    "median": TableRule(
+        "median", "orchestrate: median of the ok repeats' images/s", _throughput,
+        "images/s (median)"),
+    "dlperf": TableRule(
+        "dlperf", "DLPerf extract_pytorch_logs_time.py: per log the speed of DLPerf's line "
+        "window, rounded to 2; per row the median (and mean) of the runs, rounded to 2; speedup = "
+        "median / 1-GPU median, rounded to 2",
+        lambda mode: "dlperf.total_ips", "samples/s (DLPerf median)", fl.dlperf_median, 2,
+        speedup_digits=2, mean_header="samples/s (DLPerf mean)"),
+    "dle": TableRule(
+        "dle", "DeepLearningExamples main.py's own summary: train/val.compute_ips (DLE's mean "
+        "of per-iteration compute ips), median over repeats; ratios on it",
+        lambda mode: "dle.train.compute_ips" if mode == "train" else "dle.val.compute_ips",
+        "compute_ips (DLE)", statistics.median, 2),
+    "tbd": TableRule(
+        "tbd", "TBD coreutil.py: per unit sum(gpc__cycles_elapsed.max x pipe % of peak "
+        "sustained elapsed) / sum(cycles), median over repeats, printed to 5 decimals",
+        _throughput, "images/s (median)", statistics.median, 1,
+        columns=(("FMA %", "tbd_fma_pct", "tbd.fma_pct", 5),
+                 ("FP16 %", "tbd_fp16_pct", "tbd.fp16_pct", 5),
+                 ("Tensor %", "tbd_tensor_pct", "tbd.tensor_pct", 5),
+                 ("SFU %", "tbd_sfu_pct", "tbd.sfu_pct", 5))),
+    "per-gpu": TableRule(
+        "per-gpu", "per GPU: median iteration time (first iteration dropped); spread = (max - "
+        "min) / min of the GPUs' medians; medians over repeats",
+        _throughput, "images/s (median)", statistics.median, 1,
+        columns=(("GPU {gpu} s/iter", "gpu{gpu}_iteration_median_s",
+                  "gpu{gpu}.iteration_median_s", 4),
+                 ("spread %", "spread_pct", "per_gpu.spread_pct", 2),
+                 ("GPU {gpu} W", "gpu{gpu}_power_w_mean", "gpu{gpu}.power_w_mean", 0),
+                 ("GPU {gpu} MHz", "gpu{gpu}_sm_clock_mhz_mean", "gpu{gpu}.sm_clock_mhz_mean",
+                  0))),
+    "habana": TableRule(
+        "habana", "Habana Model-References: images/s per card (the program's per-card img/s); "
+        "scaling % = per-card images/s / the 1-card row's", lambda mode: "habana.img_per_s_card",
+        "img/s per card (median)", statistics.median, 0, per_card=True, scaling="scaling"),
+}
+DEFAULT_RULE = "median"
+RULE_NAMES = tuple(RULES)
+
+
+def table_rule(name: str | None) -> TableRule:
+    """The rule called ``name`` (None: the default); an unknown name is a ValueError."""
+    if name is None:
+        return RULES[DEFAULT_RULE]
+    try:
+        return RULES[name]
+    except KeyError:
+        raise ValueError(f"unknown table rule {name!r}; known: {', '.join(RULES)}") from None
+
+
+def cell_value(rule: TableRule, mode: str, metrics: Mapping[str, Any], params: Mapping[str, Any]
+               ) -> float | None:
+    """A cell's number under ``rule``: its figure (per card where the rule says so; a per-card
+    rule takes the cell's throughput / its cards where the program printed no per-card figure)."""
+    name = rule.figure(mode)
+    if name is None:
+        return None
+    value = _number(metrics.get(name))
+    if value is not None:
+        return value
+    if rule.per_card:
+        total = _number(metrics.get(_throughput(mode)))
+        cards = params.get("gpus", 1)
+        if total is not None and isinstance(cards, int) and cards > 0:
+            return total / cards
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+_GPU_KEY = re.compile(r"^gpu(\d+)\.")
+
+
+def expand_columns(rule: TableRule, metrics: Sequence[Mapping[str, Any]]
+                   ) -> list[tuple[str, str, str, int]]:
+    """The rule's columns, a ``{gpu}`` one repeated for every GPU the results have (in order)."""
+    gpus = sorted({int(m[1]) for ms in metrics for k in ms for m in [_GPU_KEY.match(k)] if m})
+    out: list[tuple[str, str, str, int]] = []
+    for header, csv_name, figure, digits in rule.columns:
+        if "{gpu}" not in figure:
+            out.append((header, csv_name, figure, digits))
+            continue
+        out += [(header.format(gpu=g), csv_name.format(gpu=g), figure.format(gpu=g), digits)
+                for g in gpus]
+    return out
