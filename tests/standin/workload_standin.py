@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=_positive, default=1000)
     p.add_argument("--workers", type=_non_negative, default=4)
     p.add_argument("--device", choices=("auto", "cuda", "cpu", "hpu"), default="auto")
-    p.add_argument("--hpu-mode", choices=("eager", "lazy", "compile"), default=None)
+    p.add_argument("--hpu-mode", choices=("eager", "lazy", "compile", "graph"), default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default=None)
     p.add_argument("--telemetry-interval", type=float, default=0.5)
