@@ -10,9 +10,11 @@ tested without running torch in every cell:
   iterations, ``summary`` last (``status``, ``data``, ``iteration_times``, ``env``), or one
   ``error`` line (``kind``, ``rank``, ``message``); notes go to stderr;
 * exit status 0 ok, 2 a handled error, 3 out of memory, 1 a bug (traceback on stderr);
-* ``--output-dir``: ``iterations.csv`` and ``summary.json`` as the workload writes them;
+* ``--output-dir``: ``iterations.csv``, ``iterations_per_rank.csv`` and ``summary.json`` as the
+  workload writes them;
 * ranks: ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE`` from the environment (torchrun's);
-  only rank 0 prints;
+  only rank 0 prints. The ranks do not talk to each other (no process group): the per-rank
+  figures (``per_gpu.*``, ``gpu<rank>.*``) are rank 0's own;
 * a missing ``--data`` folder is the workload's data error (same message), ``--device cuda``
   or ``hpu`` its device error (no accelerator here).
 
@@ -54,6 +56,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -279,6 +282,13 @@ def _summarize(prefix: str, data: list[float], compute: list[float], iteration: 
     return out
 
 
+def _per_rank(series: list[float]) -> dict[str, Any]:
+    """The per-rank figures (workload.run.per_rank_figures) of this process's own series."""
+    return {"per_gpu.iteration_times": {"0": series}, "per_gpu.gpus": 1,
+            "gpu0.iteration_median_s": statistics.median(series),
+            "gpu0.iteration_mean_s": math.fsum(series) / len(series)}
+
+
 def _write_outputs(output_dir: Path, starts: list[float], data: list[float],
                    compute: list[float], iteration: list[float], summary: dict) -> None:
     with (output_dir / "iterations.csv").open("w", newline="") as fh:
@@ -286,6 +296,11 @@ def _write_outputs(output_dir: Path, starts: list[float], data: list[float],
         writer.writerow(ITERATION_FIELDS)
         for i, row in enumerate(zip(starts, data, compute, iteration, strict=True), start=1):
             writer.writerow([i, f"{row[0]:.6f}", *(f"{v:.9f}" for v in row[1:])])
+    with (output_dir / "iterations_per_rank.csv").open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(("step", "rank", "iteration_time_s"))
+        for step, value in enumerate(iteration, start=1):
+            writer.writerow([step, 0, f"{value:.9f}"])
     (output_dir / "summary.json").write_text(json.dumps(_clean(summary), indent=2) + "\n")
 
 
@@ -405,6 +420,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> None:
             reporter.emit({"type": "iter", "step": i + 1, "data": line})
     iteration = [d + c for d, c in zip(data, compute, strict=True)]
     summary_data: dict[str, Any] = _summarize(prefix, data, compute, iteration, gbs)
+    summary_data |= _per_rank(iteration)
     if prefix == "train":
         summary_data["train.loss"] = _loss(args.iterations - 1)
     summary_data.update(iterations=args.iterations, warmup=args.warmup, world_size=world,
