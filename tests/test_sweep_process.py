@@ -162,6 +162,41 @@ def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, t
     assert os.path.exists(run_dir / "summary.csv")
 
 
+def test_after_a_hangup_the_terminals_second_sighup_cannot_kill_the_stopped_sweep() -> None:
+    """The handlers the sweep replaced are put back when it ends, except SIGHUP after a
+    hang-up: the terminal's second SIGHUP may come after the sweep has stopped (a fast cell
+    stops within the 0.2 s above), and the default handler would kill the process before its
+    summary and exit 130. No signal is sent: the handler is called as Python would call it."""
+    from orchestrator.cli.sweep_commands import STOP_SIGNALS, _Stopper
+
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    stopper = _Stopper()
+    previous = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            stopper(signal.SIGHUP, None)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # the second one, while stopping
+        stopper.restore(previous)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # and after the sweep ended
+        assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS
+                if sig != signal.SIGHUP} == {sig: h for sig, h in before.items()
+                                             if sig != signal.SIGHUP}
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+    calm = _Stopper()  # no hang-up: every handler is put back as it was
+    previous = {sig: signal.signal(sig, calm) for sig in STOP_SIGNALS}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            calm(signal.SIGTERM, None)
+        calm.restore(previous)
+        assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def test_resume_runs_only_what_did_not_end_ok(write_matrix, tmp_path, standin):
     import threading
 
