@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import io
+import json
 import os
 import re
 import subprocess
@@ -110,9 +111,12 @@ def test_a_sweep_outside_a_terminal_prints_one_line_per_start_and_end(write_matr
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
     assert all(re.match(STAMP + " ", ln) for ln in lines), proc.stderr
+    # the cells run in the random order the sweep drew and recorded in plan.json
+    (plan,) = (tmp_path / "r" / "cron").glob("*/plan.json")
+    first, second = json.loads(plan.read_text())["order"]["cells"]
+    assert {first, second} == {"cpu-g1-bs2-fp32-seed1-r1", "cpu-g1-bs2-fp32-seed2-r1"}
     assert [" ".join(ln[20:].split()[:3]) for ln in lines[1:]] == [
-        "[1/2] start cpu-g1-bs2-fp32-seed1-r1", "[1/2] ok cpu-g1-bs2-fp32-seed1-r1",
-        "[2/2] start cpu-g1-bs2-fp32-seed2-r1", "[2/2] ok cpu-g1-bs2-fp32-seed2-r1"]
+        f"[1/2] start {first}", f"[1/2] ok {first}", f"[2/2] start {second}", f"[2/2] ok {second}"]
     assert lines[2].rsplit(" ETA ", 1)[0].endswith("| 1 ok |")  # (the ETA itself varies)
     assert lines[4].endswith("| 2 ok | ETA 0:00")
     assert "cells: 2 ok" in proc.stdout and str(tmp_path / "r" / "cron") in proc.stdout
