@@ -19,7 +19,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -1744,10 +1743,9 @@ def run_in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Outco
     return Outcome(code, captured.out, captured.err)
 
 
-def run_subprocess(argv: list[str], cwd: Path) -> Outcome:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=HANG_LIMIT_S)
+def run_subprocess(orchestrate_cli: Callable[..., Any], argv: list[str], cwd: Path) -> Outcome:
+    proc = orchestrate_cli(*argv, cwd=cwd, env={"PYTHONPATH": str(ROOT)},
+                           timeout=HANG_LIMIT_S, module="orchestrator.cli")
     return Outcome(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -1800,8 +1798,9 @@ SAMPLE = [c for c in CASES if c.subprocess]
 
 
 @pytest.mark.parametrize("c", SAMPLE, ids=_ids(SAMPLE))
-def test_bad_input_as_a_real_process(c: Case, tmp_path: Path) -> None:
-    _run_case(c, tmp_path, run_subprocess)
+def test_bad_input_as_a_real_process(c: Case, tmp_path: Path,
+                                     orchestrate_cli: Callable[..., Any]) -> None:
+    _run_case(c, tmp_path, lambda argv, root: run_subprocess(orchestrate_cli, argv, root))
 
 
 def counts() -> Counter[str]:
