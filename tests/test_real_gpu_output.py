@@ -166,3 +166,21 @@ def test_nvml_telemetry_agrees_with_nvidia_smi_over_the_same_window():
         sum(float(r["clocks.sm"]) for r in smi) / len(smi), rel=0.01)
     assert ours["telemetry.throttled"] is False
     assert {r["clocks_event_reasons.active"] for r in smi} == {"0x0000000000000000"}
+
+
+def test_nvml_power_refreshes_slower_than_the_shortest_interval_allowed():
+    """Why telemetry_interval stops at MIN_TELEMETRY_INTERVAL_S: sampled every 5 ms on the H100,
+    NVML's power reading changed a median 99 ms apart (and the temperature ~300 ms): a shorter
+    interval repeats readings."""
+    import statistics
+
+    from orchestrator.config.matrix_file import MIN_TELEMETRY_INTERVAL_S
+
+    with (DATA / "telemetry" / "telemetry.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    stamps = [float(r["timestamp"]) for r in rows]
+    assert statistics.median(b - a for a, b in zip(stamps, stamps[1:])) < 0.006
+    changes = [float(rows[i]["timestamp"]) for i in range(1, len(rows))
+               if rows[i]["power_w"] != rows[i - 1]["power_w"]]
+    refresh = statistics.median(b - a for a, b in zip(changes, changes[1:]))
+    assert refresh > MIN_TELEMETRY_INTERVAL_S
