@@ -70,6 +70,16 @@ name = "faults"
 timeout_s = 300
 [workload]
 hardware = "cpu"
+{workload}
+[axes]
+seed = {seeds}
+[hardware.cpu]
+device = "cpu"
+{tables}
+"""
+
+#: The cells' parameters: the tiny CPU workload (``iterations`` filled in).
+WORKLOAD = """\
 arch = "resnet18"
 image_size = 32
 batch_size = 2
@@ -77,10 +87,6 @@ warmup = 1
 iterations = {iterations}
 workers = 0
 num_classes = 10
-[axes]
-seed = {seeds}
-[hardware.cpu]
-device = "cpu"
 """
 
 
@@ -112,11 +118,13 @@ class Count:
 class Suite:
     """The scenarios over one working folder."""
 
-    def __init__(self, work: Path, cells: int, iterations: int = 2):
+    def __init__(self, work: Path, cells: int, iterations: int = 2, workload: str | None = None,
+                 tables: str = ""):
         self.work = work
         self.cells = cells
         self.matrix = work / "faults.toml"
-        self.matrix.write_text(MATRIX.format(iterations=iterations,
+        body = WORKLOAD.format(iterations=iterations) if workload is None else workload
+        self.matrix.write_text(MATRIX.format(workload=body, tables=tables,
                                              seeds=list(range(1, cells + 1))))
         self.locks = work / "locks"
 
@@ -496,9 +504,12 @@ def kill_points(seed: int, kills: int, span_s: float) -> list[float]:
 
 
 def run_suite(work: Path, *, seed: int = 1, kills: int = 3, cells: int = 4,
-              host_lost: bool = False, span_s: float | None = None) -> list[Count]:
-    """Every scenario; the figures of each."""
-    suite = Suite(work, cells)
+              host_lost: bool = False, span_s: float | None = None,
+              workload: str | None = None, tables: str = "") -> list[Count]:
+    """Every scenario; the figures of each. ``workload``: the cells' ``[workload]`` keys
+    instead of the tiny CPU workload's, ``tables``: more tables of the matrix (the test suite
+    runs a stand-in program through a ``[commands.NAME]`` table)."""
+    suite = Suite(work, cells, workload=workload, tables=tables)
     span = span_s if span_s is not None else 6.0 * cells
     counts = [suite.kill9(t) for t in kill_points(seed, kills, span)]
     counts += [suite.disk_full(), suite.read_only_cell(), suite.read_only_results(),

@@ -341,7 +341,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results.append((case, Outcome(note=f"skipped: {reason}")))
                 continue
             print(f"running {case.name} ...", file=sys.stderr, flush=True)
-            results.append((case, run_case(case, setup, root / case.name, args.timeout)))
+            outcome = run_case(case, setup, root / case.name, args.timeout)
+            results.append((case, outcome))
+            # one line per case as it ends, so a run cut short still says what it measured
+            print(f"  {case.name}: total {fmt(outcome.total_ips)} img/s, compute "
+                  f"{fmt(outcome.compute_ips)} img/s, p50 {fmt(outcome.p50_ms, 3)} ms, "
+                  f"failed checks: {outcome.failed or 'none'} {outcome.note}",
+                  file=sys.stderr, flush=True)
     print(describe(setup, results))
     print(table(HEADER, table_rows(results)))
     if args.json:

@@ -55,7 +55,8 @@ from workload.metrics import images_per_second  # noqa: E402
 from workload.profile_run import NCU_CSV, NSYS_REPORTS  # noqa: E402
 from workload.profiling import tool_problem  # noqa: E402
 
-TOOLS = {"nsys": NsysOptions(), "ncu": NcuOptions(), "nvprof": NvprofOptions()}
+TOOLS: dict[str, NsysOptions | NcuOptions | NvprofOptions] = {
+    "nsys": NsysOptions(), "ncu": NcuOptions(), "nvprof": NvprofOptions()}
 #: What each profiler leaves for the orchestrator's figures.
 FILES = {"torch": ("trace_rank0.json",), "nsys": tuple(NSYS_REPORTS), "ncu": (NCU_CSV,),
          "nvprof": ()}
@@ -204,7 +205,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--allow-cpu", action="store_true")
+    p.add_argument("--ncu-metrics", nargs="+", default=None, metavar="METRIC",
+                   help="ncu --metrics instead of the default pipe metrics (e.g. both the "
+                   "_active set and TBD's _elapsed set with gpc__cycles_elapsed.max)")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="keep every run's output folder (iterations.csv, ncu.csv, traces) here")
     args = p.parse_args(argv)
+    if args.ncu_metrics:
+        TOOLS["ncu"] = NcuOptions(metrics=args.ncu_metrics)
 
     if gpu_count():
         setup = Setup(args.python, "cuda", "resnet50", 224, args.batch_size, args.precision,
@@ -226,9 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             active.append(prof)
     runs: dict[str, list[Split]] = {prof: [] for prof in active}
     with tempfile.TemporaryDirectory(prefix="profiler-overhead-") as tmp:
+        root = Path(args.keep) if args.keep else Path(tmp)
         for repeat in range(args.repeats):
             for prof in active:
-                out = Path(tmp) / f"{prof}-{repeat}"
+                out = root / f"{prof}-{repeat}"
                 runs[prof].append(run_one(prof, setup, out, args.timeout))
     rows = summarize(runs, setup)
     print(f"{setup.arch} {setup.precision} bs{setup.batch}, {setup.warmup} warmup + "

@@ -177,6 +177,19 @@ def dle_command(
     return [*cmd, str(workspace)]  # the DATA positional (unused with synthetic data)
 
 
+#: An empty stand-in for DALI: DLE defines its DALI pipelines at import and fails without it.
+NO_DALI = Path(__file__).resolve().parent / "dle_nodali"
+
+
+def dle_environment(python: str) -> dict[str, str]:
+    """This environment, with the DALI stand-in on the path where ``python`` has no DALI."""
+    env = dict(os.environ)
+    probe = subprocess.run([python, "-c", "import nvidia.dali"], capture_output=True, env=env)
+    if probe.returncode != 0:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(NO_DALI)) if p)
+    return env
+
+
 def run_dle(
     dle_dir: Path, case: Case, iterations: int, warmup: int, python: str, timeout: int
 ) -> Outcome:
@@ -186,7 +199,8 @@ def run_dle(
         cmd = dle_command(dle_dir, case, iterations, warmup, workspace, python)
         if cmd is None:
             return Outcome(note="DLE has no bf16 mode")
-        proc = subprocess.run(cmd, cwd=dle_dir, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=dle_dir, capture_output=True, text=True, timeout=timeout,
+                              env=dle_environment(python))
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             return Outcome(note=f"DLE failed (rc {proc.returncode}): {' | '.join(tail)}")

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# Fixtures for real services: a Docker engine and a local base image; sshd hosts on loopback;
-# the single-node Slurm cluster (and no_jobs_left).
-pytest_plugins = ["docker_support", "ssh_support", "slurm_support", "gpu_support"]
+from standin_support import Standin  # noqa: E402 - tests/ is on sys.path (rootdir conftest)
+
+# The tiers (unit / workload / integration, derived from the fixtures a test uses; see
+# tiers_support.py). Fixtures for real services: a Docker engine and a local base image; sshd
+# hosts on loopback; the single-node Slurm cluster (and no_jobs_left); stand-in GPUs (gpu_machine).
+pytest_plugins = ["tiers_support", "docker_support", "ssh_support", "slurm_support",
+                  "gpu_support"]
 
 CPU_PROFILE = """
 [hardware.cpu]
@@ -37,10 +44,90 @@ def write_matrix(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
+@pytest.fixture(scope="session")
+def torch() -> Any:
+    """The torch module (skipped where torch is not installed): a test that takes it is in the
+    workload tier. Test modules never import torch at module level, so that the suite collects
+    without torch and the unit tier never pays for importing it."""
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="session")
+def workload_python() -> str:
+    """This interpreter, to run the real workload in a subprocess (skipped where torch is not
+    installed; torch is found, not imported): a test that takes it is in the workload tier."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the workload extra)")
+    return sys.executable
+
+
+@pytest.fixture(scope="session")
+def floor_python() -> str:
+    """The floor torch/torchvision interpreter (``ORCHESTRATE_FLOOR_PYTHON``; skipped, or failed
+    under ``CI=true``, without it): workload tier."""
+    from workload_support import floor_python as find
+
+    return find()
+
+
+@pytest.fixture(scope="session")
+def standin() -> Standin:
+    """The STAND-IN workload (tests/standin/workload_standin.py, see standin_support.py): cells
+    that run it start processes, so a test that takes it is in the integration tier."""
+    return Standin()
+
+
+@pytest.fixture
+def orchestrate_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the real console entry point in a fresh interpreter:
+    ``orchestrate_cli(*args, cwd=ROOT, env=None, timeout=120, module="orchestrator")`` runs
+    ``python -m orchestrator ARGS`` (``env``: added to this environment; ``module=None``: ``python
+    ARGS``, e.g. ``-c CODE``). A test that takes it starts processes: integration tier."""
+
+    def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
+            timeout: float = 120, module: str | None = "orchestrator"
+            ) -> subprocess.CompletedProcess[str]:
+        prefix = [sys.executable] if module is None else [sys.executable, "-m", module]
+        return subprocess.run([*prefix, *args], capture_output=True, text=True, cwd=cwd,
+                              timeout=timeout, env={**os.environ, **(env or {})})
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def dllogger_program() -> Callable[..., Any]:
+    """:func:`dllogger_support.run_program` (the real DLLogger writing a program's logs, in a
+    process of its own): a test that takes it is integration-tier."""
+    from dllogger_support import run_program
+
+    return run_program
+
+
+@pytest.fixture
+def tmpfs() -> Callable[..., Any]:
+    """:func:`fs_support.tmpfs` (mounts a real tmpfs, as root): a test that takes it starts
+    processes (``mount``): integration tier."""
+    from fs_support import tmpfs
+
+    return tmpfs
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _own_lock_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The tests' sweeps lock GPUs in a folder of their own (and their subprocesses too), never
     in the machine's /tmp/orchestrate-locks where a real sweep may be running."""
-    import os
-
     os.environ.setdefault("ORCHESTRATE_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Every sweep records the checkout's git revision (``git rev-parse``, cached per process):
+    asked once here, before any test, so that in-process sweeps of the unit tier start no
+    process of their own. (Under the floor venv the orchestrator is not importable: nothing
+    to ask.)"""
+    try:
+        from orchestrator.backends.base import git_revision
+    except ImportError:
+        return
+    git_revision()

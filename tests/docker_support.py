@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from service_support import unavailable
+from standin_support import Standin, container_mount
 from workload_support import ONE_STEP_WORKLOAD
 
 INFRA = Path(__file__).resolve().parent / "infra"
@@ -150,8 +151,9 @@ def run_containers(client: Any, run_id: str) -> list[Any]:
     return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
 
 
-#: A matrix of one small real training cell (resnet18, 32 px, batch 2, one iteration) on a
-#: ``cpu`` profile built from the ngc-pytorch template over ``{base}`` (the local base image).
+#: A matrix of one small cell (resnet18, 32 px, batch 2, one iteration) on a ``cpu`` profile
+#: built from the ngc-pytorch template over ``{base}`` (the local base image): the real
+#: workload, or the STAND-IN (``{workload}``, ``{mounts}``).
 CPU_CONTAINER_MATRIX = """
 [matrix]
 name = "{name}"
@@ -160,21 +162,32 @@ timeout_s = 240
 {settings}
 [workload]
 hardware = "cpu"
-""" + ONE_STEP_WORKLOAD.replace("{", "{{").replace("}", "}}") + """
+{workload}
 [hardware.cpu]
 device = "cpu"
 image = "ngc-pytorch"
 image_vars = {{ base_image = "{base}", install_nvml = false }}
 env = {{ OMP_NUM_THREADS = "1" }}
 # memlock = unlimited (the GPU default) is refused on the project's VMs.
-container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} }}
+container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }}{mounts} }}
 {profile_extra}
 """
 
 
 def cpu_container_matrix(name: str, base: str, *, backend: str, settings: str = "",
-                         profile_extra: str = "") -> str:
+                         profile_extra: str = "", standin: Standin | None = None,
+                         knobs: str = "", launcher: str = "self") -> str:
     """:data:`CPU_CONTAINER_MATRIX` filled in: ``settings`` go under ``[matrix]``,
-    ``profile_extra`` (more keys of the profile, or tables after it) at the end."""
-    return CPU_CONTAINER_MATRIX.format(name=name, backend=backend, base=base, settings=settings,
-                                       profile_extra=profile_extra)
+    ``profile_extra`` (more keys of the profile, or tables after it) at the end. With
+    ``standin`` the cells run the STAND-IN workload, mounted into the container (its ``knobs``;
+    ``launcher = "torchrun"`` for multi-node cells)."""
+    if standin is None:
+        return CPU_CONTAINER_MATRIX.format(name=name, backend=backend, base=base,
+                                           settings=settings, profile_extra=profile_extra,
+                                           workload=ONE_STEP_WORKLOAD, mounts="")
+    workload = standin.workload.replace("warmup = 1\niterations = 2\n",
+                                        "warmup = 0\niterations = 1\n")
+    text = CPU_CONTAINER_MATRIX.format(name=name, backend=backend, base=base, settings=settings,
+                                       profile_extra=profile_extra, workload=workload,
+                                       mounts=f", mounts = [{container_mount()}]")
+    return text + standin.command(knobs, container=True, launcher=launcher)

@@ -129,7 +129,7 @@ def probe_matrix(tmp_path: Path, *, backend: str = "process", device: str = "cpu
 
 
 @pytest.fixture
-def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def apptainer_standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The stand-in ``apptainer`` first on PATH; its calls recorded in the returned folder."""
     record = tmp_path / "standin-calls"
     monkeypatch.setenv("PATH", f"{STANDIN}{os.pathsep}{os.environ['PATH']}")
@@ -218,7 +218,7 @@ def test_bind_problem(path: str, problem: str) -> None:
 # --- the .sif cache ----------------------------------------------------------------------------
 
 
-def test_sif_from_definition_is_cached_by_content_hash(tmp_path, standin) -> None:
+def test_sif_from_definition_is_cached_by_content_hash(tmp_path, apptainer_standin) -> None:
     """`apptainer build` runs once in the rendered context; unchanged inputs never rebuild; a
     changed variable is another image."""
     plan = sif.plan_sif(build.plan_image("singularity", {"base_tag": "23.10-py3"}),
@@ -230,7 +230,7 @@ def test_sif_from_definition_is_cached_by_content_hash(tmp_path, standin) -> Non
     made = json.loads(Path(plan.path).read_text())
     assert made["spec"] == "Singularity.def" and made["fakeroot"] is True
     assert "workload/run.py" in made["context"]
-    (call,) = calls(standin)
+    (call,) = calls(apptainer_standin)
     assert call["argv"][:2] == ["build", "--fakeroot"] and call["argv"][-1] == "Singularity.def"
     assert call["out"].startswith(plan.path + ".building-")
     other = sif.plan_sif(build.plan_image("singularity", {"base_tag": "24.05-py3"}),
@@ -239,17 +239,17 @@ def test_sif_from_definition_is_cached_by_content_hash(tmp_path, standin) -> Non
     assert list((tmp_path / "sif").iterdir()) == [Path(plan.path)]  # nothing half-built left
 
 
-def test_images_build_singularity_cli(tmp_path, standin, capsys) -> None:
+def test_images_build_singularity_cli(tmp_path, apptainer_standin, capsys) -> None:
     argv = ["images", "build", "singularity", "--set", "base_tag=23.10-py3",
             "--sif-dir", str(tmp_path / "sif")]
     assert cli_main(argv) == 0
     assert "built in" in capsys.readouterr().out
     assert cli_main(argv) == 0
     assert "up to date" in capsys.readouterr().out
-    assert len(calls(standin)) == 1
+    assert len(calls(apptainer_standin)) == 1
 
 
-def test_failed_build_leaves_nothing(tmp_path, standin, monkeypatch) -> None:
+def test_failed_build_leaves_nothing(tmp_path, apptainer_standin, monkeypatch) -> None:
     plan = sif.plan_sif(build.plan_image("singularity", {}), binary=str(STANDIN / "apptainer"),
                         directory=str(tmp_path / "sif"))
     Path(plan.path).parent.mkdir()
@@ -276,7 +276,7 @@ def test_prepare_refuses_missing_binary_and_bind_source_at_once(tmp_path, monkey
     assert "does not exist on localhost" in fields["hardware.cpu.apptainer.binds[0].source"]
 
 
-def test_a_given_sif_that_is_missing_is_refused(tmp_path, standin) -> None:
+def test_a_given_sif_that_is_missing_is_refused(tmp_path, apptainer_standin) -> None:
     path = probe_matrix(tmp_path)
     (tmp_path / "probe.sif").unlink()
     matrix = load_matrix(path)
@@ -324,7 +324,7 @@ def test_shipped_seed_002_matrix_is_clean_and_dry_runs(capsys, standin) -> None:
 # --- real sweeps through the stand-in ----------------------------------------------------------
 
 
-def test_process_sweep_runs_in_the_standin(tmp_path, standin) -> None:
+def test_process_sweep_runs_in_the_standin(tmp_path, apptainer_standin) -> None:
     """A CPU cell through the process backend: --cleanenv, binds, --pwd, the environment as
     the container sees it; the secret reaches the program and no file of the run."""
     matrix = load_matrix(probe_matrix(tmp_path))
@@ -339,7 +339,7 @@ def test_process_sweep_runs_in_the_standin(tmp_path, standin) -> None:
     assert seen["secret_sha256"] == SECRET_SHA and seen["cwd"] == str(cell.resolve())
     assert seen["exists"] == {str(tmp_path / "data"): True}
     assert "HF_TOKEN" not in seen["env_names"]  # --cleanenv: the launcher's variables stay out
-    (call,) = calls(standin)
+    (call,) = calls(apptainer_standin)
     assert call["flags"] == ["--cleanenv"]
     assert call["binds"][0] == {"source": str(tmp_path / "data"), "target": "/data",
                                 "read_only": True}
@@ -367,7 +367,7 @@ def cancelled_once_started(matrix: Matrix, results: Path, join_s: float) -> Swee
     return box["outcome"]
 
 
-def test_process_sweep_timeout_and_cancel(tmp_path, standin) -> None:
+def test_process_sweep_timeout_and_cancel(tmp_path, apptainer_standin) -> None:
     matrix = load_matrix(probe_matrix(tmp_path, timeout=3, sleep=120))
     started = time.monotonic()
     (res,) = run_sweep(matrix, results_root=tmp_path / "r1").results
@@ -375,15 +375,17 @@ def test_process_sweep_timeout_and_cancel(tmp_path, standin) -> None:
     matrix = load_matrix(probe_matrix(tmp_path, timeout=300, sleep=120))
     (res,) = cancelled_once_started(matrix, tmp_path / "r2", join_s=60).results
     assert res.status is Status.CANCELLED
-    pids = [c["pid"] for c in calls(standin)]
-    assert len(pids) == 2, calls(standin)  # one `apptainer exec` per sweep, both through it
+    pids = [c["pid"] for c in calls(apptainer_standin)]
+    # one `apptainer exec` per sweep, both through it
+    assert len(pids) == 2, calls(apptainer_standin)
     for pid in pids:  # the stand-in exec'd the probe: the same pid
         assert not Path(f"/proc/{pid}").exists() or \
             "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
 
 
 @pytest.mark.slurm
-def test_slurm_sweep_pins_the_jobs_gpus_in_the_standin(tmp_path, standin, no_jobs_left) -> None:
+def test_slurm_sweep_pins_the_jobs_gpus_in_the_standin(tmp_path, apptainer_standin,
+                                                        no_jobs_left) -> None:
     """Real jobs: 1 and 2 GPUs (torchrun inside the "container"); each rank sees the
     CUDA_VISIBLE_DEVICES Slurm gave its job, passed in by the script; binds and secrets."""
     matrix = load_matrix(probe_matrix(tmp_path, backend="slurm", device="cuda",
@@ -391,7 +393,7 @@ def test_slurm_sweep_pins_the_jobs_gpus_in_the_standin(tmp_path, standin, no_job
     outcome = run_sweep(matrix, results_root=tmp_path / "results")
     assert [r.status for r in outcome.results] == [Status.OK, Status.OK], \
         [r.reason for r in outcome.results]
-    by_call = {Path(c["pwd"]).name: c for c in calls(standin)}
+    by_call = {Path(c["pwd"]).name: c for c in calls(apptainer_standin)}
     for res in outcome.results:
         cell = outcome.paths.cell_dir(res.cell_id)
         gpus = 2 if "-g2-" in res.cell_id else 1
@@ -416,7 +418,7 @@ def test_slurm_sweep_pins_the_jobs_gpus_in_the_standin(tmp_path, standin, no_job
 
 
 @pytest.mark.slurm
-def test_slurm_timeout_and_cancel_in_the_standin(tmp_path, standin, no_jobs_left) -> None:
+def test_slurm_timeout_and_cancel_in_the_standin(tmp_path, apptainer_standin, no_jobs_left) -> None:
     matrix = load_matrix(probe_matrix(tmp_path, backend="slurm", timeout=8, sleep=300))
     (res,) = run_sweep(matrix, results_root=tmp_path / "r1").results
     assert res.status is Status.TIMEOUT, res.reason
@@ -429,7 +431,7 @@ def test_slurm_timeout_and_cancel_in_the_standin(tmp_path, standin, no_jobs_left
     assert job_state(job_id) == "CANCELLED"
 
 
-def test_standin_refuses_a_missing_bind_source(tmp_path, standin) -> None:
+def test_standin_refuses_a_missing_bind_source(tmp_path, apptainer_standin) -> None:
     """The stand-in's own refusals are what the sweep's checks must catch first."""
     (tmp_path / "img.sif").write_text("x")
     proc = subprocess.run(["apptainer", "exec", "--bind", "/no/such:/x", str(tmp_path / "img.sif"),
@@ -438,7 +440,7 @@ def test_standin_refuses_a_missing_bind_source(tmp_path, standin) -> None:
 
 
 @pytest.mark.docker
-def test_sif_converted_from_the_docker_image(tmp_path, standin, docker_client, base_image,
+def test_sif_converted_from_the_docker_image(tmp_path, apptainer_standin, docker_client, base_image,
                                              capsys) -> None:
     """A Dockerfile template's .sif: the Docker image the docker backend would run is made
     (pinned to its base's bits) and converted from docker-daemon://; the .sif carries that
@@ -447,13 +449,13 @@ def test_sif_converted_from_the_docker_image(tmp_path, standin, docker_client, b
             "--set", f"base_image={base_image}", "--set", "install_nvml=false"]
     assert cli_main(argv) == 0
     assert "built in" in capsys.readouterr().out
-    (call,) = calls(standin)
+    (call,) = calls(apptainer_standin)
     tag = call["docker_image"]
     assert call["argv"][-1] == f"docker-daemon://{tag}" and "--fakeroot" not in call["argv"]
     (made,) = (tmp_path / "sif").iterdir()
     assert made.name == f"ngc-pytorch-{tag.rpartition(':')[2]}.sif"
     assert cli_main(argv) == 0
-    assert "up to date" in capsys.readouterr().out and len(calls(standin)) == 1
+    assert "up to date" in capsys.readouterr().out and len(calls(apptainer_standin)) == 1
 
 
 # --- the ssh backend: a real sshd on loopback, the stand-in on the host's PATH ------------------

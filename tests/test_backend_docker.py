@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from docker_support import run_containers
 from service_support import communicate_or_dump
+from standin_support import Standin, container_mount
 from workload_support import TINY_WORKLOAD
 
 from orchestrator.backends.base import RunOptions
@@ -106,16 +107,12 @@ def test_bitfusion_and_gaudi_containers_as_built(write_matrix, tmp_path):
     assert kw["command"][kw["command"].index("--device") + 1] == "hpu"
 
 
-def test_no_engine_gives_one_clear_message(monkeypatch, tmp_path):
+def test_no_engine_gives_one_clear_message(monkeypatch, tmp_path, orchestrate_cli):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(BackendUnavailable, match="no Docker engine reachable.*--backend process"):
         DockerBackend.check_available()
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "matrix", "matrices/docker_smoke.toml",
-         "--results", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env={**__import__("os").environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"},
-    )
+    proc = orchestrate_cli("matrix", "matrices/docker_smoke.toml", "--results", str(tmp_path),
+                           timeout=60, env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "no Docker engine reachable" in proc.stderr and "--backend process" in proc.stderr
 
@@ -138,9 +135,16 @@ container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} {extra} }}
 """
 
 
-def container_matrix(base: str, extra: str = "") -> str:
-    """The tiny CPU matrix in containers built on ``base``; ``extra``: more container options."""
-    return CONTAINER_MATRIX.format(tiny=TINY_WORKLOAD, base=base, extra=extra)
+def container_matrix(base: str, extra: str = "", standin: Standin | None = None,
+                     knobs: str = "") -> str:
+    """The tiny CPU matrix in containers built on ``base``; ``extra``: more container options.
+    With ``standin``, the cells run the STAND-IN workload (mounted into the container; its
+    ``knobs``)."""
+    if standin is None:
+        return CONTAINER_MATRIX.format(tiny=TINY_WORKLOAD, base=base, extra=extra)
+    text = CONTAINER_MATRIX.format(tiny=standin.workload, base=base,
+                                   extra=f"{extra}, mounts = [{container_mount()}]")
+    return text + standin.command(knobs, container=True)
 
 
 @pytest.mark.docker
@@ -187,8 +191,12 @@ def test_sweep_in_containers_builds_once_and_cleans_up(docker_client, base_image
 
 
 @pytest.mark.docker
-def test_oom_and_timeout_become_failed_cells(docker_client, base_image, write_matrix, tmp_path):
-    oom = write_matrix(container_matrix(base_image, extra=', mem_limit = "48m"'),
+def test_oom_and_timeout_become_failed_cells(docker_client, base_image, write_matrix, tmp_path,
+                                             standin):
+    """The STAND-IN workload in the container: touching 200 MiB under a 48 MiB limit, then
+    hanging past the timeout."""
+    oom = write_matrix(container_matrix(base_image, extra=', mem_limit = "48m"',
+                                        standin=standin, knobs="--standin-allocate-mb=200"),
                        name="oom.toml", cpu_profile=False)
     outcome = run_sweep(load_matrix(oom), results_root=tmp_path)
     (res,) = outcome.results
@@ -197,8 +205,7 @@ def test_oom_and_timeout_become_failed_cells(docker_client, base_image, write_ma
     assert run_containers(docker_client, outcome.paths.run_id) == []
 
     slow = write_matrix(
-        container_matrix(base_image, extra="").replace("timeout_s = 240",
-                                                                   "timeout_s = 8")
+        container_matrix(base_image, standin=standin).replace("timeout_s = 240", "timeout_s = 8")
         .replace("iterations = 2", "iterations = 1000000"),
         name="slow.toml", cpu_profile=False)
     outcome = run_sweep(load_matrix(slow), results_root=tmp_path)
@@ -208,10 +215,10 @@ def test_oom_and_timeout_become_failed_cells(docker_client, base_image, write_ma
 
 
 @pytest.mark.docker
-def test_interrupt_removes_containers(docker_client, base_image, write_matrix, tmp_path):
+def test_interrupt_removes_containers(docker_client, base_image, write_matrix, tmp_path, standin):
     path = write_matrix(
-        container_matrix(base_image, extra="").replace("iterations = 2",
-                                                                   "iterations = 1000000")
+        container_matrix(base_image, standin=standin).replace("iterations = 2",
+                                                              "iterations = 1000000")
         + '[axes]\nseed = [1, 2]\n', cpu_profile=False)
     results = tmp_path / "results"
     proc = subprocess.Popen(
@@ -237,15 +244,13 @@ def test_interrupt_removes_containers(docker_client, base_image, write_matrix, t
 
 
 @pytest.mark.docker
-def test_clean_removes_leftovers_of_a_crashed_run(docker_client, base_image):
+def test_clean_removes_leftovers_of_a_crashed_run(docker_client, base_image, orchestrate_cli):
     leftover = docker_client.containers.run(
         base_image, ["sleep", "300"], detach=True,
         labels={LABEL_RUN: "crashed-run", "io.orchestrate.matrix": "x", LABEL_CELL: "c"},
     )
     try:
-        proc = subprocess.run([sys.executable, "-m", "orchestrator", "clean", "--run",
-                               "crashed-run"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=60)
+        proc = orchestrate_cli("clean", "--run", "crashed-run", timeout=60)
         assert proc.returncode == 0 and "removed 1 container" in proc.stdout
         assert run_containers(docker_client, "crashed-run") == []
     finally:

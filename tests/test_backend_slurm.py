@@ -3,7 +3,9 @@
 The pure parts (rendering, quoting, parsing sbatch/squeue/sacct/scontrol output) run anywhere.
 The ``slurm``-marked tests run cells as real batch jobs on a single-node cluster on this machine
 (``slurm_cluster``, tests/infra/start-slurm.sh): CPU cells only, because the cluster's 4 GPUs are
-placeholder device nodes; a CUDA cell's ``--gres=gpu:2`` is checked in its rendered script.
+placeholder device nodes; a CUDA cell's ``--gres=gpu:2`` is checked in its rendered script. The
+first sweep runs the real workload (an end-to-end test); the timeouts and cancellations run the
+STAND-IN workload (tests/standin/).
 
 Golden files: tests/golden/sbatch-{defaults,options}.sh; UPDATE_GOLDEN=1 rewrites them (then
 review the diff).
@@ -27,6 +29,7 @@ from slurm_support import (  # noqa: F401 - slurm_cluster is a fixture
     squeue_ids,
     wait_until_gone,
 )
+from standin_support import Standin
 from workload_support import TINY_WORKLOAD
 
 from orchestrator.backends import backend_class, backend_names
@@ -62,18 +65,25 @@ from orchestrator.plan.matrix import load_matrix
 from orchestrator.results.run_folder import RunPaths, Status
 from orchestrator.sweep import run_sweep
 
-TINY = """
+SLURM_MATRIX = """
 [matrix]
 name = "slurm_tiny"
 backend = "slurm"
 timeout_s = 240
 [workload]
 hardware = "cpu"
-""" + TINY_WORKLOAD + """
+{workload}
 [hardware.cpu]
 device = "cpu"
-env = { OMP_NUM_THREADS = "1" }
+env = {{ OMP_NUM_THREADS = "1" }}
 """
+#: One cell of the real workload as a batch job.
+TINY = SLURM_MATRIX.format(workload=TINY_WORKLOAD)
+
+
+def standin_tiny(standin: Standin) -> str:
+    """:data:`TINY` with the STAND-IN workload (tests/standin/) in place of the real one."""
+    return SLURM_MATRIX.format(workload=standin.workload) + standin.command()
 
 CUDA_PROFILE = """
 [hardware.a100]
@@ -184,6 +194,7 @@ def test_array_matches_golden() -> None:
         dataclasses.replace(CASES["options"], gpus=4)))
 
 
+@pytest.mark.subprocess  # runs the rendered script under bash
 def test_script_body_passes_every_value_through_unchanged(tmp_path: Path) -> None:
     """Run the rendered body with bash (no Slurm): no user string is expanded or split."""
     nasty = ["a b", "$(touch pwned)", "`touch pwned`", "it's", '"x"', "*", "$HOME", "; ls", ""]
@@ -208,6 +219,7 @@ for node in 0 1; do SLURM_NODEID=$node CUDA_VISIBLE_DEVICES="$node,7" "$@" || ex
 """
 
 
+@pytest.mark.subprocess  # runs the rendered script under bash
 def test_multi_node_script_gives_each_node_its_rank_and_the_rendezvous(tmp_path: Path) -> None:
     """The multi-node body run by bash with stand-ins for scontrol and srun (no Slurm): every
     node gets its rank from SLURM_NODEID, the same rendezvous on the first node, its own GPUs
@@ -473,9 +485,10 @@ def test_sweep_runs_cells_as_jobs(write_matrix, tmp_path, no_jobs_left):
 
 
 @pytest.mark.slurm
-def test_timeout_cancels_the_job(write_matrix, tmp_path, no_jobs_left):
-    matrix = load_matrix(write_matrix(TINY.replace("timeout_s = 240", "timeout_s = 8").replace(
-        "iterations = 2", "iterations = 1000000"), cpu_profile=False))
+def test_timeout_cancels_the_job(write_matrix, tmp_path, no_jobs_left, standin):
+    matrix = load_matrix(write_matrix(standin_tiny(standin).replace(
+        "timeout_s = 240", "timeout_s = 8").replace("iterations = 2", "iterations = 1000000"),
+        cpu_profile=False))
     started = time.monotonic()
     outcome = run_sweep(matrix, results_root=tmp_path)
     (res,) = outcome.results
@@ -488,8 +501,9 @@ def test_timeout_cancels_the_job(write_matrix, tmp_path, no_jobs_left):
 
 
 @pytest.mark.slurm
-def test_cancel_scancels_running_jobs(write_matrix, tmp_path, no_jobs_left):
-    matrix = load_matrix(write_matrix(TINY.replace("iterations = 2", "iterations = 1000000")
+def test_cancel_scancels_running_jobs(write_matrix, tmp_path, no_jobs_left, standin):
+    matrix = load_matrix(write_matrix(standin_tiny(standin).replace(
+                                          "iterations = 2", "iterations = 1000000")
                                       + '[axes]\nseed = [1, 2]\n', cpu_profile=False))
     cancel = threading.Event()
     box: dict = {}
@@ -518,8 +532,10 @@ def test_smoke_matrix_loads() -> None:
 
 
 @pytest.mark.slurm
-def test_timeout_of_a_queued_job_says_it_never_started(write_matrix, tmp_path, no_jobs_left):
-    matrix = load_matrix(write_matrix(TINY.replace("timeout_s = 240", "timeout_s = 4") + """
+def test_timeout_of_a_queued_job_says_it_never_started(write_matrix, tmp_path, no_jobs_left,
+                                                      standin):
+    matrix = load_matrix(write_matrix(standin_tiny(standin).replace(
+        "timeout_s = 240", "timeout_s = 4") + """
         [hardware.cpu.slurm]
         extra_args = ["--begin=now+1hour"]
     """, cpu_profile=False))
@@ -530,8 +546,9 @@ def test_timeout_of_a_queued_job_says_it_never_started(write_matrix, tmp_path, n
 
 
 @pytest.mark.slurm
-def test_job_cancelled_outside_the_sweep(write_matrix, tmp_path, no_jobs_left):
-    matrix = load_matrix(write_matrix(TINY.replace("iterations = 2", "iterations = 1000000"),
+def test_job_cancelled_outside_the_sweep(write_matrix, tmp_path, no_jobs_left, standin):
+    matrix = load_matrix(write_matrix(standin_tiny(standin).replace(
+        "iterations = 2", "iterations = 1000000"),
                                       cpu_profile=False))
     box: dict = {}
     sweep = threading.Thread(target=lambda: box.update(

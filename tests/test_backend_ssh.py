@@ -1,5 +1,9 @@
 """The Docker-over-SSH backend: placement, and sweeps through real sshd "hosts" on loopback.
 
+The sweeps' cells run the STAND-IN workload (tests/standin/, mounted into the containers): what
+is tested is the transport, placement, retries, cancellation and the files copied back; the real
+workload in a container is tests/test_backend_docker.py's end-to-end test.
+
 Every "host" is an sshd on 127.0.0.1 with its own host key and port; behind all of them is this
 machine's one Docker engine, reached through ``docker system dial-stdio`` over our verified SSH
 connections. The GPU ids in the inventories are fake (the cells run on the CPU, so no device
@@ -22,6 +26,7 @@ from typing import Any
 import pytest
 from docker_support import cpu_container_matrix, run_containers
 from ssh_support import SshdFactory, SshdServer, write_inventory
+from standin_support import Standin
 
 from orchestrator.backends.base import RunOptions
 from orchestrator.backends.remote_executions import REMOTE_ROOT
@@ -36,10 +41,14 @@ from orchestrator.sweep import run_sweep
 
 
 def write_matrix_file(tmp_path: Path, body: str, *, base: str = "unused:latest",
-                      profile_extra: str = "") -> Path:
+                      profile_extra: str = "", standin: Standin | None = None,
+                      knobs: str = "", launcher: str = "self") -> Path:
+    """The one-cell container matrix on the ssh backend (the STAND-IN workload with
+    ``standin``), ``body`` appended."""
     path = tmp_path / "m.toml"
     path.write_text(cpu_container_matrix("ssh_test", base, backend="ssh", settings="retries = 1",
-                                         profile_extra=profile_extra) + body)
+                                         profile_extra=profile_extra, standin=standin,
+                                         knobs=knobs, launcher=launcher) + body)
     return path
 
 
@@ -250,13 +259,14 @@ def cell_interval(result_dir: Path) -> tuple[str, tuple[int, ...], float, float]
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_sweep_over_two_hosts(
-    tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str
+    tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str,
+    standin: Standin,
 ) -> None:
     a, b = two_hosts
     hosts = write_inventory(tmp_path, [a, b], gpus=[[0, 1], [0]])
     matrix = load_matrix(write_matrix_file(
         tmp_path, '[axes]\nseed = [1, 2, 3]\n[[include]]\ndata = "/no/such_dataset"\nseed = 9\n',
-        base=base_image))
+        base=base_image, standin=standin, knobs="--standin-step-s=1"))
     events = Recorder()
     t0 = time.monotonic()
     outcome = run_sweep(matrix, backend_name="ssh", results_root=tmp_path / "results",
@@ -296,12 +306,14 @@ def test_sweep_over_two_hosts(
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_lost_host_mid_sweep_is_retried_elsewhere(
-    tmp_path: Path, sshd_factory: SshdFactory, docker_client: Any, base_image: str
+    tmp_path: Path, sshd_factory: SshdFactory, docker_client: Any, base_image: str,
+    standin: Standin,
 ) -> None:
     x, y = sshd_factory("lost-x"), sshd_factory("lost-y")
     hosts = write_inventory(tmp_path, [x, y], gpus=[[0], [0]])
     matrix = load_matrix(write_matrix_file(
-        tmp_path, "[axes]\niterations = [150, 1]\n", base=base_image))
+        tmp_path, "[axes]\niterations = [150, 1]\n", base=base_image, standin=standin,
+        knobs="--standin-step-s=0.05"))
     long_cell = next(c.id for c in matrix.cells if c.params.iterations == 150)
     servers = {x.name: x, y.name: y}
     events = Recorder()
@@ -363,12 +375,13 @@ def test_unknown_host_key_is_refused(
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_cancel_kills_and_removes_the_remote_container(
-    tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str
+    tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str,
+    standin: Standin,
 ) -> None:
     a, _ = two_hosts
     hosts = write_inventory(tmp_path, [a], gpus=[[0]])
     matrix = load_matrix(write_matrix_file(
-        tmp_path, "[axes]\niterations = [100000]\n", base=base_image))
+        tmp_path, "[axes]\niterations = [100000]\n", base=base_image, standin=standin))
     cancel = threading.Event()
     events = Recorder()
     seen: dict[str, float] = {}
@@ -393,12 +406,15 @@ def test_cancel_kills_and_removes_the_remote_container(
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_multi_node_cell_spans_two_hosts(
-    tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str
+    tmp_path: Path, two_hosts: tuple[SshdServer, SshdServer], docker_client: Any, base_image: str,
+    standin: Standin,
 ) -> None:
+    """torchrun (from the image's torch) on each host starts one STAND-IN rank per node."""
     a, b = two_hosts
     hosts = write_inventory(tmp_path, [a, b], gpus=[[0], [0]])
     matrix = load_matrix(write_matrix_file(
-        tmp_path, "[axes]\ngpus = [2]\n", base=base_image, profile_extra="multi_node = true"))
+        tmp_path, "[axes]\ngpus = [2]\n", base=base_image, profile_extra="multi_node = true",
+        standin=standin, launcher="torchrun"))
     outcome = run_sweep(matrix, backend_name="ssh", results_root=tmp_path / "results",
                         hosts_file=hosts)
     (result,) = outcome.results

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -1898,10 +1897,9 @@ def run_in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Outco
     return Outcome(code, captured.out, captured.err)
 
 
-def run_subprocess(argv: list[str], cwd: Path) -> Outcome:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=HANG_LIMIT_S)
+def run_subprocess(orchestrate_cli: Callable[..., Any], argv: list[str], cwd: Path) -> Outcome:
+    proc = orchestrate_cli(*argv, cwd=cwd, env={"PYTHONPATH": str(ROOT)},
+                           timeout=HANG_LIMIT_S, module="orchestrator.cli")
     return Outcome(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -1948,7 +1946,32 @@ def _ids(cases: list[Case]) -> list[str]:
     return [c.id for c in cases]
 
 
-@pytest.mark.parametrize("c", CASES, ids=_ids(CASES))
+_CHECKING = ("validate", "plan", "matrix")
+
+
+def _asks_a_tool(c: Case) -> bool:
+    """Whether the case's command asks a backend's own tool whether it is there (``docker
+    version``, ``squeue``): validate, plan and a dry run check the backend as the sweep does
+    (issue 23: one decision), so a case on another backend than ``process`` starts one."""
+    if not c.argv or c.argv[0] not in _CHECKING:
+        return False
+    args = list(c.argv)
+    if "--backend" in args:
+        return args[args.index("--backend") + 1] != "process"
+    text = " ".join(v if isinstance(v, str) else v.decode("utf-8", "replace")
+                    for v in c.files.values())
+    # ... and a GPU cell on this machine: the refusal names the backends that would run it
+    return bool(re.search(r'backend\s*=\s*"(docker|slurm|ssh|apptainer)"|'
+                          r'device\s*=\s*"(cuda|hpu)"', text)) or c.gpu is not None
+
+
+def _in_process(cases: list[Case]) -> list[Any]:
+    """The cases, those that start a backend's tool in the integration tier (subprocess)."""
+    return [pytest.param(c, id=c.id, marks=[pytest.mark.subprocess]) if _asks_a_tool(c)
+            else pytest.param(c, id=c.id) for c in cases]
+
+
+@pytest.mark.parametrize("c", _in_process(CASES))
 def test_bad_input_in_process(c: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the default ./results of a command lands in the case's folder
@@ -1960,8 +1983,10 @@ SAMPLE = [c for c in CASES if c.subprocess]
 
 @pytest.mark.parametrize("c", SAMPLE, ids=_ids(SAMPLE))
 def test_bad_input_as_a_real_process(c: Case, tmp_path: Path,
+                                     orchestrate_cli: Callable[..., Any],
                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    _run_case(c, tmp_path, run_subprocess, monkeypatch)
+    _run_case(c, tmp_path, lambda argv, root: run_subprocess(orchestrate_cli, argv, root),
+              monkeypatch)
 
 
 def counts() -> Counter[str]:

@@ -4,7 +4,8 @@ and a real OOM kill in its memory cgroup is ``oom`` (item 9).
 Real processes throughout. The cell's command is replaced (a backend subclass's ``spec``) by
 programs that misbehave on purpose: torchrun with two CPU ranks (gloo) that ignore SIGTERM and
 block, one in a collective and one in a sleep (as in I/O); a daemon that double-forks and
-calls ``setsid``. Everything else is the real process backend: its launch, its cgroups, its
+calls ``setsid``. The OOM cell is the STAND-IN workload (tests/standin/) allocating more than
+its memory limit. Everything else is the real process backend: its launch, its cgroups, its
 marker, its stop. Each runs with the cgroups this machine allows (root: cgroup v2 here) and
 with them turned off (``ORCHESTRATE_CGROUPS=0``: the marker scan alone, as for a user without
 cgroup rights). "Nothing left" is checked independently of the code under test: no process
@@ -86,14 +87,15 @@ def tracking(request, monkeypatch) -> str:
     return request.param
 
 
-def run_script(write_matrix, tmp_path: Path, script: str, argv: list[str], timeout_s: float):
+def run_script(write_matrix, tmp_path: Path, script: str, argv: list[str], timeout_s: float,
+               python: str = sys.executable):
     """Run one cell whose command is ``python *argv`` (``SCRIPT`` in it: the script's path)."""
     path = tmp_path / "cell_script.py"
     path.write_text(script)
     matrix = load_matrix(write_matrix(MATRIX))
     paths = RunPaths.create(tmp_path / "results", matrix.name)
     backend = ScriptBackend(matrix, paths, RunOptions(timeout_s=timeout_s))
-    backend.argv = (sys.executable, *[str(path) if a == "SCRIPT" else a for a in argv])
+    backend.argv = (python, *[str(path) if a == "SCRIPT" else a for a in argv])
     try:
         (result,) = run_cells(backend, list(matrix.cells), NullEvents())
     finally:
@@ -111,13 +113,12 @@ def assert_nothing_left(paths: RunPaths, script: str) -> None:
     assert cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True)) == set()
 
 
-@pytest.mark.slow
 def test_torchrun_ranks_that_ignore_sigterm_do_not_outlive_a_timeout(write_matrix, tmp_path,
-                                                                      tracking):
+                                                                      tracking, workload_python):
     result, paths, script = run_script(
         write_matrix, tmp_path, RANKS,
         ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "SCRIPT"],
-        timeout_s=20)
+        timeout_s=20, python=workload_python)
     log_text = paths.cell_log(result.cell_id).read_text()
     # the setup is what it claims: both ranks were up, each in a session of its own
     # (two ranks share one pipe: their lines may run together)
@@ -130,6 +131,7 @@ def test_torchrun_ranks_that_ignore_sigterm_do_not_outlive_a_timeout(write_matri
     assert_nothing_left(paths, script)
 
 
+@pytest.mark.subprocess  # real processes that misbehave
 def test_a_double_forked_daemon_does_not_outlive_a_timeout(write_matrix, tmp_path, tracking):
     result, paths, script = run_script(write_matrix, tmp_path, DAEMON, ["SCRIPT", "stay"],
                                        timeout_s=3)
@@ -138,6 +140,7 @@ def test_a_double_forked_daemon_does_not_outlive_a_timeout(write_matrix, tmp_pat
     assert_nothing_left(paths, script)
 
 
+@pytest.mark.subprocess  # real processes that misbehave
 def test_a_daemon_left_by_a_cell_that_ended_is_stopped_too(write_matrix, tmp_path, tracking):
     result, paths, script = run_script(write_matrix, tmp_path, DAEMON, ["SCRIPT", "leave"],
                                        timeout_s=60)
@@ -145,6 +148,7 @@ def test_a_daemon_left_by_a_cell_that_ended_is_stopped_too(write_matrix, tmp_pat
     assert_nothing_left(paths, script)
 
 
+@pytest.mark.subprocess  # real processes that misbehave
 def test_a_resumed_run_first_stops_what_a_killed_orchestrator_left(write_matrix, tmp_path):
     matrix = load_matrix(write_matrix(MATRIX))
     paths = RunPaths.create(tmp_path, matrix.name)
@@ -179,20 +183,21 @@ def test_a_memory_limit_that_cannot_be_applied_is_refused_before_any_cell(write_
     assert not list(tmp_path.rglob("run.json")), "nothing ran, no run folder is left"
 
 
-@pytest.mark.slow
-def test_a_real_oom_kill_in_the_cells_memory_cgroup_is_oom(write_matrix, tmp_path):
-    """The real workload (resnet18 at 224 px, batch 64: several GB) under a 1200 MiB limit."""
-    path = write_matrix(MATRIX.replace("image_size = 32", "image_size = 224").replace(
-        "batch_size = 2", "batch_size = 64") + '[hardware.cpu]\ndevice = "cpu"\n'
-        'container = { mem_limit = "1200m" }\n', cpu_profile=False)
+def test_a_real_oom_kill_in_the_cells_memory_cgroup_is_oom(write_matrix, tmp_path, standin):
+    """The STAND-IN workload touching 600 MiB under a 256 MiB limit: the kernel's OOM killer
+    in the cell's memory cgroup (the real workload's OOM on a GPU is its own error line)."""
+    path = write_matrix(standin.matrix("procs", knobs="--standin-allocate-mb=600")
+                        + '[hardware.cpu]\ndevice = "cpu"\n'
+                        'container = { mem_limit = "256m" }\n', cpu_profile=False)
     outcome = run_sweep(load_matrix(path), results_root=tmp_path)
     (result,) = outcome.results
     assert result.status is Status.OOM, result.reason
     assert result.exit_code == -signal.SIGKILL
-    assert result.reason == "killed by the out-of-memory killer (cell memory limit 1200 MiB)"
+    assert result.reason == "killed by the out-of-memory killer (cell memory limit 256 MiB)"
     assert outcome.exit_code == 1
 
 
+@pytest.mark.subprocess  # a real process in a stale cgroup
 def test_empty_cgroups_of_killed_orchestrators_are_removed_by_the_next_sweep():
     """kill -9 of an orchestrator mid-cell leaves the cell's (then empty) cgroup: the next
     sweep's prepare removes it; a cgroup a process is still in, or one just made, is kept."""

@@ -39,6 +39,7 @@ SHIPPED: dict[str, dict[str, tuple[str, str] | None]] = {
     "ngc_releases": {"h100": ("24.05", "2.4.0a0+07cecf4168")},
     "h100_speed": {"h100": None},
     "dle_vs_workload": {"h100": None},
+    "seed003_h100": {"h100": None},
     "dle_vs_workload_v100": {"v100": ("23.10", "2.1.0a0+32f93b1")},
     "cpu_smoke": {"cpu": None},
     "slurm_smoke": {"cpu": None},

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,14 +15,6 @@ from orchestrator.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def orchestrate(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """Run the real console entry point in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-        cwd=cwd, timeout=120,
-    )
-
-
 def test_version(capsys):
     with pytest.raises(SystemExit) as info:
         main(["--version"])
@@ -31,7 +22,7 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"orchestrate {__version__}"
 
 
-def _modules_loaded(argv: list[str]) -> set[str]:
+def _modules_loaded(orchestrate_cli: Callable[..., Any], argv: list[str]) -> set[str]:
     """The orchestrator modules a fresh interpreter has imported after ``main(argv)``, which
     must succeed (no user config file: ORCHESTRATE_CONFIG names none)."""
     code = ("import contextlib, io, json, sys\nfrom orchestrator.cli import main\n"
@@ -41,17 +32,16 @@ def _modules_loaded(argv: list[str]) -> set[str]:
             "    except SystemExit as exc:\n"
             "        code = exc.code\n"
             "print(json.dumps([code, sorted(m for m in sys.modules if 'orchestrator' in m)]))")
-    env = {**os.environ, "ORCHESTRATE_CONFIG": str(ROOT / "no-such-config.toml")}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120, env=env)
+    done = orchestrate_cli("-c", code, module=None,
+                           env={"ORCHESTRATE_CONFIG": str(ROOT / "no-such-config.toml")})
     assert done.returncode == 0, done.stderr
     code, loaded = json.loads(done.stdout.splitlines()[-1])
     assert code == 0, done.stderr
     return set(loaded)
 
 
-def test_version_imports_no_command_module():
-    loaded = _modules_loaded(["--version"])
+def test_version_imports_no_command_module(orchestrate_cli):
+    loaded = _modules_loaded(orchestrate_cli, ["--version"])
     assert "orchestrator.cli" in loaded
     assert not {m for m in loaded if m.startswith("orchestrator.commands.")}
 
@@ -59,14 +49,14 @@ def test_version_imports_no_command_module():
 @pytest.mark.parametrize("command", [
     ["runs"], ["compare", "m:20261101-000000-aaaa", "m:20261102-000000-aaaa"], ["export", "m"],
 ])
-def test_results_commands_start_without_the_matrix_models(command, tmp_path):
+def test_results_commands_start_without_the_matrix_models(orchestrate_cli, command, tmp_path):
     """runs/compare/export read the results index only: the matrix models
     (orchestrator.config.matrix_file, the slowest import) stay unloaded."""
     from results_support import Config, params, run_id, write_run
 
     for n in (1, 2):
         write_run(tmp_path, "m", run_id(n), [Config(params(), [100.0, 101.0])])
-    loaded = _modules_loaded([*command, "--results", str(tmp_path)])
+    loaded = _modules_loaded(orchestrate_cli, [*command, "--results", str(tmp_path)])
     assert "orchestrator.cli.result_commands" in loaded
     assert "orchestrator.config.matrix_file" not in loaded
 
@@ -84,9 +74,9 @@ def test_help_for_every_command(command, capsys):
     assert "usage: orchestrate" in capsys.readouterr().out
 
 
-def test_plan_json_lists_every_cell(gpu_machine):
+def test_plan_json_lists_every_cell(orchestrate_cli, gpu_machine):
     gpu_machine("V100")  # the docker backend's cells run on this machine's GPUs
-    proc = orchestrate("plan", "matrices/v100_scaling.toml", "--json")
+    proc = orchestrate_cli("plan", "matrices/v100_scaling.toml", "--json")
     assert proc.returncode == 0, proc.stderr
     cells = json.loads(proc.stdout)
     assert len(cells) == 40
@@ -110,7 +100,7 @@ def test_validate_ok(capsys, gpu_machine):
     assert "ok (24 cells)" in capsys.readouterr().out
 
 
-def test_validate_reports_every_problem_exit_2_no_traceback(write_matrix):
+def test_validate_reports_every_problem_exit_2_no_traceback(orchestrate_cli, write_matrix):
     path = write_matrix("""
         [matrix]
         repeats = 0
@@ -119,7 +109,7 @@ def test_validate_reports_every_problem_exit_2_no_traceback(write_matrix):
         gpus = [0]
         batch_size = [-8]
     """)
-    proc = orchestrate("validate", str(path))
+    proc = orchestrate_cli("validate", str(path))
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert f"{path}: matrix.repeats" in proc.stderr
@@ -141,12 +131,12 @@ def test_validate_and_plan_report_an_unknown_backend(write_matrix, capsys):
         assert f"{path}: matrix.backend: unknown backend 'kubernetes'; known: process" in err
 
 
-def test_missing_file_and_bad_backend_are_clean_errors(tmp_path):
-    proc = orchestrate("plan", str(tmp_path / "nope.toml"))
+def test_missing_file_and_bad_backend_are_clean_errors(orchestrate_cli, tmp_path):
+    proc = orchestrate_cli("plan", str(tmp_path / "nope.toml"))
     assert proc.returncode == 2 and "no such file" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = orchestrate("matrix", "matrices/cpu_smoke.toml", "--backend", "k8s", "--results",
-                       str(tmp_path))
+    proc = orchestrate_cli("matrix", "matrices/cpu_smoke.toml", "--backend", "k8s",
+                           "--results", str(tmp_path))
     assert proc.returncode == 2 and "unknown backend 'k8s'" in proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -66,6 +66,7 @@ def test_q_and_v_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not allowed with argument" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess  # the CLI in a process, its pipe closed early
 def test_output_piped_into_head_ends_quietly(tmp_path: Path) -> None:
     """The reader closes the pipe before the (1 MB) plan is written: no traceback, exit 141."""
     seeds = ", ".join(str(i) for i in range(3000))
@@ -84,6 +85,7 @@ def test_output_piped_into_head_ends_quietly(tmp_path: Path) -> None:
     assert err == "", err
 
 
+@pytest.mark.subprocess  # a real bash pipeline
 def test_shell_pipeline_into_head(tmp_path: Path) -> None:
     proc = subprocess.run(
         f"{sys.executable} -m orchestrator schema | head -n 1; echo \"status ${{PIPESTATUS[0]}}\"",
@@ -127,6 +129,7 @@ def test_terminal_progress_shows_brackets_as_they_are(tmp_path):
     assert "[Errno 28] No space left on device [/x]" in out
 
 
+@pytest.mark.subprocess  # the CLI in a process, its pipe closed early
 def test_images_list_into_head_exits_141_and_a_pipe_gets_plain_tables(tmp_path: Path) -> None:
     """Issue 23: ``images list | head -2`` exited 1 without a word (rich's own answer to a closed
     pipe), and piped, rich wrapped its tables to 80 columns (354 lines)."""

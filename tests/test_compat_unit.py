@@ -17,13 +17,9 @@ import datetime
 import inspect
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
-import torchvision
-from torch import nn
-
-from workload import compat
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning",
@@ -32,15 +28,26 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-def _params() -> list[nn.Parameter]:
-    return list(nn.Linear(4, 3).parameters())
+@pytest.fixture(scope="module")
+def compat(torch: Any) -> Any:
+    """``workload.compat`` (it imports torch, so the tests that take it are workload-tier)."""
+    from workload import compat
+
+    return compat
+
+
+def _params() -> list[Any]:
+    import torch
+
+    return list(torch.nn.Linear(4, 3).parameters())
 
 
 # --------------------------------------------------------------------------- optimizer
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu", "hpu"])
-def test_optimizer_choice_binds_and_matches_the_signature(device: str) -> None:
+def test_optimizer_choice_binds_and_matches_the_signature(torch: Any, compat: Any,
+                                                          device: str) -> None:
     choice = compat.optimizer(device)
     assert choice.factory is torch.optim.SGD
     assert compat.accepts(choice.factory, _params(), **choice.kwargs)
@@ -57,7 +64,7 @@ def test_optimizer_choice_binds_and_matches_the_signature(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", "hpu"])
-def test_optimizer_choice_steps_on_the_cpu(device: str) -> None:
+def test_optimizer_choice_steps_on_the_cpu(torch: Any, compat: Any, device: str) -> None:
     params = _params()
     opt = compat.optimizer(device)(params)
     for p in params:
@@ -70,7 +77,7 @@ def test_optimizer_choice_steps_on_the_cpu(device: str) -> None:
 # --------------------------------------------------------------------------- precision
 
 
-def test_cuda_grad_scaler_choice_constructs_without_a_gpu() -> None:
+def test_cuda_grad_scaler_choice_constructs_without_a_gpu(compat: Any) -> None:
     choice = compat.grad_scaler("cuda")
     assert choice.available
     assert choice.label in ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler")
@@ -83,7 +90,7 @@ def test_cuda_grad_scaler_choice_constructs_without_a_gpu() -> None:
         assert callable(getattr(scaler, method))
 
 
-def test_cpu_grad_scaler_choice_scales_a_real_step_or_is_none() -> None:
+def test_cpu_grad_scaler_choice_scales_a_real_step_or_is_none(compat: Any) -> None:
     choice = compat.grad_scaler("cpu")
     if not choice.available:
         assert choice.label.startswith("none")
@@ -99,7 +106,8 @@ def test_cpu_grad_scaler_choice_scales_a_real_step_or_is_none() -> None:
 
 
 @pytest.mark.parametrize("precision", ["amp", "bf16"])
-def test_cuda_autocast_choice_constructs_without_a_gpu(precision: str) -> None:
+def test_cuda_autocast_choice_constructs_without_a_gpu(torch: Any, compat: Any,
+                                                       precision: str) -> None:
     choice = compat.autocast("cuda", precision)
     assert choice.factory is torch.autocast
     dtype = torch.float16 if precision == "amp" else torch.bfloat16
@@ -110,7 +118,7 @@ def test_cuda_autocast_choice_constructs_without_a_gpu(precision: str) -> None:
     assert hasattr(context, "__enter__") and hasattr(context, "__exit__")
 
 
-def test_cpu_bf16_autocast_really_runs_bf16() -> None:
+def test_cpu_bf16_autocast_really_runs_bf16(torch: Any, compat: Any) -> None:
     choice = compat.autocast("cpu", "bf16")
     assert choice.available
     x = torch.ones(4, 4)
@@ -118,7 +126,7 @@ def test_cpu_bf16_autocast_really_runs_bf16() -> None:
         assert (x @ x).dtype == torch.bfloat16
 
 
-def test_cpu_fp16_autocast_choice_agrees_with_the_probe() -> None:
+def test_cpu_fp16_autocast_choice_agrees_with_the_probe(torch: Any, compat: Any) -> None:
     choice = compat.autocast("cpu", "amp")
     assert choice.available == compat.cpu_autocast_works(torch.float16)
     if choice.available:
@@ -128,7 +136,7 @@ def test_cpu_fp16_autocast_choice_agrees_with_the_probe() -> None:
         assert choice.label.startswith("unsupported")
 
 
-def test_fp32_needs_no_autocast() -> None:
+def test_fp32_needs_no_autocast(compat: Any) -> None:
     with compat.autocast("cuda", "fp32")():
         pass
     assert compat.autocast("cpu", "fp32").label == "none (fp32)"
@@ -137,7 +145,7 @@ def test_fp32_needs_no_autocast() -> None:
 # --------------------------------------------------------------------------- graphs, compile
 
 
-def test_cuda_graph_choice_takes_a_graph() -> None:
+def test_cuda_graph_choice_takes_a_graph(torch: Any, compat: Any) -> None:
     choice = compat.cuda_graphs()
     assert choice.available and choice.factory is torch.cuda.graph
     assert compat.accepts(torch.cuda.graph, object())  # torch.cuda.graph(cuda_graph)
@@ -149,7 +157,8 @@ COMPILE_CASES = [("default", "cuda"), ("max-autotune", "cuda"), ("reduce-overhea
 
 
 @pytest.mark.parametrize(("mode", "device"), COMPILE_CASES)
-def test_compile_choice_binds_to_torch_compile(mode: str, device: str) -> None:
+def test_compile_choice_binds_to_torch_compile(torch: Any, compat: Any, mode: str,
+                                               device: str) -> None:
     ok, why = compat.compile_available()
     choice = compat.compiler(mode, device)
     assert choice.available == ok
@@ -157,20 +166,20 @@ def test_compile_choice_binds_to_torch_compile(mode: str, device: str) -> None:
         assert "unavailable" in choice.label and why
         return
     assert choice.factory is torch.compile
-    assert compat.accepts(torch.compile, nn.Identity(), **choice.kwargs)
+    assert compat.accepts(torch.compile, torch.nn.Identity(), **choice.kwargs)
     expected = {"backend": "hpu_backend"} if device == "hpu" else {
         "mode": None if mode == "default" else mode}  # fmt: skip
     assert dict(choice.kwargs) == expected
 
 
-def test_compile_none_is_no_choice() -> None:
+def test_compile_none_is_no_choice(compat: Any) -> None:
     assert compat.compiler("none", "cuda").label == "none"
 
 
 # --------------------------------------------------------------------------- errors
 
 
-def test_oom_error_types() -> None:
+def test_oom_error_types(torch: Any, compat: Any) -> None:
     types = compat.oom_errors()
     assert types and all(issubclass(t, Exception) for t in types)
     assert torch.cuda.OutOfMemoryError in types  # in every torch from the floor (2.1) on
@@ -185,7 +194,7 @@ def test_oom_error_types() -> None:
 # --------------------------------------------------------------------------- distributed
 
 
-def test_process_group_kwargs_bind_to_init_process_group() -> None:
+def test_process_group_kwargs_bind_to_init_process_group(torch: Any, compat: Any) -> None:
     dev = torch.device("cuda", 0)
     extra = compat.process_group_kwargs("cuda", dev)
     assert extra == ({"device_id": dev} if compat.process_group_device_id() else {})
@@ -198,18 +207,18 @@ def test_process_group_kwargs_bind_to_init_process_group() -> None:
     assert compat.process_group_kwargs("cpu", torch.device("cpu")) == {}
 
 
-def test_ddp_kwargs_are_accepted_by_ddp() -> None:
+def test_ddp_kwargs_are_accepted_by_ddp(torch: Any, compat: Any) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     kwargs = compat.ddp_kwargs()
     assert set(kwargs) == set(compat.DDP_OPTIONS)  # all three exist from the floor on
-    assert compat.accepts(DistributedDataParallel, nn.Linear(2, 2), device_ids=[0], **kwargs)
+    assert compat.accepts(DistributedDataParallel, torch.nn.Linear(2, 2), device_ids=[0], **kwargs)
 
 
 # --------------------------------------------------------------------------- data
 
 
-def test_transforms_choice_crops_a_uint8_tensor() -> None:
+def test_transforms_choice_crops_a_uint8_tensor(torch: Any, compat: Any) -> None:
     module, label = compat.transforms()
     assert label in ("torchvision.transforms.v2", "torchvision.transforms")
     image = torch.randint(0, 255, (3, 40, 50), dtype=torch.uint8)
@@ -222,7 +231,7 @@ def test_transforms_choice_crops_a_uint8_tensor() -> None:
         assert out.shape == (3, 32, 32) and out.dtype == torch.uint8
 
 
-def test_jpeg_decode_choice_decodes_a_batch_on_the_cpu() -> None:
+def test_jpeg_decode_choice_decodes_a_batch_on_the_cpu(torch: Any, compat: Any) -> None:
     """The same call the nvJPEG path makes, with device="cpu" (which every version takes)."""
     from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
@@ -239,8 +248,8 @@ def test_jpeg_decode_choice_decodes_a_batch_on_the_cpu() -> None:
 # --------------------------------------------------------------------------- weights, device
 
 
-def test_weights_loader_loads_a_state_dict(tmp_path: Path) -> None:
-    model = nn.Linear(3, 2)
+def test_weights_loader_loads_a_state_dict(torch: Any, compat: Any, tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
     path = tmp_path / "w.pth"
     torch.save(model.state_dict(), path)
     state = compat.weights_loader()(path, map_location="cpu")
@@ -249,7 +258,7 @@ def test_weights_loader_loads_a_state_dict(tmp_path: Path) -> None:
         assert compat.weights_loader().kwargs == {"weights_only": True}
 
 
-def test_device_uuid() -> None:
+def test_device_uuid(compat: Any) -> None:
     class Props:
         uuid = "1234-abcd"
 
@@ -260,7 +269,7 @@ def test_device_uuid() -> None:
 # --------------------------------------------------------------------------- profiler
 
 
-def test_torch_profiler_schedule_writes_a_trace(tmp_path: Path) -> None:
+def test_torch_profiler_schedule_writes_a_trace(torch: Any, tmp_path: Path) -> None:
     """The ``--profiler torch`` path (torch.profiler with a schedule) on the CPU."""
     from workload.profiling import Profiler
 
@@ -277,7 +286,7 @@ def test_torch_profiler_schedule_writes_a_trace(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the api block
 
 
-def test_describe_names_only_the_paths_a_run_uses() -> None:
+def test_describe_names_only_the_paths_a_run_uses(compat: Any) -> None:
     gpu_train = compat.describe(device="cuda", mode="train", precision="amp", compile_mode="none",
                                 cuda_graphs_used=True, decode="decode_jpeg(list)",
                                 distributed=True, pretrained=False)  # fmt: skip
@@ -296,8 +305,10 @@ def test_describe_names_only_the_paths_a_run_uses() -> None:
     assert cpu_infer["weights"].startswith("torch.load")
 
 
-def test_versions_are_in_the_supported_range() -> None:
+def test_versions_are_in_the_supported_range(torch: Any) -> None:
     """The floor is torch 2.1 / torchvision 0.16 (docs/workload.md, "Supported stacks")."""
+    import torchvision
+
     torch_series = tuple(int(p) for p in torch.__version__.split(".")[:2])
     vision_series = tuple(int(p) for p in torchvision.__version__.split(".")[:2])
     assert torch_series >= (2, 1) and vision_series >= (0, 16)

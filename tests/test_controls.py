@@ -5,7 +5,8 @@ Pure parts (the schedule, the normalisation, the order) are tested on values; th
 the fake backend of tests/backend_support.py (a FAKE execution: it replays a workload's output;
 the real run loop, allocations and result files are what is checked); the store, history and
 compare on synthetic run folders whose cells carry the times, host and GPUs a sweep records;
-one real sweep on the process backend with the real workload (slow).
+real sweeps on the process, docker and Slurm backends whose cells (controls included) run the
+STAND-IN workload (tests/standin/): what is checked is where and when the controls run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from backend_support import META, FakeBackend, Script, line
 from results_support import BASE_ENV, day, run_id
+from standin_support import Standin
 
 from orchestrator.backends.base import ExitInfo, RunOptions
 from orchestrator.cli import main
@@ -527,15 +529,21 @@ def test_the_run_table_has_no_control_row_and_says_what_the_control_measured(tmp
 # --- a real sweep ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+def standin_control_matrix(standin: Standin) -> str:
+    """:data:`CONTROL_MATRIX` whose cells and control run the STAND-IN workload."""
+    return CONTROL_MATRIX.replace("[workload]\n", '[workload]\nprogram = "standin"\n',
+                                  1) + standin.command()
+
+
 def test_a_real_sweep_measures_its_control_between_the_cells_and_resume_keeps_the_order(
-        write_matrix, tmp_path):
-    """The process backend and the real workload: C x x C x x C on this machine, the order of
-    seed 5 recorded, the table without a control row; then two cells that did not end ok run
-    again with --resume, in the recorded order, with controls of their own around them."""
+        write_matrix, tmp_path, standin):
+    """The process backend (cells and control: the stand-in workload): C x x C x x C on this
+    machine, the order of seed 5 recorded, the table without a control row; then two cells that
+    did not end ok run again with --resume, in the recorded order, with controls of their own
+    around them."""
     from orchestrator.sweep import run_sweep
 
-    matrix = load_matrix(write_matrix(CONTROL_MATRIX))
+    matrix = load_matrix(write_matrix(standin_control_matrix(standin)))
     outcome = run_sweep(matrix, results_root=tmp_path, order_seed=5)
     assert outcome.ok, [(r.cell_id, r.reason) for r in outcome.results]
     assert outcome.counts == {"ok": 4} and outcome.control_counts == {"ok": 3}
@@ -577,14 +585,14 @@ def test_a_real_sweep_measures_its_control_between_the_cells_and_resume_keeps_th
 
 @pytest.mark.docker
 def test_a_control_in_containers_runs_on_the_image_the_sweep_built_once(
-        docker_client, base_image, write_matrix, tmp_path):
+        docker_client, base_image, write_matrix, tmp_path, standin):
     """The docker backend: the control's container is built with the cells' (one image for
     the profile), runs between them, and leaves no container."""
     from docker_support import cpu_container_matrix, run_containers
 
     from orchestrator.sweep import run_sweep
 
-    text = cpu_container_matrix("dctl", base_image, backend="docker") + (
+    text = cpu_container_matrix("dctl", base_image, backend="docker", standin=standin) + (
         '[axes]\nbatch_size = [2, 4]\n[control]\nparams = { batch_size = 2, arch = '
         '"mobilenet_v3_small" }\nevery = 2\n')
     logs: list[str] = []
@@ -609,13 +617,13 @@ def test_a_control_in_containers_runs_on_the_image_the_sweep_built_once(
 
 @pytest.mark.slurm
 def test_a_control_on_slurm_is_a_job_and_calibrates_the_cells_of_its_node(
-        write_matrix, tmp_path, no_jobs_left):
-    from test_backend_slurm import TINY
+        write_matrix, tmp_path, no_jobs_left, standin):
+    from test_backend_slurm import standin_tiny
 
     from orchestrator.sweep import run_sweep
 
-    text = TINY + ('[axes]\nbatch_size = [2, 4]\n[control]\nparams = { batch_size = 2 }\n'
-                   'every = 2\n')
+    text = standin_tiny(standin) + ('[axes]\nbatch_size = [2, 4]\n[control]\n'
+                                    'params = { batch_size = 2 }\nevery = 2\n')
     outcome = run_sweep(load_matrix(write_matrix(text, cpu_profile=False)),
                         results_root=tmp_path)
     assert outcome.ok, [(r.cell_id, r.reason) for r in outcome.results]

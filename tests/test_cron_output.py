@@ -5,13 +5,17 @@ terminal, ``-q`` / ``-v``, the ETA, ``$ORCHESTRATE_RESULTS`` and the user's conf
 from __future__ import annotations
 
 import argparse
+import functools
 import io
+import json
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from workload_support import tiny_matrix
@@ -94,23 +98,25 @@ def test_both_spellings_of_quiet_parse() -> None:
         assert verbosity(args) == -1, argv
 
 
-def orchestrate(*args: str, env: dict[str, str] | None = None, timeout: float = 300
-                ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+@pytest.fixture
+def orchestrate(orchestrate_cli: Callable[..., Any]) -> Callable[..., Any]:
+    """The CLI in a fresh interpreter (``orchestrate_cli``), with a sweep's timeout."""
+    return functools.partial(orchestrate_cli, timeout=300)
 
 
-@pytest.mark.slow
-def test_a_sweep_outside_a_terminal_prints_one_line_per_start_and_end(write_matrix, tmp_path):
-    path = write_matrix(TINY)
+def test_a_sweep_outside_a_terminal_prints_one_line_per_start_and_end(write_matrix, tmp_path,
+                                                                       orchestrate, standin):
+    path = write_matrix(standin.matrix("cron") + "[axes]\nseed = [1, 2]\n")
     proc = orchestrate("matrix", str(path), env={"ORCHESTRATE_RESULTS": str(tmp_path / "r")})
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
     assert all(re.match(STAMP + " ", ln) for ln in lines), proc.stderr
+    # the cells run in the random order the sweep drew and recorded in plan.json
+    (plan,) = (tmp_path / "r" / "cron").glob("*/plan.json")
+    first, second = json.loads(plan.read_text())["order"]["cells"]
+    assert {first, second} == {"cpu-g1-bs2-fp32-seed1-r1", "cpu-g1-bs2-fp32-seed2-r1"}
     assert [" ".join(ln[20:].split()[:3]) for ln in lines[1:]] == [
-        "[1/2] start cpu-g1-bs2-fp32-seed1-r1", "[1/2] ok cpu-g1-bs2-fp32-seed1-r1",
-        "[2/2] start cpu-g1-bs2-fp32-seed2-r1", "[2/2] ok cpu-g1-bs2-fp32-seed2-r1"]
+        f"[1/2] start {first}", f"[1/2] ok {first}", f"[2/2] start {second}", f"[2/2] ok {second}"]
     assert lines[2].rsplit(" ETA ", 1)[0].endswith("| 1 ok |")  # (the ETA itself varies)
     assert lines[4].endswith("| 2 ok | ETA 0:00")
     assert "cells: 2 ok" in proc.stdout and str(tmp_path / "r" / "cron") in proc.stdout
@@ -157,7 +163,8 @@ def test_a_bad_config_file_names_the_file_and_the_field(config_home):
     assert found == {(str(path), "results"), (str(path), "resluts")}
 
 
-def test_every_command_with_results_uses_the_defaults(write_matrix, tmp_path, config_home):
+def test_every_command_with_results_uses_the_defaults(write_matrix, tmp_path, config_home,
+                                                     orchestrate):
     (config_home / "config.toml").write_text(f'results = "{tmp_path / "conf"}"\n')
     path = write_matrix(TINY)
     dry = orchestrate("matrix", str(path), "--dry-run",
@@ -173,7 +180,8 @@ def test_every_command_with_results_uses_the_defaults(write_matrix, tmp_path, co
 
 
 @pytest.mark.docker
-def test_clean_spares_running_sweeps_and_can_dry_run(docker_client, base_image, tmp_path):
+def test_clean_spares_running_sweeps_and_can_dry_run(docker_client, base_image, tmp_path,
+                                                     orchestrate):
     from docker_support import run_containers
 
     from orchestrator.local.engine import (

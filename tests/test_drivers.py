@@ -30,7 +30,7 @@ from typing import Any
 import docker
 import pytest
 from ssh_support import SshdFactory, SshdServer, write_inventory
-from workload_support import ONE_STEP_WORKLOAD
+from standin_support import STANDIN_WORKLOAD, Standin, container_mount
 
 from orchestrator import cli
 from orchestrator.config.inventory import load_hosts
@@ -55,10 +55,12 @@ NVIDIA_SMI_STANDIN = textwrap.dedent("""\
     esac
     """)
 
+#: The cells: the STAND-IN workload (tests/standin/, mounted into the containers), which
+#: reports the NGC release of its container as the workload does.
 CELLS = f"""
 [workload]
 hardware = "gpu"
-{ONE_STEP_WORKLOAD}telemetry_interval = 0
+{STANDIN_WORKLOAD}telemetry_interval = 0
 """
 
 PROFILE = """
@@ -68,7 +70,7 @@ image = "ngc-pytorch"
 {release}
 image_vars = {{ base_repository = "{mirror}", install_nvml = false }}
 env = {{ OMP_NUM_THREADS = "1" }}
-container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }} }}
+container = {{ shm_size = "256m", ulimits = {{ stack = 67108864 }}, mounts = [{mount}] }}
 """
 
 
@@ -126,9 +128,12 @@ def inventory(tmp_path: Path, servers: list[SshdServer]) -> Path:
     return write_inventory(tmp_path, servers, tags=("gpu",), gpus=[[0]] * len(servers))
 
 
-def matrix_file(tmp_path: Path, body: str, *, release: str = 'release = "auto"') -> Path:
+def matrix_file(standin: Standin, tmp_path: Path, body: str, *,
+                release: str = 'release = "auto"') -> Path:
     path = tmp_path / "drivers.toml"
-    path.write_text(body + CELLS + PROFILE.format(release=release, mirror=MIRROR))
+    path.write_text(body + CELLS + PROFILE.format(release=release, mirror=MIRROR,
+                                                  mount=container_mount())
+                    + standin.command(container=True))
     return path
 
 
@@ -137,12 +142,13 @@ def matrix_file(tmp_path: Path, body: str, *, release: str = 'release = "auto"')
 @pytest.mark.timeout(900)
 def test_each_host_runs_the_release_its_driver_allows_and_refresh_rebuilds_only_what_changed(
     tmp_path: Path, two_drivers: Any, release_bases: dict[str, str], docker_client: Any,
-    built: set[str], capsys: pytest.CaptureFixture[str],
+    built: set[str], capsys: pytest.CaptureFixture[str], standin: Standin,
 ) -> None:
     (a, a_driver), (b, _) = two_drivers
     hosts = inventory(tmp_path, [a, b])
-    path = matrix_file(tmp_path, '[matrix]\nname = "drivers"\nbackend = "ssh"\ntimeout_s = 300\n'
-                                 '[axes]\nseed = [1, 2, 3, 4]\n')
+    path = matrix_file(standin, tmp_path,
+                       '[matrix]\nname = "drivers"\nbackend = "ssh"\ntimeout_s = 300\n'
+                       '[axes]\nseed = [1, 2, 3, 4]\n')
     results = tmp_path / "results"
     outcome = run_sweep(load_matrix(path), results_root=results, hosts_file=hosts)
 
@@ -223,13 +229,14 @@ def test_each_host_runs_the_release_its_driver_allows_and_refresh_rebuilds_only_
 @pytest.mark.timeout(600)
 def test_a_host_whose_driver_runs_no_release_is_left_out_saying_why(
     tmp_path: Path, sshd_factory: SshdFactory, release_bases: dict[str, str], built: set[str],
+    standin: Standin,
 ) -> None:
     """A host that answers no nvidia-smi (a CPU box tagged with the profile by mistake) runs
     none of the profile's cells; the other host runs them all; the sweep says why."""
     gpu, _ = driver_host(sshd_factory, tmp_path, "drv-gpu", "560.35.03")
     plain = sshd_factory("drv-none")
     hosts = inventory(tmp_path, [gpu, plain])
-    path = matrix_file(tmp_path, '[matrix]\nname = "drivers2"\nbackend = "ssh"\n'
+    path = matrix_file(standin, tmp_path, '[matrix]\nname = "drivers2"\nbackend = "ssh"\n'
                                  'timeout_s = 300\n[axes]\nseed = [1, 2]\n')
 
     class Log:
@@ -257,11 +264,12 @@ def test_a_host_whose_driver_runs_no_release_is_left_out_saying_why(
 @pytest.mark.timeout(600)
 def test_a_release_axis_compares_releases_on_the_same_hardware(
     tmp_path: Path, release_bases: dict[str, str], docker_client: Any, built: set[str],
+    standin: Standin,
 ) -> None:
     """``ngc_release`` as an axis (docker backend, this machine): one image per release, each
     cell records its release, image ID and base; the table compares against 24.05 and labels the
     ratio as the release comparison, not as a cross-stack warning."""
-    path = matrix_file(tmp_path, '[matrix]\nname = "releases"\nbackend = "docker"\n'
+    path = matrix_file(standin, tmp_path, '[matrix]\nname = "releases"\nbackend = "docker"\n'
                                  'timeout_s = 300\nbaseline = "ngc_release=24.05"\n'
                                  '[axes]\nngc_release = ["24.05", "24.10"]\n', release="")
     outcome = run_sweep(load_matrix(path), results_root=tmp_path / "results")
@@ -285,7 +293,7 @@ def test_a_release_axis_compares_releases_on_the_same_hardware(
 @pytest.mark.timeout(600)
 def test_the_docker_backend_takes_this_machines_driver(
     tmp_path: Path, release_bases: dict[str, str], built: set[str],
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, standin: Standin,
 ) -> None:
     """``release = "auto"`` with the local docker backend: this machine's nvidia-smi (the
     STAND-IN first on PATH, reporting driver 560.35.03) picks NGC 24.10."""
@@ -299,7 +307,7 @@ def test_the_docker_backend_takes_this_machines_driver(
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     gpus.local_facts.cache_clear()
     try:
-        path = matrix_file(tmp_path, '[matrix]\nname = "local_auto"\nbackend = "docker"\n'
+        path = matrix_file(standin, tmp_path, '[matrix]\nname = "local_auto"\nbackend = "docker"\n'
                                      'timeout_s = 300\n')
         outcome = run_sweep(load_matrix(path), results_root=tmp_path / "results")
     finally:

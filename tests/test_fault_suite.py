@@ -4,9 +4,9 @@ results folder, its terminal closed under it (SIGHUP), resumed twice at once; af
 run is finished with --resume and counted from disk alone: every cell recorded, none lost, none
 duplicated, no cell of the damaged sweep silent, no traceback, no process of the run left,
 nothing else broken (run.json finished, no cgroup left, the second --resume refused). The
-figures are printed (``pytest -s``); the full table with more kill points is
-``python benchmarks/fault_suite.py`` (benchmarks/README.md). The lost-host case is the ssh
-backend's own test (tests/test_backend_ssh.py), which prints its count line too.
+figures are printed (``pytest -s``); the full table with more kill points, with the real
+workload, is ``python benchmarks/fault_suite.py`` (benchmarks/README.md). The lost-host case is
+the ssh backend's own test (tests/test_backend_ssh.py), which prints its count line too.
 
 Mounting tmpfs needs root (CI runs as root); elsewhere the test is skipped, or fails under CI.
 """
@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from service_support import unavailable
+from standin_support import STANDIN_WORKLOAD, Standin
 
 from benchmarks.fault_suite import run_suite, table
 
-pytestmark = pytest.mark.slow
 
-
-def test_every_cell_survives_kills_full_disks_and_read_only_folders(tmp_path):
+def test_every_cell_survives_kills_full_disks_and_read_only_folders(tmp_path, standin: Standin):
+    """The cells run the STAND-IN workload (tests/standin/), each iteration 0.5 s: a cell
+    lasts about 1.5 s (the kill points fall over the sweep's 4 s), without torch's CPU load."""
     if os.geteuid() != 0:
         unavailable("the fault suite mounts tmpfs file systems: it needs root")
-    counts = run_suite(tmp_path, seed=1, kills=2, cells=2)
+    counts = run_suite(tmp_path, seed=1, kills=2, cells=2, span_s=4.0,
+                       workload=STANDIN_WORKLOAD, tables=standin.command("--standin-step-s=0.5"))
     print("\n" + table(counts))
     for count in counts:
         assert count.clean, count

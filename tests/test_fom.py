@@ -10,10 +10,12 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from dllogger_support import dle_logger_path, run_program
+from dllogger_support import dle_logger_path
 from pydantic import ValidationError
 
 from orchestrator.config.files import problems_from_validation
@@ -33,7 +35,8 @@ DLL = FiguresConfig(parser="dllogger")
 
 
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, dict]]:
+def programs(tmp_path_factory: pytest.TempPathFactory,
+             dllogger_program: Callable[..., Any]) -> dict[str, tuple[Path, Path, dict]]:
     """Real DLLogger output of a few runs: name -> (raport, stdout log, truth)."""
     base = tmp_path_factory.mktemp("dllogger")
     variants = {
@@ -47,7 +50,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
     }
     out = {}
     for name, args in variants.items():
-        raport, log, truth, _ = run_program(base, *args, name=name)
+        raport, log, truth, _ = dllogger_program(base, *args, name=name)
         out[name] = (raport, log, json.loads(truth.read_text()))
     return out
 
@@ -220,8 +223,8 @@ def test_raport_with_foreign_lines_lists_every_one(programs, tmp_path):
     assert "needs 'step'" in info.value.problems[1].message
 
 
-def test_log_without_run_summary_is_incomplete(tmp_path):
-    raport, log, _, proc = run_program(tmp_path, "--stop-after", "12", check=False)
+def test_log_without_run_summary_is_incomplete(tmp_path, dllogger_program):
+    raport, log, _, proc = dllogger_program(tmp_path, "--stop-after", "12", check=False)
     assert proc.returncode == 3
     ev = evaluate(output(raport), DLL)
     assert [f.kind for f in ev.failures] == ["incomplete"]
@@ -254,10 +257,10 @@ def test_no_dllogger_records_at_all():
 
 
 @pytest.mark.parametrize(("print_freq", "epochs", "iterations"), [(1, 1, 20), (3, 2, 9)])
-def test_raport_of_dle_own_logger(tmp_path, print_freq, epochs, iterations):
+def test_raport_of_dle_own_logger(tmp_path, dllogger_program, print_freq, epochs, iterations):
     """The raport DLE's own Logger/TrainingMetrics write (its per-interval means, its two
     verbosity levels, its epoch and run summaries)."""
-    raport, log, truth_file, _ = run_program(
+    raport, log, truth_file, _ = dllogger_program(
         tmp_path, "--dle-logger", str(dle_logger_path()), "--print-freq", str(print_freq),
         "--epochs", str(epochs), "--iterations", str(iterations), "--batch-size", "64")
     truth = json.loads(truth_file.read_text())

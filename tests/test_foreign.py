@@ -8,12 +8,12 @@ shipped side-by-side matrices.
 
 Integration tests run a real program through every backend, with our workload beside it in one
 sweep, and check that its figures reach the summary like the workload's: the local process
-backend (``slow``), a real container (``docker``), a container on a real sshd host (``docker``,
-``ssh``) and a real Slurm job (``slurm``). NVIDIA's ConvNets ``main.py`` needs CUDA, which these
-machines lack, so ``tests/lab_bench.py`` stands in for it: a real program with DLE's arguments
-that reads torchrun's environment (or spawns its own ranks), forms a real gloo process group,
-does real work and logs through the real NVIDIA DLLogger (installed from the peers folder;
-``.ci/run`` installs it).
+backend (workload tier), a real container (``docker``), a container on a real sshd host
+(``docker``, ``ssh``) and a real Slurm job (``slurm``). NVIDIA's ConvNets ``main.py`` needs CUDA,
+which these machines lack, so ``tests/lab_bench.py`` stands in for it: a real program with DLE's
+arguments that reads torchrun's environment (or spawns its own ranks), forms a real gloo process
+group, does real work and logs through the real NVIDIA DLLogger (installed from the peers
+folder; ``.ci/run`` installs it).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import pytest
 from dllogger_support import dllogger_available
 from gpu_support import facts
 from slurm_support import SlurmCluster, slurm_cluster  # noqa: F401 - slurm_cluster: a fixture
+from standin_support import Standin, container_mount
 from workload_support import TINY_WORKLOAD
 
 from orchestrator.backends.checks import check_matrix, machine_problems
@@ -63,7 +64,7 @@ hardware = "cpu"
 telemetry_interval = 0
 
 [axes]
-program = ["workload", "lab"]
+program = ["{ours}", "lab"]
 
 [hardware.cpu]
 device = "cpu"
@@ -97,9 +98,14 @@ figures = {{ parser = "dllogger", raport = "raport.json" }}
 
 def matrix_text(*, backend: str = "process", extra: str = "", profile: str = "",
                 python: str = "{python}", script: str = "lab_bench.py",
-                workdir: str = str(TESTS)) -> str:
-    return MATRIX.format(backend=backend, tiny=TINY_WORKLOAD, profile=profile, python=python,
-                         script=script, workdir=workdir, extra=extra)
+                workdir: str = str(TESTS), standin: Standin | None = None,
+                container: bool = False) -> str:
+    """The side-by-side matrix; with ``standin``, "ours" is the STAND-IN workload (in a
+    container when ``container``: the profile must mount it) instead of the real one."""
+    ours = "workload" if standin is None else "standin"
+    text = MATRIX.format(backend=backend, tiny=TINY_WORKLOAD, profile=profile, python=python,
+                         script=script, workdir=workdir, extra=extra, ours=ours)
+    return text if standin is None else text + standin.command(container=container)
 
 
 def values(unchecked: dict[str, Any] | None = None, **params: Any) -> dict[str, Any]:
@@ -493,10 +499,11 @@ def find(outcome: Any, program: str, gpus: int = 1, data: str = "synthetic") -> 
     return found
 
 
-def check_side_by_side(outcome: Any, program_dir: str) -> None:
+def check_side_by_side(outcome: Any, program_dir: str, ours_program: str = "workload") -> None:
     """Both programs ok, the lab's figures recomputed from its raport, the ratio ours/theirs in
-    the table and summary.csv."""
-    ours, theirs = find(outcome, "workload"), find(outcome, "lab")
+    the table and summary.csv (``ours_program``: ``standin`` where the STAND-IN workload runs
+    as ours)."""
+    ours, theirs = find(outcome, ours_program), find(outcome, "lab")
     assert ours.status is Status.OK and theirs.status is Status.OK, [
         (r.cell_id, r.reason, r.log_tail[-5:]) for r in outcome.results]
     cell_dir = outcome.paths.cell_dir(theirs.cell_id)
@@ -510,7 +517,12 @@ def check_side_by_side(outcome: Any, program_dir: str) -> None:
     assert program["name"] == "lab" and program["parser"] == "dllogger"
     assert program["workdir"] == program_dir
     assert theirs.provenance["figures"]["parser"] == "dllogger"
-    assert ours.provenance["program"] == {"name": "workload", "parser": "workload"}
+    if ours_program == "workload":
+        assert ours.provenance["program"] == {"name": "workload", "parser": "workload"}
+    else:  # a command template whose lines the workload's parser reads
+        assert {k: ours.provenance["program"][k] for k in ("name", "parser")} == {
+            "name": ours_program, "parser": "workload"}
+        assert ours.env["standin"], "the stand-in says what it is in every result"
     assert (outcome.paths.cell_dir(ours.cell_id) / "metrics.jsonl").is_file()
     (rank0,) = [r for r in ranks(cell_dir) if r["rank"] == 0]
     assert rank0["cwd"] == program_dir and rank0["world_size"] == 1
@@ -525,9 +537,9 @@ def check_side_by_side(outcome: Any, program_dir: str) -> None:
     assert "vs program=lab" in table and "lab" in table
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_process_backend_runs_the_labs_program_beside_ours(write_matrix, tmp_path) -> None:
+def test_process_backend_runs_the_labs_program_beside_ours(write_matrix, tmp_path,
+                                                           workload_python) -> None:
     dllogger_available()
     hostile = "/data/it's \"q\"; $(touch PWNED) `id` a b"
     text = matrix_text(extra=f"""
@@ -630,7 +642,9 @@ def lab_checkouts(tmp_path: Path) -> tuple[Path, Path]:
     return convnets, checkout
 
 
-def container_matrix(tmp_path: Path, base: str, backend: str) -> str:
+def container_matrix(tmp_path: Path, base: str, backend: str, standin: Standin) -> str:
+    """The lab's program in its image, the STAND-IN workload (mounted) as ours: the real
+    workload in a container is tests/test_backend_docker.py's end-to-end test."""
     convnets, dllogger = lab_checkouts(tmp_path)
     profile = f"""image = "dle-convnets"
 [hardware.cpu.image_vars]
@@ -641,25 +655,26 @@ dllogger_dir = "{dllogger}"
 [hardware.cpu.container]
 shm_size = "256m"
 ulimits = {{ stack = 67108864 }}
+mounts = [{container_mount()}]
 """
     return matrix_text(backend=backend, profile=profile, python="python3", script="main.py",
-                       workdir="/workspace/dle-convnets")
+                       workdir="/workspace/dle-convnets", standin=standin, container=True)
 
 
 @pytest.mark.docker
 @pytest.mark.timeout(900)
 def test_docker_backend_runs_the_labs_program_beside_ours(tmp_path, docker_client,
-                                                          base_image) -> None:
+                                                          base_image, standin) -> None:
     from docker_support import run_containers
 
-    text = container_matrix(tmp_path, base_image, "docker")
+    text = container_matrix(tmp_path, base_image, "docker", standin)
     text += '\n[[include]]\nprogram = "lab"\ngpus = 2\n'
     path = tmp_path / "m.toml"
     path.write_text(text)
     matrix = load_matrix(path)
     assert check_matrix(matrix, "docker").errors == []
     outcome = run_sweep(matrix, results_root=tmp_path / "results")
-    check_side_by_side(outcome, "/workspace/dle-convnets")
+    check_side_by_side(outcome, "/workspace/dle-convnets", "standin")
     torchrun = find(outcome, "lab", gpus=2)
     assert torchrun.status is Status.OK, (torchrun.reason, torchrun.log_tail)
     assert [r["world_size"] for r in ranks(outcome.paths.cell_dir(torchrun.cell_id))] == [2, 2]
@@ -671,7 +686,7 @@ def test_docker_backend_runs_the_labs_program_beside_ours(tmp_path, docker_clien
 @pytest.mark.ssh
 @pytest.mark.timeout(900)
 def test_ssh_backend_runs_the_labs_program_beside_ours(tmp_path, sshd_server, docker_client,
-                                                       base_image) -> None:
+                                                       base_image, standin) -> None:
     from docker_support import run_containers
     from ssh_support import write_inventory
 
@@ -679,10 +694,10 @@ def test_ssh_backend_runs_the_labs_program_beside_ours(tmp_path, sshd_server, do
 
     hosts = write_inventory(tmp_path, [sshd_server])
     path = tmp_path / "m.toml"
-    path.write_text(container_matrix(tmp_path, base_image, "ssh"))
+    path.write_text(container_matrix(tmp_path, base_image, "ssh", standin))
     matrix = load_matrix(path)
     outcome = run_sweep(matrix, results_root=tmp_path / "results", hosts_file=hosts)
-    check_side_by_side(outcome, "/workspace/dle-convnets")
+    check_side_by_side(outcome, "/workspace/dle-convnets", "standin")
     assert {r.provenance["host"] for r in outcome.results} == {sshd_server.name}
     assert run_containers(docker_client, outcome.paths.run_id) == []
     assert not Path(REMOTE_ROOT, outcome.paths.run_id).exists()
@@ -691,15 +706,18 @@ def test_ssh_backend_runs_the_labs_program_beside_ours(tmp_path, sshd_server, do
 @pytest.mark.slurm
 @pytest.mark.timeout(600)
 def test_slurm_backend_runs_the_labs_program_beside_ours(
-        write_matrix, tmp_path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811 - fixture
+        write_matrix, tmp_path, slurm_cluster: SlurmCluster,  # noqa: F811 - fixture
+        standin: Standin) -> None:
+    """The lab's program as real jobs, the STAND-IN workload as ours."""
     from slurm_support import squeue_ids, wait_until_gone
 
     dllogger_available()
-    text = matrix_text(backend="slurm") + '\n[[include]]\nprogram = "lab-self"\ngpus = 2\n'
+    text = (matrix_text(backend="slurm", standin=standin)
+            + '\n[[include]]\nprogram = "lab-self"\ngpus = 2\n')
     matrix = load_matrix(write_matrix(text, cpu_profile=False))
     before = set(squeue_ids())
     outcome = run_sweep(matrix, results_root=tmp_path / "results")
-    check_side_by_side(outcome, str(TESTS))
+    check_side_by_side(outcome, str(TESTS), "standin")
     for result in outcome.results:
         assert result.status is Status.OK, (result.cell_id, result.reason, result.log_tail)
         assert result.provenance["slurm_state"] == "COMPLETED"

@@ -60,6 +60,7 @@ def test_a_build_is_read_from_its_files(tmp_path: Path) -> None:
     assert read_build(unread).archs is None  # not read: said so, nothing assumed
 
 
+@pytest.mark.subprocess  # a fresh interpreter shows torch was not imported
 def test_this_venvs_torch_is_read_without_importing_it() -> None:
     build = torch_builds.installed()
     assert build is not None and build.version.startswith("2.14.1") and build.cuda == "13.0"
@@ -78,6 +79,7 @@ def _venvs() -> Iterator[str]:
         yield floor
 
 
+@pytest.mark.torch  # each venv's torch imported in its own process
 @pytest.mark.parametrize("python", list(_venvs()), ids=lambda p: Path(p).parents[1].name)
 def test_what_is_read_is_what_the_imported_torch_says(python: str) -> None:
     """The reader against torch itself: version, CUDA and arch list, per venv we claim."""

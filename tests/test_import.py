@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from dllogger_support import run_program
 from results_support import import_results
 
 from orchestrator.cli import main
@@ -52,13 +53,15 @@ EARLIER = "20260101-000000-aaaa"
 
 
 @pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+def logs(tmp_path_factory: pytest.TempPathFactory,
+         dllogger_program: Callable[..., Any]) -> dict[str, tuple[Path, Path]]:
     """name -> (raport, stdout log) written by the real DLLogger program."""
     base = tmp_path_factory.mktemp("logs")
     out = {}
     for name, args in {"amp": ["--amp"], "amp2": ["--amp"], "fp32": [],
                        "partial": ["--amp", "--stop-after", "12"]}.items():
-        raport, log, _, _ = run_program(base / name, *args, name=name, check=name != "partial")
+        raport, log, _, _ = dllogger_program(base / name, *args, name=name,
+                                             check=name != "partial")
         out[name] = (raport, log)
     return out
 

@@ -21,6 +21,7 @@ contract.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -90,10 +91,12 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
+@functools.cache
+def graph() -> dict[str, frozenset[str]]:
+    """Every module's project imports (parsed once per session: the tests only read it)."""
     mods = modules()
     known = set(mods)
-    return {name: imports_of(name, path, known) for name, path in mods.items()}
+    return {name: frozenset(imports_of(name, path, known)) for name, path in mods.items()}
 
 
 def layer_of(module: str) -> int | None:

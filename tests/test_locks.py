@@ -1,9 +1,10 @@
 """Two sweeps on the same GPUs of one machine run one after the other (issue 10, item 10).
 
-Real sweeps (the orchestrate CLI, the process backend, the tiny real workload) run at the same
-time in separate processes, sharing one lock folder. This machine has no GPU: the cells are
-CPU cells whose profile lists ``gpu_ids``, which makes them hold those GPUs' locks while they
-run, exactly as GPU cells do. The unit tests at the top use the lock module alone.
+Real sweeps (the orchestrate CLI, the process backend, the STAND-IN workload of tests/standin/,
+each iteration 0.2 s) run at the same time in separate processes, sharing one lock folder. This
+machine has no GPU: the cells are CPU cells whose profile lists ``gpu_ids``, which makes them
+hold those GPUs' locks while they run, exactly as GPU cells do. The unit tests at the top use the
+lock module alone.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from lock_support import acquire
-from workload_support import tiny_matrix
+from standin_support import Standin
 
 from orchestrator.local import cell_processes
 from orchestrator.local.locks import Holder, LockBusy, LockRequest, LockWaitCancelled
@@ -77,9 +78,11 @@ def test_waiting_ends_when_the_holder_releases_or_the_sweep_is_interrupted(tmp_p
 # --- real sweeps -------------------------------------------------------------------------------
 
 
-def matrix_file(folder: Path, name: str, gpu_ids: list[int], iterations: int = 2) -> Path:
+def matrix_file(standin: Standin, folder: Path, name: str, gpu_ids: list[int],
+                iterations: int = 2) -> Path:
     path = folder / f"{name}.toml"
-    cells = tiny_matrix(name, timeout_s=300).replace("iterations = 2", f"iterations = {iterations}")
+    cells = standin.matrix(name, timeout_s=300, knobs="--standin-step-s=0.2").replace(
+        "iterations = 2", f"iterations = {iterations}")
     path.write_text(f'{cells}[hardware.cpu]\ndevice = "cpu"\ngpu_ids = {gpu_ids}\n')
     return path
 
@@ -110,13 +113,12 @@ def result_of(results: Path, name: str) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.slow
-def test_two_sweeps_on_one_gpu_run_one_after_the_other(tmp_path):
+def test_two_sweeps_on_one_gpu_run_one_after_the_other(tmp_path, standin):
     locks, results = tmp_path / "locks", tmp_path / "results"
-    first = start(matrix_file(tmp_path, "first", [0], iterations=30), results, locks)
+    first = start(matrix_file(standin, tmp_path, "first", [0], iterations=30), results, locks)
     wait_until_held(locks, 0, first.pid)
-    second = start(matrix_file(tmp_path, "second", [0]), results, locks)
-    other = start(matrix_file(tmp_path, "other", [1]), results, locks)
+    second = start(matrix_file(standin, tmp_path, "second", [0]), results, locks)
+    other = start(matrix_file(standin, tmp_path, "other", [1]), results, locks)
     outs = [p.communicate(timeout=600) for p in (first, second, other)]
     assert [p.returncode for p in (first, second, other)] == [0, 0, 0], outs
     a, b = result_of(results, "first"), result_of(results, "second")
@@ -127,13 +129,12 @@ def test_two_sweeps_on_one_gpu_run_one_after_the_other(tmp_path):
     assert "waiting for" not in outs[2][1], "a sweep on another GPU does not wait"
 
 
-@pytest.mark.slow
-def test_no_wait_fails_the_cell_saying_who_holds_the_gpu(tmp_path):
+def test_no_wait_fails_the_cell_saying_who_holds_the_gpu(tmp_path, standin):
     locks, results = tmp_path / "locks", tmp_path / "results"
-    first = start(matrix_file(tmp_path, "first", [0], iterations=1000000), results, locks)
+    first = start(matrix_file(standin, tmp_path, "first", [0], iterations=1000000), results, locks)
     try:
         wait_until_held(locks, 0, first.pid)
-        second = start(matrix_file(tmp_path, "second", [0]), results, locks, "--no-wait")
+        second = start(matrix_file(standin, tmp_path, "second", [0]), results, locks, "--no-wait")
         _, err = second.communicate(timeout=120)
         assert second.returncode == 1, err
         result = result_of(results, "second")
@@ -146,12 +147,11 @@ def test_no_wait_fails_the_cell_saying_who_holds_the_gpu(tmp_path):
         first.communicate(timeout=120)
 
 
-@pytest.mark.slow
-def test_the_lock_of_a_sweep_killed_with_sigkill_is_released(tmp_path):
+def test_the_lock_of_a_sweep_killed_with_sigkill_is_released(tmp_path, standin):
     locks, results = tmp_path / "locks", tmp_path / "results"
-    first = start(matrix_file(tmp_path, "first", [0], iterations=1000000), results, locks)
+    first = start(matrix_file(standin, tmp_path, "first", [0], iterations=1000000), results, locks)
     wait_until_held(locks, 0, first.pid)
-    second = start(matrix_file(tmp_path, "second", [0]), results, locks)
+    second = start(matrix_file(standin, tmp_path, "second", [0]), results, locks)
     try:
         deadline = time.monotonic() + 30
         while not list(results.glob("second/*/cells/*/log.txt")):  # it reached its lock

@@ -97,3 +97,26 @@ def test_subtitle_names_the_stack_and_repeats():
     line = stack_line({"torch": ["2.4.0"], "cuda": ["12.4"], "gpu": ["NVIDIA H100"],
                        "host": ["dgx1", "dgx2"]}, 5)
     assert line == "torch 2.4.0 · CUDA 12.4 · NVIDIA H100 · host dgx1 +1 more · 5 repeats"
+
+
+def test_a_flag_axis_is_labelled_with_its_name():
+    """Seen on the H100 sweep (2026-11-25): h100_speed's cuda_graphs rows were labelled 'False'
+    and 'True', which says nothing; a bool (or missing) value carries its key."""
+    from orchestrator.results.plots import _label
+
+    assert _label({"batch_size": 256, "cuda_graphs": True}, ["batch_size", "cuda_graphs"]) \
+        == "bs256 cuda_graphs=True"
+    assert _label({"precision": "amp", "gpus": 8}, ["gpus", "precision"]) == "g8 amp"
+
+
+def test_the_subtitle_counts_the_repeats_that_ran(tmp_path):
+    """Seen on the H100 sweep: `--only repeat=1` of a 3-repeat matrix ran one repeat, yet the
+    plot and the HTML report said '3 repeats' (the plan's number)."""
+    from orchestrator.results.report_html import repeats_of
+
+    one = [CellResult(cell_id=f"c{i}-r1", group=f"c{i}", repeat=1, status=Status.OK)
+           for i in range(3)]
+    assert repeats_of(one) == 1
+    assert repeats_of([*one, CellResult(cell_id="c0-r2", group="c0", repeat=2,
+                                        status=Status.OK)]) == 2
+    assert repeats_of([]) is None

@@ -107,7 +107,8 @@ def test_no_output_folder_means_the_working_directory() -> None:
 
 def test_default_ncu_metrics_ask_for_each_pipe_and_the_kernel_time() -> None:
     joined = " ".join(DEFAULT_NCU_METRICS)
-    for pipe in ("fma", "fp16", "xu", "tensor", "tensor_op_hmma", "tensor_op_gmma"):
+    for pipe in ("fma", "fp16", "xu", "tensor", "tensor_op_hmma", "fma_type_fp16",
+                 "tensor_type_hmma_hgmma_qgmma_imma_igmma_bmma_bgmma"):
         assert pipe in joined
     assert "gpu__time_duration.sum" in DEFAULT_NCU_METRICS
     assert all("," not in m for m in DEFAULT_NCU_METRICS)  # ncu takes one comma-joined list

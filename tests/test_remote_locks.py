@@ -28,6 +28,7 @@ import pytest
 from docker_support import cpu_container_matrix
 from lock_support import acquire
 from ssh_support import SshdFactory, SshdServer, write_inventory
+from standin_support import Standin
 
 from orchestrator.config.inventory import load_hosts, parse_hosts
 from orchestrator.errors import ConfigError, LaunchError
@@ -58,6 +59,7 @@ def run_script(argv: list[str], stdin: str) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
+@pytest.mark.subprocess  # runs the lock script under sh
 def test_the_script_takes_the_locks_of_a_hostile_folder_name_and_writes_the_holder(
     tmp_path: Path,
 ) -> None:
@@ -71,6 +73,7 @@ def test_the_script_takes_the_locks_of_a_hostile_folder_name_and_writes_the_hold
     assert not (tmp_path / "pwned").exists() and not Path("/tmp/pwned").exists()
 
 
+@pytest.mark.subprocess  # runs the lock script under sh
 def test_the_script_says_busy_with_the_holder_and_gives_up_when_its_stdin_ends(
     tmp_path: Path,
 ) -> None:
@@ -87,6 +90,7 @@ def test_the_script_says_busy_with_the_holder_and_gives_up_when_its_stdin_ends(
         pass
 
 
+@pytest.mark.subprocess  # runs the lock script under sh
 def test_the_script_refuses_a_symlinked_folder_or_file(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
@@ -302,9 +306,13 @@ def test_flock_modes_match_the_local_ones() -> None:
 # --- real ssh-backend sweeps (Docker over SSH) ---------------------------------------------------
 
 
-def sweep_matrix(tmp_path: Path, name: str, base: str, body: str = "") -> Path:
+def sweep_matrix(tmp_path: Path, name: str, base: str, body: str = "",
+                 standin: Standin | None = None) -> Path:
+    """The one-cell container matrix on the ssh backend; its cells run the STAND-IN workload
+    with ``standin`` (the sweeps below: what they test is the locking, not the workload)."""
     path = tmp_path / f"{name}.toml"
-    path.write_text(cpu_container_matrix(name, base, backend="ssh", profile_extra=body))
+    path.write_text(cpu_container_matrix(name, base, backend="ssh", profile_extra=body,
+                                         standin=standin))
     return path
 
 
@@ -333,7 +341,7 @@ class Said:
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_an_ssh_sweep_waits_for_its_gpu_held_on_the_host_and_not_for_another(
-    lab, tmp_path: Path, docker_client: Any, base_image: str
+    lab, tmp_path: Path, docker_client: Any, base_image: str, standin: Standin
 ) -> None:
     from orchestrator.plan.matrix import load_matrix
     from orchestrator.results.run_folder import Status
@@ -342,7 +350,8 @@ def test_an_ssh_sweep_waits_for_its_gpu_held_on_the_host_and_not_for_another(
     server, hosts, folder = lab
     on_host = remote(hosts, server.name)
     other = hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host)
-    matrix = load_matrix(sweep_matrix(tmp_path, "overlap", base_image, "[axes]\nseed = [1, 2]"))
+    matrix = load_matrix(sweep_matrix(tmp_path, "overlap", base_image, "[axes]\nseed = [1, 2]",
+                                      standin=standin))
     said = Said()
     released: dict[str, float] = {}
 
@@ -381,7 +390,7 @@ def test_an_ssh_sweep_waits_for_its_gpu_held_on_the_host_and_not_for_another(
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_no_wait_fails_the_ssh_cell_saying_who_holds_the_gpu(
-    lab, tmp_path: Path, docker_client: Any, base_image: str
+    lab, tmp_path: Path, docker_client: Any, base_image: str, standin: Standin
 ) -> None:
     from orchestrator.plan.matrix import load_matrix
     from orchestrator.results.run_folder import Status
@@ -391,7 +400,8 @@ def test_no_wait_fails_the_ssh_cell_saying_who_holds_the_gpu(
     hosts = inventory(tmp_path, server, folder, gpus=(0,))
     on_host = remote(hosts, server.name)
     with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
-        outcome = run_sweep(load_matrix(sweep_matrix(tmp_path, "nowait", base_image)),
+        outcome = run_sweep(load_matrix(sweep_matrix(tmp_path, "nowait", base_image,
+                                                     standin=standin)),
                             backend_name="ssh", results_root=tmp_path / "results",
                             hosts_file=hosts, lock_timeout_s=0)
     (result,) = outcome.results
@@ -406,7 +416,7 @@ def test_no_wait_fails_the_ssh_cell_saying_who_holds_the_gpu(
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_sigint_ends_an_ssh_sweep_waiting_for_its_gpu(
-    lab, tmp_path: Path, docker_client: Any, base_image: str
+    lab, tmp_path: Path, docker_client: Any, base_image: str, standin: Standin
 ) -> None:
     server, _, folder = lab
     hosts = inventory(tmp_path, server, folder, gpus=(0,))
@@ -414,7 +424,8 @@ def test_sigint_ends_an_ssh_sweep_waiting_for_its_gpu(
     results = tmp_path / "results"
     with hold([LockRequest(server.name, (0,))], Holder("nightly/r0", "held"), on_host):
         holding = steady_lock_processes(folder)
-        proc = cli_sweep(sweep_matrix(tmp_path, "sigint", base_image), hosts, results)
+        proc = cli_sweep(sweep_matrix(tmp_path, "sigint", base_image, standin=standin), hosts,
+                         results)
         assert proc.stderr is not None
         lines = []
         for line in proc.stderr:  # until the cell says it waits (after the image is ready)
@@ -469,7 +480,7 @@ def test_the_ssh_backend_locks_every_host_of_a_cell_in_name_order(tmp_path: Path
 @pytest.mark.ssh
 @pytest.mark.timeout(400)
 def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
-    lab, tmp_path: Path, docker_client: Any, base_image: str
+    lab, tmp_path: Path, docker_client: Any, base_image: str, standin: Standin
 ) -> None:
     """Two controllers (two CLI sweeps) on one GPU of one host: the second waits, naming the
     first; the first dies by SIGKILL; its host lock goes with its connection; the second runs."""
@@ -481,7 +492,8 @@ def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
     hosts = inventory(tmp_path, server, folder, gpus=(0,))
     results = tmp_path / "results"
     first = cli_sweep(sweep_matrix(tmp_path, "first", base_image,
-                                   "[axes]\niterations = [1000000]"), hosts, results)
+                                   "[axes]\niterations = [1000000]", standin=standin),
+                      hosts, results)
     second: subprocess.Popen[str] | None = None
     try:
         lock = folder / f"{server.name}-gpu0.lock"
@@ -489,7 +501,8 @@ def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
         while f'"pid": {first.pid}' not in (lock.read_text() if lock.exists() else ""):
             assert time.monotonic() < deadline and first.poll() is None, "never held GPU 0"
             time.sleep(0.2)
-        second = cli_sweep(sweep_matrix(tmp_path, "second", base_image), hosts, results)
+        second = cli_sweep(sweep_matrix(tmp_path, "second", base_image, standin=standin), hosts,
+                           results)
         assert second.stderr is not None
         for line in second.stderr:
             if "waiting for GPU 0 on" in line:

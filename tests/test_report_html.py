@@ -45,7 +45,9 @@ window.addEventListener("load", () => {
 """
 
 
+@pytest.fixture(scope="session")
 def chromium() -> str:
+    """The headless browser's executable (marks the test ``chromium``: integration tier)."""
     for name in ("chromium", "chromium-browser"):
         path = shutil.which(name)
         if path:
@@ -54,20 +56,21 @@ def chromium() -> str:
     raise AssertionError  # unreachable
 
 
-def browse(html: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def browse(chromium: str, html: Path, tmp_path: Path,
+           *extra: str) -> subprocess.CompletedProcess[str]:
     profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
-    argv = [chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+    argv = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             "--no-first-run", f"--user-data-dir={profile}", "--virtual-time-budget=10000",
             *extra, html.as_uri()]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
-def rendered(report: Path, tmp_path: Path) -> dict:
+def rendered(chromium: str, report: Path, tmp_path: Path) -> dict:
     """What the browser shows of ``report``: images and tables after load."""
     probe = tmp_path / f"probe-{report.name}"
     probe.write_text(report.read_text().replace("</body>", CHECK + "</body>"))
-    done = browse(probe, tmp_path, "--dump-dom")
+    done = browse(chromium, probe, tmp_path, "--dump-dom")
     assert done.returncode == 0, done.stderr[-2000:]
     found = re.search(r'<pre id="browser-check">(.*?)</pre>', done.stdout, re.S)
     assert found, done.stdout[-2000:]
@@ -76,12 +79,12 @@ def rendered(report: Path, tmp_path: Path) -> dict:
     return json.loads(html.unescape(found.group(1)))
 
 
-def screenshot_colours(report: Path, tmp_path: Path) -> tuple[int, int]:
+def screenshot_colours(chromium: str, report: Path, tmp_path: Path) -> tuple[int, int]:
     """(pixels that are not near-white, of them the ones in matplotlib's bar colours)."""
     from PIL import Image
 
     shot = tmp_path / "shot.png"
-    done = browse(report, tmp_path, f"--screenshot={shot}", "--window-size=1200,2400",
+    done = browse(chromium, report, tmp_path, f"--screenshot={shot}", "--window-size=1200,2400",
                   "--hide-scrollbars")
     assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
     image = Image.open(shot).convert("RGB")
@@ -105,7 +108,7 @@ def the_run(root: Path) -> RunPaths:
     return write_run(root, "lab", run_id(1), configs, started=day(1))
 
 
-def test_run_report_renders_in_chromium_with_the_runs_numbers(tmp_path):
+def test_run_report_renders_in_chromium_with_the_runs_numbers(chromium, tmp_path):
     results = tmp_path / "results"
     paths = the_run(results)
     out = tmp_path / "report.html"
@@ -115,7 +118,7 @@ def test_run_report_renders_in_chromium_with_the_runs_numbers(tmp_path):
                          text), "the report must not load anything from outside the file"
     assert "<script" not in text
 
-    seen = rendered(out, tmp_path)
+    seen = rendered(chromium, out, tmp_path)
     assert seen["title"] == f"lab — run {run_id(1)}"
     (image,) = seen["images"]
     assert image["complete"] and image["width"] > 300 and image["height"] > 200
@@ -132,12 +135,12 @@ def test_run_report_renders_in_chromium_with_the_runs_numbers(tmp_path):
     stack = next(t for t in seen["tables"] if t["headers"] == ["field", "values"])
     assert ["torch", "2.4.0"] in stack["rows"]
 
-    ink, coloured = screenshot_colours(out, tmp_path)
+    ink, coloured = screenshot_colours(chromium, out, tmp_path)
     assert ink > 20_000  # text, tables and the plot were painted
     assert coloured > 2_000  # the bars, in the precision colours
 
 
-def test_compare_report_renders_in_chromium(tmp_path):
+def test_compare_report_renders_in_chromium(chromium, tmp_path):
     results = tmp_path / "results"
     write_run(results, "lab", run_id(1), [Config(params(gpus=g), [100.0 * g, 101.0 * g,
                                                                    99.0 * g]) for g in (1, 2)],
@@ -148,7 +151,7 @@ def test_compare_report_renders_in_chromium(tmp_path):
     out = tmp_path / "compare.html"
     assert main(["compare", "lab:latest~1", "lab:latest", "--results", str(results),
                  "--html", str(out)]) == 0
-    seen = rendered(out, tmp_path)
+    seen = rendered(chromium, out, tmp_path)
     (image,) = seen["images"]
     assert image["complete"] and image["width"] > 300
     table = next(t for t in seen["tables"] if t["css"] == "compare")

@@ -23,7 +23,8 @@ from orchestrator.results.run_folder import (
 )
 
 
-@pytest.mark.parametrize("name", ["v100_scaling", "a", "A-1.b_c", "x" * 64, new_run_id()])
+@pytest.mark.parametrize("name", ["v100_scaling", "a", "A-1.b_c", "x" * 64,
+                                  pytest.param(new_run_id(), id="a-new-run-id")])
 def test_valid_names(name: str) -> None:
     assert check_name(name) == name
     assert check_run_id(name) == name

@@ -27,13 +27,12 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 from backend_support import META, SUMMARY, FakeBackend, FakeExecution, Script, line
-from fs_support import fill, tmpfs
+from fs_support import fill
 from slurm_support import slurm_cluster  # noqa: F401 - the fixture
 from workload_support import tiny_matrix
 
@@ -70,9 +69,10 @@ def run_json(paths: RunPaths) -> dict:
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({"A=B": "1"}, "illegal environment variable name"),
-    ({"X": "a\0b"}, "embedded null byte"),
-], ids=["name-with-equals", "nul-in-value"])
+    pytest.param({"A=B": "1"}, "illegal environment variable name", id="name-with-equals"),
+    pytest.param({"X": "a\0b"}, "embedded null byte", id="nul-in-value",
+                 marks=pytest.mark.subprocess),  # refused where the process is started
+])
 def test_an_environment_the_os_refuses_gives_a_failed_cell_on_disk(write_matrix, tmp_path, env,
                                                                    expected):
     matrix = with_profile(load_matrix(write_matrix(TINY)), env=env)
@@ -86,6 +86,7 @@ def test_an_environment_the_os_refuses_gives_a_failed_cell_on_disk(write_matrix,
     assert "failed=1" in outcome.paths.summary_csv.read_text()
 
 
+@pytest.mark.subprocess  # the OS refuses the exec (fork_exec)
 def test_a_nul_byte_in_a_path_gives_a_failed_cell_on_disk(write_matrix, tmp_path):
     matrix = load_matrix(write_matrix(TINY))
     (cell,) = matrix.cells
@@ -112,7 +113,7 @@ def test_a_cell_whose_folder_cannot_be_made_is_still_counted_and_reported(write_
     assert run_json(outcome.paths)["problems"] == [problem]
 
 
-def test_enospc_writing_command_json_gives_a_failed_cell_on_disk(write_matrix, tmp_path):
+def test_enospc_writing_command_json_gives_a_failed_cell_on_disk(write_matrix, tmp_path, tmpfs):
     """A real full disk: the results folder is a tiny tmpfs, filled once the run folder exists
     and freed when the cell has been recorded; the result is written when the sweep ends."""
     matrix = load_matrix(write_matrix(TINY))
@@ -143,12 +144,12 @@ def test_enospc_writing_command_json_gives_a_failed_cell_on_disk(write_matrix, t
         assert not list(disk.rglob(".command.json.*")), "no temporary file left behind"
 
 
-@pytest.mark.slow
-def test_enospc_while_the_cell_runs_fails_it_and_its_output_still_drains(write_matrix, tmp_path):
-    """The real workload on a real tmpfs that fills up at its first line of output: the cell
-    still ends (its output is read to the end), failed because its files are incomplete, and
-    its result is on disk once the space is back."""
-    matrix = load_matrix(write_matrix(TINY))
+def test_enospc_while_the_cell_runs_fails_it_and_its_output_still_drains(write_matrix, tmp_path,
+                                                                         tmpfs, standin):
+    """The STAND-IN workload on a real tmpfs that fills up at its first line of output: the
+    cell still ends (its output is read to the end), failed because its files are incomplete,
+    and its result is on disk once the space is back."""
+    matrix = load_matrix(write_matrix(standin.matrix("starts", timeout_s=240)))
     with tmpfs(tmp_path / "disk", size="1m") as disk:
 
         class FillAtFirstLine(NullEvents):
@@ -170,16 +171,14 @@ def test_enospc_while_the_cell_runs_fails_it_and_its_output_still_drains(write_m
         assert outcome.exit_code == 1
 
 
-def orchestrate(*args: str, env: dict[str, str] | None = None
-                ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
-
-
 @pytest.mark.parametrize("fault", ["read-only", "full", "a file"])
-def test_an_unwritable_results_folder_is_one_clear_error(write_matrix, tmp_path, fault):
+def test_an_unwritable_results_folder_is_one_clear_error(write_matrix, tmp_path, tmpfs,
+                                                         orchestrate_cli, fault):
     path = write_matrix(TINY)
+
+    def orchestrate(*args: str) -> subprocess.CompletedProcess[str]:
+        return orchestrate_cli(*args, timeout=300)
+
     if fault == "a file":
         results = tmp_path / "results"
         results.write_text("not a folder")
@@ -362,11 +361,16 @@ def test_resume_treats_a_truncated_result_as_not_ok(write_matrix, tmp_path):
         sweep.cells_to_resume(run.paths, matrix)
 
 
-def test_the_revision_is_learned_without_writing_the_checkouts_index(tmp_path):
+@pytest.mark.subprocess  # git, for real
+def test_the_revision_is_learned_without_writing_the_checkouts_index(tmp_path, request):
     """Issue 24, item 17: every sweep ran `git status` in the checkout, which refreshes the
     index (.git/index.lock, then a rewritten .git/index): a `git commit` there at that moment
     failed. A file whose stat changed but whose content did not makes git want to refresh."""
     from orchestrator.backends.base import git_revision
+
+    # the checkout's revision is asked once per session (conftest): asked again after the
+    # cache_clear below, so that the unit tests after this one start no git of their own
+    request.addfinalizer(lambda: (git_revision.cache_clear(), git_revision()))
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c",

@@ -4,7 +4,8 @@ A profile's environment holds a secret literal (``HF_TOKEN = "..."``), a value t
 orchestrator's environment (``API_KEY = "$env:..."``) and a plain value. Real cells (a
 process, a Docker container, a Slurm job) print a digest of what they received, to show the
 secrets arrived, and the secret itself, to show the output is scrubbed; then every file of the
-run folder is searched for the secret values.
+run folder is searched for the secret values. The container and the job run the STAND-IN
+workload (tests/standin/, ``--standin-env``) through the real command path.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from slurm_support import slurm_cluster  # noqa: F401 - the fixture
+from standin_support import Standin, container_mount
 from workload_support import tiny_matrix
 
 from orchestrator import sweep
@@ -132,6 +134,7 @@ class PrintingProcess(ProcessBackend):
                                    argv=(sys.executable, "-c", PRINT))
 
 
+@pytest.mark.subprocess  # a real process cell
 def test_process_cell_gets_its_secrets_and_no_file_of_the_run_has_them(write_matrix, tmp_path,
                                                                        monkeypatch):
     monkeypatch.setenv(SOURCE, FROM_ENV)
@@ -150,28 +153,28 @@ def test_process_cell_gets_its_secrets_and_no_file_of_the_run_has_them(write_mat
     assert files_with_secrets(outcome.paths.root) == []
 
 
-class PrintingContainer(DockerBackend):
-    """The real docker backend running, in the cell's image, a script that prints what it
-    received."""
-
-    def spec(self, cell, allocation, attempt: int = 1) -> LaunchSpec:
-        spec = super().spec(cell, allocation, attempt)
-        return dataclasses.replace(spec, argv=(spec.argv[0], "-c", PRINT))
+def standin_matrix(standin: Standin, *, container: bool = False) -> str:
+    """:data:`MATRIX` whose cell runs the STAND-IN workload, which prints the digest and the
+    value of both secrets (``--standin-env``)."""
+    text = MATRIX.replace("[workload]\n", '[workload]\nprogram = "standin"\n', 1)
+    return text + standin.command("--standin-env=HF_TOKEN,API_KEY", container=container)
 
 
 @pytest.mark.docker
 def test_a_container_cell_gets_its_secrets_and_no_file_of_the_run_has_them(
-        docker_client, base_image, write_matrix, tmp_path, monkeypatch):
-    """On a real engine: the container receives both secrets (their digests in its output),
-    its output is scrubbed, and no file of the run folder holds either value."""
+        docker_client, base_image, write_matrix, tmp_path, monkeypatch, standin):
+    """On a real engine, through the real command path: the container (the STAND-IN
+    workload, mounted into it) receives both secrets (their digests in its output), its output
+    is scrubbed, and no file of the run folder holds either value."""
     monkeypatch.setenv(SOURCE, FROM_ENV)
-    text = MATRIX.replace('device = "cpu"\n', (
+    text = standin_matrix(standin, container=True).replace('device = "cpu"\n', (
         'device = "cpu"\nimage = "ngc-pytorch"\n'
         f'image_vars = {{ base_image = "{base_image}", install_nvml = false }}\n'
         # as tests/test_backend_docker.py: this engine refuses the default unlimited memlock
-        'container = { shm_size = "256m", ulimits = { stack = 67108864 } }\n'), 1)
+        'container = { shm_size = "256m", ulimits = { stack = 67108864 }, '
+        f'mounts = [{container_mount()}] }}\n'), 1)
     matrix = load_matrix(write_matrix(text, cpu_profile=False))
-    outcome = run_with(PrintingContainer, "docker", matrix, tmp_path, 120)
+    outcome = run_with(DockerBackend, "docker", matrix, tmp_path, 120)
     (result,) = outcome.results
     assert result.exit_code == 0, result.reason
     log_text = outcome.paths.cell_log(result.cell_id).read_text()
@@ -217,17 +220,13 @@ def test_the_batch_script_names_secrets_but_holds_none(write_matrix, tmp_path, m
 
 @pytest.mark.slurm
 def test_a_slurm_job_gets_its_secrets_from_sbatch(slurm_cluster, write_matrix,  # noqa: F811
-                                                  tmp_path, monkeypatch):
+                                                  tmp_path, monkeypatch, standin):
+    """The STAND-IN workload as a real batch job, through the real command path."""
     from orchestrator.backends.slurm import SlurmBackend
 
-    class PrintingJob(SlurmBackend):
-        def sbatch_job(self, cell):
-            return dataclasses.replace(super().sbatch_job(cell),
-                                       argv=(sys.executable, "-c", PRINT))
-
     monkeypatch.setenv(SOURCE, FROM_ENV)
-    matrix = load_matrix(write_matrix(MATRIX, cpu_profile=False))
-    outcome = run_with(PrintingJob, "slurm", matrix, tmp_path, 120)
+    matrix = load_matrix(write_matrix(standin_matrix(standin), cpu_profile=False))
+    outcome = run_with(SlurmBackend, "slurm", matrix, tmp_path, 120)
     (result,) = outcome.results
     assert result.exit_code == 0, result.reason
     log_text = outcome.paths.cell_log(result.cell_id).read_text()

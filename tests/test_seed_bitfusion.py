@@ -150,6 +150,7 @@ def orchestrate(*args: str, cwd: Path, timeout: float = 900) -> subprocess.Compl
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.subprocess  # dpkg-deb builds the client packages
 def test_validate_refuses_a_client_for_another_ubuntu_and_names_the_base(tmp_path: Path) -> None:
     """No engine needed: the .deb's package name against the base's Ubuntu."""
     lab(tmp_path, "t")

@@ -85,6 +85,7 @@ def run_dlperf(peers: Path, log_dir: Path, out: Path) -> dict[str, Any]:
     return ast.literal_eval(text[start:text.index("Saving result to")].strip())
 
 
+@pytest.mark.subprocess  # runs the seed's own script
 def test_dlperf_script_and_our_import_give_the_same_table(tmp_path: Path) -> None:
     """Seed 003's numbers: DLPerf's median, mean and speedup per configuration, ours beside."""
     peers = peers_dir()
@@ -111,6 +112,7 @@ def test_dlperf_script_and_our_import_give_the_same_table(tmp_path: Path) -> Non
               f"{row.ips} {row.ips_mean} {row.speedup}")
 
 
+@pytest.mark.subprocess  # runs the seed's own script
 def test_dlperf_rule_keeps_the_scripts_one_digit_time_pattern(tmp_path: Path) -> None:
     """An iteration of 12.403 s is read as 2.403 by DLPerf's ``\\d.\\d{1,3}\\s``: ours reads it
     the same way (the seed's rule, quirk included), and the script agrees."""
@@ -144,6 +146,7 @@ def test_dlperf_timestamp_rule_of_seed_003(tmp_path: Path) -> None:
     assert short.ips is None and short.lines == 100
 
 
+@pytest.mark.subprocess  # runs the seed's own script
 def test_seed_003s_own_script_where_a_copy_is_at_hand(tmp_path: Path) -> None:
     """Seed 003's table came from DLPerf @ 183b8d1 (NVIDIADeepLearningExamples/PyTorch/
     resnet50v1.5/extract_pytorch_logs_time.py: DLLogger line times), which the peers folder does
@@ -177,6 +180,7 @@ def test_seed_003s_own_script_where_a_copy_is_at_hand(tmp_path: Path) -> None:
             case["median_speed"], case["average_speed"], case["speedup"])
 
 
+@pytest.mark.subprocess  # runs the seed's own script
 def test_coreutil_and_our_tbd_rule_print_the_same_utilisations(tmp_path: Path) -> None:
     """Seed 001's numbers: coreutil.py's four lines, ours formatted as it prints them."""
     peers = peers_dir()

@@ -25,12 +25,10 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
-import torch
 from service_support import unavailable
-
-from workload.make_dataset import make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve()
@@ -46,7 +44,9 @@ def dle_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def imagenet_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def imagenet_like(tmp_path_factory: pytest.TempPathFactory, torch: Any) -> Path:
+    from workload.make_dataset import make_dataset  # (imports torch)
+
     root = tmp_path_factory.mktemp("imagenet")
     make_dataset(root / "train", classes=3, per_class=6, size=80, seed=1)
     make_dataset(root / "val", classes=3, per_class=2, size=80, seed=2)
@@ -76,7 +76,7 @@ def dle_dataloaders(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return importlib.import_module("image_classification.dataloaders")
 
 
-def test_dle_pytorch_loaders_read_real_jpegs(imagenet_like: Path,
+def test_dle_pytorch_loaders_read_real_jpegs(imagenet_like: Path, torch: Any,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     loaders = dle_dataloaders(monkeypatch)
     train, steps = loaders.get_pytorch_train_loader(
@@ -94,13 +94,14 @@ def test_dle_pytorch_loaders_read_real_jpegs(imagenet_like: Path,
     assert sorted(val.dataloader.dataset.classes) == ["class_000", "class_001", "class_002"]
 
 
-def test_our_workload_trains_on_the_same_folder(imagenet_like: Path, tmp_path: Path) -> None:
+def test_our_workload_trains_on_the_same_folder(imagenet_like: Path, tmp_path: Path,
+                                                workload_python: str) -> None:
     """Our workload's loader on the same ImageFolder (its train/ split): decoded JPEGs, a real
     training step, the data path and decoder recorded."""
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "workload", "--arch", "resnet18", "--image-size", "64",
+        [workload_python, "-m", "workload", "--arch", "resnet18", "--image-size", "64",
          "--batch-size", "4", "--warmup", "1", "--iterations", "2", "--device", "cpu",
          "--data", str(imagenet_like / "train"), "--workers", "1", "--output-dir", str(out)],
         capture_output=True, text=True, timeout=300, env=env)

@@ -282,6 +282,7 @@ def test_graph_mode_is_refused_with_its_reason_on_the_seeds_gaudi_software(tmp_p
     assert "use hpu_mode = \"lazy\"" in found.errors[0].message
 
 
+@pytest.mark.subprocess  # the CLI in a process
 def test_seed_002s_dry_run_prints_the_seeds_command(tmp_path: Path) -> None:
     """`orchestrate matrix --dry-run` of the Slurm seed prints each cell's apptainer command:
     after the image, the seed's own line (with the two declared paths). A stand-in

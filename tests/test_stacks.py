@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torchvision
-from workload_support import REPO, env, floor_python
+from workload_support import REPO, env
 
 from orchestrator.catalog import releases, stacks
 
@@ -218,12 +217,14 @@ def _expected_torchvision(version: str) -> list[str]:
     return sorted(set(stacks.archs(version)) - set(stacks.workload_archs()))
 
 
-def test_models_table_matches_the_running_torchvision() -> None:
+def test_models_table_matches_the_running_torchvision(torch: Any) -> None:
+    import torchvision
+
     have = sorted(torchvision.models.list_models(module=torchvision.models))
     assert have == _expected_torchvision(torchvision.__version__)
 
 
-def test_models_table_lists_the_workloads_own_models() -> None:
+def test_models_table_lists_the_workloads_own_models(torch: Any) -> None:
     from workload.dle_models import BUILDERS, DLE_NAMES
 
     assert stacks.workload_archs() == DLE_NAMES
@@ -231,9 +232,8 @@ def test_models_table_lists_the_workloads_own_models() -> None:
     assert MODELS["range"]["floor"] == TABLE["floor"]["torchvision"]
 
 
-@pytest.mark.slow
-def test_models_table_matches_the_floor_torchvision() -> None:
-    python = floor_python()
+def test_models_table_matches_the_floor_torchvision(floor_python: str) -> None:
+    python = floor_python
     code = ("import json, torchvision; print(json.dumps([torchvision.__version__, "
             "sorted(torchvision.models.list_models(module=torchvision.models))]))")  # fmt: skip
     proc = subprocess.run([python, "-W", "ignore", "-c", code], capture_output=True, text=True,

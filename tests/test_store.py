@@ -254,6 +254,7 @@ def read_only_copy(source: Path, where: Path):
                 os.chmod(dirpath, 0o755)
 
 
+@pytest.mark.subprocess  # mounts a read-only tmpfs (read_only_copy)
 def test_read_only_results_use_a_cache_index_then_memory(tmp_path, monkeypatch):
     src = tmp_path / "src"
     three_runs(src)
@@ -322,6 +323,7 @@ READER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess  # readers and a writer in processes of their own
 def test_two_readers_and_a_writer_in_separate_processes(tmp_path):
     """Real processes on one index: readers (some refreshing, i.e. writing too) never see a
     half-indexed run, never fail with 'database is locked', and the index ends complete."""

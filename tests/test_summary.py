@@ -241,3 +241,15 @@ def test_a_release_baseline_is_labelled_the_release_comparison_not_cross_stack()
         row.params["hardware"] = "h100" if row.releases == ["24.05"] else "h100-new"
     add_ratios(rows, "hardware", "h100")
     assert "cross-stack: torch 2.5.0a0 vs 2.4.0a0" in render_table(rows, baseline="hardware=h100")
+
+
+def test_rows_run_under_ncu_are_marked_as_not_the_throughput():
+    """ncu slowed the iterations outside its window to 0.64x on an H100 (2026-11-25): a row of
+    ncu cells gets '~' after its images/s and a footnote saying so; other rows stay bare."""
+    plain = result(1, 1, 1000.0)
+    profiled = result(2, 1, 640.0)
+    profiled.params["profiler"] = "ncu"
+    text = render_table(summarize([plain, profiled]), ["gpus"])
+    assert "640.0~" in text and "1,000.0~" not in text
+    assert "ran under ncu, which slows the whole program" in text
+    assert "~ ran under ncu" not in render_table(summarize([plain]), ["gpus"])

@@ -1,8 +1,11 @@
-"""Sweeps on the local process backend with the real workload (CPU, tiny models).
+"""Sweeps on the local process backend.
 
-Covers: the run folder's layout, real metrics in the table and summary.csv, a crashing cell
-that is recorded with its reason while the sweep goes on, a timeout that kills the whole process
-group, and an interrupt (SIGINT / SIGTERM) that records every cell and leaves no process behind.
+One true end-to-end sweep runs the real workload (CPU, a tiny model; workload tier): the run
+folder's layout, real metrics in the table and summary.csv, a crashing cell recorded with its
+reason while the sweep goes on. The plumbing (a timeout that kills the whole process group, an
+interrupt (SIGINT / SIGTERM) that records every cell and leaves no process behind, resume) runs
+the STAND-IN workload (tests/standin/, integration tier): the same lines, files and exit codes,
+no torch in every cell.
 """
 
 from __future__ import annotations
@@ -25,11 +28,9 @@ from orchestrator.plan.matrix import load_matrix
 from orchestrator.results.run_folder import RunPaths, Status
 from orchestrator.sweep import run_sweep
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = tiny_matrix("tiny", timeout_s=240)
+TINY = tiny_matrix("tiny", timeout_s=240)  # the real workload
 
 
 def processes_mentioning(marker: str) -> list[str]:
@@ -37,7 +38,7 @@ def processes_mentioning(marker: str) -> list[str]:
     return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
 
 
-def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path):
+def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path, workload_python):
     path = write_matrix(TINY + """
         [axes]
         precision = ["fp32", "bf16"]
@@ -57,7 +58,7 @@ def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path):
         assert len(r.metrics["iteration_times"]) == 2
         assert r.env["torch_version"].startswith("2.")
         assert r.provenance["backend"] == "process" and r.provenance["host"]
-        assert r.provenance["python"] == sys.executable and r.provenance["python_version"]
+        assert r.provenance["python"] == workload_python and r.provenance["python_version"]
         assert r.duration_s and r.duration_s > 0
         assert r.config_hash == next(c.hash for c in matrix.cells if c.id == r.cell_id)
 
@@ -98,9 +99,10 @@ def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path):
     assert table == outcome.table
 
 
-def test_timeout_kills_the_cell_and_its_children(write_matrix, tmp_path):
-    path = write_matrix(TINY.replace("timeout_s = 240", "timeout_s = 6").replace(
-        "iterations = 2", "iterations = 1000000") + """
+def test_timeout_kills_the_cell_and_its_children(write_matrix, tmp_path, standin):
+    """A hung cell with two children (as torchrun's ranks): all end at the timeout."""
+    path = write_matrix(standin.matrix("tiny", timeout_s=6, knobs="--standin-children=2")
+                        .replace("iterations = 2", "iterations = 1000000") + """
         [axes]
         gpus = [2]
     """)
@@ -111,15 +113,19 @@ def test_timeout_kills_the_cell_and_its_children(write_matrix, tmp_path):
     assert res.status is Status.TIMEOUT
     assert "timed out after 6 s" in res.reason
     assert time.monotonic() - started < 60
+    log_text = outcome.paths.cell_log(res.cell_id).read_text()
+    assert "started 2 children" in log_text, "the setup is what it claims"
     time.sleep(0.5)
     assert processes_mentioning(str(outcome.paths.root)) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, tmp_path, sig):
+def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, tmp_path, sig,
+                                                                  standin):
     """SIGHUP too (a closed terminal or ssh session; it comes twice, from the kernel and the
     shell): stopped as SIGTERM stops it, not killed at once with its cell orphaned."""
-    path = write_matrix(TINY.replace("iterations = 2", "iterations = 1000000") + """
+    path = write_matrix(standin.matrix("tiny", timeout_s=240).replace(
+        "iterations = 2", "iterations = 1000000") + """
         [axes]
         seed = [1, 2, 3]
     """)
@@ -156,13 +162,48 @@ def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, t
     assert os.path.exists(run_dir / "summary.csv")
 
 
-def test_resume_runs_only_what_did_not_end_ok(write_matrix, tmp_path):
+def test_after_a_hangup_the_terminals_second_sighup_cannot_kill_the_stopped_sweep() -> None:
+    """The handlers the sweep replaced are put back when it ends, except SIGHUP after a
+    hang-up: the terminal's second SIGHUP may come after the sweep has stopped (a fast cell
+    stops within the 0.2 s above), and the default handler would kill the process before its
+    summary and exit 130. No signal is sent: the handler is called as Python would call it."""
+    from orchestrator.cli.sweep_commands import STOP_SIGNALS, _Stopper
+
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    stopper = _Stopper()
+    previous = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            stopper(signal.SIGHUP, None)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # the second one, while stopping
+        stopper.restore(previous)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # and after the sweep ended
+        assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS
+                if sig != signal.SIGHUP} == {sig: h for sig, h in before.items()
+                                             if sig != signal.SIGHUP}
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+    calm = _Stopper()  # no hang-up: every handler is put back as it was
+    previous = {sig: signal.signal(sig, calm) for sig in STOP_SIGNALS}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            calm(signal.SIGTERM, None)
+        calm.restore(previous)
+        assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_resume_runs_only_what_did_not_end_ok(write_matrix, tmp_path, standin):
     import threading
 
     from orchestrator.errors import ConfigError
     from orchestrator.sweep import NullEvents
 
-    path = write_matrix(TINY + """
+    path = write_matrix(standin.matrix("tiny", timeout_s=240) + """
         [axes]
         seed = [1, 2, 3]
     """)
@@ -192,6 +233,7 @@ def test_resume_runs_only_what_did_not_end_ok(write_matrix, tmp_path):
         run_sweep(load_matrix(path), results_root=tmp_path, resume=first.paths.run_id)
 
 
+@pytest.mark.subprocess  # runs the nvidia-smi stand-in
 def test_cells_needing_more_gpus_than_the_machine_has_are_unplaceable(
     write_matrix, tmp_path, monkeypatch, request
 ):

@@ -1,4 +1,7 @@
-"""Unit tests of the workload's pure parts and handled errors (in-process, CPU, fast)."""
+"""Unit tests of the workload's pure parts and handled errors (in-process, CPU, fast).
+
+The parts that import torch (the data pipeline, the timers, a run) take the ``torch`` fixture:
+they are workload-tier; the rest (metrics, command line, telemetry, output) is unit-tier."""
 
 from __future__ import annotations
 
@@ -8,16 +11,13 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
 
 from workload import metrics
 from workload.cli import build_parser, main, parse_args
-from workload.data import ForeverSampler, find_images
 from workload.errors import ConfigError, DataError
-from workload.make_dataset import main as make_dataset_main
-from workload.make_dataset import make_dataset
 from workload.output import Reporter, clean
 from workload.telemetry import (
     HlSmiSampler,
@@ -26,7 +26,6 @@ from workload.telemetry import (
     parse_hl_smi_csv,
     summarize_telemetry,
 )
-from workload.timing import CudaEventTimer, HostTimer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 
@@ -38,7 +37,7 @@ WORKLOAD_DIR = Path(__file__).resolve().parents[1] / "workload"
 
 @pytest.mark.parametrize("q", [0, 10, 25, 50, 90, 95, 99, 100])
 @pytest.mark.parametrize("n", [1, 2, 5, 10, 101])
-def test_percentile_matches_torch_nearest(q: float, n: int) -> None:
+def test_percentile_matches_torch_nearest(torch: Any, q: float, n: int) -> None:
     values = torch.rand(n, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
     expected = torch.quantile(values, q / 100, interpolation="nearest").item()
     assert metrics.percentile(values.tolist(), q) == pytest.approx(expected)
@@ -171,7 +170,8 @@ def _run_main(argv: list[str]) -> tuple[int, list[dict]]:
     return rc, [json.loads(line) for line in out.getvalue().splitlines()]
 
 
-def test_bad_option_prints_json_error() -> None:
+def test_bad_option_prints_json_error(torch: Any) -> None:
+    """(The CLI imports workload.device, hence torch, on its way out.)"""
     rc, lines = _run_main(["--precision", "fp8"])
     assert rc == 2
     (line,) = lines
@@ -183,14 +183,14 @@ def test_bad_option_prints_json_error() -> None:
     assert set(line) == {"type", "kind", "rank", "message"} and "fp8" in line["message"]
 
 
-def test_unknown_arch_error() -> None:
+def test_unknown_arch_error(torch: Any) -> None:
     rc, lines = _run_main(["--arch", "resnet5o", "--device", "cpu"])
     assert rc == 2 and len(lines) == 1
     assert lines[0]["type"] == "error" and lines[0]["kind"] == "arch"
     assert "resnet5o" in lines[0]["message"] and "resnet50" in lines[0]["message"]
 
 
-def test_missing_pretrained_weights_error(tmp_path: Path) -> None:
+def test_missing_pretrained_weights_error(torch: Any, tmp_path: Path) -> None:
     rc, lines = _run_main(
         [
             "--arch",
@@ -211,7 +211,7 @@ def test_missing_pretrained_weights_error(tmp_path: Path) -> None:
     assert "never downloaded" in message
 
 
-def test_bad_dataset_path_error(tmp_path: Path) -> None:
+def test_bad_dataset_path_error(torch: Any, tmp_path: Path) -> None:
     rc, lines = _run_main([*_tiny(), "--data", str(tmp_path / "nope")])
     assert rc == 2 and lines[-1]["type"] == "error" and lines[-1]["kind"] == "data"
     assert str(tmp_path / "nope") in lines[-1]["message"]
@@ -236,7 +236,7 @@ def _tiny() -> list[str]:
     ]
 
 
-def test_in_process_infer_run_is_complete(tmp_path: Path) -> None:
+def test_in_process_infer_run_is_complete(torch: Any, tmp_path: Path) -> None:
     rc, lines = _run_main([*_tiny(), "--mode", "infer", "--iterations", "2"])
     assert rc == 0, lines
     assert [x["type"] for x in lines] == ["meta", "summary"]
@@ -247,7 +247,9 @@ def test_in_process_infer_run_is_complete(tmp_path: Path) -> None:
 # ---- data ------------------------------------------------------------------------------------
 
 
-def test_find_images_errors(tmp_path: Path) -> None:
+def test_find_images_errors(torch: Any, tmp_path: Path) -> None:
+    from workload.data import find_images
+
     with pytest.raises(DataError, match="no such directory"):
         find_images(tmp_path / "missing")
     with pytest.raises(DataError, match="no class subdirectories"):
@@ -258,7 +260,11 @@ def test_find_images_errors(tmp_path: Path) -> None:
         find_images(tmp_path)
 
 
-def test_make_dataset_layout(tmp_path: Path) -> None:
+def test_make_dataset_layout(torch: Any, tmp_path: Path) -> None:
+    from workload.data import find_images
+    from workload.make_dataset import main as make_dataset_main
+    from workload.make_dataset import make_dataset
+
     assert (
         make_dataset_main([str(tmp_path), "--classes", "3", "--per-class", "2", "--size", "24"])
         == 0
@@ -273,7 +279,9 @@ def test_make_dataset_layout(tmp_path: Path) -> None:
     assert make_dataset(tmp_path / "b", classes=1, per_class=1, size=16)[0].suffix == ".jpg"
 
 
-def test_forever_sampler() -> None:
+def test_forever_sampler(torch: Any) -> None:
+    from workload.data import ForeverSampler
+
     it = iter(ForeverSampler(3, shuffle=False, seed=0))
     assert [next(it) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
     it = iter(ForeverSampler(3, shuffle=True, seed=0))
@@ -281,7 +289,10 @@ def test_forever_sampler() -> None:
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_forever_sampler_shards_are_disjoint_and_cover_the_files(shuffle: bool) -> None:
+def test_forever_sampler_shards_are_disjoint_and_cover_the_files(torch: Any,
+                                                                  shuffle: bool) -> None:
+    from workload.data import ForeverSampler
+
     drawn = []
     for shard in range(3):
         sampler = ForeverSampler(10, shuffle=shuffle, seed=shard, shard=shard, shards=3)
@@ -291,7 +302,9 @@ def test_forever_sampler_shards_are_disjoint_and_cover_the_files(shuffle: bool) 
     assert drawn == [{0, 3, 6, 9}, {1, 4, 7}, {2, 5, 8}]
 
 
-def test_forever_sampler_smaller_than_world_is_not_sharded() -> None:
+def test_forever_sampler_smaller_than_world_is_not_sharded(torch: Any) -> None:
+    from workload.data import ForeverSampler
+
     it = iter(ForeverSampler(2, shuffle=False, seed=0, shard=3, shards=4))
     assert [next(it) for _ in range(4)] == [0, 1, 0, 1]
     with pytest.raises(ValueError, match="shard 4"):
@@ -349,6 +362,7 @@ print("1, 300, 44, 95, 20000")
 """
 
 
+@pytest.mark.subprocess  # runs an hl-smi stand-in
 def test_hl_smi_sampler_asks_the_documented_fields_when_the_clock_is_refused(
     tmp_path: Path,
 ) -> None:
@@ -367,7 +381,9 @@ def test_no_sampler_without_gpu() -> None:
     assert make_sampler("cuda", 0.0, [None]) is None
 
 
-def test_host_timer_marks() -> None:
+def test_host_timer_marks(torch: Any) -> None:
+    from workload.timing import HostTimer
+
     timer = HostTimer()
     timer.start()
     for _ in range(3):
@@ -407,8 +423,10 @@ class _FakeEvent:
 
 
 def test_cuda_event_timer_creates_its_events_before_the_window(
-    monkeypatch: pytest.MonkeyPatch,
+    torch: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from workload.timing import CudaEventTimer
+
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     _FakeEvent.created, _FakeEvent.instances = 0, []
@@ -489,7 +507,7 @@ def test_summarize_telemetry_without_samples_in_the_window() -> None:
     assert summarize_telemetry(outside, start=10.0, end=11.0, images=64) == {}
 
 
-def test_progress_lines_every_ten_measured_iterations() -> None:
+def test_progress_lines_every_ten_measured_iterations(torch: Any) -> None:
     """The `iter` path: 10 measured iterations give one progress line, with the loss."""
     argv = ["--arch", "resnet18", "--image-size", "32", "--batch-size", "2", "--device", "cpu",
             "--warmup", "0", "--iterations", "10", "--workers", "0", "--num-classes", "10",

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,8 @@ def bench() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def paths() -> ModuleType:
+def paths(torch: Any) -> ModuleType:
+    """benchmarks/gpu_paths.py (it imports torch: the tests that take it are workload-tier)."""
     return _load("gpu_paths")
 
 
@@ -188,6 +190,7 @@ def test_gpu_paths_checks(paths: ModuleType, tmp_path: Path) -> None:
     assert paths.evaluate(_case(paths, "train-amp-bs256"), bare, tmp_path, gpu).failed == []
 
 
+@pytest.mark.subprocess  # runs a program
 def test_run_workload_reads_only_whole_json_lines_and_stops_at_the_timeout(
     paths: ModuleType,
 ) -> None:
@@ -230,9 +233,9 @@ def test_gpu_paths_table_compares_with_eager(paths: ModuleType) -> None:
     assert "vs eager" in paths.table(paths.HEADER, rows)
 
 
-@pytest.mark.slow
 def test_gpu_paths_cpu_smoke(
-    paths: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    paths: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    workload_python: str,
 ) -> None:
     monkeypatch.setattr(paths, "gpu_count", lambda: 0)  # the CPU path even on a GPU machine
     assert paths.main(["--cases", "infer-amp-bs1"]) == 2

@@ -23,10 +23,8 @@ import pytest
 from workload_support import FLOOR_ENV, REPO, TINY, Launched, Result, env, floor_python
 
 from orchestrator.catalog import stacks
-from workload.make_dataset import make_dataset
 
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.timeout(600),
     pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning"),
 ]
@@ -45,7 +43,9 @@ def _python(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def jpegs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def jpegs(workload_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from workload.make_dataset import make_dataset  # imports torch
+
     root = tmp_path_factory.mktemp("compat") / "jpegs"
     make_dataset(root, classes=3, per_class=3, size=40)
     return root
@@ -113,9 +113,9 @@ def test_workload_runs(stack: str, case: str, runs: dict[tuple[str, str], Launch
         assert summary["data"]["val.total_ips"] > 0
 
 
-def test_the_two_stacks_differ() -> None:
+def test_the_two_stacks_differ(floor_python: str) -> None:
     """The floor interpreter really is another stack (else the floor runs prove nothing)."""
-    floor = floor_python()
+    floor = floor_python
     code = "import torch, torchvision; print(torch.__version__, torchvision.__version__)"
     out = subprocess.run([floor, "-c", code], capture_output=True, text=True, env=env(),
                          timeout=300, check=True).stdout.split()  # fmt: skip
@@ -125,8 +125,8 @@ def test_the_two_stacks_differ() -> None:
     assert stacks.series(out[0]) == stacks.series(stacks.floor()["torch"])
 
 
-def test_compat_and_model_unit_tests_under_the_floor_torch() -> None:
-    floor = floor_python()
+def test_compat_and_model_unit_tests_under_the_floor_torch(floor_python: str) -> None:
+    floor = floor_python
     proc = subprocess.run(
         [floor, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "tests/test_compat_unit.py", "tests/test_dle_models.py", "tests/test_workload_gaudi.py",

@@ -19,10 +19,7 @@ from pathlib import Path
 import pytest
 from workload_support import TINY, Launched, Result
 
-from workload.make_dataset import make_dataset
-
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.timeout(300),
     pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning"),
 ]
@@ -69,7 +66,9 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(work: Path) -> Iterator[dict[str, Launched]]:
+def runs(workload_python: str, work: Path) -> Iterator[dict[str, Launched]]:
+    from workload.make_dataset import make_dataset  # imports torch
+
     dataset = work / "jpegs"
     make_dataset(dataset, classes=4, per_class=4, size=48)
     started = {

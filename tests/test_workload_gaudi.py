@@ -18,12 +18,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
-import torch
-from torch import nn
 
-from workload import compat, device, steps
 from workload.cli import main, parse_args
 from workload.errors import ConfigError
 from workload.output import Reporter
@@ -59,6 +57,30 @@ def habana(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     _forget_habana()
 
 
+@pytest.fixture(scope="module")
+def device(torch: Any) -> Any:
+    """``workload.device`` (imports torch: the tests that take it are workload-tier)."""
+    from workload import device
+
+    return device
+
+
+@pytest.fixture(scope="module")
+def steps(torch: Any) -> Any:
+    """``workload.steps`` (imports torch)."""
+    from workload import steps
+
+    return steps
+
+
+@pytest.fixture(scope="module")
+def compat(torch: Any) -> Any:
+    """``workload.compat`` (imports torch)."""
+    from workload import compat
+
+    return compat
+
+
 def _core() -> ModuleType:
     import habana_frameworks.torch.core as core  # the stand-in
 
@@ -79,7 +101,8 @@ def _core() -> ModuleType:
     (None, "none", "1", "lazy", "1"),
     ("eager", "none", "0", "eager", "0"),
 ])
-def test_mode_and_its_environment(requested: str | None, compile_mode: str, before: str | None,
+def test_mode_and_its_environment(device: Any, requested: str | None, compile_mode: str,
+                                  before: str | None,
                                   mode: str, after: str) -> None:
     environ = {} if before is None else {"PT_HPU_LAZY_MODE": before}
     assert device.hpu_mode(requested, compile_mode, environ) == mode
@@ -93,14 +116,15 @@ def test_mode_and_its_environment(requested: str | None, compile_mode: str, befo
     ("lazy", "none", "0", "needs PT_HPU_LAZY_MODE=1"),
     ("compile", "none", "1", "contradicts --hpu-mode compile"),
 ])
-def test_contradictions_are_refused(requested: str, compile_mode: str, before: str | None,
+def test_contradictions_are_refused(device: Any, requested: str, compile_mode: str,
+                                    before: str | None,
                                     message: str) -> None:
     environ = {} if before is None else {"PT_HPU_LAZY_MODE": before}
     with pytest.raises(ConfigError, match=message):
         device.hpu_mode(requested, compile_mode, environ)
 
 
-def test_hpu_mode_only_with_a_gaudi_device() -> None:
+def test_hpu_mode_only_with_a_gaudi_device(torch: Any) -> None:
     with pytest.raises(ConfigError, match="--hpu-mode applies to --device hpu"):
         parse_args(["--device", "cpu", "--hpu-mode", "lazy"])
     out = io.StringIO()
@@ -108,7 +132,8 @@ def test_hpu_mode_only_with_a_gaudi_device() -> None:
     assert '"kind": "config"' in out.getvalue()
 
 
-def test_compiled_mode_is_torch_compile_with_the_hpu_backend() -> None:
+def test_compiled_mode_is_torch_compile_with_the_hpu_backend(torch: Any, steps: Any,
+                                                             compat: Any) -> None:
     assert steps.effective_compile("none", "hpu", "compile") == "default"
     assert steps.effective_compile("default", "hpu", "compile") == "default"
     for mode in ("eager", "lazy"):
@@ -124,17 +149,22 @@ def test_compiled_mode_is_torch_compile_with_the_hpu_backend() -> None:
 # --------------------------------------------------------------------------- mark_step
 
 
-def _train_step(mode: str | None) -> steps.Step:
-    model = nn.Linear(4, 3)
+def _train_step(mode: str | None) -> Any:
+    import torch
+
+    from workload import steps
+
+    model = torch.nn.Linear(4, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return steps.eager_train_step(model, nn.CrossEntropyLoss(), optimizer, None, "hpu", "fp32",
-                                  mode)
+    return steps.eager_train_step(model, torch.nn.CrossEntropyLoss(), optimizer, None, "hpu",
+                                  "fp32", mode)
 
 
 @pytest.mark.parametrize(("mode", "per_train_step", "per_infer_step"), [
     ("lazy", 2, 1), ("eager", 0, 0), ("compile", 0, 0),
 ])
-def test_mark_step_only_in_lazy_mode(habana: Path, mode: str, per_train_step: int,
+def test_mark_step_only_in_lazy_mode(torch: Any, steps: Any, habana: Path, mode: str,
+                                     per_train_step: int,
                                      per_infer_step: int) -> None:
     """The steps run on CPU tensors labelled ``hpu`` (fp32: no autocast), so only the
     stand-in's mark_step is Gaudi's."""
@@ -144,11 +174,11 @@ def test_mark_step_only_in_lazy_mode(habana: Path, mode: str, per_train_step: in
     step(x, y)
     assert len(_core().steps) == 2 * per_train_step
     _core().steps.clear()
-    steps.eager_infer_step(nn.Linear(4, 3), "hpu", "fp32", mode)(x, y)
+    steps.eager_infer_step(torch.nn.Linear(4, 3), "hpu", "fp32", mode)(x, y)
     assert len(_core().steps) == per_infer_step
 
 
-def test_no_mark_step_off_gaudi(habana: Path) -> None:
+def test_no_mark_step_off_gaudi(device: Any, habana: Path) -> None:
     device.mark_step("cpu", "lazy")
     device.mark_step("cuda", "lazy")
     assert "habana_frameworks.torch.core" not in sys.modules
@@ -167,7 +197,7 @@ def _args(*extra: str) -> argparse.Namespace:
     (["--hpu-mode", "eager"], "0"), (["--hpu-mode", "lazy"], "1"),
     (["--hpu-mode", "compile"], "0"), ([], "1"), (["--compile", "default"], "0"),
 ])
-def test_the_mode_is_set_before_habana_is_imported(habana: Path, extra: list[str],
+def test_the_mode_is_set_before_habana_is_imported(torch: Any, habana: Path, extra: list[str],
                                                    lazy: str) -> None:
     """The run stops where the CPU-only torch has no ``hpu`` tensors (after device setup); by
     then the stand-in has been imported and saw the mode's PT_HPU_LAZY_MODE."""
@@ -179,7 +209,8 @@ def test_the_mode_is_set_before_habana_is_imported(habana: Path, extra: list[str
     assert _core().lazy_at_import == lazy
 
 
-def test_environment_records_the_gaudi_stack(habana: Path, monkeypatch: pytest.MonkeyPatch
+def test_environment_records_the_gaudi_stack(device: Any, habana: Path,
+                                             monkeypatch: pytest.MonkeyPatch
                                              ) -> None:
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
     env = device.environment("hpu", device.Dist())
@@ -188,6 +219,6 @@ def test_environment_records_the_gaudi_stack(habana: Path, monkeypatch: pytest.M
     assert "container_release" not in env
 
 
-def test_environment_records_the_ngc_release(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_records_the_ngc_release(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NVIDIA_PYTORCH_VERSION", "23.10")
     assert device.environment("cpu", device.Dist())["container_release"] == "23.10"

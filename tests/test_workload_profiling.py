@@ -22,11 +22,10 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
 
-from workload import compat
 from workload.cli import main as workload_main
 from workload.cli import parse_args
 from workload.errors import ConfigError
@@ -65,6 +64,8 @@ class RecordingMarkers:
 
 def _loop(prof: Profiler, iterations: int, markers: RecordingMarkers | None = None,
           stop_at: int | None = None) -> None:
+    import torch
+
     prof.begin()
     for i in range(iterations if stop_at is None else stop_at):
         if markers is not None:
@@ -77,7 +78,7 @@ def _loop(prof: Profiler, iterations: int, markers: RecordingMarkers | None = No
 
 
 @pytest.mark.parametrize("tool", ["nsys", "ncu", "nvprof"])
-def test_markers_bracket_exactly_the_window(tool: str) -> None:
+def test_markers_bracket_exactly_the_window(torch: Any, tool: str) -> None:
     markers = RecordingMarkers()
     prof = Profiler(tool, "cuda", None, 0, iterations=10, start=3, count=4, markers=markers,
                     capability=(7, 0))
@@ -89,7 +90,7 @@ def test_markers_bracket_exactly_the_window(tool: str) -> None:
     assert markers.calls == expected
 
 
-def test_a_window_cut_short_is_closed_at_finish() -> None:
+def test_a_window_cut_short_is_closed_at_finish(torch: Any) -> None:
     markers = RecordingMarkers()
     prof = Profiler("nsys", "cuda", None, 0, 10, start=2, count=5, markers=markers,
                     capability=(9, 0))
@@ -98,7 +99,7 @@ def test_a_window_cut_short_is_closed_at_finish() -> None:
     assert [c for c, _ in markers.calls].count("start") == 1
 
 
-def test_no_markers_off_cuda_or_without_a_tool() -> None:
+def test_no_markers_off_cuda_or_without_a_tool(torch: Any) -> None:
     markers = RecordingMarkers()
     _loop(Profiler("nsys", "cpu", None, 0, 5, markers=markers), 5, markers)
     _loop(Profiler("none", "cuda", None, 0, 5, markers=markers), 5, markers)
@@ -133,7 +134,8 @@ def _iterations(trace: Path) -> set[int]:
 
 
 @pytest.mark.parametrize(("start", "count"), [(2, 3), (0, 2), (5, 1)])
-def test_torch_trace_covers_exactly_the_window(tmp_path: Path, start: int, count: int) -> None:
+def test_torch_trace_covers_exactly_the_window(torch: Any, tmp_path: Path, start: int,
+                                               count: int) -> None:
     """A real torch.profiler trace on the CPU holds exactly the named iterations: the
     workload's ``iteration I`` labels, the loop's own ``step I`` record_functions, and as many
     ``ProfilerStep#N`` events as the window is long (torch 2.1 numbers them oddly: one lower,
@@ -155,15 +157,17 @@ def test_torch_trace_covers_exactly_the_window(tmp_path: Path, start: int, count
     assert len(_names(trace, "ProfilerStep#")) == count
 
 
-def test_torch_window_never_reached_writes_no_trace(tmp_path: Path) -> None:
+def test_torch_window_never_reached_writes_no_trace(torch: Any, tmp_path: Path) -> None:
     prof = Profiler("torch", "cpu", tmp_path, 0, 8, start=6, count=2)
     _loop(prof, 8, stop_at=3)
     assert not (tmp_path / "trace_rank0.json").exists()
 
 
-def test_compat_choices_exist_on_this_torch() -> None:
+def test_compat_choices_exist_on_this_torch(torch: Any) -> None:
     """The CUDA markers' callables exist (they are called only on a GPU) and the schedule is
     one cycle with exactly ``active`` recording steps."""
+    from workload import compat
+
     choice = compat.cuda_markers()
     assert choice.available and "torch.cuda.profiler" in choice.label
     markers = choice()
@@ -189,7 +193,7 @@ def test_command_line_window_and_telemetry_flags() -> None:
     assert parse_args(["--iterations", "2"]).profile_iterations == 5
 
 
-def test_workload_run_with_the_torch_profiler(tmp_path: Path) -> None:
+def test_workload_run_with_the_torch_profiler(torch: Any, tmp_path: Path) -> None:
     """The whole program on the CPU: the trace covers iterations 1..2 of 4, the summary says
     which."""
     out = io.StringIO()
@@ -267,6 +271,7 @@ def _program(code: int) -> list[str]:
     return [sys.executable, "-c", f"import sys; print('program ran'); sys.exit({code})"]
 
 
+@pytest.mark.subprocess  # the helper runs the tool stand-ins above
 def test_helper_runs_nsys_then_its_stats_with_the_old_report_names(fake_tools: Path) -> None:
     out = fake_tools / "cell"
     out.mkdir()
@@ -286,6 +291,7 @@ def test_helper_runs_nsys_then_its_stats_with_the_old_report_names(fake_tools: P
     assert [c[1] for c in calls] == ["profile", "stats", "stats", "stats", "stats"]
 
 
+@pytest.mark.subprocess  # the helper runs the tool stand-ins above
 def test_helper_runs_ncu_then_its_csv_import(fake_tools: Path) -> None:
     out = fake_tools / "cell"
     out.mkdir()
@@ -298,6 +304,7 @@ def test_helper_runs_ncu_then_its_csv_import(fake_tools: Path) -> None:
     assert [t["exit"] for t in tried] == [1, 0]  # --print-units refused, then without it
 
 
+@pytest.mark.subprocess  # the helper runs the tool stand-ins above
 def test_helper_no_stats_and_no_report(fake_tools: Path) -> None:
     out = fake_tools / "cell"
     out.mkdir()
@@ -309,6 +316,7 @@ def test_helper_no_stats_and_no_report(fake_tools: Path) -> None:
     assert "no report" in record["exports"][0]["skipped"]
 
 
+@pytest.mark.subprocess  # the helper runs the tool stand-ins above
 def test_helper_refuses_a_missing_tool_with_a_json_error(tmp_path: Path) -> None:
     done = _helper("--tool", "nvprof", "--out", str(tmp_path), "--", "nvprof-not-here",
                    *_program(0))

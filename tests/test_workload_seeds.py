@@ -7,21 +7,19 @@ import csv
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
-from torch import nn
 
-from workload.run import per_rank_figures
-from workload.steps import build_step, trace_model
 from workload.telemetry import Sample, per_gpu_telemetry
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_per_rank_figures_keep_every_series_and_the_spread() -> None:
+def test_per_rank_figures_keep_every_series_and_the_spread(torch: Any) -> None:
+    from workload.run import per_rank_figures  # (workload.run imports torch)
+
     series = [[0.5, 0.4, 0.6], [0.5, 0.5, 0.7]]
     figures = per_rank_figures(series)
     assert figures["per_gpu.iteration_times"] == {"0": series[0], "1": series[1]}
@@ -40,14 +38,13 @@ def test_per_gpu_telemetry_is_per_device_within_the_window() -> None:
     assert figures["gpu1.sm_clock_mhz_mean"] == 1001.0 and figures["gpu0.temp_c_max"] == 42.0
 
 
-@pytest.mark.slow
-def test_two_ranks_each_keep_their_own_series(tmp_path: Path) -> None:
+def test_two_ranks_each_keep_their_own_series(tmp_path: Path, workload_python: str) -> None:
     """torchrun, two CPU ranks (gloo): the summary holds both ranks' series (not only the
     per-step maximum), iterations_per_rank.csv has a row per step and rank."""
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        [workload_python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          "-m", "workload", "--arch", "resnet18", "--image-size", "32", "--batch-size", "2",
          "--warmup", "1", "--iterations", "3", "--device", "cpu", "--output-dir", str(out)],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
@@ -67,20 +64,29 @@ def test_two_ranks_each_keep_their_own_series(tmp_path: Path) -> None:
         (str(s), str(r)) for r in (0, 1) for s in (1, 2, 3)]
 
 
-class Small(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-        self.bn = nn.BatchNorm2d(4)
-        self.fc = nn.Linear(4, 10)
+def small_model(torch: Any) -> Any:
+    """A small convolutional model (made here: test modules import no torch at collection)."""
+    nn = torch.nn
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
+    class Small(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.bn = nn.BatchNorm2d(4)
+            self.fc = nn.Linear(4, 10)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
+
+    return Small
 
 
-def test_graph_mode_traces_the_model_and_trains_it() -> None:
+def test_graph_mode_traces_the_model_and_trains_it(torch: Any) -> None:
     """hpu_mode graph is torch.jit.trace (seed 004's graph mode): the traced model shares the
     parameters, so the optimizer trains the original model's weights."""
+    from workload.steps import build_step, trace_model
+
+    Small = small_model(torch)  # noqa: N806 - a class
     torch.manual_seed(0)
     model = Small()
     x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))

@@ -363,10 +363,11 @@ def cmd_report(args: argparse.Namespace) -> int:
               f"{paths.root}: {exc.strerror or exc}", file=sys.stderr)
     if args.plot:
         from orchestrator.results.plots import plot_run, stack_line
-        from orchestrator.results.report_html import stacks_of
+        from orchestrator.results.report_html import repeats_of, stacks_of
         from orchestrator.results.run_folder import read_json
 
-        repeats = read_json(paths.plan).get("repeats") if paths.plan.exists() else None
+        repeats = repeats_of(results) or (read_json(paths.plan).get("repeats")
+                                          if paths.plan.exists() else None)
         subtitle = stack_line(stacks_of(results), repeats)
         with writing("--plot", args.plot):
             out = plot_run(rows, args.plot, f"{name} {paths.run_id}", subtitle)

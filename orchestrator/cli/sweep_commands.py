@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.config.defaults import RESULTS_HELP, hosts_file, results_root
 from orchestrator.errors import ConfigError
@@ -589,8 +589,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                                 hosts_file=hosts, resume=args.resume,
                                 lock_timeout_s=args.lock_timeout, order_seed=args.order_seed)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stopper.restore(previous)
     print(outcome.table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(outcome.counts.items()))
     controls = outcome.control_counts
@@ -698,12 +697,22 @@ class _Stopper:
 
     def __init__(self) -> None:
         self.terminal_fds = [fd for fd in (1, 2) if _isatty(fd)]
+        self.hung_up = False
 
     def __call__(self, signum: int, frame: object) -> None:
         if signum == signal.SIGHUP:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            self.hung_up = True
             _to_devnull(self.terminal_fds)
         raise KeyboardInterrupt
+
+    def restore(self, previous: Mapping[signal.Signals, Any]) -> None:
+        """Put back the handlers the sweep replaced, except SIGHUP after a hang-up: it stays
+        ignored, so the terminal's second SIGHUP (which may come after the sweep has already
+        stopped) cannot kill the process before it prints its summary and exits 130."""
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_IGN if sig == signal.SIGHUP and self.hung_up
+                          else handler)
 
 
 def _isatty(fd: int) -> bool:

@@ -136,8 +136,9 @@ Profiler = Literal["none", "torch", "nsys", "ncu", "nvprof"]
 #: Profilers that wrap the command (the orchestrator starts them; see
 # orchestrator/plan/profilers.py).
 WRAPPING_PROFILERS = ("nsys", "ncu", "nvprof")
-#: Shortest telemetry sampling period (s) other than 0 (off): NVML refreshes power every 20 to
-#: 100 ms, so faster sampling only repeats readings and costs a CPU core.
+#: Shortest telemetry sampling period (s) other than 0 (off): NVML refreshes power about every
+#: 100 ms (a median 99 ms between changes, sampled every 5 ms on an H100, 2026-11-25), so faster
+#: sampling only repeats readings (the sampler itself kept 5 ms there at no measurable cost).
 MIN_TELEMETRY_INTERVAL_S = 0.05
 
 #: Parameters the orchestrator consumes itself; every other one is passed to the workload.
@@ -523,11 +524,15 @@ Capture = Literal["range", "nvtx", "whole"]
 
 #: ncu's default metrics: the pipe utilisations seed 001 asks for (FMA, FP16, Tensor Core, SFU
 #: = XU), as % of peak sustained over active cycles, plus each kernel's duration (the weights).
-#: Regular expressions, because the names differ by architecture (orchestrator/plan/profilers.py).
+#: Regular expressions, because the names differ by architecture (orchestrator/plan/profilers.py);
+#: the per-SM-subpartition (smsp__) forms only (these were written ``^smsp?__``, which reads
+#: "sms" + optional "p" and never matched an sm__ name: the real H100 profile had smsp__ alone).
 DEFAULT_NCU_METRICS: tuple[str, ...] = (
     "gpu__time_duration.sum",
-    r"regex:^smsp?__inst_executed_pipe_(fma|fp16|xu)\.avg\.pct_of_peak_sustained_active$",
-    r"regex:^smsp?__pipe_(fma|fp16|tensor|tensor_op_hmma|tensor_op_gmma)_cycles_active"
+    r"regex:^smsp__inst_executed_pipe_(fma|fp16|xu|fma_type_fp16)"
+    r"\.avg\.pct_of_peak_sustained_active$",
+    r"regex:^smsp__pipe_(fma|fp16|tensor|tensor_op_hmma"
+    r"|tensor_type_hmma_hgmma_qgmma_imma_igmma_bmma_bgmma)_cycles_active"
     r"\.avg\.pct_of_peak_sustained_active$",
 )
 #: nvprof's metrics for the same pipes (utilisation levels 0..10).

@@ -238,12 +238,24 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def details_header(lines: Sequence[str]) -> int | None:
+    """The index of the header row of ncu's details page (``ncu --csv``), or None: TBD's
+    :data:`TBD_HEADER` (ncu 2019-2020) or today's, which puts NVTX, block/grid size, device
+    and CC columns where that had "Kernel Time" (ncu 2025.3.1 on an H100, 2026-11-25); what
+    the rows need is the ID, Metric Name and Metric Value columns."""
+    for i, line in enumerate(lines):
+        if TBD_HEADER in line or (line.startswith('"ID",') and all(
+                f'"{col}"' in line for col in ("Metric Name", "Metric Unit", "Metric Value"))):
+            return i
+    return None
+
+
 def parse_ncu_long_csv(text: str, file: str = "ncu.csv") -> dict[int, dict[str, float]]:
     """``ID -> {metric name: value}`` of ``ncu --csv`` output (the details page, one row per
-    kernel and metric), from the row holding :data:`TBD_HEADER` (what precedes it skipped, as
-    coreutil does). Values may carry thousands separators."""
+    kernel and metric), from its header row (what precedes it skipped, as coreutil does; see
+    :func:`details_header`). Values may carry thousands separators."""
     lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if TBD_HEADER in ln), None)
+    start = details_header(lines)
     if start is None:
         raise LogFormatError([Problem(file, "", "no Nsight Compute CSV header (\"ID\",\"Process "
                                       "ID\",...,\"Metric Value\"): not ncu --csv output")])
@@ -276,14 +288,20 @@ def coreutil(kernels: Mapping[int, Mapping[str, float]]) -> CoreUtil:
     if not kernels:
         return CoreUtil({}, 0, 0.0, 0, ["no kernel in the CSV"])
     last = max(kernels)
+    # A unit whose metric no kernel has (Hopper has no FP16 pipe: ncu knows no
+    # sm__inst_executed_pipe_fp16 there) gets no figure; coreutil.py stops with an error.
+    fields = {unit: m for unit, m in TBD_FIELDS.items()
+              if any(m in metrics for metrics in kernels.values())}
+    notes: list[str] = [f"{unit}: {m} in no kernel (no such pipe on this GPU?): no figure; "
+                        "coreutil.py stops with an error here"
+                        for unit, m in TBD_FIELDS.items() if unit not in fields]
     total = 0.0
-    weighted = dict.fromkeys(TBD_FIELDS, 0.0)
+    weighted = dict.fromkeys(fields, 0.0)
     used = 0
-    notes: list[str] = []
     for ident in range(last):  # coreutil: for cur_id in range(max_id)
         metrics = kernels.get(ident)
         missing = [] if metrics is None else [
-            m for m in (TBD_CYCLES, *TBD_FIELDS.values()) if m not in metrics]
+            m for m in (TBD_CYCLES, *fields.values()) if m not in metrics]
         if metrics is None or missing:
             notes.append(f"kernel ID {ident}: " + ("absent" if metrics is None else
                          f"no {', '.join(missing)}") + " (coreutil.py stops with an error here; "
@@ -292,7 +310,7 @@ def coreutil(kernels: Mapping[int, Mapping[str, float]]) -> CoreUtil:
         cycles = float(int(metrics[TBD_CYCLES]))
         total += cycles
         used += 1
-        for unit, metric in TBD_FIELDS.items():
+        for unit, metric in fields.items():
             weighted[unit] += cycles * metrics[metric] / 100
     notes.append(f"kernel ID {last} (the last launch) left out, as coreutil.py's range(max_id) "
                  "does")

@@ -293,7 +293,7 @@ _PARSER_KIND = {parser: kind for kind, (parser, _) in SEED_KINDS.items()}
 
 def _seed_kind(text: str) -> str | None:
     """Which seed format a file is in, from its content."""
-    if fl.TBD_HEADER in text:
+    if fl.details_header(text.splitlines()[:200]) is not None:
         return "tbd-ncu"
     if fl.ITERATION_DURATION.search(text):
         return "iteration-durations"

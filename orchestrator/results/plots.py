@@ -53,8 +53,15 @@ _PREFIX = {"gpus": "g", "batch_size": "bs", "image_size": "px"}
 _COLOUR_KEYS = ("precision", "hardware")
 
 
+def _part(key: str, value: Any) -> str:
+    """``bs256``, ``amp``; a flag's bare True/False says nothing, so ``cuda_graphs=True``."""
+    if isinstance(value, bool) or value is None:
+        return f"{key}={value}"
+    return f"{_PREFIX.get(key, '')}{value}"
+
+
 def _label(params: Mapping[str, Any], keys: Sequence[str]) -> str:
-    return " ".join(f"{_PREFIX.get(k, '')}{params[k]}" for k in keys if k in params) or "all"
+    return " ".join(_part(k, params[k]) for k in keys if k in params) or "all"
 
 
 def colour_key(params: Sequence[Mapping[str, Any]]) -> str | None:

@@ -38,9 +38,12 @@ launch, a units row under the header)
 
 Architectures (ncu): Volta, Turing and GA100 have an FP16 pipe (``pipe_fp16``); on GA10x and
 Hopper FP16x2 runs on the FMA pipes (FMAheavy/FMAlite), so there may be no FP16 figure: the FMA
-figure counts it. The Tensor pipe is ``pipe_tensor`` on Volta/Turing; from Ampere it is split by
-instruction (``pipe_tensor_op_hmma``; Hopper's warpgroup MMA ``pipe_tensor_op_gmma``), which are
-added up per kernel. ``sm__`` names are preferred to ``smsp__`` ones.
+figure counts it. The Tensor pipe is ``pipe_tensor`` on Volta/Turing/Ampere; on Hopper that
+metric counts HMMA alone and misses the warpgroup MMA (wgmma) the sm90 cuDNN/cuBLAS kernels run,
+so Hopper's per-type ``pipe_tensor_type_hmma_hgmma_qgmma_imma_igmma_bmma_bgmma_cycles_active`` is
+preferred where the profile has it (both read off a real H100 profile, ncu 2025.3.1, 2026-11-25:
+no ``pipe_tensor_op_gmma_cycles_active`` exists there). ``sm__`` names are preferred to
+``smsp__`` ones.
 """
 
 from __future__ import annotations
@@ -66,18 +69,26 @@ _ELAPSED = ".avg.pct_of_peak_sustained_elapsed"
 #: Per figure, the metrics that can feed it, preferred first. A tuple inside the list: metrics
 #: added up per kernel (the Tensor pipe split by instruction from Ampere on). The ``_elapsed``
 #: forms come last: a profile that asks for them (TBD's metrics) gets its figures from them.
+#: Hopper's Tensor pipe over every instruction type, warpgroup MMA included (ncu 2025.3 on
+#: an H100; no such metric before Hopper).
+HOPPER_TENSOR = "pipe_tensor_type_hmma_hgmma_qgmma_imma_igmma_bmma_bgmma_cycles_active"
 PIPE_METRICS: Mapping[str, list[str | tuple[str, ...]]] = {
     "fma": [f"sm__inst_executed_pipe_fma{_PCT}", f"smsp__inst_executed_pipe_fma{_PCT}",
             f"sm__pipe_fma_cycles_active{_PCT}", f"smsp__pipe_fma_cycles_active{_PCT}",
             f"sm__inst_executed_pipe_fma{_ELAPSED}"],
     "fp16": [f"sm__inst_executed_pipe_fp16{_PCT}", f"smsp__inst_executed_pipe_fp16{_PCT}",
              f"sm__pipe_fp16_cycles_active{_PCT}", f"smsp__pipe_fp16_cycles_active{_PCT}",
+             # Hopper: FP16 runs on the FMA pipe, counted as its fp16 instruction type
+             f"sm__inst_executed_pipe_fma_type_fp16{_PCT}",
+             f"smsp__inst_executed_pipe_fma_type_fp16{_PCT}",
              f"sm__inst_executed_pipe_fp16{_ELAPSED}"],
-    "tensor": [f"sm__pipe_tensor_cycles_active{_PCT}", f"smsp__pipe_tensor_cycles_active{_PCT}",
-               (f"sm__pipe_tensor_op_hmma_cycles_active{_PCT}",
-                f"sm__pipe_tensor_op_gmma_cycles_active{_PCT}"),
-               (f"smsp__pipe_tensor_op_hmma_cycles_active{_PCT}",
-                f"smsp__pipe_tensor_op_gmma_cycles_active{_PCT}"),
+    # Hopper: pipe_tensor_cycles_active counts HMMA alone (equal to pipe_tensor_op_hmma, per
+    # kernel, in a real H100 profile); the warpgroup MMA (wgmma, "gmma") that cuDNN's sm90 and
+    # cuBLAS's nvjet kernels issue is only in the per-type metric, preferred where it exists.
+    "tensor": [f"sm__{HOPPER_TENSOR}{_PCT}", f"smsp__{HOPPER_TENSOR}{_PCT}",
+               f"sm__pipe_tensor_cycles_active{_PCT}", f"smsp__pipe_tensor_cycles_active{_PCT}",
+               f"sm__pipe_tensor_op_hmma_cycles_active{_PCT}",
+               f"smsp__pipe_tensor_op_hmma_cycles_active{_PCT}",
                f"sm__inst_executed_pipe_tensor{_ELAPSED}"],
     "sfu": [f"sm__inst_executed_pipe_xu{_PCT}", f"smsp__inst_executed_pipe_xu{_PCT}",
             f"sm__inst_executed_pipe_xu{_ELAPSED}"],

@@ -102,6 +102,11 @@ def _utc(ts: Any) -> str:
     return iso(ts) if isinstance(ts, int | float) else ""
 
 
+def repeats_of(results: Sequence[CellResult]) -> int | None:
+    """The repeats the run holds (``--only repeat=1`` runs one of the matrix's three)."""
+    return len({r.repeat for r in results}) or None
+
+
 def stacks_of(results: Sequence[CellResult]) -> dict[str, list[str]]:
     """Per stack field, the distinct values recorded by a run's cells."""
     return stack_field_values(RecordedStack.from_result(res.env, res.provenance) for res in results)
@@ -120,7 +125,7 @@ def run_report(paths: RunPaths, rows: Sequence[GroupRow], results: Sequence[Cell
     matrix = meta.get("matrix") or plan.get("matrix") or paths.root.parent.name
     baseline = baseline or plan.get("baseline")
     stacks = stacks_of(results)
-    repeats = plan.get("repeats")
+    repeats = repeats_of(results) or plan.get("repeats")
     subtitle = stack_line(stacks, repeats)
     counts: dict[str, int] = {}
     for res in results:

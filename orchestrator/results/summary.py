@@ -76,6 +76,16 @@ METRIC_COLUMNS: tuple[MetricColumn, ...] = (
     MetricColumn("SFU %", "sfu_pct", ("ncu.sfu_pct", "nvprof.sfu_pct")),
     MetricColumn("GPU busy %", "gpu_busy_pct", ("nsys.gpu_busy_pct",)),
 )
+#: The footnote of a row whose cells ran under ncu (``~`` after its images/s).
+NCU_NOTE = ("~ ran under ncu, which slows the whole program, not only its profile window (0.64x "
+            "outside a one-iteration window on an H100, benchmarks/README.md): its images/s is "
+            "not the configuration's throughput")
+
+
+def _under_ncu(row: GroupRow) -> bool:
+    return row.params.get("profiler") == "ncu"
+
+
 #: The telemetry figure that marks a throttled repeat.
 THROTTLED = "telemetry.throttled"
 THROTTLE_NOTE = ("! the GPU throttled (clocks held down by a power or thermal limit) during the "
@@ -388,7 +398,7 @@ def table_cells(
         line = [str(r.params.get(c, "")) for c in cols]
         if shown_release:
             line.append("/".join(r.releases) + ("*" if len(r.releases) > 1 else ""))
-        mark = "!" if r.throttled else ""
+        mark = ("!" if r.throttled else "") + ("~" if _under_ncu(r) else "")
         line += [f"{r.ok}/{r.runs}", _fmt(r.ips, digits) + mark,
                  f"{_fmt(r.ips_min, digits)}..{_fmt(r.ips_max, digits)}" if r.ips is not None
                  else ""]
@@ -445,6 +455,8 @@ def render_table(
     if rule:
         text = f"{rule}\n\n{text}"
     notes = [THROTTLE_NOTE] if any(r.throttled for r in rows) else []
+    if any(_under_ncu(r) for r in rows):
+        notes.append(NCU_NOTE)
     if "release" in headers and any(len(r.releases) > 1 for r in rows):
         notes.append(MIXED_NOTE)
     notes += control_note(results)

@@ -1,0 +1,1 @@
+"""Empty: see nvidia/dali/__init__.py."""

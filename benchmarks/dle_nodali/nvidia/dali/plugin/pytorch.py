@@ -1,0 +1,1 @@
+DALIClassificationIterator = None  # see nvidia/dali/__init__.py
