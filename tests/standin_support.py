@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from workload_support import TINY_WORKLOAD
+
 STANDIN_DIR = Path(__file__).resolve().parent / "standin"
 STANDIN = STANDIN_DIR / "workload_standin.py"
 #: Where containers see STANDIN_DIR (mounted read-only).
@@ -30,18 +32,9 @@ FLAGS = ("--arch={arch} --mode={mode} --batch-size={batch_size} --precision={pre
          "--image-size={image_size} --warmup={warmup} --iterations={iterations} --data={data} "
          "--num-classes={num_classes} --seed={seed} --output-dir={output_dir}")
 
-#: The parameters of a stand-in cell (as workload_support.TINY_WORKLOAD, whose values it
-#: mirrors so that the tests' ``.replace("iterations = 2", ...)`` edits keep working).
-STANDIN_WORKLOAD = """\
-program = "standin"
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 1
-iterations = 2
-workers = 0
-num_classes = 10
-"""
+#: The parameters of a stand-in cell: workload_support.TINY_WORKLOAD's, so that the tests'
+#: ``.replace("iterations = 2", ...)`` edits keep working, run by the stand-in.
+STANDIN_WORKLOAD = 'program = "standin"\n' + TINY_WORKLOAD
 
 
 def command_table(knobs: str = "", *, path: str = str(STANDIN), launcher: str = "self") -> str:

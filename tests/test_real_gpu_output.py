@@ -179,8 +179,8 @@ def test_nvml_power_refreshes_slower_than_the_shortest_interval_allowed():
     with (DATA / "telemetry" / "telemetry.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     stamps = [float(r["timestamp"]) for r in rows]
-    assert statistics.median(b - a for a, b in zip(stamps, stamps[1:])) < 0.006
+    assert statistics.median(b - a for a, b in zip(stamps, stamps[1:], strict=False)) < 0.006
     changes = [float(rows[i]["timestamp"]) for i in range(1, len(rows))
                if rows[i]["power_w"] != rows[i - 1]["power_w"]]
-    refresh = statistics.median(b - a for a, b in zip(changes, changes[1:]))
+    refresh = statistics.median(b - a for a, b in zip(changes, changes[1:], strict=False))
     assert refresh > MIN_TELEMETRY_INTERVAL_S

@@ -110,3 +110,26 @@ def test_our_workload_trains_on_the_same_folder(imagenet_like: Path, tmp_path: P
     assert summary["data"]["train.total_ips"] > 0
     assert summary["env"]["data"] == str(imagenet_like / "train")
     assert summary["env"]["decoder"] != "synthetic"
+
+
+def test_the_benchmarks_dle_compat_path_runs_dle_on_todays_stack(workload_python: str) -> None:
+    """benchmarks/dle_nodali, which workload_vs_dle.py puts on DLE's path: without it, DLE's
+    dataloaders fail at import without DALI and its --evaluate logger on NumPy 2 (both seen on
+    the H100, 2026-11-25); with it, both work, unchanged DLE code."""
+    code = ("from image_classification import dataloaders\n"
+            "from image_classification.logger import QuantileMeter\n"
+            "m = QuantileMeter(0.5); m.record([3.0, 1.0, 2.0]); print(float(m.get_val()[0]))\n")
+    dllogger = dle_dir().parents[0] / "dllogger"
+    base = [str(dle_dir()), str(dllogger)]
+    runs = {}
+    for name, path in (("without", base), ("with", [*base, str(ROOT / "benchmarks" /
+                                                              "dle_nodali")])):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+        runs[name] = subprocess.run([workload_python, "-c", code], capture_output=True,
+                                    text=True, env=env, cwd=dle_dir(), timeout=300)
+    # here (no DALI; NumPy 2): DLE fails without the compat path, on one of the two
+    assert runs["without"].returncode != 0
+    assert "'Pipeline' is not defined" in runs["without"].stderr or \
+        "'interpolation'" in runs["without"].stderr
+    assert runs["with"].returncode == 0, runs["with"].stderr[-2000:]
+    assert runs["with"].stdout.split()[-1] == "2.0"
