@@ -91,7 +91,7 @@ def gpu_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
 def shipped_machine(matrix: str) -> gpus.HostFacts:
     """The machine a shipped matrix (``matrices/NAME.toml``) is meant to run on with its own
     backend, as far as the backends that run cells here ask: its GPUs and driver."""
-    if matrix in ("h100_speed", "dle_vs_workload", "ngc_releases"):
+    if "h100" in matrix or matrix in ("dle_vs_workload", "ngc_releases"):
         return facts("H100")
     if matrix.startswith("v100") or matrix in ("dle_vs_workload_v100", "bitfusion_vs_native"):
         return facts("V100")
