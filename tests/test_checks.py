@@ -175,6 +175,7 @@ image = "ngc-pytorch"
         refuse_unrunnable(matrix, strict=True, machine=facts("H100"))
 
 
+@pytest.mark.subprocess  # the docker backend's check asks `docker version`
 def test_the_backend_decides_what_is_checked(tmp_path: Path) -> None:
     path = tmp_path / "m.toml"
     path.write_text(GAUDI_COMPILE.replace('compile = "default"', 'hpu_mode = "eager"'))
@@ -329,6 +330,7 @@ def test_a_release_axis_gives_each_release_its_stack_and_notes_the_comparison(
                                             "h100-g1-bs64-fp32-ngc24.10-r1"}
 
 
+@pytest.mark.subprocess  # the docker backend's check asks `docker version`
 @pytest.mark.parametrize(("kwargs", "field", "message"), [
     ({"backend": "process"}, "axes.ngc_release[0]",
      "the process backend runs this machine's Python instead"),
@@ -353,6 +355,7 @@ def test_what_a_release_axis_cannot_do(tmp_path: Path, kwargs: dict[str, str], f
     assert any(p.field == field and message in p.message for p in found.errors), found.errors
 
 
+@pytest.mark.subprocess  # the docker backend's check asks `docker version`
 def test_a_mirror_of_nvcr_keeps_its_release_a_base_of_its_own_does_not(tmp_path: Path) -> None:
     """base_repository (a lab mirror of nvcr.io) keeps the release base_tag names; a base_image
     of the lab's own, however it is named, is not assumed to be an NGC release."""
