@@ -537,3 +537,20 @@ def test_stack_declares_what_the_log_does_not_state(logs, results, capsys):
         "2.4.0", "Tesla V100-SXM2-32GB", "nvcr.io/nvidia/pytorch:24.05-py3", None)
     (res,) = RunPaths(Path(run.path)).results()
     assert res.provenance["declared_stack"]["torch"] == "2.4.0"
+
+
+def test_an_import_records_only_what_the_log_and_param_state(logs, tmp_path):
+    """Issue 23: an imported raport got workload defaults it never stated (data=synthetic,
+    channels_last=true, iterations=100) in its result's params, as if measured."""
+    root = tmp_path / "r"
+    raport, _ = logs["fp32"]
+    paths, _ = import_results([raport], options(root, matrix="fresh",
+                                                params=["hardware=h100"]))
+    (res,) = paths.results()
+    assert {"data", "channels_last", "iterations", "compile"}.isdisjoint(res.params)
+    assert res.params["hardware"] == "h100" and res.params["precision"] == "fp32"
+    assert set(res.params) <= set(res.provenance["matched_on"])  # each says where it came from
+    configuration = res.provenance["configuration"]  # the matrix's, kept apart
+    assert configuration["iterations"] == 100 and configuration["batch_size"] == 32
+    planned = read_json(paths.plan)["cells"][0]["params"]
+    assert planned == configuration  # the configuration it joins is unchanged

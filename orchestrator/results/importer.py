@@ -1186,6 +1186,12 @@ def _copy_name(entry: Entry) -> str:
     return f"source-{name}" if name in _RESERVED else name
 
 
+def _stated(entry: Entry) -> dict[str, Any]:
+    """An imported cell's parameters as its log, its file name and ``--param`` state them
+    (with the values of the configuration it was matched to)."""
+    return {k: v for k, v in entry.params.items() if k in entry.known}
+
+
 def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) -> dict[str, Any]:
     now = time.time()
     declared = parse_stack(options.stack)
@@ -1213,7 +1219,7 @@ def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) ->
             status=Status.FAILED if failed else Status.OK, reason=entry.evaluation.reason,
             started_at=started, finished_at=finished,
             duration_s=round(finished - started, 3) if started and finished else None,
-            attempts=0, params=entry.params, metrics=figures.metrics,
+            attempts=0, params=_stated(entry), metrics=figures.metrics,
             env=_declared(figures.env, declared, entry.label, []),
             provenance={
                 "backend": "import",
@@ -1222,6 +1228,9 @@ def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) ->
                 "imported": {**source, "importer_version": IMPORTER_VERSION,
                              "orchestrate_version": __version__, "imported_at": now},
                 "matched_on": entry.origin,
+                # the configuration it joins (plan.json's group): what the log did not state
+                # is the matrix's, never written into params as if measured
+                "configuration": entry.params,
                 "log_parameters": figures.parameters,
                 "figures": figures.info(),
             },
