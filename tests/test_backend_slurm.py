@@ -298,6 +298,7 @@ def test_cuda_cell_asks_for_gres_and_leaves_gpu_selection_to_slurm(write_matrix,
     assert "--gres=gpu:1" in render_sbatch(backend.sbatch_job(by["a100", 1]))
 
 
+@pytest.mark.subprocess  # the dry run asks squeue, as the sweep does (one decision)
 def test_dry_run_names_the_arrays_and_jobs(write_matrix, tmp_path, capsys):
     """--dry-run says how the cells go to Slurm: one array per job shape (with its %N), a job
     of its own for a multi-node cell, none with arrays = false; it refuses nodes > 1 on a
