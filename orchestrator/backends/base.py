@@ -17,6 +17,10 @@ hooks:
 - :meth:`Backend.launch` — start it, returning an :class:`Execution` handle.
 - :meth:`Backend.finish` — add what only the backend knows to the result (optional).
 - :meth:`Backend.close` — end of the sweep: remove what is left behind.
+- :attr:`Backend.records_machine` — whether the cells run on this machine, so that its state
+  (load, CPU and GPU clocks: :mod:`orchestrator.local.machine_state`) at each cell's start and
+  end is the cell's machine and goes into its result (``machine``). True for process and
+  docker; the ssh and slurm backends run cells elsewhere and do not record it.
 
 - :meth:`Backend.lock_requests` — what the cell holds against other sweeps while it runs
   (:mod:`orchestrator.local.locks`; default: this machine's GPUs of the allocation, else its CPU),
@@ -65,7 +69,7 @@ from orchestrator import REPO_ROOT, __version__
 from orchestrator.config.redact import Scrubber, secret_env
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.images.sif import LocalMachine
-from orchestrator.local import locks
+from orchestrator.local import locks, machine_state
 from orchestrator.local.locks import (
     FileLocker,
     HeldLocks,
@@ -202,11 +206,15 @@ class Backend(ABC):
     """Runs cells somewhere. Subclasses fill in the hooks named in the module docstring."""
 
     name: ClassVar[str] = "base"
+    #: The cells run on this machine: its state at each cell's start and end is recorded.
+    records_machine: ClassVar[bool] = False
 
     def __init__(self, matrix: Matrix, paths: RunPaths, options: RunOptions):
         self.matrix = matrix
         self.paths = paths
         self.options = options
+        #: Takes the machine's state (:func:`orchestrator.local.machine_state.sample`).
+        self.sample_machine: Callable[[], dict[str, Any]] = machine_state.sample
         self._busy = False
         #: The image of each Apptainer profile where its cells run (set by ``prepare``).
         self.sif_paths: dict[ImageKey, str] = {}
@@ -406,6 +414,7 @@ class Backend(ABC):
         with self._hold(cell, requests) as held:
             if held is not None and held.waited_s:
                 result.provenance["lock_wait_s"] = held.waited_s
+            self._record_machine(result, "start")
             result.started_at = time.time()
             t0 = time.monotonic()
             capture = _Capture(scrub=Scrubber(secret_env(spec.env).values()))
@@ -415,6 +424,7 @@ class Backend(ABC):
             status, reason, info = self._execute(cell, execution, log_path, capture)
         result.duration_s = round(time.monotonic() - t0, 3)
         result.finished_at = time.time()
+        self._record_machine(result, "end")
         result.exit_code = info.code if info else None
         step.name = "reading its figures"
         output = CellOutput.from_cell_dir(self.paths.cell_dir(cell.id), result.params,
@@ -422,6 +432,16 @@ class Backend(ABC):
         step.name = "recording the outcome"
         self._interpret(cell, result, status, reason, info, capture, output)
         self.finish(cell, result, execution)
+
+    def _record_machine(self, result: CellResult, when: str) -> None:
+        """The machine's state as ``result.machine[when]``, where the backend records it; a
+        sample that fails is left out (a debug line), never the cell's failure."""
+        if not self.records_machine:
+            return
+        try:
+            result.machine[when] = self.sample_machine()
+        except Exception as exc:  # noqa: BLE001 - telemetry never fails a cell
+            log.debug("%s: machine state at %s not recorded: %s", result.cell_id, when, exc)
 
     @contextlib.contextmanager
     def _hold(self, cell: Cell, requests: tuple[LockRequest, ...]

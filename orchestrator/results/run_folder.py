@@ -29,7 +29,8 @@ Layout::
             command.json   what was launched (argv, env, image, GPUs, host)
             log.txt        everything the workload printed
             metrics.jsonl  the workload's structured lines
-            result.json    status, reason, timings, metrics, provenance, config_hash
+            result.json    status, reason, timings, metrics, provenance, config_hash,
+                           machine (load, CPU/GPU clocks at start and end: process, docker)
             ...            files the workload wrote (iterations.csv, telemetry.csv, profiles)
 """
 
@@ -98,6 +99,10 @@ class CellResult:
     #: ``config`` (a configuration of the matrix) or ``control`` (a measurement of its
     #: ``[control]``, :mod:`orchestrator.plan.controls`): never a row of the configurations.
     role: str = "config"
+    #: The machine's state at the cell's start and end (``{"start": ..., "end": ...}``,
+    #: :mod:`orchestrator.local.machine_state`), where the backend records it (process,
+    #: docker); empty otherwise and in results written before it was recorded.
+    machine: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -139,7 +144,7 @@ _RESULT_TYPES: dict[str, tuple[type, ...]] = {
     "exit_code": (int, type(None)), "started_at": (*_NUMBER, type(None)),
     "finished_at": (*_NUMBER, type(None)), "duration_s": (*_NUMBER, type(None)),
     "attempts": (int,), "params": (dict,), "metrics": (dict,), "env": (dict,),
-    "provenance": (dict,), "log_tail": (list,), "role": (str,),
+    "provenance": (dict,), "log_tail": (list,), "role": (str,), "machine": (dict,),
 }
 
 
