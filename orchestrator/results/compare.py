@@ -32,7 +32,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from orchestrator.results.stats import Change, compare_samples
+from orchestrator.results.stats import UNSTABLE_RULE, Change, compare_samples, unstable
 from orchestrator.results.store import (
     CellRecord,
     RecordedStack,
@@ -56,6 +56,12 @@ class Side:
     @property
     def median(self) -> float | None:
         return statistics.median(self.values) if self.values else None
+
+    @property
+    def unstable(self) -> bool | None:
+        """Its ok repeats spread beyond the bound (:func:`orchestrator.results.stats.unstable`);
+        None when there are too few to judge."""
+        return unstable(self.values)
 
     @property
     def failed(self) -> list[CellRecord]:
@@ -94,6 +100,7 @@ class Row:
             "a_median": self.a.median, "b_median": self.b.median,
             "a_values": self.a.values, "b_values": self.b.values,
             "a_failed": len(self.a.failed), "b_failed": len(self.b.failed),
+            "a_unstable": self.a.unstable, "b_unstable": self.b.unstable,
             "basis": self.basis,
             "change": ch.change if ch else None, "ci_low": ch.low if ch else None,
             "ci_high": ch.high if ch else None, "verdict": self.verdict,
@@ -292,10 +299,25 @@ def table_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
             verdict += " (÷control)" if r.basis == "normalised" else " (raw)"
         shown = [_pct(r.raw_change.change if r.raw_change else None),
                  _ratio(r.a.norm_median), _ratio(r.b.norm_median)] if normalised else []
-        rows.append([*[str(r.params.get(k, "")) for k in keys], _fmt(r.a.median),
-                     _fmt(r.b.median), *shown, _pct(ch.change if ch else None), ci,
+        rows.append([*[str(r.params.get(k, "")) for k in keys], _fmt(r.a.median) + _mark(r.a),
+                     _fmt(r.b.median) + _mark(r.b), *shown, _pct(ch.change if ch else None), ci,
                      f"{len(r.a.values)}/{len(r.b.values)}", verdict])
     return headers, rows
+
+
+def _mark(side: Side) -> str:
+    return "?" if side.unstable else ""
+
+
+#: The footnote of a side whose repeats spread beyond the bound (``?`` after its images/s).
+UNSTABLE_NOTE = (f"? unstable: that run's ok repeats spread too far ({UNSTABLE_RULE}): its "
+                 "machine was not steady (each cell's result.json machine says how); the "
+                 "change and its interval are less to be trusted")
+
+
+def compare_notes(comp: Comparison) -> list[str]:
+    """The footnotes of the marks :func:`table_rows` puts after a side's images/s."""
+    return [UNSTABLE_NOTE] if any(r.a.unstable or r.b.unstable for r in comp.rows) else []
 
 
 def _ratio(value: float | None) -> str:
@@ -320,7 +342,7 @@ def render_compare(comp: Comparison) -> str:
     head = [f"A: {comp.a.label} ({comp.a.status})", f"B: {comp.b.label} ({comp.b.status})"]
     headers, rows = table_rows(comp)
     out = ["\n".join(head), tabulate(rows, headers=headers, tablefmt="github",
-                                     disable_numparse=True)]
+                                     disable_numparse=True), *compare_notes(comp)]
     if comp.controls:
         out.append(control_table(comp))
     if comp.stacks:
@@ -349,7 +371,7 @@ def render_compare_csv(comp: Comparison) -> str:
     fields = ["config", "label", *keys, "a_run", "b_run", "a_median", "b_median", "a_n", "b_n",
               "a_failed", "b_failed", "change", "ci_low", "ci_high", "verdict",
               "profile_changed", "role", "basis", "raw_change", "a_norm_median",
-              "b_norm_median", "norm_change"]
+              "b_norm_median", "norm_change", "a_unstable", "b_unstable"]
     writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for r in comp.rows:
@@ -359,7 +381,8 @@ def render_compare_csv(comp: Comparison) -> str:
             "a_run": comp.a.label, "b_run": comp.b.label,
             "a_median": _blank(r.a.median), "b_median": _blank(r.b.median),
             "a_n": len(r.a.values), "b_n": len(r.b.values), "a_failed": len(r.a.failed),
-            "b_failed": len(r.b.failed), "change": _blank(ch.change if ch else None),
+            "b_failed": len(r.b.failed), "a_unstable": _blank(r.a.unstable),
+            "b_unstable": _blank(r.b.unstable), "change": _blank(ch.change if ch else None),
             "ci_low": _blank(ch.low if ch else None), "ci_high": _blank(ch.high if ch else None),
             "verdict": r.verdict, "profile_changed": r.profile_changed, "role": "config",
             "basis": r.basis,

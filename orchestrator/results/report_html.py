@@ -26,7 +26,13 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from orchestrator import __version__
 from orchestrator.results.run_folder import CellResult, RunPaths, read_json
 from orchestrator.results.store import RecordedStack, stack_field_values
-from orchestrator.results.summary import GroupRow, rule_line, table_cells, throughput_key
+from orchestrator.results.summary import (
+    GroupRow,
+    rule_line,
+    table_cells,
+    table_notes,
+    throughput_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +153,12 @@ def run_report(paths: RunPaths, rows: Sequence[GroupRow], results: Sequence[Cell
     headers, table = table_cells(rows, plan.get("varying", []), baseline)
     first_number = headers.index("ok") if "ok" in headers else len(headers)
     rule = rule_line(rows)
+    intro = (f"One row per configuration, by the {rule}." if rule else
+             "One row per configuration: the median over the repeats that ended ok, and their "
+             "min..max.")
+    notes = table_notes(rows, mixed_releases="release" in headers)
     sections.append(Section(
-        "summary", "Summary", text=(f"One row per configuration, by the {rule}." if rule else
-                                    "One row per configuration: the median over the repeats "
-                                    "that ended ok, and their min..max."),
+        "summary", "Summary", text=" ".join([intro, *notes]),
         table=_plain(headers, table, first_number, "summary")))
     svg = _svg(plot_run, [r for r in rows if r.ips is not None], f"{matrix} {paths.run_id}",
                subtitle) if any(r.ips is not None for r in rows) else None
@@ -192,7 +200,7 @@ def _cells_section(results: Sequence[CellResult]) -> Section:
 
 def compare_report(comp: Any) -> str:
     """The HTML report of a :class:`~orchestrator.results.compare.Comparison`."""
-    from orchestrator.results.compare import table_rows
+    from orchestrator.results.compare import compare_notes, table_rows
     from orchestrator.results.plots import plot_compare
 
     a, b = comp.a, comp.b
@@ -215,7 +223,7 @@ def compare_report(comp: Any) -> str:
         text=f"{len(comp.rows)} configurations: {counts}. Change = B/A - 1 of the medians over "
         f"ok repeats; interval: {comp.confidence:.0%} percentile interval of the exact bootstrap "
         f"over repeats; significant when it excludes 0 and the change is beyond "
-        f"{comp.threshold:.1%}."))
+        f"{comp.threshold:.1%}." + "".join(f" {n}" for n in compare_notes(comp))))
     svg = _svg(plot_compare, comp, f"{b.label} vs {a.label}") if any(
         r.change is not None for r in comp.rows) else None
     if svg:

@@ -30,6 +30,11 @@ freedom from the pooled deviations. Verdict: ``regression`` when the one-sided p
 change``. Over the configurations of a run the p-values are adjusted with Holm's method
 (:func:`holm`), so ``alpha`` bounds the chance of *any* false alarm in a night, whatever the
 number of configurations.
+
+**Unstable repeat sets** (:func:`unstable`): a configuration whose ok repeats spread more than
+:data:`UNSTABLE_SPREAD` of their median ((max - min) / median, at least
+:data:`UNSTABLE_MIN_REPEATS` repeats) measured an unsteady machine; the tables mark it, as
+hyperfine warns on outliers.
 """
 
 from __future__ import annotations
@@ -328,3 +333,34 @@ def verdict(change: float, p_slower: float, p_faster: float, alpha: float, thres
     if p_faster < alpha and change > threshold:
         return "faster"
     return "no significant change"
+
+
+# --- unstable repeat sets ----------------------------------------------------------------------
+#: A repeat set is unstable when its relative range exceeds this: (max - min) / median > 10 %.
+#: Run-to-run noise measured here is 4-7 % (the same cell repeated on an idle machine), so 10 %
+#: is beyond what a steady machine produces and flags sets like 8 -> 37 images/s (a CPU shared
+#: with another job, clocks held down) without flagging ordinary noise.
+UNSTABLE_SPREAD = 0.10
+#: Fewer ok repeats than this are never judged: two values have no outlier to speak of.
+UNSTABLE_MIN_REPEATS = 3
+#: The rule as the tables' footnotes state it.
+UNSTABLE_RULE = (f"(max - min) / median > {UNSTABLE_SPREAD * 100:.0f} % over at least "
+                 f"{UNSTABLE_MIN_REPEATS} ok repeats")
+
+
+def spread(values: Sequence[float]) -> float | None:
+    """The relative range of a repeat set: (max - min) / median; None for fewer than
+    :data:`UNSTABLE_MIN_REPEATS` values or a median that is not positive."""
+    if len(values) < UNSTABLE_MIN_REPEATS:
+        return None
+    middle = statistics.median(values)
+    if not middle > 0:
+        return None
+    return (max(values) - min(values)) / middle
+
+
+def unstable(values: Sequence[float]) -> bool | None:
+    """Whether a repeat set spreads beyond :data:`UNSTABLE_SPREAD` (hyperfine warns on such
+    outliers); None when it is not judged (too few repeats)."""
+    found = spread(values)
+    return None if found is None else found > UNSTABLE_SPREAD

@@ -20,7 +20,10 @@ different drivers, ``release = "auto"``) shows them all and is marked ``*``.
 Optional columns (:data:`METRIC_COLUMNS`: telemetry and profiler figures) are shown, and written
 to summary.csv, when any row has them. A group with a repeat whose GPU throttled during the
 measured window (``telemetry.throttled``) gets ``!`` after its images/s and a footnote; the csv
-column ``throttled`` counts such repeats.
+column ``throttled`` counts such repeats. A group whose ok repeats spread beyond the stated
+bound (:func:`orchestrator.results.stats.unstable`: (max - min) / median > 10 % over at least 3
+ok repeats) gets ``?`` and a footnote; the csv column ``unstable`` says it for every group with
+3 or more ok repeats.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 from tabulate import tabulate
 
 from orchestrator.config.syntax import param_matches, parse_baseline
-from orchestrator.results import table_rules
+from orchestrator.results import stats, table_rules
 from orchestrator.results.run_folder import CellResult, RunPaths, Status, throughput_key
 from orchestrator.results.table_rules import TableRule
 
@@ -88,6 +91,10 @@ def _under_ncu(row: GroupRow) -> bool:
 
 #: The telemetry figure that marks a throttled repeat.
 THROTTLED = "telemetry.throttled"
+#: The footnote of a row whose ok repeats spread beyond the bound (``?`` after its images/s).
+UNSTABLE_NOTE = (f"? unstable: the ok repeats spread too far ({stats.UNSTABLE_RULE}; "
+                 "summary.csv: unstable): the machine was not steady (load, clocks: each "
+                 "cell's result.json machine); run it again before trusting the figure")
 THROTTLE_NOTE = ("! the GPU throttled (clocks held down by a power or thermal limit) during the "
                  "measured window of a repeat (summary.csv: throttled; [matrix] rerun_throttled "
                  "re-runs such cells)")
@@ -124,6 +131,9 @@ class GroupRow:
     extra: dict[str, float] = field(default_factory=dict)
     #: ok repeats whose GPU throttled; None when no ok repeat says.
     throttled: int | None = None
+    #: Its ok repeats spread beyond the bound (:func:`orchestrator.results.stats.unstable`);
+    #: None when there are too few to judge.
+    unstable: bool | None = None
     #: The table rule that made ``ips``, speedup and the rule's columns
     #: (:mod:`orchestrator.results.table_rules`).
     rule: str = table_rules.DEFAULT_RULE
@@ -156,6 +166,8 @@ class GroupRow:
         row.update(self.extra)
         if self.throttled is not None:
             row["throttled"] = self.throttled
+        if self.unstable is not None:
+            row["unstable"] = self.unstable
         return row
 
 
@@ -241,6 +253,7 @@ def summarize(results: Sequence[CellResult], rule: TableRule | None = None) -> l
         ips = [v for v in found if v is not None]
         if ips:
             row.ips, row.ips_min, row.ips_max = rule.aggregate(ips), min(ips), max(ips)
+            row.unstable = stats.unstable(ips)
             if rule.mean_header:
                 row.ips_mean = table_rules.fl.dlperf_average(ips)
         row.compute_ips = _median(r.metrics.get(throughput_key(mode, "compute_ips")) for r in ok)
@@ -398,7 +411,8 @@ def table_cells(
         line = [str(r.params.get(c, "")) for c in cols]
         if shown_release:
             line.append("/".join(r.releases) + ("*" if len(r.releases) > 1 else ""))
-        mark = ("!" if r.throttled else "") + ("~" if _under_ncu(r) else "")
+        mark = (("!" if r.throttled else "") + ("~" if _under_ncu(r) else "")
+                + ("?" if r.unstable else ""))
         line += [f"{r.ok}/{r.runs}", _fmt(r.ips, digits) + mark,
                  f"{_fmt(r.ips_min, digits)}..{_fmt(r.ips_max, digits)}" if r.ips is not None
                  else ""]
@@ -454,13 +468,23 @@ def render_table(
     rule = rule_line(rows)
     if rule:
         text = f"{rule}\n\n{text}"
+    notes = table_notes(rows, mixed_releases="release" in headers)
+    notes += control_note(results)
+    return "\n\n".join([text, *notes])
+
+
+def table_notes(rows: Sequence[GroupRow], mixed_releases: bool = False) -> list[str]:
+    """The footnotes of the marks :func:`table_cells` puts after images/s (``!`` throttled,
+    ``~`` under ncu, ``?`` unstable; ``*`` mixed releases where the release column is shown),
+    for the rows that have them (the text and HTML tables share them)."""
     notes = [THROTTLE_NOTE] if any(r.throttled for r in rows) else []
     if any(_under_ncu(r) for r in rows):
         notes.append(NCU_NOTE)
-    if "release" in headers and any(len(r.releases) > 1 for r in rows):
+    if any(r.unstable for r in rows):
+        notes.append(UNSTABLE_NOTE)
+    if mixed_releases and any(len(r.releases) > 1 for r in rows):
         notes.append(MIXED_NOTE)
-    notes += control_note(results)
-    return "\n\n".join([text, *notes])
+    return notes
 
 
 def control_note(results: Sequence[CellResult]) -> list[str]:
