@@ -173,6 +173,7 @@ def test_sweep_in_containers_builds_once_and_cleans_up(docker_client, base_image
         assert r.metrics["train.total_ips"] > 0
         assert r.provenance["backend"] == "docker"
         assert r.provenance["image"].startswith("orchestrate/ngc-pytorch:")
+        assert len(r.machine["start"]["loadavg"]) == 3 and "end" in r.machine  # this machine
         assert r.env["torch_version"].startswith("2.14.1")
         # the workload wrote its files through the mounted cell folder
         assert (outcome.paths.cell_dir(r.cell_id) / "iterations.csv").is_file()

@@ -283,6 +283,7 @@ def test_sweep_over_two_hosts(
         assert (cell_dir / "summary.json").is_file()  # copied back (a tar stream)
         assert (cell_dir / "iterations.csv").is_file()
         assert result.metrics and result.provenance["backend"] == "ssh"
+        assert result.machine == {}  # the controller's state is not the cell's machine
         assert result.provenance["host"] in (a.name, b.name)
         intervals[cell_id] = cell_interval(cell_dir)
     # Never two live cells on one (host, GPU); and cells did run at the same time.

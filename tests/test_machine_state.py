@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from orchestrator.backends.ssh import SshDockerBackend
 from orchestrator.local import machine_state
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results.run_folder import CellResult, RunPaths, Status
-from orchestrator.sweep import NullEvents, run_cells
+from orchestrator.sweep import NullEvents, run_cells, run_sweep
 
 SAMPLES = (Path(__file__).parent / "data" / "h100-2026-11-25" / "telemetry"
            / "nvidia-smi-samples.csv")
@@ -193,3 +194,38 @@ def test_result_json_machine_is_read_back_and_checked():
     assert CellResult.from_json(base).machine == {}  # written before it was recorded
     with pytest.raises(ValueError, match="machine"):
         CellResult.from_json({**base, "machine": [1, 2]})
+
+
+# --- a real process-backend sweep (integration tier: it starts processes) ---------------------
+
+#: A STAND-IN nvidia-smi (no GPU here): answers the machine-state query as the H100 of
+#: tests/data/h100-2026-11-25 did (idle: gpu_idle), refuses everything else.
+STANDIN_SMI = """#!/bin/sh
+# STAND-IN for nvidia-smi (tests only: this machine has no GPU)
+case "$*" in
+  *--query-gpu=index,clocks.sm,clocks.mem,clocks_event_reasons.active*)
+    echo "0, 1980, 2619, 0x0000000000000001" ;;
+  *) exit 2 ;;
+esac
+"""
+
+
+def test_a_process_sweep_records_this_machine(standin, write_matrix, tmp_path, monkeypatch):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text(STANDIN_SMI)
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+
+    matrix = load_matrix(write_matrix(standin.matrix("machine", timeout_s=60)))
+    outcome = run_sweep(matrix, results_root=tmp_path / "results")
+    (result,) = outcome.results
+    assert result.status is Status.OK, result.reason
+    written = json.loads(outcome.paths.cell_result(result.cell_id).read_text())["machine"]
+    for state in (written["start"], written["end"]):
+        assert len(state["loadavg"]) == 3
+        assert state["gpus"] == [{"index": 0, "sm_mhz": 1980, "mem_mhz": 2619,
+                                  "clock_event_reasons": "0x0000000000000001",
+                                  "reasons": ["gpu_idle"]}]
+        has_cpufreq = any(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq"))
+        assert ("cpu" in state) is has_cpufreq

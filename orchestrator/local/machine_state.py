@@ -73,7 +73,7 @@ def sample(sys_root: Path = Path("/sys"), run: Runner | None = None,
     """This machine's state now (the module docstring's layout). ``sys_root``: where sysfs is
     (tests give a fake tree); ``run``: how ``nvidia-smi`` is run (tests give a stand-in);
     ``smi``: its path (default: ``nvidia-smi`` on PATH; none there: no GPU part)."""
-    out: dict[str, Any] = {"at": round(time.time(), 3)}
+    out: dict[str, Any] = {"at": time.time()}
     loadavg = load_average()
     if loadavg is not None:
         out["loadavg"] = loadavg
