@@ -69,7 +69,8 @@ class StandInSmi:
 
 def h100_rows() -> str:
     """Rows as the query prints them, from an H100's recorded samples (SM clock and reason
-    mask as recorded; the memory clock is an H100 SXM's 2619 MHz)."""
+    mask as recorded; the memory clock is the 2619 MHz that card's `nvidia-smi -q` showed, in
+    tests/data/h100-2026-11-25/nvidia-smi-q.txt)."""
     with SAMPLES.open() as fh:
         rows = list(csv.DictReader(fh))
     idle = next(r for r in rows if r["clocks_event_reasons.active"].endswith("1"))
