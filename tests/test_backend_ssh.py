@@ -295,7 +295,8 @@ def test_sweep_over_two_hosts(
                 overlapping += 1
                 assert not (h1 == h2 and set(g1) & set(g2)), (items, "double booked")
     assert overlapping >= 1
-    assert {h for h, *_ in items} == {a.name, b.name}
+    # both hosts ran cells: the failing cell counts too (it can be the one host b ran, CI saw)
+    assert {r.provenance.get("host") for r in outcome.results} == {a.name, b.name}
     assert len({e[0] for e in events.started}) == 4
     assert run_containers(docker_client, outcome.paths.run_id) == []
     assert not Path(REMOTE_ROOT, outcome.paths.run_id).exists()
