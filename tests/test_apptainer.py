@@ -299,7 +299,7 @@ def test_sif_plans_follow_the_ngc_release_axis(write_matrix) -> None:
 # --- checks ------------------------------------------------------------------------------------
 
 
-def test_shipped_seed_002_matrix_is_clean_and_dry_runs(capsys, standin) -> None:
+def test_shipped_seed_002_matrix_is_clean_and_dry_runs(capsys, apptainer_standin) -> None:
     """`orchestrate matrix --dry-run` shows each cell's apptainer command and its batch script,
     on a machine with an apptainer (the stand-in: without one the sweep, so the dry run,
     refuses)."""
