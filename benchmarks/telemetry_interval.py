@@ -105,14 +105,14 @@ def energy_mj() -> float | None:
         return None
 
 
-def window(out: Path, warmup: int) -> tuple[float, float, int]:
-    """The measured window (first measured iteration's start, last one's end) and iterations."""
+def window(out: Path) -> tuple[float, float, int]:
+    """The measured window (first measured iteration's start, last one's end) and iterations
+    (``iterations.csv`` holds the measured iterations only)."""
     with (out / "iterations.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    measured = rows  # iterations.csv holds the measured iterations only (no warmup)
-    start = float(measured[0]["start_s"])
-    end = float(measured[-1]["start_s"]) + float(measured[-1]["iteration_time_s"])
-    return start, end, len(measured)
+    start = float(rows[0]["start_s"])
+    end = float(rows[-1]["start_s"]) + float(rows[-1]["iteration_time_s"])
+    return start, end, len(rows)
 
 
 def gaps_ms(out: Path) -> tuple[float | None, float | None, int]:
@@ -172,16 +172,16 @@ def run(python: str, interval: float, args: argparse.Namespace, out: Path,
         return row
     if e0 is not None and e1 is not None:
         row["nvml_energy_whole_run_j"] = (e1 - e0) / 1000
-    return analyse(row, out, args.warmup, args.batch_size, poller.rows if poller else None)
+    return analyse(row, out, args.batch_size, poller.rows if poller else None)
 
 
-def analyse(row: dict[str, Any], out: Path, warmup: int, batch: int,
+def analyse(row: dict[str, Any], out: Path, batch: int,
             smi_rows: list[dict[str, str]] | None) -> dict[str, Any]:
     """A finished run's figures, from its folder (and nvidia-smi's rows during it)."""
     data = json.loads((out / "summary.json").read_text())["data"]
     row["summary"] = {("total_ips" if k.endswith(".total_ips") else k): v
                       for k, v in data.items()}
-    start, end, n = window(out, warmup)
+    start, end, n = window(out)
     row["window_s"] = end - start
     row["gap_median_ms"], row["gap_max_ms"], row["samples_total"] = gaps_ms(out)
     if smi_rows is not None:
@@ -189,18 +189,18 @@ def analyse(row: dict[str, Any], out: Path, warmup: int, batch: int,
     return row
 
 
-def reanalyse(root: Path, warmup: int, batch: int) -> list[dict[str, Any]]:
-    """The rows of a kept session (``--keep DIR`` of an earlier run), from its files."""
+def reanalyse(root: Path, batch: int) -> list[dict[str, Any]]:
+    """The rows of a kept session (``--keep DIR`` of an earlier run), from its files: the run
+    without a sampler first, then the intervals from the longest; nvidia-smi beside the finest."""
     smi_path = root / "nvidia-smi-samples.csv"
-    smi_rows = list(csv.DictReader(smi_path.open())) if smi_path.is_file() else None
-    folders = sorted(root.glob("interval-*"), key=lambda p: -float(p.name.split("-", 1)[1]))
-    folders.sort(key=lambda p: float(p.name.split("-", 1)[1]) != 0)  # the run without first
-    rows = []
-    for i, out in enumerate(folders):
-        finest = i == len(folders) - 1
-        row = {"interval_s": float(out.name.split("-", 1)[1]), "failure": "", "summary": {}}
-        rows.append(analyse(row, out, warmup, batch, smi_rows if finest else None))
-    return rows
+    smi_rows = None
+    if smi_path.is_file():
+        with smi_path.open() as fh:
+            smi_rows = list(csv.DictReader(fh))
+    runs = {float(p.name.split("-", 1)[1]): p for p in root.glob("interval-*")}
+    order = sorted(runs, key=lambda interval: (interval != 0, -interval))
+    return [analyse({"interval_s": interval, "failure": "", "summary": {}}, runs[interval], batch,
+                    smi_rows if interval == order[-1] else None) for interval in order]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="print the table of an earlier run's --keep DIR (no GPU needed)")
     args = p.parse_args(argv)
     if args.reanalyse:
-        return report(reanalyse(Path(args.reanalyse), args.warmup, args.batch_size), args,
+        return report(reanalyse(Path(args.reanalyse), args.batch_size), args,
                       "(reanalysed from the kept files)")
     exe = shutil.which("nvidia-smi")
     if not gpu_count() or exe is None:
