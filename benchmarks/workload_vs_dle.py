@@ -34,6 +34,7 @@ message unless ``--allow-cpu``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -181,11 +182,16 @@ def dle_command(
 NO_DALI = Path(__file__).resolve().parent / "dle_nodali"
 
 
+@functools.cache
+def _has_dali(python: str) -> bool:
+    """Whether ``python`` imports DALI (asked once per interpreter, not once per DLE run)."""
+    return subprocess.run([python, "-c", "import nvidia.dali"], capture_output=True).returncode == 0
+
+
 def dle_environment(python: str) -> dict[str, str]:
     """This environment, with the DALI stand-in on the path where ``python`` has no DALI."""
     env = dict(os.environ)
-    probe = subprocess.run([python, "-c", "import nvidia.dali"], capture_output=True, env=env)
-    if probe.returncode != 0:
+    if not _has_dali(python):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(NO_DALI)) if p)
     return env
 
