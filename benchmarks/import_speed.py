@@ -5,7 +5,7 @@ raport of hundreds of MB. This writes such a raport (``--mb`` MB of iteration re
 form, a PARAMETER record first and the run summary last), then runs the real CLI in a fresh
 process (``python -m orchestrator import RAPORT --matrix ... --param hardware=v100``) into an
 empty results folder, ``--repeat`` times, and prints the wall time and the child's peak
-resident memory (``ru_maxrss``) of each.
+resident memory (its own ``ru_maxrss``, from ``wait4``) of each.
 
     python benchmarks/import_speed.py [--mb 200] [--repeat 1] [--repo PATH]
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -59,21 +58,23 @@ def write_raport(path: Path, megabytes: int) -> int:
 
 
 def run_import(repo: Path, raport: Path, results: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one import in a fresh process."""
+    """Wall seconds and peak RSS (MB) of one import in a fresh process (its own ``wait4``
+    rusage, not the running maximum over every child of this process)."""
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "import", str(raport),
-                           "--matrix", "big", "--param", "hardware=v100", "--results",
-                           str(results)], cwd=repo, env=env, capture_output=True, text=True)
-    took = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"import failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if peak <= before:
-        print("note: the peak of this run is below an earlier one's; run with --repeat 1 for "
-              "each size", file=sys.stderr)
-    return took, peak / 1024
+    with tempfile.TemporaryFile() as stderr:
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "import", str(raport),
+                                 "--matrix", "big", "--param", "hardware=v100", "--results",
+                                 str(results)], cwd=repo, env=env, stdout=subprocess.DEVNULL,
+                                stderr=stderr)
+        _, status, usage = os.wait4(proc.pid, 0)
+        took = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            stderr.seek(0)
+            raise SystemExit(f"import failed ({proc.returncode}): "
+                             f"{stderr.read().decode(errors='replace')[-2000:]}")
+    return took, usage.ru_maxrss / 1024
 
 
 def main() -> int:

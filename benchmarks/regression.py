@@ -49,6 +49,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import random
 import shutil
@@ -180,15 +181,17 @@ def run_medians(folder: Path, matrix: str, metric: str | None, normalised: bool 
     return out
 
 
+def log_robust_sd(values: list[float]) -> float:
+    """Robust sd (1.4826 x MAD) of log values, as a fraction."""
+    centre = statistics.median(values)
+    return math.expm1(1.4826 * statistics.median(abs(v - centre) for v in values))
+
+
 def robust_sd(medians: list[float]) -> float:
     """Robust sd (1.4826 x MAD) of the runs' leave-one-out log deviations, as a fraction."""
-    import math
-
     from orchestrator.results.stats import loo_deviations
 
-    devs = loo_deviations(medians)
-    centre = statistics.median(devs)
-    return math.expm1(1.4826 * statistics.median(abs(d - centre) for d in devs))
+    return log_robust_sd(loo_deviations(medians))
 
 
 def noise_summary(folder: Path, metric: str | None, matrix: str = MATRIX,
@@ -263,8 +266,6 @@ def diagnose(folder: Path, matrix: str, metric: str | None) -> list[str]:
     a cell's log figure around its configuration's median (raw) and of its log ratio to the
     control, the correlation of the cell's log figure with its control reference's, and how
     much the control itself moves between two successive measurements."""
-    import math
-
     from orchestrator.results.store import open_store
 
     raw: dict[str, list[float]] = {}
@@ -294,15 +295,12 @@ def diagnose(folder: Path, matrix: str, metric: str | None) -> list[str]:
     ref = [a - b for a, b in zip(x, r, strict=True)]  # log reference, centred alike
     corr = statistics.correlation(x, ref) if len(x) > 2 else float("nan")
 
-    def sd(values: list[float]) -> float:
-        centre = statistics.median(values)
-        return math.expm1(1.4826 * statistics.median(abs(v - centre) for v in values))
-
-    return [f"  cells' robust sd around their configuration's median: raw {sd(x):.1%}, ratio "
-            f"{sd(r):.1%}, the control reference {sd(ref):.1%}; correlation of a cell's log "
-            f"figure with its reference's {corr:+.2f} ({len(x)} cells)",
+    return [f"  cells' robust sd around their configuration's median: raw "
+            f"{log_robust_sd(x):.1%}, ratio {log_robust_sd(r):.1%}, the control reference "
+            f"{log_robust_sd(ref):.1%}; correlation of a cell's log figure with its reference's "
+            f"{corr:+.2f} ({len(x)} cells)",
             f"  the control between two successive measurements ({statistics.median(gaps):.0f} s"
-            f" apart, median): robust sd {sd(steps):.1%} of the log change "
+            f" apart, median): robust sd {log_robust_sd(steps):.1%} of the log change "
             f"({len(steps)} pairs)"]
 
 

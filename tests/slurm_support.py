@@ -81,21 +81,27 @@ class SlurmCluster:
     gpus: int = 4
 
 
+def _start_or_reuse(script: Path, probe: list[str], not_running: str, *,
+                    start_timeout: float) -> None:
+    """As root, run the (idempotent) start ``script``, failing the test if it fails; otherwise
+    reuse the running cluster (``probe`` exits 0), or mark it unavailable."""
+    if os.geteuid() != 0:
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            unavailable(f"{not_running} and starting it needs root (bash {script})")
+        return
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                          timeout=start_timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"{script} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> SlurmCluster:
     """Start (or reuse) the single-node test cluster."""
     if shutil.which("sbatch") is None:
         unavailable("sbatch not found: apt-get install -y slurm-wlm")
-    if os.geteuid() != 0:
-        proc = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=30)
-        if proc.returncode != 0:
-            unavailable("Slurm is not running and starting it needs root "
-                         f"(bash {START_SCRIPT})")
-        return SlurmCluster()
-    proc = subprocess.run(["bash", str(START_SCRIPT)], capture_output=True, text=True,
-                          timeout=180)
-    if proc.returncode != 0:
-        pytest.fail(f"{START_SCRIPT} failed:\n{proc.stdout}\n{proc.stderr}")
+    _start_or_reuse(START_SCRIPT, ["sinfo", "-h"], "Slurm is not running", start_timeout=180)
     return SlurmCluster()
 
 
@@ -150,15 +156,6 @@ def multinode_cluster() -> MultiNodeCluster:
     if shutil.which("sbatch") is None or shutil.which("slurmdbd") is None:
         unavailable("the multi-node cluster needs slurm-wlm, slurmdbd and mariadb-server "
                     "(apt-get install -y slurm-wlm slurmdbd mariadb-server)")
-    if os.geteuid() != 0:
-        proc = subprocess.run(["bash", str(MULTINODE_SCRIPT), "--status"], capture_output=True,
-                              text=True, timeout=60)
-        if proc.returncode != 0:
-            unavailable(f"the multi-node cluster is not running and starting it needs root "
-                        f"(bash {MULTINODE_SCRIPT})")
-        return MultiNodeCluster()
-    proc = subprocess.run(["bash", str(MULTINODE_SCRIPT)], capture_output=True, text=True,
-                          timeout=300)
-    if proc.returncode != 0:
-        pytest.fail(f"{MULTINODE_SCRIPT} failed:\n{proc.stdout}\n{proc.stderr}")
+    _start_or_reuse(MULTINODE_SCRIPT, ["bash", str(MULTINODE_SCRIPT), "--status"],
+                    "the multi-node cluster is not running", start_timeout=300)
     return MultiNodeCluster()
