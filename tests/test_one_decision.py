@@ -17,6 +17,8 @@ this module (``UPDATE_GOLDEN=1`` rewrites it; ``python tests/test_one_decision.p
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import re
 import sys
@@ -68,22 +70,22 @@ FOUND_BY_DOING: dict[str, str] = {
 }
 
 
-def _graph() -> Graph:
+@functools.cache
+def graph() -> Graph:
+    """The package's call graph, built once, when a test first asks (it parses every module:
+    seconds, which collecting the suite should not pay)."""
     return Graph()
-
-
-GRAPH = _graph()
 
 
 def sweep_sites() -> list[Site]:
     """Every refusal on the sweep's path before cells start."""
-    reached = GRAPH.reachable([SWEEP], stop=CELLS_START, raising=True)
-    return sorted({s for f in reached for s in GRAPH.refusals(f)},
+    reached = graph().reachable([SWEEP], stop=CELLS_START, raising=True)
+    return sorted({s for f in reached for s in graph().refusals(f)},
                   key=lambda s: (s.function, s.line))
 
 
 def decided_by(root: str) -> set[str]:
-    return GRAPH.reachable([root])
+    return graph().reachable([root])
 
 
 # --- the list, from the code -----------------------------------------------------------------
@@ -113,10 +115,9 @@ def test_the_three_commands_and_the_sweep_call_the_decision() -> None:
     ahead of open_run)."""
     cli = "orchestrator.cli.sweep_commands"
     for command in ("cmd_validate", "cmd_plan", "cmd_matrix"):
-        assert DECISION in GRAPH.reachable([f"{cli}:{command}"]), command
-    assert RUN_OPTIONS in GRAPH.reachable([f"{cli}:cmd_matrix"])
-    body = GRAPH.functions[SWEEP].node
-    import ast
+        assert DECISION in graph().reachable([f"{cli}:{command}"]), command
+    assert RUN_OPTIONS in graph().reachable([f"{cli}:cmd_matrix"])
+    body = graph().functions[SWEEP].node
 
     calls = [n.func.id for n in ast.walk(body)
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
