@@ -22,6 +22,7 @@ import functools
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -242,7 +243,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
 def test_validate_the_dry_run_and_the_sweep_refuse_alike(
     scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], gpu_machine,  # type: ignore[no-untyped-def]
+    capsys: pytest.CaptureFixture[str], gpu_machine: Callable[..., Path],
 ) -> None:
     """This machine as it is (no GPU, no apptainer) unless the scenario gives it a stand-in GPU."""
     from orchestrator.catalog import gpus
