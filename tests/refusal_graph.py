@@ -75,6 +75,7 @@ class Graph:
         self.functions: dict[str, Function] = {}
         self.classes: dict[str, Klass] = {}
         self.imports: dict[str, dict[str, str]] = {}  # module -> alias -> "mod" or "mod:name"
+        self._class_nodes: dict[str, ast.ClassDef] = {}
         for path in sorted(PACKAGE.rglob("*.py")):
             name = _module_name(path)
             self.trees[name] = ast.parse(path.read_text(encoding="utf-8"), str(path))
@@ -89,11 +90,7 @@ class Graph:
 
     # --- indexing -------------------------------------------------------------------------
 
-    _class_nodes: dict[str, ast.ClassDef]
-
     def _index(self, module: str, tree: ast.Module) -> None:
-        if not hasattr(self, "_class_nodes"):
-            self._class_nodes = {}
         imports: dict[str, str] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -122,15 +119,8 @@ class Graph:
                         klass.methods[item.name] = fid
 
     def _refusal_classes(self) -> set[str]:
-        found = {f"orchestrator.errors:{name}" for name in REFUSAL_ROOTS}
-        changed = True
-        while changed:
-            changed = False
-            for klass in self.classes.values():
-                if klass.id not in found and any(b in found for b in klass.bases):
-                    found.add(klass.id)
-                    changed = True
-        return found
+        return set().union(*(self.subclasses(f"orchestrator.errors:{name}")
+                              for name in REFUSAL_ROOTS))
 
     # --- names ----------------------------------------------------------------------------
 
@@ -158,6 +148,7 @@ class Graph:
         return None
 
     def subclasses(self, cid: str) -> set[str]:
+        """``cid`` and every class that derives from it."""
         found = {cid}
         changed = True
         while changed:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from workload_support import workload_module
 
 from workload.errors import WeightsError
 
@@ -22,20 +23,8 @@ GOLDEN = json.loads((Path(__file__).parent / "data" / "dle_models.json").read_te
 DLE_ARCHS = sorted(a for a in GOLDEN if a != "resnet50")
 
 
-@pytest.fixture(scope="module")
-def models(torch: Any) -> Any:
-    """``workload.models`` (it imports torch: the tests that take it are workload-tier)."""
-    from workload import models
-
-    return models
-
-
-@pytest.fixture(scope="module")
-def dle_models(torch: Any) -> Any:
-    """``workload.dle_models`` (imports torch)."""
-    from workload import dle_models
-
-    return dle_models
+models = workload_module("models")
+dle_models = workload_module("dle_models")
 
 
 def _shapes(model: Any) -> list[list[int]]:

@@ -17,9 +17,12 @@ this module (``UPDATE_GOLDEN=1`` rewrites it; ``python tests/test_one_decision.p
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,22 +71,22 @@ FOUND_BY_DOING: dict[str, str] = {
 }
 
 
-def _graph() -> Graph:
+@functools.cache
+def graph() -> Graph:
+    """The package's call graph, built once, when a test first asks (it parses every module:
+    seconds, which collecting the suite should not pay)."""
     return Graph()
-
-
-GRAPH = _graph()
 
 
 def sweep_sites() -> list[Site]:
     """Every refusal on the sweep's path before cells start."""
-    reached = GRAPH.reachable([SWEEP], stop=CELLS_START, raising=True)
-    return sorted({s for f in reached for s in GRAPH.refusals(f)},
+    reached = graph().reachable([SWEEP], stop=CELLS_START, raising=True)
+    return sorted({s for f in reached for s in graph().refusals(f)},
                   key=lambda s: (s.function, s.line))
 
 
 def decided_by(root: str) -> set[str]:
-    return GRAPH.reachable([root])
+    return graph().reachable([root])
 
 
 # --- the list, from the code -----------------------------------------------------------------
@@ -113,10 +116,9 @@ def test_the_three_commands_and_the_sweep_call_the_decision() -> None:
     ahead of open_run)."""
     cli = "orchestrator.cli.sweep_commands"
     for command in ("cmd_validate", "cmd_plan", "cmd_matrix"):
-        assert DECISION in GRAPH.reachable([f"{cli}:{command}"]), command
-    assert RUN_OPTIONS in GRAPH.reachable([f"{cli}:cmd_matrix"])
-    body = GRAPH.functions[SWEEP].node
-    import ast
+        assert DECISION in graph().reachable([f"{cli}:{command}"]), command
+    assert RUN_OPTIONS in graph().reachable([f"{cli}:cmd_matrix"])
+    body = graph().functions[SWEEP].node
 
     calls = [n.func.id for n in ast.walk(body)
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
@@ -241,7 +243,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
 def test_validate_the_dry_run_and_the_sweep_refuse_alike(
     scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], gpu_machine,  # type: ignore[no-untyped-def]
+    capsys: pytest.CaptureFixture[str], gpu_machine: Callable[..., Path],
 ) -> None:
     """This machine as it is (no GPU, no apptainer) unless the scenario gives it a stand-in GPU."""
     from orchestrator.catalog import gpus

@@ -28,6 +28,7 @@ import pytest
 from standin_support import STANDIN
 from workload_support import REPO, env, parse_lines
 
+from workload import errors as workload_errors
 from workload.cli import build_parser as workload_parser
 
 #: A tiny real run: resnet18 at 32 px, batch 2, 10 measured iterations (one ``iter`` line).
@@ -106,6 +107,14 @@ def test_a_run_prints_meta_iter_summary_and_writes_the_workloads_files(tmp_path:
     rows = list(csv.reader((tmp_path / "iterations.csv").open()))
     assert rows[0] == list(SI.ITERATION_FIELDS) and len(rows) == 11
     assert json.loads((tmp_path / "summary.json").read_text())["data"] == summary["data"]
+
+
+def test_the_standins_error_kinds_and_exit_statuses_are_the_workloads() -> None:
+    handled = [c for c in vars(workload_errors).values()
+               if isinstance(c, type) and issubclass(c, workload_errors.WorkloadError)
+               and c is not workload_errors.WorkloadError]
+    assert {kind: code for kind, (code, _) in SI.ERRORS.items()} == {
+        c.kind: c.exit_code for c in handled}
 
 
 @pytest.mark.parametrize("kind, code", [("data", 2), ("device", 2), ("config", 2),

@@ -117,6 +117,26 @@ def test_uses(made): pass
     result.stdout.fnmatch_lines(["*a unit-tier test started a subprocess*"])
 
 
+def test_a_fixture_teardown_that_starts_a_process_fails_it_even_when_swallowed(
+        pytester: pytest.Pytester) -> None:
+    result = run(pytester, """
+import subprocess, pytest
+
+@pytest.fixture(scope="module")
+def made():
+    yield
+    try:
+        subprocess.run(["true"], check=True)
+    except Exception:
+        pass
+
+def test_uses(made): pass
+""")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_uses*",
+                                 "*a unit-tier test started a subprocess*"])
+
+
 def test_a_unit_test_that_imports_torch_fails(pytester: pytest.Pytester,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A stand-in ``torch`` module is what gets imported (the real one costs seconds)."""

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from workload_support import workload_module
 
 from workload.cli import main, parse_args
 from workload.errors import ConfigError
@@ -57,28 +58,9 @@ def habana(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     _forget_habana()
 
 
-@pytest.fixture(scope="module")
-def device(torch: Any) -> Any:
-    """``workload.device`` (imports torch: the tests that take it are workload-tier)."""
-    from workload import device
-
-    return device
-
-
-@pytest.fixture(scope="module")
-def steps(torch: Any) -> Any:
-    """``workload.steps`` (imports torch)."""
-    from workload import steps
-
-    return steps
-
-
-@pytest.fixture(scope="module")
-def compat(torch: Any) -> Any:
-    """``workload.compat`` (imports torch)."""
-    from workload import compat
-
-    return compat
+device = workload_module("device")
+steps = workload_module("steps")
+compat = workload_module("compat")
 
 
 def _core() -> ModuleType:

@@ -203,8 +203,14 @@ _PATCHES = pytest.StashKey[pytest.MonkeyPatch]()
 
 
 def _problems_after(item: pytest.Item, had_torch: bool, outcome: Any) -> None:
+    """Fail the phase (setup, call, teardown) with what was attempted in it (each attempt is
+    reported once, by the phase that made it)."""
     guard = item.stash.get(_GUARD, None)
-    problems = guard.problems(had_torch) if guard is not None else []
+    if guard is None:
+        return
+    problems = guard.problems(had_torch)
+    guard.attempts.clear()
+    guard.longest_sleep = 0.0
     if problems:
         outcome.force_exception(pytest.fail.Exception("\n".join(problems), pytrace=False))
 
@@ -234,7 +240,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-    yield
+    """The guard comes off at the end of the teardown, and fails it for what its fixtures'
+    teardowns attempted (caught or not)."""
+    had_torch = "torch" in sys.modules
+    outcome = yield
     patches = item.stash.get(_PATCHES, None)
     if patches is not None:
         patches.undo()
+    _problems_after(item, had_torch, outcome)

@@ -6,14 +6,17 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import pytest
 from service_support import unavailable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,6 +69,19 @@ class Result:
     def describe(self) -> str:
         """Everything, for assertion messages."""
         return f"rc={self.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr[-4000:]}"
+
+
+def workload_module(name: str) -> Any:
+    """A module-scoped fixture named ``name`` that gives ``workload.<name>``, for a test module:
+    ``models = workload_module("models")``. It takes the ``torch`` fixture: the module (which
+    imports torch) is imported when a test first asks, never at collection, and the tests that
+    take it are workload-tier."""
+
+    @pytest.fixture(scope="module", name=name)
+    def fixture(torch: Any) -> ModuleType:
+        return importlib.import_module(f"workload.{name}")
+
+    return fixture
 
 
 def parse_lines(stdout: str) -> list[dict[str, Any]]:
