@@ -320,15 +320,21 @@ def _measure(
     return timings, out
 
 
+def _collective_tensor(values: Any, device: str) -> torch.Tensor:
+    """``values`` as a tensor on this rank's device, for a collective (float64; float32 on
+    Gaudi)."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
+        torch.device(device))
+    dtype = torch.float32 if device == "hpu" else torch.float64
+    return torch.tensor(values, dtype=dtype, device=dev)
+
+
 def _gather_ranks(timings: Timings, device: str, dist: Dist) -> list[list[float]]:
     """Every rank's own iteration times, by rank (one list for a single process): the per-GPU
     series seed 002 is about, kept beside the per-step maximum the throughput uses."""
     if not dist.enabled:
         return [list(timings.iteration)]
-    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
-        torch.device(device))
-    dtype = torch.float32 if device == "hpu" else torch.float64
-    mine = torch.tensor(timings.iteration, dtype=dtype, device=dev)
+    mine = _collective_tensor(timings.iteration, device)
     every = [torch.empty_like(mine) for _ in range(dist.world_size)]
     torch.distributed.all_gather(every, mine)
     return [t.cpu().tolist() for t in every]
@@ -360,13 +366,10 @@ def _reduce(
     loss = float(last.detach().float().reshape(-1)[0]) if mode == "train" else None
     if not dist.enabled:
         return timings.data, timings.compute, timings.iteration, loss
-    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
-        torch.device(device))
-    dtype = torch.float32 if device == "hpu" else torch.float64
-    t = torch.tensor([timings.data, timings.compute, timings.iteration], dtype=dtype, device=dev)
+    t = _collective_tensor([timings.data, timings.compute, timings.iteration], device)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
     if loss is not None:
-        lt = torch.tensor([loss], dtype=dtype, device=dev)
+        lt = _collective_tensor([loss], device)
         torch.distributed.all_reduce(lt, op=torch.distributed.ReduceOp.SUM)
         loss = float(lt[0]) / dist.world_size
     rows = t.cpu().tolist()

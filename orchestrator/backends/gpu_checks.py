@@ -84,7 +84,7 @@ def local_gpus(facts: gpus.HostFacts, profile: HardwareProfile) -> list[Gpu]:
     seen: dict[str, Gpu] = {}
     for g in chosen:
         cc = gpus.compute_capability(g.model)
-        seen.setdefault(g.model, Gpu(g.model, _cc(cc) if cc else None))
+        seen.setdefault(g.model, Gpu(g.model, software.parse_capability(cc) if cc else None))
     return list(seen.values())
 
 
@@ -97,11 +97,6 @@ def describe(found: tuple[list[Gpu], str | None], facts: gpus.HostFacts | None) 
     shown = ", ".join(g.label for g in targets)
     where = "this machine's" if facts is not None else "the profile's"
     return f"{where} {shown}" + (f", driver {driver}" if driver else "")
-
-
-def _cc(text: str) -> tuple[int, int]:
-    major, _, minor = text.partition(".")
-    return int(major), int(minor or 0)
 
 
 @dataclass

@@ -576,14 +576,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     stopper = _Stopper()
     previous = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS}
     progress = sweep_events(verbosity(args))
-    try:
-        if isinstance(progress, RichEvents):
-            with progress:
-                outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
-                                    events=progress, cancel=cancel, hosts_file=hosts,
-                                    resume=args.resume, lock_timeout_s=args.lock_timeout,
-                                    order_seed=args.order_seed)
-        else:
+    try:  # a progress bar is drawn while the sweep runs and cleared after
+        with progress if isinstance(progress, RichEvents) else contextlib.nullcontext():
             outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
                                 events=progress or NullEvents(), cancel=cancel,
                                 hosts_file=hosts, resume=args.resume,

@@ -250,7 +250,10 @@ def capability(profile: HardwareProfile) -> tuple[int, int] | None:
     text = profile.compute_capability
     if text is None and profile.gpu is not None and profile.device == "cuda":
         text = gpus.compute_capability(profile.gpu)
-    if text is None:
-        return None
-    major, minor = text.split(".")
-    return int(major), int(minor)
+    return None if text is None else parse_capability(text)
+
+
+def parse_capability(text: str) -> tuple[int, int]:
+    """A compute capability's text as numbers: ``"9.0"`` -> ``(9, 0)`` (``"9"``: ``(9, 0)``)."""
+    major, _, minor = text.partition(".")
+    return int(major), int(minor or 0)
