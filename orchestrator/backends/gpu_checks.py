@@ -84,7 +84,7 @@ def local_gpus(facts: gpus.HostFacts, profile: HardwareProfile) -> list[Gpu]:
     seen: dict[str, Gpu] = {}
     for g in chosen:
         cc = gpus.compute_capability(g.model)
-        seen.setdefault(g.model, Gpu(g.model, software.parse_capability(cc) if cc else None))
+        seen.setdefault(g.model, Gpu(g.model, releases.parse_capability(cc) if cc else None))
     return list(seen.values())
 
 

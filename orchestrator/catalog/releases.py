@@ -83,7 +83,7 @@ class Release:
         """Whether the release supports a GPU of ``compute_capability`` (None: unknown, yes)."""
         if compute_capability is None or self.min_compute_capability is None:
             return True
-        return _cc_key(compute_capability) >= _cc_key(self.min_compute_capability)
+        return parse_capability(compute_capability) >= parse_capability(self.min_compute_capability)
 
     def driver_runs(self, driver: str, *, datacenter: bool = False) -> bool:
         """Whether ``driver`` runs this release: at or above its minimum driver or, with
@@ -95,7 +95,8 @@ class Release:
         ))
 
 
-def _cc_key(text: str) -> tuple[int, int]:
+def parse_capability(text: str) -> tuple[int, int]:
+    """A compute capability's text as numbers: ``"9.0"`` -> ``(9, 0)`` (``"9"``: ``(9, 0)``)."""
     major, _, minor = text.partition(".")
     return int(major), int(minor or 0)
 

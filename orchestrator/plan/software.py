@@ -250,10 +250,6 @@ def capability(profile: HardwareProfile) -> tuple[int, int] | None:
     text = profile.compute_capability
     if text is None and profile.gpu is not None and profile.device == "cuda":
         text = gpus.compute_capability(profile.gpu)
-    return None if text is None else parse_capability(text)
+    return None if text is None else releases.parse_capability(text)
 
 
-def parse_capability(text: str) -> tuple[int, int]:
-    """A compute capability's text as numbers: ``"9.0"`` -> ``(9, 0)`` (``"9"``: ``(9, 0)``)."""
-    major, _, minor = text.partition(".")
-    return int(major), int(minor or 0)
