@@ -1666,6 +1666,14 @@ for _name, _rel, _target in [
              _copied_run()(d), os.mkfifo(d / "copy" / "cells" / "a-r1" / "pipe")),
          expect=0, out=("a-r1",), err=("not copied",), check=_nothing_of("id_rsa", "etc", "pipe"),
          subprocess=_name == "run-folder-folder-linked-to-etc")
+def _run_json_fifo(d: Path) -> None:
+    _copied_run()(d)
+    (d / "copy" / "run.json").unlink()
+    os.mkfifo(d / "copy" / "run.json")
+
+
+case("imports", "run-folder-run-json-is-a-fifo", ["import", "{dir}/copy", "--results",
+     "{results}"], setup=_run_json_fifo, err=("run.json: not a regular file",), subprocess=True)
 for _name, _rel in [("run-folder-result-is-a-link", "cells/a-r1/result.json"),
                     ("run-folder-plan-is-a-link", "plan.json"),
                     ("run-folder-cell-folder-is-a-link", "cells/a-r1")]:

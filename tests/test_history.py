@@ -158,6 +158,24 @@ def test_missing_versus_dropped(tmp_path):
     assert lines[8].verdict == "missing" and lines[8].failing
 
 
+def test_a_fifo_planted_as_the_newest_plan_json_does_not_hang_history(tmp_path):
+    """The newest run's plan is read again for what it planned: a FIFO there is no plan (its
+    unplanned configurations are then missing, as in a hand-made run), not a hang."""
+    import os
+    import threading
+
+    nightly(tmp_path, [Config(G1, [100.0, 100.0, 100.0])])
+    plan = tmp_path / "nightly" / run_id(6) / "plan.json"
+    plan.unlink()
+    os.mkfifo(plan)
+    found: list[dict[str, object]] = []
+    worker = threading.Thread(target=lambda: found.append(check(tmp_path)[0]), daemon=True)
+    worker.start()
+    worker.join(timeout=60)  # a hang stays in the thread: the test fails
+    assert len(found) == 1
+    assert found[0][8].verdict == "missing" and found[0][8].failing
+
+
 def test_a_sweep_that_died_is_judged_not_skipped(tmp_path, capsys):
     nightly(tmp_path, [])
     write_run(tmp_path, "nightly", run_id(9), [Config(G1, [100.0, 100.0, 100.0])],

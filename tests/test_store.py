@@ -125,6 +125,27 @@ def test_stale_runs_are_read_again_and_removed_runs_dropped(tmp_path):
         assert store.refresh() == 1 and len(store.runs()) == 3
 
 
+def test_a_fifo_planted_as_plan_json_does_not_hang_a_refresh(tmp_path, caplog):
+    """As for `report` (test_results): a FIFO in a shared results folder is not a run file."""
+    import threading
+
+    three_runs(tmp_path)
+    plan = next((tmp_path / "nightly").iterdir()) / "plan.json"
+    plan.unlink()
+    os.mkfifo(plan)
+    found: list[int] = []
+
+    def index() -> None:
+        with open_store(tmp_path) as store:
+            found.append(len(store.runs()))
+
+    worker = threading.Thread(target=index, daemon=True)  # a hang stays there: the test fails
+    worker.start()
+    worker.join(timeout=60)
+    assert found == [3]
+    assert "plan.json: not a regular file" in caplog.text
+
+
 def test_a_run_still_going_is_watched_file_by_file(tmp_path):
     paths = write_run(tmp_path, "m", run_id(1), [Config(params(), [1.0, 2.0, 3.0])],
                       finished=False)

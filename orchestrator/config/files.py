@@ -246,18 +246,3 @@ def _deep_line(text: str) -> str:
             if depth > MAX_NESTING:
                 return f"{key} (line {number})" if key else f"line {number}"
     return ""
-
-
-def _depth(value: Any) -> int:
-    """How deep dicts and lists nest in ``value`` (iterative: no recursion limit)."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, depth)
-            if depth > MAX_NESTING:
-                return depth
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return deepest

@@ -199,11 +199,6 @@ def dlperf_average(values: Sequence[float]) -> float:
     return round(math.fsum(values) / len(values), 2)
 
 
-def dlperf_speedup(median: float, median_1gpu: float) -> float:
-    """DLPerf's speedup: this row's median over the 1-GPU row's, rounded to 2 decimals."""
-    return round(median / median_1gpu, 2)
-
-
 # --- TBD: Nsight Compute CSV (coreutil.py) -------------------------------------------------------
 
 TBD_HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Kernel Time",'

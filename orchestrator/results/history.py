@@ -41,7 +41,7 @@ from tabulate import tabulate
 
 from orchestrator.config.references import ReferenceCheck, ReferenceEntry, check
 from orchestrator.errors import ConfigError
-from orchestrator.results import safejson
+from orchestrator.results.run_folder import read_json
 from orchestrator.results.stats import (
     Check,
     between_run_variance,
@@ -547,8 +547,8 @@ def _plan_of(run: RunRecord) -> tuple[set[str] | None, tuple[str, ...]]:
     and the ``--only`` filters it was made with (plan.json's ``only``; a run written before
     that field: the ``--only`` arguments of run.json's argv)."""
     try:
-        plan = safejson.loads((Path(run.path) / "plan.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        plan = read_json(Path(run.path) / "plan.json")
+    except ConfigError:
         return None, ()
     if not isinstance(plan, dict):
         return None, ()
@@ -565,8 +565,8 @@ def _only_in_argv(run: RunRecord) -> tuple[str, ...]:
     """The ``--only`` filters of the command line in run.json (``--only K=V``, ``--only=K=V``,
     an abbreviation argparse took: ``--on K=V``)."""
     try:
-        meta = safejson.loads((Path(run.path) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        meta = read_json(Path(run.path) / "run.json")
+    except ConfigError:
         return ()
     argv = meta.get("argv") if isinstance(meta, dict) else None
     if not isinstance(argv, list):

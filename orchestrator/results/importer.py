@@ -95,6 +95,7 @@ from orchestrator.results.run_folder import (
     new_run_id,
     parse_metric_lines,
     read_json,
+    read_regular,
     runs_of,
     write_json,
 )
@@ -1033,9 +1034,11 @@ class RunFolder:
 
 def _load_json(path: Path, problems: list[Problem]) -> Any:
     try:
-        return safejson.loads(path.read_text(encoding="utf-8"))
+        return safejson.loads(read_regular(path).decode("utf-8"))
     except FileNotFoundError:
         problems.append(Problem(str(path), "", "missing (not a complete run folder)"))
+    except ConfigError as exc:  # not a regular file
+        problems.extend(exc.problems)
     except json.JSONDecodeError as exc:
         problems.append(Problem(str(path), f"line {exc.lineno}", f"malformed JSON: {exc.msg}"))
     except safejson.JSONLimitError as exc:

@@ -180,17 +180,23 @@ def write_json(path: Path, data: Any) -> None:
         raise
 
 
+def read_regular(path: Path) -> bytes:
+    """The bytes of ``path``, a regular file: a FIFO or device planted in a shared results
+    folder (or a copied run folder) must not hang a reader, so anything else is a ConfigError
+    naming it, found without blocking. OSError as ``open`` raises it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise ConfigError("not a regular file", file=str(path))
+        return fh.read()
+
+
 def read_json(path: Path) -> Any:
     """A JSON file of a run; a missing, truncated or unreadable file (nested too deeply, an
     integer too long: :func:`safejson.loads`) is a ConfigError naming it. NaN and infinities
     are read as None."""
     try:
-        # a FIFO planted in a shared results folder must not hang `report`: regular files only
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise ConfigError("not a regular file", file=str(path))
-            return safejson.loads(fh.read().decode("utf-8"))
+        return safejson.loads(read_regular(path).decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError("missing (the run folder is incomplete)", file=str(path)) from None
     except safejson.JSONLimitError as exc:

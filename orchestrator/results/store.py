@@ -67,10 +67,9 @@ from typing import Any
 
 from orchestrator.config.syntax import check_name
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.results import safejson
 from orchestrator.results.normalise import PREFIX as NORM_PREFIX
 from orchestrator.results.normalise import Measured, normalise
-from orchestrator.results.run_folder import CellResult
+from orchestrator.results.run_folder import CellResult, read_json
 
 log = logging.getLogger(__name__)
 
@@ -419,10 +418,12 @@ def is_throughput(name: str) -> bool:
 
 
 def _read(path: Path) -> Any:
+    """A run's JSON file (:func:`read_json`: regular files only, so a FIFO planted in a shared
+    results folder cannot hang a refresh); None, warned, when it cannot be read."""
     try:
-        return safejson.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        log.warning("%s: not read (%s)", path, exc)
+        return read_json(path)
+    except ConfigError as exc:
+        log.warning("not read: %s", exc)  # exc names the file
         return None
 
 
@@ -462,9 +463,9 @@ def read_run_folder(run_dir: Path) -> ParsedRun:
             if not (entry.is_dir() and path.is_file()):
                 continue  # not yet written
             try:  # the same rules as every reader of result.json (RunPaths.results)
-                data = safejson.loads(path.read_text(encoding="utf-8"))
+                data = read_json(path)
                 CellResult.from_json(data)
-            except (OSError, ValueError) as exc:
+            except (ConfigError, ValueError) as exc:
                 log.warning("skipping cell %s: %s: %s", entry.name, path, exc)
                 continue
             results.append(data)
