@@ -407,6 +407,12 @@ def _cgroup_parents() -> list[Path]:
             if base is not None and (base / CGROUP_FOLDER).is_dir()]
 
 
+def run_cgroups(run_id: str) -> list[Path]:
+    """The cgroup folders of run ``run_id`` that exist now (normally none once its cells ended)."""
+    return sorted(folder for parent in _cgroup_parents() for folder in parent.iterdir()
+                  if folder.is_dir() and folder.name.startswith(f"{run_id}-"))
+
+
 #: An empty cgroup older than this is a leftover (a live cell's is empty only for the moment
 #: between its making and its launcher joining it).
 STALE_CGROUP_S = 60.0
