@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,3 +187,33 @@ def test_allowed():
 """)
     result.assert_outcomes(passed=1)
     assert calls == ["true"]
+
+
+@pytest.mark.subprocess
+def test_a_unit_test_that_draws_passes_on_a_machine_without_a_font_cache(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh machine has no matplotlib font list: matplotlib makes it with ``fc-list`` the
+    first time it draws. The plugin builds it before the guard goes on, so a unit test that
+    draws passes there too (CI went red on a fresh machine before). A fresh pytest process with
+    empty cache folders, as on that machine."""
+    pytest.importorskip("matplotlib", reason="the plots extra is not installed")
+    fresh = pytester.path / "fresh-home"
+    monkeypatch.setenv("HOME", str(fresh))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(fresh / ".cache"))
+    monkeypatch.setenv("MPLCONFIGDIR", str(fresh / "mpl"))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # tiers_support
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_it="""
+def test_draws(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots()
+    axes.plot([1, 2], [3, 4], label="a")
+    axes.legend()
+    figure.savefig(tmp_path / "a.png")
+""")
+    result = pytester.runpytest_subprocess("-p", "tiers_support", "--strict-markers",
+                                           "-m", "unit", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert list((fresh / "mpl").glob("fontlist-*.json")), "the font list was not built"

@@ -28,6 +28,12 @@ process guard records the attempt even when the code under test catches the erro
 backend turning a failed launch into a failed cell), so a swallowed attempt still fails the
 test.
 
+**Caches a library builds once per machine** are built before the guard goes on
+(:func:`_warm_machine_caches`): matplotlib lists the system's fonts with ``fc-list`` the first
+time it draws on a machine and keeps the list in its cache folder, so a unit test that draws
+would start a process on a fresh machine only (where CI runs). The list is made once per test
+process, outside every test, as a user's first ``report`` would make it.
+
 Stdlib and pytest only: the floor venv (torch 2.1, pytest, no orchestrator dependencies) runs
 some test modules with this plugin loaded. Registered by ``pytest_plugins`` in conftest.py.
 """
@@ -200,6 +206,25 @@ def _install(guard: _Guard, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 _PATCHES = pytest.StashKey[pytest.MonkeyPatch]()
+_WARMED: list[bool] = []
+
+
+def _warm_machine_caches() -> None:
+    """Build, once per process and outside every test, the caches a library makes the first time
+    it runs on a machine by starting a process: matplotlib's font list (``fc-list``), kept in
+    its cache folder (``MPLCONFIGDIR``, else ``~/.cache/matplotlib``). Where matplotlib is not
+    installed (the floor venv) there is nothing to build."""
+    if _WARMED:
+        return
+    _WARMED.append(True)
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.font_manager  # noqa: F401 - importing it loads or builds the font list
 
 
 def _problems_after(item: pytest.Item, had_torch: bool, outcome: Any) -> None:
@@ -221,6 +246,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     session-scoped fixture that starts a process for them is caught too) to the end of their
     teardown."""
     if item.get_closest_marker("unit") is not None:
+        _warm_machine_caches()
         guard, patches = _Guard(), pytest.MonkeyPatch()
         _install(guard, patches)
         item.stash[_GUARD], item.stash[_PATCHES] = guard, patches
