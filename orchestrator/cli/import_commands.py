@@ -61,6 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-partial", action="store_true",
                    help="import logs that end without their run summary (crashed runs)")
     p.add_argument("--dry-run", action="store_true", help="show what would be imported")
+    p.add_argument("--no-publish", action="store_true",
+                   help="do not publish the imported run, whatever [publish] after_sweep says")
     p.set_defaults(handler=cmd_import)
 
 
@@ -68,6 +70,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from orchestrator.errors import ConfigError
     from orchestrator.results.importer import ImportOptions, plan_import, write_import
 
+    explicit_results = args.results
     args.results = results_root(args.results)
 
     figures = None
@@ -91,6 +94,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 0
     paths = write_import(plan, options)
     print(f"{paths.root}\n{paths.summary_txt.read_text(encoding='utf-8').rstrip()}")
+    from orchestrator.cli.publish_commands import after_run
+
+    after_run(paths, explicit_results, skip=args.no_publish)
     return 0
 
 
