@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
     p.add_argument("--timeout", type=_seconds, default=None, metavar="S",
                    help="seconds a request may take before the target counts as down "
-                   "(default 30)")
+                   "(default: [publish] timeout_s, else 30)")
     p.set_defaults(handler=cmd_publish)
 
 
@@ -65,7 +65,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from orchestrator.config.defaults import load_user_config
     from orchestrator.config.publish import resolve, run_settings
     from orchestrator.errors import ConfigError
-    from orchestrator.publish.publisher import DEFAULT_TIMEOUT_S, publish_run
+    from orchestrator.publish.publisher import publish_run
     from orchestrator.results.run_folder import find_run
 
     explicit_results = args.results is not None
@@ -76,11 +76,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     paths = find_run(args.results, name, run)
     user, _ = load_user_config()
     targets = resolve(run_settings(paths.matrix_file), user.publish, mlflow=args.mlflow,
-                      http=args.http, experiment=args.experiment)
+                      http=args.http, experiment=args.experiment, timeout_s=args.timeout)
     if not targets:
         raise ConfigError("no target: give --mlflow URI and/or --http URL, or [publish] mlflow "
                           "/ http in the matrix or in the user's config file", field="publish")
-    outcomes = publish_run(paths, targets, timeout_s=args.timeout or DEFAULT_TIMEOUT_S)
+    outcomes = publish_run(paths, targets)
     failed = False
     for outcome in outcomes:
         if outcome.ok:

@@ -6,6 +6,7 @@ One table, read the same in both places::
     mlflow = "http://mlflow.lab.example:5000"    # an MLflow tracking server
     http = "https://collector.lab.example/bench"  # an HTTP collector: one JSON document per cell
     experiment = "nightly-v100"                   # MLflow experiment (default: the matrix name)
+    timeout_s = 30                                # a request that takes longer: target down
     after_sweep = true                            # publish every sweep when it ends (default false)
 
 Each key is looked up first in the run's matrix (its copy in the run folder: the matrix as it
@@ -31,8 +32,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
-from orchestrator.config.files import StrictModel, problems_from_validation
+from orchestrator.config.files import NOT_SHOWN, StrictModel, problems_from_validation
 from orchestrator.config.redact import looks_secret
 from orchestrator.errors import ConfigError, Problem
 
@@ -77,7 +79,8 @@ def url_problem(url: str) -> str | None:
 def _checked_url(url: str) -> str:
     problem = url_problem(url)
     if problem:
-        raise ValueError(problem)
+        # the URL is not repeated in the message: it may hold the credential it is refused for
+        raise PydanticCustomError(NOT_SHOWN, problem)
     return url
 
 
@@ -98,6 +101,9 @@ class PublishSettings(StrictModel):
         "from ORCHESTRATE_HTTP_HEADER_<NAME> variables).")
     experiment: ExperimentName | None = Field(
         None, description="MLflow experiment of the runs (default: the matrix name).")
+    timeout_s: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] | None = Field(
+        None, description="Seconds a request may take before the target counts as down "
+        "(default 30; `orchestrate publish --timeout` wins).")
     after_sweep: bool | None = Field(
         None, description="Publish every sweep (and import) of the matrix when it ends; a "
         "server that is down or refuses leaves the results and the exit status alone "
@@ -111,6 +117,7 @@ class Targets:
     mlflow: str | None = None
     http: str | None = None
     experiment: str | None = None
+    timeout_s: float | None = None
 
     def __bool__(self) -> bool:
         return bool(self.mlflow or self.http)
@@ -126,7 +133,7 @@ def settings_from(data: Any, file: str) -> PublishSettings:
     except ValidationError as exc:
         problems = problems_from_validation(file, exc, model=PublishSettings,
                                             keys_hint="known keys: mlflow, http, experiment, "
-                                            "after_sweep")
+                                            "timeout_s, after_sweep")
         raise ConfigError([Problem(p.file, f"publish.{p.field}".rstrip("."), p.message)
                            for p in problems]) from None
 
@@ -145,7 +152,7 @@ def run_settings(matrix_copy: Path) -> PublishSettings:
 
 
 def resolve(*layers: PublishSettings, mlflow: str | None = None, http: str | None = None,
-            experiment: str | None = None,
+            experiment: str | None = None, timeout_s: float | None = None,
             environ: Mapping[str, str] | None = None) -> Targets:
     """The targets of a run: the flags given here, else each key from the first of ``layers``
     that sets it (the run's matrix, then the user's config); where none names a target,
@@ -169,7 +176,8 @@ def resolve(*layers: PublishSettings, mlflow: str | None = None, http: str | Non
         problem = url_problem(uri)
         if problem:
             raise ConfigError(problem, field=f"${MLFLOW_URI_ENV}")
-    return Targets(mlflow=uri, http=url, experiment=experiment or first("experiment"))
+    return Targets(mlflow=uri, http=url, experiment=experiment or first("experiment"),
+                   timeout_s=timeout_s or first("timeout_s"))
 
 
 def after_sweep(*layers: PublishSettings) -> bool:

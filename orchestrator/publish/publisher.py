@@ -66,11 +66,12 @@ class TargetOutcome:
         return f"not published to {self.target}: {self.error}{done}"
 
 
-def publish_run(paths: RunPaths, targets: Targets, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+def publish_run(paths: RunPaths, targets: Targets, *,
                 environ: Mapping[str, str] | None = None) -> list[TargetOutcome]:
     """Publish the run folder ``paths`` to each of ``targets``; one outcome per target, in the
     order MLflow, HTTP. A ConfigError for what the user must fix first (a header variable HTTP
     cannot carry); everything a target does is in its outcome."""
+    timeout_s = targets.timeout_s or DEFAULT_TIMEOUT_S
     if targets.http:
         to_http.headers_from_env(environ)  # a bad variable is the user's to fix: before anything
     run = read_run(paths)

@@ -269,7 +269,8 @@ def why(exc: BaseException) -> str:
     if found:
         return f"the server refused: HTTP {found.group(1)}{_body(text)}"
     if status and isinstance(status, str) and status not in ("INTERNAL_ERROR",):
-        return f"the server refused: {_first_line(str(exc))}"
+        message = _first_line(str(exc)).removeprefix(f"{status}: ")
+        return f"the server refused ({status}): {message}"
     if re.search(r"Max retries exceeded|Connection aborted|RemoteDisconnected|"
                  r"ConnectionError|Connection reset", text):
         return f"cannot connect: {_first_line(_innermost(text))}"
