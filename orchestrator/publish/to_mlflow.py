@@ -15,9 +15,11 @@ What the server gets (:mod:`orchestrator.publish.documents` makes the values):
   ``result.json``, ``summary.json``, plots and ``log_tail.txt`` as artifacts; status FINISHED
   (ok), KILLED (cancelled) or FAILED.
 
-Publishing is idempotent and resumable. Each run carries ``orchestrate.fingerprint`` (the hash
-of everything sent of it), written last: a child whose fingerprint equals the cell's is left
-alone; a parent whose fingerprint equals the run's means nothing at all is to do (two requests).
+Cells are published :data:`WORKERS` at a time (the client's HTTP session is shared; each
+request waits on the server). Publishing is idempotent and resumable. Each run carries
+``orchestrate.fingerprint`` (the hash of everything sent of it), written last: a child whose
+fingerprint equals the cell's is left alone; a parent whose fingerprint equals the run's means
+nothing at all is to do (two requests: the experiment, the parent).
 A cell whose data changed — run again with ``--resume``, or an earlier publish cut short before
 its fingerprint was written — gets a new child run, tagged ``orchestrate.replaces`` (the old
 run's id) and ``orchestrate.replaced_because``; the old one is tagged
@@ -42,6 +44,7 @@ import os
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from orchestrator.publish.documents import TAG, CellDoc, RunDoc, mlflow_status
@@ -64,6 +67,8 @@ CLIENT_FORCED = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 NOISY_LOGGERS = ("mlflow", "urllib3", "requests")
 #: Runs asked for per page.
 PAGE = 1000
+#: Cells published at once (each is a few requests, each waiting on the server's answer).
+WORKERS = 4
 
 
 def publish(run: RunDoc, uri: str, experiment: str, timeout_s: float = 30.0) -> Counts:
@@ -145,8 +150,18 @@ def _publish(client: Any, run: RunDoc, uri: str, experiment: str, counts: Counts
                                    tags=dict(run.tags))
     parent_id = parent.info.run_id
     children = children_of(client, exp_id, parent_id)
-    for cell in run.cells:
-        publish_cell(client, exp_id, parent_id, cell, children.get(cell.cell_id, []), counts)
+    with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="publish") as pool:
+        futures = [pool.submit(publish_cell, client, exp_id, parent_id, cell,
+                               children.get(cell.cell_id, [])) for cell in run.cells]
+        try:
+            for future in as_completed(futures):
+                what, duplicates = future.result()
+                setattr(counts, what, getattr(counts, what) + 1)
+                counts.duplicates_removed += duplicates
+        except BaseException:
+            for future in futures:  # the cells not started yet: the server is failing
+                future.cancel()
+            raise
     client.log_batch(parent_id, tags=_tags({**run.tags, "mlflow.note.content": run.note}),
                      synchronous=True)
     for path in run.files.values():
@@ -201,17 +216,17 @@ def children_of(client: Any, exp_id: str, parent_id: str) -> dict[str, list[Any]
 
 
 def publish_cell(client: Any, exp_id: str, parent_id: str, cell: CellDoc,
-                 existing: Sequence[Any], counts: Counts) -> None:
+                 existing: Sequence[Any]) -> tuple[str, int]:
     """One cell: left alone when a child has its fingerprint, else a new child replacing the
-    old ones (see the module docstring)."""
+    old ones (see the module docstring). What was done (``new``, ``replaced`` or
+    ``unchanged``: a field of :class:`Counts`) and how many duplicate children were removed."""
     current = [r for r in existing if r.data.tags.get(FINGERPRINT) == cell.fingerprint]
     if current:
-        counts.unchanged += 1
-        for extra in [r for r in existing if r is not current[0]]:
+        extras = [r for r in existing if r is not current[0]]
+        for extra in extras:
             client.set_tag(extra.info.run_id, REPLACED_BY, current[0].info.run_id)
             client.delete_run(extra.info.run_id)
-            counts.duplicates_removed += 1
-        return
+        return "unchanged", len(extras)
     tags = {**cell.tags, "mlflow.parentRunId": parent_id}
     if existing:
         tags[REPLACES] = ",".join(r.info.run_id for r in existing)
@@ -230,10 +245,7 @@ def publish_cell(client: Any, exp_id: str, parent_id: str, cell: CellDoc,
     for old in existing:
         client.set_tag(old.info.run_id, REPLACED_BY, child_id)
         client.delete_run(old.info.run_id)
-    if existing:
-        counts.replaced += 1
-    else:
-        counts.new += 1
+    return ("replaced" if existing else "new"), 0
 
 
 def replaced_because(existing: Sequence[Any], cell: CellDoc) -> str:
