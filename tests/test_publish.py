@@ -196,6 +196,23 @@ def test_a_run_folder_becomes_documents_with_stable_fingerprints(tmp_path: Path)
     assert changed == {ok.cell_id} and again.fingerprint != run.fingerprint
 
 
+def test_links_in_a_run_folder_are_never_followed_into_what_is_published(tmp_path) -> None:
+    """A shared results folder may hold a link planted in a run: its target is not sent."""
+    secret = tmp_path / "elsewhere.txt"
+    secret.write_text("private key material\n")
+    paths = write_run(tmp_path / "results", "m", "20261101-000000-aaaa",
+                      [Config(params(), [100.0])])
+    (cell_id,) = [r.cell_id for r in paths.results()]
+    folder = paths.cell_dir(cell_id)
+    for name in ("summary.json", "log.txt", "telemetry.csv", "plot.png"):
+        (folder / name).symlink_to(secret)
+    (paths.root / "summary.txt").symlink_to(secret)
+    run = read_run(paths)
+    (cell,) = run.cells
+    assert set(cell.files) == {"result.json"} and "summary.txt" not in run.files
+    assert "private" not in json.dumps(cell.texts) and not cell.series
+
+
 def test_collector_headers_come_from_the_environment_and_are_checked() -> None:
     env = {"ORCHESTRATE_HTTP_HEADER_AUTHORIZATION": "Bearer x",
            "ORCHESTRATE_HTTP_HEADER_X_SCOPE_ORGID": "lab", "OTHER": "y"}

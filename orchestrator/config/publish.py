@@ -24,7 +24,6 @@ a log line or ``publish.json`` without leaking one (:func:`url_problem`).
 from __future__ import annotations
 
 import os
-import tomllib
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from orchestrator.config.files import NOT_SHOWN, StrictModel, problems_from_validation
+from orchestrator.config.files import NOT_SHOWN, StrictModel, problems_from_validation, read_toml
 from orchestrator.config.redact import looks_secret
 from orchestrator.errors import ConfigError, Problem
 
@@ -141,13 +140,9 @@ def settings_from(data: Any, file: str) -> PublishSettings:
 def run_settings(matrix_copy: Path) -> PublishSettings:
     """``[publish]`` of a run's matrix copy (``matrix.toml`` in the run folder); a run without
     one (an old or imported run) has none."""
-    try:
-        data = tomllib.loads(matrix_copy.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not matrix_copy.exists():
         return PublishSettings()
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"unreadable ({exc}); give the targets with --mlflow / --http",
-                          file=str(matrix_copy)) from None
+    data = read_toml(matrix_copy)  # a regular file only (a FIFO planted there cannot hang it)
     return settings_from(data.get("publish"), str(matrix_copy))
 
 

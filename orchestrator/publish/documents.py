@@ -52,7 +52,8 @@ LOG_TAIL_BYTES = 64 * 1024
 CELL_FILES = ("result.json", "summary.json")
 #: Plot files of a cell folder or a run folder published as they are.
 PLOT_SUFFIXES = (".png", ".svg")
-#: Files of a run folder published with the sweep's parent run.
+#: Files of a run folder published with the sweep's parent run (regular files only, never
+#: through a symbolic link, as every file published).
 RUN_FILES = ("run.json", "matrix.toml", "summary.txt", "summary.csv")
 #: The longest tag value sent (MLflow keeps 8000 characters).
 MAX_TAG = 5000
@@ -180,7 +181,7 @@ def read_run(paths: RunPaths) -> RunDoc:
     }
     if revision:
         tags["mlflow.source.git.commit"] = revision
-    files = {name: paths.root / name for name in RUN_FILES if (paths.root / name).is_file()}
+    files = {name: paths.root / name for name in RUN_FILES if _regular_file(paths.root / name)}
     files.update(_plots(paths.root))
     run = RunDoc(matrix=matrix, run_id=paths.run_id, root=paths.root, status=status,
                  started_ms=_ms(meta.get("started_at")), finished_ms=_ms(meta.get("finished_at")),
@@ -237,7 +238,7 @@ def read_cell(paths: RunPaths, result: CellResult, *, rule: str, revision: str,
     }
     if cell_revision:
         tags["mlflow.source.git.commit"] = cell_revision
-    files = {name: folder / name for name in CELL_FILES if (folder / name).is_file()}
+    files = {name: folder / name for name in CELL_FILES if _regular_file(folder / name)}
     files.update(_plots(folder))
     tail = log_tail(paths.cell_log(result.cell_id), result.log_tail)
     doc = CellDoc(
@@ -283,9 +284,11 @@ def cell_document(paths: RunPaths, result: CellResult, doc: CellDoc, stack: Mapp
 def telemetry_series(path: Path) -> dict[str, list[Point]]:
     """``telemetry.csv`` as series per GPU and field, step 0, 1, ... per GPU, each sample at
     its own time; rows that cannot be read are skipped; no file: none."""
+    if not _regular_file(path):  # none recorded (or a link: not followed)
+        return {}
     try:
         text = _read_text(path)
-    except OSError:  # none recorded (or unreadable: the figures still go)
+    except OSError:  # unreadable: the figures still go
         return {}
     out: dict[str, list[Point]] = {}
     steps: dict[str, int] = {}
@@ -309,8 +312,8 @@ def log_tail(path: Path, fallback: Iterable[str] = ()) -> str:
     """The last :data:`LOG_TAIL_LINES` lines of a cell's ``log.txt`` (at most
     :data:`LOG_TAIL_BYTES`; the output was scrubbed of secrets when it was written), else the
     result's own log tail."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:  # never through a link: a log.txt linked out of the run folder is not sent
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError:
         return "\n".join(fallback) + ("\n" if fallback else "")
     with os.fdopen(fd, "rb") as fh:
@@ -355,6 +358,17 @@ def _plots(folder: Path) -> dict[str, Path]:
         return {}
     return {e.name: Path(e.path) for e in entries
             if e.name.endswith(PLOT_SUFFIXES) and e.is_file(follow_symlinks=False)}
+
+
+def _regular_file(path: Path) -> bool:
+    """A regular file itself, not a link to one: what a run folder holds of its own (a link
+    planted in a shared results folder must not send a file from elsewhere)."""
+    import stat
+
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _read_text(path: Path) -> str:
