@@ -213,6 +213,14 @@ def test_links_in_a_run_folder_are_never_followed_into_what_is_published(tmp_pat
     assert "private" not in json.dumps(cell.texts) and not cell.series
 
 
+def test_a_large_summary_table_is_cut_to_what_mlflow_keeps_of_a_description(tmp_path) -> None:
+    configs = [Config(params(batch_size=b, arch=f"arch_with_a_long_name_{b}"), [100.0 + b])
+               for b in range(1, 201)]
+    run = read_run(write_run(tmp_path, "big", "20261101-000000-aaaa", configs))
+    assert len(run.note) <= 8000 and run.note.count("\n") > 20
+    assert "summary.txt among the artifacts" in run.note
+
+
 def test_collector_headers_come_from_the_environment_and_are_checked() -> None:
     env = {"ORCHESTRATE_HTTP_HEADER_AUTHORIZATION": "Bearer x",
            "ORCHESTRATE_HTTP_HEADER_X_SCOPE_ORGID": "lab", "OTHER": "y"}
@@ -322,6 +330,18 @@ def test_publishing_twice_creates_nothing_twice(mlflow_server, sweep_folder, tmp
     MlflowClient(mlflow_server.uri).delete_tag(parent["id"], "orchestrate.fingerprint")
     (third,) = publish_run(paths, targets)
     assert third.ok and third.counts.unchanged == 4 and len(all_runs(mlflow_server, "twice")) == 5
+    assert round_trip_differences(mlflow_server.rest, "twice", paths.root) == []
+    # two publishes at the same moment made a second parent with a child: one is kept
+    client = MlflowClient(mlflow_server.uri)
+    exp_id = parent["info"]["experiment_id"]
+    stray = client.create_run(exp_id, run_name=paths.run_id, tags={
+        "orchestrate.kind": "sweep", "orchestrate.run_id": paths.run_id})
+    client.create_run(exp_id, tags={"mlflow.parentRunId": stray.info.run_id,
+                                    "orchestrate.cell_id": "stray-cell"})
+    (fourth,) = publish_run(paths, targets)
+    assert fourth.ok and fourth.counts.duplicates_removed == 2
+    live = [r for r in all_runs(mlflow_server, "twice") if r["info"]["lifecycle_stage"] == "active"]
+    assert len(live) == 5 and parent["id"] in {r["id"] for r in live}
     assert round_trip_differences(mlflow_server.rest, "twice", paths.root) == []
 
 

@@ -55,8 +55,9 @@ PLOT_SUFFIXES = (".png", ".svg")
 #: Files of a run folder published with the sweep's parent run (regular files only, never
 #: through a symbolic link, as every file published).
 RUN_FILES = ("run.json", "matrix.toml", "summary.txt", "summary.csv")
-#: The longest tag value sent (MLflow keeps 8000 characters).
+#: The longest tag value sent (MLflow keeps 8000 characters), and the parent's description.
 MAX_TAG = 5000
+MAX_NOTE = 7900
 #: telemetry.csv's numeric columns (workload/telemetry.py), series per GPU.
 TELEMETRY_FIELDS = ("power_w", "temp_c", "sm_clock_mhz", "util_pct", "mem_used_mib", "throttled")
 
@@ -186,7 +187,7 @@ def read_run(paths: RunPaths) -> RunDoc:
     run = RunDoc(matrix=matrix, run_id=paths.run_id, root=paths.root, status=status,
                  started_ms=_ms(meta.get("started_at")), finished_ms=_ms(meta.get("finished_at")),
                  tags={k: _clip(v) for k, v in tags.items()}, files=files,
-                 note=f"{matrix} {paths.run_id}\n\n```\n{table}\n```\n")
+                 note=_note(matrix, paths.run_id, table))
     for result in results:
         run.cells.append(read_cell(paths, result, rule=str(rule), revision=revision,
                                    unstable=unstable.get(result.group), backend=tags[
@@ -196,6 +197,18 @@ def read_run(paths: RunPaths) -> RunDoc:
                              "files": _file_hashes(run.files),
                              "cells": [c.fingerprint for c in run.cells]})
     return run
+
+
+def _note(matrix: str, run_id: str, table: str) -> str:
+    """The parent run's description: the summary table, cut to what MLflow keeps of a tag
+    (``summary.txt`` among the artifacts has all of it)."""
+    head = f"{matrix} {run_id}\n\n```\n"
+    tail = "\n```\n"
+    room = MAX_NOTE - len(head) - len(tail)
+    if len(table) > room:
+        cut = table[: room - 80].rsplit("\n", 1)[0]
+        table = f"{cut}\n... (cut: summary.txt among the artifacts has the whole table)"
+    return head + table + tail
 
 
 def _counts(results: Iterable[CellResult]) -> dict[str, int]:

@@ -140,7 +140,10 @@ def quiet_client_logs() -> Iterator[None]:
 
 def _publish(client: Any, run: RunDoc, uri: str, experiment: str, counts: Counts) -> Counts:
     exp_id = experiment_id(client, experiment, run.matrix)
-    parent = find_parent(client, exp_id, run.run_id)
+    parents = find_parents(client, exp_id, run.run_id)
+    parent = parents[0] if parents else None
+    for extra in parents[1:]:  # two publishes of the run at the same moment: keep one
+        counts.duplicates_removed += remove_sweep(client, exp_id, extra, parents[0])
     if parent is not None and parent.data.tags.get(FINGERPRINT) == run.fingerprint:
         counts.unchanged = len(run.cells)
         counts.link = ui_link(uri, exp_id, parent.info.run_id)
@@ -197,12 +200,25 @@ def experiment_id(client: Any, name: str, matrix: str) -> str:
     return str(found.experiment_id)
 
 
-def find_parent(client: Any, exp_id: str, run_id: str) -> Any | None:
-    """The active parent run of the sweep ``run_id`` (the oldest, should there be two)."""
+def find_parents(client: Any, exp_id: str, run_id: str) -> list[Any]:
+    """The active parent runs of the sweep ``run_id``: one, or none yet; more only after two
+    publishes at the same moment (the one to keep first: a complete one, then by id)."""
     runs = _search(client, exp_id, f"tags.`{TAG}kind` = 'sweep' and "
                    f"tags.`{TAG}run_id` = '{_quoted(run_id)}'")
-    runs.sort(key=lambda r: (r.info.start_time or 0, r.info.run_id))
-    return runs[0] if runs else None
+    runs.sort(key=lambda r: (FINGERPRINT not in r.data.tags, r.info.run_id))
+    return runs
+
+
+def remove_sweep(client: Any, exp_id: str, extra: Any, keep: Any) -> int:
+    """Delete a duplicate parent run and its children, each tagged ``replaced_by`` the parent
+    kept; how many runs were removed."""
+    keep_id = keep.info.run_id
+    runs = [c for group in children_of(client, exp_id, extra.info.run_id).values()
+            for c in group] + [extra]
+    for run in runs:
+        client.set_tag(run.info.run_id, REPLACED_BY, keep_id)
+        client.delete_run(run.info.run_id)
+    return len(runs)
 
 
 def children_of(client: Any, exp_id: str, parent_id: str) -> dict[str, list[Any]]:
