@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from orchestrator import __version__
 from orchestrator.backends.base import Backend, RunOptions, git_revision
-from orchestrator.backends.checks import preflight
+from orchestrator.backends.checks import Decision, preflight
 from orchestrator.config.matrix_file import WRAPPING_PROFILERS
 from orchestrator.config.redact import redact_toml
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
@@ -135,13 +135,6 @@ class SweepOutcome:
         return 0 if self.ok else 1
 
 
-def hosts_file_of(matrix: Matrix) -> Path | None:
-    """``[matrix] hosts``, resolved against the matrix file's folder."""
-    if not matrix.settings.hosts:
-        return None
-    return (matrix.path.parent / matrix.settings.hosts).resolve()
-
-
 def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
     """plan.json: the configurations (``cells``, role ``config``) and, with a ``[control]``,
     the control's templates (role ``control``) and its rule; the sweep adds the order it ran
@@ -176,6 +169,7 @@ CONTROL_RULE = ("on each host/GPU set a configuration cell runs on: one control 
 def run_sweep(
     matrix: Matrix,
     *,
+    decision: Decision | None = None,
     backend_name: str | None = None,
     results_root: Path = Path("results"),
     events: SweepEvents | None = None,
@@ -186,6 +180,11 @@ def run_sweep(
     order_seed: int | None = None,
 ) -> SweepOutcome:
     """Run every cell of ``matrix`` and write the run folder. Returns the outcome.
+
+    ``decision``: the one decision (:func:`orchestrator.backends.checks.preflight`: the
+    backend, the hosts inventory it reads) the caller took already, for ``matrix`` or the whole
+    matrix it was filtered from (the CLI's); None: taken here, for ``backend_name``
+    (``--backend``; None: ``[matrix] backend``) and ``hosts_file`` (``--hosts``).
 
     ``order_seed``: the seed of the cells' random order (:mod:`orchestrator.plan.ordering`;
     None: a fresh one, recorded in plan.json and run.json). ``--resume`` keeps the order the
@@ -201,8 +200,7 @@ def run_sweep(
     run the cells -> finish the run (unrun cells recorded, tables and plot written).
     """
     events = events or NullEvents()
-    hosts_file = hosts_file or hosts_file_of(matrix)
-    decision = preflight(matrix, backend_name, hosts_file=hosts_file)  # before a run folder
+    decision = decision or preflight(matrix, backend_name, hosts_file=hosts_file)  # no folder yet
     check_run(matrix, results_root, resume)
     name, cls = decision.backend, decision.cls
     run = open_run(matrix, name, results_root, resume)
@@ -212,7 +210,7 @@ def run_sweep(
             timeout_s=matrix.settings.timeout_s,
             output_hook=events.cell_output,
             cancel=cancel or threading.Event(),
-            hosts_file=hosts_file,
+            hosts_file=decision.hosts_file,
             lock_timeout_s=lock_timeout_s,
             on_log=events.log,
         )

@@ -112,7 +112,6 @@ class ProcessBackend(Backend):
     """Run cells as local subprocesses, one at a time (clean benchmark numbers)."""
 
     name = "process"
-    records_machine = True
 
     @classmethod
     def check_available(cls) -> None:
