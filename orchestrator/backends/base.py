@@ -124,11 +124,11 @@ class Execution(ABC):
     def exit_info(self) -> ExitInfo:
         """The outcome, once :meth:`wait` returned True (or after :meth:`kill`)."""
 
-    def ended(self) -> None:  # noqa: B027 - optional hook
+    def ended(self) -> None:  # optional hook
         """The cell's main process ended: stop what it left running (a daemon holding its
         output open would keep the log from ending)."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:  # optional hook
         """Release what the execution holds (remove the container, close the channel)."""
 
 
@@ -231,7 +231,7 @@ class Backend(ABC):
     # --- hooks ----------------------------------------------------------------------------
 
     @classmethod
-    def check_available(cls) -> None:  # noqa: B027 - optional hook
+    def check_available(cls) -> None:  # optional hook
         """Raise :class:`~orchestrator.errors.BackendUnavailable` if this backend can't run here."""
 
     @classmethod
@@ -259,7 +259,7 @@ class Backend(ABC):
             return list(exc.problems)
         return []
 
-    def prepare(  # noqa: B027 - optional hook
+    def prepare(  # optional hook
         self, cells: list[Cell], on_log: Callable[[str], None] | None = None
     ) -> None:
         """Once per sweep, before any cell runs (e.g. build every image the cells need once)."""
@@ -323,11 +323,11 @@ class Backend(ABC):
             info["runtime"] = dict(spec.runtime)
         return info
 
-    def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:  # noqa: B027
+    def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:
         """Complete the result of a cell that ran with what only the backend knows (the
         execution's own account of its end), before the result is written."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:  # optional hook
         """End of the sweep: remove anything left behind."""
 
     # --- placement (default: one cell at a time on this machine) -----------------------------
@@ -454,7 +454,7 @@ class Backend(ABC):
             return
         try:
             result.machine[when] = self.sample_machine()
-        except Exception as exc:  # noqa: BLE001 - telemetry never fails a cell
+        except Exception as exc:  # telemetry never fails a cell
             log.debug("%s: machine state at %s not recorded: %s", result.cell_id, when, exc)
 
     @contextlib.contextmanager
