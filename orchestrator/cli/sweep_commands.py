@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator.cli import options
 from orchestrator.config.defaults import RESULTS_HELP, results_root
 from orchestrator.plan.eta import Eta, format_duration
 from orchestrator.plan.matrix import Cell, Matrix, filter_cells, load_matrix
@@ -67,17 +68,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Expand MATRIX.toml into cells and run each one; results land in "
         "RESULTS/<matrix>/<run id>/.",
     )
-    p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--backend", help=f"{_backends_help()} (default: [matrix] backend)")
-    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
-    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
-                   help="run only matching cells (repeatable; same key: any value)")
-    p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
-                   help="hosts inventory for --backend ssh (default: [matrix] hosts)")
+    options.matrix_file(p)
+    options.backend(p)
+    options.results(p)
+    options.only(p, "run " + options.ONLY_HELP)
+    options.hosts(p)
     p.add_argument("--resume", nargs="?", const="", metavar="RUN_ID",
                    help="re-run, in an earlier run's folder (default: the newest), only the "
                    "cells that did not end ok")
-    p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    options.dry_run(p, "print the plan, run nothing")
     p.add_argument("--order-seed", type=_order_seed, metavar="N",
                    help="seed of the cells' random order within each round of repeats "
                    "(default: a fresh one, recorded in plan.json and run.json; give a run's "
@@ -97,16 +96,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "plan", help="print the expanded cells of a matrix",
         description="Print the cells MATRIX.toml expands to (id, varying parameters, repeat, "
         "content hash), after the same checks as `validate`; builds and runs nothing.")
-    p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
-                   help="only matching cells (repeatable; same key: any value)")
-    p.add_argument("--json", action="store_true", help="a JSON list, one object per cell")
-    p.add_argument("--backend", help=f"plan for this backend: {_backends_help()} "
-                   "(default: [matrix] backend)")
-    p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
-                   help="hosts inventory for --backend ssh (default: [matrix] hosts)")
-    p.add_argument("--results", type=Path, metavar="DIR",
-                   help="where the run would go, for --json's cell folders; " + RESULTS_HELP)
+    options.matrix_file(p)
+    options.only(p)
+    options.json(p, "a JSON list, one object per cell")
+    options.backend(p, "plan for this backend: ")
+    options.hosts(p)
+    options.results(p, "where the run would go, for --json's cell folders; " + RESULTS_HELP)
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser(
@@ -116,11 +111,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "hardware, image kind for the backend, the baseline). Prints each profile's software "
         "stack, warnings and what could not be checked.",
     )
-    p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--backend", help=f"check for this backend: {_backends_help()} "
-                   "(default: [matrix] backend)")
-    p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
-                   help="hosts inventory for --backend ssh (default: [matrix] hosts)")
+    options.matrix_file(p)
+    options.backend(p, "check for this backend: ")
+    options.hosts(p)
     p.add_argument("--strict", action="store_true",
                    help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
@@ -142,14 +135,6 @@ def _order_seed(text: str) -> int:
     if not 0 <= value < 2**32:
         raise argparse.ArgumentTypeError(f"{value} is out of range 0..{2**32 - 1}")
     return value
-
-
-def _backends_help() -> str:
-    """The backends of this build, for --help ("process, docker, ssh or slurm")."""
-    from orchestrator.backends import backend_names
-    from orchestrator.config.syntax import words
-
-    return words(backend_names(), "or")
 
 
 # --- plan / validate / schema ----------------------------------------------------------------
