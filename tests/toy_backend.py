@@ -4,20 +4,19 @@ else: tests/test_backend_recipe.py registers its record and runs sweeps through 
 Each cell's program runs as a plain subprocess of this machine, one cell at a time, with no
 container (the ``none`` runtime's argv: :func:`orchestrator.runtimes.none.command`). What every
 backend shares comes from the base (placement on this machine, the log, the timeout, the
-result); this module fills in only :meth:`~orchestrator.backends.base.Backend.spec` and
-:meth:`~orchestrator.backends.base.Backend.launch`. It is a real, if small, backend (no fake:
-the cells run), and no shipped code names it: the sweep, the checks and the CLI know it only by
-its record.
+result, a subprocess's output and end: :class:`~orchestrator.backends.base.PopenExecution`);
+this module fills in only :meth:`~orchestrator.backends.base.Backend.spec`,
+:meth:`~orchestrator.backends.base.Backend.launch` and how a cell is stopped. It is a real, if
+small, backend (no fake: the cells run), and no shipped code names it: the sweep, the checks
+and the CLI know it only by its record.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
-from typing import IO
 
-from orchestrator.backends.base import Backend, Execution, ExitInfo
+from orchestrator.backends.base import Backend, Execution, PopenExecution
 from orchestrator.config.redact import resolve_env
 from orchestrator.errors import LaunchError
 from orchestrator.plan.launch import LaunchSpec
@@ -26,35 +25,17 @@ from orchestrator.plan.placement import Allocation
 from orchestrator.runtimes import none
 
 
-class ToyExecution(Execution):
-    """A started subprocess: its output, its end, its stop."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]):
-        self.proc = proc
-        assert proc.stdout is not None
-        self.stdout: IO[bytes] = proc.stdout
-
-    def output(self) -> Iterator[bytes]:
-        while chunk := self.stdout.read1(65536):  # type: ignore[attr-defined]
-            yield chunk
-
-    def wait(self, timeout: float) -> bool:
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
+class ToyExecution(PopenExecution):
+    """A started subprocess (its output, end and exit code: the base's), stopped by SIGKILL."""
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
 
-    def exit_info(self) -> ExitInfo:
-        return ExitInfo(code=self.proc.returncode)
-
     def close(self) -> None:
-        self.stdout.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 class ToyBackend(Backend):

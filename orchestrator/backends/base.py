@@ -50,6 +50,7 @@ by ``***`` in its output before anything sees it.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import signal
@@ -130,6 +131,31 @@ class Execution(ABC):
 
     def close(self) -> None:  # optional hook
         """Release what the execution holds (remove the container, close the channel)."""
+
+
+class PopenExecution(Execution):
+    """A cell started as a subprocess of this machine, its stdout and stderr one binary pipe:
+    its output read as it comes, its end waited for, its exit code. A backend adds how it is
+    stopped (:meth:`kill`) and what it holds (:meth:`close`)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self.proc = proc
+
+    def output(self) -> Iterator[bytes]:
+        stdout = self.proc.stdout
+        assert isinstance(stdout, io.BufferedReader)  # a binary pipe with the default buffer
+        while chunk := stdout.read1(65536):
+            yield chunk
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def exit_info(self) -> ExitInfo:
+        return ExitInfo(code=self.proc.poll())
 
 
 #: Lines of a failed cell's log kept in its result.
