@@ -40,19 +40,20 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from publish_support import (  # noqa: E402
-    COLLECTOR,
-    MlflowRest,
-    _stop,
-    free_port,
-    round_trip_differences,
-    start_mlflow_server,
-)
-from standin_support import standin_matrix  # noqa: E402
+import importlib  # noqa: E402
+
 from tabulate import tabulate  # noqa: E402
 
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.results.run_folder import RunPaths, find_run  # noqa: E402
+
+# The tests' own server start-up, collector and round-trip check (tests/publish_support.py) and
+# stand-in matrices (tests/standin_support.py): one definition for the tests and the figures.
+support = importlib.import_module("publish_support")
+standin_matrix = importlib.import_module("standin_support").standin_matrix
+COLLECTOR, MlflowRest, _stop = support.COLLECTOR, support.MlflowRest, support._stop
+free_port, round_trip_differences = support.free_port, support.round_trip_differences
+start_mlflow_server = support.start_mlflow_server
 
 
 def make_run(folder: Path, name: str, configs: int, repeats: int) -> RunPaths:
@@ -111,11 +112,11 @@ def tree(root: Path) -> dict[str, bytes]:
             if p.is_file()}
 
 
-def server_down(folder: Path, big: RunPaths) -> list[list[str]]:
+def server_down(folder: Path, big: RunPaths) -> list[list[object]]:
     """What `orchestrate publish` and a sweep with after_sweep do against a port nothing
     listens on."""
     down = f"http://127.0.0.1:{free_port()}"
-    rows = []
+    rows: list[list[object]] = []
     before = tree(big.root)
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "orchestrator", "publish", big.root.parent.name,

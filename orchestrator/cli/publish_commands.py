@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.config.defaults import RESULTS_HELP, results_root
+from orchestrator.cli import options
+from orchestrator.config.defaults import results_root
 
 if TYPE_CHECKING:
     from orchestrator.results.run_folder import RunPaths
@@ -53,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http", metavar="URL", help="HTTP collector: one JSON POST per cell")
     p.add_argument("--experiment", metavar="NAME",
                    help="MLflow experiment (default: [publish] experiment, else the matrix name)")
-    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
+    options.results(p)
     p.add_argument("--timeout", type=_seconds, default=None, metavar="S",
                    help="seconds a request may take before the target counts as down "
                    "(default: [publish] timeout_s, else 30)")
@@ -116,7 +117,7 @@ def after_run(paths: RunPaths, results: Path | None = None, *, skip: bool = Fals
     again = again_command(paths, results)
     try:
         _after_run(paths, again)
-    except Exception as exc:  # noqa: BLE001 - the sweep's results and status come first
+    except Exception as exc:  # the sweep's results and status come first
         from orchestrator.errors import OrchestratorError
 
         what = str(exc) if isinstance(exc, OrchestratorError) else (

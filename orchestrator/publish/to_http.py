@@ -101,7 +101,7 @@ def post(url: str, document: Mapping[str, Any], headers: Mapping[str, str],
         headers={**headers, "Content-Type": "application/json",
                  "User-Agent": "orchestrate-publish"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # http(s) only
             response.read(65536)
     except urllib.error.HTTPError as exc:
         body = exc.read(2048).decode("utf-8", "replace") if exc.fp else ""

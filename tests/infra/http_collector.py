@@ -33,7 +33,7 @@ FAILS: dict[str, int] = {}
 class Handler(BaseHTTPRequestHandler):
     store: Path
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib's name
+    def log_message(self, format: str, *args: object) -> None:  # the stdlib's names
         pass
 
     def _body(self) -> bytes:
