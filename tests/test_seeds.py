@@ -234,3 +234,54 @@ def test_seed_002s_dry_run_prints_the_seeds_command(tmp_path: Path) -> None:
     theirs, _ = seed_spec.translate(spec, one, seed_spec.seed_argv(spec, one))
     expected = [w.replace("{cell}", cell) for w in theirs]
     assert after == expected, _first_difference(after, expected)
+
+
+def test_validate_refuses_a_seed_cell_whose_weights_are_missing_and_names_the_cells(
+        tmp_path: Path) -> None:
+    """Seed 000's ResNeXt-101 --pretrained cells need DLE's weights in the hub cache (the seed
+    pre-placed only ResNet-50's): the one decision's machine check refuses them where the
+    file is missing, names the field and the cells, and passes once it is there."""
+    from orchestrator.backends import backend_class
+    from orchestrator.backends.checks import machine_problems, requirements
+
+    cache, data = tmp_path / "pretrained", tmp_path / "imagenette2-160"
+    for folder in (cache, data / "train", data / "val"):
+        folder.mkdir(parents=True)
+    (cache / "nvidia_resnet50_200821.pth.tar").write_bytes(b"w")
+    path = tmp_path / "000.toml"
+    path.write_text((SEEDS / "000_bitfusion_dle.toml").read_text().replace(
+        '"/data/pretrained"', f'"{cache}"').replace('"/data/imagenette2-160"', f'"{data}"'))
+    matrix = load_matrix(path)
+    found = machine_problems(matrix, backend_class("docker"))
+    assert [(p.field, p.message.split(" (")[0]) for p in found] == [
+        ("commands.dle-infer.requires[0]",
+         f"{cache}/nvidia_resnext101-32x4d_200821.pth.tar does not exist on this machine")]
+    assert "2 cells (v100-dle_infer-resnext101_32x4d" in found[0].message
+    listed = {r.host_path for r in requirements(matrix, matrix.cells)}
+    assert f"{cache}/nvidia_resnet50_200821.pth.tar" in listed and f"{data}/val" in listed
+    (cache / "nvidia_resnext101-32x4d_200821.pth.tar").write_bytes(b"w")
+    assert machine_problems(matrix, backend_class("docker")) == []
+    # the mount the seed wrote to is read-write, the dataset read-only
+    mounts = {m.target: m.read_only for m in matrix.profiles["v100"].container.mounts}
+    assert mounts == {"/root/.cache/torch/hub/checkpoints": False, "/imagenet": True}
+
+
+@pytest.mark.subprocess  # the CLI in a process
+def test_validate_and_the_dry_run_refuse_a_missing_dataset_alike(tmp_path: Path) -> None:
+    """One decision: `validate` and `matrix --dry-run` both refuse seed 003's cells when the
+    dataset's train/ folder is not under the mount's source."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "imagenet"
+    data.mkdir()
+    path = tmp_path / "003.toml"
+    path.write_text((SEEDS / "003_dlperf.toml").read_text().replace(
+        '"/data/imagenet"', f'"{data}"'))
+    outs = [subprocess.run([sys.executable, "-m", "orchestrator", *args, str(path)],
+                           capture_output=True, text=True, timeout=120)
+            for args in (["validate"], ["matrix", "--dry-run"])]
+    for done in outs:
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert (f"commands.dle-dlperf.requires[0]: {data}/train does not exist on this machine"
+                in done.stderr), done.stderr
