@@ -50,13 +50,14 @@ def main() -> None:
     try:
         for run in range(1, args.runs + 1):
             start = time.monotonic()
-            out = client.containers.run(args.image, argv, remove=True).decode()
-            fresh.append(float(out.split()[-1]))
+            printed = client.containers.run(args.image, argv, remove=True)
+            assert isinstance(printed, bytes)  # not detached, not streamed: the output
+            fresh.append(float(printed.decode().split()[-1]))
             took_fresh = time.monotonic() - start
             start = time.monotonic()
-            code_, out = kept.exec_run(argv)
-            assert code_ == 0, out
-            reused.append(float(out.decode().split()[-1]))
+            code_, answer = kept.exec_run(argv)
+            assert code_ == 0 and isinstance(answer, bytes), answer
+            reused.append(float(answer.decode().split()[-1]))
             print(f"run {run}: fresh {fresh[-1]:.1f} img/s ({took_fresh:.1f} s wall), "
                   f"long-lived {reused[-1]:.1f} img/s ({time.monotonic() - start:.1f} s wall)",
                   flush=True)

@@ -304,16 +304,11 @@ def machine_problems(matrix: Matrix, backend: type[Backend]) -> list[Problem]:
         for where, env in refs
         for name, source in missing_references(env)
     ]
-    problems += requirement_problems(matrix, matrix.checked_cells, backend.name)
+    problems += requirement_problems(matrix, matrix.checked_cells, backend_record(backend.name))
     return problems + backend.runtime_problems(matrix, matrix.checked_cells)
 
 
 # --- files the cells need where they run ---------------------------------------------------------
-
-#: Backends whose cells run on this machine or on nodes that share its filesystem (slurm): the
-#: files their cells need are checked here. The ssh backend's cells run on lab hosts, which
-#: validate does not contact.
-_CHECKED_HERE = ("process", "docker", "slurm")
 
 
 @dataclass(frozen=True)
@@ -329,13 +324,14 @@ class Requirement:
     cells: tuple[str, ...]
 
 
-def requirements(matrix: Matrix, cells: Iterable[Cell], backend: str | None = None
+def requirements(matrix: Matrix, cells: Iterable[Cell], backend: BackendRecord | None = None
                  ) -> list[Requirement]:
     """Every file the cells need where they run on ``backend`` (default ``[matrix] backend``),
     each once with the cells that need it: each Docker profile's bind-mount sources (Docker
     refuses a missing one), then each command's ``requires`` entries as the cells render them
     (through the profile's mounts)."""
-    backend = backend or matrix.settings.backend
+    backend = backend or backend_record(matrix.settings.backend, file=str(matrix.path),
+                                        field="matrix.backend")
     found: dict[tuple[str, str, str | None], list[str]] = {}
     whats: dict[tuple[str, str, str | None], str] = {}
     for cell in cells:
@@ -368,11 +364,11 @@ def requirements(matrix: Matrix, cells: Iterable[Cell], backend: str | None = No
             for (field, path, host), ids in found.items()]
 
 
-def _runtime_of(profile: HardwareProfile, backend: str) -> str:
+def _runtime_of(profile: HardwareProfile, backend: BackendRecord) -> str:
     """What a profile's cells run in on ``backend``: docker, apptainer or none."""
     if profile.apptainer_runtime:
         return "apptainer"
-    return profile.runtime or DEFAULTS.get(backend, "docker")
+    return profile.runtime or backend.runtime
 
 
 def _host_path(profile: HardwareProfile, runtime: str, path: str) -> str | None:
@@ -391,12 +387,12 @@ def _host_path(profile: HardwareProfile, runtime: str, path: str) -> str | None:
     return None
 
 
-def requirement_problems(matrix: Matrix, cells: Iterable[Cell], backend: str
+def requirement_problems(matrix: Matrix, cells: Iterable[Cell], backend: BackendRecord
                          ) -> list[Problem]:
     """The files of :func:`requirements` missing on this machine, where ``backend`` runs its
-    cells here (process, docker) or on nodes sharing its filesystem (slurm); one problem per
+    cells on this machine's filesystem (its record's ``files_here``); one problem per
     file, naming the field that declares it and the cells that need it."""
-    if backend not in _CHECKED_HERE:
+    if not backend.files_here:
         return []
     problems = []
     missing: list[str] = []  # mount sources: what is under one is not said again
