@@ -99,8 +99,10 @@ from orchestrator.config.matrix_file import (
     ORCHESTRATOR_PARAMS,
     PARAM_NAMES,
     CellParams,
+    CommandRenderError,
     HardwareProfile,
     Program,
+    command_values,
     param_type,
     profile_window_problem,
 )
@@ -302,7 +304,112 @@ def machine_problems(matrix: Matrix, backend: type[Backend]) -> list[Problem]:
         for where, env in refs
         for name, source in missing_references(env)
     ]
+    problems += requirement_problems(matrix, matrix.checked_cells, backend_record(backend.name))
     return problems + backend.runtime_problems(matrix, matrix.checked_cells)
+
+
+# --- files the cells need where they run ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A file or folder some cells need when they run (a command's ``requires``, a Docker bind
+    mount's source): where the program reads it, where that is on the machine the cells run
+    on (``host_path``; None: inside the image), and which cells need it."""
+
+    field: str
+    path: str
+    host_path: str | None
+    what: str
+    cells: tuple[str, ...]
+
+
+def requirements(matrix: Matrix, cells: Iterable[Cell], backend: BackendRecord | None = None
+                 ) -> list[Requirement]:
+    """Every file the cells need where they run on ``backend`` (default ``[matrix] backend``),
+    each once with the cells that need it: each Docker profile's bind-mount sources (Docker
+    refuses a missing one), then each command's ``requires`` entries as the cells render them
+    (through the profile's mounts)."""
+    backend = backend or backend_record(matrix.settings.backend, file=str(matrix.path),
+                                        field="matrix.backend")
+    found: dict[tuple[str, str, str | None], list[str]] = {}
+    whats: dict[tuple[str, str, str | None], str] = {}
+    for cell in cells:
+        profile = matrix.profiles[cell.hardware]
+        runtime = _runtime_of(profile, backend)
+        docker_mounts = profile.container.mounts if runtime == "docker" else []
+        key: tuple[str, str, str | None]
+        for i, mount in enumerate(docker_mounts):
+            key = (f"hardware.{cell.hardware}.container.mounts[{i}].source", mount.target,
+                   mount.source)
+            found.setdefault(key, []).append(cell.id)
+            whats[key] = f"the source of the bind mount at {mount.target}"
+        program = matrix.program(cell)
+        if program.command is None or not program.command.requires:
+            continue
+        values = command_values(cell.params, program.name, python="python", output_dir=".",
+                                cell_id=cell.id)
+        try:
+            paths = program.command.required_paths(values)
+        except CommandRenderError:
+            continue  # the command's own check reports it
+        for i, path in paths:
+            if not path.startswith("/"):
+                path = "/" + path  # a {data} given relative: the program's root, as it reads it
+            key = (f"commands.{program.name}.requires[{i}]", path,
+                   _host_path(profile, runtime, path))
+            found.setdefault(key, []).append(cell.id)
+            whats[key] = program.command.requires[i].what
+    return [Requirement(field, path, host, whats[(field, path, host)], tuple(ids))
+            for (field, path, host), ids in found.items()]
+
+
+def _runtime_of(profile: HardwareProfile, backend: BackendRecord) -> str:
+    """What a profile's cells run in on ``backend``: docker, apptainer or none."""
+    if profile.apptainer_runtime:
+        return "apptainer"
+    return profile.runtime or backend.runtime
+
+
+def _host_path(profile: HardwareProfile, runtime: str, path: str) -> str | None:
+    """Where ``path`` (as the program sees it) is on the machine that runs the cell: through the
+    profile's mounts in a container (None: inside the image), itself where the cell runs on the
+    machine (runtime none)."""
+    if runtime == "none":
+        return path
+    mounts = list(profile.container.mounts)
+    if runtime == "apptainer":
+        mounts += profile.apptainer.binds
+    for mount in sorted(mounts, key=lambda m: len(m.target), reverse=True):
+        target = mount.target.rstrip("/") or "/"
+        if path == target or path.startswith(target.rstrip("/") + "/"):
+            return mount.source.rstrip("/") + path[len(target.rstrip("/")):]
+    return None
+
+
+def requirement_problems(matrix: Matrix, cells: Iterable[Cell], backend: BackendRecord
+                         ) -> list[Problem]:
+    """The files of :func:`requirements` missing on this machine, where ``backend`` runs its
+    cells on this machine's filesystem (its record's ``files_here``); one problem per
+    file, naming the field that declares it and the cells that need it."""
+    if not backend.files_here:
+        return []
+    problems = []
+    missing: list[str] = []  # mount sources: what is under one is not said again
+    for req in requirements(matrix, cells, backend):
+        if req.host_path is None or Path(req.host_path).exists():
+            continue
+        if any(req.host_path.startswith(m.rstrip("/") + "/") for m in missing):
+            continue
+        if ".container.mounts[" in req.field:
+            missing.append(req.host_path)
+        shown = ", ".join(req.cells[:2]) + (", ..." if len(req.cells) > 2 else "")
+        what = f" ({req.what})" if req.what else ""
+        problems.append(Problem(str(matrix.path), req.field, (
+            f"{req.host_path} does not exist on this machine{what}; "
+            f"{len(req.cells)} cell{'s' if len(req.cells) != 1 else ''} ({shown}) need it "
+            "when they run: put it there, or fix the path")))
+    return problems
 
 
 # --- where a value is set ------------------------------------------------------------------------

@@ -52,6 +52,12 @@ class BackendRecord:
     #: Where it builds the Docker images its cells run, in words (``this machine``, ``each
     #: host``); ``""``: it builds none (an Apptainer ``.sif`` is the runtime's).
     images_on: str = ""
+    #: Its cells read files from this machine's filesystem (they run here, or on nodes that
+    #: share it, as a Slurm cluster's do): the files they need (a command's ``requires``, a
+    #: bind mount's source) are checked here
+    #: (:func:`orchestrator.backends.checks.requirement_problems`).
+    #: The ssh backend's cells run on lab hosts, which ``validate`` does not contact.
+    files_here: bool = False
 
     @property
     def module(self) -> str:
@@ -74,17 +80,17 @@ def unregister(name: str) -> None:
 
 register(BackendRecord(
     "process", "orchestrator.backends.process:ProcessBackend", runtime="none",
-    runtimes=("none", "apptainer"), here=True))
+    runtimes=("none", "apptainer"), here=True, files_here=True))
 register(BackendRecord(
     "docker", "orchestrator.backends.docker:DockerBackend", runtime="docker",
-    runtimes=("docker",), here=True, images_on="this machine"))
+    runtimes=("docker",), here=True, images_on="this machine", files_here=True))
 register(BackendRecord(
     "ssh", "orchestrator.backends.ssh:SshDockerBackend", runtime="docker",
     runtimes=("docker", "apptainer"), multi_node="hosts", inventory=True,
     images_on="each host"))
 register(BackendRecord(
     "slurm", "orchestrator.backends.slurm:SlurmBackend", runtime="none",
-    runtimes=("none", "apptainer"), multi_node="nodes"))
+    runtimes=("none", "apptainer"), multi_node="nodes", files_here=True))
 
 
 def records() -> list[BackendRecord]:
