@@ -19,7 +19,7 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[workload,plots,dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[workload,plots,dev,publish]'
 	touch $@
 
 smoke: venv

@@ -19,9 +19,10 @@ from standin_support import Standin  # noqa: E402 - tests/ is on sys.path (rootd
 
 # The tiers (unit / workload / integration, derived from the fixtures a test uses; see
 # tiers_support.py). Fixtures for real services: a Docker engine and a local base image; sshd
-# hosts on loopback; the single-node Slurm cluster (and no_jobs_left); stand-in GPUs (gpu_machine).
+# hosts on loopback; the single-node Slurm cluster (and no_jobs_left); stand-in GPUs (gpu_machine);
+# an MLflow tracking server and an HTTP collector (mlflow_server, http_collector).
 pytest_plugins = ["tiers_support", "docker_support", "ssh_support", "slurm_support",
-                  "gpu_support"]
+                  "gpu_support", "publish_support"]
 
 CPU_PROFILE = """
 [hardware.cpu]

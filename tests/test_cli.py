@@ -99,7 +99,7 @@ def test_results_commands_start_without_the_matrix_models(orchestrate_cli, comma
     [], ["matrix"], ["plan"], ["validate"], ["schema"], ["report"], ["images"],
     ["images", "render"], ["images", "build"], ["images", "list"], ["hosts", "check"],
     ["clean"], ["backends"], ["history"], ["runs"], ["compare"], ["export"],
-    ["images", "refresh"], ["hosts"], ["import"],
+    ["images", "refresh"], ["hosts"], ["import"], ["publish"],
 ])
 def test_help_for_every_command(command, capsys):
     with pytest.raises(SystemExit) as info:

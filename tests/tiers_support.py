@@ -2,10 +2,10 @@
 
 The tier is **derived** from what a test needs, never written by hand:
 
-* what a test needs is a *capability marker*: ``docker``, ``ssh``, ``slurm``, ``chromium``
-  (a real service or program), ``torch`` (imports torch or runs the real workload, also under
-  the floor venv) or ``subprocess`` (starts processes: the CLI, a sweep on the process backend,
-  the stand-in workload, a tool stand-in on PATH, a mount);
+* what a test needs is a *capability marker*: ``docker``, ``ssh``, ``slurm``, ``chromium``,
+  ``mlflow`` (a real service or program), ``torch`` (imports torch or runs the real workload,
+  also under the floor venv) or ``subprocess`` (starts processes: the CLI, a sweep on the
+  process backend, the stand-in workload, a tool stand-in on PATH, a mount);
 * most capability markers come from the **fixtures** a test uses (:data:`FIXTURE_MARKS`: the
   ``docker_client`` fixture marks ``docker``, the ``torch`` fixture marks ``torch``, the
   ``standin`` fixture marks ``subprocess``, ...; a fixture's own dependencies count); an explicit
@@ -52,13 +52,15 @@ from typing import Any
 import pytest
 
 #: Real services and programs: a test that needs one is integration-tier, whatever else it needs.
-SERVICES = ("docker", "ssh", "slurm", "chromium")
+SERVICES = ("docker", "ssh", "slurm", "chromium", "mlflow")
 CAPABILITIES: dict[str, str] = {
     "docker": "needs a running Docker engine (CI starts one); integration tier",
     "ssh": "needs openssh-server (sshd on loopback, started per test); integration tier",
     "slurm": "needs Slurm (slurm-wlm; CI starts a single-node and a two-node cluster); "
              "integration tier",
     "chromium": "renders in headless Chromium (Debian's chromium); integration tier",
+    "mlflow": "publishes to a real MLflow tracking server (its own venv: .ci/run makes it, "
+              "$ORCHESTRATE_MLFLOW_SERVER names it); integration tier",
     "subprocess": "starts processes (the CLI, a process-backend sweep, the stand-in workload, "
                   "a tool stand-in on PATH, a mount); integration tier",
     "torch": "imports torch or runs the real workload (also under the floor venv); "
@@ -77,6 +79,8 @@ FIXTURE_MARKS: dict[str, str] = {
     "sshd_factory": "ssh",
     "slurm_cluster": "slurm",
     "chromium": "chromium",
+    "mlflow_server": "mlflow",
+    "http_collector": "subprocess",
     "torch": "torch",
     "workload_python": "torch",
     "floor_python": "torch",

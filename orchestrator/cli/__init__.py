@@ -4,7 +4,7 @@
 message for every :class:`~orchestrator.errors.OrchestratorError`); each ``*_commands`` module
 adds a group of commands and is imported only when one of its commands runs (fast start-up).
 
-May import: errors, config, catalog, plan, results, local, remote, images, backends, sweep.
+May import: errors, config, catalog, plan, results, local, remote, images, backends, sweep, publish.
 """
 
 from orchestrator.cli.app import build_parser, main

@@ -32,13 +32,13 @@ from orchestrator import __version__
 from orchestrator.errors import OrchestratorError
 
 #: Modules of this package (``<name>_commands``), each adding its subcommands, in --help order.
-COMMAND_MODULES = ("sweep", "result", "import", "image", "host", "maintenance")
+COMMAND_MODULES = ("sweep", "result", "import", "publish", "image", "host", "maintenance")
 #: Which module owns each top-level command: running one imports only its module (fast start-up;
 #: `orchestrate plan` never imports paramiko; jinja2 only to resolve a profile's base image).
 COMMAND_OWNERS = {
     "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep",
     "runs": "result", "report": "result", "compare": "result", "history": "result",
-    "export": "result", "import": "import",
+    "export": "result", "import": "import", "publish": "publish",
     "images": "image", "hosts": "host", "clean": "maintenance", "backends": "maintenance",
 }
 #: Exit status after a broken pipe: 128 + SIGPIPE, what a shell reports for such a tool.

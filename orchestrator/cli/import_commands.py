@@ -61,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-partial", action="store_true",
                    help="import logs that end without their run summary (crashed runs)")
     options.dry_run(p, "show what would be imported")
+    options.no_publish(p, "the imported run")
     p.set_defaults(handler=cmd_import)
 
 
@@ -68,6 +69,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from orchestrator.errors import ConfigError
     from orchestrator.results.importer import ImportOptions, plan_import, write_import
 
+    explicit_results = args.results
     args.results = results_root(args.results)
 
     figures = None
@@ -91,6 +93,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 0
     paths = write_import(plan, options)
     print(f"{paths.root}\n{paths.summary_txt.read_text(encoding='utf-8').rstrip()}")
+    from orchestrator.cli.publish_commands import after_run
+
+    after_run(paths, explicit_results, skip=args.no_publish)
     return 0
 
 

@@ -94,3 +94,11 @@ def backends_help() -> str:
     from orchestrator.config.syntax import words
 
     return words(backend_names(), "or")
+
+
+def no_publish(p: Adds, what: str) -> None:
+    """``--no-publish``: do not publish ``what`` (a sweep, an imported run) when it ends,
+    whatever ``[publish] after_sweep`` says (:mod:`orchestrator.cli.publish_commands`)."""
+    p.add_argument("--no-publish", action="store_true",
+                   help=f"do not publish {what} when it ends, whatever [publish] after_sweep "
+                   "says")

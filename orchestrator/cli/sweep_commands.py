@@ -86,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "fails (default: it waits as long as it takes)")
     p.add_argument("--no-wait", dest="lock_timeout", action="store_const", const=0.0,
                    help="never wait for GPUs another sweep holds (--lock-timeout 0)")
+    options.no_publish(p, "this sweep")
     p.add_argument("-q", "--quiet", dest="matrix_quiet", action="count",
                    default=argparse.SUPPRESS, help="no progress, only errors and the table")
     p.add_argument("-v", "--verbose", dest="matrix_verbose", action="count",
@@ -562,6 +563,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         failed = [r for r in outcome.results if r.status is not Status.OK]
         for r in failed:
             print(f"  {r.cell_id}: {r.status.value}: {r.reason}", file=sys.stderr)
+    if not outcome.interrupted:  # a Ctrl-C means stop now, not publish
+        from orchestrator.cli.publish_commands import after_run
+
+        after_run(outcome.paths, args.results, skip=args.no_publish)
     return outcome.exit_code
 
 

@@ -15,6 +15,9 @@ the file and the field)::
 
     results = "/data/bench/results"     # relative paths: from this file's folder; ~ expands
     hosts = "~/lab/hosts.toml"
+
+    [publish]                           # where runs are published (orchestrator.config.publish)
+    mlflow = "http://mlflow.lab.example:5000"
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Annotated
 from pydantic import Field, ValidationError
 
 from orchestrator.config.files import StrictModel, problems_from_validation, read_toml
+from orchestrator.config.publish import PublishSettings
 from orchestrator.errors import ConfigError
 
 CONFIG_ENV = "ORCHESTRATE_CONFIG"
@@ -44,6 +48,8 @@ class UserConfig(StrictModel):
 
     results: ConfigPath | None = None
     hosts: ConfigPath | None = None
+    #: ``[publish]``: the lab's MLflow server / collector (:mod:`orchestrator.config.publish`).
+    publish: PublishSettings = PublishSettings()
 
 
 def config_path() -> Path:
@@ -64,7 +70,7 @@ def load_user_config(path: Path | None = None) -> tuple[UserConfig, Path]:
         return UserConfig.model_validate(raw), path
     except ValidationError as exc:
         raise ConfigError(problems_from_validation(
-            str(path), exc, keys_hint="known keys: results, hosts")) from None
+            str(path), exc, keys_hint="known keys: results, hosts, publish")) from None
 
 
 def _from_file(value: str, config: Path, key: str) -> Path:

@@ -37,6 +37,11 @@ MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 16
 
 
+#: The error type (``PydanticCustomError(NOT_SHOWN, message)``) of a value that must not be
+#: repeated in the message: it holds a credential (a URL with a password in it).
+NOT_SHOWN = "value_not_shown"
+
+
 class StrictModel(BaseModel):
     """Base of every user-file model: unknown keys are errors, values are frozen."""
 
@@ -78,6 +83,7 @@ def problems_from_validation(
             and not isinstance(err["input"], dict | list)
             # our own validators' messages already show the value
             and not (err["type"] == "value_error" and repr(err["input"]) in msg)
+            and err["type"] != NOT_SHOWN
         ):
             msg = f"{msg} (got {err['input']!r})"
         problems.append(Problem(file, _field_path(loc), msg))

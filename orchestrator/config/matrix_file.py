@@ -75,6 +75,7 @@ from orchestrator.config.files import (
     problems_from_validation,
     read_config_text,
 )
+from orchestrator.config.publish import PublishSettings
 from orchestrator.config.syntax import NAME_PATTERN
 from orchestrator.errors import ConfigError, Problem
 
@@ -1205,6 +1206,10 @@ class MatrixFile(StrictModel):
     control: ControlSpec | None = Field(
         None, description="A pinned measurement run between the configurations on their hosts "
         "and GPUs; history and compare then judge each figure as a ratio to it.",
+    )
+    publish: PublishSettings | None = Field(
+        None, description="Where the matrix's runs are published (an MLflow tracking server, "
+        "an HTTP collector) and whether every sweep is, when it ends.",
     )
 
 
