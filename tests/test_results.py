@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.config.syntax import check_name, check_run_id
 from orchestrator.errors import ConfigError
-from orchestrator.results.run_folder import (
+from orchestrator.results.folders.run_folder import (
     CellResult,
     RunPaths,
     Status,
@@ -153,7 +153,7 @@ def test_damaged_results_are_skipped_with_a_warning(
         "cells/f-r1/result.json": json.dumps(_result("f-r1", params={"gpus": [1]})),
         "cells/g-r1/result.json": "\xff\xfe",
     })
-    with caplog.at_level(logging.WARNING, logger="orchestrator.results.run_folder"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.results.folders.run_folder"):
         results = paths.results()
     assert [r.cell_id for r in results] == ["a-r1"]
     text = caplog.text
@@ -209,6 +209,6 @@ def test_a_fifo_planted_as_result_json_does_not_hang_report(
     (paths.root / "cells" / "b-r1").mkdir()
     os.mkfifo(paths.root / "cells" / "b-r1" / "result.json")
     os.mkfifo(paths.plan)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.results.run_folder"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.results.folders.run_folder"):
         assert [r.cell_id for r in paths.results()] == ["a-r1"]
     assert "not a regular file" in caplog.text

@@ -47,7 +47,7 @@ from orchestrator.plan import selection
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
-from orchestrator.results.run_folder import RunPaths
+from orchestrator.results.folders.run_folder import RunPaths
 from orchestrator.runtimes.docker import container_kwargs, container_spec
 
 log = logging.getLogger(__name__)

@@ -147,7 +147,7 @@ MIN_TELEMETRY_INTERVAL_S = 0.05
 ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "nodes", "program", "ngc_release"})
 #: The program name of our own benchmark workload (every other program is a [commands.NAME]).
 WORKLOAD_PROGRAM = "workload"
-#: The table rules a matrix may name (:mod:`orchestrator.results.table_rules` defines them).
+#: The table rules a matrix may name (:mod:`orchestrator.results.reports.table_rules` defines them).
 TableRuleName = Literal["median", "dlperf", "dle", "tbd", "per-gpu", "habana"]
 #: An NGC PyTorch release as a cell parameter: ``YY.MM`` (its image tag is ``YY.MM-py3``).
 NGC_RELEASE_PATTERN = r"^[0-9]{2}\.[0-9]{2}$"
@@ -1090,7 +1090,8 @@ DEFAULT_CONTROL_EVERY = 2
 class ControlSpec(StrictModel):
     """``[control]``: a pinned measurement the sweep runs between the configurations, on the
     same hosts and GPUs, so that their figures can be judged as ratios to it (the machine's own
-    drift cancels; :mod:`orchestrator.plan.controls`, :mod:`orchestrator.results.normalise`).
+    drift cancels; :mod:`orchestrator.plan.controls`,
+    :mod:`orchestrator.results.statistics.normalise`).
 
     Exactly one of ``params`` (a fixed setting of our workload, or of a ``[commands.NAME]``
     program with ``program = NAME``; ``[workload]`` fills what it leaves out) and ``cell`` (the

@@ -19,8 +19,8 @@ of every colleague and the nightly ``images refresh`` share it::
 
 Rules: an image's record is keyed by (host, matrix file, hardware, ngc_release) and replaced by
 the newest build of that key; a host's entry by its name. The file is replaced atomically and
-follows the umask (:func:`orchestrator.results.run_folder.write_json`: a colleague's refresh can
-read it);
+follows the umask (:func:`orchestrator.results.folders.run_folder.write_json`: a colleague's refresh
+can read it);
 every update is a read-modify-write under an ``flock`` of ``.orchestrate-images.lock`` beside it,
 so two sweeps recording at once never lose each other's records. A damaged file is a
 :class:`~orchestrator.errors.ConfigError` naming it.
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.results.run_folder import read_json, write_json
+from orchestrator.results.folders.run_folder import read_json, write_json
 
 log = logging.getLogger(__name__)
 

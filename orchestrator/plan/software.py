@@ -52,7 +52,8 @@ UNKNOWN_BASE = "unknown base"  # a base image outside the NGC and Habana tables
 @dataclass(frozen=True)
 class PlannedStack:
     """The software a profile's cells run on, as far as it is known before anything is built
-    (what a result recorded it ran on is :class:`orchestrator.results.store.RecordedStack`)."""
+    (what a result recorded it ran on is
+    :class:`orchestrator.results.folders.store.RecordedStack`)."""
 
     #: For people: ``NGC PyTorch 23.10 (torch 2.1.0a0+32f93b1, torchvision 0.16, CUDA 12.2.2)``.
     label: str

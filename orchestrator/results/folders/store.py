@@ -28,8 +28,8 @@ Rules:
   label. The software/hardware **stack** it ran on (image, torch, CUDA, cuDNN, driver, GPU or
   CPU model, host, Python) is recorded beside it, from ``result.json``'s ``env`` (what the
   workload saw) and ``provenance`` (what the backend launched); matching by configuration and
-  stack is the business of :mod:`orchestrator.results.history` and
-  :mod:`orchestrator.results.compare`.
+  stack is the business of :mod:`orchestrator.results.reports.history` and
+  :mod:`orchestrator.results.reports.compare`.
 
 Tables: ``meta`` (schema version), ``runs`` (one per run folder), ``stacks`` (distinct stacks),
 ``cells`` (one per ``result.json``; ``value`` is the headline throughput, images/s),
@@ -44,7 +44,7 @@ cells with ``role = 'control'`` (``config`` for every configuration), never coun
 run's configurations (``n_cells`` / ``n_ok``; a failed control still makes the run
 ``failed``). When a run is indexed, every ok configuration cell with a nearest control gets
 ``norm.F`` = F / the control's figure for each of its throughput figures, and ``norm_from``
-names the control measurements used (:mod:`orchestrator.results.normalise`).
+names the control measurements used (:mod:`orchestrator.results.statistics.normalise`).
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ from typing import Any
 
 from orchestrator.config.syntax import check_name
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.results.normalise import PREFIX as NORM_PREFIX
-from orchestrator.results.normalise import Measured, normalise
-from orchestrator.results.run_folder import CellResult, read_json
+from orchestrator.results.folders.run_folder import CellResult, read_json
+from orchestrator.results.statistics.normalise import PREFIX as NORM_PREFIX
+from orchestrator.results.statistics.normalise import Measured, normalise
 
 log = logging.getLogger(__name__)
 
@@ -488,7 +488,7 @@ def _run_status(meta: dict[str, Any], planned: int, n_cells: int, n_ok: int,
 
 
 def _measured(index: int, res: dict[str, Any], figures: dict[str, float]) -> Measured:
-    """What :func:`~orchestrator.results.normalise.normalise` needs of one result."""
+    """What :func:`~orchestrator.results.statistics.normalise.normalise` needs of one result."""
     params = res.get("params") or {}
     prov = res.get("provenance") or {}
     found = prov.get("gpu_ids")

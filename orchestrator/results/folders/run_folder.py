@@ -49,7 +49,7 @@ from typing import Any
 
 from orchestrator.config.syntax import check_name, check_run_id, name_problem
 from orchestrator.errors import ConfigError, Problem
-from orchestrator.results import safejson
+from orchestrator.results.folders import safejson
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,8 @@ class RunPaths:
 
     @property
     def lock(self) -> Path:
-        """The lock of the sweep working in the run (:mod:`orchestrator.results.folder_lock`)."""
+        """The lock of the sweep working in the run
+        (:mod:`orchestrator.results.folders.folder_lock`)."""
         return self.root / ".lock"
 
     @property

@@ -1,6 +1,7 @@
 """History of a matrix across runs: the nightly sweep's trend and a regression check that holds up.
 
-Built from the results store (:mod:`orchestrator.results.store`), so only what is on disk counts.
+Built from the results store (:mod:`orchestrator.results.folders.store`), so only what is on disk
+counts.
 
 * **What is compared with what.** A line is one *configuration* (the content hash of its
   parameters and hardware profile; the display id is only a label) on one *stack* (image,
@@ -8,9 +9,9 @@ Built from the results store (:mod:`orchestrator.results.store`), so only what i
   ``host`` for a pool of identical machines). The newest run's ok repeats of the line are
   compared with the same configuration on the same stack in the ``window`` runs before it.
 * **Verdicts.** ``regression`` / ``faster`` / ``no significant change``: the test of
-  :func:`orchestrator.results.stats.regression_test` (the newest run's repeats, through the exact
-  bootstrap variance of their median, against the run-to-run noise of the earlier runs of the
-  whole matrix; p < ``alpha``, Holm-adjusted over the run's configurations, and a change beyond
+  :func:`orchestrator.results.statistics.stats.regression_test` (the newest run's repeats, through
+  the exact bootstrap variance of their median, against the run-to-run noise of the earlier runs of
+  the whole matrix; p < ``alpha``, Holm-adjusted over the run's configurations, and a change beyond
   ``threshold``).
   ``insufficient history``: fewer than ``min_history`` earlier runs with this configuration and
   stack (nothing is called). ``stack changed``: too few earlier runs on this stack but some on
@@ -41,8 +42,17 @@ from tabulate import tabulate
 
 from orchestrator.config.references import ReferenceCheck, ReferenceEntry, check
 from orchestrator.errors import ConfigError
-from orchestrator.results.run_folder import read_json
-from orchestrator.results.stats import (
+from orchestrator.results.folders.run_folder import read_json
+from orchestrator.results.folders.store import (
+    CellRecord,
+    RecordedStack,
+    RunRecord,
+    Store,
+    headline,
+    is_throughput,
+)
+from orchestrator.results.reports.summary import varying_keys
+from orchestrator.results.statistics.stats import (
     Check,
     between_run_variance,
     detectable_drop,
@@ -52,15 +62,6 @@ from orchestrator.results.stats import (
     regression_test,
     verdict,
 )
-from orchestrator.results.store import (
-    CellRecord,
-    RecordedStack,
-    RunRecord,
-    Store,
-    headline,
-    is_throughput,
-)
-from orchestrator.results.summary import varying_keys
 
 FAILING = frozenset({"regression", "failed", "missing", "dropped"})
 
@@ -131,7 +132,7 @@ class Line:
     verdict: str = "insufficient history"
     references: list[ReferenceCheck] = field(default_factory=list)
     #: What the line's figures are: ``raw`` (images/s) or ``normalised`` (ratios to the
-    #: control measured beside each cell, :mod:`orchestrator.results.normalise`).
+    #: control measured beside each cell, :mod:`orchestrator.results.statistics.normalise`).
     basis: str = "raw"
     #: The same configuration on the other basis (the JSON carries both), when there is one.
     other: Line | None = None

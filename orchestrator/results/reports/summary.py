@@ -21,9 +21,9 @@ Optional columns (:data:`METRIC_COLUMNS`: telemetry and profiler figures) are sh
 to summary.csv, when any row has them. A group with a repeat whose GPU throttled during the
 measured window (``telemetry.throttled``) gets ``!`` after its images/s and a footnote; the csv
 column ``throttled`` counts such repeats. A group whose ok repeats spread beyond the stated
-bound (:func:`orchestrator.results.stats.unstable`: (max - min) / median > 10 % over at least 3
-ok repeats) gets ``?`` and a footnote; the csv column ``unstable`` says it for every group with
-3 or more ok repeats.
+bound (:func:`orchestrator.results.statistics.stats.unstable`: (max - min) / median > 10 % over at
+least 3 ok repeats) gets ``?`` and a footnote; the csv column ``unstable`` says it for every group
+with 3 or more ok repeats.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ from typing import Any
 from tabulate import tabulate
 
 from orchestrator.config.syntax import param_matches, parse_baseline
-from orchestrator.results import stats, table_rules
-from orchestrator.results.run_folder import CellResult, RunPaths, Status, throughput_key
-from orchestrator.results.table_rules import TableRule
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, throughput_key
+from orchestrator.results.reports import table_rules
+from orchestrator.results.reports.table_rules import TableRule
+from orchestrator.results.statistics import stats
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -67,7 +68,7 @@ class MetricColumn:
 
 
 #: Optional metric columns, in table order: telemetry (workload/telemetry.py), then the
-#: profilers' figures (orchestrator/results/profiler_figures.py; ncu's, else nvprof's).
+#: profilers' figures (orchestrator/results/figures/profiler_figures.py; ncu's, else nvprof's).
 METRIC_COLUMNS: tuple[MetricColumn, ...] = (
     MetricColumn("W", "power_mean_w", ("telemetry.power_mean_w",), 0),
     MetricColumn("J/image", "energy_per_image_j", ("telemetry.energy_per_image_j",), 3),
@@ -131,11 +132,12 @@ class GroupRow:
     extra: dict[str, float] = field(default_factory=dict)
     #: ok repeats whose GPU throttled; None when no ok repeat says.
     throttled: int | None = None
-    #: Its ok repeats spread beyond the bound (:func:`orchestrator.results.stats.unstable`);
-    #: None when there are too few to judge.
+    #: Its ok repeats spread beyond the bound
+    #: (:func:`orchestrator.results.statistics.stats.unstable`); None when there are too few to
+    #: judge.
     unstable: bool | None = None
     #: The table rule that made ``ips``, speedup and the rule's columns
-    #: (:mod:`orchestrator.results.table_rules`).
+    #: (:mod:`orchestrator.results.reports.table_rules`).
     rule: str = table_rules.DEFAULT_RULE
     #: The mean of the repeats, where the rule reports it (DLPerf's average_speed).
     ips_mean: float | None = None
@@ -226,7 +228,7 @@ def stack_difference(row: GroupRow, ref: GroupRow) -> str:
 
 def summarize(results: Sequence[CellResult], rule: TableRule | None = None) -> list[GroupRow]:
     """Group results by cell group (plan order) and compute, by the table ``rule`` (default:
-    :data:`~orchestrator.results.table_rules.DEFAULT_RULE`), each row's number, speedup and
+    :data:`~orchestrator.results.reports.table_rules.DEFAULT_RULE`), each row's number, speedup and
     efficiency, and the rule's columns. Control measurements (role ``control``) are no
     configuration: they make no row (:func:`control_note` says what they measured)."""
     rule = rule or table_rules.table_rule(None)

@@ -77,8 +77,8 @@ from orchestrator.config.figures import Bounds as Bounds  # re-exported: declare
 from orchestrator.config.figures import FiguresConfig, RegexFigure
 from orchestrator.config.user_regex import compile_pattern
 from orchestrator.errors import ConfigError, LogFormatError, Problem
-from orchestrator.results import foreign_logs as fl
-from orchestrator.results.dllogger import (
+from orchestrator.results.figures import foreign_logs as fl
+from orchestrator.results.figures.dllogger import (
     DLLoggerLog,
     Point,
     drop_warmup,
@@ -88,7 +88,7 @@ from orchestrator.results.dllogger import (
     read_dllogger,
     recompute,
 )
-from orchestrator.results.run_folder import parse_metric_lines, throughput_key
+from orchestrator.results.folders.run_folder import parse_metric_lines, throughput_key
 from workload import metrics as wm
 
 log = logging.getLogger(__name__)
@@ -408,7 +408,8 @@ class RegexParser(FigureParser):
         return [f.name for f in self.config.regex]
 
 
-# --- the seeds' own formats (orchestrator/results/foreign_logs.py) ------------------------------
+# --- the seeds' own formats (orchestrator/results/figures/foreign_logs.py)
+# ------------------------------
 
 
 def _int_param(params: Mapping[str, Any], key: str, default: int) -> int:

@@ -3,8 +3,9 @@
 Each seed experiment computed its table by a rule of its own; a matrix names the rule its table
 follows (``[matrix] table_rule = "dlperf"``, recorded in ``plan.json`` so ``report`` rebuilds the
 same table from disk), and every table says which rule made its numbers (a line above it, the
-``rule`` column of ``summary.csv``). :mod:`orchestrator.results.summary` applies the rule; the
-per-cell figures it combines come from the parsers of :mod:`orchestrator.results.foreign_logs`.
+``rule`` column of ``summary.csv``). :mod:`orchestrator.results.reports.summary` applies the rule;
+the per-cell figures it combines come from the parsers of
+:mod:`orchestrator.results.figures.foreign_logs`.
 
 ``median`` (the default, ours)
     per configuration, the median images/s (``train.total_ips`` / ``val.total_ips``) of the
@@ -41,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator.results import foreign_logs as fl
+from orchestrator.results.figures import foreign_logs as fl
 
 
 @dataclass(frozen=True)

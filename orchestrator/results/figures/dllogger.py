@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from orchestrator.errors import LogFormatError, Problem
-from orchestrator.results import safejson
+from orchestrator.results.folders import safejson
 from workload import metrics as wm
 
 Step = str | tuple[Any, ...]
