@@ -413,7 +413,7 @@ def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -
         raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
                           f"{_os_error(exc)}") from None
     try:
-        cells_dir = paths.root / "cells"
+        cells_dir = paths.cells_dir
         existing = sorted(e.name for e in cells_dir.iterdir() if e.is_dir()) if (
             cells_dir.is_dir()) else []
         meta = _run_meta(paths)
@@ -463,7 +463,7 @@ def prepare_backend(cls: type[Backend], matrix: Matrix, run: OpenRun, options: R
         if run.new:
             shutil.rmtree(run.paths.root, ignore_errors=True)
             with contextlib.suppress(OSError):  # the matrix's folder, if this run made it
-                run.paths.root.parent.rmdir()
+                run.paths.matrix_dir.rmdir()
         raise
     return backend
 
@@ -550,7 +550,7 @@ def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
     from orchestrator.results.reports.plots import plot_run
 
     try:
-        plot_run(rows, paths.root / "summary.png", f"{name} {paths.run_id}")
+        plot_run(rows, paths.summary_png, f"{name} {paths.run_id}")
     except Exception as exc:  # a plot must never cost the results
         log.warning("summary.png not drawn: %s", exc)
 
@@ -562,7 +562,7 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
     for cell in todo:
         cell_dir = paths.cell_dir(cell.id)
         if cell_dir.exists():
-            archive = paths.root / "superseded" / f"{cell.id}-{int(time.time() * 1000)}"
+            archive = paths.superseded(cell.id)
             archive.parent.mkdir(exist_ok=True)
             cell_dir.rename(archive)
     return todo
@@ -851,7 +851,7 @@ def supersede(paths: RunPaths, cell_id: str, why: str) -> str | None:
     try:
         if not cell_dir.exists():
             return ""
-        archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
+        archive = paths.superseded(cell_id, why)
         archive.parent.mkdir(exist_ok=True)
         cell_dir.rename(archive)
     except OSError as exc:

@@ -158,13 +158,13 @@ class _Capture:
 
     def write(self, log_file: BinaryIO, chunk: bytes) -> None:
         """Append ``chunk`` to the log; after a failed write, the log is left as it is."""
-        if "log.txt" in self.file_errors:
+        if RunPaths.CELL_LOG in self.file_errors:
             return
         try:
             log_file.write(chunk)
             log_file.flush()
         except OSError as exc:
-            self.file_errors["log.txt"] = str(exc)
+            self.file_errors[RunPaths.CELL_LOG] = str(exc)
 
 
 class _Step:
@@ -573,7 +573,7 @@ class Backend(ABC):
                 with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
                     fh.writelines(safejson.dumps(obj) + "\n" for obj in figures.records)
             except OSError as exc:
-                capture.file_errors["metrics.jsonl"] = str(exc)
+                capture.file_errors[RunPaths.CELL_METRICS] = str(exc)
         result.metrics = dict(figures.metrics)
         result.env = dict(figures.env)
         result.provenance["figures"] = figures.info()

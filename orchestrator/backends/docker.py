@@ -94,7 +94,7 @@ class DockerBackend(Backend):
         record them in the results folder's image state."""
         build.check_image_templates(self.matrix, cells, self.name)
         keys = selection.needed_keys(self.matrix, cells)
-        ledger = Ledger(self.paths.root.parent.parent)
+        ledger = Ledger(self.paths.results_root)
         host = None
         if any(k.ngc_release is None and selection.is_auto(self.matrix, k.hardware)
                for k in keys):

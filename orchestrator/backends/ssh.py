@@ -362,7 +362,7 @@ class SshDockerBackend(Backend):
         wanted = [h for h in self.inventory.names
                   if self.placement_tags[h] & needed and h not in self._lost]
         discovered: dict[str, list[int]] = {}
-        ledger = Ledger(self.paths.root.parent.parent)
+        ledger = Ledger(self.paths.results_root)
 
         def connect(name: str) -> None:
             try:

@@ -481,10 +481,10 @@ def _references(args: argparse.Namespace, source: str | None) -> tuple[list[Any]
 
 
 def _plan_source(run_path: str) -> str | None:
-    from orchestrator.results.folders.run_folder import read_json
+    from orchestrator.results.folders.run_folder import RunPaths, read_json
 
     try:
-        return read_json(Path(run_path) / "plan.json").get("source")
+        return read_json(RunPaths(Path(run_path)).plan).get("source")
     except (OSError, ValueError):
         return None
 

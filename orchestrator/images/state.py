@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.results.folders.run_folder import read_json, write_json
+from orchestrator.results.folders.run_folder import ResultsRoot, read_json, write_json
 
 log = logging.getLogger(__name__)
 
-STATE_NAME = ".orchestrate-images.json"
-LOCK_NAME = ".orchestrate-images.lock"
+STATE_NAME = ResultsRoot.IMAGES_STATE
+LOCK_NAME = ResultsRoot.IMAGES_LOCK
 VERSION = 1
 
 RecordKey = tuple[str, str, str, str | None]
@@ -145,7 +145,7 @@ def _order(record: ImageRecord) -> tuple[str, str, str, str]:
 
 def state_path(results_root: Path) -> Path:
     """Where the image state of a results folder lives."""
-    return Path(results_root) / STATE_NAME
+    return ResultsRoot(Path(results_root)).images_state
 
 
 def load_state(path: Path) -> ImageState:

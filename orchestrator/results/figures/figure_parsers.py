@@ -88,7 +88,7 @@ from orchestrator.results.figures.dllogger import (
     read_dllogger,
     recompute,
 )
-from orchestrator.results.folders.run_folder import parse_metric_lines, throughput_key
+from orchestrator.results.folders.run_folder import RunPaths, parse_metric_lines, throughput_key
 from workload import metrics as wm
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class CellOutput:
     """A finished cell's captured output: its log text, its folder, its parameters."""
 
     log_text: str
-    log_name: str = "log.txt"
+    log_name: str = RunPaths.CELL_LOG
     cell_dir: Path | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     #: The log already read as DLLogger output (an import streams a large raport once; its
@@ -133,7 +133,7 @@ class CellOutput:
     @classmethod
     def from_cell_dir(
         cls, cell_dir: Path, params: Mapping[str, Any] | None = None, log_offset: int = 0,
-        log_name: str = "log.txt",
+        log_name: str = RunPaths.CELL_LOG,
     ) -> CellOutput:
         """The cell folder's log from byte ``log_offset`` (this attempt's output) on."""
         path = Path(cell_dir) / log_name

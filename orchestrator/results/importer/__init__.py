@@ -64,14 +64,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.results.folders import folder_lock
-from orchestrator.results.folders.run_folder import RunPaths, write_json
+from orchestrator.results.folders.run_folder import ResultsRoot, RunPaths, write_json
 from orchestrator.results.importer.common import (
     IMPORTER_VERSION,
     ImportOptions,
@@ -102,7 +101,7 @@ def plan_import(sources: Sequence[Path], options: ImportOptions) -> ImportPlan:
     every problem (with file and line)."""
     declared = parse_stack(options.stack)
     sources = [Path(s) for s in sources]
-    folders = [s for s in sources if (s / "plan.json").is_file()]
+    folders = [s for s in sources if RunPaths.is_run(s)]
     if folders:
         if len(sources) > 1:
             raise ConfigError("a run folder is imported on its own (one per import)",
@@ -136,12 +135,12 @@ def plan_import(sources: Sequence[Path], options: ImportOptions) -> ImportPlan:
     run_id = options.run_id or _run_id_of(
         [e.evaluation.figures.started_at for e in entries if e.evaluation],
         [e.sha256 for e in entries], [e.path for e in entries])
-    _check_run_id(run_id, options.results_root / target.name)
+    _check_run_id(run_id, ResultsRoot(options.results_root), target.name)
     return ImportPlan(target, run_id, entries, skipped)
 
 
 #: The lock file of a matrix's folder that imports into it take (one at a time).
-IMPORT_LOCK = ".import.lock"
+IMPORT_LOCK = ResultsRoot.IMPORT_LOCK
 
 
 #: How long an import waits for another import into the same matrix to finish.
@@ -157,11 +156,12 @@ def write_import(plan: ImportPlan, options: ImportOptions) -> RunPaths:
     second finds the first's run and is refused."""
     from orchestrator.results.reports.summary import write_summary
 
-    base = options.results_root / plan.target.name
-    final = base / plan.run_id
+    where = ResultsRoot(options.results_root)
+    base = where.matrix_dir(plan.target.name)
+    final = where.run(plan.target.name, plan.run_id).root
     try:
         base.mkdir(parents=True, exist_ok=True)
-        lock = folder_lock.acquire(base / IMPORT_LOCK, wait_s=IMPORT_LOCK_WAIT_S,
+        lock = folder_lock.acquire(where.import_lock(plan.target.name), wait_s=IMPORT_LOCK_WAIT_S,
                                    argv=options.argv or None)
     except folder_lock.LockHeld as exc:
         raise ConfigError(f"another import into {plan.target.name!r} is still under way "
@@ -176,21 +176,21 @@ def write_import(plan: ImportPlan, options: ImportOptions) -> RunPaths:
         _check_not_imported(plan.target.name, options.results_root, *plan.sources, problems)
         if problems:
             raise ConfigError(problems)
-        _check_run_id(plan.run_id, base)
-        return _write_locked(plan, options, base, final, write_summary)
+        _check_run_id(plan.run_id, where, plan.target.name)
+        return _write_locked(plan, options, where, final, write_summary)
 
 
-def _write_locked(plan: ImportPlan, options: ImportOptions, base: Path, final: Path,
+def _write_locked(plan: ImportPlan, options: ImportOptions, where: ResultsRoot, final: Path,
                   write_summary: Any) -> RunPaths:
     try:
-        tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".import-{plan.run_id}-"))
+        tmp = where.new_import_folder(plan.target.name, plan.run_id)
     except OSError as exc:
         raise ConfigError([Problem("--results", str(options.results_root),
                                    f"cannot create the run folder {final}: "
                                    f"{exc.strerror or exc}")]) from None
     try:
         paths = RunPaths(tmp)
-        (tmp / "cells").mkdir()
+        paths.cells_dir.mkdir()
         paths.matrix_file.write_text(plan.target.matrix_text, encoding="utf-8")
         if plan.run_folder is not None:
             plan_data = _write_run_folder(paths, plan, options)

@@ -19,14 +19,20 @@ from orchestrator.config.matrix_file import PARAM_NAMES, param_type
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.results.figures.dllogger import DLLoggerLog
 from orchestrator.results.figures.figure_parsers import Evaluation, FiguresConfig
-from orchestrator.results.folders.run_folder import CellResult, read_json, runs_of
+from orchestrator.results.folders.run_folder import (
+    CellResult,
+    ResultsRoot,
+    RunPaths,
+    read_json,
+    runs_of,
+)
 
 #: Bumped when what an import writes changes meaning.
 IMPORTER_VERSION = "1"
 
 
 #: Names a copied source must not take in a cell folder.
-_RESERVED = {"log.txt", "result.json", "command.json", "metrics.jsonl"}
+_RESERVED = RunPaths.CELL_FILES
 
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -169,12 +175,12 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _check_run_id(run_id: str, base: Path) -> None:
+def _check_run_id(run_id: str, where: ResultsRoot, matrix: str) -> None:
     if not _RUN_ID.match(run_id):
         raise ConfigError(f"{run_id!r}: letters, digits, _ . - only", field="--run-id")
-    if (base / run_id).exists():
-        raise ConfigError(f"{base / run_id} exists already; give another --run-id",
-                          field="--run-id")
+    taken = where.run(matrix, run_id).root
+    if taken.exists():
+        raise ConfigError(f"{taken} exists already; give another --run-id", field="--run-id")
 
 
 def _check_not_imported(name: str, root: Path, digests: list[str], labels: list[str],

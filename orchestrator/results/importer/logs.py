@@ -555,7 +555,7 @@ def _run_id_of(times: list[float | None], digests: list[str], paths: list[Path])
 
 def _copy_name(entry: Entry) -> str:
     if entry.kind != "dllogger-raport":
-        return "log.txt"
+        return RunPaths.CELL_LOG
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", entry.path.name) or "raport.json"
     return f"source-{name}" if name in _RESERVED else name
 

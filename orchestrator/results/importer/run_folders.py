@@ -20,6 +20,7 @@ from orchestrator.errors import ConfigError, Problem
 from orchestrator.results.folders import safejson
 from orchestrator.results.folders.run_folder import (
     CellResult,
+    ResultsRoot,
     RunPaths,
     read_regular,
     runs_of,
@@ -64,11 +65,12 @@ def _no_links(src: Path) -> list[Problem]:
     """Problems for what in a run folder is a symbolic link where the import reads (its
     plan.json, run.json, matrix.toml, cells/ and each cell's folder and result.json): a link
     may lead anywhere, and its target would be read, or copied, into the results."""
-    found = [path for path in (src / "plan.json", src / "run.json", src / "matrix.toml",
-                               src / "cells") if path.is_symlink()]
-    if (src / "cells").is_dir() and not (src / "cells").is_symlink():
-        for cell in (src / "cells").iterdir():
-            found += [p for p in (cell, cell / "result.json") if p.is_symlink()]
+    run = RunPaths(src)
+    found = [path for path in (run.plan, run.run_meta, run.matrix_file, run.cells_dir)
+             if path.is_symlink()]
+    if run.cells_dir.is_dir() and not run.cells_dir.is_symlink():
+        for cell in run.cells_dir.iterdir():
+            found += [p for p in (cell, run.cell_result(cell.name)) if p.is_symlink()]
     return [Problem(str(path), "", "a symbolic link: not followed (copy what it leads to "
                     "into the run folder, if it belongs there)") for path in found]
 
@@ -77,11 +79,12 @@ def _validate_run_folder(src: Path) -> RunFolder:
     problems = _no_links(src)
     if problems:
         raise ConfigError(problems)
-    plan = _load_json(src / "plan.json", problems)
-    run_meta = _load_json(src / "run.json", problems)
+    run = RunPaths(src)
+    plan = _load_json(run.plan, problems)
+    run_meta = _load_json(run.run_meta, problems)
     if problems:
         raise ConfigError(problems)
-    plan_file = str(src / "plan.json")
+    plan_file = str(run.plan)
     cells = plan.get("cells") if isinstance(plan, dict) else None
     if not isinstance(cells, list):
         raise ConfigError("no 'cells' list", file=plan_file, field="cells")
@@ -100,7 +103,7 @@ def _validate_run_folder(src: Path) -> RunFolder:
             continue
         planned[cell["id"]] = cell
     found: list[RunCell] = []
-    for result_file in sorted((src / "cells").glob("*/result.json")):
+    for result_file in run.result_files():
         data = _load_json(result_file, problems)
         if data is None:
             continue
@@ -121,12 +124,12 @@ def _validate_run_folder(src: Path) -> RunFolder:
         digest = hashlib.sha256(result_file.read_bytes()).hexdigest()
         found.append(RunCell(cell_id, cell_id, planned[cell_id]["group"], result, digest))
     if not found and not problems:
-        problems.append(Problem(str(src / "cells"), "", "no cell results"))
+        problems.append(Problem(str(run.cells_dir), "", "no cell results"))
     if problems:
         raise ConfigError(problems)
     meta = run_meta if isinstance(run_meta, dict) else {}
     identity = run_identity(meta) or "run-folder:" + hashlib.sha256(
-        (src / "plan.json").read_bytes() + (src / "run.json").read_bytes()).hexdigest()
+        run.plan.read_bytes() + run.run_meta.read_bytes()).hexdigest()
     digests = source_digests(meta) or [hashlib.sha256(identity.encode()).hexdigest()]
     return RunFolder(src, plan, meta, found, digests, identity)
 
@@ -134,6 +137,7 @@ def _validate_run_folder(src: Path) -> RunFolder:
 def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
     """Validate our own run folder and re-index its cells to the target matrix."""
     folder = _validate_run_folder(src)
+    run = RunPaths(src)
     problems: list[Problem] = []
     planned = {c["id"]: c for c in folder.plan["cells"]}
     matrix = options.matrix
@@ -144,7 +148,7 @@ def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
         for cell in folder.cells:
             full = CellParams.model_validate(planned[cell.old_id]["params"]).model_dump()
             group, why = match_group(full, target)
-            where = str(src / "cells" / cell.old_id)
+            where = str(run.cell_dir(cell.old_id))
             if group is None:
                 problems.append(Problem(where, "params", why))
                 continue
@@ -155,8 +159,8 @@ def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
             seen.setdefault(cell.new_id, cell.old_id)
     else:
         name = _checked_name(matrix) if matrix else _checked_name(
-            str(folder.plan.get("matrix") or src.parent.name), f"{src / 'plan.json'}: matrix")
-        matrix_text = src / "matrix.toml"
+            str(folder.plan.get("matrix") or src.parent.name), f"{run.plan}: matrix")
+        matrix_text = run.matrix_file
         groups = {c["group"]: {"params": c["params"], "hash": c.get("hash", "")}
                   for c in folder.plan["cells"]}
         target = Target(name, groups, list(folder.plan.get("varying", [])),
@@ -169,7 +173,7 @@ def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
     if problems:
         raise ConfigError(problems)
     run_id = options.run_id or src.name
-    _check_run_id(run_id, options.results_root / target.name)
+    _check_run_id(run_id, ResultsRoot(options.results_root), target.name)
     return ImportPlan(target, run_id, run_folder=folder)
 
 
@@ -195,12 +199,13 @@ def _write_run_folder(paths: RunPaths, plan: ImportPlan, options: ImportOptions
     planned = {c["id"]: c for c in folder.plan["cells"]}
     cells = []
     for cell in folder.cells:
-        shutil.copytree(folder.root / "cells" / cell.old_id, paths.cell_dir(cell.new_id),
+        source = RunPaths(folder.root).cell_dir(cell.old_id)
+        shutil.copytree(source, paths.cell_dir(cell.new_id),
                         ignore=_not_copied)
         result = cell.result
         earlier = result.provenance.get("imported")
         result.provenance = {**result.provenance, "imported": {
-            "path": str((folder.root / "cells" / cell.old_id).resolve()),
+            "path": str(source.resolve()),
             "sha256": cell.sha256, "format": "run-folder", "original_cell_id": cell.old_id,
             "original_run_id": folder.root.name, "original_matrix": folder.plan.get("matrix"),
             "importer_version": IMPORTER_VERSION, "orchestrate_version": __version__,

@@ -42,7 +42,7 @@ from tabulate import tabulate
 
 from orchestrator.config.references import ReferenceCheck, ReferenceEntry, check
 from orchestrator.errors import ConfigError
-from orchestrator.results.folders.run_folder import read_json
+from orchestrator.results.folders.run_folder import RunPaths, read_json
 from orchestrator.results.folders.store import (
     CellRecord,
     RecordedStack,
@@ -548,7 +548,7 @@ def _plan_of(run: RunRecord) -> tuple[set[str] | None, tuple[str, ...]]:
     and the ``--only`` filters it was made with (plan.json's ``only``; a run written before
     that field: the ``--only`` arguments of run.json's argv)."""
     try:
-        plan = read_json(Path(run.path) / "plan.json")
+        plan = read_json(RunPaths(Path(run.path)).plan)
     except ConfigError:
         return None, ()
     if not isinstance(plan, dict):
@@ -566,7 +566,7 @@ def _only_in_argv(run: RunRecord) -> tuple[str, ...]:
     """The ``--only`` filters of the command line in run.json (``--only K=V``, ``--only=K=V``,
     an abbreviation argparse took: ``--on K=V``)."""
     try:
-        meta = read_json(Path(run.path) / "run.json")
+        meta = read_json(RunPaths(Path(run.path)).run_meta)
     except ConfigError:
         return ()
     argv = meta.get("argv") if isinstance(meta, dict) else None
