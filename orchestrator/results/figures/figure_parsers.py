@@ -88,7 +88,12 @@ from orchestrator.results.figures.dllogger import (
     read_dllogger,
     recompute,
 )
-from orchestrator.results.folders.run_folder import RunPaths, parse_metric_lines, throughput_key
+from orchestrator.results.folders.run_folder import (
+    RunPaths,
+    gpus_of,
+    parse_metric_lines,
+    throughput_key,
+)
 from workload import metrics as wm
 
 log = logging.getLogger(__name__)
@@ -289,7 +294,7 @@ class DLLoggerParser(FigureParser):
         series = {p: iteration_series(dll.records, p) for p in ("train", "val")}
         batch, how = global_batch_of(dll.parameters, [*series["train"], *series["val"]])
         details: dict[str, Any] = {"global_batch": batch, "global_batch_from": how}
-        head = "train" if mode == "train" else "val"
+        head = wm.figure_prefix(mode)
         for prefix, points in series.items():
             if points:
                 details[prefix] = _series_figures(prefix, points, warmup, batch, figures,
@@ -430,7 +435,7 @@ class DLPerfParser(FigureParser):
         if warmup is None:
             warmup = _int_param(params, "warmup", 20)
         train = warmup + _int_param(params, "iterations", 100)
-        batch = _int_param(params, "batch_size", 1) * _int_param(params, "gpus", 1)
+        batch = wm.global_batch(_int_param(params, "batch_size", 1), gpus_of(params) or 1)
         speed = fl.dlperf_speed(text, batch, warmup=warmup, train=train,
                                 variant=self.config.variant, file=label)
         figures = Figures(self.name, source=label)
@@ -575,7 +580,7 @@ class HabanaParser(FigureParser):
         if warmup is None:
             warmup = _int_param(output.params, "warmup", 0)
         kept = [v for _, _, v in lines[warmup:]]
-        cards = _int_param(output.params, "gpus", 1)
+        cards = gpus_of(output.params) or 1
         figures = Figures(self.name, source=label)
         figures.details = {"rule": f"mean of the printed img/s (one card) after {warmup} lines",
                            "lines": len(lines), "cards": cards}

@@ -56,6 +56,7 @@ import secrets
 import stat
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -63,6 +64,7 @@ from typing import Any, ClassVar
 from orchestrator.config.syntax import check_name, check_run_id, name_problem
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.results.folders import safejson
+from workload.metrics import figure_prefix
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +168,20 @@ def _is(value: Any, kinds: tuple[type, ...]) -> bool:
 
 
 def throughput_key(mode: str, kind: str = "total_ips") -> str:
-    """The DLLogger metric name for a mode: ``train.total_ips`` or ``val.total_ips``."""
-    return f"{'train' if mode == 'train' else 'val'}.{kind}"
+    """A throughput's figure name for a cell's mode: ``train.total_ips`` / ``val.total_ips``,
+    the headline figure every table, comparison and history judges a configuration by, or
+    another ``kind`` (``compute_ips``, ``step_ips_p90``). The prefix is the workload's own rule
+    (:func:`workload.metrics.figure_prefix`)."""
+    return f"{figure_prefix(mode)}.{kind}"
+
+
+def gpus_of(params: Mapping[str, Any]) -> int | None:
+    """A cell's GPUs (Gaudi cards, CPU worker processes) over all its nodes: its ``gpus``
+    parameter, 1 where it has none; None where that is no positive whole number. What torch
+    and DLE's logs call the world size, and a per-card table the cards, the results read
+    here."""
+    value = params.get("gpus", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def write_json(path: Path, data: Any) -> None:

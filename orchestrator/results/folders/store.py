@@ -67,7 +67,13 @@ from typing import Any
 
 from orchestrator.config.syntax import check_name
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.results.folders.run_folder import CellResult, ResultsRoot, RunPaths, read_json
+from orchestrator.results.folders.run_folder import (
+    CellResult,
+    ResultsRoot,
+    RunPaths,
+    read_json,
+    throughput_key,
+)
 from orchestrator.results.statistics.normalise import PREFIX as NORM_PREFIX
 from orchestrator.results.statistics.normalise import Measured, normalise
 
@@ -386,7 +392,7 @@ def params_hash(params: dict[str, Any]) -> str:
 
 def headline(params: dict[str, Any], metrics: dict[str, Any]) -> tuple[str, float | None]:
     """The figure a configuration is judged by: ``train.total_ips`` / ``val.total_ips``."""
-    name = f"{'train' if params.get('mode', 'train') == 'train' else 'val'}.total_ips"
+    name = throughput_key(str(params.get("mode", "train")))
     value = metrics.get(name)
     if isinstance(value, int | float) and not isinstance(value, bool):
         return name, float(value)
@@ -408,9 +414,8 @@ def derived_figures(params: dict[str, Any], metrics: dict[str, Any]) -> dict[str
     clean = [float(t) for t in times if isinstance(t, int | float) and t > 0]
     if len(clean) < 5:
         return {}
-    prefix = "train" if params.get("mode", "train") == "train" else "val"
     p10 = statistics.quantiles(clean, n=10, method="inclusive")[0]
-    return {f"{prefix}.{STEP_IPS_P90}": float(batch) / p10}
+    return {throughput_key(str(params.get("mode", "train")), STEP_IPS_P90): float(batch) / p10}
 
 
 def is_throughput(name: str) -> bool:

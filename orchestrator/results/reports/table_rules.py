@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from orchestrator.results.figures import foreign_logs as fl
+from orchestrator.results.folders.run_folder import gpus_of, throughput_key
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,9 @@ class TableRule:
     columns: tuple[tuple[str, str, str, int], ...] = field(default=())
 
 
-def _throughput(mode: str) -> str:
-    return "train.total_ips" if mode == "train" else "val.total_ips"
-
-
 RULES: dict[str, TableRule] = {
     "median": TableRule(
-        "median", "orchestrate: median of the ok repeats' images/s", _throughput,
+        "median", "orchestrate: median of the ok repeats' images/s", throughput_key,
         "images/s (median)"),
     "dlperf": TableRule(
         "dlperf", "DLPerf extract_pytorch_logs_time.py: per log the speed of DLPerf's line "
@@ -91,12 +88,12 @@ RULES: dict[str, TableRule] = {
     "dle": TableRule(
         "dle", "DeepLearningExamples main.py's own summary: train/val.compute_ips (DLE's mean "
         "of per-iteration compute ips), median over repeats; ratios on it",
-        lambda mode: "dle.train.compute_ips" if mode == "train" else "dle.val.compute_ips",
+        lambda mode: "dle." + throughput_key(mode, "compute_ips"),
         "compute_ips (DLE)", statistics.median, 2),
     "tbd": TableRule(
         "tbd", "TBD coreutil.py: per unit sum(gpc__cycles_elapsed.max x pipe % of peak "
         "sustained elapsed) / sum(cycles), median over repeats, printed to 5 decimals",
-        _throughput, "images/s (median)", statistics.median, 1,
+        throughput_key, "images/s (median)", statistics.median, 1,
         columns=(("FMA %", "tbd_fma_pct", "tbd.fma_pct", 5),
                  ("FP16 %", "tbd_fp16_pct", "tbd.fp16_pct", 5),
                  ("Tensor %", "tbd_tensor_pct", "tbd.tensor_pct", 5),
@@ -104,7 +101,7 @@ RULES: dict[str, TableRule] = {
     "per-gpu": TableRule(
         "per-gpu", "per GPU: median iteration time (first iteration dropped); spread = (max - "
         "min) / min of the GPUs' medians; medians over repeats",
-        _throughput, "images/s (median)", statistics.median, 1,
+        throughput_key, "images/s (median)", statistics.median, 1,
         columns=(("GPU {gpu} s/iter", "gpu{gpu}_iteration_median_s",
                   "gpu{gpu}.iteration_median_s", 4),
                  ("spread %", "spread_pct", "per_gpu.spread_pct", 2),
@@ -141,9 +138,9 @@ def cell_value(rule: TableRule, mode: str, metrics: Mapping[str, Any], params: M
     if value is not None:
         return value
     if rule.per_card:
-        total = _number(metrics.get(_throughput(mode)))
-        cards = params.get("gpus", 1)
-        if total is not None and isinstance(cards, int) and cards > 0:
+        total = _number(metrics.get(throughput_key(mode)))
+        cards = gpus_of(params)
+        if total is not None and cards:
             return total / cards
     return None
 
