@@ -151,6 +151,18 @@ WORKLOAD_PROGRAM = "workload"
 TableRuleName = Literal["median", "dlperf", "dle", "tbd", "per-gpu", "habana"]
 #: An NGC PyTorch release as a cell parameter: ``YY.MM`` (its image tag is ``YY.MM-py3``).
 NGC_RELEASE_PATTERN = r"^[0-9]{2}\.[0-9]{2}$"
+#: The cell parameter that pins a cell's NGC release (:attr:`CellParams.ngc_release`).
+RELEASE_PARAM = "ngc_release"
+
+
+def nodes_problem(gpus: int, nodes: int) -> str | None:
+    """Why a cell's ``gpus`` cannot be split evenly over its ``nodes`` (``gpus`` counts every
+    node's), or None when they can (or ``nodes`` is no count to split by)."""
+    if nodes <= 0 or not gpus % nodes:
+        return None
+    return (f"a cell has gpus = {gpus} and nodes = {nodes}: gpus counts the GPUs (or CPU "
+            f"processes) of all its nodes, so give a multiple of nodes (e.g. gpus = "
+            f"{gpus // nodes * nodes or nodes} or {(gpus // nodes + 1) * nodes})")
 
 
 def _telemetry_period(value: float) -> float:
@@ -252,9 +264,9 @@ class CellParams(StrictModel):
 
     @model_validator(mode="after")
     def _gpus_split_over_nodes(self) -> CellParams:
-        if self.gpus % self.nodes:
-            raise ValueError(f"gpus = {self.gpus} cannot be split evenly over nodes = "
-                             f"{self.nodes}: give a multiple of nodes (gpus counts every node's)")
+        problem = nodes_problem(self.gpus, self.nodes)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property

@@ -38,7 +38,9 @@ from typing import Any
 
 from tabulate import tabulate
 
+from orchestrator.config.matrix_file import RELEASE_PARAM
 from orchestrator.config.syntax import param_matches, parse_baseline
+from orchestrator.results.figures.rerun import THROTTLED
 from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, throughput_key
 from orchestrator.results.reports import table_rules
 from orchestrator.results.reports.table_rules import TableRule
@@ -90,8 +92,6 @@ def _under_ncu(row: GroupRow) -> bool:
     return row.params.get("profiler") == "ncu"
 
 
-#: The telemetry figure that marks a throttled repeat.
-THROTTLED = "telemetry.throttled"
 #: The footnote of a row whose ok repeats spread beyond the bound (``?`` after its images/s).
 UNSTABLE_NOTE = (f"? unstable: the ok repeats spread too far ({stats.UNSTABLE_RULE}; "
                  "summary.csv: unstable): the machine was not steady (load, clocks: each "
@@ -186,8 +186,6 @@ STACK_FIELDS: tuple[tuple[str, str], ...] = (
 #: The part of the stack a backend's provenance names, by the image's release family.
 _RELEASE_PART = {"ngc": ("NGC", "container_release"), "habana": ("Gaudi software",
                                                                  "habana_version")}
-#: The cell parameter that pins a release (orchestrator.plan.selection.RELEASE_PARAM).
-RELEASE_PARAM = "ngc_release"
 
 
 def stack_key(result: CellResult) -> StackKey:
