@@ -210,9 +210,25 @@ class FigureParser(ABC):
     malformed log (every bad line at once, each with its file and line)."""
 
     name: ClassVar[str]
+    #: For a foreign format that ``orchestrate import`` tells by its content (:meth:`detect`):
+    #: the format its imported cells record (``provenance.imported.format``) and the table rule
+    #: of a matrix written from such logs. None: not one (our workload's JSON lines, DLLogger and
+    #: regex logs the importer tells apart itself).
+    import_kind: ClassVar[str | None] = None
+    table_rule: ClassVar[str] = "median"
 
     def __init__(self, config: FiguresConfig):
         self.config = config
+
+    @classmethod
+    def detect(cls, text: str) -> bool:
+        """Whether a file's ``text`` is in this format (for an ``import_kind`` format)."""
+        return False
+
+    @classmethod
+    def stated_params(cls, text: str, path: Path) -> dict[str, Any]:
+        """The cell parameters a log of this format states, by its text or its file's name."""
+        return {}
 
     @abstractmethod
     def parse(self, output: CellOutput) -> Figures:
@@ -417,6 +433,16 @@ class RegexParser(FigureParser):
 # ------------------------------
 
 
+#: A seed file name that states the batch size (TBD's ``core_util_batch_32.csv``,
+#: ``throughput_32.log``).
+_BATCH_IN_NAME = re.compile(r"(?:batch_|throughput_)([0-9]+)\.(?:csv|log|txt)$")
+
+
+def _batch_in_name(path: Path) -> dict[str, Any]:
+    match = _BATCH_IN_NAME.search(path.name)
+    return {"batch_size": int(match[1])} if match else {}
+
+
 def _int_param(params: Mapping[str, Any], key: str, default: int) -> int:
     value = params.get(key, default)
     return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -427,6 +453,14 @@ class DLPerfParser(FigureParser):
     ``train.total_ips``), rounded to 2 decimals as DLPerf rounds it."""
 
     name = "dlperf"
+    import_kind = "dlperf-log"
+    table_rule = "dlperf"
+
+    @classmethod
+    def detect(cls, text: str) -> bool:
+        """pytorch/examples-style lines (old DLE main.py): DLPerf reads them."""
+        return any("Epoch: " in ln and fl.DLPERF_INDEX.search(ln) and fl.DLPERF_TIME.search(ln)
+                   for ln in text.splitlines())
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -462,6 +496,16 @@ class TbdNcuParser(FigureParser):
     and sfu (elapsed pipe metrics weighted by ``gpc__cycles_elapsed.max``)."""
 
     name = "tbd-ncu"
+    import_kind = "tbd-ncu"
+    table_rule = "tbd"
+
+    @classmethod
+    def detect(cls, text: str) -> bool:
+        return fl.details_header(text.splitlines()[:200]) is not None
+
+    @classmethod
+    def stated_params(cls, text: str, path: Path) -> dict[str, Any]:
+        return _batch_in_name(path)
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -489,6 +533,16 @@ class TimeHistoryParser(FigureParser):
     windows after the first ``warmup`` (default 1)."""
 
     name = "tf-timehistory"
+    import_kind = "tf-timehistory"
+    table_rule = "tbd"
+
+    @classmethod
+    def detect(cls, text: str) -> bool:
+        return bool(fl.TIME_HISTORY.search(text))
+
+    @classmethod
+    def stated_params(cls, text: str, path: Path) -> dict[str, Any]:
+        return _batch_in_name(path)
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -514,6 +568,18 @@ class IterationDurationsParser(FigureParser):
     temperature from nvprof's system-profiling CSV files (``telemetry``)."""
 
     name = "iteration-durations"
+    import_kind = "iteration-durations"
+    table_rule = "per-gpu"
+
+    @classmethod
+    def detect(cls, text: str) -> bool:
+        return bool(fl.ITERATION_DURATION.search(text))
+
+    @classmethod
+    def stated_params(cls, text: str, path: Path) -> dict[str, Any]:
+        """Every rank prints its own series: their count is the cell's gpus."""
+        gpus = len(fl.iteration_durations(text))
+        return {"gpus": gpus} if gpus else {}
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -572,6 +638,12 @@ class HabanaParser(FigureParser):
     ``train.total_ips`` = that x the cell's cards."""
 
     name = "habana"
+    import_kind = "habana-log"
+    table_rule = "habana"
+
+    @classmethod
+    def detect(cls, text: str) -> bool:
+        return bool(fl.HABANA_LINE.search(text))
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -594,10 +666,18 @@ class HabanaParser(FigureParser):
         return figures
 
 
+#: Every figures parser by name (``[figures] parser``); the foreign formats among them in the
+#: order ``orchestrate import`` tries them on a file's content (the most particular first).
 PARSERS: dict[str, type[FigureParser]] = {
-    p.name: p for p in (WorkloadParser, DLLoggerParser, RegexParser, DLPerfParser,
-                        TbdNcuParser, TimeHistoryParser, IterationDurationsParser, HabanaParser)
+    p.name: p for p in (WorkloadParser, DLLoggerParser, RegexParser, TbdNcuParser,
+                        IterationDurationsParser, HabanaParser, TimeHistoryParser, DLPerfParser)
 }
+
+
+def foreign_formats() -> dict[str, type[FigureParser]]:
+    """The formats ``orchestrate import`` tells by their content, by ``import_kind``, in the
+    order it tries them."""
+    return {p.import_kind: p for p in PARSERS.values() if p.import_kind}
 
 DEFAULT = FiguresConfig()
 

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from orchestrator import __version__
 from orchestrator.config import user_regex
+from orchestrator.config.figures import WARMUP_PARSERS
 from orchestrator.config.matrix_file import PARAM_NAMES
 from orchestrator.errors import ConfigError, LogFormatError, Problem
 from orchestrator.results.figures import foreign_logs as fl
@@ -37,6 +38,7 @@ from orchestrator.results.figures.figure_parsers import (
     Failure,
     Figures,
     FiguresConfig,
+    foreign_formats,
     judge,
     parse_figures,
     parser_for,
@@ -122,41 +124,22 @@ def _from_record(raw: dict[str, Any], mapping: dict[str, Any], label: str
     return out, problems
 
 
-#: The seeds' formats: kind -> (figures parser, the table rule of a matrix written from them).
-SEED_KINDS: dict[str, tuple[str, str]] = {
-    "dlperf-log": ("dlperf", "dlperf"), "tbd-ncu": ("tbd-ncu", "tbd"),
-    "tf-timehistory": ("tf-timehistory", "tbd"),
-    "iteration-durations": ("iteration-durations", "per-gpu"), "habana-log": ("habana", "habana"),
-}
-
-
-_PARSER_KIND = {parser: kind for kind, (parser, _) in SEED_KINDS.items()}
-
-
 def _seed_kind(text: str) -> str | None:
-    """Which seed format a file is in, from its content."""
-    if fl.details_header(text.splitlines()[:200]) is not None:
-        return "tbd-ncu"
-    if fl.ITERATION_DURATION.search(text):
-        return "iteration-durations"
-    if fl.HABANA_LINE.search(text):
-        return "habana-log"
-    if fl.TIME_HISTORY.search(text):
-        return "tf-timehistory"
-    if any("Epoch: " in ln and fl.DLPERF_INDEX.search(ln) and fl.DLPERF_TIME.search(ln)
-           for ln in text.splitlines()):
-        return "dlperf-log"  # pytorch/examples-style lines (old DLE main.py): DLPerf reads them
-    return None
+    """Which foreign format a file is in, from its content: the first whose parser detects it
+    (:func:`~orchestrator.results.figures.figure_parsers.foreign_formats`)."""
+    return next((kind for kind, parser in foreign_formats().items() if parser.detect(text)),
+                None)
 
 
 def _kind(text: str, figures: FiguresConfig | None, dlperf_layout: bool = False) -> str | None:
     """What a file is: a DLLogger raport or log, our workload's log, a log for regex figures, a
     seed's own format; a log in DLPerf's folder layout is read by DLPerf's rule."""
     parser = figures.parser if figures is not None else None
+    kinds = {p.name: kind for kind, p in foreign_formats().items()}
     if parser == "regex":
         return "regex-log"
-    if parser in _PARSER_KIND:
-        return _PARSER_KIND[parser]
+    if parser in kinds:
+        return kinds[parser]
     if parser is None and dlperf_layout and (has_dllogger_lines(text) or _seed_kind(text)):
         return "dlperf-log"
     if parser in (None, "dllogger") and looks_like_raport(text):
@@ -243,11 +226,6 @@ def _scan(path: Path) -> tuple[str, FileForm]:
     return digest.hexdigest(), form
 
 
-#: A seed file name that states the batch size (TBD's ``core_util_batch_32.csv``,
-#: ``throughput_32.log``).
-_BATCH_IN_NAME = re.compile(r"(?:batch_|throughput_)([0-9]+)\.(?:csv|log|txt)$")
-
-
 def _log_params(entry: Entry) -> tuple[dict[str, Any], list[Problem]]:
     if entry.kind == "dlperf-log":
         return {}, []  # the folder layout states them (_apply_layout)
@@ -255,12 +233,9 @@ def _log_params(entry: Entry) -> tuple[dict[str, Any], list[Problem]]:
         dll = entry.dll if entry.dll is not None else read_dllogger(entry.text, entry.label)
         entry.dll = dll
         return _from_record(dll.parameters, _DLE_ARGS, entry.label)
-    if entry.kind == "iteration-durations":  # every rank prints its own series
-        gpus = len(fl.iteration_durations(entry.text))
-        return ({"gpus": gpus} if gpus else {}), []
-    if entry.kind in ("tbd-ncu", "tf-timehistory"):
-        match = _BATCH_IN_NAME.search(entry.path.name)
-        return ({"batch_size": int(match[1])} if match else {}), []
+    seed = foreign_formats().get(entry.kind)
+    if seed is not None:
+        return seed.stated_params(entry.text, entry.path), []
     if entry.kind == "workload-log":
         lines = parse_metric_lines(entry.text)
         meta = next((o for o in lines if o["type"] == "meta"), {})
@@ -509,13 +484,14 @@ def _judge_entry(entry: Entry, options: ImportOptions, problems: list[Problem]) 
 
 def _default_figures(entry: Entry, options: ImportOptions) -> FiguresConfig:
     """How an entry's figures are read when ``--figures`` does not say: by its kind."""
-    if entry.kind in SEED_KINDS:
-        parser = SEED_KINDS[entry.kind][0]
+    seed = foreign_formats().get(entry.kind)
+    if seed is not None:
+        parser = seed.name
         telemetry = None
         if entry.companions:
             suffix = entry.path.name.removeprefix("resnet_iterdur_").removesuffix(".txt")
             telemetry = f"resnet_*_{suffix}.csv"
-        warmup = options.warmup if parser in ("dlperf", "habana", "tf-timehistory") else None
+        warmup = options.warmup if parser in WARMUP_PARSERS else None
         return FiguresConfig.model_validate(
             {"parser": parser, **({"warmup": warmup} if warmup is not None else {}),
              **({"telemetry": telemetry} if telemetry else {})}, strict=False)
