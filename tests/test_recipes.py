@@ -5,7 +5,8 @@
   table ``orchestrate report`` prints, summary.csv and the HTML report then have it, with no
   other change.
 * **A foreign log format**: a figures parser that says how to tell the format and what its logs
-  state (``import_kind``, ``detect``, ``stated_params``, ``table_rule``), listed in ``PARSERS``,
+  state (``import_kind``, ``detect``, ``stated_params``, ``table_rule``; the toy has its own
+  ``detect`` and ``stated_params``), listed in ``PARSERS``,
   and its name among the parsers a matrix may name; ``orchestrate import`` then recognises such
   a log, reads its figures and writes a run ``report`` shows, with no other change.
 

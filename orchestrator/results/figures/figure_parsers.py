@@ -205,6 +205,11 @@ class Figures:
         return out
 
 
+#: A seed file name that states the batch size (TBD's ``core_util_batch_32.csv``,
+#: ``throughput_32.log``).
+_BATCH_IN_NAME = re.compile(r"(?:batch_|throughput_)([0-9]+)\.(?:csv|log|txt)$")
+
+
 class FigureParser(ABC):
     """Reads a cell's output into :class:`Figures`. Raise :class:`LogFormatError` for a
     malformed log (every bad line at once, each with its file and line)."""
@@ -216,6 +221,10 @@ class FigureParser(ABC):
     #: regex logs the importer tells apart itself).
     import_kind: ClassVar[str | None] = None
     table_rule: ClassVar[str] = "median"
+    #: What a file in this format has somewhere (the default :meth:`detect`).
+    signature: ClassVar[re.Pattern[str] | None] = None
+    #: Its files' names state the batch size (``core_util_batch_32.csv``, ``throughput_32.log``).
+    batch_in_file_name: ClassVar[bool] = False
 
     def __init__(self, config: FiguresConfig):
         self.config = config
@@ -223,12 +232,13 @@ class FigureParser(ABC):
     @classmethod
     def detect(cls, text: str) -> bool:
         """Whether a file's ``text`` is in this format (for an ``import_kind`` format)."""
-        return False
+        return bool(cls.signature and cls.signature.search(text))
 
     @classmethod
     def stated_params(cls, text: str, path: Path) -> dict[str, Any]:
         """The cell parameters a log of this format states, by its text or its file's name."""
-        return {}
+        match = _BATCH_IN_NAME.search(path.name) if cls.batch_in_file_name else None
+        return {"batch_size": int(match[1])} if match else {}
 
     @abstractmethod
     def parse(self, output: CellOutput) -> Figures:
@@ -433,16 +443,6 @@ class RegexParser(FigureParser):
 # ------------------------------
 
 
-#: A seed file name that states the batch size (TBD's ``core_util_batch_32.csv``,
-#: ``throughput_32.log``).
-_BATCH_IN_NAME = re.compile(r"(?:batch_|throughput_)([0-9]+)\.(?:csv|log|txt)$")
-
-
-def _batch_in_name(path: Path) -> dict[str, Any]:
-    match = _BATCH_IN_NAME.search(path.name)
-    return {"batch_size": int(match[1])} if match else {}
-
-
 def _int_param(params: Mapping[str, Any], key: str, default: int) -> int:
     value = params.get(key, default)
     return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -499,13 +499,11 @@ class TbdNcuParser(FigureParser):
     import_kind = "tbd-ncu"
     table_rule = "tbd"
 
+    batch_in_file_name = True
+
     @classmethod
     def detect(cls, text: str) -> bool:
         return fl.details_header(text.splitlines()[:200]) is not None
-
-    @classmethod
-    def stated_params(cls, text: str, path: Path) -> dict[str, Any]:
-        return _batch_in_name(path)
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -535,14 +533,8 @@ class TimeHistoryParser(FigureParser):
     name = "tf-timehistory"
     import_kind = "tf-timehistory"
     table_rule = "tbd"
-
-    @classmethod
-    def detect(cls, text: str) -> bool:
-        return bool(fl.TIME_HISTORY.search(text))
-
-    @classmethod
-    def stated_params(cls, text: str, path: Path) -> dict[str, Any]:
-        return _batch_in_name(path)
+    signature = fl.TIME_HISTORY
+    batch_in_file_name = True
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -570,10 +562,7 @@ class IterationDurationsParser(FigureParser):
     name = "iteration-durations"
     import_kind = "iteration-durations"
     table_rule = "per-gpu"
-
-    @classmethod
-    def detect(cls, text: str) -> bool:
-        return bool(fl.ITERATION_DURATION.search(text))
+    signature = fl.ITERATION_DURATION
 
     @classmethod
     def stated_params(cls, text: str, path: Path) -> dict[str, Any]:
@@ -640,10 +629,7 @@ class HabanaParser(FigureParser):
     name = "habana"
     import_kind = "habana-log"
     table_rule = "habana"
-
-    @classmethod
-    def detect(cls, text: str) -> bool:
-        return bool(fl.HABANA_LINE.search(text))
+    signature = fl.HABANA_LINE
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
