@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make smoke   create .venv (orchestrator + workload deps) and run matrices/cpu_smoke.toml
 #   make test    create .venv and run the whole test suite, tier after tier
-#   make lint    ruff, then mypy (orchestrator/ and workload/, configured in pyproject.toml)
+#   make lint    ruff, then mypy (orchestrator/, workload/ and benchmarks/, configured in pyproject.toml)
 # The test tiers (derived from the fixtures a test uses: tests/tiers_support.py):
 #   make test-fast         unit tier, in parallel: no process, no torch, no service (< 1 min)
 #   make test-workload     workload tier: torch, the real workload, the floor venv

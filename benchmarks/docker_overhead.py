@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.backends.containers import DockerExecution  # noqa: E402
+from orchestrator.config.matrix_file import ContainerOptions  # noqa: E402
 from orchestrator.images import build  # noqa: E402
 from orchestrator.local.engine import docker_client  # noqa: E402
 from orchestrator.plan.launch import LaunchSpec, workload_argv  # noqa: E402
@@ -77,6 +78,7 @@ def main() -> None:
         matrix = load_matrix(path)
         plan_s = time.perf_counter() - t0
         profile = matrix.profiles["box"]
+        assert profile.image is not None  # the matrix above names its template
         plan = build.plan_image(profile.image, profile.image_vars)
         first = build.ensure_image(plan)  # may build once; not part of the per-cell figure
         t0 = time.perf_counter()
@@ -98,7 +100,7 @@ def main() -> None:
             outcome = run_sweep(matrix, results_root=Path(tmp) / "results")
             orch.append((time.perf_counter() - t0) / len(matrix.cells))
             assert outcome.ok, [r.reason for r in outcome.results]
-            inside += [r.duration_s for r in outcome.results]
+            inside += [r.duration_s for r in outcome.results if r.duration_s is not None]
 
         life_bare, life_ours = lifecycle(first.tag, profile.container, Path(tmp), args.cells * 3)
 
@@ -122,7 +124,8 @@ def main() -> None:
     print(f"{'image up-to-date check (no build)':44} {check_s:9.3f}")
 
 
-def lifecycle(image: str, options, tmp: Path, n: int) -> tuple[list[float], list[float]]:
+def lifecycle(image: str, options: ContainerOptions, tmp: Path, n: int
+              ) -> tuple[list[float], list[float]]:
     """Time a trivial container n times both ways, alternating."""
     client = docker_client()
     argv = [CONTAINER_PYTHON, "-c", "pass"]

@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tabulate import tabulate
 
@@ -467,7 +468,7 @@ def _take_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
-def wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str],
+def wait_for(condition: Callable[[], bool], proc: subprocess.Popen[Any],
              timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

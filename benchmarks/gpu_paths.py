@@ -39,8 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
-from benchmarks.common import fmt, gpu_count, run_workload, table  # noqa: E402
-from workload.make_dataset import make_dataset  # noqa: E402
+from benchmarks.common import fmt, gpu_count, run_workload, table
+from workload.make_dataset import make_dataset
 
 
 @dataclass(frozen=True)

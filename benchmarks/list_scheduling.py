@@ -48,13 +48,17 @@ def _sorted(
     indexed = list(enumerate(requests))
     if order == "fifo":
         return [r for _, r in indexed]
-    if order == "lpt":
-        key = lambda p: (-durations[p[1].cell_id], -p[1].gpus, p[0])  # noqa: E731
-    elif order == "area":
-        key = lambda p: (-durations[p[1].cell_id] * max(1, p[1].gpus), p[0])  # noqa: E731
-    else:
+
+    def lpt(p: tuple[int, Request]) -> tuple[float, ...]:
+        return (-durations[p[1].cell_id], -p[1].gpus, p[0])
+
+    def area(p: tuple[int, Request]) -> tuple[float, ...]:
+        return (-durations[p[1].cell_id] * max(1, p[1].gpus), p[0])
+
+    keys = {"lpt": lpt, "area": area}
+    if order not in keys:
         raise ValueError(f"unknown order {order!r}")
-    return [r for _, r in sorted(indexed, key=key)]
+    return [r for _, r in sorted(indexed, key=keys[order])]
 
 
 def schedule(

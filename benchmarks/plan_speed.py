@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ device = "cuda"
 """
 
 
-def timed(fn, runs: int) -> list[float]:
+def timed(fn: Callable[[], object], runs: int) -> list[float]:
     out = []
     for _ in range(runs):
         t0 = time.perf_counter()

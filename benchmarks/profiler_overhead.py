@@ -48,12 +48,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
-from benchmarks.common import fmt, gpu_count, run_workload, table  # noqa: E402
-from orchestrator.config.matrix_file import NcuOptions, NsysOptions, NvprofOptions  # noqa: E402
-from orchestrator.plan import profilers  # noqa: E402
-from workload.metrics import images_per_second  # noqa: E402
-from workload.profile_run import NCU_CSV, NSYS_REPORTS  # noqa: E402
-from workload.profiling import tool_problem  # noqa: E402
+from benchmarks.common import fmt, gpu_count, run_workload, table
+from orchestrator.config.matrix_file import NcuOptions, NsysOptions, NvprofOptions
+from orchestrator.plan import profilers
+from workload.metrics import images_per_second
+from workload.profile_run import NCU_CSV, NSYS_REPORTS
+from workload.profiling import tool_problem
 
 TOOLS: dict[str, NsysOptions | NcuOptions | NvprofOptions] = {
     "nsys": NsysOptions(), "ncu": NcuOptions(), "nvprof": NvprofOptions()}

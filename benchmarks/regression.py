@@ -305,7 +305,7 @@ def diagnose(folder: Path, matrix: str, metric: str | None) -> list[str]:
 
 
 #: The four ways ``evaluate --control`` judges each trial: (figure, basis, history options).
-WAYS = (
+WAYS: tuple[tuple[str, str, list[str]], ...] = (
     ("images/s", "raw", ["--raw"]),
     ("images/s", "÷control", []),
     ("step p90", "raw", ["--metric", "train.step_ips_p90", "--raw"]),

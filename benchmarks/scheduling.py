@@ -38,11 +38,11 @@ from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.list_scheduling import lower_bound, schedule  # noqa: E402
-from orchestrator.config.matrix_file import CellParams  # noqa: E402
-from orchestrator.plan.matrix import Cell  # noqa: E402
-from orchestrator.plan.ordering import order_cells  # noqa: E402
-from orchestrator.plan.placement import GpuPool, HostSpec, Request  # noqa: E402
+from benchmarks.list_scheduling import lower_bound, schedule
+from orchestrator.config.matrix_file import CellParams
+from orchestrator.plan.matrix import Cell
+from orchestrator.plan.ordering import order_cells
+from orchestrator.plan.placement import GpuPool, HostSpec, Request
 
 MODELS = {"resnet50": 240.0, "vit-b16": 420.0, "bert-large": 600.0, "gpt2-medium": 900.0}
 BATCH = {"bs-small": 0.6, "bs-large": 1.0}

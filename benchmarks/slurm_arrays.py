@@ -104,7 +104,7 @@ def run_way(way: str, options: str, args: argparse.Namespace, root: Path) -> dic
                                   options=options, command=command))
     matrix = load_matrix(path)
     recorder = Recorder()
-    slurm._slurm = recorder  # type: ignore[assignment]
+    slurm._slurm = recorder
     try:
         started = time.monotonic()
         outcome = run_sweep(matrix, results_root=root / "results")

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -69,7 +70,7 @@ def generate(root: Path) -> None:
         started = DAY0 + n * 86400
         run_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime(started)) + f"-{n:04x}"
         run = root / MATRIX / run_id
-        cells = []
+        cells: list[dict[str, Any]] = []
         for r in range(1, REPEATS + 1):
             for i, p in enumerate(cfgs):
                 group = f"h100-{p['arch']}-bs{p['batch_size']}-{p['precision']}"

@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
-from benchmarks.common import fmt, gpu_count, run_workload, table  # noqa: E402
+from benchmarks.common import fmt, gpu_count, run_workload, table
 
 #: What this script asks nvidia-smi for; fields an older driver does not know are dropped.
 SMI_FIELDS = ("timestamp", "index", "power.draw", "power.draw.instant", "temperature.gpu",

@@ -48,13 +48,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
-from benchmarks.common import fmt, gpu_count, run_workload, table  # noqa: E402
-from orchestrator.results.folders.run_folder import parse_metric_lines  # noqa: E402
+from benchmarks.common import fmt, gpu_count, run_workload, table
+from orchestrator.results.folders.run_folder import parse_metric_lines
 
 # The rules of workload/metrics.py itself (stdlib only), so both sides are measured alike by
 # construction: nearest-rank percentiles, throughput = batch x iterations / total time.
-from workload.metrics import images_per_second as throughput  # noqa: E402
-from workload.metrics import percentile as nearest_percentile  # noqa: E402
+from workload.metrics import images_per_second as throughput
+from workload.metrics import percentile as nearest_percentile
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from orchestrator import __version__
 from orchestrator.backends.base import Backend, RunOptions, git_revision
-from orchestrator.backends.checks import preflight
+from orchestrator.backends.checks import Decision, preflight
 from orchestrator.config.matrix_file import WRAPPING_PROFILERS
 from orchestrator.config.redact import redact_toml
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
@@ -135,13 +135,6 @@ class SweepOutcome:
         return 0 if self.ok else 1
 
 
-def hosts_file_of(matrix: Matrix) -> Path | None:
-    """``[matrix] hosts``, resolved against the matrix file's folder."""
-    if not matrix.settings.hosts:
-        return None
-    return (matrix.path.parent / matrix.settings.hosts).resolve()
-
-
 def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
     """plan.json: the configurations (``cells``, role ``config``) and, with a ``[control]``,
     the control's templates (role ``control``) and its rule; the sweep adds the order it ran
@@ -176,6 +169,7 @@ CONTROL_RULE = ("on each host/GPU set a configuration cell runs on: one control 
 def run_sweep(
     matrix: Matrix,
     *,
+    decision: Decision | None = None,
     backend_name: str | None = None,
     results_root: Path = Path("results"),
     events: SweepEvents | None = None,
@@ -186,6 +180,11 @@ def run_sweep(
     order_seed: int | None = None,
 ) -> SweepOutcome:
     """Run every cell of ``matrix`` and write the run folder. Returns the outcome.
+
+    ``decision``: the one decision (:func:`orchestrator.backends.checks.preflight`: the
+    backend, the hosts inventory it reads) the caller took already, for ``matrix`` or the whole
+    matrix it was filtered from (the CLI's); None: taken here, for ``backend_name``
+    (``--backend``; None: ``[matrix] backend``) and ``hosts_file`` (``--hosts``).
 
     ``order_seed``: the seed of the cells' random order (:mod:`orchestrator.plan.ordering`;
     None: a fresh one, recorded in plan.json and run.json). ``--resume`` keeps the order the
@@ -201,8 +200,7 @@ def run_sweep(
     run the cells -> finish the run (unrun cells recorded, tables and plot written).
     """
     events = events or NullEvents()
-    hosts_file = hosts_file or hosts_file_of(matrix)
-    decision = preflight(matrix, backend_name, hosts_file=hosts_file)  # before a run folder
+    decision = decision or preflight(matrix, backend_name, hosts_file=hosts_file)  # no folder yet
     check_run(matrix, results_root, resume)
     name, cls = decision.backend, decision.cls
     run = open_run(matrix, name, results_root, resume)
@@ -212,7 +210,7 @@ def run_sweep(
             timeout_s=matrix.settings.timeout_s,
             output_hook=events.cell_output,
             cancel=cancel or threading.Event(),
-            hosts_file=hosts_file,
+            hosts_file=decision.hosts_file,
             lock_timeout_s=lock_timeout_s,
             on_log=events.log,
         )
@@ -677,101 +675,171 @@ def run_cells(
 
     Every cell given ends with exactly one recorded result, whatever happened to it.
     """
-    results: list[CellResult] = []
-
-    def done(attempt: Attempt, result: CellResult) -> None:
-        results.append(record(backend.paths, attempt.cell, attempt.record(result), events))
-
-    pending: deque[Attempt] = deque()
-    for cell in cells:
-        reason = backend.unplaceable(cell)
-        if reason:
-            done(Attempt(cell), unplaceable_result(Attempt(cell), reason))
-        else:
-            pending.append(Attempt(cell))
-    running: dict[Future[CellResult], Running] = {}
-    cancel = backend.options.cancel
-
-    def start(attempt: Attempt, allocation: Allocation, held: Allocation, owner: Cell,
-              then: Attempt | None = None) -> None:
-        events.cell_started(attempt.cell, allocation)
-        fut = _in_worker(f"cell-{attempt.cell.id}", backend.run_cell, attempt.cell, allocation,
-                         attempt.number)
-        running[fut] = Running(attempt, allocation, held, owner, then)
-
-    def control_on(cell: Cell, held: Allocation, control: Cell, then: Attempt | None) -> None:
-        start(Attempt(control), control_allocation(control, held), held, cell, then)
-
-    def launch(attempt: Attempt, allocation: Allocation) -> None:
-        control = controls.before(attempt.cell, allocation) if controls else None
-        if control is not None:
-            control_on(attempt.cell, allocation, control, attempt)
-        else:
-            start(attempt, allocation, allocation, attempt.cell)
-
+    loop = CellLoop(backend, events, retries, controls)
+    loop.record_unplaceable(cells)
     try:
-        changed = True  # GPUs and hosts free up only when a cell ends: place only then
-        while (pending or running) and not cancel.is_set():
+        loop.run()
+    except KeyboardInterrupt:
+        backend.options.cancel.set()
+    loop.collect_cancelled()
+    return loop.results
+
+
+@dataclass
+class CellLoop:
+    """The state of :func:`run_cells` and its steps, one method each: the attempts waiting for
+    a place (``pending``), those running (``running``, by their worker's future) and the
+    results recorded so far (``results``)."""
+
+    backend: Backend
+    events: SweepEvents
+    retries: int = 0
+    controls: ControlSchedule | None = None
+    results: list[CellResult] = field(default_factory=list)
+    pending: deque[Attempt] = field(default_factory=deque)
+    running: dict[Future[CellResult], Running] = field(default_factory=dict)
+
+    @property
+    def cancel(self) -> threading.Event:
+        return self.backend.options.cancel
+
+    def record_unplaceable(self, cells: list[Cell]) -> None:
+        """Cells that can never run on the backend are recorded unplaceable; the others wait
+        for a place, in order."""
+        for cell in cells:
+            reason = self.backend.unplaceable(cell)
+            if reason:
+                self.done(Attempt(cell), unplaceable_result(Attempt(cell), reason))
+            else:
+                self.pending.append(Attempt(cell))
+
+    def run(self) -> None:
+        """Until every attempt has ended or the sweep is cancelled: place the pending attempts
+        (at the start, and whenever a cell ended: GPUs and hosts free up only then), wait for
+        a running one to end, settle each that did."""
+        changed = True
+        while (self.pending or self.running) and not self.cancel.is_set():
             if changed:
-                for attempt, decision in place(backend, pending):
-                    if isinstance(decision, str):
-                        done(attempt, unplaceable_result(attempt, decision))
-                        continue
-                    launch(attempt, decision)
-            if not running:
-                if not pending:
+                self.place_pending()
+            if not self.running:
+                if not self.pending:
                     break  # the rest became unplaceable
                 raise RuntimeError("no cell can start and none is running")  # a bug
-            finished, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+            finished, _ = wait(list(self.running), timeout=0.5, return_when=FIRST_COMPLETED)
             changed = bool(finished)
             for fut in finished:
-                started = running.pop(fut)
-                result = _result_of(fut, started.attempt)
-                attempt = started.attempt
-                if attempt.cell.is_control:
-                    done(attempt, result)
-                    follow = started.then
-                    if follow is not None and result.status is not Status.HOST_LOST:
-                        start(follow, started.held, started.held, started.owner)
-                        continue
-                    backend.release(started.owner, started.held)
-                    if follow is not None:  # the host went away under the control
-                        pending.appendleft(follow)
-                    continue
-                add_profiler_figures(backend, attempt.cell, result)
-                if should_rerun(result, backend.matrix.settings, attempt.reruns) and supersede(
-                        backend.paths, attempt.cell.id, "throttled") is not None:
-                    backend.release(started.owner, started.held)
-                    events.log(f"{attempt.cell.id}: the GPU throttled while measuring; "
-                               f"running it again (re-run {attempt.reruns + 1} of "
-                               f"{backend.matrix.settings.rerun_throttled})")
-                    pending.append(attempt.rerun())
-                    continue
-                if (result.status is Status.HOST_LOST
-                        and attempt.number - attempt.reruns <= retries):
-                    # the lost try's folder is kept aside: its output never mixes with the next
-                    kept = supersede(backend.paths, attempt.cell.id, "host_lost")
-                    backend.release(started.owner, started.held)
-                    events.log(f"{attempt.cell.id}: {result.reason}; retrying "
-                               f"(attempt {attempt.number + 1})")
-                    pending.appendleft(attempt.retry({
-                        "attempt": attempt.number, "status": result.status.value,
-                        "reason": result.reason, **({"folder": kept} if kept else {})}))
-                    continue
-                done(attempt, result)
-                control = None
-                if controls is not None and result.status is not Status.HOST_LOST:
-                    control = controls.after(attempt.cell, started.held, last=not pending)
-                if control is not None and not cancel.is_set():
-                    control_on(attempt.cell, started.held, control, None)
-                else:
-                    backend.release(started.owner, started.held)
-    except KeyboardInterrupt:
-        cancel.set()
-    # Cancelled: running cells see the flag, kill their workload and report.
-    for fut, started in list(running.items()):
-        done(started.attempt, collect(backend, fut, started, wait_s=CANCEL_WAIT_S))
-    return results
+                started = self.running.pop(fut)
+                self.settle(started, _result_of(fut, started.attempt))
+
+    def place_pending(self) -> None:
+        """Start every pending attempt the backend can place now (:func:`place`); record those
+        that can no longer run anywhere."""
+        for attempt, decision in place(self.backend, self.pending):
+            if isinstance(decision, str):
+                self.done(attempt, unplaceable_result(attempt, decision))
+            else:
+                self.launch(attempt, decision)
+
+    def launch(self, attempt: Attempt, allocation: Allocation) -> None:
+        """Start ``attempt`` on ``allocation``, after a control measurement there when the
+        schedule wants one first."""
+        control = self.controls.before(attempt.cell, allocation) if self.controls else None
+        if control is not None:
+            self.control_on(attempt.cell, allocation, control, attempt)
+        else:
+            self.start(attempt, allocation, allocation, attempt.cell)
+
+    def control_on(self, cell: Cell, held: Allocation, control: Cell,
+                   then: Attempt | None) -> None:
+        """Run ``control`` in ``cell``'s allocation ``held`` (then ``then``, if any)."""
+        self.start(Attempt(control), control_allocation(control, held), held, cell, then)
+
+    def start(self, attempt: Attempt, allocation: Allocation, held: Allocation, owner: Cell,
+              then: Attempt | None = None) -> None:
+        """Run ``attempt`` in a worker thread (:meth:`~orchestrator.backends.base.Backend.
+        run_cell`)."""
+        self.events.cell_started(attempt.cell, allocation)
+        fut = _in_worker(f"cell-{attempt.cell.id}", self.backend.run_cell, attempt.cell,
+                         allocation, attempt.number)
+        self.running[fut] = Running(attempt, allocation, held, owner, then)
+
+    def settle(self, started: Running, result: CellResult) -> None:
+        """An attempt ended with ``result``: a control measurement's next step; else the
+        profiler's figures added, then run again (throttled), retried (host lost) or recorded,
+        and its allocation used for a control measurement or given back."""
+        if started.attempt.cell.is_control:
+            self.after_control(started, result)
+            return
+        add_profiler_figures(self.backend, started.attempt.cell, result)
+        if self.rerun_throttled(started, result) or self.retry_lost(started, result):
+            return
+        self.done(started.attempt, result)
+        self.after_cell(started, result)
+
+    def after_control(self, started: Running, result: CellResult) -> None:
+        """A control measurement ended: recorded; the configuration attempt it ran before
+        starts in the same allocation, or the allocation goes back (and that attempt waits for
+        another, when the host went away under the control)."""
+        self.done(started.attempt, result)
+        follow = started.then
+        if follow is not None and result.status is not Status.HOST_LOST:
+            self.start(follow, started.held, started.held, started.owner)
+            return
+        self.backend.release(started.owner, started.held)
+        if follow is not None:
+            self.pending.appendleft(follow)
+
+    def rerun_throttled(self, started: Running, result: CellResult) -> bool:
+        """Whether the attempt runs again because its GPU throttled while measuring
+        (:func:`~orchestrator.results.figures.rerun.should_rerun`; its folder kept aside)."""
+        attempt, backend = started.attempt, self.backend
+        if not should_rerun(result, backend.matrix.settings, attempt.reruns) or supersede(
+                backend.paths, attempt.cell.id, "throttled") is None:
+            return False
+        backend.release(started.owner, started.held)
+        self.events.log(f"{attempt.cell.id}: the GPU throttled while measuring; running it "
+                        f"again (re-run {attempt.reruns + 1} of "
+                        f"{backend.matrix.settings.rerun_throttled})")
+        self.pending.append(attempt.rerun())
+        return True
+
+    def retry_lost(self, started: Running, result: CellResult) -> bool:
+        """Whether the attempt is tried again because its host was lost (``retries`` times at
+        most; the lost try's folder kept aside: its output never mixes with the next)."""
+        attempt = started.attempt
+        if result.status is not Status.HOST_LOST or attempt.number - attempt.reruns > self.retries:
+            return False
+        kept = supersede(self.backend.paths, attempt.cell.id, "host_lost")
+        self.backend.release(started.owner, started.held)
+        self.events.log(f"{attempt.cell.id}: {result.reason}; retrying "
+                        f"(attempt {attempt.number + 1})")
+        self.pending.appendleft(attempt.retry({
+            "attempt": attempt.number, "status": result.status.value,
+            "reason": result.reason, **({"folder": kept} if kept else {})}))
+        return True
+
+    def after_cell(self, started: Running, result: CellResult) -> None:
+        """A configuration cell was recorded: a control measurement in its allocation when the
+        schedule wants one after it, else the allocation goes back."""
+        control = None
+        if self.controls is not None and result.status is not Status.HOST_LOST:
+            control = self.controls.after(started.attempt.cell, started.held,
+                                          last=not self.pending)
+        if control is not None and not self.cancel.is_set():
+            self.control_on(started.attempt.cell, started.held, control, None)
+        else:
+            self.backend.release(started.owner, started.held)
+
+    def collect_cancelled(self) -> None:
+        """After a cancel: the running cells see the flag, stop their workload and report
+        (:func:`collect`, waiting up to :data:`CANCEL_WAIT_S`)."""
+        for fut, started in list(self.running.items()):
+            self.done(started.attempt, collect(self.backend, fut, started, wait_s=CANCEL_WAIT_S))
+
+    def done(self, attempt: Attempt, result: CellResult) -> None:
+        """``attempt``'s last word: its result recorded (:func:`record`)."""
+        self.results.append(record(self.backend.paths, attempt.cell, attempt.record(result),
+                                   self.events))
 
 
 def _in_worker(name: str, fn: Callable[..., CellResult], *args: Any) -> Future[CellResult]:

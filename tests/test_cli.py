@@ -41,9 +41,43 @@ def _modules_loaded(orchestrate_cli: Callable[..., Any], argv: list[str]) -> set
 
 
 def test_version_imports_no_command_module(orchestrate_cli):
+    """``--version`` answers before any command group is imported (orchestrator.cli's
+    ``<name>_commands`` modules), while a command imports its own group only."""
+    from orchestrator.cli.app import COMMAND_MODULES
+
+    groups = {f"orchestrator.cli.{name}_commands" for name in COMMAND_MODULES}
     loaded = _modules_loaded(orchestrate_cli, ["--version"])
     assert "orchestrator.cli" in loaded
-    assert not {m for m in loaded if m.startswith("orchestrator.commands.")}
+    assert not loaded & groups
+    assert _modules_loaded(orchestrate_cli, ["schema"]) & groups == {
+        "orchestrator.cli.sweep_commands"}
+
+
+#: Flags that two commands use for options of different meaning (a default, a choice list or
+#: a kind of file of their own): each is declared where it means what it means.
+FLAGS_OF_TWO_MEANINGS = {"--threshold", "--status", "--out", "--last", "-q", "-v"}
+
+
+def test_each_option_is_declared_once() -> None:
+    """Every other option that several commands take is declared once, in
+    orchestrator/cli/options.py, and added from there: no ``add_argument("--results", ...)``
+    written again in a command module."""
+    import ast
+
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "orchestrator" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "add_argument" and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and str(node.args[0].value).startswith("-")):
+                seen.setdefault(str(node.args[0].value), []).append(
+                    f"{path.name}:{node.lineno}")
+    again = {flag: where for flag, where in seen.items()
+             if len(where) > 1 and flag not in FLAGS_OF_TWO_MEANINGS}
+    assert not again, f"declared more than once (share it through cli/options.py): {again}"
+    assert {"--results", "--hosts", "--backend", "--only", "--dry-run"} <= {
+        flag for flag, where in seen.items() if where[0].startswith("options.py")}
 
 
 @pytest.mark.parametrize("command", [

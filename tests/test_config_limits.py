@@ -236,7 +236,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
 def _catch(into: list[BaseException], fn: Callable[[], object]) -> None:
     try:
         fn()
-    except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+    except BaseException as exc:  # handed to the test thread
         into.append(exc)
 
 

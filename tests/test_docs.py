@@ -146,6 +146,14 @@ def test_architecture_lists_the_results_parts_with_their_lines() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def test_contributing_lists_every_layer_in_order() -> None:
+    """docs/contributing.md's one-line list of the layers is test_layers' LAYERS."""
+    text = (DOCS / "contributing.md").read_text(encoding="utf-8")
+    found = re.search(r"are layers, lowest first: ([a-z, \n]+)\.", text)
+    assert found, "contributing.md no longer lists the layers"
+    assert re.split(r",\s*", found[1].replace("\n", " ").strip()) == [n for n, _ in LAYERS]
+
+
 def test_the_architecture_check_fails_without_a_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check itself: a layer added to LAYERS without a doc section is caught."""
     monkeypatch.setattr("test_docs.LAYERS", [*LAYERS[:3], ("extra", ("orchestrator.extra",)),

@@ -114,7 +114,9 @@ def test_docker_cells_show_their_container(tmp_path: Path, capsys: pytest.Captur
                                            gpu_machine, no_network, own_tmp) -> None:  # type: ignore[no-untyped-def]
     gpu_machine("V100", count=2)
     path = tmp_path / "m.toml"
-    path.write_text(DOCKER)
+    data = tmp_path / "imagenet"  # a bind source must exist (Docker refuses a missing one)
+    data.mkdir()
+    path.write_text(DOCKER.replace('"/data/imagenet"', f'"{data}"'))
     (tmp_path / "c.deb").write_bytes(b"!<arch>\n")
     (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     out = dry_run(path, tmp_path / "results", capsys)
@@ -123,7 +125,7 @@ def test_docker_cells_show_their_container(tmp_path: Path, capsys: pytest.Captur
     run = native["docker_run"]
     assert run["image"].startswith("orchestrate/ngc-pytorch:")
     assert run["device_requests"][0]["DeviceIDs"] == ["0", "1"]
-    assert {"Target": "/imagenet", "Source": "/data/imagenet", "Type": "bind",
+    assert {"Target": "/imagenet", "Source": str(data), "Type": "bind",
             "ReadOnly": True} in run["mounts"]  # read_only is the mount default
     assert run["shm_size"] == 16 * 2**30
     assert run["environment"]["HF_TOKEN"] == "***"  # a secret is never shown

@@ -1,8 +1,9 @@
 """The seeds' own analysis scripts as oracles for our import and report.
 
-DLPerf's ``extract_pytorch_logs_time.py`` (seed 003's table) and TBD's ``coreutil.py`` (seed
-001's) are in the peers folder (``$ORCHESTRATE_PEERS``, ``../shared/peers``, ``/work/shared/peers``;
-never copied into the project). Each test writes logs in the script's format from known numbers
+DLPerf's ``extract_pytorch_logs_time.py`` (seed 003's table: the seed's revision 183b8d1 in
+``dlperf/183b8d1/``, and c89430ba) and TBD's ``coreutil.py`` (seed 001's) are in the peers
+folder (``$ORCHESTRATE_PEERS``, ``../shared/peers``, ``/work/shared/peers``; never copied into
+the project). Each test writes logs in the script's format from known numbers
 (tests/seed_logs_support.py), runs the script on them, runs ``orchestrate import`` and the table
 rule on the same logs, and checks the figures agree to the rounding the script prints.
 
@@ -129,7 +130,7 @@ def test_dlperf_rule_keeps_the_scripts_one_digit_time_pattern(tmp_path: Path) ->
 
 
 def test_dlperf_timestamp_rule_of_seed_003(tmp_path: Path) -> None:
-    """Seed 003's own script (DLPerf @ 183b8d1, not in the peers folder) timed DLLogger's
+    """Seed 003's own script (DLPerf @ 183b8d1; it runs as the oracle below) timed DLLogger's
     lines: (t120 - t20) / 100 per iteration. Checked against the times the log was written
     from: lines 21..120 took exactly sum(times[20:120])."""
     rng = random.Random(5)
@@ -147,15 +148,16 @@ def test_dlperf_timestamp_rule_of_seed_003(tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess  # runs the seed's own script
-def test_seed_003s_own_script_where_a_copy_is_at_hand(tmp_path: Path) -> None:
+def test_seed_003s_own_script_and_our_timestamps_rule_give_the_same_table(tmp_path: Path
+                                                                         ) -> None:
     """Seed 003's table came from DLPerf @ 183b8d1 (NVIDIADeepLearningExamples/PyTorch/
-    resnet50v1.5/extract_pytorch_logs_time.py: DLLogger line times), which the peers folder does
-    not hold. Where a copy is named by $ORCHESTRATE_DLPERF_SEED_SCRIPT (e.g. `git show
-    183b8d1:...` of a DLPerf clone) it is run as the oracle of the timestamps rule; otherwise
-    this is skipped (also under CI: the file is not the project's to provide)."""
-    script = os.environ.get("ORCHESTRATE_DLPERF_SEED_SCRIPT")
-    if not script or not Path(script).is_file():
-        pytest.skip("no copy of DLPerf @ 183b8d1's script ($ORCHESTRATE_DLPERF_SEED_SCRIPT)")
+    resnet50v1.5/extract_pytorch_logs_time.py: DLLogger line times), which the peers folder
+    holds in ``dlperf/183b8d1/`` (``$ORCHESTRATE_DLPERF_SEED_SCRIPT`` may name another copy). It
+    runs as the oracle of the timestamps rule, in CI too."""
+    script = os.environ.get("ORCHESTRATE_DLPERF_SEED_SCRIPT") or str(
+        peers_dir() / "dlperf" / "183b8d1" / "extract_pytorch_logs_time.py")
+    if not Path(script).is_file():
+        unavailable(f"no copy of DLPerf @ 183b8d1's script at {script}")
     rng = random.Random(7)
     logs = tmp_path / "ngc" / "pytorch"
     for gpus, base in ((1, 0.350), (4, 0.355), (8, 0.366)):

@@ -1,12 +1,11 @@
-"""The seed matrices (matrices/seeds/) against the seeds: every cell's command, flag by flag.
+"""The seed matrices (matrices/seeds/) against the seeds: every cell's command, word for word.
 
-Each seed's command lines are quoted below as the seed runs them (its README's lines, or the
-script it runs, with the script's shell variables expanded as the script expands them), and the
-cells' commands -- what the docker / slurm backends start, :func:`cell_command` -- must equal
-them, except for the differences each seed's entry declares (a path that is the cell folder
-instead of the seed's working folder, ...). docs/seeds.md lists the same differences with their
-reasons; a test below keeps the two lists equal. Where the seeds folder is there
-(``../shared/seeds``), seed 000's lines are also read from the seed file itself.
+Each seed's own command lines are in its translation table (``matrices/seeds/translation/``,
+read by tests/seed_spec.py): lines of the seed's file in ``../shared/seeds`` (checked here to be
+there verbatim) or of the script the seed ran at its pinned revision (quoted with path and
+revision). Every cell's command -- what the docker / slurm backends start, :func:`cell_command`
+-- must equal its seed line with the table's declared differences applied; docs/seeds.md is
+rendered from the same tables and must equal them.
 """
 
 from __future__ import annotations
@@ -14,10 +13,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import seed_spec
 from gpu_support import GAUDI, facts
 
 from orchestrator.backends.checks import check_matrix
@@ -38,148 +37,11 @@ def seeds_dir() -> Path | None:
     return None
 
 
-@dataclass(frozen=True)
-class Seed:
-    """A seed matrix and the command lines it must reproduce."""
-
-    matrix: str
-    #: cell -> the seed's argv for it (shell words).
-    expected: dict[str, list[str]]
-    #: The declared differences: (word in the seed's line, word in ours).
-    differences: tuple[tuple[str, str], ...] = field(default=())
+SPECS = seed_spec.load_all()
 
 
-def words(line: str) -> list[str]:
-    return shlex.split(line)
-
-
-# --- seed 000: alexhanl/machine-learning PyTorch/README.md ----------------------------------------
-
-S000_TRAIN = ("python ./main.py --arch resnet50 --epochs 3 --batch-size 256 --label-smoothing 0.1 "
-              "--amp --static-loss-scale 256 --no-checkpoints /imagenet")
-S000_INFER = ("python ./main.py --arch resnet50 --evaluate --epochs 1 --pretrained "
-              "--batch-size {bs} /imagenet")
-S000_BITFUSION = "bitfusion run -n 1 -p 1 -- "
-
-
-def _s000() -> dict[str, list[str]]:
-    out = {}
-    for side, prefix in (("v100", ""), ("v100_bitfusion", S000_BITFUSION)):
-        out[f"{side}-dle_train-resnet50-train-g1-bs256-amp-nopretrained-r1"] = words(
-            prefix + S000_TRAIN)
-        for bs in (256, 1):
-            out[f"{side}-dle_infer-resnet50-infer-g1-bs{bs}-fp32-pretrained-r1"] = words(
-                prefix + S000_INFER.format(bs=bs))
-        # the seed gives no line for resnext101: the resnet50 line with its arch (DLE's name)
-        out[f"{side}-dle_infer-resnext101_32x4d-infer-g1-bs1-fp32-pretrained-r1"] = words(
-            prefix + S000_INFER.format(bs=1).replace("resnet50", "resnext101-32x4d"))
-    return out
-
-
-# --- seed 003: DLPerf @ 183b8d1 scripts/single_node_train.sh, WORKSPACE=/workspace/rn50 ---------
-
-S003 = ("python /workspace/rn50/multiproc.py --nproc_per_node {g} /workspace/rn50/main.py "
-        "--data-backend dali-cpu --raport-file /workspace/rn50/raport.json -j8 -p 1 --lr {lr} "
-        "--optimizer-batch-size -1 --warmup 8 --arch resnet50 -c fanin --label-smoothing 0.1 "
-        "--lr-schedule cosine --mom 0.125 --wd 3.0517578125e-05 --workspace /workspace/rn50 "
-        "-b 128 --epochs 1 --prof 120 --training-only --no-checkpoints /data")
-
-
-def _s003() -> dict[str, list[str]]:
-    lrs = {1: "0.128", 4: "0.512", 8: "1.024"}  # awk 'BEGIN{print 128 * g / 1000}'
-    return {f"v100-g{g}-bs128-fp32-r{r}": words(S003.format(g=g, lr=lr))
-            for g, lr in lrs.items() for r in range(1, 6)}
-
-
-# --- seed 001: tbd-suite @ ad48842 source/scripts/measure_*.sh, start 10, profile 5 -------------
-
-S001_THROUGHPUT = (
-    "python3 /app/source/resnet/src/resnet_ctl_imagenet_main.py --num_gpus=1 "
-    "--batch_size={bs} --train_steps=1000 --steps_per_loop=100 --log_steps=100 --dtype=fp32 "
-    "--use_synthetic_data=false --skip_eval --data_dir=/app/data/TFRecords/ "
-    "-model_dir=./model_temp")
-S001_NCU = (
-    "ncu --csv --target-processes all --profile-from-start no --metrics "
-    "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_elapsed,"
-    "sm__inst_executed_pipe_fp16.avg.pct_of_peak_sustained_elapsed,"
-    "sm__inst_executed_pipe_tensor.avg.pct_of_peak_sustained_elapsed,"
-    "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_elapsed,gpc__cycles_elapsed.max "
-    "python3 /app/source/resnet/src/resnet_ctl_imagenet_main.py --num_gpus=1 "
-    "--batch_size={bs} --train_steps=10000 --steps_per_loop=5 --log_steps=5 --dtype=fp32 "
-    "--use_synthetic_data=false --skip_eval --data_dir=/app/data/TFRecords/ --profile_step 10 "
-    "-model_dir=./model1")
-S001_NVPROF = (
-    "nvprof --profile-from-start off --export-profile "
-    "./profiled_data_nvprof/resnet50-tensorflow-{bs}-%p.nvvp -f "
-    "python3 /app/source/resnet/src/resnet_ctl_imagenet_main.py --num_gpus=1 "
-    "--batch_size={bs} --train_steps=1000 --steps_per_loop=5 --log_steps=5 --dtype=fp32 "
-    "--use_synthetic_data=false --skip_eval --data_dir=/app/data/TFRecords/ --profile_step 10 "
-    "-model_dir=./model1")
-
-
-def _s001() -> dict[str, list[str]]:
-    out = {}
-    for bs in (1, 2, 4, 8, 16, 32, 64, 96, 128):
-        out[f"gpu-tbd_throughput-g1-bs{bs}-fp32-r1"] = words(S001_THROUGHPUT.format(bs=bs))
-        out[f"gpu-tbd_ncu-g1-bs{bs}-fp32-r1"] = words(S001_NCU.format(bs=bs))
-        out[f"gpu-tbd_nvprof-g1-bs{bs}-fp32-r1"] = words(S001_NVPROF.format(bs=bs))
-    return out
-
-
-# --- seed 002: the artifact @ 7961513 sec5a_resnet/run-resnet.sh ----------------------------------
-
-S002 = (
-    "/usr/local/cuda/bin/nvprof --print-gpu-trace --profile-child-processes --system-profiling "
-    "on --kernel-latency-timestamps on --csv --log-file resnet_%p_${ts}_${HOSTNAME}.csv "
-    "--device-buffer-size 128 --continuous-sampling-interval 1 -f python -m "
-    "torch.distributed.launch --nproc_per_node=4 torch_imagenet_resnet.py --base-lr 0.05 "
-    "--batch-size 64 --kfac-update-freq 0 --kfac-cov-update-freq 50 --damping 0.003 --model "
-    "resnet50 --checkpoint-freq 90 --kfac-comm-method comm-opt --kfac-grad-worker-fraction 0.0 "
-    "--epochs 1 --lr-decay 30 60 80")
-
-
-# --- seed 004: its demo_resnet lines, as Model-References 1.6.1's train.py takes them -------------
-# (0.13's demo_resnet no longer exists: the seed's own line is kept in a comment of each)
-
-S004_1 = ("python -u train.py --data-path=/root/datasets/imagenet/ILSVRC2012 --model=resnet50 "
-          "--device=hpu --batch-size={bs} --epochs=1 --workers=0 --print-freq=1 {prec} {mode} "
-          "--num-train-steps 100 --num-eval-steps 30")
-S004_8 = ("mpirun -n 8 --bind-to core --map-by slot:PE=7 --rank-by core --report-bindings "
-          "--allow-run-as-root " + S004_1)
-S004_BF16 = ("--hmp --hmp-bf16 ./ops_bf16_Resnet.txt --hmp-fp32 ./ops_fp32_Resnet.txt")
-
-
-def _s004() -> dict[str, list[str]]:
-    out = {}
-    for prec, bs, flags in (("bf16", 256, S004_BF16), ("fp32", 128, "")):
-        for mode, flag in (("eager", "--run-lazy-mode=False"), ("lazy", "--run-lazy-mode=True")):
-            # seed: ./demo_resnet --data-type {prec} -b {bs} --mode graph -p PATH
-            #       --num-train-steps 100 --num-eval-steps 30
-            line = S004_1.format(bs=bs, prec=flags, mode=flag)
-            out[f"gaudi-rn50_1card-g1-bs{bs}-{prec}-{mode}-r1"] = words(line)
-            # seed: ./demo_resnet_dist --data-type {prec} --batch-size {bs} -p PATH
-            line = S004_8.format(bs=bs, prec=flags, mode=flag)
-            out[f"gaudi-rn50_8cards-g8-bs{bs}-{prec}-{mode}-r1"] = words(line)
-    return out
-
-
-SEED_TABLE: dict[str, Seed] = {
-    "000": Seed("000_bitfusion_dle.toml", _s000()),
-    "001": Seed("001_tbd.toml", _s001(), (
-        ("./profiled_data_nvprof/resnet50-tensorflow-{bs}-%p.nvvp",
-         f"{CONTAINER_OUT}/resnet50-tensorflow-{{bs}}-%p.nvvp"),)),
-    "002": Seed("002_variability.toml", {"gpu_node-g4-bs64-fp32-r1": words(S002)}, (
-        ("resnet_%p_${ts}_${HOSTNAME}.csv", "{cell}/resnet_%p.csv"),
-        ("torch_imagenet_resnet.py", "/opt/sec5a_resnet/torch_imagenet_resnet.py"))),
-    "003": Seed("003_dlperf.toml", _s003(), (
-        ("/workspace/rn50/raport.json", f"{CONTAINER_OUT}/raport.json"),
-        ("/workspace/rn50", CONTAINER_OUT))),
-    "004": Seed("004_habana.toml", _s004()),
-}
-
-
-def load(seed: Seed) -> Matrix:
-    return load_matrix(SEEDS / seed.matrix)
+def load(spec: seed_spec.Spec) -> Matrix:
+    return load_matrix(SEEDS / spec.matrix)
 
 
 def rendered(matrix: Matrix, cell: Cell) -> list[str]:
@@ -192,28 +54,24 @@ def rendered(matrix: Matrix, cell: Cell) -> list[str]:
                         output_dir=output).argv
 
 
-def apply(seed: Seed, argv: list[str], batch: int | None) -> list[str]:
-    """The seed's argv with the declared differences applied."""
-    out = []
-    for word in argv:
-        for theirs, ours in seed.differences:
-            theirs = theirs.replace("{bs}", str(batch))
-            if word == theirs:
-                word = ours.replace("{bs}", str(batch))
-                break
-        out.append(word)
-    return out
-
-
-@pytest.mark.parametrize("number", sorted(SEED_TABLE))
-def test_every_seed_cell_runs_the_seeds_command_line(number: str) -> None:
-    seed = SEED_TABLE[number]
-    matrix = load(seed)
-    assert {c.id for c in matrix.cells} == set(seed.expected), number
+@pytest.mark.parametrize("number", seed_spec.NUMBERS)
+def test_every_seed_cell_runs_its_seed_line_but_the_declared_differences(number: str) -> None:
+    spec = SPECS[number]
+    matrix = load(spec)
     for cell in matrix.cells:
         ours = rendered(matrix, cell)
-        theirs = apply(seed, seed.expected[cell.id], cell.params.batch_size)
+        theirs, stale = seed_spec.translate(spec, cell, seed_spec.seed_argv(spec, cell))
+        assert stale == [], (cell.id, stale)
         assert ours == theirs, (cell.id, _first_difference(ours, theirs))
+
+
+@pytest.mark.parametrize("number", seed_spec.NUMBERS)
+def test_every_line_and_difference_concerns_some_cell(number: str) -> None:
+    """No line or difference of a table is dead: each selects at least one cell."""
+    spec = SPECS[number]
+    cells = load(spec).cells
+    for entry in (*spec.lines, *spec.differences, *spec.extra_cells):
+        assert any(seed_spec.selects(entry.cells, c) for c in cells), (number, entry)
 
 
 def _first_difference(ours: list[str], theirs: list[str]) -> str:
@@ -223,17 +81,78 @@ def _first_difference(ours: list[str], theirs: list[str]) -> str:
     return f"lengths {len(ours)} vs {len(theirs)}"
 
 
-def test_seed_000s_lines_are_the_seed_files_own() -> None:
-    """The command lines above are copied from the seed file: checked against it where it is."""
+@pytest.mark.parametrize("number", seed_spec.NUMBERS)
+def test_the_lines_quoted_from_a_seed_file_are_in_it(number: str) -> None:
+    """A line whose source is the seed's file is there verbatim, for every cell's values."""
     folder = seeds_dir()
     if folder is None:
-        pytest.skip("no seeds folder (../shared/seeds): the lines above stand alone")
-    text = (folder / "000_77ab2210305bafb1.txt").read_text(encoding="utf-8")
-    lines = {ln.strip() for ln in text.splitlines() if "./main.py" in ln}
-    assert S000_TRAIN in lines and S000_BITFUSION.strip() + " " + S000_TRAIN in lines
-    for bs in (256, 1):
-        assert S000_INFER.format(bs=bs) in lines
-        assert S000_BITFUSION + S000_INFER.format(bs=bs) in lines
+        pytest.skip("no seeds folder (../shared/seeds)")
+    spec = SPECS[number]
+    text = (folder / spec.file).read_text(encoding="utf-8")
+    shown = {" ".join(line.split()) for line in text.splitlines()}
+    for cell in load(spec).cells:
+        line = seed_spec.line_of(spec, cell)
+        if line.source.startswith("the seed's file"):
+            assert seed_spec.fill(line.text, line.vars, cell) in shown, (number, cell.id)
+
+
+def test_seed_003s_learning_rate_is_its_scripts_awk_line() -> None:
+    """LR=$(awk 'BEGIN{print total_bz / 1000}'), total_bz = 128 x GPUs: awk prints %.6g."""
+    rule = SPECS["003"].lines[0].vars["LR"]
+    assert rule["param"] == "gpus"
+    for gpus, lr in rule["values"].items():
+        assert lr == f"{128 * int(gpus) / 1000:.6g}"
+
+
+def test_seed_002s_revision_ships_no_table_rule() -> None:
+    """The seed's own directory breakdown (its README at 7961513) names every file of
+    sec5a_resnet: no analysis script, so the table rule is a declared difference."""
+    folder = seeds_dir()
+    if folder is None:
+        pytest.skip("no seeds folder (../shared/seeds)")
+    text = (folder / "002_9f0290487a42a6f6.txt").read_text(encoding="utf-8")
+    tree = text.split("```", 2)[1]
+    files = re.findall(r"── ([^:]+):", tree)
+    assert "run-resnet.sh" in files and "torch_imagenet_resnet.py" in files
+    assert not [f for f in files if "extract" in f or "analy" in f], files
+    table = next(p for p in SPECS["002"].parameters if p.parameter == "table")
+    assert table.status == "declared" and "b7ca445" in table.reason
+
+
+def test_seed_004s_table_says_graph_mode_is_not_measured() -> None:
+    """The seed's figures are graph mode; no cell runs it, and the table's header says so."""
+    from orchestrator.results.reports import table_rules
+
+    matrix = load(SPECS["004"])
+    assert {c.params.hpu_mode for c in matrix.cells} == {"eager", "lazy"}
+    note = table_rules.table_rule("habana").unmeasured_note([c.params.model_dump()
+                                                            for c in matrix.cells])
+    assert "graph mode" in note and "torch.jit.trace" in note
+    assert table_rules.table_rule("habana").unmeasured_note([{"hpu_mode": "graph"}]) == ""
+
+
+def test_docs_seeds_page_is_rendered_from_the_tables() -> None:
+    """docs/seeds.md is the tables' rendering (UPDATE_GOLDEN=1 rewrites it)."""
+    page = ROOT / "docs" / "seeds.md"
+    text = seed_spec.render_page(SPECS)
+    if os.environ.get("UPDATE_GOLDEN"):
+        page.write_text(text, encoding="utf-8")
+    assert page.read_text(encoding="utf-8") == text, (
+        "docs/seeds.md differs from matrices/seeds/translation/: "
+        "UPDATE_GOLDEN=1 make test PYTEST_ARGS=tests/test_seeds.py")
+    # "as written" only where it holds: a seed with no declared difference (and the intro's
+    # sentence saying when a seed would be)
+    as_written = sum(1 for s in SPECS.values() if seed_spec.counts(s)["declared"] == 0)
+    assert text.count("as written") == 1 + as_written
+
+
+def test_every_declared_parameter_has_a_reason() -> None:
+    for number, spec in SPECS.items():
+        for p in spec.parameters:
+            assert p.status in seed_spec.STATUSES, (number, p.parameter)
+            assert p.status == "exact" or p.reason, (number, p.parameter)
+        for d in (*spec.differences, *spec.extra_cells):
+            assert d.reason, (number, d.parameter)
 
 
 def test_every_seed_matrix_validates_and_names_its_rule_and_stack() -> None:
@@ -248,7 +167,7 @@ def test_every_seed_matrix_validates_and_names_its_rule_and_stack() -> None:
     machines = {"000": v100s, "001": v100s, "003": v100s,
                 "004": GAUDI}  # the docker backend's cells get this machine's (stand-in) GPUs
     for number, (rule, stacks) in expected.items():
-        matrix = load(SEED_TABLE[number])
+        matrix = load(SPECS[number])
         found = check_matrix(matrix, machine=machines.get(number))
         assert found.errors == [], (number, found.errors)
         assert matrix.settings.table_rule == rule
@@ -257,17 +176,7 @@ def test_every_seed_matrix_validates_and_names_its_rule_and_stack() -> None:
 
 
 def test_the_seed_matrices_are_the_ones_listed() -> None:
-    assert {s.matrix for s in SEED_TABLE.values()} == {p.name for p in SEEDS.glob("*.toml")}
-
-
-def test_docs_list_every_declared_difference() -> None:
-    """docs/seeds.md names every difference the golden test allows (the paths above)."""
-    docs = (ROOT / "docs" / "seeds.md").read_text(encoding="utf-8")
-    for number, seed in SEED_TABLE.items():
-        section = docs.split(f"## Seed {number}", 1)[1].split("\n## ", 1)[0]
-        for theirs, _ in seed.differences:
-            shown = re.sub(r"\{bs\}", "<batch>", theirs)
-            assert shown in section or theirs in section, (number, theirs)
+    assert {s.matrix for s in SPECS.values()} == {p.name for p in SEEDS.glob("*.toml")}
 
 
 def test_graph_mode_is_refused_with_its_reason_on_the_seeds_gaudi_software(tmp_path: Path
@@ -282,6 +191,7 @@ def test_graph_mode_is_refused_with_its_reason_on_the_seeds_gaudi_software(tmp_p
     assert "use hpu_mode = \"lazy\"" in found.errors[0].message
 
 
+@pytest.mark.slurm  # the dry run of the slurm backend asks for sbatch and squeue
 @pytest.mark.subprocess  # the CLI in a process
 def test_seed_002s_dry_run_prints_the_seeds_command(tmp_path: Path) -> None:
     """`orchestrate matrix --dry-run` of the Slurm seed prints each cell's apptainer command:
@@ -289,16 +199,21 @@ def test_seed_002s_dry_run_prints_the_seeds_command(tmp_path: Path) -> None:
     `singularity` on PATH (the dry run only asks that it exists), an empty program folder and
     the data folder it binds (the sweep, so the dry run, refuses a bind source that is not
     there)."""
+    import shutil
     import subprocess
     import sys
 
+    from service_support import unavailable
+
+    if not shutil.which("sbatch"):
+        unavailable("the slurm backend's dry run needs Slurm's client tools (slurm-wlm)")
     fake = tmp_path / "bin" / "singularity"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho 'singularity-ce version 3.7.2 (stand-in)'\n")
     fake.chmod(0o755)
     (tmp_path / "lab" / "sec5a_resnet").mkdir(parents=True)
     path = tmp_path / "002.toml"
-    (tmp_path / "imagenetv2").mkdir()
+    (tmp_path / "imagenetv2" / "ImageNetV2-matched-frequency").mkdir(parents=True)
     path.write_text((SEEDS / "002_variability.toml").read_text().replace(
         "/opt/lab/gpu_variability_sc22_artifact/sec5a_resnet", "lab/sec5a_resnet").replace(
         '"/scratch/imagenetv2"', f'"{tmp_path / "imagenetv2"}"'))
@@ -314,6 +229,59 @@ def test_seed_002s_dry_run_prints_the_seeds_command(tmp_path: Path) -> None:
     after = argv[next(i for i, w in enumerate(argv) if w.endswith(".sif")) + 1:]
     cell = str(tmp_path / "r" / "seed002_variability" / "<run id>" / "cells"
                / "gpu_node-g4-bs64-fp32-r1")
-    seed = SEED_TABLE["002"]
-    expected = [w.replace("{cell}", cell) for w in apply(seed, words(S002), 64)]
+    spec = SPECS["002"]
+    one = next(c for c in load_matrix(path).cells)
+    theirs, _ = seed_spec.translate(spec, one, seed_spec.seed_argv(spec, one))
+    expected = [w.replace("{cell}", cell) for w in theirs]
     assert after == expected, _first_difference(after, expected)
+
+
+def test_validate_refuses_a_seed_cell_whose_weights_are_missing_and_names_the_cells(
+        tmp_path: Path) -> None:
+    """Seed 000's ResNeXt-101 --pretrained cells need DLE's weights in the hub cache (the seed
+    pre-placed only ResNet-50's): the one decision's machine check refuses them where the
+    file is missing, names the field and the cells, and passes once it is there."""
+    from orchestrator.backends import backend_class
+    from orchestrator.backends.checks import machine_problems, requirements
+
+    cache, data = tmp_path / "pretrained", tmp_path / "imagenette2-160"
+    for folder in (cache, data / "train", data / "val"):
+        folder.mkdir(parents=True)
+    (cache / "nvidia_resnet50_200821.pth.tar").write_bytes(b"w")
+    path = tmp_path / "000.toml"
+    path.write_text((SEEDS / "000_bitfusion_dle.toml").read_text().replace(
+        '"/data/pretrained"', f'"{cache}"').replace('"/data/imagenette2-160"', f'"{data}"'))
+    matrix = load_matrix(path)
+    found = machine_problems(matrix, backend_class("docker"))
+    assert [(p.field, p.message.split(" (")[0]) for p in found] == [
+        ("commands.dle-infer.requires[0]",
+         f"{cache}/nvidia_resnext101-32x4d_200821.pth.tar does not exist on this machine")]
+    assert "2 cells (v100-dle_infer-resnext101_32x4d" in found[0].message
+    listed = {r.host_path for r in requirements(matrix, matrix.cells)}
+    assert f"{cache}/nvidia_resnet50_200821.pth.tar" in listed and f"{data}/val" in listed
+    (cache / "nvidia_resnext101-32x4d_200821.pth.tar").write_bytes(b"w")
+    assert machine_problems(matrix, backend_class("docker")) == []
+    # the mount the seed wrote to is read-write, the dataset read-only
+    mounts = {m.target: m.read_only for m in matrix.profiles["v100"].container.mounts}
+    assert mounts == {"/root/.cache/torch/hub/checkpoints": False, "/imagenet": True}
+
+
+@pytest.mark.subprocess  # the CLI in a process
+def test_validate_and_the_dry_run_refuse_a_missing_dataset_alike(tmp_path: Path) -> None:
+    """One decision: `validate` and `matrix --dry-run` both refuse seed 003's cells when the
+    dataset's train/ folder is not under the mount's source."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "imagenet"
+    data.mkdir()
+    path = tmp_path / "003.toml"
+    path.write_text((SEEDS / "003_dlperf.toml").read_text().replace(
+        '"/data/imagenet"', f'"{data}"'))
+    outs = [subprocess.run([sys.executable, "-m", "orchestrator", *args, str(path)],
+                           capture_output=True, text=True, timeout=120)
+            for args in (["validate"], ["matrix", "--dry-run"])]
+    for done in outs:
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert (f"commands.dle-dlperf.requires[0]: {data}/train does not exist on this machine"
+                in done.stderr), done.stderr

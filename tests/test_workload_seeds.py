@@ -86,7 +86,7 @@ def test_graph_mode_traces_the_model_and_trains_it(torch: Any) -> None:
     parameters, so the optimizer trains the original model's weights."""
     from workload.steps import build_step, trace_model
 
-    Small = small_model(torch)  # noqa: N806 - a class
+    Small = small_model(torch)  # a class
     torch.manual_seed(0)
     model = Small()
     x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))

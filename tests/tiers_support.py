@@ -224,7 +224,7 @@ def _warm_machine_caches() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.font_manager  # noqa: F401 - importing it loads or builds the font list
+    import matplotlib.font_manager  # importing it loads or builds the font list
 
 
 def _problems_after(item: pytest.Item, had_torch: bool, outcome: Any) -> None:

@@ -158,7 +158,7 @@ def compile_available() -> tuple[bool, str]:
         return False, "this torch has no torch.compile"
     try:
         fn(nn.Identity())  # wraps lazily; raises where dynamo cannot run on this Python
-    except Exception as exc:  # noqa: BLE001  (any failure means: not usable here)
+    except Exception as exc:  # any failure means: not usable here
         return False, f"torch.compile unusable here ({type(exc).__name__}: {exc})"
     return True, ""
 

@@ -10,6 +10,7 @@ touching its code:
 """
 
 import os
+from typing import Any
 
 try:
     import nvidia
@@ -29,7 +30,8 @@ try:
         _quantile = numpy.quantile
 
         @functools.wraps(_quantile)
-        def _quantile_with_interpolation(*args, interpolation=None, **kwargs):
+        def _quantile_with_interpolation(*args: Any, interpolation: Any = None,
+                                         **kwargs: Any) -> Any:
             if interpolation is not None:
                 kwargs.setdefault("method", interpolation)
             return _quantile(*args, **kwargs)

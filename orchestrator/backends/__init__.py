@@ -2,18 +2,23 @@
 
 What the workload runs *in* (this machine's Python, a Docker container, an Apptainer image) is
 its runtime (:mod:`orchestrator.runtimes`), an axis beside the backends: a backend asks the
-runtime how a cell's argv is wrapped and what the machine needs. Backends are looked up by
-name; each lives in its own module and is imported only when used, so planning a matrix never
-imports the Docker SDK or paramiko. :mod:`~orchestrator.backends.base` owns what every backend
-shares (timeouts, log capture, timing, a result from every outcome); a backend fills in launch
-/ poll / logs / cancel. :mod:`~orchestrator.backends.containers` (a started container) and
-:mod:`~orchestrator.backends.remote_executions` (a cell's processes on a lab host) are shared by
-the docker and ssh backends; :mod:`~orchestrator.backends.slurm_jobs` is the slurm backend's text
-(its scripts, Slurm's answers: pure). The backends themselves (process, docker, ssh, slurm)
-never import each other. :mod:`~orchestrator.backends.checks` decides, before anything is
-built, whether each cell can run on its backend, its runtime and its stack (``validate``,
-``--dry-run`` and the sweep's :func:`~orchestrator.backends.checks.preflight` take that one
-decision).
+runtime how a cell's argv is wrapped and what the machine needs. A backend is one module and
+one record: the module (a :class:`~orchestrator.backends.base.Backend`) launches cells, and its
+:class:`~orchestrator.backends.registry.BackendRecord`, registered in
+:mod:`~orchestrator.backends.registry` as ReFrame registers a scheduler with its capabilities,
+says what it is (where its cells run, what they run in, whether one cell spans machines, what it
+needs from its target) without importing the module: planning a matrix never imports the Docker
+SDK or paramiko, and the checks, the runtimes' refusals, the GPU checks, the sweep and the CLI
+read the record, never a backend's name. :mod:`~orchestrator.backends.base` owns what every
+backend shares (timeouts, log capture, timing, a result from every outcome); a backend fills in
+launch / poll / logs / cancel. :mod:`~orchestrator.backends.containers` (a started container)
+and :mod:`~orchestrator.backends.remote_executions` (a cell's processes on a lab host) are
+shared by the docker and ssh backends; :mod:`~orchestrator.backends.slurm_jobs` is the slurm
+backend's text (its scripts, Slurm's answers: pure). The backends themselves (process, docker,
+ssh, slurm) never import each other. :mod:`~orchestrator.backends.checks` decides, before
+anything is built, whether each cell can run on its backend, its runtime and its stack
+(``validate``, ``--dry-run`` and the sweep's :func:`~orchestrator.backends.checks.preflight`
+take that one decision).
 
 May import: errors, config, catalog, plan, results, local, remote, images, runtimes.
 """
@@ -21,43 +26,34 @@ May import: errors, config, catalog, plan, results, local, remote, images, runti
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import ConfigError
+from orchestrator.backends.registry import (
+    BackendRecord,
+    MultiNode,
+    backend_names,
+    backend_record,
+    find_record,
+    records,
+    register,
+    runs,
+    unregister,
+)
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
     from orchestrator.plan.matrix import Matrix
 
-#: name -> "module:Class"
-_REGISTRY: dict[str, str] = {
-    "process": "orchestrator.backends.process:ProcessBackend",
-    "docker": "orchestrator.backends.docker:DockerBackend",
-    "ssh": "orchestrator.backends.ssh:SshDockerBackend",
-    "slurm": "orchestrator.backends.slurm:SlurmBackend",
-}
-
-
-def backend_names() -> list[str]:
-    """Names of the backends this build ships (present modules only)."""
-    names = []
-    for name, target in _REGISTRY.items():
-        module = target.partition(":")[0]
-        if importlib.util.find_spec(module) is not None:
-            names.append(name)
-    return names
+__all__ = [
+    "BackendRecord", "MultiNode", "backend_class", "backend_for", "backend_names",
+    "backend_record", "find_record", "records", "register", "runs", "unregister",
+]
 
 
 def backend_class(name: str, *, file: str = "", field: str = "--backend") -> type[Backend]:
-    """The backend class for ``name``; an unknown name is a :class:`ConfigError` naming where
-    the name came from (``--backend``, or ``file`` and ``field``)."""
-    if name not in backend_names():
-        raise ConfigError(
-            f"unknown backend {name!r}; known: {', '.join(backend_names())}", file=file,
-            field=field,
-        )
-    module, _, cls = _REGISTRY[name].partition(":")
+    """The backend class for ``name`` (its module imported now); an unknown name is a
+    :class:`ConfigError` as :func:`backend_record` says."""
+    module, _, cls = backend_record(name, file=file, field=field).target.partition(":")
     return getattr(importlib.import_module(module), cls)
 
 

@@ -19,8 +19,8 @@ hooks:
 - :meth:`Backend.close` — end of the sweep: remove what is left behind.
 - :attr:`Backend.records_machine` — whether the cells run on this machine, so that its state
   (load, CPU and GPU clocks: :mod:`orchestrator.local.machine_state`) at each cell's start and
-  end is the cell's machine and goes into its result (``machine``). True for process and
-  docker; the ssh and slurm backends run cells elsewhere and do not record it.
+  end is the cell's machine and goes into its result (``machine``): its record's ``here``
+  (process and docker; the ssh and slurm backends run cells elsewhere and do not record it).
 
 - :meth:`Backend.lock_requests` — what the cell holds against other sweeps while it runs
   (:mod:`orchestrator.local.locks`; default: this machine's GPUs of the allocation, else its CPU),
@@ -50,6 +50,7 @@ by ``***`` in its output before anything sees it.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import signal
@@ -66,6 +67,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
 from orchestrator import REPO_ROOT, __version__
+from orchestrator.backends.registry import find_record
 from orchestrator.config.redact import Scrubber, secret_env
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.images.sif import LocalMachine
@@ -80,7 +82,7 @@ from orchestrator.local.locks import (
 )
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
-from orchestrator.plan.placement import Allocation
+from orchestrator.plan.placement import Allocation, holds_local_gpus
 from orchestrator.plan.selection import ImageKey
 from orchestrator.results.figures.figure_parsers import CellOutput, evaluate
 from orchestrator.results.folders import safejson
@@ -123,12 +125,37 @@ class Execution(ABC):
     def exit_info(self) -> ExitInfo:
         """The outcome, once :meth:`wait` returned True (or after :meth:`kill`)."""
 
-    def ended(self) -> None:  # noqa: B027 - optional hook
+    def ended(self) -> None:  # optional hook
         """The cell's main process ended: stop what it left running (a daemon holding its
         output open would keep the log from ending)."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:  # optional hook
         """Release what the execution holds (remove the container, close the channel)."""
+
+
+class PopenExecution(Execution):
+    """A cell started as a subprocess of this machine, its stdout and stderr one binary pipe:
+    its output read as it comes, its end waited for, its exit code. A backend adds how it is
+    stopped (:meth:`kill`) and what it holds (:meth:`close`)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self.proc = proc
+
+    def output(self) -> Iterator[bytes]:
+        stdout = self.proc.stdout
+        assert isinstance(stdout, io.BufferedReader)  # a binary pipe with the default buffer
+        while chunk := stdout.read1(65536):
+            yield chunk
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def exit_info(self) -> ExitInfo:
+        return ExitInfo(code=self.proc.poll())
 
 
 #: Lines of a failed cell's log kept in its result.
@@ -206,8 +233,16 @@ class Backend(ABC):
     """Runs cells somewhere. Subclasses fill in the hooks named in the module docstring."""
 
     name: ClassVar[str] = "base"
-    #: The cells run on this machine: its state at each cell's start and end is recorded.
+    #: The cells run on this machine: its state at each cell's start and end is recorded. A
+    #: registered backend takes it from its record (:attr:`BackendRecord.here
+    #: <orchestrator.backends.BackendRecord.here>`), set when its class is made.
     records_machine: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        record = find_record(cls.__dict__.get("name", ""))
+        if record is not None and "records_machine" not in cls.__dict__:
+            cls.records_machine = record.here
 
     def __init__(self, matrix: Matrix, paths: RunPaths, options: RunOptions):
         self.matrix = matrix
@@ -222,7 +257,7 @@ class Backend(ABC):
     # --- hooks ----------------------------------------------------------------------------
 
     @classmethod
-    def check_available(cls) -> None:  # noqa: B027 - optional hook
+    def check_available(cls) -> None:  # optional hook
         """Raise :class:`~orchestrator.errors.BackendUnavailable` if this backend can't run here."""
 
     @classmethod
@@ -250,7 +285,7 @@ class Backend(ABC):
             return list(exc.problems)
         return []
 
-    def prepare(  # noqa: B027 - optional hook
+    def prepare(  # optional hook
         self, cells: list[Cell], on_log: Callable[[str], None] | None = None
     ) -> None:
         """Once per sweep, before any cell runs (e.g. build every image the cells need once)."""
@@ -271,13 +306,24 @@ class Backend(ABC):
 
     def dry_allocation(self, cell: Cell) -> Allocation:
         """Where ``cell`` would run on an idle machine (the GPUs :meth:`allocate` gives first)."""
+        return self._local_allocation(cell)
+
+    def _local_allocation(self, cell: Cell) -> Allocation:
+        """``cell`` on this machine, idle: a cell that computes on its GPUs
+        (:func:`~orchestrator.plan.placement.holds_local_gpus`) gets the first ``gpus`` of its
+        profile's ``gpu_ids`` (else of 0, 1, ...); a CPU cell holds the GPUs its profile lists,
+        if any (kept from other sweeps' cells); a Bitfusion cell holds none."""
         profile = self.matrix.profile(cell)
-        if profile.wrapper == "bitfusion":
-            return Allocation.local(cell.id)
-        if profile.device == "cpu":
-            return Allocation.local(cell.id, tuple(profile.gpu_ids or ()))
-        ids = profile.gpu_ids if profile.gpu_ids is not None else range(cell.params.gpus)
-        return Allocation.local(cell.id, tuple(ids)[: cell.params.gpus])
+        if holds_local_gpus(profile):
+            ids = profile.gpu_ids if profile.gpu_ids is not None else range(cell.params.gpus)
+            return Allocation.local(cell.id, tuple(ids)[: cell.params.gpus])
+        return Allocation.local(cell.id, tuple(profile.gpu_ids or ()) if profile.device == "cpu"
+                                else ())
+
+    def submission_lines(self, cells: list[Cell]) -> list[str]:
+        """What a dry run says of how ``cells`` would be handed over, beyond each cell's launch
+        (Slurm: its arrays and jobs); nothing is submitted. Default: nothing to say."""
+        return []
 
     def runtime_image(self, cell: Cell) -> str:
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
@@ -303,11 +349,11 @@ class Backend(ABC):
             info["runtime"] = dict(spec.runtime)
         return info
 
-    def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:  # noqa: B027
+    def finish(self, cell: Cell, result: CellResult, execution: Execution) -> None:
         """Complete the result of a cell that ran with what only the backend knows (the
         execution's own account of its end), before the result is written."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:  # optional hook
         """End of the sweep: remove anything left behind."""
 
     # --- placement (default: one cell at a time on this machine) -----------------------------
@@ -315,7 +361,7 @@ class Backend(ABC):
     def unplaceable(self, cell: Cell) -> str | None:
         """Why ``cell`` can never run on this backend, or None."""
         profile = self.matrix.profile(cell)
-        if profile.device == "cpu" or profile.wrapper != "none":
+        if not holds_local_gpus(profile):
             return None
         ids = profile.gpu_ids
         if ids is not None:
@@ -334,13 +380,7 @@ class Backend(ABC):
         if self._busy:
             return None
         self._busy = True
-        profile = self.matrix.profile(cell)
-        if profile.wrapper == "bitfusion":
-            return Allocation.local(cell.id)
-        if profile.device == "cpu":  # a CPU cell holds the GPUs its profile lists, if any
-            return Allocation.local(cell.id, tuple(profile.gpu_ids or ()))
-        ids = profile.gpu_ids if profile.gpu_ids is not None else range(cell.params.gpus)
-        return Allocation.local(cell.id, tuple(ids)[: cell.params.gpus])
+        return self._local_allocation(cell)
 
     def release(self, cell: Cell, allocation: Allocation) -> None:
         """The cell that held ``allocation`` ended."""
@@ -440,7 +480,7 @@ class Backend(ABC):
             return
         try:
             result.machine[when] = self.sample_machine()
-        except Exception as exc:  # noqa: BLE001 - telemetry never fails a cell
+        except Exception as exc:  # telemetry never fails a cell
             log.debug("%s: machine state at %s not recorded: %s", result.cell_id, when, exc)
 
     @contextlib.contextmanager

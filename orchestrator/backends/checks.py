@@ -84,14 +84,25 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.backends import backend_class, backend_for, gpu_checks
+from orchestrator.backends import (
+    BackendRecord,
+    backend_class,
+    backend_for,
+    backend_record,
+    find_record,
+    gpu_checks,
+    runs,
+)
 from orchestrator.catalog import checkouts, debs, gpus, releases, stacks, templates
+from orchestrator.config.defaults import hosts_file
 from orchestrator.config.matrix_file import (
     ORCHESTRATOR_PARAMS,
     PARAM_NAMES,
     CellParams,
+    CommandRenderError,
     HardwareProfile,
     Program,
+    command_values,
     param_type,
     profile_window_problem,
 )
@@ -101,8 +112,9 @@ from orchestrator.errors import ConfigError, Problem
 from orchestrator.plan import profilers, selection, software
 from orchestrator.plan.launch import hpu_mode
 from orchestrator.plan.matrix import Cell, Matrix
+from orchestrator.plan.placement import holds_local_gpus
 from orchestrator.plan.software import NOT_CHECKED, PlannedStack
-from orchestrator.runtimes import DEFAULTS, apptainer, docker, none
+from orchestrator.runtimes import apptainer, docker, none
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
@@ -165,15 +177,16 @@ def check_matrix(
     release and model tables, this interpreter's torch files and, for the backends that run
     cells here, this machine's GPUs (``machine``: those facts given instead, e.g. by a test)."""
     backend = backend or matrix.settings.backend
+    on = find_record(backend)  # None: a backend these checks do not know (notes say so)
     file = str(matrix.path)
     found = Findings()
     for hw in sorted({c.hardware for c in matrix.cells}):
-        found.stacks[hw] = _profile_checks(found, file, hw, matrix.profiles[hw], backend)
+        found.stacks[hw] = _profile_checks(found, file, hw, matrix.profiles[hw], backend, on)
     places = _Places(matrix.raw)
     for hw, release in sorted({(c.hardware, c.params.ngc_release) for c in matrix.cells
                                if c.params.ngc_release is not None}):
         found.release_stacks[(hw, release)] = _release_checks(
-            found, file, places, hw, matrix.profiles[hw], release, backend)
+            found, file, places, hw, matrix.profiles[hw], release, backend, on)
     configurations = _configurations(matrix.checked_cells)
     for cell in configurations:
         stack = found.stack_of(cell)
@@ -184,8 +197,8 @@ def check_matrix(
         else:
             _CellCheck(found, file, places, cell.params, profile, stack, program).run()
     _program_checks(found, file, matrix, configurations)
-    _node_checks(found, file, places, configurations, backend)
-    _gpu_checks(found, file, places, matrix, backend, machine)
+    _node_checks(found, file, places, configurations, on)
+    _gpu_checks(found, file, places, matrix, on, machine)
     if comparisons and matrix.settings.baseline:
         _baseline_checks(found, file, matrix)
     return found
@@ -207,12 +220,17 @@ def refuse_unrunnable(
 
 @dataclass
 class Decision:
-    """What :func:`preflight` decided: the backend the cells run on and the checks' findings
-    (its warnings and notes, for the command to show)."""
+    """What :func:`preflight` decided, for the command that asked to act on without deciding
+    again (the sweep: :func:`orchestrator.sweep.run_sweep`; the dry run; ``plan --json``): the
+    backend the cells run on (its name, class and record), the hosts inventory it reads, and
+    the checks' findings (their warnings and notes, for the command to show)."""
 
     backend: str
     cls: type[Backend]
     findings: Findings
+    record: BackendRecord
+    #: The inventory the backend reads (:func:`inventory_file`); None: none.
+    hosts_file: Path | None = None
 
 
 def preflight(
@@ -233,10 +251,13 @@ def preflight(
     (:meth:`~orchestrator.backends.base.Backend.prepare_problems`: image templates and their
     variables, the hosts inventory, memory limits, Apptainer images). Then whether the backend
     can run here at all (:class:`~orchestrator.errors.BackendUnavailable`: no engine, no Slurm).
-    ``hosts_file``: the inventory a sweep on the ssh backend would read."""
+    ``hosts_file``: ``--hosts``, the first place the inventory is looked for where the backend
+    reads one (:func:`inventory_file`)."""
     name = backend_for(matrix, override)
-    cls = (backend_class(name) if override else
-           backend_class(name, file=str(matrix.path), field="matrix.backend"))
+    where = {} if override else {"file": str(matrix.path), "field": "matrix.backend"}
+    record = backend_record(name, **where)
+    cls = backend_class(name, **where)
+    hosts_file = inventory_file(matrix, record, hosts_file)
     found = check_matrix(matrix, name, comparisons=comparisons, machine=machine)
     problems = found.errors + (found.warnings if strict else [])
     problems += machine_problems(matrix, cls)
@@ -244,7 +265,19 @@ def preflight(
     if problems:
         raise ConfigError(_unique(problems))
     cls.check_available()
-    return Decision(name, cls, found)
+    return Decision(name, cls, found, record, hosts_file)
+
+
+def inventory_file(matrix: Matrix, backend: BackendRecord, given: Path | None = None
+                   ) -> Path | None:
+    """The hosts inventory a sweep of ``matrix`` on ``backend`` reads, where its record says it
+    reads one: ``given`` (``--hosts``) > ``[matrix] hosts`` (against the matrix file's folder)
+    > ``$ORCHESTRATE_HOSTS`` > the user's config file (None: none anywhere). A backend that
+    reads none gets ``given`` as it is."""
+    if not backend.inventory:
+        return given
+    matrix_hosts = matrix.path.parent / matrix.settings.hosts if matrix.settings.hosts else None
+    return hosts_file(given, matrix_hosts.resolve() if matrix_hosts else None)
 
 
 def _unique(problems: list[Problem]) -> list[Problem]:
@@ -271,7 +304,112 @@ def machine_problems(matrix: Matrix, backend: type[Backend]) -> list[Problem]:
         for where, env in refs
         for name, source in missing_references(env)
     ]
+    problems += requirement_problems(matrix, matrix.checked_cells, backend_record(backend.name))
     return problems + backend.runtime_problems(matrix, matrix.checked_cells)
+
+
+# --- files the cells need where they run ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A file or folder some cells need when they run (a command's ``requires``, a Docker bind
+    mount's source): where the program reads it, where that is on the machine the cells run
+    on (``host_path``; None: inside the image), and which cells need it."""
+
+    field: str
+    path: str
+    host_path: str | None
+    what: str
+    cells: tuple[str, ...]
+
+
+def requirements(matrix: Matrix, cells: Iterable[Cell], backend: BackendRecord | None = None
+                 ) -> list[Requirement]:
+    """Every file the cells need where they run on ``backend`` (default ``[matrix] backend``),
+    each once with the cells that need it: each Docker profile's bind-mount sources (Docker
+    refuses a missing one), then each command's ``requires`` entries as the cells render them
+    (through the profile's mounts)."""
+    backend = backend or backend_record(matrix.settings.backend, file=str(matrix.path),
+                                        field="matrix.backend")
+    found: dict[tuple[str, str, str | None], list[str]] = {}
+    whats: dict[tuple[str, str, str | None], str] = {}
+    for cell in cells:
+        profile = matrix.profiles[cell.hardware]
+        runtime = _runtime_of(profile, backend)
+        docker_mounts = profile.container.mounts if runtime == "docker" else []
+        key: tuple[str, str, str | None]
+        for i, mount in enumerate(docker_mounts):
+            key = (f"hardware.{cell.hardware}.container.mounts[{i}].source", mount.target,
+                   mount.source)
+            found.setdefault(key, []).append(cell.id)
+            whats[key] = f"the source of the bind mount at {mount.target}"
+        program = matrix.program(cell)
+        if program.command is None or not program.command.requires:
+            continue
+        values = command_values(cell.params, program.name, python="python", output_dir=".",
+                                cell_id=cell.id)
+        try:
+            paths = program.command.required_paths(values)
+        except CommandRenderError:
+            continue  # the command's own check reports it
+        for i, path in paths:
+            if not path.startswith("/"):
+                path = "/" + path  # a {data} given relative: the program's root, as it reads it
+            key = (f"commands.{program.name}.requires[{i}]", path,
+                   _host_path(profile, runtime, path))
+            found.setdefault(key, []).append(cell.id)
+            whats[key] = program.command.requires[i].what
+    return [Requirement(field, path, host, whats[(field, path, host)], tuple(ids))
+            for (field, path, host), ids in found.items()]
+
+
+def _runtime_of(profile: HardwareProfile, backend: BackendRecord) -> str:
+    """What a profile's cells run in on ``backend``: docker, apptainer or none."""
+    if profile.apptainer_runtime:
+        return "apptainer"
+    return profile.runtime or backend.runtime
+
+
+def _host_path(profile: HardwareProfile, runtime: str, path: str) -> str | None:
+    """Where ``path`` (as the program sees it) is on the machine that runs the cell: through the
+    profile's mounts in a container (None: inside the image), itself where the cell runs on the
+    machine (runtime none)."""
+    if runtime == "none":
+        return path
+    mounts = list(profile.container.mounts)
+    if runtime == "apptainer":
+        mounts += profile.apptainer.binds
+    for mount in sorted(mounts, key=lambda m: len(m.target), reverse=True):
+        target = mount.target.rstrip("/") or "/"
+        if path == target or path.startswith(target.rstrip("/") + "/"):
+            return mount.source.rstrip("/") + path[len(target.rstrip("/")):]
+    return None
+
+
+def requirement_problems(matrix: Matrix, cells: Iterable[Cell], backend: BackendRecord
+                         ) -> list[Problem]:
+    """The files of :func:`requirements` missing on this machine, where ``backend`` runs its
+    cells on this machine's filesystem (its record's ``files_here``); one problem per
+    file, naming the field that declares it and the cells that need it."""
+    if not backend.files_here:
+        return []
+    problems = []
+    missing: list[str] = []  # mount sources: what is under one is not said again
+    for req in requirements(matrix, cells, backend):
+        if req.host_path is None or Path(req.host_path).exists():
+            continue
+        if any(req.host_path.startswith(m.rstrip("/") + "/") for m in missing):
+            continue
+        if ".container.mounts[" in req.field:
+            missing.append(req.host_path)
+        shown = ", ".join(req.cells[:2]) + (", ..." if len(req.cells) > 2 else "")
+        what = f" ({req.what})" if req.what else ""
+        problems.append(Problem(str(matrix.path), req.field, (
+            f"{req.host_path} does not exist on this machine{what}; "
+            f"{len(req.cells)} cell{'s' if len(req.cells) != 1 else ''} ({shown}) need it "
+            "when they run: put it there, or fix the path")))
+    return problems
 
 
 # --- where a value is set ------------------------------------------------------------------------
@@ -326,9 +464,11 @@ def _did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str
 
 
 def _profile_checks(
-    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
+    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str,
+    on: BackendRecord | None,
 ) -> PlannedStack:
-    """Check a profile against the backend and its runtime; return the stack its cells run on."""
+    """Check a profile against the backend (``on``: its record; None: not known here) and its
+    runtime; return the stack its cells run on."""
     where = f"hardware.{hw}"
     _accelerator_checks(found, file, where, profile)
     if profile.device == "hpu" and "PT_HPU_LAZY_MODE" in profile.env:
@@ -336,19 +476,19 @@ def _profile_checks(
             "the Gaudi mode is a per-cell choice: set hpu_mode (eager, lazy or compile) and "
             "remove PT_HPU_LAZY_MODE here (orchestrate sets it in each cell's environment)")))
     if profile.apptainer_runtime:
-        return _apptainer_stack(found, file, hw, profile, backend)
-    refusal = docker.refused_on(backend) if profile.runtime == "docker" else None
-    if refusal:
-        found.error(Problem(file, f"{where}.runtime", refusal))
-    if backend not in DEFAULTS:
+        return _apptainer_stack(found, file, hw, profile, backend, on)
+    if on is None:
         found.note(_unknown_backend(file, where, backend))
         return PlannedStack(f"not checked ({backend} backend)", known=False)
-    if DEFAULTS[backend] == "none":  # this machine's Python, no container
-        none.check_profile(found, file, hw, profile, backend)
+    refusal = docker.refused_on(on, runs("docker")) if profile.runtime == "docker" else None
+    if refusal:
+        found.error(Problem(file, f"{where}.runtime", refusal))
+    if on.runtime == "none":  # this machine's Python, no container
+        none.check_profile(found, file, hw, profile, on)
         return software.host_stack()
     if profile.release == selection.AUTO:
         return _auto_stack(found, file, hw, profile)
-    stack = _image_stack(found, file, hw, profile, backend)
+    stack = _image_stack(found, file, hw, profile, on)
     _bitfusion_client_check(found, file, hw, profile, stack)
     _program_revision_check(found, file, hw, profile)
     return stack
@@ -452,11 +592,11 @@ def _accelerator_checks(
 
 
 def _image_stack(
-    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
+    found: Findings, file: str, hw: str, profile: HardwareProfile, on: BackendRecord
 ) -> PlannedStack:
     """The stack of a profile whose cells run in its Docker image (the Docker runtime's checks
     first: :func:`orchestrator.runtimes.docker.check_profile`)."""
-    if not docker.check_profile(found, file, hw, profile, backend):
+    if not docker.check_profile(found, file, hw, profile, on):
         return NOT_CHECKED
     assert profile.image is not None  # the check says so
     return _template_stack(found, file, f"hardware.{hw}", profile,
@@ -464,19 +604,20 @@ def _image_stack(
 
 
 def _apptainer_stack(
-    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str
+    found: Findings, file: str, hw: str, profile: HardwareProfile, backend: str,
+    on: BackendRecord | None,
 ) -> PlannedStack:
     """A profile whose cells run under Apptainer: where it can run and its own checks
     (:func:`orchestrator.runtimes.apptainer.check_profile`), then its image's stack."""
     where = f"hardware.{hw}"
-    refusal = apptainer.refused_on(backend, profile)
+    if on is None:
+        found.note(_unknown_backend(file, where, backend))
+        return NOT_CHECKED
+    refusal = apptainer.refused_on(on, profile, runs("apptainer"))
     if refusal:
         found.error(Problem(file, f"{where}.runtime", refusal))
         return NOT_CHECKED
-    if backend not in DEFAULTS:
-        found.note(_unknown_backend(file, where, backend))
-        return NOT_CHECKED
-    apptainer.check_profile(found, file, hw, profile, backend)
+    apptainer.check_profile(found, file, hw, profile, on)
     if profile.image is None or profile.release == selection.AUTO:
         return NOT_CHECKED
     try:
@@ -592,7 +733,8 @@ def _check_candidates(found: Findings, file: str, places: _Places, cell: Cell,
 
 
 def _release_checks(found: Findings, file: str, places: _Places, hw: str,
-                    profile: HardwareProfile, release: str, backend: str) -> PlannedStack:
+                    profile: HardwareProfile, release: str, backend: str,
+                    on: BackendRecord | None) -> PlannedStack:
     """The stack of cells of ``hw`` that pin ``ngc_release = release``, and whether they can."""
     unknown = PlannedStack(f"NGC PyTorch {release} (not checked)", known=False)
 
@@ -601,10 +743,9 @@ def _release_checks(found: Findings, file: str, places: _Places, hw: str,
             found.error(Problem(file, where, message))
         return unknown
 
-    runtime = DEFAULTS.get(backend)
-    if runtime == "none" and not profile.apptainer_runtime:
+    if on is not None and on.runtime == "none" and not profile.apptainer_runtime:
         return error(none.release_refusal(hw, backend))
-    if runtime is None or profile.image is None:
+    if on is None or profile.image is None:
         return unknown  # the profile's own checks said so
     try:
         template = templates.load_template(profile.image)
@@ -849,22 +990,23 @@ class _CellCheck:
 # --- the machine: the torch a cell runs against the GPU it gets --------------------------------
 
 
-def _gpu_checks(found: Findings, file: str, places: _Places, matrix: Matrix, backend: str,
-                machine: gpus.HostFacts | None) -> None:
+def _gpu_checks(found: Findings, file: str, places: _Places, matrix: Matrix,
+                on: BackendRecord | None, machine: gpus.HostFacts | None) -> None:
     """:class:`~orchestrator.backends.gpu_checks.GpuCheck` for every profile's cells (one
-    group per pinned release); this machine's GPUs are probed once, only when asked."""
-    if backend not in DEFAULTS:
+    group per pinned release); this machine's GPUs are probed once, only when asked (a backend
+    whose cells run here, a profile whose cells compute on this machine's GPUs)."""
+    if on is None:
         return
     profiles: dict[str, dict[str | None, list[Cell]]] = {}
     for cell in matrix.checked_cells:
         profiles.setdefault(cell.hardware, {}).setdefault(cell.params.ngc_release, []).append(cell)
     for hw, groups in sorted(profiles.items()):
         profile = matrix.profiles[hw]
-        local = backend in gpu_checks.LOCAL_GPU_BACKENDS and profile.device != "cpu"
+        local = on.here and holds_local_gpus(profile)
         facts = (machine or gpus.local_facts()) if local else None
         cells = [c for group in groups.values() for c in group]
         found_gpus = gpu_checks.GpuCheck(found, file, hw, profile, found.stacks[hw], cells,
-                                         backend, facts).targets()
+                                         on.name, facts).targets()
         if found_gpus is None:
             continue
         described = gpu_checks.describe(found_gpus, facts)
@@ -878,7 +1020,7 @@ def _gpu_checks(found: Findings, file: str, places: _Places, matrix: Matrix, bac
             else:
                 fields = (f"hardware.{hw}.image",)
             gpu_checks.GpuCheck(found, file, hw, profile, found.stack_of(group[0]), group,
-                                backend, facts, fields).software(*found_gpus)
+                                on.name, facts, fields).software(*found_gpus)
 
 
 #: Intel Gaudi (SynapseAI) software versions whose PyTorch trains a torch.jit.trace'd model (the
@@ -940,15 +1082,13 @@ def _program_checks(found: Findings, file: str, matrix: Matrix, configs: list[Ce
                 "command")))
 
 
-#: Backends that run one cell on several nodes of a scheduler's choosing (``nodes > 1``).
-MULTI_NODE_BACKENDS = ("slurm",)
-
-
 def _node_checks(found: Findings, file: str, places: _Places, configs: list[Cell],
-                 backend: str) -> None:
-    """``nodes > 1`` only where a backend runs a cell over several nodes."""
-    if backend in MULTI_NODE_BACKENDS or backend not in DEFAULTS:
+                 on: BackendRecord | None) -> None:
+    """``nodes > 1`` only where a backend runs a cell over several nodes of its choosing (its
+    record's ``multi_node``)."""
+    if on is None or on.multi_node == "nodes":
         return
+    backend = on.name
     for nodes in sorted({c.params.nodes for c in configs if c.params.nodes > 1}):
         for where in places.of("nodes", nodes):
             found.error(Problem(file, where, (

@@ -57,7 +57,6 @@ class DockerBackend(Backend):
     """Run cells in containers on the local Docker engine, one at a time."""
 
     name = "docker"
-    records_machine = True
 
     def __init__(self, matrix: Matrix, paths: RunPaths, options: RunOptions):
         super().__init__(matrix, paths, options)

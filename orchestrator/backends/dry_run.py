@@ -49,7 +49,11 @@ def dry_backend(matrix: Matrix, backend: str, results_root: Path,
 def launches(matrix: Matrix, backend: str, cells: Iterable[Cell], results_root: Path,
              hosts_file: Path | None = None) -> list[dict[str, Any]]:
     """Every cell's launch, as :func:`describe` says it."""
-    runner = dry_backend(matrix, backend, results_root, hosts_file)
+    return launches_on(dry_backend(matrix, backend, results_root, hosts_file), cells)
+
+
+def launches_on(runner: Backend, cells: Iterable[Cell]) -> list[dict[str, Any]]:
+    """Every cell's launch on ``runner`` (a :func:`dry_backend`), as :func:`describe` says it."""
     return [describe(runner, runner.dry_spec(cell)) for cell in cells]
 
 

@@ -10,9 +10,9 @@ they run on:
   architectures); the image's NGC release for the docker and ssh backends and for Apptainer
   (its CUDA, its oldest supported GPU and its minimum driver, from the release table);
 * **the GPU it gets**: this machine's (``nvidia-smi``; ``hl-smi`` for Gaudi) for the
-  process and docker backends, which run cells here; the profile's ``gpu`` /
-  ``compute_capability`` for slurm and ssh, whose nodes and hosts are not asked (a dry run and
-  ``validate`` connect to nothing);
+  backends that run cells here (their record says ``here``: process, docker); the profile's
+  ``gpu`` / ``compute_capability`` for the others (slurm, ssh), whose nodes and hosts are not
+  asked (a dry run and ``validate`` connect to nothing);
 * **the rules**: a CUDA cell needs an NVIDIA GPU at all (a Gaudi cell a Gaudi card) where it
   runs here; a CUDA build of torch; kernels for the GPU's compute capability
   (:func:`orchestrator.catalog.torch_builds.arch_runs`; an NGC release's
@@ -21,7 +21,8 @@ they run on:
   node's driver, a host's GPU when the profile names none) is a note.
 
 Every error names the cells, the GPU and what to install or set instead. A Bitfusion profile's
-cells get their GPUs from the Bitfusion servers (nothing of this machine is checked); a
+cells get their GPUs from the Bitfusion servers, a CPU profile's none
+(:func:`orchestrator.plan.placement.holds_local_gpus`: nothing of this machine is checked); a
 profile whose release is chosen per host (``release = "auto"``) gets a release its host's driver
 and GPU run, so only the GPU's presence is checked.
 """
@@ -37,6 +38,7 @@ from orchestrator.config.matrix_file import HardwareProfile
 from orchestrator.errors import Problem
 from orchestrator.plan import software
 from orchestrator.plan.matrix import Cell
+from orchestrator.plan.placement import holds_local_gpus
 from orchestrator.plan.software import PlannedStack
 
 
@@ -47,8 +49,6 @@ class Report(Protocol):
     def warning(self, problem: Problem) -> None: ...
     def note(self, problem: Problem) -> None: ...
 
-#: Backends whose cells run on this machine and get its GPUs.
-LOCAL_GPU_BACKENDS = ("process", "docker")
 #: How many cell ids a message names before counting the rest.
 _NAMED = 2
 
@@ -133,7 +133,7 @@ class GpuCheck:
         """The GPUs the cells get and the driver they run under (None: not known here);
         None when they get none: there is no GPU for them here (an error says so) or they need
         none of this machine's (CPU cells, Bitfusion's remote GPUs)."""
-        if self.profile.device == "cpu" or self.profile.wrapper == "bitfusion":
+        if not holds_local_gpus(self.profile):
             return None
         if self.profile.device == "hpu":
             self._gaudi_present()

@@ -29,15 +29,14 @@ of the runtime and the ``.sif`` here (:func:`orchestrator.runtimes.apptainer.pre
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import os
 import subprocess
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.base import Backend, Execution, ExitInfo
+from orchestrator.backends.base import Backend, Execution, ExitInfo, PopenExecution
 from orchestrator.config.redact import resolve_env
 from orchestrator.errors import BackendUnavailable, LaunchError, Problem
 from orchestrator.images.sif import LocalMachine
@@ -55,30 +54,17 @@ log = logging.getLogger(__name__)
 TERM_GRACE_S = 5.0
 
 
-class ProcessExecution(Execution):
+class ProcessExecution(PopenExecution):
     """A local subprocess and everything it starts
     (:class:`~orchestrator.local.cell_processes.CellProcesses`)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], procs: CellProcesses,
                  mem_limit: int | None = None):
-        self.proc = proc
+        super().__init__(proc)
         self.procs = procs
         self.mem_limit = mem_limit
         #: Processes of the cell that outlived SIGKILL (normally none).
         self.leftovers: list[str] = []
-
-    def output(self) -> Iterator[bytes]:
-        stdout = self.proc.stdout
-        assert isinstance(stdout, io.BufferedReader)  # a binary pipe with the default buffer
-        while chunk := stdout.read1(65536):
-            yield chunk
-
-    def wait(self, timeout: float) -> bool:
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
 
     def kill(self) -> None:
         self.leftovers = self.procs.stop(grace=TERM_GRACE_S)
@@ -112,7 +98,6 @@ class ProcessBackend(Backend):
     """Run cells as local subprocesses, one at a time (clean benchmark numbers)."""
 
     name = "process"
-    records_machine = True
 
     @classmethod
     def check_available(cls) -> None:

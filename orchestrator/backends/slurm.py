@@ -106,7 +106,7 @@ from orchestrator.errors import BackendUnavailable, LaunchError, Problem
 from orchestrator.images.sif import LocalMachine
 from orchestrator.plan.launch import LaunchSpec, ScheduledNodes
 from orchestrator.plan.matrix import Cell, Matrix
-from orchestrator.plan.placement import Allocation
+from orchestrator.plan.placement import Allocation, holds_local_gpus
 from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, write_json
 from orchestrator.runtimes import apptainer, none
 
@@ -520,7 +520,7 @@ class SlurmBackend(Backend):
 
     def _gpus_requested(self, cell: Cell, profile: HardwareProfile) -> int:
         """GPUs to ask Slurm for on each node: CUDA cells only (Bitfusion's GPUs are remote)."""
-        if profile.device == "cuda" and profile.wrapper == "none":
+        if profile.device == "cuda" and holds_local_gpus(profile):
             return cell.params.gpus_per_node
         return 0
 
@@ -666,7 +666,7 @@ class SlurmBackend(Backend):
             tasks_per_node=1 if node is not None else cell.params.gpus_per_node,
         )
 
-    def submission_lines(self, cells: Sequence[Cell]) -> list[str]:
+    def submission_lines(self, cells: list[Cell]) -> list[str]:
         """How ``cells`` would go to Slurm if the sweep placed them together (``--dry-run``):
         the arrays (cells of one job shape, cluster and limit) and the jobs of their own, each
         with its shape. Nothing is submitted."""

@@ -264,12 +264,11 @@ class SshDockerBackend(Backend):
     def _request(self, cell: Cell) -> placement.Request:
         profile = self.matrix.profile(cell)
         count = cell.params.gpus
-        if profile.wrapper == "bitfusion":
+        if profile.device == "cpu":  # GPU slots on hosts that have GPU ids, kept from GPU cells
+            if not any(s.gpu_ids for s in self.pool.hosts if cell.hardware in s.tags):
+                count = 0  # hosts with no GPU ids: limited by max_concurrent only
+        elif not placement.holds_local_gpus(profile):
             count = 0  # remote GPUs, attached by the Bitfusion client
-        elif profile.device == "cpu" and not any(
-            s.gpu_ids for s in self.pool.hosts if cell.hardware in s.tags
-        ):
-            count = 0  # CPU cells on hosts with no GPU ids: limited by max_concurrent only
         return placement.Request(
             cell_id=cell.id, tag=cell.hardware, gpus=count,
             exclusive_host=self.matrix.settings.one_cell_per_host,

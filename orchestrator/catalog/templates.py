@@ -92,6 +92,10 @@ log = logging.getLogger(__name__)
 IMAGES_DIR = REPO_ROOT / "images"
 #: The workload package copied into every image.
 WORKLOAD_DIR = REPO_ROOT / "workload"
+#: Requirement lines that can no longer resolve and their working equivalent (see the file).
+REWRITES_FILE = Path(__file__).resolve().parents[1] / "data" / "requirement_rewrites.toml"
+#: The rewritten copy of a program's requirements file, in the build context.
+REWRITTEN_REQUIREMENTS = "orchestrate-requirements.txt"
 
 KINDS = {"dockerfile": "Dockerfile", "singularity": "Singularity.def"}
 _IGNORED_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".git"}
@@ -413,7 +417,35 @@ class Template:
                 context[vname] = _file_context_name(resolved[vname]) if resolved[vname] else ""
         context["template_name"] = self.name
         context["base"] = self.base_ref(resolved)
+        rewritten = self.rewritten_requirements(resolved)
+        context["requirements_rewritten"] = [f"{old} -> {new}" for old, new in
+                                             (rewritten[1] if rewritten else [])]
+        context["requirements_copy"] = REWRITTEN_REQUIREMENTS
         return context
+
+    def rewritten_requirements(self, resolved: dict[str, Any]
+                               ) -> tuple[bytes, list[tuple[str, str]]] | None:
+        """A template that installs a program's requirements file (``program_dir`` and
+        ``requirements``): the file with every line that can no longer resolve rewritten
+        (:data:`REWRITES_FILE`) and the (old, new) lines; None when no line is rewritten or
+        there is no such file."""
+        if not {"program_dir", "requirements"} <= set(self.variables):
+            return None
+        if not resolved.get("requirements") or not resolved.get("program_dir"):
+            return None
+        path = Path(resolved["program_dir"]).expanduser() / resolved["requirements"]
+        if not path.is_file():
+            return None
+        text = path.read_text(encoding="utf-8", errors="replace")
+        out, changed = [], []
+        for line in text.splitlines():
+            new = rewrite_requirement(line)
+            if new != line:
+                changed.append((line.strip(), new.strip()))
+            out.append(new)
+        if not changed:
+            return None
+        return ("\n".join(out) + "\n").encode(), changed
 
     def render(self, resolved: dict[str, Any]) -> str:
         """The rendered Dockerfile / definition for resolved values."""
@@ -450,7 +482,28 @@ class Template:
             files[name] = _read_file(source)
         if problems:
             raise ConfigError(problems)
+        rewritten = self.rewritten_requirements(resolved)
+        if rewritten is not None:
+            files[REWRITTEN_REQUIREMENTS] = rewritten[0]
         return dict(sorted(files.items()))
+
+
+@functools.cache
+def requirement_rewrites() -> tuple[tuple[str, str, str], ...]:
+    """(prefix, replacement, reason) of every rule in :data:`REWRITES_FILE`."""
+    import tomllib
+
+    data = tomllib.loads(REWRITES_FILE.read_text(encoding="utf-8"))
+    return tuple((r["prefix"], r["replacement"], r["reason"]) for r in data.get("rule", []))
+
+
+def rewrite_requirement(line: str) -> str:
+    """A requirements-file line with the first matching rule applied (leading blanks kept)."""
+    stripped = line.lstrip()
+    for prefix, replacement, _ in requirement_rewrites():
+        if stripped.startswith(prefix):
+            return line[:len(line) - len(stripped)] + replacement + stripped[len(prefix):]
+    return line
 
 
 def template_names() -> list[str]:
@@ -596,7 +649,15 @@ def _jinja_env() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["shquote"] = shquote
+    env.filters["labelquote"] = labelquote
     return env
+
+
+def labelquote(value: Any) -> str:
+    """A Dockerfile ``LABEL`` value: double-quoted, with ``\\``, ``"`` and ``$`` escaped (the
+    builder expands variables in LABEL)."""
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    return f'"{text}"'
 
 
 def shquote(value: Any) -> str:

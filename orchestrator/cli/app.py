@@ -1,7 +1,9 @@
 """Command-line entry point: ``orchestrate``.
 
-Each command group lives in its own module under :mod:`orchestrator.commands` and exposes
-``register(subparsers)``; a handler takes the parsed arguments and returns an exit code.
+Each command group lives in its own module of this package (``orchestrator/cli/<name>_commands.py``,
+listed in :data:`COMMAND_MODULES`) and exposes ``register(subparsers)``; a handler takes the
+parsed arguments and returns an exit code. An option several commands take is declared once,
+in :mod:`orchestrator.cli.options`.
 The CLI catches :class:`~orchestrator.errors.OrchestratorError` only, prints its message and exits
 with its code; anything else is a bug and keeps its traceback.
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from tabulate import tabulate
 
 from orchestrator.catalog.gpus import HostFacts, discover
+from orchestrator.cli import options
 from orchestrator.errors import HostError
 from orchestrator.plan.selection import HostDriver, newest_release
 
@@ -40,10 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Exits 1 if any host is unreachable.",
     )
     check.add_argument("inventory", metavar="HOSTS.toml", help="the host inventory file")
-    check.add_argument(
-        "--host", action="append", default=None, metavar="NAME", help="check only NAME (repeat)"
-    )
-    check.add_argument("--jobs", type=int, default=8, help="hosts checked at once (default 8)")
+    options.host(check, "check only NAME (repeat)")
+    options.jobs(check, "hosts checked at once (default 8)")
     check.set_defaults(handler=cmd_check)
 
 

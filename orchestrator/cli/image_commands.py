@@ -20,6 +20,7 @@ from rich.table import Table
 
 from orchestrator.catalog import templates
 from orchestrator.catalog.releases import Release, resolve_habana, resolve_release
+from orchestrator.cli import options
 from orchestrator.config.syntax import plural
 from orchestrator.errors import BackendUnavailable, ConfigError, cannot_write
 from orchestrator.images import build
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from orchestrator.images.refresh import ImageRefresh, PlannedHost, RefreshReport
 
 log = logging.getLogger(__name__)
+
+
+def _template_name(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="template name (see `orchestrate images list`)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_list.set_defaults(handler=cmd_list)
 
     p_render = sub.add_parser("render", help="write a template's build context to a directory")
-    p_render.add_argument("name", help="template name (see `orchestrate images list`)")
+    _template_name(p_render)
     _add_set(p_render)
     p_render.add_argument("--out", required=True, type=Path, metavar="DIR",
                           help="directory to write into (created if missing)")
@@ -53,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "of the exact build context, base pinned to its digest or image ID): an unchanged "
         "template is never rebuilt. --driver / --driver-from pick the newest NGC release a "
         "driver runs; --sif makes an Apptainer image (.sif) of it; --dry-run shows the plan.")
-    p_build.add_argument("name", help="template name (see `orchestrate images list`)")
+    _template_name(p_build)
     _add_set(p_build)
     p_build.add_argument(
         "--driver",
@@ -65,8 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="HOST",
         help="read the driver from this inventory host over SSH (needs --hosts)",
     )
-    p_build.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
-                         help="hosts inventory for --driver-from")
+    options.hosts(p_build, "hosts inventory for --driver-from")
     p_build.add_argument(
         "--datacenter",
         action="store_true",
@@ -77,9 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --driver: the target GPU (e.g. V100), so no release that dropped its "
         "architecture is picked (--driver-from reads it from the host)",
     )
-    p_build.add_argument(
-        "--dry-run", action="store_true", help="print base image, release and tag; build nothing"
-    )
+    options.dry_run(p_build, "print base image, release and tag; build nothing")
     p_build.add_argument(
         "--sif", action="store_true",
         help="make an Apptainer/Singularity .sif (implied for the singularity template; a "
@@ -107,16 +109,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p_refresh.add_argument("matrices", nargs="*", type=Path, metavar="MATRIX",
                            help="matrix files whose images to keep fresh (default: recorded)")
-    p_refresh.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
-                           help="the inventory (default: $ORCHESTRATE_HOSTS or the user config)")
-    p_refresh.add_argument("--host", action="append", default=None, metavar="NAME",
-                           help="only this host (repeat)")
-    p_refresh.add_argument("--results", type=Path, metavar="DIR",
-                           help="results folder holding the image state (default as `matrix`)")
-    p_refresh.add_argument("--jobs", type=int, default=8, help="hosts at once (default 8)")
-    p_refresh.add_argument("--dry-run", action="store_true",
-                           help="list the hosts it would probe and the images it would check "
-                           "there (last builds and drivers from the state); connects to nothing")
+    options.hosts(p_refresh, "the inventory (default: $ORCHESTRATE_HOSTS or the user config)")
+    options.host(p_refresh, "only this host (repeat)")
+    options.results(p_refresh, "results folder holding the image state (default as `matrix`)")
+    options.jobs(p_refresh, "hosts at once (default 8)")
+    options.dry_run(p_refresh, "list the hosts it would probe and the images it would check "
+                    "there (last builds and drivers from the state); connects to nothing")
     p_refresh.add_argument("--check", action="store_true",
                            help="probe the hosts and compare: say what would be rebuilt and "
                            "why; build nothing, write nothing")

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.config.defaults import RESULTS_HELP, results_root
+from orchestrator.cli import options
+from orchestrator.config.defaults import results_root
 
 if TYPE_CHECKING:
     from orchestrator.results.importer import ImportPlan
@@ -32,10 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("sources", nargs="+", type=Path, metavar="SOURCE",
                    help="log or raport files, a folder of logs, or one run folder")
-    p.add_argument("--matrix", metavar="NAME|MATRIX.toml",
-                   help="the matrix whose history the run joins (default for a run folder: "
-                   "its own)")
-    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
+    options.matrix(p, "the matrix whose history the run joins (default for a run folder: its "
+                   "own)", metavar="NAME|MATRIX.toml")
+    options.results(p)
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a cell parameter of every imported log, e.g. hardware=v100 "
                    "(repeatable; wins over the log and the file name)")
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="device of the hardware profiles of a new matrix (default: cuda)")
     p.add_argument("--allow-partial", action="store_true",
                    help="import logs that end without their run summary (crashed runs)")
-    p.add_argument("--dry-run", action="store_true", help="show what would be imported")
+    options.dry_run(p, "show what would be imported")
     p.set_defaults(handler=cmd_import)
 
 

@@ -12,18 +12,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from orchestrator.cli import options
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "clean", help="remove containers left behind by a crashed sweep",
         description="Remove every container labelled by orchestrate (or only one run's).",
     )
-    p.add_argument("--run", help="only the containers of this run: a run id, a unique prefix, "
-                   "MATRIX:RUN, latest or latest~N (as `compare` names runs)")
-    p.add_argument("--matrix", help="only the containers of this matrix")
-    p.add_argument("--results", type=Path, metavar="DIR",
-                   help="the results folder --run is looked up in (default as `matrix`)")
-    p.add_argument("--dry-run", action="store_true", help="list what would be removed")
+    options.run(p, "only the containers of this run: a run id, a unique prefix, MATRIX:RUN, "
+                "latest or latest~N (as `compare` names runs)")
+    options.matrix(p, "only the containers of this matrix")
+    options.results(p, "the results folder --run is looked up in (default as `matrix`)")
+    options.dry_run(p, "list what would be removed")
     p.add_argument("--force", action="store_true",
                    help="also remove containers started from another host (their sweep may "
                    "still run)")

@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.defaults import RESULTS_HELP, results_root
+from orchestrator.cli import options
+from orchestrator.config.defaults import results_root
 from orchestrator.errors import ConfigError, Problem, cannot_write
 
 if TYPE_CHECKING:
@@ -63,12 +64,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "runs", help="list runs: date, matrix, backend, cells ok/failed, duration, revision",
         description="List the runs under the results folder, oldest first.")
     p.add_argument("matrix", nargs="?", help="only this matrix (name or path to its .toml)")
-    _results_arg(p)
+    options.results(p)
     _date_args(p)
     p.add_argument("--status", action="append", choices=RUN_STATUSES, default=[],
                    help="only runs with this status (repeatable)")
     p.add_argument("--last", type=int, metavar="N", help="only the newest N runs")
-    p.add_argument("--json", action="store_true", help="a JSON list, one object per run")
+    options.json(p, "a JSON list, one object per run")
     p.add_argument("--reindex", action="store_true",
                    help="rebuild the index from the run folders first")
     p.set_defaults(handler=cmd_runs)
@@ -82,16 +83,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("matrix", nargs="?",
                    help="matrix name (or a path to its .toml; default: the one of --run "
                    "MATRIX:RUN, else the one matrix under the results)")
-    p.add_argument("--run", help="run id, a unique prefix of one, latest or latest~N, each "
-                   "with MATRIX: before it or not (default: the newest)")
-    _results_arg(p)
+    options.run(p, "run id, a unique prefix of one, latest or latest~N, each with MATRIX: "
+                "before it or not (default: the newest)")
+    options.results(p)
     p.add_argument("--baseline", metavar="KEY=VALUE",
                    help="add each row's ratio to this row, e.g. hardware=v100 "
                    "(default: [matrix] baseline)")
-    p.add_argument("--plot", type=Path, metavar="FILE",
-                   help="also draw it (png/svg/pdf): scaling vs GPUs, or bars per configuration")
-    p.add_argument("--html", type=Path, metavar="FILE",
-                   help="also write a self-contained HTML report (tables, plot, provenance)")
+    options.plot(p, "also draw it (png/svg/pdf): scaling vs GPUs, or bars per configuration")
+    options.html(p, "also write a self-contained HTML report (tables, plot, provenance)")
     p.set_defaults(handler=cmd_report)
 
     p = sub.add_parser(
@@ -100,8 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "prefix), MATRIX:RUN_ID, MATRIX:latest or MATRIX:latest~N.")
     p.add_argument("run_a", metavar="RUN_A")
     p.add_argument("run_b", metavar="RUN_B")
-    p.add_argument("--matrix", help="matrix of RUN_A/RUN_B when they name no matrix")
-    _results_arg(p)
+    options.matrix(p, "matrix of RUN_A/RUN_B when they name no matrix")
+    options.results(p)
     p.add_argument("--confidence", default="95%", metavar="PCT",
                    help="interval level, a percentage (default 95%%)")
     p.add_argument("--threshold", default="0%", metavar="PCT",
@@ -109,9 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _metric_arg(p)
     _raw_arg(p)
     fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="JSON instead of the table")
+    options.json(fmt, "JSON instead of the table")
     fmt.add_argument("--csv", action="store_true", help="CSV, one row per configuration")
-    p.add_argument("--html", type=Path, metavar="FILE", help="also write an HTML report")
+    options.html(p, "also write an HTML report")
     p.set_defaults(handler=cmd_compare)
 
     p = sub.add_parser(
@@ -120,8 +119,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(parameters + hardware profile) and stack. Exit 1 with --fail-on-regression when a "
         "configuration regressed, failed, is missing or was dropped, or misses its reference.")
     p.add_argument("matrix", help="matrix name (or a path to its .toml)")
-    _results_arg(p)
-    p.add_argument("--run", help="check this run instead of the newest (finished or not)")
+    options.results(p)
+    options.run(p, "check this run instead of the newest (finished or not)")
     p.add_argument("--last", type=int, default=7, metavar="N", help="runs shown (default 7)")
     p.add_argument("--window", type=int, default=10, metavar="N",
                    help="earlier runs the newest is compared with (default 10)")
@@ -147,8 +146,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-dropped", action="store_true",
                    help="a configuration the newest run left out of its plan (--only, or taken "
                    "out of the matrix) does not fail --fail-on-regression")
-    p.add_argument("--plot", type=Path, metavar="FILE", help="also draw the trend (png/svg/pdf)")
-    p.add_argument("--json", action="store_true", help="JSON instead of the table")
+    options.plot(p, "also draw the trend (png/svg/pdf)")
+    options.json(p, "JSON instead of the table")
     p.set_defaults(handler=cmd_history)
 
     p = sub.add_parser(
@@ -156,10 +155,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Export cell results of a selection of runs, one row per cell and figure "
         "(pandas: read_csv / read_json).")
     p.add_argument("matrices", nargs="*", metavar="MATRIX", help="only these matrices")
-    _results_arg(p)
+    options.results(p)
     _date_args(p)
-    p.add_argument("--run", action="append", default=[], metavar="RUN",
-                   help="only this run (id, MATRIX:RUN_ID, MATRIX:latest; repeatable)")
+    options.run(p, "only this run (id, MATRIX:RUN_ID, MATRIX:latest; repeatable)",
+                action="append", default=[], metavar="RUN")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                    help="only cells with this parameter (repeatable; same key: any value)")
     p.add_argument("--figure", action="append", default=[], metavar="NAME",
@@ -183,10 +182,6 @@ def _raw_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw", action="store_true",
                    help="judge the raw figures even where the runs had a [control] (default: "
                    "each cell's figure as a ratio to the control measured beside it)")
-
-
-def _results_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
 
 
 def _date_args(p: argparse.ArgumentParser) -> None:

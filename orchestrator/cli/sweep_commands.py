@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from orchestrator.config.defaults import RESULTS_HELP, hosts_file, results_root
-from orchestrator.errors import ConfigError
+from orchestrator.cli import options
+from orchestrator.config.defaults import RESULTS_HELP, results_root
 from orchestrator.plan.eta import Eta, format_duration
 from orchestrator.plan.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results.folders.run_folder import (
@@ -39,6 +39,7 @@ from orchestrator.results.folders.run_folder import (
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
+    from orchestrator.backends import BackendRecord
     from orchestrator.backends.checks import Decision
     from orchestrator.plan.placement import Allocation
 
@@ -67,17 +68,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Expand MATRIX.toml into cells and run each one; results land in "
         "RESULTS/<matrix>/<run id>/.",
     )
-    p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--backend", help=f"{_backends_help()} (default: [matrix] backend)")
-    p.add_argument("--results", type=Path, metavar="DIR", help=RESULTS_HELP)
-    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
-                   help="run only matching cells (repeatable; same key: any value)")
-    p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
-                   help="hosts inventory for --backend ssh (default: [matrix] hosts)")
+    options.matrix_file(p)
+    options.backend(p)
+    options.results(p)
+    options.only(p, "run " + options.ONLY_HELP)
+    options.hosts(p)
     p.add_argument("--resume", nargs="?", const="", metavar="RUN_ID",
                    help="re-run, in an earlier run's folder (default: the newest), only the "
                    "cells that did not end ok")
-    p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    options.dry_run(p, "print the plan, run nothing")
     p.add_argument("--order-seed", type=_order_seed, metavar="N",
                    help="seed of the cells' random order within each round of repeats "
                    "(default: a fresh one, recorded in plan.json and run.json; give a run's "
@@ -97,16 +96,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "plan", help="print the expanded cells of a matrix",
         description="Print the cells MATRIX.toml expands to (id, varying parameters, repeat, "
         "content hash), after the same checks as `validate`; builds and runs nothing.")
-    p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
-                   help="only matching cells (repeatable; same key: any value)")
-    p.add_argument("--json", action="store_true", help="a JSON list, one object per cell")
-    p.add_argument("--backend", help=f"plan for this backend: {_backends_help()} "
-                   "(default: [matrix] backend)")
-    p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
-                   help="hosts inventory for --backend ssh (default: [matrix] hosts)")
-    p.add_argument("--results", type=Path, metavar="DIR",
-                   help="where the run would go, for --json's cell folders; " + RESULTS_HELP)
+    options.matrix_file(p)
+    options.only(p)
+    options.json(p, "a JSON list, one object per cell")
+    options.backend(p, "plan for this backend: ")
+    options.hosts(p)
+    options.results(p, "where the run would go, for --json's cell folders; " + RESULTS_HELP)
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser(
@@ -116,11 +111,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "hardware, image kind for the backend, the baseline). Prints each profile's software "
         "stack, warnings and what could not be checked.",
     )
-    p.add_argument("matrix_file", metavar="MATRIX.toml", type=Path)
-    p.add_argument("--backend", help=f"check for this backend: {_backends_help()} "
-                   "(default: [matrix] backend)")
-    p.add_argument("--hosts", type=Path, metavar="HOSTS.toml",
-                   help="hosts inventory for --backend ssh (default: [matrix] hosts)")
+    options.matrix_file(p)
+    options.backend(p, "check for this backend: ")
+    options.hosts(p)
     p.add_argument("--strict", action="store_true",
                    help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
@@ -144,14 +137,6 @@ def _order_seed(text: str) -> int:
     return value
 
 
-def _backends_help() -> str:
-    """The backends of this build, for --help ("process, docker, ssh or slurm")."""
-    from orchestrator.backends import backend_names
-
-    names = backend_names()
-    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
-
-
 # --- plan / validate / schema ----------------------------------------------------------------
 
 
@@ -159,26 +144,18 @@ def _decide(args: argparse.Namespace, *, strict: bool = False) -> tuple[Matrix, 
     """The matrix file, validated, and the one decision a sweep of it takes before its run
     folder exists (:func:`orchestrator.backends.checks.preflight`: a ConfigError, or
     BackendUnavailable, with every problem; the baseline included), for the backend the
-    command names (``--backend``, else the matrix's) and its hosts inventory."""
+    command names (``--backend``, else the matrix's) and the hosts inventory it reads
+    (``--hosts`` first). The command acts on the decision; nothing decides again."""
+    from orchestrator.backends import backend_record
     from orchestrator.backends.checks import preflight
 
     backend = getattr(args, "backend", None)
-    _check_backend(backend)
+    if backend is not None:  # named before the matrix file is read
+        backend_record(backend)
     matrix = _load_matrix(args.matrix_file)
-    decision = preflight(matrix, backend, hosts_file=_hosts_of(args, matrix, backend),
+    decision = preflight(matrix, backend, hosts_file=getattr(args, "hosts", None),
                          comparisons=True, strict=strict)
     return matrix, decision
-
-
-def _hosts_of(args: argparse.Namespace, matrix: Matrix, backend: str | None) -> Path | None:
-    """The hosts inventory a sweep on the ssh backend reads (``--hosts`` > ``[matrix] hosts``
-    > $ORCHESTRATE_HOSTS > the config file); other backends read none."""
-    from orchestrator.sweep import hosts_file_of
-
-    given = getattr(args, "hosts", None)
-    if (backend or matrix.settings.backend) != "ssh":
-        return given
-    return hosts_file(given, hosts_file_of(matrix))
 
 
 def _load(args: argparse.Namespace) -> tuple[Matrix, Decision]:
@@ -255,27 +232,17 @@ def control_lines(matrix: Matrix) -> list[str]:
 def cmd_plan(args: argparse.Namespace) -> int:
     matrix, decision = _load(args)
     if args.json:  # each cell with the launch a sweep would give it (matrix --dry-run's)
-        from orchestrator.backends.dry_run import launches
+        from orchestrator.backends.dry_run import dry_backend, launches_on
 
         cells = matrix.checked_cells
-        started = launches(matrix, decision.backend, cells, results_root(args.results),
-                           _hosts_of(args, matrix, decision.backend))
+        runner = dry_backend(matrix, decision.backend, results_root(args.results),
+                             decision.hosts_file)
         print(json.dumps([{**c.to_json(), "launch": launch}
-                          for c, launch in zip(cells, started, strict=True)], indent=2))
+                          for c, launch in zip(cells, launches_on(runner, cells), strict=True)],
+                         indent=2))
     else:
         print("\n".join(plan_lines(matrix, decision.backend)))
     return 0
-
-
-def _check_backend(name: str | None) -> None:
-    """``--backend NAME`` must name a backend of this build (ConfigError on ``--backend``)."""
-    if name is None:
-        return
-    from orchestrator.backends import backend_names
-
-    if name not in backend_names():
-        raise ConfigError(f"unknown backend {name!r}; known: {', '.join(backend_names())}",
-                          field="--backend")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -554,19 +521,14 @@ def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineE
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from orchestrator.sweep import NullEvents, check_run, hosts_file_of, run_sweep
+    from orchestrator.sweep import NullEvents, check_run, run_sweep
 
     matrix, decision = _load(args)
     results = results_root(args.results)
-    backend = decision.backend
     if args.dry_run:  # every refusal before the (long) plan, as a real sweep would refuse
         check_run(matrix, results, args.resume)
-        print("\n".join(dry_run_lines(matrix, backend, results,
-                                      _hosts_of(args, matrix, backend), args.order_seed)))
+        print("\n".join(dry_run_lines(matrix, decision, results, args.order_seed)))
         return 0
-    hosts = args.hosts
-    if backend == "ssh":
-        hosts = hosts_file(args.hosts, hosts_file_of(matrix))
     cancel = threading.Event()
     # SIGINT too, explicitly: a sweep started in the background of a script inherits SIGINT
     # ignored from the shell, and `kill -INT` must still stop it the one way it stops. SIGHUP
@@ -578,10 +540,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     progress = sweep_events(verbosity(args))
     try:  # a progress bar is drawn while the sweep runs and cleared after
         with progress if isinstance(progress, RichEvents) else contextlib.nullcontext():
-            outcome = run_sweep(matrix, backend_name=args.backend, results_root=results,
+            outcome = run_sweep(matrix, decision=decision, results_root=results,
                                 events=progress or NullEvents(), cancel=cancel,
-                                hosts_file=hosts, resume=args.resume,
-                                lock_timeout_s=args.lock_timeout, order_seed=args.order_seed)
+                                resume=args.resume, lock_timeout_s=args.lock_timeout,
+                                order_seed=args.order_seed)
     finally:
         stopper.restore(previous)
     print(outcome.table)
@@ -603,30 +565,31 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
-def _inventory_line(matrix: Matrix, hosts: Path | None) -> list[str]:
-    """What ``--dry-run`` says of an ssh sweep's inventory, read as the sweep reads it (the
-    decision refused a missing or invalid one); no host is contacted."""
-    from orchestrator.backends.ssh import load_inventory
+def _inventory_line(hosts: Path | None) -> list[str]:
+    """What ``--dry-run`` says of the inventory a sweep reads (the decision refused a missing
+    or invalid one); no host is contacted."""
+    from orchestrator.config.inventory import load_hosts
 
-    inventory, _ = load_inventory(matrix, hosts)
-    return [f"hosts: {hosts} ({len(inventory.hosts)} hosts; not contacted by a dry run)"]
+    assert hosts is not None  # the decision refused none
+    return [f"hosts: {hosts} ({len(load_hosts(hosts).hosts)} hosts; not contacted by a dry run)"]
 
 
-def image_lines(matrix: Matrix, backend: str) -> list[str]:
-    """What ``--dry-run`` says of the images the cells need (no engine: the tags shown cover
-    the build context; the build's also cover the base image's digest or ID)."""
+def image_lines(matrix: Matrix, backend: BackendRecord) -> list[str]:
+    """What ``--dry-run`` says of the Docker images the cells need, built where ``backend``
+    builds them (no engine: the tags shown cover the build context; the build's also cover
+    the base image's digest or ID)."""
     from orchestrator.images import build
     from orchestrator.plan import selection
 
     cells = [c for c in matrix.checked_cells if not matrix.profile(c).apptainer_runtime]
-    build.check_image_templates(matrix, cells, backend)
+    build.check_image_templates(matrix, cells, backend.name)
     lines = []
     for key in selection.needed_keys(matrix, cells):
         name = key.hardware + (f" (ngc_release {key.ngc_release})" if key.ngc_release else "")
         if key.ngc_release is None and selection.is_auto(matrix, key.hardware):
-            where = "each host's" if backend == "ssh" else "this machine's"
-            lines.append(f"image for {name}: release chosen from {where} driver when the sweep "
-                         f"runs (release = 'auto', template {matrix.profiles[key.hardware].image})")
+            lines.append(f"image for {name}: release chosen from {backend.images_on}'s driver "
+                         "when the sweep runs (release = 'auto', template "
+                         f"{matrix.profiles[key.hardware].image})")
             continue
         choice, plan = build.plan_key(matrix, key)
         lines.append(f"image for {name}: {plan.tag} (template {plan.template}, base "
@@ -635,24 +598,27 @@ def image_lines(matrix: Matrix, backend: str) -> list[str]:
     return lines
 
 
-def dry_run_lines(matrix: Matrix, backend: str, results: Path, hosts: Path | None,
+def dry_run_lines(matrix: Matrix, decision: Decision, results: Path,
                   order_seed: int | None = None) -> list[str]:
-    """What ``--dry-run`` prints: the plan, the images (docker, ssh), the inventory (ssh),
-    every cell's exact launch (:mod:`orchestrator.backends.dry_run`), Slurm's submissions, and
-    where the run would go. Nothing is built, written, submitted or connected to."""
-    from orchestrator.backends.dry_run import launches, lines
+    """What ``--dry-run`` prints, as the decision's backend record says: the plan, the Docker
+    images (where it builds them), the inventory (where it reads one), every cell's exact
+    launch (:mod:`orchestrator.backends.dry_run`), how they would be submitted (the backend's
+    :meth:`~orchestrator.backends.base.Backend.submission_lines`: Slurm's arrays), and where
+    the run would go. Nothing is built, written, submitted or connected to."""
+    from orchestrator.backends.dry_run import dry_backend, launches_on, lines
 
+    backend, record = decision.backend, decision.record
     out = plan_lines(matrix, backend)
-    if backend in ("docker", "ssh"):
-        out += image_lines(matrix, backend)
-    if backend == "ssh":
-        out += _inventory_line(matrix, hosts)
+    if record.images_on:
+        out += image_lines(matrix, record)
+    if record.inventory:
+        out += _inventory_line(decision.hosts_file)
     out.append(f"commands ({backend} backend; cell folders under {results}/{matrix.name}/"
                "<run id>/):")
-    for launch in launches(matrix, backend, matrix.checked_cells, results, hosts):
+    runner = dry_backend(matrix, backend, results, decision.hosts_file)
+    for launch in launches_on(runner, matrix.checked_cells):
         out += [f"  {line}" for line in lines(launch)]
-    if backend == "slurm":
-        out += slurm_lines(matrix, results)
+    out += runner.submission_lines(list(matrix.cells))
     seed = f"seed {order_seed}" if order_seed is not None else "a fresh seed, recorded in plan.json"
     out.append(f"order: rounds of repeats, each in a random order ({seed}); longest expected "
                "first when the backend runs several cells at once")
@@ -663,18 +629,6 @@ def dry_run_lines(matrix: Matrix, backend: str, results: Path, hosts: Path | Non
 
 def _cells(n: int) -> str:
     return f"{n} cell" if n == 1 else f"{n} cells"
-
-
-def slurm_lines(matrix: Matrix, results: Path) -> list[str]:
-    """What ``--dry-run`` says of a slurm sweep's submissions: its arrays and jobs, each with
-    its sbatch options (:meth:`~orchestrator.backends.slurm.SlurmBackend.submission_lines`)."""
-    from orchestrator.backends.base import RunOptions
-    from orchestrator.backends.slurm import SlurmBackend
-    from orchestrator.results.folders.run_folder import RunPaths
-
-    paths = RunPaths(results.resolve() / matrix.name / "<run id>")
-    backend = SlurmBackend(matrix, paths, RunOptions(timeout_s=matrix.settings.timeout_s))
-    return backend.submission_lines(list(matrix.cells))
 
 
 #: The signals that stop a sweep the one way it stops (see :func:`cmd_matrix`).

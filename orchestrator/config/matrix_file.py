@@ -829,6 +829,22 @@ class CommandRenderError(ValueError):
         self.problems = problems
 
 
+class Requirement(StrictModel):
+    """``[[commands.NAME.requires]]``: a file or folder a cell of the command needs when it runs
+    (a dataset, pretrained weights, a client's configuration), checked before the run."""
+
+    path: Annotated[str, Field(min_length=1, max_length=4096,
+                               pattern=r"^[/{][^\x00-\x1f\x7f]*$")] = Field(
+        description="Where the program reads it when the cell runs: an absolute path in the "
+        "container (docker: mapped to the host through the profile's mounts; a path inside the "
+        "image is the image's) or on the machine (process, slurm); {name} placeholders as in "
+        "the command (a placeholder mapped to [] makes the cell need nothing here).",
+    )
+    what: Annotated[str, Field(max_length=1024)] = Field(
+        "", description="What it is and where it comes from (shown when it is missing).",
+    )
+
+
 class CommandTemplate(StrictModel):
     """``[commands.NAME]``: another program a cell can run instead of our workload."""
 
@@ -864,7 +880,13 @@ class CommandTemplate(StrictModel):
         "regex ...); default: the hardware profile's, the matrix's [figures], else our "
         "workload's JSON lines.",
     )
+    requires: list[Requirement] = Field(
+        [], max_length=256, description="Files and folders the program needs when a cell runs "
+        "(datasets, pretrained weights, client configurations): `validate` (and the sweep) "
+        "refuse a cell whose file is missing where it runs.",
+    )
     _words: tuple[Word, ...] = PrivateAttr(default=())
+    _required: tuple[tuple[Word, ...], ...] = PrivateAttr(default=())
 
     @field_validator("command")
     @classmethod
@@ -873,6 +895,18 @@ class CommandTemplate(StrictModel):
             argv_template.parse(value)
         except TemplateError as exc:
             raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("requires")
+    @classmethod
+    def _one_word_paths(cls, value: list[Requirement]) -> list[Requirement]:
+        for entry in value:
+            try:
+                words = argv_template.parse(entry.path)
+            except TemplateError as exc:
+                raise ValueError(str(exc)) from None
+            if len(words) != 1:
+                raise ValueError(f"requires path {entry.path!r} must be one word (no spaces)")
         return value
 
     @field_validator("workdir")
@@ -886,6 +920,7 @@ class CommandTemplate(StrictModel):
 
     def model_post_init(self, context: Any, /) -> None:
         self._words = argv_template.parse(self.command)
+        self._required = tuple(argv_template.parse(r.path) for r in self.requires)
 
     @property
     def words(self) -> tuple[Word, ...]:
@@ -893,8 +928,8 @@ class CommandTemplate(StrictModel):
         return self._words
 
     def uses(self) -> list[str]:
-        """Every placeholder of the template, each once, in order."""
-        return argv_template.names(self._words)
+        """Every placeholder of the template (its requires paths too), each once, in order."""
+        return argv_template.names(self._words + tuple(w for r in self._required for w in r))
 
     def params_used(self) -> set[str]:
         """The cell parameters whose values reach the command (directly or through a
@@ -960,25 +995,7 @@ class CommandTemplate(StrictModel):
         (a value no placeholder entry lists, a parameter value that would be read as an
         option)."""
         problems: list[tuple[str, str]] = []
-
-        def value(name: str) -> str | list[str]:
-            holder = self.placeholders.get(name)
-            if holder is not None:
-                param = holder.param or name
-                mapped = holder.entry(param, values.get(param))
-                if mapped is None:
-                    problems.append((f"placeholders.{name}.values", (
-                        f"no entry for {param} = {value_text(values.get(param))!r}: add it "
-                        f"(or exclude those cells)")))
-                    return ""
-                return mapped[0] if len(mapped) == 1 else mapped
-            got = values.get(name)
-            if got is None:
-                problems.append(("command", f"{{{name}}} has no value in this cell (set "
-                                            f"{name}, or map it under placeholders.{name})"))
-                return ""
-            return value_text(got)
-
+        value = self._values(values, problems)
         try:
             items = argv_template.render(self._words, value)
         except TemplateError as exc:
@@ -998,6 +1015,48 @@ class CommandTemplate(StrictModel):
         if problems:
             raise CommandRenderError(list(dict.fromkeys(problems)))
         return items
+
+    def required_paths(self, values: Mapping[str, Any]) -> list[tuple[int, str]]:
+        """The ``requires`` paths one cell needs, as (index, path): ``values`` as for
+        :meth:`render`; an entry whose placeholder maps to [] is not needed. Raises
+        :class:`CommandRenderError` like :meth:`render`."""
+        problems: list[tuple[str, str]] = []
+        value = self._values(values, problems)
+        out = []
+        for i, words in enumerate(self._required):
+            try:
+                items = argv_template.render(words, value)
+            except TemplateError as exc:
+                problems.append((f"requires[{i}].path", str(exc)))
+                continue
+            out += [(i, item) for item in items]
+        if problems:
+            raise CommandRenderError(list(dict.fromkeys(problems)))
+        return out
+
+    def _values(self, values: Mapping[str, Any], problems: list[tuple[str, str]]
+                ) -> Callable[[str], str | list[str]]:
+        """What each placeholder stands for in one cell; problems are appended."""
+
+        def value(name: str) -> str | list[str]:
+            holder = self.placeholders.get(name)
+            if holder is not None:
+                param = holder.param or name
+                mapped = holder.entry(param, values.get(param))
+                if mapped is None:
+                    problems.append((f"placeholders.{name}.values", (
+                        f"no entry for {param} = {value_text(values.get(param))!r}: add it "
+                        f"(or exclude those cells)")))
+                    return ""
+                return mapped[0] if len(mapped) == 1 else mapped
+            got = values.get(name)
+            if got is None:
+                problems.append(("command", f"{{{name}}} has no value in this cell (set "
+                                            f"{name}, or map it under placeholders.{name})"))
+                return ""
+            return value_text(got)
+
+        return value
 
 
 def _adapter_message(param: str, key: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
@@ -88,3 +89,12 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     """``n`` and ``word`` in its number: ``1 cell``, ``0 cells``, ``2 matches`` (``many``: an
     irregular plural)."""
     return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def words(items: Sequence[str], last: str = "and") -> str:
+    """``items`` as a list in a sentence: ``a``, ``a and b``, ``a, b and c`` (``last``: the
+    word before the last item, e.g. ``or``)."""
+    items = list(items)
+    if len(items) < 2:
+        return "".join(items)
+    return f"{', '.join(items[:-1])} {last} {items[-1]}"

@@ -118,7 +118,7 @@ class Locker(ABC):
         """Try once, without blocking, to take lock file ``name`` in ``mode``: None when taken,
         else the first line its holder wrote into it ('' when none)."""
 
-    def taken(self) -> None:  # noqa: B027 - optional hook
+    def taken(self) -> None:  # optional hook
         """Every lock of the request is taken: write the holder into them (if not yet done)."""
 
     @abstractmethod

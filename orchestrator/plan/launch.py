@@ -54,7 +54,7 @@ from orchestrator.config.redact import redact_env
 from orchestrator.errors import LaunchError
 from orchestrator.plan import profilers
 from orchestrator.plan.matrix import Cell
-from orchestrator.plan.placement import Allocation
+from orchestrator.plan.placement import Allocation, holds_local_gpus
 
 #: Multi-node rendezvous ports: RDZV_PORT_BASE + (a hash of the cell id) % RDZV_PORT_SPAN.
 RDZV_PORT_BASE = 29400
@@ -405,7 +405,7 @@ def workload_env(cell: Cell, profile: HardwareProfile, gpu_ids: tuple[int, ...])
     mode = hpu_mode(cell.params, profile.device)
     if mode is not None:
         env["PT_HPU_LAZY_MODE"] = HPU_LAZY_MODE[mode]
-    if profile.device == "cuda" and gpu_ids and profile.wrapper == "none":
+    if profile.device == "cuda" and gpu_ids and holds_local_gpus(profile):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
     if profile.device == "hpu" and gpu_ids:
         env["HABANA_VISIBLE_MODULES"] = ",".join(map(str, gpu_ids))

@@ -405,6 +405,7 @@ def content_hash(params: CellParams, profile: HardwareProfile, program: Program 
     }
     if program is not None and program.command is not None:
         command = program.command.model_dump()
+        command.pop("requires", None)  # what the cell needs beforehand, not what it runs
         if isinstance(command.get("figures"), dict):
             command["figures"] = _hashed(command["figures"], HASH_NEUTRAL_FIGURES)
         content["command"] = {"name": program.name, **command}

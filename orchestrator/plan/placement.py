@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from orchestrator.config.inventory import Inventory
+    from orchestrator.config.matrix_file import HardwareProfile
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,16 @@ class Allocation:
     def multi_node(self) -> bool:
         """Whether the allocation spans hosts."""
         return len(self.slots) > 1
+
+
+def holds_local_gpus(profile: HardwareProfile) -> bool:
+    """Whether a cell of ``profile`` computes on GPUs of the machine it is placed on: CUDA and
+    Gaudi cells do. A CPU cell computes on the CPU, and a Bitfusion cell (``wrapper =
+    "bitfusion"``) on the Bitfusion servers' GPUs, which ``bitfusion run`` attaches over the
+    network: neither is given GPUs of its machine (no ``CUDA_VISIBLE_DEVICES``, no device
+    request, no Slurm ``--gres``), placed by its GPU count, or checked against a GPU there.
+    The one rule the backends, the runtimes and the GPU checks ask."""
+    return profile.device != "cpu" and profile.wrapper != "bitfusion"
 
 
 def hosts_from_inventory(

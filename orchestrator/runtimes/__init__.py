@@ -4,10 +4,12 @@ A backend says *where* a cell runs (this machine, a lab host over SSH, a Slurm n
 says *in what*: this machine's Python, a Docker container, an Apptainer / SingularityCE image.
 ReFrame keeps container platforms apart from schedulers and launchers the same way: the
 runtime is an axis beside the backends. A profile's ``runtime`` names it, else its backend's own
-is used (:data:`DEFAULTS`); each runtime module's ``BACKENDS`` says which backends run it. Each
-runtime is one module, and each says the same three things: how a cell's argv is wrapped, what
-the runtime needs from the host (made sure of before the first cell), what it checks before the
-run (``validate``, ``--dry-run`` and the sweep ask the same functions, through
+is used; which runtimes a backend runs, and its own, are facts of the backend's record
+(:class:`orchestrator.backends.BackendRecord`), which the checks hand to the runtimes' checks
+as :class:`BackendFacts`: a runtime never names a backend. Each runtime is one module, and each
+says the same three things: how a cell's argv is wrapped, what the runtime needs from the host
+(made sure of before the first cell), what it checks before the run (``validate``,
+``--dry-run`` and the sweep ask the same functions, through
 :mod:`orchestrator.backends.checks`):
 
 * :mod:`~orchestrator.runtimes.none` — no container: the program runs with this machine's
@@ -29,9 +31,22 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from orchestrator.errors import Problem
 
-#: Each backend's own runtime: what its cells run in when their profile names none.
-DEFAULTS: dict[str, str] = {"process": "none", "slurm": "none", "docker": "docker",
-                            "ssh": "docker"}
+
+class BackendFacts(Protocol):
+    """What a runtime's checks know of the backend its cells run on: the facts of its record
+    (:class:`orchestrator.backends.BackendRecord`), never its name compared."""
+
+    @property
+    def name(self) -> str:
+        """The backend's name (for messages)."""
+
+    @property
+    def runtimes(self) -> tuple[str, ...]:
+        """Every runtime it runs."""
+
+    @property
+    def multi_node(self) -> str:
+        """How one cell spans several machines (``nodes``, ``hosts``, ``""``: never)."""
 
 
 class Report(Protocol):

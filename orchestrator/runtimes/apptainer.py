@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.matrix_file import HardwareProfile, Program
 from orchestrator.config.redact import is_secret, resolve_env
+from orchestrator.config.syntax import words
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.images import build
 from orchestrator.images.sif import Machine, SifPlan, ensure_sif, plan_sif
@@ -68,7 +69,7 @@ from orchestrator.plan import selection
 from orchestrator.plan.launch import CellCommand, LaunchSpec, NodeLaunch, cell_command
 from orchestrator.plan.matrix import Cell
 from orchestrator.plan.selection import ImageKey
-from orchestrator.runtimes import DEFAULTS, Report
+from orchestrator.runtimes import BackendFacts, Report
 
 if TYPE_CHECKING:
     from orchestrator.plan.matrix import Matrix
@@ -413,25 +414,22 @@ def image_path(matrix: Matrix, cell: Cell, prepared: Mapping[ImageKey, str],
 
 # --- what it checks before the run -----------------------------------------------------------
 
-#: The backends that run ``apptainer exec``.
-BACKENDS = ("process", "ssh", "slurm")
-
-
-def refused_on(backend: str, profile: HardwareProfile) -> str | None:
+def refused_on(backend: BackendFacts, profile: HardwareProfile, runs_on: Sequence[str]
+               ) -> str | None:
     """Why ``profile``'s cells cannot run under Apptainer on ``backend`` (one that starts no
-    process of ours); None where they can, or the backend is not known here."""
-    if backend not in DEFAULTS or backend in BACKENDS:
+    process of ours); None where they can. ``runs_on``: the backends that run it."""
+    if "apptainer" in backend.runtimes:
         return None
     runtime = profile.runtime
-    return (f"runtime {runtime!r} runs `{runtime} exec` on the process, ssh and slurm backends; "
-            f"the {backend} backend runs Docker containers (pick another backend, or remove "
-            "runtime)")
+    return (f"runtime {runtime!r} runs `{runtime} exec` on the {words(runs_on)} backends; "
+            f"the {backend.name} backend runs Docker containers (pick another backend, or "
+            "remove runtime)")
 
 
 def check_profile(report: Report, file: str, hw: str, profile: HardwareProfile,
-                  backend: str) -> None:
+                  backend: BackendFacts) -> None:
     """What a profile under Apptainer cannot do (errors) or what is not checked (notes) on
-    ``backend`` (one of :data:`BACKENDS`), before anything is built (the module docstring)."""
+    ``backend`` (one that runs it), before anything is built (the module docstring)."""
     where = f"hardware.{hw}"
     runtime = profile.runtime
     if profile.device == "hpu":
@@ -442,7 +440,7 @@ def check_profile(report: Report, file: str, hw: str, profile: HardwareProfile,
         report.error(Problem(file, f"{where}.wrapper", (
             f"wrapper {profile.wrapper!r} is not available under runtime {runtime!r}: the "
             "Bitfusion client runs in a Docker image of its own (runtime docker)")))
-    if profile.multi_node and backend == "ssh":
+    if profile.multi_node and backend.multi_node == "hosts":
         report.error(Problem(file, f"{where}.multi_node", (
             f"cells spanning several hosts are not run under runtime {runtime!r} (one host per "
             "cell): set multi_node = false")))

@@ -17,25 +17,25 @@ the image of each profile on it, built from the profile's Dockerfile template
 
 **What it checks before the run** (:func:`check_profile`): a profile names an image template,
 and one that builds a Docker image (not a Singularity definition); ``runtime = "docker"`` on a
-backend that runs no container is refused (:func:`refused_on`).
+backend whose record does not list it is refused (:func:`refused_on`).
 
 Nothing here connects to anything: the engine client is the backend's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.catalog import templates
 from orchestrator.config.matrix_file import HardwareProfile, Program
 from orchestrator.config.redact import resolve_env
+from orchestrator.config.syntax import words
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.plan.launch import LaunchSpec, NodeRole, cell_command
 from orchestrator.plan.matrix import Cell
-from orchestrator.runtimes import DEFAULTS, Report
-
-#: The backends that run cells in Docker containers.
-BACKENDS = ("docker", "ssh")
+from orchestrator.plan.placement import holds_local_gpus
+from orchestrator.runtimes import BackendFacts, Report
 
 #: Where the cell's folder is mounted in the container (the workload's --output-dir).
 CONTAINER_OUT = "/orchestrate/out"
@@ -72,9 +72,11 @@ def container_spec(
         argv=tuple(command.argv),
         env=command.env,
         device=profile.device,
-        # Bitfusion: the GPUs are remote (`bitfusion run -n N` picks them), so no local device
-        # request: the client VM has no GPU of its own to give the container
-        gpu_ids=() if profile.wrapper == "bitfusion" else gpu_ids,
+        # the allocation's GPUs, but for a cell that computes on none of this machine's: a
+        # Bitfusion cell's are remote (`bitfusion run -n N` picks them; the client VM has none
+        # to give the container); a CPU cell's (held against other cells) are requested by no
+        # device request (container_kwargs: CUDA and Gaudi only)
+        gpu_ids=gpu_ids if holds_local_gpus(profile) or profile.device == "cpu" else (),
         image=image,
         container=container,
         workdir=command.workdir,
@@ -137,24 +139,25 @@ def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
     return kwargs
 
 
-def refused_on(backend: str) -> str | None:
+def refused_on(backend: BackendFacts, runs_on: Sequence[str]) -> str | None:
     """Why ``runtime = "docker"`` cannot run on ``backend`` (one that runs this machine's
-    Python); None where it can, or the backend is not known here."""
-    if backend not in DEFAULTS or backend in BACKENDS:
+    Python); None where it can. ``runs_on``: the backends that run it."""
+    if "docker" in backend.runtimes:
         return None
-    return (f"runtime 'docker' runs on the docker and ssh backends; the {backend} backend runs "
-            "this machine's Python, or an Apptainer image with runtime = \"apptainer\"")
+    return (f"runtime 'docker' runs on the {words(runs_on)} backends; the {backend.name} "
+            "backend runs this machine's Python, or an Apptainer image with runtime = "
+            "\"apptainer\"")
 
 
 def check_profile(report: Report, file: str, hw: str, profile: HardwareProfile,
-                  backend: str) -> bool:
+                  backend: BackendFacts) -> bool:
     """Whether the profile's image template builds a Docker image: an error naming the field
     where it does not (no template, a Singularity definition); False then. A template that
     does not load was reported by the matrix's own validation: False, nothing said."""
-    where = f"hardware.{hw}"
+    where, name = f"hardware.{hw}", backend.name
     if profile.image is None:
         report.error(Problem(file, f"{where}.image", (
-            f"the {backend} backend runs each cell in a container: give an image template "
+            f"the {name} backend runs each cell in a container: give an image template "
             f"({', '.join(templates.template_names())})")))
         return False
     try:
@@ -165,10 +168,10 @@ def check_profile(report: Report, file: str, hw: str, profile: HardwareProfile,
         docker = [n for n in templates.template_names()
                   if templates.load_template(n).kind == "dockerfile"]
         report.error(Problem(file, f"{where}.image", (
-            f"{profile.image!r} is a {template.kind} definition, which the {backend} backend "
+            f"{profile.image!r} is a {template.kind} definition, which the {name} backend "
             f"cannot run (it runs Docker images): pick a Dockerfile template "
             f"({', '.join(docker)})"
-            + ("" if backend == "docker" else ", or set runtime = \"apptainer\" to run it "
-               "with Apptainer"))))
+            + (", or set runtime = \"apptainer\" to run it with Apptainer"
+               if "apptainer" in backend.runtimes else ""))))
         return False
     return True

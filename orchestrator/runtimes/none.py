@@ -32,10 +32,7 @@ from orchestrator.config.matrix_file import HardwareProfile, Program
 from orchestrator.errors import Problem
 from orchestrator.plan.launch import CellCommand, NodeLaunch, cell_command
 from orchestrator.plan.matrix import Cell
-from orchestrator.runtimes import Report
-
-#: The backends that run cells with no container.
-BACKENDS = ("process", "slurm")
+from orchestrator.runtimes import BackendFacts, Report
 
 
 def command(cell: Cell, profile: HardwareProfile, program: Program, *, output_dir: str,
@@ -74,9 +71,9 @@ def python_problem(backend: str) -> str | None:
 
 
 def check_profile(report: Report, file: str, hw: str, profile: HardwareProfile,
-                  backend: str) -> None:
+                  on: BackendFacts) -> None:
     """Notes on what a profile sets that no container uses (its image, its release)."""
-    where = f"hardware.{hw}"
+    where, backend = f"hardware.{hw}", on.name
     if profile.image is not None:
         report.note(Problem(file, f"{where}.image", (
             f"not used: the {backend} backend runs this machine's Python and its torch, not "

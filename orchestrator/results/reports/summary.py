@@ -438,7 +438,8 @@ def rule_line(rows: Sequence[GroupRow]) -> str:
     if not rows or rows[0].rule == table_rules.DEFAULT_RULE:
         return ""
     rule = table_rules.table_rule(rows[0].rule)
-    return f"table rule: {rule.name} ({rule.source})"
+    note = rule.unmeasured_note([r.params for r in rows])
+    return f"table rule: {rule.name} ({rule.source})" + (f"; {note}" if note else "")
 
 
 def render_table(
