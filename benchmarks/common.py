@@ -2,7 +2,7 @@
 with everything it started, reading its JSON lines, and printing a table.
 
 Only the standard library, tabulate and this checkout's
-``workload``/``orchestrator.results.run_folder``
+``workload``/``orchestrator.results.folders.run_folder``
 (both stdlib-only), so it runs on a GPU machine that has PyTorch but no orchestrator install.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from orchestrator.results.run_folder import parse_metric_lines
+from orchestrator.results.folders.run_folder import parse_metric_lines
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -45,7 +45,7 @@ import importlib  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from orchestrator.cli import main  # noqa: E402
-from orchestrator.results.run_folder import RunPaths, find_run  # noqa: E402
+from orchestrator.results.folders.run_folder import RunPaths, find_run  # noqa: E402
 
 # The tests' own server start-up, collector and round-trip check (tests/publish_support.py) and
 # stand-in matrices (tests/standin_support.py): one definition for the tests and the figures.

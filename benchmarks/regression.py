@@ -164,7 +164,7 @@ def run_medians(folder: Path, matrix: str, metric: str | None, normalised: bool 
                 ) -> dict[str, list[float]]:
     """Per configuration (cell group), each ended run's median of its ok repeats: of the
     figure, or of its ratio to the control (``normalised``)."""
-    from orchestrator.results.store import open_store
+    from orchestrator.results.folders.store import open_store
 
     out: dict[str, list[float]] = {}
     with open_store(folder) as store, store.snapshot():
@@ -189,7 +189,7 @@ def log_robust_sd(values: list[float]) -> float:
 
 def robust_sd(medians: list[float]) -> float:
     """Robust sd (1.4826 x MAD) of the runs' leave-one-out log deviations, as a fraction."""
-    from orchestrator.results.stats import loo_deviations
+    from orchestrator.results.statistics.stats import loo_deviations
 
     return log_robust_sd(loo_deviations(medians))
 
@@ -266,7 +266,7 @@ def diagnose(folder: Path, matrix: str, metric: str | None) -> list[str]:
     a cell's log figure around its configuration's median (raw) and of its log ratio to the
     control, the correlation of the cell's log figure with its control reference's, and how
     much the control itself moves between two successive measurements."""
-    from orchestrator.results.store import open_store
+    from orchestrator.results.folders.store import open_store
 
     raw: dict[str, list[float]] = {}
     ratio: dict[str, list[float]] = {}

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 import orchestrator.backends.slurm as slurm  # noqa: E402
 from orchestrator.plan.matrix import load_matrix  # noqa: E402
-from orchestrator.results.run_folder import Status  # noqa: E402
+from orchestrator.results.folders.run_folder import Status  # noqa: E402
 from orchestrator.sweep import run_sweep  # noqa: E402
 
 TASK = REPO / "tests" / "standin" / "slurm_task.py"

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orchestrator.cli import main  # noqa: E402
-from orchestrator.results.store import INDEX_NAME, open_store  # noqa: E402
+from orchestrator.results.folders.store import INDEX_NAME, open_store  # noqa: E402
 
 MATRIX = "nightly"
 RUNS = 365

@@ -49,7 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
 from benchmarks.common import fmt, gpu_count, run_workload, table
-from orchestrator.results.run_folder import parse_metric_lines
+from orchestrator.results.folders.run_folder import parse_metric_lines
 
 # The rules of workload/metrics.py itself (stdlib only), so both sides are measured alike by
 # construction: nearest-rank percentiles, throughput = batch x iterations / total time.

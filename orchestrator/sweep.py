@@ -14,8 +14,8 @@ cell that ended is collected (:func:`collect`: its allocation goes back; a profi
 profiler figures are added to its result, :func:`add_profiler_figures`) and recorded
 (:func:`record`), or retried when its host was lost (a Slurm job preempted or on a failed
 node too; ``[matrix] retries``), or run again when its GPU throttled and ``[matrix]
-rerun_throttled`` allows (:func:`orchestrator.results.rerun.should_rerun`). The folder of the
-attempt that is not the cell's result goes to ``superseded/``; a retried cell's result names
+rerun_throttled`` allows (:func:`orchestrator.results.figures.rerun.should_rerun`). The folder of
+the attempt that is not the cell's result goes to ``superseded/``; a retried cell's result names
 its lost attempts (``lost_attempts``). Expected failures are results; one bad cell never stops
 the sweep.
 
@@ -58,11 +58,11 @@ from orchestrator.plan import ordering, profilers
 from orchestrator.plan.controls import ControlSchedule, control_allocation, highest_numbers
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
-from orchestrator.results import folder_lock
-from orchestrator.results.folder_lock import FolderLock
-from orchestrator.results.profiler_figures import figures_of_cell
-from orchestrator.results.rerun import should_rerun
-from orchestrator.results.run_folder import (
+from orchestrator.results.figures.profiler_figures import figures_of_cell
+from orchestrator.results.figures.rerun import should_rerun
+from orchestrator.results.folders import folder_lock
+from orchestrator.results.folders.folder_lock import FolderLock
+from orchestrator.results.folders.run_folder import (
     CellResult,
     RunPaths,
     Status,
@@ -71,8 +71,8 @@ from orchestrator.results.run_folder import (
     read_json,
     write_json,
 )
-from orchestrator.results.summary import GroupRow, render_table, summarize, write_summary
-from orchestrator.results.table_rules import table_rule
+from orchestrator.results.reports.summary import GroupRow, render_table, summarize, write_summary
+from orchestrator.results.reports.table_rules import table_rule
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ INDEX_WAIT_S = 2.0
 def expect_durations(run: OpenRun, results_root: Path) -> OpenRun:
     """The durations of earlier runs of the matrix from the results store (none when it cannot
     tell: a sweep never stops for that): the order's duration classes and the ETA."""
-    from orchestrator.results.store import open_store
+    from orchestrator.results.folders.store import open_store
 
     name = run.meta.get("matrix")
     try:
@@ -411,7 +411,7 @@ def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -
         raise _unwritable(results_root, f"cannot resume run {paths.run_id} in {paths.root}: "
                           f"{_os_error(exc)}") from None
     try:
-        cells_dir = paths.root / "cells"
+        cells_dir = paths.cells_dir
         existing = sorted(e.name for e in cells_dir.iterdir() if e.is_dir()) if (
             cells_dir.is_dir()) else []
         meta = _run_meta(paths)
@@ -461,7 +461,7 @@ def prepare_backend(cls: type[Backend], matrix: Matrix, run: OpenRun, options: R
         if run.new:
             shutil.rmtree(run.paths.root, ignore_errors=True)
             with contextlib.suppress(OSError):  # the matrix's folder, if this run made it
-                run.paths.root.parent.rmdir()
+                run.paths.matrix_dir.rmdir()
         raise
     return backend
 
@@ -545,10 +545,10 @@ def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
     """summary.png in the run folder when matplotlib is installed (the ``plots`` extra)."""
     if importlib.util.find_spec("matplotlib") is None or not any(r.ips for r in rows):
         return
-    from orchestrator.results.plots import plot_run
+    from orchestrator.results.reports.plots import plot_run
 
     try:
-        plot_run(rows, paths.root / "summary.png", f"{name} {paths.run_id}")
+        plot_run(rows, paths.summary_png, f"{name} {paths.run_id}")
     except Exception as exc:  # a plot must never cost the results
         log.warning("summary.png not drawn: %s", exc)
 
@@ -560,7 +560,7 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
     for cell in todo:
         cell_dir = paths.cell_dir(cell.id)
         if cell_dir.exists():
-            archive = paths.root / "superseded" / f"{cell.id}-{int(time.time() * 1000)}"
+            archive = paths.superseded(cell.id)
             archive.parent.mkdir(exist_ok=True)
             cell_dir.rename(archive)
     return todo
@@ -791,7 +791,7 @@ class CellLoop:
 
     def rerun_throttled(self, started: Running, result: CellResult) -> bool:
         """Whether the attempt runs again because its GPU throttled while measuring
-        (:func:`~orchestrator.results.rerun.should_rerun`; its folder kept aside)."""
+        (:func:`~orchestrator.results.figures.rerun.should_rerun`; its folder kept aside)."""
         attempt, backend = started.attempt, self.backend
         if not should_rerun(result, backend.matrix.settings, attempt.reruns) or supersede(
                 backend.paths, attempt.cell.id, "throttled") is None:
@@ -892,8 +892,8 @@ def collect(backend: Backend, fut: Future[CellResult], started: Running,
 
 def add_profiler_figures(backend: Backend, cell: Cell, result: CellResult) -> None:
     """A cell run under nsys, ncu or nvprof: the figures of the CSV files the profiler left in
-    its folder (:func:`orchestrator.results.profiler_figures.figures_of_cell`) go into its result
-    (``metrics``, ``provenance.profiler``) and result.json. Figures that cannot be read or
+    its folder (:func:`orchestrator.results.figures.profiler_figures.figures_of_cell`) go into its
+    result (``metrics``, ``provenance.profiler``) and result.json. Figures that cannot be read or
     written leave the result as it was (with a warning): the cell is still recorded."""
     tool = cell.params.profiler
     cell_dir = backend.paths.cell_dir(cell.id)
@@ -919,7 +919,7 @@ def supersede(paths: RunPaths, cell_id: str, why: str) -> str | None:
     try:
         if not cell_dir.exists():
             return ""
-        archive = paths.root / "superseded" / f"{cell_id}-{why}-{int(time.time() * 1000)}"
+        archive = paths.superseded(cell_id, why)
         archive.parent.mkdir(exist_ok=True)
         cell_dir.rename(archive)
     except OSError as exc:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, write_json
 from orchestrator.results.importer import ImportOptions, ImportPlan, plan_import, write_import
-from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
 
 BASE_ENV = {
     "torch_version": "2.4.0", "cuda_version": "12.4", "cudnn_version": "90100",

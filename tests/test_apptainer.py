@@ -51,7 +51,7 @@ from orchestrator.images import build, sif
 from orchestrator.plan.matrix import Matrix, load_matrix
 from orchestrator.plan.placement import Allocation
 from orchestrator.plan.selection import ImageKey
-from orchestrator.results.run_folder import RunPaths, Status
+from orchestrator.results.folders.run_folder import RunPaths, Status
 from orchestrator.runtimes import apptainer
 from orchestrator.sweep import SweepOutcome, run_sweep
 

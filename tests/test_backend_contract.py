@@ -21,7 +21,7 @@ from backend_support import META, SUMMARY, FakeBackend, Script, line
 from orchestrator.backends.base import ExitInfo, RunOptions
 from orchestrator.plan.matrix import Cell, load_matrix
 from orchestrator.plan.placement import Allocation
-from orchestrator.results.run_folder import RunPaths, Status
+from orchestrator.results.folders.run_folder import RunPaths, Status
 
 
 @dataclass

@@ -26,7 +26,7 @@ from orchestrator.errors import BackendUnavailable
 from orchestrator.local.engine import LABEL_CELL, LABEL_CONTROLLER, LABEL_RUN
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.plan.placement import Allocation
-from orchestrator.results.run_folder import RunPaths, Status
+from orchestrator.results.folders.run_folder import RunPaths, Status
 from orchestrator.runtimes.docker import CONTAINER_OUT, container_kwargs
 from orchestrator.sweep import run_sweep
 

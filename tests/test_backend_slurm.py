@@ -62,7 +62,7 @@ from orchestrator.cli import main as cli_main
 from orchestrator.config.matrix_file import SlurmOptions
 from orchestrator.errors import BackendUnavailable, LaunchError
 from orchestrator.plan.matrix import load_matrix
-from orchestrator.results.run_folder import RunPaths, Status
+from orchestrator.results.folders.run_folder import RunPaths, Status
 from orchestrator.sweep import run_sweep
 
 SLURM_MATRIX = """

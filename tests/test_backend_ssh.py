@@ -36,7 +36,7 @@ from orchestrator.plan.launch import NodeRole, rdzv_port
 from orchestrator.plan.matrix import Cell, load_matrix
 from orchestrator.plan.placement import Allocation, Slot
 from orchestrator.remote.connection import UnknownHostKey
-from orchestrator.results.run_folder import CellResult, RunPaths, Status
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status
 from orchestrator.sweep import run_sweep
 
 

@@ -438,7 +438,7 @@ def _run_elsewhere(d: Path) -> None:
 
 def _nothing_indexed_outside(d: Path) -> None:
     """The results index holds no run from outside the results folder."""
-    from orchestrator.results.store import open_store
+    from orchestrator.results.folders.store import open_store
 
     with open_store(d / "results", refresh=False) as store:
         outside = [r.path for r in store.runs() if "elsewhere" in r.path]
@@ -983,7 +983,7 @@ _HELD: list[Any] = []  # locks the cases below hold for as long as the test proc
 def _run_in_use(d: Path) -> None:
     """A run that another sweep is working in: its run folder's lock is held (by this test
     process, as a sweep or a --resume holds it while it runs)."""
-    from orchestrator.results import folder_lock
+    from orchestrator.results.folders import folder_lock
 
     _resume_setup("none")(d)
     run = d / "results" / "m" / RUN

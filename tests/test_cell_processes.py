@@ -32,7 +32,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.local import cell_processes
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import load_matrix
-from orchestrator.results.run_folder import RunPaths, Status
+from orchestrator.results.folders.run_folder import RunPaths, Status
 from orchestrator.sweep import NullEvents, run_cells, run_sweep
 
 MATRIX = tiny_matrix("procs")

@@ -233,7 +233,7 @@ def test_dry_run_refuses_a_missing_build_file_before_printing_the_plan(tmp_path,
 
 def test_export_status_choices_are_the_cell_statuses():
     from orchestrator.cli.result_commands import CELL_STATUSES
-    from orchestrator.results.run_folder import Status
+    from orchestrator.results.folders.run_folder import Status
 
     assert tuple(s.value for s in Status) == CELL_STATUSES
 

@@ -107,7 +107,7 @@ def test_terminal_progress_shows_brackets_as_they_are(tmp_path):
     from orchestrator.cli.sweep_commands import RichEvents
     from orchestrator.plan.matrix import load_matrix
     from orchestrator.plan.placement import Allocation
-    from orchestrator.results.run_folder import CellResult, RunPaths, Status
+    from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status
 
     (tmp_path / "m.toml").write_text('[matrix]\nname = "m"\n[axes]\nhardware = ["cpu"]\n'
                                      '[hardware.cpu]\ndevice = "cpu"\n')

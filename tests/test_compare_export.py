@@ -10,8 +10,8 @@ import pytest
 from results_support import Config, day, params, run_id, write_run
 
 from orchestrator.cli import main
-from orchestrator.results.compare import compare_runs, render_compare, render_compare_csv
-from orchestrator.results.store import open_store
+from orchestrator.results.folders.store import open_store
+from orchestrator.results.reports.compare import compare_runs, render_compare, render_compare_csv
 
 G1, G2, G4, G8 = (params(gpus=g) for g in (1, 2, 4, 8))
 

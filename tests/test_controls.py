@@ -29,11 +29,11 @@ from orchestrator.plan.controls import ControlSchedule, highest_numbers
 from orchestrator.plan.matrix import Cell, load_matrix
 from orchestrator.plan.ordering import order_cells, recorded_order
 from orchestrator.plan.placement import Allocation, Slot
-from orchestrator.results.compare import compare_runs, render_compare, render_compare_csv
-from orchestrator.results.history import Options, analyze, render_history
-from orchestrator.results.normalise import Measured, normalise
-from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
-from orchestrator.results.store import is_throughput, open_store
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.results.folders.store import is_throughput, open_store
+from orchestrator.results.reports.compare import compare_runs, render_compare, render_compare_csv
+from orchestrator.results.reports.history import Options, analyze, render_history
+from orchestrator.results.statistics.normalise import Measured, normalise
 from orchestrator.sweep import NullEvents, run_cells
 
 CONTROL_MATRIX = """

@@ -26,7 +26,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.plan.eta import Eta, format_duration
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.plan.placement import Allocation
-from orchestrator.results.run_folder import CellResult, RunPaths, Status
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status
 
 ROOT = Path(__file__).resolve().parents[1]
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"

@@ -7,6 +7,8 @@ matches the package docstrings, the CLI page matches the parser, the README stay
 * ``docs/architecture.md`` has one section per layer of ``tests/test_layers.py``'s ``LAYERS``,
   in the same order, each with the very ``May import:`` line of its package's docstring, so a
   package added (or a line changed) without its doc entry fails here;
+* its ``results`` section has a table of the results layer's parts (``RESULTS_PARTS``), in the
+  same order, each with the text of its sub-package's ``May import:`` line;
 * ``docs/cli.md``'s synopsis names exactly the options each command's parser has;
 * the README is at most 150 lines, its example lines are those of the matrix it names, and its
   table has one row per cell of that matrix;
@@ -27,7 +29,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from test_layers import LAYERS, declared, modules
+from test_layers import LAYERS, RESULTS_PARTS, declared, modules
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -119,6 +121,28 @@ def test_architecture_may_import_lines_are_the_docstrings() -> None:
         if lines != [expected]:
             wrong.append(f"{heading}: doc has {lines}, the package says {expected!r}")
         declared(index)  # the docstring's line names only known layers (test_layers' own rule)
+    assert not wrong, "\n".join(wrong)
+
+
+def results_parts_table() -> list[tuple[str, str]]:
+    """(part, its 'may import' cell) of the table in architecture.md's results section."""
+    body = dict((h.strip(), b) for h, b in architecture_sections())["results"]
+    return [(m[1], m[2].strip()) for m in re.finditer(
+        r"^\| `results\.(\w+)` \|[^|]*\|([^|]*)\|$", body, re.M)]
+
+
+def test_architecture_lists_the_results_parts_with_their_lines() -> None:
+    import ast
+
+    table = results_parts_table()
+    assert [part for part, _ in table] == list(RESULTS_PARTS)
+    wrong = []
+    for part, cell in table:
+        path = modules()[f"orchestrator.results.{part}"]
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        line = next(ln for ln in doc.splitlines() if ln.startswith("May import:"))
+        if cell != line.partition(":")[2].strip().rstrip("."):
+            wrong.append(f"results.{part}: doc has {cell!r}, the package says {line!r}")
     assert not wrong, "\n".join(wrong)
 
 

@@ -37,7 +37,7 @@ from orchestrator.config.inventory import load_hosts
 from orchestrator.images import state as imagestate
 from orchestrator.images.refresh import refresh
 from orchestrator.plan.matrix import load_matrix
-from orchestrator.results.run_folder import Status
+from orchestrator.results.folders.run_folder import Status
 from orchestrator.sweep import run_sweep
 
 MIRROR = "orchestrate-test/mirror/pytorch"

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 
 from orchestrator.config.files import problems_from_validation
 from orchestrator.errors import ConfigError, LogFormatError
-from orchestrator.results.dllogger import read_dllogger
-from orchestrator.results.figure_parsers import (
+from orchestrator.results.figures.dllogger import read_dllogger
+from orchestrator.results.figures.figure_parsers import (
     CellOutput,
     FiguresConfig,
     evaluate,
@@ -576,7 +576,7 @@ def test_validation_pass_shorter_than_the_warmup_gives_no_val_figures(programs):
 def test_the_documented_example_is_valid(tmp_path):
     import textwrap
 
-    from orchestrator.results import figure_parsers
+    from orchestrator.results.figures import figure_parsers
 
     example = figure_parsers.__doc__.split("::\n", 1)[1]
     path = tmp_path / "figures.toml"

@@ -42,7 +42,7 @@ from orchestrator.config.matrix_file import (
 from orchestrator.errors import ConfigError, LaunchError
 from orchestrator.plan.launch import NodeRole, cell_command
 from orchestrator.plan.matrix import load_matrix
-from orchestrator.results.run_folder import CellResult, RunPaths, Status
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status
 from orchestrator.sweep import run_sweep
 from workload import metrics as wm
 

@@ -12,8 +12,8 @@ from results_support import Config, day, params, run_id, write_run
 from orchestrator.cli import main
 from orchestrator.config.references import load_references
 from orchestrator.errors import ConfigError
-from orchestrator.results.history import Options, analyze, render_history
-from orchestrator.results.store import open_store
+from orchestrator.results.folders.store import open_store
+from orchestrator.results.reports.history import Options, analyze, render_history
 
 G1, G8 = params(gpus=1), params(gpus=8)
 STEADY = [(100.0, 101.0, 99.0), (101.0, 100.0, 102.0), (99.0, 100.0, 98.0),
@@ -416,7 +416,7 @@ def _without_stack(folder: Path) -> None:
 def test_a_run_without_a_stack_names_what_changed_and_ignore_stack_joins_it(tmp_path):
     """Issue 23: an imported log (no stack) was 'stack changed' against every sweep, naming
     nothing, and --ignore-stack on all nine fields did not join it."""
-    from orchestrator.results.store import RecordedStack
+    from orchestrator.results.folders.store import RecordedStack
 
     nightly(tmp_path, [Config(G1, [99.0, 100.0, 101.0])])
     _without_stack(tmp_path / "nightly" / run_id(6))

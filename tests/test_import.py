@@ -20,9 +20,8 @@ from orchestrator.cli import main
 from orchestrator.errors import ConfigError
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results import importer
-from orchestrator.results.figure_parsers import FiguresConfig
-from orchestrator.results.importer import ImportOptions, plan_import
-from orchestrator.results.run_folder import (
+from orchestrator.results.figures.figure_parsers import FiguresConfig
+from orchestrator.results.folders.run_folder import (
     CellResult,
     RunPaths,
     Status,
@@ -30,7 +29,8 @@ from orchestrator.results.run_folder import (
     runs_of,
     write_json,
 )
-from orchestrator.results.summary import summarize
+from orchestrator.results.importer import ImportOptions, plan_import
+from orchestrator.results.reports.summary import summarize
 from orchestrator.sweep import plan_json
 
 MATRIX = """\
@@ -374,7 +374,7 @@ def test_failure_while_writing_leaves_nothing(logs, results, monkeypatch):
     def boom(*args, **kw):
         raise OSError("disk full")
 
-    monkeypatch.setattr("orchestrator.results.summary.write_summary", boom)
+    monkeypatch.setattr("orchestrator.results.reports.summary.write_summary", boom)
     with pytest.raises(OSError, match="disk full"):
         import_results([logs["amp"][0]], options(results))
     assert entries_of(results) == before  # no run, no hidden temporary folder
@@ -503,7 +503,7 @@ def test_a_dllogger_raport_is_streamed_and_read_once_with_the_same_figures(logs,
     """Issue 24, item 14: a large raport was held whole as text, split into lines three times
     and parsed twice (200 MB: 74 s and 1.5 GB here; benchmarks/import_speed.py). Now it is
     read line by line and parsed once; the figures are those of the text parser."""
-    from orchestrator.results.figure_parsers import CellOutput, parse_figures
+    from orchestrator.results.figures.figure_parsers import CellOutput, parse_figures
 
     raport = logs["amp"][0]
     plan = plan_import([raport], options(results))
@@ -519,7 +519,7 @@ def test_a_dllogger_raport_is_streamed_and_read_once_with_the_same_figures(logs,
 def test_stack_declares_what_the_log_does_not_state(logs, results, capsys):
     """Issue 23: an imported DLLogger raport had ``stack: null``, so history could not compare
     it with the sweeps; ``--stack`` declares it, recorded as declared."""
-    from orchestrator.results.store import open_store
+    from orchestrator.results.folders.store import open_store
 
     args = ["import", str(logs["amp"][0]), "--matrix", "dle_cal", "--results", str(results)]
     assert main([*args, "--stack", "torhc=2.4.0", "--dry-run"]) == 2

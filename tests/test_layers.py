@@ -7,7 +7,11 @@ that it uses; the tests here check that
 * every module belongs to exactly one layer, and every layer is there;
 * the ``May import:`` line names only lower layers (the order is a line, not a web);
 * no module imports a layer its package's line does not name, and no imports go in circles;
-* the backends never import each other, and of the results only the importer sees a plan.
+* the backends never import each other, and of the results only the importer sees a plan;
+* inside the results layer, the same rules once more: its parts (:data:`RESULTS_PARTS`, one
+  sub-package each) are in order, each part's docstring names on its ``May import:`` line the
+  lower parts and the layers it uses (no layer the results layer itself does not declare), and
+  no module imports a part or a layer its part does not name.
 
 Every import counts: at the top of a module, inside a function (a lazy import is still a
 dependency) and under ``TYPE_CHECKING``. The graph is read with :mod:`ast` from the source, so
@@ -23,7 +27,10 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +55,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 #: in base / containers / remote_executions).
 BACKENDS_PACKAGE = ROOT / "orchestrator" / "backends"
 #: The one results module that may expand a matrix (an import joins a matrix's groups).
-RESULTS_SEEING_A_PLAN = {"orchestrator.results.importer"}
+RESULTS_SEEING_A_PLAN = {"orchestrator.results.importer.target"}
+#: The parts of the results layer, lowest first: sub-packages of ``orchestrator.results``, each
+#: one job a newcomer can name (statistics; run folders and the store; what a cell's output
+#: says; reports; the importer). One layer with an order inside rather than five layers: the
+#: other layers see ``results`` as one thing (what is on disk), and the parts' order is the
+#: results' own business.
+RESULTS_PARTS = ("statistics", "folders", "figures", "reports", "importer")
 PACKAGES = ("orchestrator", "workload")
 #: The one way across the workload boundary: the orchestrator reads figures of programs it did
 #: not write (DLLogger logs) by the workload's own pure metric rules (no torch import), so one
@@ -181,6 +194,85 @@ def test_reports_never_see_a_plan() -> None:
              if m.startswith("orchestrator.results.") and m not in RESULTS_SEEING_A_PLAN
              for d in sorted(deps) if d.startswith("orchestrator.plan")]
     assert not wrong, "\n".join(wrong)
+
+
+def part_of(module: str) -> str | None:
+    """The part of the results layer ``module`` is in (None: not in one)."""
+    parts = module.split(".")
+    if parts[:2] != ["orchestrator", "results"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def part_declared(part: str) -> tuple[set[str], set[str]]:
+    """(lower parts, layers) named on the ``May import:`` line of a part's docstring."""
+    path = modules()[f"orchestrator.results.{part}"]
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    lines = [line for line in doc.splitlines() if line.startswith("May import:")]
+    assert len(lines) == 1, f"{path}: the docstring needs one 'May import:' line"
+    text = re.sub(r"\([^)]*\)", "", lines[0].partition(":")[2])
+    names = {w.strip(" .") for w in text.split(",")} - {"nothing", ""}
+    layers = {n for n, _ in LAYERS}
+    unknown = names - set(RESULTS_PARTS) - layers
+    assert not unknown, f"{path}: 'May import:' names unknown parts or layers {sorted(unknown)}"
+    return names & set(RESULTS_PARTS), names & layers
+
+
+def test_every_results_module_is_in_a_part() -> None:
+    results = [m for m in modules() if m.startswith("orchestrator.results.")]
+    assert sorted({part_of(m) for m in results}) == sorted(RESULTS_PARTS), (
+        "every module of results/ is in one of its parts (a sub-package), and every part exists")
+    whole = modules()["orchestrator.results"]
+    assert graph()["orchestrator.results"] == frozenset(), f"{whole} imports nothing"
+
+
+def test_each_results_part_declares_only_lower_parts_and_the_layers_results_may_import() -> None:
+    results_may = declared([n for n, _ in LAYERS].index("results"))
+    wrong = []
+    for i, part in enumerate(RESULTS_PARTS):
+        parts, layers = part_declared(part)
+        higher = sorted(p for p in parts if RESULTS_PARTS.index(p) >= i)
+        if higher:
+            wrong.append(f"part {part!r} declares {higher}: not below it")
+        if layers - results_may:
+            wrong.append(f"part {part!r} declares layers {sorted(layers - results_may)} that "
+                         "the results layer does not")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_results_module_imports_what_its_part_does_not_declare() -> None:
+    order = [n for n, _ in LAYERS]
+    allowed = {part: part_declared(part) for part in RESULTS_PARTS}
+    wrong = []
+    for module, deps in graph().items():
+        mine = part_of(module)
+        if mine is None:
+            continue
+        parts, layers = allowed[mine]
+        for dep in sorted(deps):
+            theirs = part_of(dep)
+            if theirs is not None and theirs != mine and theirs not in parts:
+                wrong.append(f"{module} ({mine}) imports {dep} ({theirs}), which part "
+                             f"{mine!r} does not declare")
+            layer = layer_of(dep)
+            if theirs is None and layer is not None and order[layer] not in layers | {"results"}:
+                wrong.append(f"{module} ({mine}) imports {dep} (layer {order[layer]}), which "
+                             f"part {mine!r} does not declare")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_results_parts_check_sees_an_upward_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check itself: a module of a lower part importing a higher part is caught."""
+    edges = dict(graph())
+    edges["orchestrator.results.folders.store"] = edges[
+        "orchestrator.results.folders.store"] | {"orchestrator.results.reports.summary"}
+    monkeypatch.setattr(sys.modules[__name__], "graph", lambda: edges)
+    try:
+        test_no_results_module_imports_what_its_part_does_not_declare()
+    except AssertionError as exc:
+        assert "folders.store (folders) imports orchestrator.results.reports.summary" in str(exc)
+    else:
+        raise AssertionError("an upward import between results parts went unnoticed")
 
 
 def test_workload_and_orchestrator_never_import_each_other() -> None:

@@ -26,7 +26,7 @@ from orchestrator.backends.slurm import SlurmBackend
 from orchestrator.backends.ssh import SshDockerBackend
 from orchestrator.local import machine_state
 from orchestrator.plan.matrix import load_matrix
-from orchestrator.results.run_folder import CellResult, RunPaths, Status
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status
 from orchestrator.sweep import NullEvents, run_cells, run_sweep
 
 SAMPLES = (Path(__file__).parent / "data" / "h100-2026-11-25" / "telemetry"

@@ -54,10 +54,10 @@ FOUND_BY_DOING: dict[str, str] = {
     "orchestrator.runtimes.apptainer:prepare: ConfigError([Problem(str(matrix.path), "
     "f'hardware.{key.hardware}.apptainer.sif', p.message) for p in exc.problems])":
         "the same, for the .sif of a lab host",
-    "orchestrator.results.run_folder:RunPaths.create: run {run_id} already exists under "
+    "orchestrator.results.folders.run_folder:RunPaths.create: run {run_id} already exists under "
     "{root.parent}":
         "writing the run folder: a run id taken between the check and the write",
-    "orchestrator.results.run_folder:RunPaths.create: cannot create the run folder {root}: "
+    "orchestrator.results.folders.run_folder:RunPaths.create: cannot create the run folder {root}: "
     "{exc.strerror}":
         "writing the run folder fails (permissions, a full disk): found by writing it",
     "orchestrator.sweep:open_run: cannot write the run folder under {root}: "

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
-from orchestrator.results.summary import GroupRow
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.results.reports.summary import GroupRow
 
 pytest.importorskip("matplotlib", reason="the plots extra is not installed")
 
@@ -59,7 +59,7 @@ def axes_of(draw, rows):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from orchestrator.results import plots
+    from orchestrator.results.reports import plots
 
     fig, ax = plt.subplots()
     draw(ax, rows, plt)
@@ -67,7 +67,7 @@ def axes_of(draw, rows):
 
 
 def test_bars_are_coloured_by_precision_with_error_bars_only_for_repeats():
-    from orchestrator.results.plots import _bars
+    from orchestrator.results.reports.plots import _bars
 
     rows = [row("fp32", 8, 100.0, ok=3), row("bf16", 8, 150.0, ok=1), row("fp32", 16, 180.0, 3)]
     fig, ax, _ = axes_of(_bars, rows)
@@ -83,7 +83,7 @@ def test_bars_are_coloured_by_precision_with_error_bars_only_for_repeats():
 
 
 def test_values_spanning_decades_get_a_log_scale():
-    from orchestrator.results.plots import _bars, spans_decades
+    from orchestrator.results.reports.plots import _bars, spans_decades
 
     rows = [row("fp32", 1, 5.0, ok=1), row("fp32", 256, 4000.0, ok=1)]
     _, ax, _ = axes_of(_bars, rows)
@@ -92,7 +92,7 @@ def test_values_spanning_decades_get_a_log_scale():
 
 
 def test_subtitle_names_the_stack_and_repeats():
-    from orchestrator.results.plots import stack_line
+    from orchestrator.results.reports.plots import stack_line
 
     line = stack_line({"torch": ["2.4.0"], "cuda": ["12.4"], "gpu": ["NVIDIA H100"],
                        "host": ["dgx1", "dgx2"]}, 5)
@@ -102,7 +102,7 @@ def test_subtitle_names_the_stack_and_repeats():
 def test_a_flag_axis_is_labelled_with_its_name():
     """Seen on the H100 sweep (2026-11-25): h100_speed's cuda_graphs rows were labelled 'False'
     and 'True', which says nothing; a bool (or missing) value carries its key."""
-    from orchestrator.results.plots import _label
+    from orchestrator.results.reports.plots import _label
 
     assert _label({"batch_size": 256, "cuda_graphs": True}, ["batch_size", "cuda_graphs"]) \
         == "bs256 cuda_graphs=True"
@@ -112,7 +112,7 @@ def test_a_flag_axis_is_labelled_with_its_name():
 def test_the_subtitle_counts_the_repeats_that_ran(tmp_path):
     """Seen on the H100 sweep: `--only repeat=1` of a 3-repeat matrix ran one repeat, yet the
     plot and the HTML report said '3 repeats' (the plan's number)."""
-    from orchestrator.results.report_html import repeats_of
+    from orchestrator.results.reports.report_html import repeats_of
 
     one = [CellResult(cell_id=f"c{i}-r1", group=f"c{i}", repeat=1, status=Status.OK)
            for i in range(3)]

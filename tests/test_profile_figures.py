@@ -1,4 +1,4 @@
-"""Profiler CSV -> per-cell figures (orchestrator/results/profiler_figures.py).
+"""Profiler CSV -> per-cell figures (orchestrator/results/figures/profiler_figures.py).
 
 THE INPUT FILES ARE NOT CAPTURED TOOL OUTPUT. ``tests/data/profilers/`` was written from the
 documented CSV formats of ncu (raw page), nsys stats (cuda_gpu_kern_sum / gpukernsum,
@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.config.matrix_file import NcuOptions
 from orchestrator.errors import LogFormatError
-from orchestrator.results.profiler_figures import (
+from orchestrator.results.figures.profiler_figures import (
     busy_fraction,
     figures_of_cell,
     ncu_figures,
@@ -134,7 +134,7 @@ def test_nvprof_levels_invocation_weighted() -> None:
         2.0, 10.0, 98.5)
     rows = parse_nvprof_metrics(text("nvprof.4242.csv"))
     assert len(rows) == 8
-    from orchestrator.results.profiler_figures import nvprof_figures
+    from orchestrator.results.figures.profiler_figures import nvprof_figures
 
     m = nvprof_figures(rows).metrics
     assert m["nvprof.kernels"] == 40

@@ -44,7 +44,7 @@ from orchestrator.publish import to_http, to_mlflow
 from orchestrator.publish.documents import flatten_figures, metric_name, read_run
 from orchestrator.publish.outcome import PublishError
 from orchestrator.publish.publisher import publish_run
-from orchestrator.results.run_folder import RunPaths, find_run
+from orchestrator.results.folders.run_folder import RunPaths, find_run
 
 TOKEN = "tok-0123456789-secret-bearer"
 USER, PASSWORD = "bench-bot", "pw-0123456789-secret"

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.matrix_file import DEFAULT_NCU_METRICS
-from orchestrator.results import foreign_logs as fl
-from orchestrator.results.importer import _seed_kind
-from orchestrator.results.profiler_figures import (
+from orchestrator.results.figures import foreign_logs as fl
+from orchestrator.results.figures.profiler_figures import (
     HOPPER_TENSOR,
     PIPE_METRICS,
     ncu_figures,
     parse_ncu_raw,
 )
+from orchestrator.results.importer.logs import _seed_kind
 
 DATA = Path(__file__).parent / "data" / "h100-2026-11-25"
 

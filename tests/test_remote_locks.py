@@ -344,7 +344,7 @@ def test_an_ssh_sweep_waits_for_its_gpu_held_on_the_host_and_not_for_another(
     lab, tmp_path: Path, docker_client: Any, base_image: str, standin: Standin
 ) -> None:
     from orchestrator.plan.matrix import load_matrix
-    from orchestrator.results.run_folder import Status
+    from orchestrator.results.folders.run_folder import Status
     from orchestrator.sweep import run_sweep
 
     server, hosts, folder = lab
@@ -393,7 +393,7 @@ def test_no_wait_fails_the_ssh_cell_saying_who_holds_the_gpu(
     lab, tmp_path: Path, docker_client: Any, base_image: str, standin: Standin
 ) -> None:
     from orchestrator.plan.matrix import load_matrix
-    from orchestrator.results.run_folder import Status
+    from orchestrator.results.folders.run_folder import Status
     from orchestrator.sweep import run_sweep
 
     server, _, folder = lab
@@ -453,7 +453,7 @@ def test_the_ssh_backend_locks_every_host_of_a_cell_in_name_order(tmp_path: Path
     from orchestrator.backends.ssh import SshDockerBackend
     from orchestrator.plan.matrix import load_matrix
     from orchestrator.plan.placement import Allocation, Slot
-    from orchestrator.results.run_folder import RunPaths
+    from orchestrator.results.folders.run_folder import RunPaths
 
     matrix = load_matrix(sweep_matrix(tmp_path, "mn", "unused:1", "multi_node = true"))
     hosts = tmp_path / "hosts.toml"

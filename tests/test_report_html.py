@@ -20,8 +20,8 @@ from results_support import Config, day, params, run_id, write_run
 from service_support import unavailable
 
 from orchestrator.cli import main
-from orchestrator.results.run_folder import RunPaths
-from orchestrator.results.summary import summarize, table_cells
+from orchestrator.results.folders.run_folder import RunPaths
+from orchestrator.results.reports.summary import summarize, table_cells
 
 pytest.importorskip("matplotlib", reason="the plots extra is not installed")
 

@@ -12,8 +12,9 @@ import pytest
 
 from orchestrator.config.syntax import check_name, check_run_id
 from orchestrator.errors import ConfigError
-from orchestrator.results.run_folder import (
+from orchestrator.results.folders.run_folder import (
     CellResult,
+    ResultsRoot,
     RunPaths,
     Status,
     find_run,
@@ -153,7 +154,7 @@ def test_damaged_results_are_skipped_with_a_warning(
         "cells/f-r1/result.json": json.dumps(_result("f-r1", params={"gpus": [1]})),
         "cells/g-r1/result.json": "\xff\xfe",
     })
-    with caplog.at_level(logging.WARNING, logger="orchestrator.results.run_folder"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.results.folders.run_folder"):
         results = paths.results()
     assert [r.cell_id for r in results] == ["a-r1"]
     text = caplog.text
@@ -209,6 +210,88 @@ def test_a_fifo_planted_as_result_json_does_not_hang_report(
     (paths.root / "cells" / "b-r1").mkdir()
     os.mkfifo(paths.root / "cells" / "b-r1" / "result.json")
     os.mkfifo(paths.plan)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.results.run_folder"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.results.folders.run_folder"):
         assert [r.cell_id for r in paths.results()] == ["a-r1"]
     assert "not a regular file" in caplog.text
+
+
+# --- one owner of the layout -----------------------------------------------------------------
+
+PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
+OWNER = PACKAGE / "results" / "folders" / "run_folder.py"
+
+
+def owned_names() -> set[str]:
+    """The names of the layout under a results root: the str class constants of
+    :class:`ResultsRoot` and :class:`RunPaths`."""
+    return {value for cls in (ResultsRoot, RunPaths) for name, value in vars(cls).items()
+            if name.isupper() and isinstance(value, str)}
+
+
+def spelled_outside_the_owner(package: Path, names: set[str]) -> list[str]:
+    """Where a module of ``package`` other than the owner spells a path of the layout by hand:
+    a string constant with one of ``names`` as a path component (``"run.json"``,
+    ``"cells/*/result.json"``, an f-string's ``"/log.txt"``), or a bare-word name (``cells``,
+    ``superseded``) as an operand of ``/``; and ``.parent.parent`` of a run folder's root (the
+    results root reached by hand). Docstrings are prose, not paths."""
+    import ast
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == OWNER.name and path.parent.name == OWNER.parent.name:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
+                                    | ast.AsyncFunctionDef)
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        divided = {id(side) for node in ast.walk(tree)
+                   if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+                   for side in (node.left, node.right)}
+        in_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+                       for part in node.values}
+        where = path.relative_to(package.parent)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "parent" and isinstance(
+                    node.value, ast.Attribute) and node.value.attr == "parent" and isinstance(
+                    node.value.value, ast.Attribute) and node.value.value.attr == "root":
+                found.append(f"{where}:{node.lineno}: .root.parent.parent")
+            if isinstance(node, ast.JoinedStr):  # f"{x}/log.txt": a value is no part of a name
+                text = "".join(v.value if isinstance(v, ast.Constant) else "\0"
+                               for v in node.values)
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and id(node) not in docstrings and id(node) not in in_fstrings):
+                text = node.value
+            else:
+                continue
+            for name in sorted(names & set(text.split("/"))):
+                if "." in name or "/" in text or id(node) in divided:
+                    found.append(f"{where}:{node.lineno}: {text!r}")
+    return found
+
+
+def test_no_module_but_the_owner_spells_a_path_of_the_layout() -> None:
+    """Every path under a results root comes from ResultsRoot / RunPaths: no other module of
+    the package spells one of their names as a path (a JSON key ``"cells"`` is no path)."""
+    names = owned_names()
+    assert {"run.json", "plan.json", "result.json", "cells", "superseded", "log.txt",
+            ".orchestrate-index.sqlite", ".orchestrate-images.json", ".import.lock"} <= names
+    assert spelled_outside_the_owner(PACKAGE, names) == []
+
+
+def test_the_layout_grep_finds_a_path_spelled_by_hand(tmp_path: Path) -> None:
+    """The check itself, on modules that build paths as the code did before RunPaths owned
+    them all (each line one way of spelling a path)."""
+    (tmp_path / "mod.py").write_text(
+        '"""A docstring naming run.json is prose."""\n'
+        'def f(run_dir, paths, cell):\n'
+        '    a = run_dir / "run.json"\n'
+        '    b = paths.root / "superseded" / cell\n'
+        '    c = run_dir.glob("*/result.json")\n'
+        '    d = paths.root.parent.parent\n'
+        '    e = {"cells": []}\n'
+        '    g = f"{run_dir}/log.txt", f"{cell}.lock"\n'
+        '    return a, b, c, d, e, g\n', encoding="utf-8")
+    found = spelled_outside_the_owner(tmp_path, owned_names())
+    assert sorted(line.split(":")[1] for line in found) == ["3", "4", "5", "6", "8"], found

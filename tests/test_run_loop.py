@@ -41,7 +41,7 @@ from orchestrator.backends.base import Execution, ExitInfo, RunOptions
 from orchestrator.errors import ConfigError, LaunchError
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Matrix, load_matrix
-from orchestrator.results.run_folder import RunPaths, Status
+from orchestrator.results.folders.run_folder import RunPaths, Status
 from orchestrator.sweep import NullEvents, run_cells, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

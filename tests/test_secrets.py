@@ -31,7 +31,7 @@ from orchestrator.config.redact import MASK, looks_secret, redact_toml
 from orchestrator.errors import ConfigError
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Matrix, load_matrix
-from orchestrator.results.run_folder import RunPaths, Status
+from orchestrator.results.folders.run_folder import RunPaths, Status
 from orchestrator.sweep import NullEvents, SweepOutcome
 
 LITERAL = "hf_literal_secret_0123456789"

@@ -1,5 +1,5 @@
-"""The seeds' own formats (orchestrator/results/foreign_logs.py), their figures parsers, their
-import and their table rules: each checked against the numbers its log was written from
+"""The seeds' own formats (orchestrator/results/figures/foreign_logs.py), their figures parsers,
+their import and their table rules: each checked against the numbers its log was written from
 (tests/seed_logs_support.py), with the hostile cases a lab's old logs bring."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from seed_logs_support import (
 
 from orchestrator.config.figures import FiguresConfig
 from orchestrator.errors import ConfigError, LogFormatError
-from orchestrator.results import foreign_logs as fl
-from orchestrator.results.figure_parsers import CellOutput, evaluate
+from orchestrator.results.figures import foreign_logs as fl
+from orchestrator.results.figures.figure_parsers import CellOutput, evaluate
+from orchestrator.results.folders.run_folder import RunPaths
 from orchestrator.results.importer import ImportOptions, plan_import
-from orchestrator.results.run_folder import RunPaths
-from orchestrator.results.summary import summarize_run
-from orchestrator.results.table_rules import RULES
+from orchestrator.results.reports.summary import summarize_run
+from orchestrator.results.reports.table_rules import RULES
 
 
 def _options(tmp_path: Path, *params: str, **kw: object) -> ImportOptions:
@@ -247,7 +247,7 @@ def test_our_ncu_figures_read_the_seeds_elapsed_metrics_weighted_by_cycles() -> 
     """A profile asking for TBD's metrics (the _elapsed forms and gpc__cycles_elapsed.max) gets
     its ncu.* figures from them, weighted by the elapsed cycles as coreutil.py weights them (the
     figures were missing before: only the _active forms were read)."""
-    from orchestrator.results.profiler_figures import Kernel, ncu_figures
+    from orchestrator.results.figures.profiler_figures import Kernel, ncu_figures
 
     fma = fl.TBD_FIELDS["fma"]
     kernels = [Kernel("a", 10.0, {fl.TBD_CYCLES: 3000.0, fma: 40.0}),

@@ -30,10 +30,10 @@ from results_support import import_results
 from seed_logs_support import dlperf_dllogger_log, dlperf_examples_log, ncu_csv, write
 from service_support import unavailable
 
-from orchestrator.results import foreign_logs as fl
+from orchestrator.results.figures import foreign_logs as fl
+from orchestrator.results.folders.run_folder import RunPaths
 from orchestrator.results.importer import ImportOptions
-from orchestrator.results.run_folder import RunPaths
-from orchestrator.results.summary import summarize_run
+from orchestrator.results.reports.summary import summarize_run
 
 HERE = Path(__file__).resolve()
 

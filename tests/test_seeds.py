@@ -121,7 +121,7 @@ def test_seed_002s_revision_ships_no_table_rule() -> None:
 
 def test_seed_004s_table_says_graph_mode_is_not_measured() -> None:
     """The seed's figures are graph mode; no cell runs it, and the table's header says so."""
-    from orchestrator.results import table_rules
+    from orchestrator.results.reports import table_rules
 
     matrix = load(SPECS["004"])
     assert {c.params.hpu_mode for c in matrix.cells} == {"eager", "lazy"}

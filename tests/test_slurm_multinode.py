@@ -42,7 +42,7 @@ from orchestrator.backends.base import RunOptions
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import BackendUnavailable
 from orchestrator.plan.matrix import load_matrix
-from orchestrator.results.run_folder import CellResult, RunPaths, Status
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status
 from orchestrator.sweep import SweepOutcome, run_sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from orchestrator.config.syntax import parse_percent
-from orchestrator.results.stats import (
+from orchestrator.results.statistics.stats import (
     between_run_variance,
     compare_samples,
     detectable_drop,

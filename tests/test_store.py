@@ -16,9 +16,9 @@ import pytest
 from results_support import Config, day, params, run_id, write_run
 
 from orchestrator.errors import ConfigError
-from orchestrator.results import store as store_mod
-from orchestrator.results.run_folder import read_json, write_json
-from orchestrator.results.store import (
+from orchestrator.results.folders import store as store_mod
+from orchestrator.results.folders.run_folder import read_json, write_json
+from orchestrator.results.folders.store import (
     INDEX_NAME,
     RecordedStack,
     open_store,
@@ -301,8 +301,8 @@ WRITER = textwrap.dedent("""
     from pathlib import Path
     sys.path[:0] = [sys.argv[2], sys.argv[2] + "/tests"]
     from results_support import Config, params, write_run
-    from orchestrator.results.store import open_store
-    from orchestrator.results.run_folder import read_json, write_json
+    from orchestrator.results.folders.store import open_store
+    from orchestrator.results.folders.run_folder import read_json, write_json
     root = Path(sys.argv[1])
     with open_store(root) as store:
         for n in range(40):
@@ -325,7 +325,7 @@ READER = textwrap.dedent("""
     import sys, json
     from pathlib import Path
     sys.path[:0] = [sys.argv[2], sys.argv[2] + "/tests"]
-    from orchestrator.results.store import open_store
+    from orchestrator.results.folders.store import open_store
     root = Path(sys.argv[1])
     queries, bad, refreshes = 0, [], 0
     while True:

@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
-from orchestrator.results.summary import (
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.results.reports.summary import (
     add_ratios,
     render_csv,
     render_table,

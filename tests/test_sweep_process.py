@@ -25,7 +25,7 @@ from service_support import communicate_or_dump
 from workload_support import tiny_matrix
 
 from orchestrator.plan.matrix import load_matrix
-from orchestrator.results.run_folder import RunPaths, Status
+from orchestrator.results.folders.run_folder import RunPaths, Status
 from orchestrator.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_sweep_end_to_end_with_a_failing_cell(write_matrix, tmp_path, workload_p
     assert "images/s (median)" in outcome.table
 
     # a report rebuilt from disk alone gives the same table
-    from orchestrator.results.summary import write_summary
+    from orchestrator.results.reports.summary import write_summary
 
     _, table = write_summary(RunPaths(paths.root))
     assert table == outcome.table

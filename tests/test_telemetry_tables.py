@@ -24,9 +24,15 @@ from orchestrator.config.matrix_file import MatrixSettings
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, load_matrix
 from orchestrator.plan.placement import Allocation
-from orchestrator.results.rerun import should_rerun, throttled
-from orchestrator.results.run_folder import CellResult, RunPaths, Status, read_json, write_json
-from orchestrator.results.summary import (
+from orchestrator.results.figures.rerun import should_rerun, throttled
+from orchestrator.results.folders.run_folder import (
+    CellResult,
+    RunPaths,
+    Status,
+    read_json,
+    write_json,
+)
+from orchestrator.results.reports.summary import (
     THROTTLE_NOTE,
     render_csv,
     render_table,

@@ -11,11 +11,11 @@ import io
 import pytest
 from results_support import Config, day, params, run_id, write_run
 
-from orchestrator.results import stats
-from orchestrator.results.compare import compare_runs, render_compare, render_compare_csv
-from orchestrator.results.report_html import compare_report, run_report
-from orchestrator.results.store import open_store
-from orchestrator.results.summary import UNSTABLE_NOTE, render_csv, summarize_run
+from orchestrator.results.folders.store import open_store
+from orchestrator.results.reports.compare import compare_runs, render_compare, render_compare_csv
+from orchestrator.results.reports.report_html import compare_report, run_report
+from orchestrator.results.reports.summary import UNSTABLE_NOTE, render_csv, summarize_run
+from orchestrator.results.statistics import stats
 
 G1, G2, G4 = (params(gpus=g) for g in (1, 2, 4))
 

@@ -26,6 +26,18 @@ from collections.abc import Sequence
 LATENCY_PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
 
+def figure_prefix(mode: str) -> str:
+    """The prefix of a run's figures by its mode: ``train`` for training, ``val`` for
+    inference (DeepLearningExamples' names: ``train.total_ips``, ``val.total_ips``). The
+    orchestrator names the figures it reads by the same rule."""
+    return "train" if mode == "train" else "val"
+
+
+def global_batch(batch_size: int, world_size: int) -> int:
+    """The images one step takes over every rank: ``batch_size x world_size``."""
+    return batch_size * world_size
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Return the ``q``-th percentile (0..100) of ``values`` by the nearest-rank rule.
 

@@ -33,7 +33,7 @@ from workload.device import (
     torch_device,
 )
 from workload.errors import ConfigError
-from workload.metrics import images_per_second, mean, summarize
+from workload.metrics import figure_prefix, global_batch, images_per_second, mean, summarize
 from workload.models import build_model, check_arch
 from workload.output import (
     Reporter,
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> dict[str, Any]:
             "arch": args.arch,
             "mode": args.mode,
             "batch_size": args.batch_size,
-            "global_batch_size": args.batch_size * dist.world_size,
+            "global_batch_size": global_batch(args.batch_size, dist.world_size),
             "image_size": args.image_size,
             "data": args.data,
             "decoder": batches.decoder,
@@ -228,7 +228,7 @@ class _Progress:
         global_batch: int,
         device: str,
     ) -> None:
-        self.prefix = "train" if args.mode == "train" else "val"
+        self.prefix = figure_prefix(args.mode)
         self.timer = timer
         self.reporter = reporter
         self.global_batch = global_batch
@@ -300,7 +300,8 @@ def _measure(
         out = step(x, y)
     synchronize(device)
     timer = _timer(device, args.iterations)
-    progress = _Progress(args, timer, reporter, args.batch_size * dist.world_size, device)
+    progress = _Progress(args, timer, reporter, global_batch(args.batch_size, dist.world_size),
+                         device)
     profiler = Profiler(args.profiler, device, output_dir, dist.rank, args.iterations,
                         args.profile_start, args.profile_iterations)
     profiler.begin()
@@ -391,8 +392,8 @@ def _report(
 ) -> dict[str, Any]:
     data_t, compute_t, iter_t, loss = _reduce(timings, last, args.mode, device, dist)
     ranks = _gather_ranks(timings, device, dist)
-    prefix = "train" if args.mode == "train" else "val"
-    gbs = args.batch_size * dist.world_size
+    prefix = figure_prefix(args.mode)
+    gbs = global_batch(args.batch_size, dist.world_size)
     data: dict[str, Any] = summarize(prefix, data_t, compute_t, gbs, iter_t)
     data |= per_rank_figures(ranks)
     if loss is not None:

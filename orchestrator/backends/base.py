@@ -2,8 +2,8 @@
 
 :class:`Backend` owns what is the same everywhere: writing the command, streaming output into the
 cell's log, the per-cell timeout, cancellation, timing, and turning an outcome into a
-:class:`~orchestrator.results.run_folder.CellResult` (:meth:`Backend.run_cell`). A backend fills in
-a few
+:class:`~orchestrator.results.folders.run_folder.CellResult` (:meth:`Backend.run_cell`). A backend
+fills in a few
 hooks:
 
 - :meth:`Backend.check_available` — can it run here at all (engine, sshd, Slurm)?
@@ -30,8 +30,8 @@ hooks:
 An :class:`Execution` is the started cell: a subprocess, a container, a remote channel, a job.
 How its end becomes a status (ok, failed with the reason, oom, timeout, host lost, cancelled) is
 decided here, once, from its :class:`ExitInfo` and its figures of merit: when the cell has
-ended, :func:`orchestrator.results.figure_parsers.evaluate` reads this attempt's part of the log
-and the cell
+ended, :func:`orchestrator.results.figures.figure_parsers.evaluate` reads this attempt's part of the
+log and the cell
 folder with the cell's parser (our workload's JSON lines, DLLogger, regex: its program's
 ``figures``) and judges them (a program that exits 0 without its figures, with a NaN or a
 figure out of its bounds, failed). The result's provenance says which program ran
@@ -84,9 +84,9 @@ from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation, holds_local_gpus
 from orchestrator.plan.selection import ImageKey
-from orchestrator.results import safejson
-from orchestrator.results.figure_parsers import CellOutput, evaluate
-from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.results.figures.figure_parsers import CellOutput, evaluate
+from orchestrator.results.folders import safejson
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, write_json
 from orchestrator.runtimes import apptainer
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ TAIL_LINE_CHARS = 4000
 class _Capture:
     """What the log pump keeps while it streams: the log's end, and the cell's files that could
     not be written (the log on a full disk). Figures are read from the log file once the cell
-    ended (:mod:`orchestrator.results.figure_parsers`)."""
+    ended (:mod:`orchestrator.results.figures.figure_parsers`)."""
 
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     file_errors: dict[str, str] = field(default_factory=dict)
@@ -185,13 +185,13 @@ class _Capture:
 
     def write(self, log_file: BinaryIO, chunk: bytes) -> None:
         """Append ``chunk`` to the log; after a failed write, the log is left as it is."""
-        if "log.txt" in self.file_errors:
+        if RunPaths.CELL_LOG in self.file_errors:
             return
         try:
             log_file.write(chunk)
             log_file.flush()
         except OSError as exc:
-            self.file_errors["log.txt"] = str(exc)
+            self.file_errors[RunPaths.CELL_LOG] = str(exc)
 
 
 class _Step:
@@ -602,7 +602,7 @@ class Backend(ABC):
         info: ExitInfo | None, capture: _Capture, output: CellOutput,
     ) -> None:
         """The cell's figures (its program's parser:
-        :func:`orchestrator.results.figure_parsers.evaluate`) and its
+        :func:`orchestrator.results.figures.figure_parsers.evaluate`) and its
         status: the backend's account of its end first, then the figures' verdict."""
         exited_ok = (status is None and info is not None and info.code == 0
                      and not info.oom and not info.host_lost)
@@ -613,7 +613,7 @@ class Backend(ABC):
                 with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
                     fh.writelines(safejson.dumps(obj) + "\n" for obj in figures.records)
             except OSError as exc:
-                capture.file_errors["metrics.jsonl"] = str(exc)
+                capture.file_errors[RunPaths.CELL_METRICS] = str(exc)
         result.metrics = dict(figures.metrics)
         result.env = dict(figures.env)
         result.provenance["figures"] = figures.info()

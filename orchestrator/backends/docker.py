@@ -47,7 +47,7 @@ from orchestrator.plan import selection
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
-from orchestrator.results.run_folder import RunPaths
+from orchestrator.results.folders.run_folder import RunPaths
 from orchestrator.runtimes.docker import container_kwargs, container_spec
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class DockerBackend(Backend):
         record them in the results folder's image state."""
         build.check_image_templates(self.matrix, cells, self.name)
         keys = selection.needed_keys(self.matrix, cells)
-        ledger = Ledger(self.paths.root.parent.parent)
+        ledger = Ledger(self.paths.results_root)
         host = None
         if any(k.ngc_release is None and selection.is_auto(self.matrix, k.hardware)
                for k in keys):

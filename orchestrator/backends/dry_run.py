@@ -32,7 +32,7 @@ from orchestrator.backends.base import Backend, RunOptions
 from orchestrator.config.redact import redact_env
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
-from orchestrator.results.run_folder import RunPaths
+from orchestrator.results.folders.run_folder import RunPaths
 
 #: The run id a dry run's paths show.
 RUN_ID = "<run id>"

@@ -45,7 +45,7 @@ from orchestrator.local.cell_processes import CellProcesses
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation
-from orchestrator.results.run_folder import CellResult
+from orchestrator.results.folders.run_folder import CellResult
 from orchestrator.runtimes import apptainer, none
 
 log = logging.getLogger(__name__)

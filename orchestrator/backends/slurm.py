@@ -107,7 +107,7 @@ from orchestrator.images.sif import LocalMachine
 from orchestrator.plan.launch import LaunchSpec, ScheduledNodes
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation, holds_local_gpus
-from orchestrator.results.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, write_json
 from orchestrator.runtimes import apptainer, none
 
 __all__ = [  # the pure half lives in slurm_jobs; these names stay importable from here

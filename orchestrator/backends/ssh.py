@@ -96,7 +96,7 @@ from orchestrator.plan.placement import Allocation
 from orchestrator.remote.connection import SshHost
 from orchestrator.remote.docker_api import remote_docker_client
 from orchestrator.remote.ssh_locker import SshLocker, remote_lock_dir
-from orchestrator.results.run_folder import CellResult, RunPaths, Status
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status
 from orchestrator.runtimes import apptainer
 from orchestrator.runtimes.docker import container_kwargs, container_spec
 
@@ -361,7 +361,7 @@ class SshDockerBackend(Backend):
         wanted = [h for h in self.inventory.names
                   if self.placement_tags[h] & needed and h not in self._lost]
         discovered: dict[str, list[int]] = {}
-        ledger = Ledger(self.paths.root.parent.parent)
+        ledger = Ledger(self.paths.results_root)
 
         def connect(name: str) -> None:
             try:

@@ -39,6 +39,21 @@ _DRIVER_RE = re.compile(r"^\d+(\.\d+){0,2}$")
 _HABANA_DRIVER_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:-[0-9A-Za-z.]+)?$")
 
 
+#: What an NGC PyTorch release's image tag adds to its name (``24.05`` -> ``24.05-py3``).
+_TAG_SUFFIX = "-py3"
+
+
+def ngc_tag(release: str) -> str:
+    """The image tag of an NGC PyTorch release: ``24.05`` -> ``24.05-py3``."""
+    return f"{release}{_TAG_SUFFIX}"
+
+
+def tag_release(tag: str) -> str:
+    """The release an NGC PyTorch image tag names: ``24.05-py3`` -> ``24.05`` (a tag without
+    the suffix, as it is). The inverse of :func:`ngc_tag`."""
+    return tag.removesuffix(_TAG_SUFFIX)
+
+
 @dataclass(frozen=True)
 class Release:
     """One NGC PyTorch container release."""
@@ -63,7 +78,7 @@ class Release:
     @property
     def base_tag(self) -> str:
         """The image tag of this release, e.g. ``24.05-py3``."""
-        return f"{self.name}-py3"
+        return ngc_tag(self.name)
 
     @property
     def offered(self) -> bool:
@@ -140,7 +155,7 @@ def _by_name() -> dict[str, Release]:
 
 def find_release(name: str) -> Release | None:
     """The release called ``name`` (``"23.10"`` or its tag ``"23.10-py3"``), or None."""
-    return _by_name().get(name.removesuffix("-py3"))
+    return _by_name().get(tag_release(name))
 
 
 @functools.cache

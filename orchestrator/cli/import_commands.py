@@ -74,7 +74,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     figures = None
     if args.figures is not None:
-        from orchestrator.results.figure_parsers import load_figures_file
+        from orchestrator.results.figures.figure_parsers import load_figures_file
 
         figures = load_figures_file(args.figures)
     if args.warmup is not None and args.warmup < 0:

@@ -21,7 +21,7 @@ from orchestrator.cli import options
 from orchestrator.config.defaults import results_root
 
 if TYPE_CHECKING:
-    from orchestrator.results.run_folder import RunPaths
+    from orchestrator.results.folders.run_folder import RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from orchestrator.config.publish import resolve, run_settings
     from orchestrator.errors import ConfigError
     from orchestrator.publish.publisher import publish_run
-    from orchestrator.results.run_folder import find_run
+    from orchestrator.results.folders.run_folder import find_run
 
     explicit_results = args.results is not None
     args.results = results_root(args.results)

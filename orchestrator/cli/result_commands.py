@@ -2,8 +2,8 @@
 
 ``report`` works on one run folder (and still rewrites its summary files; in a read-only
 archive it prints the table and a note instead); the others query the results store
-(:mod:`orchestrator.results.store`), which they refresh from the folders first. When the index
-cannot
+(:mod:`orchestrator.results.folders.store`), which they refresh from the folders first. When the
+index cannot
 live in the results folder (read-only archive), a note on stderr says where it is.
 
 Output files the user names (``--plot``, ``--html``, ``--out``) are checked before any work
@@ -29,10 +29,10 @@ from orchestrator.config.defaults import results_root
 from orchestrator.errors import ConfigError, Problem, cannot_write
 
 if TYPE_CHECKING:
-    from orchestrator.results.store import Store
+    from orchestrator.results.folders.store import Store
 
 RUN_STATUSES = ("ok", "failed", "interrupted", "unfinished", "empty")
-#: A cell result's status (orchestrator.results.run_folder.Status), for export --status.
+#: A cell result's status (orchestrator.results.folders.run_folder.Status), for export --status.
 CELL_STATUSES = ("ok", "failed", "timeout", "oom", "host_lost", "cancelled", "unplaceable")
 #: What ``--plot FILE`` can write, by the file's suffix.
 PLOT_FORMATS = ("png", "svg", "pdf")
@@ -207,7 +207,7 @@ def report_run(results: Path, matrix: str | None, spec: str | None) -> tuple[str
     the run-name grammar of ``compare`` and ``history`` (``MATRIX:RUN``, ``latest~N``, a
     prefix), the matrix from the positional argument, else the run's ``MATRIX:``, else the one
     matrix with runs under ``results``."""
-    from orchestrator.results.run_folder import runs_of
+    from orchestrator.results.folders.run_folder import runs_of
 
     name = matrix_name(matrix) if matrix else None
     if spec is not None and ":" in spec:
@@ -272,7 +272,7 @@ def percent(text: str, option: str) -> float:
 def open_results(results: Path, matrices: list[str] | None = None, reindex: bool = False
                  ) -> Store:
     """The store of ``results``, refreshed; its note (fallback location) on stderr."""
-    from orchestrator.results.store import open_store
+    from orchestrator.results.folders.store import open_store
 
     store = open_store(results, matrices, refresh=not reindex)
     if reindex:
@@ -297,7 +297,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     args.results = results_root(args.results)
     from tabulate import tabulate
 
-    from orchestrator.results.export import iso
+    from orchestrator.results.reports.export import iso
 
     name = matrix_name(args.matrix) if args.matrix else None
     since = parse_when(args.since, "--since")
@@ -339,8 +339,8 @@ def _job_ids(jobs: Sequence[str], shown: int = 3) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     args.results = results_root(args.results)
-    from orchestrator.results.run_folder import find_run
-    from orchestrator.results.summary import summarize_run, write_summary_files
+    from orchestrator.results.folders.run_folder import find_run
+    from orchestrator.results.reports.summary import summarize_run, write_summary_files
 
     name, run = report_run(args.results, args.matrix, args.run)
     plot_file(args.plot)
@@ -357,9 +357,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"note: {paths.summary_csv.name} and {paths.summary_txt.name} not refreshed in "
               f"{paths.root}: {exc.strerror or exc}", file=sys.stderr)
     if args.plot:
-        from orchestrator.results.plots import plot_run, stack_line
-        from orchestrator.results.report_html import repeats_of, stacks_of
-        from orchestrator.results.run_folder import read_json
+        from orchestrator.results.folders.run_folder import read_json
+        from orchestrator.results.reports.plots import plot_run, stack_line
+        from orchestrator.results.reports.report_html import repeats_of, stacks_of
 
         repeats = repeats_of(results) or (read_json(paths.plan).get("repeats")
                                           if paths.plan.exists() else None)
@@ -368,7 +368,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             out = plot_run(rows, args.plot, f"{name} {paths.run_id}", subtitle)
         print(f"plot: {out}")
     if args.html:
-        from orchestrator.results import report_html
+        from orchestrator.results.reports import report_html
 
         html = report_html.run_report(paths, rows, results, baseline=args.baseline)
         with writing("--html", args.html):
@@ -413,7 +413,11 @@ def _check_baseline(text: str, rows: list[Any]) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     args.results = results_root(args.results)
-    from orchestrator.results.compare import compare_runs, render_compare, render_compare_csv
+    from orchestrator.results.reports.compare import (
+        compare_runs,
+        render_compare,
+        render_compare_csv,
+    )
 
     confidence = percent(args.confidence, "--confidence")
     threshold = percent(args.threshold, "--threshold")
@@ -427,7 +431,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         # an unqualified run (latest~1, a prefix) is one of the other run's matrix
         a = store.resolve(args.run_a, matrix or _matrix_of(args.run_b) or None)
         b = store.resolve(args.run_b, matrix or a.matrix)
-        from orchestrator.results.store import is_throughput
+        from orchestrator.results.folders.store import is_throughput
 
         if args.metric and not is_throughput(args.metric):
             raise ConfigError(f"{args.metric!r}: compare needs a throughput figure (higher is "
@@ -440,7 +444,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         print(render_compare(comp))
     if args.html:
-        from orchestrator.results import report_html
+        from orchestrator.results.reports import report_html
 
         with writing("--html", args.html):
             out = report_html.write(args.html, report_html.compare_report(comp))
@@ -472,17 +476,17 @@ def _references(args: argparse.Namespace, source: str | None) -> tuple[list[Any]
 
 
 def _plan_source(run_path: str) -> str | None:
-    from orchestrator.results.run_folder import read_json
+    from orchestrator.results.folders.run_folder import RunPaths, read_json
 
     try:
-        return read_json(Path(run_path) / "plan.json").get("source")
+        return read_json(RunPaths(Path(run_path)).plan).get("source")
     except (OSError, ValueError):
         return None
 
 
 def cmd_history(args: argparse.Namespace) -> int:
     args.results = results_root(args.results)
-    from orchestrator.results.history import Options, analyze, render_history
+    from orchestrator.results.reports.history import Options, analyze, render_history
 
     name = matrix_name(args.matrix)
     plot_file(args.plot)
@@ -513,7 +517,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                   + ", ".join(ln.label for ln in failing[:10])
                   + (" ..." if len(failing) > 10 else ""))
     if args.plot:
-        from orchestrator.results.plots import plot_history
+        from orchestrator.results.reports.plots import plot_history
 
         with writing("--plot", args.plot):
             out = plot_history(report, args.plot, name)
@@ -546,7 +550,7 @@ def _where(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     args.results = results_root(args.results)
-    from orchestrator.results import export
+    from orchestrator.results.reports import export
 
     names = [matrix_name(m) for m in args.matrices]
     since = parse_when(args.since, "--since")

@@ -29,7 +29,7 @@ from orchestrator.cli import options
 from orchestrator.config.defaults import RESULTS_HELP, results_root
 from orchestrator.plan.eta import Eta, format_duration
 from orchestrator.plan.matrix import Cell, Matrix, filter_cells, load_matrix
-from orchestrator.results.run_folder import (
+from orchestrator.results.folders.run_folder import (
     CellResult,
     RunPaths,
     Status,
@@ -181,7 +181,7 @@ def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
     matrix's own)."""
     from tabulate import tabulate
 
-    from orchestrator.results.summary import column_order
+    from orchestrator.results.reports.summary import column_order
 
     shown = column_order(["hardware", *[k for k in matrix.varying if k != "hardware"]])
     rows = [[c.id, *[c.params.model_dump()[k] for k in shown], c.repeat, c.hash]
@@ -414,7 +414,7 @@ class RichEvents:
             self.clock.finished(self.eta, cell.id, result.duration_s)
             mark = "[green]ok[/green]" if result.status is Status.OK else \
                 f"[red]{result.status.value}[/red]"
-            from orchestrator.results.summary import throughput_key
+            from orchestrator.results.reports.summary import throughput_key
 
             ips = result.metrics.get(throughput_key(cell.params.mode))
             detail = f"{ips:,.1f} images/s" if isinstance(ips, int | float) else result.reason
@@ -497,7 +497,7 @@ class LineEvents:
 
 def _detail(cell: Cell, result: CellResult) -> str:
     """images/s of a cell that ended ok, else why it did not."""
-    from orchestrator.results.summary import throughput_key
+    from orchestrator.results.reports.summary import throughput_key
 
     ips = result.metrics.get(throughput_key(cell.params.mode))
     return f"{ips:,.1f} images/s" if isinstance(ips, int | float) else result.reason

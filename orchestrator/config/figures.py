@@ -1,7 +1,7 @@
 """The ``[figures]`` table: how a cell's figures of merit are declared (pydantic models).
 
 What the table means, and the parsers that honour it, is
-:mod:`orchestrator.results.figure_parsers`'s docstring.
+:mod:`orchestrator.results.figures.figure_parsers`'s docstring.
 The models live here, below :mod:`orchestrator.config.matrix_file`, because a matrix file takes the
 table in
 three places (``[figures]`` for the whole matrix, ``[hardware.NAME.figures]``,
@@ -90,7 +90,7 @@ class RegexFigure(StrictModel):
 
 
 #: The parsers of other programs' output in the seeds' own formats
-#: (:mod:`orchestrator.results.foreign_logs`).
+#: (:mod:`orchestrator.results.figures.foreign_logs`).
 SEED_PARSERS = ("dlperf", "tbd-ncu", "tf-timehistory", "iteration-durations", "habana")
 #: Parsers that drop a number of warmup iterations (or lines) first.
 WARMUP_PARSERS = ("dllogger", "dlperf", "tf-timehistory", "habana")

@@ -148,10 +148,22 @@ MIN_TELEMETRY_INTERVAL_S = 0.05
 ORCHESTRATOR_PARAMS = frozenset({"hardware", "gpus", "nodes", "program", "ngc_release"})
 #: The program name of our own benchmark workload (every other program is a [commands.NAME]).
 WORKLOAD_PROGRAM = "workload"
-#: The table rules a matrix may name (:mod:`orchestrator.results.table_rules` defines them).
+#: The table rules a matrix may name (:mod:`orchestrator.results.reports.table_rules` defines them).
 TableRuleName = Literal["median", "dlperf", "dle", "tbd", "per-gpu", "habana"]
 #: An NGC PyTorch release as a cell parameter: ``YY.MM`` (its image tag is ``YY.MM-py3``).
 NGC_RELEASE_PATTERN = r"^[0-9]{2}\.[0-9]{2}$"
+#: The cell parameter that pins a cell's NGC release (:attr:`CellParams.ngc_release`).
+RELEASE_PARAM = "ngc_release"
+
+
+def nodes_problem(gpus: int, nodes: int) -> str | None:
+    """Why a cell's ``gpus`` cannot be split evenly over its ``nodes`` (``gpus`` counts every
+    node's), or None when they can (or ``nodes`` is no count to split by)."""
+    if nodes <= 0 or not gpus % nodes:
+        return None
+    return (f"a cell has gpus = {gpus} and nodes = {nodes}: gpus counts the GPUs (or CPU "
+            f"processes) of all its nodes, so give a multiple of nodes (e.g. gpus = "
+            f"{gpus // nodes * nodes or nodes} or {(gpus // nodes + 1) * nodes})")
 
 
 def _telemetry_period(value: float) -> float:
@@ -253,9 +265,9 @@ class CellParams(StrictModel):
 
     @model_validator(mode="after")
     def _gpus_split_over_nodes(self) -> CellParams:
-        if self.gpus % self.nodes:
-            raise ValueError(f"gpus = {self.gpus} cannot be split evenly over nodes = "
-                             f"{self.nodes}: give a multiple of nodes (gpus counts every node's)")
+        problem = nodes_problem(self.gpus, self.nodes)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
@@ -1150,7 +1162,8 @@ DEFAULT_CONTROL_EVERY = 2
 class ControlSpec(StrictModel):
     """``[control]``: a pinned measurement the sweep runs between the configurations, on the
     same hosts and GPUs, so that their figures can be judged as ratios to it (the machine's own
-    drift cancels; :mod:`orchestrator.plan.controls`, :mod:`orchestrator.results.normalise`).
+    drift cancels; :mod:`orchestrator.plan.controls`,
+    :mod:`orchestrator.results.statistics.normalise`).
 
     Exactly one of ``params`` (a fixed setting of our workload, or of a ``[commands.NAME]``
     program with ``program = NAME``; ``[workload]`` fills what it leaves out) and ``cell`` (the

@@ -19,8 +19,8 @@ of every colleague and the nightly ``images refresh`` share it::
 
 Rules: an image's record is keyed by (host, matrix file, hardware, ngc_release) and replaced by
 the newest build of that key; a host's entry by its name. The file is replaced atomically and
-follows the umask (:func:`orchestrator.results.run_folder.write_json`: a colleague's refresh can
-read it);
+follows the umask (:func:`orchestrator.results.folders.run_folder.write_json`: a colleague's refresh
+can read it);
 every update is a read-modify-write under an ``flock`` of ``.orchestrate-images.lock`` beside it,
 so two sweeps recording at once never lose each other's records. A damaged file is a
 :class:`~orchestrator.errors.ConfigError` naming it.
@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.results.run_folder import read_json, write_json
+from orchestrator.results.folders.run_folder import ResultsRoot, read_json, write_json
 
 log = logging.getLogger(__name__)
 
-STATE_NAME = ".orchestrate-images.json"
-LOCK_NAME = ".orchestrate-images.lock"
+STATE_NAME = ResultsRoot.IMAGES_STATE
+LOCK_NAME = ResultsRoot.IMAGES_LOCK
 VERSION = 1
 
 RecordKey = tuple[str, str, str, str | None]
@@ -145,7 +145,7 @@ def _order(record: ImageRecord) -> tuple[str, str, str, str]:
 
 def state_path(results_root: Path) -> Path:
     """Where the image state of a results folder lives."""
-    return Path(results_root) / STATE_NAME
+    return ResultsRoot(Path(results_root)).images_state
 
 
 def load_state(path: Path) -> ImageState:

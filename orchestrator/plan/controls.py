@@ -3,8 +3,8 @@
 A matrix's ``[control]`` (:class:`~orchestrator.config.matrix_file.ControlSpec`) is a pinned
 measurement: its figures move only with the machine (clocks, thermals, neighbours), never with
 the code under test, so a configuration's figure divided by the control's measured beside it
-cancels the machine's drift (:mod:`orchestrator.results.normalise`). For that the control must
-share the cell's host, GPUs and time, so it runs *in the cells' own allocations*:
+cancels the machine's drift (:mod:`orchestrator.results.statistics.normalise`). For that the control
+must share the cell's host, GPUs and time, so it runs *in the cells' own allocations*:
 
 * a **slot** is where a configuration cell ran: its hosts and the exact GPU ids it was given;
 * **before** the first configuration cell on a slot, a control measurement runs on it (the

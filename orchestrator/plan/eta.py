@@ -3,8 +3,8 @@ no clocks (the caller says how long running cells have run).
 
 :class:`Eta`: the expected seconds of work left (cells not started, plus what is left of running
 ones) from the durations of earlier runs of the same matrix (the results store's
-:meth:`~orchestrator.results.store.Store.expected_durations`, by content hash), scaled by how
-today's
+:meth:`~orchestrator.results.folders.store.Store.expected_durations`, by content hash), scaled by
+how today's
 finished cells compare with their expectation (median of actual / expected), divided by the
 number of cells the sweep runs at once, and never less than the longest single cell left. With
 no history it learns from today's finished cells (their median duration). A matrix's control

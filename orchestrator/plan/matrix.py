@@ -64,6 +64,7 @@ from orchestrator.config.matrix_file import (
     Program,
     command_values,
     hardware_reference_problems,
+    nodes_problem,
     param_type,
     parse_matrix_file,
     program_of,
@@ -569,13 +570,9 @@ def _check_hardware_values(
 def _check_nodes(assignments: list[dict[str, Any]], file: str) -> list[Problem]:
     """Every cell's GPUs split evenly over its nodes (one problem per gpus/nodes pair)."""
     pairs = sorted({(a.get("gpus", 1), a.get("nodes", 1)) for a in assignments
-                    if isinstance(a.get("gpus", 1), int) and isinstance(a.get("nodes", 1), int)
-                    and a.get("nodes", 1) > 0 and a.get("gpus", 1) % a.get("nodes", 1)})
-    return [Problem(file, "nodes", (
-        f"a cell has gpus = {gpus} and nodes = {nodes}: gpus counts the GPUs (or CPU "
-        f"processes) of all its nodes, so give a multiple of nodes (e.g. gpus = "
-        f"{gpus // nodes * nodes or nodes} or {(gpus // nodes + 1) * nodes})"))
-        for gpus, nodes in pairs]
+                    if isinstance(a.get("gpus", 1), int) and isinstance(a.get("nodes", 1), int)})
+    return [Problem(file, "nodes", problem) for gpus, nodes in pairs
+            for problem in [nodes_problem(gpus, nodes)] if problem]
 
 
 # --- entry points ----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ alone. (Without a seed the round keeps the matrix order before that sort: the or
 orchestrate before issue 25.)
 
 **Expected durations** come from the results store:
-:meth:`orchestrator.results.store.Store.expected_durations` (median duration of each
+:meth:`orchestrator.results.folders.store.Store.expected_durations` (median duration of each
 configuration's ok cells over the last runs of the matrix), keyed by the cell's content hash
 (``Cell.hash``). The same expected durations make the sweep's ETA
 (:class:`orchestrator.plan.eta.Eta`).

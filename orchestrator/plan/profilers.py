@@ -35,8 +35,8 @@ ncu wait for a start that never comes): the cell still runs, its figures are mis
 Tools and GPUs (:func:`tool_problem`): nvprof does not profile compute capability 8.0 and later
 (Ampere, Hopper: use ncu for metrics, nsys for a timeline) and is not shipped with CUDA 12
 toolkits (every NGC PyTorch release the project offers is CUDA 12). ncu's pipe metrics differ by
-architecture (see :data:`PIPE_METRICS` in :mod:`orchestrator.results.profiler_figures`); the default
-metric list asks by regular expression, so one list serves Volta to Hopper.
+architecture (see :data:`PIPE_METRICS` in :mod:`orchestrator.results.figures.profiler_figures`); the
+default metric list asks by regular expression, so one list serves Volta to Hopper.
 """
 
 from __future__ import annotations

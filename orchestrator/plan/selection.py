@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import gpus, releases, templates
+from orchestrator.config.matrix_file import RELEASE_PARAM
 from orchestrator.errors import ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
-#: The cell parameter that pins a cell's NGC release.
-RELEASE_PARAM = "ngc_release"
 #: What the families are called in tables and messages.
 FAMILY_LABEL = {"ngc": "NGC PyTorch", "habana": "Intel Gaudi"}
 
@@ -186,7 +185,7 @@ def choose(matrix: Matrix, key: ImageKey, host: HostDriver | None = None) -> Ima
     values = profile_image_vars(matrix, key.hardware)
     if key.ngc_release is not None:
         _check_pinnable(file, key.hardware, template, kind, values, RELEASE_PARAM)
-        values["base_tag"] = f"{key.ngc_release}-py3"
+        values["base_tag"] = releases.ngc_tag(key.ngc_release)
         return ImageChoice(key.hardware, profile.image, values, key.ngc_release, kind, "axis",
                            reason=f"ngc_release = {key.ngc_release}")
     if profile.release == AUTO:
@@ -258,7 +257,7 @@ def _named(hardware: str, template_name: str, template: templates.Template, kind
         return ImageChoice(hardware, template_name, values, None, kind, "profile",
                            reason=f"base_image = {resolved['base_image']}")
     if kind == "ngc":
-        name = str(resolved["base_tag"]).removesuffix("-py3")
+        name = releases.tag_release(str(resolved["base_tag"]))
         found = releases.find_release(name)
         return ImageChoice(hardware, template_name, values, found.name if found else name,
                            kind, "profile", reason=f"base_tag = {resolved['base_tag']}")

@@ -35,13 +35,23 @@ from orchestrator.config.matrix_file import HardwareProfile
 from orchestrator.errors import BuildError, ConfigError
 from orchestrator.plan import selection
 
-_NGC_BASE = re.compile(r"^nvcr\.io/nvidia/pytorch:(\d\d\.\d\d)-py3$")
-#: An NGC release tag, as base_tag names it (from nvcr.io or a mirror's base_repository).
-_NGC_TAG = re.compile(r"^(\d\d\.\d\d)-py3$")
+#: Where the NGC PyTorch releases come from (a lab mirror's ``base_repository`` aside).
+_NGC_REPOSITORY = "nvcr.io/nvidia/pytorch"
+#: An NGC release's name (``24.05``).
+_NGC_RELEASE = re.compile(r"\d\d\.\d\d")
+
 _HABANA_BASE = re.compile(
     r"^vault\.habana\.ai/gaudi-docker/([^/]+)/([^/]+)/habanalabs/pytorch-installer-([^/:]+)"
     r":[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 )
+
+
+def _release_of_tag(tag: str) -> str | None:
+    """The NGC release a ``YY.MM-py3`` tag names (from nvcr.io or a mirror's
+    ``base_repository``); None for any other tag."""
+    release = releases.tag_release(tag)
+    return release if release != tag and _NGC_RELEASE.fullmatch(release) else None
+
 
 #: Why a stack is not known, where a check has something to say about it.
 UNRESOLVED = "unresolved"  # the template's base image could not be worked out (``detail``)
@@ -52,7 +62,8 @@ UNKNOWN_BASE = "unknown base"  # a base image outside the NGC and Habana tables
 @dataclass(frozen=True)
 class PlannedStack:
     """The software a profile's cells run on, as far as it is known before anything is built
-    (what a result recorded it ran on is :class:`orchestrator.results.store.RecordedStack`)."""
+    (what a result recorded it ran on is
+    :class:`orchestrator.results.folders.store.RecordedStack`)."""
 
     #: For people: ``NGC PyTorch 23.10 (torch 2.1.0a0+32f93b1, torchvision 0.16, CUDA 12.2.2)``.
     label: str
@@ -142,7 +153,8 @@ def pinned_stack(profile: HardwareProfile, template: templates.Template,
     """The stack of the profile's cells that pin ``ngc_release = release`` (the template's
     ``base_tag`` set to it)."""
     try:
-        base = root_base_image(template, {**profile.image_vars, "base_tag": f"{release}-py3"})
+        base = root_base_image(template, {**profile.image_vars,
+                                          "base_tag": releases.ngc_tag(release)})
     except (ConfigError, BuildError) as exc:
         return PlannedStack(f"NGC PyTorch {release} (not checked)", known=False,
                             unknown_why=UNRESOLVED, detail=str(exc))
@@ -188,9 +200,10 @@ def ngc_stack(base: str, name: str) -> PlannedStack:
 
 
 def _classify_base(base: str) -> PlannedStack:
-    ngc = _NGC_BASE.match(base)
+    repository, _, tag = base.rpartition(":")
+    ngc = _release_of_tag(tag) if repository == _NGC_REPOSITORY else None
     if ngc:
-        return ngc_stack(base, ngc[1])
+        return ngc_stack(base, ngc)
     habana = _HABANA_BASE.match(base)
     if habana:
         torch = habana[3] if parses(habana[3]) else None
@@ -218,8 +231,7 @@ def _ngc_tag(root: templates.Template, resolved: dict[str, Any]) -> str | None:
     it (the repository may be a lab mirror); None otherwise."""
     if selection.family(root) != "ngc" or resolved.get("base_image"):
         return None
-    match = _NGC_TAG.match(str(resolved.get("base_tag", "")))
-    return match[1] if match else None
+    return _release_of_tag(str(resolved.get("base_tag", "")))
 
 
 def root_base_image(template: templates.Template, values: dict[str, Any]) -> str:

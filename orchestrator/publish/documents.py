@@ -16,7 +16,8 @@ sample's own time. Names are made valid for MLflow (:func:`metric_name`: letters
 ``_ - . / : space``; anything else becomes ``_``).
 
 A cell's params are its parameters (as ``result.json`` has them) and its recorded software
-stack (``stack.torch``, ``stack.cuda``, ...: :class:`~orchestrator.results.store.RecordedStack`),
+stack (``stack.torch``, ``stack.cuda``, ...:
+:class:`~orchestrator.results.folders.store.RecordedStack`),
 as text: strings as they are, anything else as JSON (``true``, ``null``, ``8``).
 
 The fingerprint of a cell is a hash of everything published of it (params, figures, series,
@@ -38,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.results.run_folder import CellResult, RunPaths, Status, read_json
-from orchestrator.results.store import RecordedStack
-from orchestrator.results.summary import summarize_run
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, read_json
+from orchestrator.results.folders.store import RecordedStack
+from orchestrator.results.reports.summary import summarize_run
 
 #: Prefix of every tag this package writes.
 TAG = "orchestrate."
@@ -49,12 +50,13 @@ LOG_TAIL_LINES = 200
 LOG_TAIL_BYTES = 64 * 1024
 #: Files of a cell folder published as they are, where present (the cell's summary is the
 #: workload's ``summary.json``).
-CELL_FILES = ("result.json", "summary.json")
+CELL_FILES = (RunPaths.CELL_RESULT, RunPaths.CELL_SUMMARY)
 #: Plot files of a cell folder or a run folder published as they are.
 PLOT_SUFFIXES = (".png", ".svg")
 #: Files of a run folder published with the sweep's parent run (regular files only, never
 #: through a symbolic link, as every file published).
-RUN_FILES = ("run.json", "matrix.toml", "summary.txt", "summary.csv")
+RUN_FILES = (RunPaths.RUN_META, RunPaths.MATRIX_FILE, RunPaths.SUMMARY_TXT,
+             RunPaths.SUMMARY_CSV)
 #: The longest tag value sent (MLflow keeps 8000 characters), and the parent's description.
 MAX_TAG = 5000
 MAX_NOTE = 7900
@@ -275,7 +277,7 @@ def cell_document(paths: RunPaths, result: CellResult, doc: CellDoc, stack: Mapp
                   unstable: bool | None) -> dict[str, Any]:
     """The JSON document of one cell for an HTTP collector: flat enough for Elastic, Loki or
     a Grafana data source (parameters and figures keep their JSON types)."""
-    from orchestrator.results.export import iso
+    from orchestrator.results.reports.export import iso
 
     when = result.finished_at or result.started_at
     return {
@@ -385,7 +387,7 @@ def _regular_file(path: Path) -> bool:
 
 
 def _read_text(path: Path) -> str:
-    from orchestrator.results.run_folder import read_regular
+    from orchestrator.results.folders.run_folder import read_regular
 
     try:
         return read_regular(path).decode("utf-8", "replace")

@@ -26,12 +26,10 @@ from orchestrator.errors import ConfigError
 from orchestrator.publish import to_http, to_mlflow
 from orchestrator.publish.documents import RunDoc, read_run
 from orchestrator.publish.outcome import Counts, PublishError
-from orchestrator.results.run_folder import RunPaths, read_json, write_json
+from orchestrator.results.folders.run_folder import RunPaths, read_json, write_json
 
 log = logging.getLogger(__name__)
 
-#: The record of what was published where, in the run folder.
-RECORD = "publish.json"
 #: Seconds a request to a target may take (connect, then each answer).
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -83,16 +81,16 @@ def publish_run(paths: RunPaths, targets: Targets, *,
     if targets.http:
         outcomes.append(_to_http(run, targets.http, timeout_s, record, environ))
     try:
-        write_json(paths.root / RECORD, record)
+        write_json(paths.published, record)
     except OSError as exc:
         log.warning("what was published is not recorded in %s (%s): an HTTP collector gets "
-                    "every cell again next time", paths.root / RECORD, exc.strerror or exc)
+                    "every cell again next time", paths.published, exc.strerror or exc)
     return outcomes
 
 
 def read_record(paths: RunPaths) -> dict[str, Any]:
     """``publish.json`` of a run (empty where there is none or it cannot be read)."""
-    path = paths.root / RECORD
+    path = paths.published
     if not path.exists():
         return {}
     try:

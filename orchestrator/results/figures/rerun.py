@@ -13,7 +13,7 @@ table marks it.
 from __future__ import annotations
 
 from orchestrator.config.matrix_file import MatrixSettings
-from orchestrator.results.run_folder import CellResult, Status
+from orchestrator.results.folders.run_folder import CellResult, Status
 
 #: The figure (from the workload's telemetry) that says the clocks were held down.
 THROTTLED = "telemetry.throttled"

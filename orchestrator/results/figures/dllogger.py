@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from orchestrator.errors import LogFormatError, Problem
-from orchestrator.results import safejson
+from orchestrator.results.folders import safejson
 from workload import metrics as wm
 
 Step = str | tuple[Any, ...]
@@ -493,7 +493,7 @@ def global_batch_of(parameters: Mapping[str, Any], points: Sequence[Point]
     agree within 1 %."""
     bs, ws = _num(parameters.get("batch_size")), _num(parameters.get("world_size"))
     if bs and ws and bs == int(bs) > 0 and ws == int(ws) > 0:
-        return int(bs) * int(ws), "PARAMETER batch_size x world_size"
+        return wm.global_batch(int(bs), int(ws)), "PARAMETER batch_size x world_size"
     seen = []
     for p in points:
         ips, d = _num(p.data.get("total_ips")), _num(p.data.get("data_time"))

@@ -4,17 +4,17 @@ Configurations are matched by what they measure: the content hash of parameters 
 profile. A configuration whose parameters are equal but whose hardware profile changed between
 the runs (another image tag in ``image_vars``, another wrapper) is matched by its parameters and
 marked ``profile changed``. The figure is the headline images/s; each side's value is the
-median over its ok repeats, and :func:`orchestrator.results.stats.compare_samples` gives the change
-(B / A - 1), its bootstrap interval over the repeats and the verdict (faster / slower / no
-significant change / no repeats). ``missing``: the configuration is in one run only;
+median over its ok repeats, and :func:`orchestrator.results.statistics.stats.compare_samples` gives
+the change (B / A - 1), its bootstrap interval over the repeats and the verdict (faster / slower /
+no significant change / no repeats). ``missing``: the configuration is in one run only;
 ``failed``: a run has it but no ok repeat; ``no value``: ok repeats without the figure. The
 runs' stacks are compared field by field.
 
 **With a control** (a matrix's ``[control]``): when both runs have normalised figures for a
 configuration (each cell's figure as a ratio to the control measured beside it,
-:mod:`orchestrator.results.normalise`), the change, its interval and the verdict are those of
-the ratios (``basis`` ``normalised``): the machine's drift between the two runs cancels. The
-raw change is still shown and written (``raw_change``), and the control's own change between
+:mod:`orchestrator.results.statistics.normalise`), the change, its interval and the verdict are
+those of the ratios (``basis`` ``normalised``): the machine's drift between the two runs cancels.
+The raw change is still shown and written (``raw_change``), and the control's own change between
 the runs (the drift itself) is a table of its own, never a configuration. ``raw`` (``--raw``)
 judges the raw figures.
 """
@@ -32,15 +32,15 @@ from typing import Any
 
 from tabulate import tabulate
 
-from orchestrator.results.stats import UNSTABLE_RULE, Change, compare_samples, unstable
-from orchestrator.results.store import (
+from orchestrator.results.folders.store import (
     CellRecord,
     RecordedStack,
     RunRecord,
     Store,
     stack_field_values,
 )
-from orchestrator.results.summary import varying_keys
+from orchestrator.results.reports.summary import varying_keys
+from orchestrator.results.statistics.stats import UNSTABLE_RULE, Change, compare_samples, unstable
 
 
 @dataclass
@@ -59,8 +59,9 @@ class Side:
 
     @property
     def unstable(self) -> bool | None:
-        """Its ok repeats spread beyond the bound (:func:`orchestrator.results.stats.unstable`);
-        None when there are too few to judge."""
+        """Its ok repeats spread beyond the bound
+        (:func:`orchestrator.results.statistics.stats.unstable`); None when there are too few to
+        judge."""
         return unstable(self.values)
 
     @property

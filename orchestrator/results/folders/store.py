@@ -28,8 +28,8 @@ Rules:
   label. The software/hardware **stack** it ran on (image, torch, CUDA, cuDNN, driver, GPU or
   CPU model, host, Python) is recorded beside it, from ``result.json``'s ``env`` (what the
   workload saw) and ``provenance`` (what the backend launched); matching by configuration and
-  stack is the business of :mod:`orchestrator.results.history` and
-  :mod:`orchestrator.results.compare`.
+  stack is the business of :mod:`orchestrator.results.reports.history` and
+  :mod:`orchestrator.results.reports.compare`.
 
 Tables: ``meta`` (schema version), ``runs`` (one per run folder), ``stacks`` (distinct stacks),
 ``cells`` (one per ``result.json``; ``value`` is the headline throughput, images/s),
@@ -44,7 +44,7 @@ cells with ``role = 'control'`` (``config`` for every configuration), never coun
 run's configurations (``n_cells`` / ``n_ok``; a failed control still makes the run
 ``failed``). When a run is indexed, every ok configuration cell with a nearest control gets
 ``norm.F`` = F / the control's figure for each of its throughput figures, and ``norm_from``
-names the control measurements used (:mod:`orchestrator.results.normalise`).
+names the control measurements used (:mod:`orchestrator.results.statistics.normalise`).
 """
 
 from __future__ import annotations
@@ -67,13 +67,19 @@ from typing import Any
 
 from orchestrator.config.syntax import check_name
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.results.normalise import PREFIX as NORM_PREFIX
-from orchestrator.results.normalise import Measured, normalise
-from orchestrator.results.run_folder import CellResult, read_json
+from orchestrator.results.folders.run_folder import (
+    CellResult,
+    ResultsRoot,
+    RunPaths,
+    read_json,
+    throughput_key,
+)
+from orchestrator.results.statistics.normalise import PREFIX as NORM_PREFIX
+from orchestrator.results.statistics.normalise import Measured, normalise
 
 log = logging.getLogger(__name__)
 
-INDEX_NAME = ".orchestrate-index.sqlite"
+INDEX_NAME = ResultsRoot.INDEX
 #: Bump when the tables or what goes into them change: older indexes are rebuilt.
 #: 2: cells' role (config / control) and normalised figures (``norm.*``, issue 25); cells'
 #: Slurm accounting and runs' Slurm jobs (issue 26). 3: both (either 2 lacks the other's).
@@ -360,19 +366,21 @@ def shallow_signature(run_dir: Path) -> str:
     """``run.json``, ``plan.json`` and the ``cells`` folder (3 stat calls): enough for a run
     that has ended, whose results change only through ``--resume``, which rewrites
     ``run.json`` when it ends and moves replaced cell folders out of ``cells``."""
-    parts = [_stat(run_dir / "run.json"), _stat(run_dir / "plan.json"), _stat(run_dir / "cells")]
+    paths = RunPaths(run_dir)
+    parts = [_stat(paths.run_meta), _stat(paths.plan), _stat(paths.cells_dir)]
     return "s:" + hashlib.sha1("|".join(parts).encode()).hexdigest()
 
 
 def run_signature(run_dir: Path) -> str:
     """Sizes and mtimes of every file of a run the index reads, ``result.json`` files included;
     stat calls only (for a run still going)."""
-    parts = [_stat(run_dir / "run.json"), _stat(run_dir / "plan.json")]
+    paths = RunPaths(run_dir)
+    parts = [_stat(paths.run_meta), _stat(paths.plan)]
     try:
-        entries = sorted(e.name for e in os.scandir(run_dir / "cells") if e.is_dir())
+        entries = sorted(e.name for e in os.scandir(paths.cells_dir) if e.is_dir())
     except OSError:
         entries = []
-    parts += [f"{name}={_stat(run_dir / 'cells' / name / 'result.json')}" for name in entries]
+    parts += [f"{name}={_stat(paths.cell_result(name))}" for name in entries]
     return "d:" + hashlib.sha1("|".join(parts).encode()).hexdigest()
 
 
@@ -384,7 +392,7 @@ def params_hash(params: dict[str, Any]) -> str:
 
 def headline(params: dict[str, Any], metrics: dict[str, Any]) -> tuple[str, float | None]:
     """The figure a configuration is judged by: ``train.total_ips`` / ``val.total_ips``."""
-    name = f"{'train' if params.get('mode', 'train') == 'train' else 'val'}.total_ips"
+    name = throughput_key(str(params.get("mode", "train")))
     value = metrics.get(name)
     if isinstance(value, int | float) and not isinstance(value, bool):
         return name, float(value)
@@ -406,9 +414,8 @@ def derived_figures(params: dict[str, Any], metrics: dict[str, Any]) -> dict[str
     clean = [float(t) for t in times if isinstance(t, int | float) and t > 0]
     if len(clean) < 5:
         return {}
-    prefix = "train" if params.get("mode", "train") == "train" else "val"
     p10 = statistics.quantiles(clean, n=10, method="inclusive")[0]
-    return {f"{prefix}.{STEP_IPS_P90}": float(batch) / p10}
+    return {throughput_key(str(params.get("mode", "train")), STEP_IPS_P90): float(batch) / p10}
 
 
 def is_throughput(name: str) -> bool:
@@ -453,13 +460,14 @@ def read_run_folder(run_dir: Path) -> ParsedRun:
     """Everything the index keeps of one run folder. The signatures are taken first: a file
     written while we read makes the next refresh read the run again."""
     shallow, deep = shallow_signature(run_dir), run_signature(run_dir)
-    meta = _read(run_dir / "run.json") or {}
-    plan = _read(run_dir / "plan.json") or {}
+    paths = RunPaths(run_dir)
+    meta = _read(paths.run_meta) or {}
+    plan = _read(paths.plan) or {}
     results = []
-    cells_dir = run_dir / "cells"
+    cells_dir = paths.cells_dir
     if cells_dir.is_dir():
         for entry in sorted(os.scandir(cells_dir), key=lambda e: e.name):
-            path = Path(entry.path) / "result.json"
+            path = paths.cell_result(entry.name)
             if not (entry.is_dir() and path.is_file()):
                 continue  # not yet written
             try:  # the same rules as every reader of result.json (RunPaths.results)
@@ -488,7 +496,7 @@ def _run_status(meta: dict[str, Any], planned: int, n_cells: int, n_ok: int,
 
 
 def _measured(index: int, res: dict[str, Any], figures: dict[str, float]) -> Measured:
-    """What :func:`~orchestrator.results.normalise.normalise` needs of one result."""
+    """What :func:`~orchestrator.results.statistics.normalise.normalise` needs of one result."""
     params = res.get("params") or {}
     prov = res.get("provenance") or {}
     found = prov.get("gpu_ids")
@@ -602,11 +610,11 @@ class Store:
         names = list(matrices) if matrices is not None else self.matrices_on_disk()
         on_disk: dict[str, Path] = {}
         for name in names:
-            base = self.root / name
+            base = ResultsRoot(self.root).matrix_dir(name)
             if not base.is_dir():
                 continue
             for entry in os.scandir(base):
-                if entry.is_dir() and os.path.exists(os.path.join(entry.path, "plan.json")):
+                if entry.is_dir() and RunPaths(Path(entry.path)).plan.exists():
                     on_disk[str(Path(entry.path))] = Path(entry.path)
         indexed = self._signatures(names if matrices is not None else None)
         changed = []
@@ -931,7 +939,7 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
         check_name(name, "matrix")  # each names a folder under the root, never elsewhere
     busy = BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
     candidates: list[tuple[str, str | None]] = []
-    index = root / INDEX_NAME
+    index = ResultsRoot(root).index
     if _writable(root) and _usable_file(index):
         candidates.append((str(index), None))
     cache = _cache_index_path(root)

@@ -1,6 +1,7 @@
 """History of a matrix across runs: the nightly sweep's trend and a regression check that holds up.
 
-Built from the results store (:mod:`orchestrator.results.store`), so only what is on disk counts.
+Built from the results store (:mod:`orchestrator.results.folders.store`), so only what is on disk
+counts.
 
 * **What is compared with what.** A line is one *configuration* (the content hash of its
   parameters and hardware profile; the display id is only a label) on one *stack* (image,
@@ -8,9 +9,9 @@ Built from the results store (:mod:`orchestrator.results.store`), so only what i
   ``host`` for a pool of identical machines). The newest run's ok repeats of the line are
   compared with the same configuration on the same stack in the ``window`` runs before it.
 * **Verdicts.** ``regression`` / ``faster`` / ``no significant change``: the test of
-  :func:`orchestrator.results.stats.regression_test` (the newest run's repeats, through the exact
-  bootstrap variance of their median, against the run-to-run noise of the earlier runs of the
-  whole matrix; p < ``alpha``, Holm-adjusted over the run's configurations, and a change beyond
+  :func:`orchestrator.results.statistics.stats.regression_test` (the newest run's repeats, through
+  the exact bootstrap variance of their median, against the run-to-run noise of the earlier runs of
+  the whole matrix; p < ``alpha``, Holm-adjusted over the run's configurations, and a change beyond
   ``threshold``).
   ``insufficient history``: fewer than ``min_history`` earlier runs with this configuration and
   stack (nothing is called). ``stack changed``: too few earlier runs on this stack but some on
@@ -41,8 +42,17 @@ from tabulate import tabulate
 
 from orchestrator.config.references import ReferenceCheck, ReferenceEntry, check
 from orchestrator.errors import ConfigError
-from orchestrator.results.run_folder import read_json
-from orchestrator.results.stats import (
+from orchestrator.results.folders.run_folder import RunPaths, read_json
+from orchestrator.results.folders.store import (
+    CellRecord,
+    RecordedStack,
+    RunRecord,
+    Store,
+    headline,
+    is_throughput,
+)
+from orchestrator.results.reports.summary import varying_keys
+from orchestrator.results.statistics.stats import (
     Check,
     between_run_variance,
     detectable_drop,
@@ -52,15 +62,6 @@ from orchestrator.results.stats import (
     regression_test,
     verdict,
 )
-from orchestrator.results.store import (
-    CellRecord,
-    RecordedStack,
-    RunRecord,
-    Store,
-    headline,
-    is_throughput,
-)
-from orchestrator.results.summary import varying_keys
 
 FAILING = frozenset({"regression", "failed", "missing", "dropped"})
 
@@ -131,7 +132,7 @@ class Line:
     verdict: str = "insufficient history"
     references: list[ReferenceCheck] = field(default_factory=list)
     #: What the line's figures are: ``raw`` (images/s) or ``normalised`` (ratios to the
-    #: control measured beside each cell, :mod:`orchestrator.results.normalise`).
+    #: control measured beside each cell, :mod:`orchestrator.results.statistics.normalise`).
     basis: str = "raw"
     #: The same configuration on the other basis (the JSON carries both), when there is one.
     other: Line | None = None
@@ -547,7 +548,7 @@ def _plan_of(run: RunRecord) -> tuple[set[str] | None, tuple[str, ...]]:
     and the ``--only`` filters it was made with (plan.json's ``only``; a run written before
     that field: the ``--only`` arguments of run.json's argv)."""
     try:
-        plan = read_json(Path(run.path) / "plan.json")
+        plan = read_json(RunPaths(Path(run.path)).plan)
     except ConfigError:
         return None, ()
     if not isinstance(plan, dict):
@@ -565,7 +566,7 @@ def _only_in_argv(run: RunRecord) -> tuple[str, ...]:
     """The ``--only`` filters of the command line in run.json (``--only K=V``, ``--only=K=V``,
     an abbreviation argparse took: ``--on K=V``)."""
     try:
-        meta = read_json(Path(run.path) / "run.json")
+        meta = read_json(RunPaths(Path(run.path)).run_meta)
     except ConfigError:
         return ()
     argv = meta.get("argv") if isinstance(meta, dict) else None

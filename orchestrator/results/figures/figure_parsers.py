@@ -77,8 +77,8 @@ from orchestrator.config.figures import Bounds as Bounds  # re-exported: declare
 from orchestrator.config.figures import FiguresConfig, RegexFigure
 from orchestrator.config.user_regex import compile_pattern
 from orchestrator.errors import ConfigError, LogFormatError, Problem
-from orchestrator.results import foreign_logs as fl
-from orchestrator.results.dllogger import (
+from orchestrator.results.figures import foreign_logs as fl
+from orchestrator.results.figures.dllogger import (
     DLLoggerLog,
     Point,
     drop_warmup,
@@ -88,7 +88,12 @@ from orchestrator.results.dllogger import (
     read_dllogger,
     recompute,
 )
-from orchestrator.results.run_folder import parse_metric_lines, throughput_key
+from orchestrator.results.folders.run_folder import (
+    RunPaths,
+    gpus_of,
+    parse_metric_lines,
+    throughput_key,
+)
 from workload import metrics as wm
 
 log = logging.getLogger(__name__)
@@ -123,7 +128,7 @@ class CellOutput:
     """A finished cell's captured output: its log text, its folder, its parameters."""
 
     log_text: str
-    log_name: str = "log.txt"
+    log_name: str = RunPaths.CELL_LOG
     cell_dir: Path | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     #: The log already read as DLLogger output (an import streams a large raport once; its
@@ -133,7 +138,7 @@ class CellOutput:
     @classmethod
     def from_cell_dir(
         cls, cell_dir: Path, params: Mapping[str, Any] | None = None, log_offset: int = 0,
-        log_name: str = "log.txt",
+        log_name: str = RunPaths.CELL_LOG,
     ) -> CellOutput:
         """The cell folder's log from byte ``log_offset`` (this attempt's output) on."""
         path = Path(cell_dir) / log_name
@@ -200,14 +205,40 @@ class Figures:
         return out
 
 
+#: A seed file name that states the batch size (TBD's ``core_util_batch_32.csv``,
+#: ``throughput_32.log``).
+_BATCH_IN_NAME = re.compile(r"(?:batch_|throughput_)([0-9]+)\.(?:csv|log|txt)$")
+
+
 class FigureParser(ABC):
     """Reads a cell's output into :class:`Figures`. Raise :class:`LogFormatError` for a
     malformed log (every bad line at once, each with its file and line)."""
 
     name: ClassVar[str]
+    #: For a foreign format that ``orchestrate import`` tells by its content (:meth:`detect`):
+    #: the format its imported cells record (``provenance.imported.format``) and the table rule
+    #: of a matrix written from such logs. None: not one (our workload's JSON lines, DLLogger and
+    #: regex logs the importer tells apart itself).
+    import_kind: ClassVar[str | None] = None
+    table_rule: ClassVar[str] = "median"
+    #: What a file in this format has somewhere (the default :meth:`detect`).
+    signature: ClassVar[re.Pattern[str] | None] = None
+    #: Its files' names state the batch size (``core_util_batch_32.csv``, ``throughput_32.log``).
+    batch_in_file_name: ClassVar[bool] = False
 
     def __init__(self, config: FiguresConfig):
         self.config = config
+
+    @classmethod
+    def detect(cls, text: str) -> bool:
+        """Whether a file's ``text`` is in this format (for an ``import_kind`` format)."""
+        return bool(cls.signature and cls.signature.search(text))
+
+    @classmethod
+    def stated_params(cls, text: str, path: Path) -> dict[str, Any]:
+        """The cell parameters a log of this format states, by its text or its file's name."""
+        match = _BATCH_IN_NAME.search(path.name) if cls.batch_in_file_name else None
+        return {"batch_size": int(match[1])} if match else {}
 
     @abstractmethod
     def parse(self, output: CellOutput) -> Figures:
@@ -289,7 +320,7 @@ class DLLoggerParser(FigureParser):
         series = {p: iteration_series(dll.records, p) for p in ("train", "val")}
         batch, how = global_batch_of(dll.parameters, [*series["train"], *series["val"]])
         details: dict[str, Any] = {"global_batch": batch, "global_batch_from": how}
-        head = "train" if mode == "train" else "val"
+        head = wm.figure_prefix(mode)
         for prefix, points in series.items():
             if points:
                 details[prefix] = _series_figures(prefix, points, warmup, batch, figures,
@@ -408,7 +439,8 @@ class RegexParser(FigureParser):
         return [f.name for f in self.config.regex]
 
 
-# --- the seeds' own formats (orchestrator/results/foreign_logs.py) ------------------------------
+# --- the seeds' own formats (orchestrator/results/figures/foreign_logs.py)
+# ------------------------------
 
 
 def _int_param(params: Mapping[str, Any], key: str, default: int) -> int:
@@ -421,6 +453,14 @@ class DLPerfParser(FigureParser):
     ``train.total_ips``), rounded to 2 decimals as DLPerf rounds it."""
 
     name = "dlperf"
+    import_kind = "dlperf-log"
+    table_rule = "dlperf"
+
+    @classmethod
+    def detect(cls, text: str) -> bool:
+        """pytorch/examples-style lines (old DLE main.py): DLPerf reads them."""
+        return any("Epoch: " in ln and fl.DLPERF_INDEX.search(ln) and fl.DLPERF_TIME.search(ln)
+                   for ln in text.splitlines())
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -429,7 +469,7 @@ class DLPerfParser(FigureParser):
         if warmup is None:
             warmup = _int_param(params, "warmup", 20)
         train = warmup + _int_param(params, "iterations", 100)
-        batch = _int_param(params, "batch_size", 1) * _int_param(params, "gpus", 1)
+        batch = wm.global_batch(_int_param(params, "batch_size", 1), gpus_of(params) or 1)
         speed = fl.dlperf_speed(text, batch, warmup=warmup, train=train,
                                 variant=self.config.variant, file=label)
         figures = Figures(self.name, source=label)
@@ -456,6 +496,14 @@ class TbdNcuParser(FigureParser):
     and sfu (elapsed pipe metrics weighted by ``gpc__cycles_elapsed.max``)."""
 
     name = "tbd-ncu"
+    import_kind = "tbd-ncu"
+    table_rule = "tbd"
+
+    batch_in_file_name = True
+
+    @classmethod
+    def detect(cls, text: str) -> bool:
+        return fl.details_header(text.splitlines()[:200]) is not None
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -483,6 +531,10 @@ class TimeHistoryParser(FigureParser):
     windows after the first ``warmup`` (default 1)."""
 
     name = "tf-timehistory"
+    import_kind = "tf-timehistory"
+    table_rule = "tbd"
+    signature = fl.TIME_HISTORY
+    batch_in_file_name = True
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -508,6 +560,15 @@ class IterationDurationsParser(FigureParser):
     temperature from nvprof's system-profiling CSV files (``telemetry``)."""
 
     name = "iteration-durations"
+    import_kind = "iteration-durations"
+    table_rule = "per-gpu"
+    signature = fl.ITERATION_DURATION
+
+    @classmethod
+    def stated_params(cls, text: str, path: Path) -> dict[str, Any]:
+        """Every rank prints its own series: their count is the cell's gpus."""
+        gpus = len(fl.iteration_durations(text))
+        return {"gpus": gpus} if gpus else {}
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -566,6 +627,9 @@ class HabanaParser(FigureParser):
     ``train.total_ips`` = that x the cell's cards."""
 
     name = "habana"
+    import_kind = "habana-log"
+    table_rule = "habana"
+    signature = fl.HABANA_LINE
 
     def parse(self, output: CellOutput) -> Figures:
         text, label = output.text_of(self.config.file)
@@ -574,7 +638,7 @@ class HabanaParser(FigureParser):
         if warmup is None:
             warmup = _int_param(output.params, "warmup", 0)
         kept = [v for _, _, v in lines[warmup:]]
-        cards = _int_param(output.params, "gpus", 1)
+        cards = gpus_of(output.params) or 1
         figures = Figures(self.name, source=label)
         figures.details = {"rule": f"mean of the printed img/s (one card) after {warmup} lines",
                            "lines": len(lines), "cards": cards}
@@ -588,10 +652,18 @@ class HabanaParser(FigureParser):
         return figures
 
 
+#: Every figures parser by name (``[figures] parser``); the foreign formats among them in the
+#: order ``orchestrate import`` tries them on a file's content (the most particular first).
 PARSERS: dict[str, type[FigureParser]] = {
-    p.name: p for p in (WorkloadParser, DLLoggerParser, RegexParser, DLPerfParser,
-                        TbdNcuParser, TimeHistoryParser, IterationDurationsParser, HabanaParser)
+    p.name: p for p in (WorkloadParser, DLLoggerParser, RegexParser, TbdNcuParser,
+                        IterationDurationsParser, HabanaParser, TimeHistoryParser, DLPerfParser)
 }
+
+
+def foreign_formats() -> dict[str, type[FigureParser]]:
+    """The formats ``orchestrate import`` tells by their content, by ``import_kind``, in the
+    order it tries them."""
+    return {p.import_kind: p for p in PARSERS.values() if p.import_kind}
 
 DEFAULT = FiguresConfig()
 

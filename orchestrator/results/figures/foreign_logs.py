@@ -1,8 +1,8 @@
 """The seed experiments' own output formats, read by the rules their authors computed them with.
 
-Pure functions over text (no I/O). :mod:`orchestrator.results.figure_parsers` wraps each into a
-figures parser (``[figures] parser = "dlperf"`` ...), so the same rule reads a cell the sweep
-just ran and a log ``orchestrate import`` brings in; :mod:`orchestrator.results.table_rules`
+Pure functions over text (no I/O). :mod:`orchestrator.results.figures.figure_parsers` wraps each
+into a figures parser (``[figures] parser = "dlperf"`` ...), so the same rule reads a cell the sweep
+just ran and a log ``orchestrate import`` brings in; :mod:`orchestrator.results.reports.table_rules`
 combines the per-cell figures into the seeds' tables.
 
 ``dlperf`` (seed 003: DeepLearningExamples' ``main.py`` logs as DLPerf's

@@ -21,8 +21,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from orchestrator.results import safejson
-from orchestrator.results.store import SLURM_FIELDS, CellRecord, RecordedStack, RunRecord, Store
+from orchestrator.results.folders import safejson
+from orchestrator.results.folders.store import (
+    SLURM_FIELDS,
+    CellRecord,
+    RecordedStack,
+    RunRecord,
+    Store,
+)
 
 RUN_COLUMNS = ("matrix", "run_id", "run_started", "run_status", "backend", "git_revision")
 CELL_COLUMNS = ("cell_id", "group", "config", "repeat", "status", "reason", "duration_s",

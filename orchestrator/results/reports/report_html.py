@@ -5,8 +5,8 @@ One file, viewable from disk without a server: CSS inline, plots inline as base6
 autoescaping on (``data/report.html.j2``), so no parameter, reason or path from a run reaches
 the page unescaped. The context is built here, from the run folder (run report: the same
 summary rows and number formatting as ``summary.txt``) or from a
-:class:`~orchestrator.results.compare.Comparison`. Without matplotlib the report has no plot and
-says so.
+:class:`~orchestrator.results.reports.compare.Comparison`. Without matplotlib the report has no plot
+and says so.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from orchestrator import __version__
-from orchestrator.results.run_folder import CellResult, RunPaths, read_json
-from orchestrator.results.store import RecordedStack, stack_field_values
-from orchestrator.results.summary import (
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, read_json
+from orchestrator.results.folders.store import RecordedStack, stack_field_values
+from orchestrator.results.reports.summary import (
     GroupRow,
     rule_line,
     table_cells,
@@ -103,7 +103,7 @@ def _svg(draw: Any, data: Any, title: str, subtitle: str = "") -> str | None:
 
 
 def _utc(ts: Any) -> str:
-    from orchestrator.results.export import iso
+    from orchestrator.results.reports.export import iso
 
     return iso(ts) if isinstance(ts, int | float) else ""
 
@@ -124,7 +124,7 @@ def stacks_of(results: Sequence[CellResult]) -> dict[str, list[str]]:
 def run_report(paths: RunPaths, rows: Sequence[GroupRow], results: Sequence[CellResult],
                baseline: str | None = None) -> str:
     """The HTML report of one run folder (``rows``: its summary, as ``write_summary`` made)."""
-    from orchestrator.results.plots import plot_run, stack_line
+    from orchestrator.results.reports.plots import plot_run, stack_line
 
     meta = read_json(paths.run_meta) if paths.run_meta.exists() else {}
     plan = read_json(paths.plan) if paths.plan.exists() else {}
@@ -199,9 +199,9 @@ def _cells_section(results: Sequence[CellResult]) -> Section:
 
 
 def compare_report(comp: Any) -> str:
-    """The HTML report of a :class:`~orchestrator.results.compare.Comparison`."""
-    from orchestrator.results.compare import compare_notes, table_rows
-    from orchestrator.results.plots import plot_compare
+    """The HTML report of a :class:`~orchestrator.results.reports.compare.Comparison`."""
+    from orchestrator.results.reports.compare import compare_notes, table_rows
+    from orchestrator.results.reports.plots import plot_compare
 
     a, b = comp.a, comp.b
     sections = []

@@ -1,7 +1,9 @@
 """Results are values on disk.
 
-:class:`RunPaths` decides every file name of a run; :class:`CellResult` is what one cell produced.
-Tables and reports are built only from what is on disk, so any old run can be re-reported.
+:class:`ResultsRoot` and :class:`RunPaths` decide every path under a results root: no other
+module spells a name of the layout below (``tests/test_results.py`` greps the package for them).
+:class:`CellResult` is what one cell produced. Tables and reports are built only from what is on
+disk, so any old run can be re-reported.
 
 Rules:
 
@@ -18,6 +20,12 @@ Rules:
 
 Layout::
 
+    <results>/
+        .orchestrate-index.sqlite   the store's index of every run folder (a cache)
+        .orchestrate-images.json    what the image builds recorded per host (and its .lock)
+    <results>/<matrix>/
+        .import.lock       there while an import writes into the matrix's folder (flock)
+        .import-<run id>-* an import being written (renamed to its run id at the end)
     <results>/<matrix>/<run id>/
         matrix.toml        the matrix file as it was (secrets masked)
         plan.json          the expanded cells
@@ -25,6 +33,9 @@ Layout::
         .lock              there while a sweep or --resume works in the run (flock)
         summary.csv        one row per cell group (medians over repeats)
         summary.txt        the same table as printed
+        summary.png        the same as a plot (with the plots extra)
+        superseded/<cell id>-[<why>-]<ms>/   an attempt that is not its cell's result
+        slurm/             the Slurm backend's array scripts (its own)
         cells/<cell id>/
             command.json   what was launched (argv, env, image, GPUs, host)
             log.txt        everything the workload printed
@@ -32,6 +43,7 @@ Layout::
             result.json    status, reason, timings, metrics, provenance, config_hash,
                            machine (load, CPU/GPU clocks at start and end: process, docker)
             ...            files the workload wrote (iterations.csv, telemetry.csv, profiles)
+                           and a backend's own (the Slurm script and output)
 """
 
 from __future__ import annotations
@@ -42,14 +54,17 @@ import os
 import re
 import secrets
 import stat
+import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from orchestrator.config.syntax import check_name, check_run_id, name_problem
 from orchestrator.errors import ConfigError, Problem
-from orchestrator.results import safejson
+from orchestrator.results.folders import safejson
+from workload.metrics import figure_prefix
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +168,20 @@ def _is(value: Any, kinds: tuple[type, ...]) -> bool:
 
 
 def throughput_key(mode: str, kind: str = "total_ips") -> str:
-    """The DLLogger metric name for a mode: ``train.total_ips`` or ``val.total_ips``."""
-    return f"{'train' if mode == 'train' else 'val'}.{kind}"
+    """A throughput's figure name for a cell's mode: ``train.total_ips`` / ``val.total_ips``,
+    the headline figure every table, comparison and history judges a configuration by, or
+    another ``kind`` (``compute_ips``, ``step_ips_p90``). The prefix is the workload's own rule
+    (:func:`workload.metrics.figure_prefix`)."""
+    return f"{figure_prefix(mode)}.{kind}"
+
+
+def gpus_of(params: Mapping[str, Any]) -> int | None:
+    """A cell's GPUs (Gaudi cards, CPU worker processes) over all its nodes: its ``gpus``
+    parameter, 1 where it has none; None where that is no positive whole number. What torch
+    and DLE's logs call the world size, and a per-card table the cards, the results read
+    here."""
+    value = params.get("gpus", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -213,20 +240,82 @@ def new_run_id(now: float | None = None) -> str:
 
 
 @dataclass(frozen=True)
+class ResultsRoot:
+    """Every path directly under a results root: the matrices' folders and the files beside them
+    (the run folders' own are :class:`RunPaths`')."""
+
+    path: Path
+
+    #: The store's SQLite index (:mod:`orchestrator.results.folders.store`).
+    INDEX: ClassVar[str] = ".orchestrate-index.sqlite"
+    #: What the image builds recorded (:mod:`orchestrator.images.state`), and its lock.
+    IMAGES_STATE: ClassVar[str] = ".orchestrate-images.json"
+    IMAGES_LOCK: ClassVar[str] = ".orchestrate-images.lock"
+    #: In a matrix's folder: the lock imports into it take, and the prefix of one being written.
+    IMPORT_LOCK: ClassVar[str] = ".import.lock"
+    IMPORTING: ClassVar[str] = ".import-"
+
+    @property
+    def index(self) -> Path:
+        return self.path / self.INDEX
+
+    @property
+    def images_state(self) -> Path:
+        return self.path / self.IMAGES_STATE
+
+    def matrix_dir(self, matrix_name: str) -> Path:
+        return self.path / matrix_name
+
+    def run(self, matrix_name: str, run_id: str) -> RunPaths:
+        return RunPaths(self.matrix_dir(matrix_name) / run_id)
+
+    def import_lock(self, matrix_name: str) -> Path:
+        return self.matrix_dir(matrix_name) / self.IMPORT_LOCK
+
+    def new_import_folder(self, matrix_name: str, run_id: str) -> Path:
+        """A fresh hidden folder in the matrix's folder for an import to write into (OSError
+        as :func:`tempfile.mkdtemp` raises it)."""
+        return Path(tempfile.mkdtemp(dir=self.matrix_dir(matrix_name),
+                                     prefix=f"{self.IMPORTING}{run_id}-"))
+
+
+@dataclass(frozen=True)
 class RunPaths:
     """Every path of one run."""
 
     root: Path
+
+    MATRIX_FILE: ClassVar[str] = "matrix.toml"
+    PLAN: ClassVar[str] = "plan.json"
+    RUN_META: ClassVar[str] = "run.json"
+    LOCK: ClassVar[str] = ".lock"
+    SUMMARY_CSV: ClassVar[str] = "summary.csv"
+    SUMMARY_TXT: ClassVar[str] = "summary.txt"
+    SUMMARY_PNG: ClassVar[str] = "summary.png"
+    SUPERSEDED: ClassVar[str] = "superseded"
+    CELLS: ClassVar[str] = "cells"
+    #: What was published where (:mod:`orchestrator.publish`), so a repeat sends what changed.
+    PUBLISHED: ClassVar[str] = "publish.json"
+    #: A cell folder's own files (what else is in it, the program or a backend wrote).
+    CELL_LOG: ClassVar[str] = "log.txt"
+    CELL_COMMAND: ClassVar[str] = "command.json"
+    CELL_METRICS: ClassVar[str] = "metrics.jsonl"
+    CELL_RESULT: ClassVar[str] = "result.json"
+    CELL_FILES: ClassVar[frozenset[str]] = frozenset(
+        {CELL_LOG, CELL_COMMAND, CELL_METRICS, CELL_RESULT})
+    #: The workload's own summary of a cell, written by the program into its folder.
+    CELL_SUMMARY: ClassVar[str] = "summary.json"
 
     @classmethod
     def create(cls, results_root: Path, matrix_name: str, run_id: str | None = None) -> RunPaths:
         """Make a new run folder; ConfigError for a bad name, run id or results root."""
         check_name(matrix_name, "matrix.name")
         run_id = check_run_id(run_id) if run_id else new_run_id()
-        root = check_results_root(results_root) / matrix_name / run_id
+        paths = ResultsRoot(check_results_root(results_root)).run(matrix_name, run_id)
+        root = paths.root
         try:
             root.mkdir(parents=True, exist_ok=False)
-            (root / "cells").mkdir()
+            paths.cells_dir.mkdir()
         except FileExistsError:
             raise ConfigError(f"run {run_id!r} already exists under {root.parent}",
                               field="--run") from None
@@ -234,51 +323,89 @@ class RunPaths:
             raise ConfigError([Problem("--results", str(results_root),
                                        f"cannot create the run folder {root}: {exc.strerror}")]
                               ) from None
-        return cls(root)
+        return paths
+
+    @classmethod
+    def is_run(cls, folder: Path) -> bool:
+        """Whether ``folder`` is a run folder (it has a plan)."""
+        return (folder / cls.PLAN).is_file()
 
     @property
     def run_id(self) -> str:
         return self.root.name
 
     @property
+    def matrix_dir(self) -> Path:
+        """The matrix's folder the run is in."""
+        return self.root.parent
+
+    @property
+    def results_root(self) -> Path:
+        """The results root the run is under (``<results>/<matrix>/<run id>``)."""
+        return self.root.parent.parent
+
+    @property
     def matrix_file(self) -> Path:
-        return self.root / "matrix.toml"
+        return self.root / self.MATRIX_FILE
 
     @property
     def plan(self) -> Path:
-        return self.root / "plan.json"
+        return self.root / self.PLAN
 
     @property
     def run_meta(self) -> Path:
-        return self.root / "run.json"
+        return self.root / self.RUN_META
 
     @property
     def lock(self) -> Path:
-        """The lock of the sweep working in the run (:mod:`orchestrator.results.folder_lock`)."""
-        return self.root / ".lock"
+        """The lock of the sweep working in the run
+        (:mod:`orchestrator.results.folders.folder_lock`)."""
+        return self.root / self.LOCK
 
     @property
     def summary_csv(self) -> Path:
-        return self.root / "summary.csv"
+        return self.root / self.SUMMARY_CSV
 
     @property
     def summary_txt(self) -> Path:
-        return self.root / "summary.txt"
+        return self.root / self.SUMMARY_TXT
+
+    @property
+    def summary_png(self) -> Path:
+        return self.root / self.SUMMARY_PNG
+
+    @property
+    def published(self) -> Path:
+        return self.root / self.PUBLISHED
+
+    @property
+    def cells_dir(self) -> Path:
+        return self.root / self.CELLS
+
+    def superseded(self, cell_id: str, *why: str) -> Path:
+        """Where an attempt of a cell that is not its result is kept:
+        ``superseded/<cell id>-<why...>-<ms>`` (the folder itself not made)."""
+        return self.root / self.SUPERSEDED / "-".join(
+            [cell_id, *why, str(int(time.time() * 1000))])
 
     def cell_dir(self, cell_id: str) -> Path:
-        return self.root / "cells" / cell_id
+        return self.cells_dir / cell_id
 
     def cell_log(self, cell_id: str) -> Path:
-        return self.cell_dir(cell_id) / "log.txt"
+        return self.cell_dir(cell_id) / self.CELL_LOG
 
     def cell_command(self, cell_id: str) -> Path:
-        return self.cell_dir(cell_id) / "command.json"
+        return self.cell_dir(cell_id) / self.CELL_COMMAND
 
     def cell_metrics(self, cell_id: str) -> Path:
-        return self.cell_dir(cell_id) / "metrics.jsonl"
+        return self.cell_dir(cell_id) / self.CELL_METRICS
 
     def cell_result(self, cell_id: str) -> Path:
-        return self.cell_dir(cell_id) / "result.json"
+        return self.cell_dir(cell_id) / self.CELL_RESULT
+
+    def result_files(self) -> list[Path]:
+        """Every cell's ``result.json`` on disk, by cell id."""
+        return sorted(self.cells_dir.glob(f"*/{self.CELL_RESULT}"))
 
     def plan_data(self) -> dict[str, Any] | None:
         """``plan.json``'s object; None (with a warning) when it is missing or unreadable."""
@@ -304,7 +431,7 @@ class RunPaths:
         listed = plan.get("cells")
         cells = listed if isinstance(listed, list) else []
         order = [c["id"] for c in cells if isinstance(c, dict) and isinstance(c.get("id"), str)]
-        found = {p.parent.name: p for p in (self.root / "cells").glob("*/result.json")}
+        found = {p.parent.name: p for p in self.result_files()}
         ids = [i for i in order if i in found] + sorted(set(found) - set(order))
         out = []
         for cell_id in ids:
@@ -337,13 +464,14 @@ def find_run(results_root: Path, matrix_name: str, run_id: str | None = None) ->
     """A run folder: ``run_id`` (a run id, a unique prefix of one, ``latest`` or ``latest~N``,
     as the results store names runs) or the newest run of the matrix."""
     check_name(matrix_name, "matrix")
-    base = check_results_root(results_root) / matrix_name
+    where = ResultsRoot(check_results_root(results_root))
+    base = where.matrix_dir(matrix_name)
     latest = re.fullmatch(r"latest(?:~(\d{1,6}))?", run_id or "")
     if run_id is not None and not latest:
         check_run_id(run_id)
-        root = base / run_id
-        if root.is_dir():
-            return _inside(results_root, RunPaths(root))
+        paths = where.run(matrix_name, run_id)
+        if paths.root.is_dir():
+            return _inside(results_root, paths)
         matches = [r for r in runs_of(results_root, matrix_name) if r.run_id.startswith(run_id)]
         if len(matches) == 1:
             return _inside(results_root, matches[0])
@@ -378,10 +506,10 @@ def runs_of(results_root: Path, matrix_name: str) -> list[RunPaths]:
     Entries that are not run folders (a stray file, a hidden or oddly named folder) are left out.
     """
     check_name(matrix_name, "matrix")
-    base = check_results_root(results_root) / matrix_name
+    base = ResultsRoot(check_results_root(results_root)).matrix_dir(matrix_name)
     if not base.is_dir():
         return []
     return [
         RunPaths(p) for p in sorted(base.iterdir())
-        if not name_problem(p.name) and p.is_dir() and (p / "plan.json").is_file()
+        if not name_problem(p.name) and p.is_dir() and RunPaths.is_run(p)
     ]

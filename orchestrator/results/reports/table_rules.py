@@ -3,8 +3,9 @@
 Each seed experiment computed its table by a rule of its own; a matrix names the rule its table
 follows (``[matrix] table_rule = "dlperf"``, recorded in ``plan.json`` so ``report`` rebuilds the
 same table from disk), and every table says which rule made its numbers (a line above it, the
-``rule`` column of ``summary.csv``). :mod:`orchestrator.results.summary` applies the rule; the
-per-cell figures it combines come from the parsers of :mod:`orchestrator.results.foreign_logs`.
+``rule`` column of ``summary.csv``). :mod:`orchestrator.results.reports.summary` applies the rule;
+the per-cell figures it combines come from the parsers of
+:mod:`orchestrator.results.figures.foreign_logs`.
 
 ``median`` (the default, ours)
     per configuration, the median images/s (``train.total_ips`` / ``val.total_ips``) of the
@@ -37,11 +38,45 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from orchestrator.results import foreign_logs as fl
+from orchestrator.results.figures import foreign_logs as fl
+from orchestrator.results.folders.run_folder import gpus_of, throughput_key
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of figures, the one way a table gets one: over a group's ok repeats,
+    ``reduce`` of each result's first figure of ``figures`` that it has (numbers only); the
+    text table shows it under ``header`` with ``digits`` decimals, summary.csv as ``csv``. A
+    ``{gpu}`` in its names makes one column per GPU the results have (``gpu{gpu}.power_w_mean``).
+
+    Where it is listed says which tables show it, once a row has a value:
+    :data:`orchestrator.results.reports.summary.METRIC_COLUMNS` (every table), or a
+    :class:`TableRule`'s ``columns`` (the tables of that rule only)."""
+
+    header: str
+    csv: str
+    figures: tuple[str, ...]
+    digits: int = 1
+    reduce: Callable[[list[float]], float] = statistics.median
+
+    @property
+    def per_gpu(self) -> bool:
+        return "{gpu}" in self.csv
+
+    def for_gpu(self, gpu: int) -> Column:
+        """The column of one GPU of a ``{gpu}`` column."""
+        return replace(self, header=self.header.format(gpu=gpu), csv=self.csv.format(gpu=gpu),
+                       figures=tuple(f.format(gpu=gpu) for f in self.figures))
+
+    def value(self, metrics: Iterable[Mapping[str, Any]]) -> float | None:
+        """``reduce`` over the results' (``metrics``) figure; None when none has it."""
+        found = [next((m[k] for k in self.figures if k in m), None) for m in metrics]
+        vals = [float(v) for v in found if isinstance(v, int | float) and not isinstance(v, bool)]
+        return self.reduce(vals) if vals else None
 
 
 @dataclass(frozen=True)
@@ -68,9 +103,9 @@ class TableRule:
     speedup_digits: int | None = None
     #: Also the mean of the repeats (DLPerf's average_speed), under this header.
     mean_header: str | None = None
-    #: Figures shown as columns: (header, csv name, figure, digits); a figure name with ``{gpu}``
-    #: is one column per GPU the rows have.
-    columns: tuple[tuple[str, str, str, int], ...] = field(default=())
+    #: The rule's own columns (:class:`Column`; a ``{gpu}`` one per GPU the rows have), shown
+    #: after the main number's.
+    columns: tuple[Column, ...] = field(default=())
     #: The configuration the rule's own figures were measured in, (parameter, value, what it
     #: is): when no row of a table has it, the line above the table says so.
     measured_in: tuple[str, str, str] | None = None
@@ -86,13 +121,9 @@ class TableRule:
         return f"the rule's own figures were measured in {what}, which no row of this table ran"
 
 
-def _throughput(mode: str) -> str:
-    return "train.total_ips" if mode == "train" else "val.total_ips"
-
-
 RULES: dict[str, TableRule] = {
     "median": TableRule(
-        "median", "orchestrate: median of the ok repeats' images/s", _throughput,
+        "median", "orchestrate: median of the ok repeats' images/s", throughput_key,
         "images/s (median)"),
     "dlperf": TableRule(
         "dlperf", "DLPerf extract_pytorch_logs_time.py: per log the speed of DLPerf's line "
@@ -103,26 +134,26 @@ RULES: dict[str, TableRule] = {
     "dle": TableRule(
         "dle", "DeepLearningExamples main.py's own summary: train/val.compute_ips (DLE's mean "
         "of per-iteration compute ips), median over repeats; ratios on it",
-        lambda mode: "dle.train.compute_ips" if mode == "train" else "dle.val.compute_ips",
+        lambda mode: "dle." + throughput_key(mode, "compute_ips"),
         "compute_ips (DLE)", statistics.median, 2),
     "tbd": TableRule(
         "tbd", "TBD coreutil.py: per unit sum(gpc__cycles_elapsed.max x pipe % of peak "
         "sustained elapsed) / sum(cycles), median over repeats, printed to 5 decimals",
-        _throughput, "images/s (median)", statistics.median, 1,
-        columns=(("FMA %", "tbd_fma_pct", "tbd.fma_pct", 5),
-                 ("FP16 %", "tbd_fp16_pct", "tbd.fp16_pct", 5),
-                 ("Tensor %", "tbd_tensor_pct", "tbd.tensor_pct", 5),
-                 ("SFU %", "tbd_sfu_pct", "tbd.sfu_pct", 5))),
+        throughput_key, "images/s (median)", statistics.median, 1,
+        columns=(Column("FMA %", "tbd_fma_pct", ("tbd.fma_pct",), 5),
+                 Column("FP16 %", "tbd_fp16_pct", ("tbd.fp16_pct",), 5),
+                 Column("Tensor %", "tbd_tensor_pct", ("tbd.tensor_pct",), 5),
+                 Column("SFU %", "tbd_sfu_pct", ("tbd.sfu_pct",), 5))),
     "per-gpu": TableRule(
         "per-gpu", "per GPU: median iteration time (first iteration dropped); spread = (max - "
         "min) / min of the GPUs' medians; medians over repeats",
-        _throughput, "images/s (median)", statistics.median, 1,
-        columns=(("GPU {gpu} s/iter", "gpu{gpu}_iteration_median_s",
-                  "gpu{gpu}.iteration_median_s", 4),
-                 ("spread %", "spread_pct", "per_gpu.spread_pct", 2),
-                 ("GPU {gpu} W", "gpu{gpu}_power_w_mean", "gpu{gpu}.power_w_mean", 0),
-                 ("GPU {gpu} MHz", "gpu{gpu}_sm_clock_mhz_mean", "gpu{gpu}.sm_clock_mhz_mean",
-                  0))),
+        throughput_key, "images/s (median)", statistics.median, 1,
+        columns=(Column("GPU {gpu} s/iter", "gpu{gpu}_iteration_median_s",
+                        ("gpu{gpu}.iteration_median_s",), 4),
+                 Column("spread %", "spread_pct", ("per_gpu.spread_pct",), 2),
+                 Column("GPU {gpu} W", "gpu{gpu}_power_w_mean", ("gpu{gpu}.power_w_mean",), 0),
+                 Column("GPU {gpu} MHz", "gpu{gpu}_sm_clock_mhz_mean",
+                        ("gpu{gpu}.sm_clock_mhz_mean",), 0))),
     "habana": TableRule(
         "habana", "Habana Model-References: images/s per card (the program's per-card img/s); "
         "scaling % = per-card images/s / the 1-card row's", lambda mode: "habana.img_per_s_card",
@@ -155,9 +186,9 @@ def cell_value(rule: TableRule, mode: str, metrics: Mapping[str, Any], params: M
     if value is not None:
         return value
     if rule.per_card:
-        total = _number(metrics.get(_throughput(mode)))
-        cards = params.get("gpus", 1)
-        if total is not None and isinstance(cards, int) and cards > 0:
+        total = _number(metrics.get(throughput_key(mode)))
+        cards = gpus_of(params)
+        if total is not None and cards:
             return total / cards
     return None
 
@@ -171,15 +202,10 @@ def _number(value: Any) -> float | None:
 _GPU_KEY = re.compile(r"^gpu(\d+)\.")
 
 
-def expand_columns(rule: TableRule, metrics: Sequence[Mapping[str, Any]]
-                   ) -> list[tuple[str, str, str, int]]:
+def expand_columns(rule: TableRule, metrics: Sequence[Mapping[str, Any]]) -> list[Column]:
     """The rule's columns, a ``{gpu}`` one repeated for every GPU the results have (in order)."""
     gpus = sorted({int(m[1]) for ms in metrics for k in ms for m in [_GPU_KEY.match(k)] if m})
-    out: list[tuple[str, str, str, int]] = []
-    for header, csv_name, figure, digits in rule.columns:
-        if "{gpu}" not in figure:
-            out.append((header, csv_name, figure, digits))
-            continue
-        out += [(header.format(gpu=g), csv_name.format(gpu=g), figure.format(gpu=g), digits)
-                for g in gpus]
+    out: list[Column] = []
+    for column in rule.columns:
+        out += [column.for_gpu(g) for g in gpus] if column.per_gpu else [column]
     return out

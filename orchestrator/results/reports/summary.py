@@ -21,9 +21,9 @@ Optional columns (:data:`METRIC_COLUMNS`: telemetry and profiler figures) are sh
 to summary.csv, when any row has them. A group with a repeat whose GPU throttled during the
 measured window (``telemetry.throttled``) gets ``!`` after its images/s and a footnote; the csv
 column ``throttled`` counts such repeats. A group whose ok repeats spread beyond the stated
-bound (:func:`orchestrator.results.stats.unstable`: (max - min) / median > 10 % over at least 3
-ok repeats) gets ``?`` and a footnote; the csv column ``unstable`` says it for every group with
-3 or more ok repeats.
+bound (:func:`orchestrator.results.statistics.stats.unstable`: (max - min) / median > 10 % over at
+least 3 ok repeats) gets ``?`` and a footnote; the csv column ``unstable`` says it for every group
+with 3 or more ok repeats.
 """
 
 from __future__ import annotations
@@ -32,16 +32,19 @@ import csv
 import io
 import re
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tabulate import tabulate
 
+from orchestrator.config.matrix_file import RELEASE_PARAM
 from orchestrator.config.syntax import param_matches, parse_baseline
-from orchestrator.results import stats, table_rules
-from orchestrator.results.run_folder import CellResult, RunPaths, Status, throughput_key
-from orchestrator.results.table_rules import TableRule
+from orchestrator.results.figures.rerun import THROTTLED
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, throughput_key
+from orchestrator.results.reports import table_rules
+from orchestrator.results.reports.table_rules import Column, TableRule
+from orchestrator.results.statistics import stats
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -49,35 +52,20 @@ def _median(values: Iterable[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-@dataclass(frozen=True)
-class MetricColumn:
-    """An optional column: over a group's ok repeats, ``reduce`` of the first of ``keys`` each
-    result has (a number)."""
-
-    header: str
-    csv: str
-    keys: tuple[str, ...]
-    digits: int = 1
-    reduce: Callable[[list[float]], float] = statistics.median
-
-    def value(self, metrics: Iterable[Mapping[str, Any]]) -> float | None:
-        found = [next((m[k] for k in self.keys if k in m), None) for m in metrics]
-        vals = [float(v) for v in found if isinstance(v, int | float) and not isinstance(v, bool)]
-        return self.reduce(vals) if vals else None
-
-
-#: Optional metric columns, in table order: telemetry (workload/telemetry.py), then the
-#: profilers' figures (orchestrator/results/profiler_figures.py; ncu's, else nvprof's).
-METRIC_COLUMNS: tuple[MetricColumn, ...] = (
-    MetricColumn("W", "power_mean_w", ("telemetry.power_mean_w",), 0),
-    MetricColumn("J/image", "energy_per_image_j", ("telemetry.energy_per_image_j",), 3),
-    MetricColumn("max C", "temp_max_c", ("telemetry.temp_max_c",), 0, max),
-    MetricColumn("SM MHz", "sm_clock_mean_mhz", ("telemetry.sm_clock_mean_mhz",), 0),
-    MetricColumn("FMA %", "fma_pct", ("ncu.fma_pct", "nvprof.fma_pct")),
-    MetricColumn("FP16 %", "fp16_pct", ("ncu.fp16_pct", "nvprof.fp16_pct")),
-    MetricColumn("Tensor %", "tensor_pct", ("ncu.tensor_pct", "nvprof.tensor_pct")),
-    MetricColumn("SFU %", "sfu_pct", ("ncu.sfu_pct", "nvprof.sfu_pct")),
-    MetricColumn("GPU busy %", "gpu_busy_pct", ("nsys.gpu_busy_pct",)),
+#: The columns of figures every table shows once a row has the figure (:class:`Column`: a
+#: rule's own are its ``columns``), in table order: telemetry (workload/telemetry.py), then the
+#: profilers' figures (orchestrator/results/figures/profiler_figures.py; ncu's, else nvprof's).
+#: A new column of figures is one more entry here (docs/contributing.md), never a GroupRow field.
+METRIC_COLUMNS: tuple[Column, ...] = (
+    Column("W", "power_mean_w", ("telemetry.power_mean_w",), 0),
+    Column("J/image", "energy_per_image_j", ("telemetry.energy_per_image_j",), 3),
+    Column("max C", "temp_max_c", ("telemetry.temp_max_c",), 0, max),
+    Column("SM MHz", "sm_clock_mean_mhz", ("telemetry.sm_clock_mean_mhz",), 0),
+    Column("FMA %", "fma_pct", ("ncu.fma_pct", "nvprof.fma_pct")),
+    Column("FP16 %", "fp16_pct", ("ncu.fp16_pct", "nvprof.fp16_pct")),
+    Column("Tensor %", "tensor_pct", ("ncu.tensor_pct", "nvprof.tensor_pct")),
+    Column("SFU %", "sfu_pct", ("ncu.sfu_pct", "nvprof.sfu_pct")),
+    Column("GPU busy %", "gpu_busy_pct", ("nsys.gpu_busy_pct",)),
 )
 #: The footnote of a row whose cells ran under ncu (``~`` after its images/s).
 NCU_NOTE = ("~ ran under ncu, which slows the whole program, not only its profile window (0.64x "
@@ -89,8 +77,6 @@ def _under_ncu(row: GroupRow) -> bool:
     return row.params.get("profiler") == "ncu"
 
 
-#: The telemetry figure that marks a throttled repeat.
-THROTTLED = "telemetry.throttled"
 #: The footnote of a row whose ok repeats spread beyond the bound (``?`` after its images/s).
 UNSTABLE_NOTE = (f"? unstable: the ok repeats spread too far ({stats.UNSTABLE_RULE}; "
                  "summary.csv: unstable): the machine was not steady (load, clocks: each "
@@ -102,7 +88,10 @@ THROTTLE_NOTE = ("! the GPU throttled (clocks held down by a power or thermal li
 
 @dataclass
 class GroupRow:
-    """The summary of one cell group."""
+    """The summary of one cell group: the table's own numbers (the main figure and its spread,
+    speedup, efficiency, the ratio to a baseline, latency, loss), and the values of its
+    :class:`Column` s by csv name (``extra``: :data:`METRIC_COLUMNS`; ``rule_columns``: the
+    rule's)."""
 
     group: str
     params: dict[str, Any]
@@ -131,11 +120,12 @@ class GroupRow:
     extra: dict[str, float] = field(default_factory=dict)
     #: ok repeats whose GPU throttled; None when no ok repeat says.
     throttled: int | None = None
-    #: Its ok repeats spread beyond the bound (:func:`orchestrator.results.stats.unstable`);
-    #: None when there are too few to judge.
+    #: Its ok repeats spread beyond the bound
+    #: (:func:`orchestrator.results.statistics.stats.unstable`); None when there are too few to
+    #: judge.
     unstable: bool | None = None
     #: The table rule that made ``ips``, speedup and the rule's columns
-    #: (:mod:`orchestrator.results.table_rules`).
+    #: (:mod:`orchestrator.results.reports.table_rules`).
     rule: str = table_rules.DEFAULT_RULE
     #: The mean of the repeats, where the rule reports it (DLPerf's average_speed).
     ips_mean: float | None = None
@@ -184,8 +174,6 @@ STACK_FIELDS: tuple[tuple[str, str], ...] = (
 #: The part of the stack a backend's provenance names, by the image's release family.
 _RELEASE_PART = {"ngc": ("NGC", "container_release"), "habana": ("Gaudi software",
                                                                  "habana_version")}
-#: The cell parameter that pins a release (orchestrator.plan.selection.RELEASE_PARAM).
-RELEASE_PARAM = "ngc_release"
 
 
 def stack_key(result: CellResult) -> StackKey:
@@ -226,7 +214,7 @@ def stack_difference(row: GroupRow, ref: GroupRow) -> str:
 
 def summarize(results: Sequence[CellResult], rule: TableRule | None = None) -> list[GroupRow]:
     """Group results by cell group (plan order) and compute, by the table ``rule`` (default:
-    :data:`~orchestrator.results.table_rules.DEFAULT_RULE`), each row's number, speedup and
+    :data:`~orchestrator.results.reports.table_rules.DEFAULT_RULE`), each row's number, speedup and
     efficiency, and the rule's columns. Control measurements (role ``control``) are no
     configuration: they make no row (:func:`control_note` says what they measured)."""
     rule = rule or table_rules.table_rule(None)
@@ -268,10 +256,10 @@ def summarize(results: Sequence[CellResult], rule: TableRule | None = None) -> l
         rule, [r.metrics for group in ok_by_group.values() for r in group])
     for row in rows.values():
         ok = ok_by_group.get(row.group, [])
-        for _, csv_name, figure, _ in columns:
-            value = _median(r.metrics.get(figure) for r in ok)
+        for column in columns:
+            value = column.value(r.metrics for r in ok)
             if value is not None:
-                row.rule_columns[csv_name] = value
+                row.rule_columns[column.csv] = value
     _scaling(list(rows.values()), rule)
     return list(rows.values())
 
@@ -400,7 +388,7 @@ def table_cells(
     if ratios:
         headers.append(f"vs {baseline}")
     shown = _rule_columns(rule, rows)
-    headers += [c[0] for c in shown]
+    headers += [c.header for c in shown]
     optional = [c for c in METRIC_COLUMNS if any(c.csv in r.extra for r in rows)]
     headers += [c.header for c in optional]
     shown_release = release_column(rows, cols)
@@ -426,24 +414,22 @@ def table_cells(
             line += [_fmt(r.latency_p50_ms, 2), _fmt(r.latency_p99_ms, 2)]
         if ratios:
             line.append("" if r.ratio is None else f"{r.ratio:.2f}x" + _cross_note(r, "ratio"))
-        line += [_fmt(r.rule_columns.get(csv_name), d) for _, csv_name, _, d in shown]
+        line += [_fmt(r.rule_columns.get(c.csv), c.digits) for c in shown]
         line += [_fmt(r.extra.get(c.csv), c.digits) for c in optional]
         table.append(line)
     return headers, table
 
 
-def _rule_columns(rule: TableRule, rows: Sequence[GroupRow]) -> list[tuple[str, str, str, int]]:
+def _rule_columns(rule: TableRule, rows: Sequence[GroupRow]) -> list[Column]:
     """The rule's columns some row has a value for, in the rule's order."""
     names = {k for r in rows for k in r.rule_columns}
     per_gpu = re.compile(r"^gpu(\d+)_")
     gpus = sorted({int(m[1]) for k in names for m in [per_gpu.match(k)] if m})
     out = []
-    for header, csv_name, figure, digits in rule.columns:
-        for gpu in (gpus if "{gpu}" in csv_name else [None]):
-            fill = {} if gpu is None else {"gpu": gpu}
-            name = csv_name.format(**fill)
-            if name in names:
-                out.append((header.format(**fill), name, figure.format(**fill), digits))
+    for column in rule.columns:
+        for shown in ([column.for_gpu(g) for g in gpus] if column.per_gpu else [column]):
+            if shown.csv in names:
+                out.append(shown)
     return out
 
 

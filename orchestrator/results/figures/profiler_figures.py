@@ -1,7 +1,7 @@
 """Per-cell figures from the CSV files a profiler left in the cell folder.
 
-A post-processing step next to :mod:`orchestrator.results.figure_parsers`: fom reads what the
-program printed,
+A post-processing step next to :mod:`orchestrator.results.figures.figure_parsers`: fom reads what
+the program printed,
 this reads what the profiler wrote (``workload/profile_run.py`` exports it in the image, right
 after the run). :func:`figures_of_cell` returns the figures and how they were made; the sweep
 adds them to the cell's ``result.json`` (``metrics`` and ``provenance.profiler``) once the cell
@@ -22,7 +22,7 @@ launch, a units row under the header)
     ``gpc__cycles_elapsed.max`` (seed 001's metrics) gets its figures from those, weighted by the
     elapsed cycles, as TBD's coreutil.py weights them (``provenance.profiler.weighting`` per
     pipe); coreutil.py's own table, with its kernel set, is the ``tbd`` table rule
-    (:mod:`orchestrator.results.table_rules`).
+    (:mod:`orchestrator.results.reports.table_rules`).
 ``nsys_kern_sum.csv`` / ``nsys_gpu_trace.csv`` (``nsys stats --report cuda_gpu_kern_sum`` /
 ``cuda_gpu_trace``, or ``gpukernsum`` / ``gputrace`` of nsys before 2023)
     ``nsys.kernel_time_ms``, ``nsys.kernels``, ``nsys.top_kernel_pct`` (share of kernel time of

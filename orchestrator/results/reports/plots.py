@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.results.summary import GroupRow, varying_keys
+from orchestrator.results.reports.summary import GroupRow, varying_keys
 
 if TYPE_CHECKING:
-    from orchestrator.results.compare import Comparison
-    from orchestrator.results.history import HistoryReport
+    from orchestrator.results.reports.compare import Comparison
+    from orchestrator.results.reports.history import HistoryReport
 
 Target = Path | str | IO[bytes]
 

@@ -1,0 +1,189 @@
+"""The matrix an import joins: a matrix file, the groups the matrix's runs planned, or a matrix
+written from the logs' parameters; and the one group each imported cell matches. The one module
+of the results that expands a matrix (:mod:`orchestrator.plan.matrix`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.matrix_file import PARAM_NAMES, CellParams
+from orchestrator.config.syntax import name_problem
+from orchestrator.errors import ConfigError, Problem
+from orchestrator.results.figures.figure_parsers import foreign_formats
+from orchestrator.results.folders.run_folder import RunPaths, read_json, runs_of
+from orchestrator.results.importer.common import ImportOptions, Target
+
+log = logging.getLogger(__name__)
+
+
+def _target_from_matrix_file(path: Path) -> Target:
+    from orchestrator.plan.matrix import load_matrix
+
+    matrix = load_matrix(path)
+    groups = {c.group: {"params": c.params.model_dump(), "hash": c.hash} for c in matrix.cells}
+    return Target(matrix.name, groups, list(matrix.varying), matrix.settings.baseline,
+                  matrix.source_text, str(path), matrix.settings.table_rule)
+
+
+def _planned_groups(run: RunPaths) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A run's plan and its groups (``group -> {"params", "hash"}``); ConfigError naming the
+    plan when it is not a plan (damaged, or hand-made without groups)."""
+    plan = read_json(run.plan)
+    cells = plan.get("cells") if isinstance(plan, dict) else None
+    if not isinstance(cells, list):
+        raise ConfigError("no 'cells' list", file=str(run.plan), field="cells")
+    groups: dict[str, dict[str, Any]] = {}
+    for i, cell in enumerate(cells):
+        if not (isinstance(cell, dict) and isinstance(cell.get("group"), str)
+                and isinstance(cell.get("params"), dict)):
+            raise ConfigError("needs group (text) and params", file=str(run.plan),
+                              field=f"cells[{i}]")
+        groups.setdefault(cell["group"], {"params": cell["params"],
+                                          "hash": str(cell.get("hash", ""))})
+    return plan, groups
+
+
+def _target_from_runs(name: str, runs: list[RunPaths]) -> Target | None:
+    """The groups of the runs of ``name`` (newest first: its definition of a group wins); a
+    run whose plan cannot be read is skipped with a warning (None: none could be)."""
+    groups: dict[str, dict[str, Any]] = {}
+    newest: tuple[RunPaths, dict[str, Any]] | None = None
+    for run in reversed(runs):
+        try:
+            plan, found = _planned_groups(run)
+        except ConfigError as exc:
+            log.warning("%s; its groups are not matched against", exc)
+            continue
+        for group, data in found.items():
+            groups.setdefault(group, data)
+        newest = newest or (run, plan)
+    if newest is None:
+        return None
+    run, plan = newest
+    text = (run.matrix_file.read_text(encoding="utf-8") if run.matrix_file.is_file()
+            else f"# the groups of {name}'s runs under {run.root.parent}\n")
+    varying = plan.get("varying")
+    baseline = plan.get("baseline")
+    return Target(name, groups, [v for v in varying if isinstance(v, str)]
+                  if isinstance(varying, list) else [],
+                  baseline if isinstance(baseline, str) else None, text,
+                  f"the runs of {name} under {run.root.parent}",
+                  str(plan.get("table_rule") or "median"))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a TOML basic string
+
+
+def generated_matrix(name: str, configs: list[dict[str, Any]], device: str, note: str,
+                     table_rule: str | None = None) -> str:
+    """A matrix file whose cells are ``configs``: the first is ``[workload]`` (the one cell of
+    an empty product), each other an ``[[include]]`` that sets every key the first sets."""
+    lines = [f"# {note}", "[matrix]", f"name = {_toml_value(name)}",
+             f"description = {_toml_value('imported by orchestrate import')}"]
+    if table_rule and table_rule != "median":
+        lines.append(f"table_rule = {_toml_value(table_rule)}")
+    lines.append("")
+    first = configs[0]
+    for i, config in enumerate(configs):
+        lines.append("[workload]" if i == 0 else "[[include]]")
+        # an include takes [workload] for what it leaves out: give the defaults back
+        full = {**{k: CellParams.model_fields[k].default for k in first if k not in config},
+                **config}
+        lines += [f"{k} = {_toml_value(v)}" for k, v in full.items()
+                  if v is not None]  # unset (program, hpu_mode): TOML has no null
+        lines.append("")
+    for hw in sorted({c["hardware"] for c in configs}):  # "v1.00": a quoted key, not dotted
+        key = hw if re.fullmatch(r"[A-Za-z0-9_-]+", hw) else _toml_value(hw)
+        lines += [f"[hardware.{key}]", f"device = {_toml_value(device)}", ""]
+    return "\n".join(lines)
+
+
+def _target_generated(name: str, known: list[dict[str, Any]], options: ImportOptions,
+                      labels: list[str], kinds: Sequence[str] = ()) -> Target:
+    missing = [label for label, k in zip(labels, known, strict=True) if "hardware" not in k]
+    if missing:
+        raise ConfigError([Problem(label, "hardware", "unknown: give --param hardware=NAME "
+                                   f"(matrix {name!r} has no runs under "
+                                   f"{options.results_root} to match against)")
+                           for label in missing])
+    configs: list[dict[str, Any]] = []
+    for k in known:
+        ordered = {p: k[p] for p in PARAM_NAMES if p in k}
+        if ordered not in configs:
+            configs.append(ordered)
+    rule = options.table_rule
+    seeds = foreign_formats()
+    seed_rules = {seeds[k].table_rule for k in kinds if k in seeds}
+    if rule is None and len(seed_rules) == 1 and len(set(kinds)) >= 1 and all(
+            k in seeds for k in kinds):
+        rule = seed_rules.pop()  # the logs' own format: its table rule
+    text = generated_matrix(name, configs, options.device,
+                            "generated by orchestrate import: the configurations of the "
+                            "imported logs (parameters the logs did not state are defaults)",
+                            rule)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.toml"
+        path.write_text(text, encoding="utf-8")
+        try:
+            target = _target_from_matrix_file(path)
+        except ConfigError as exc:  # named after what the user gave, not a deleted temp file
+            raise ConfigError([Problem("--param", p.field, p.message) for p in exc.problems]
+                              ) from None
+    target.source = "generated from the imported logs"
+    return target
+
+
+def _checked_name(name: str, where: str = "--matrix") -> str:
+    if name_problem(name):  # the one rule for names that become folders
+        raise ConfigError(f"{name!r} is no matrix name (letters, digits, _ . -)", field=where)
+    return name
+
+
+def resolve_target(options: ImportOptions, known: list[dict[str, Any]], labels: list[str],
+                   kinds: Sequence[str] = ()) -> Target:
+    """The matrix whose groups the imported cells join (see the module docstring)."""
+    if not options.matrix:
+        raise ConfigError("give --matrix NAME (or a matrix .toml): the matrix whose history "
+                          "the imported run joins", field="--matrix")
+    if options.matrix.endswith(".toml"):
+        return _target_from_matrix_file(Path(options.matrix))
+    name = _checked_name(options.matrix)
+    runs = runs_of(options.results_root, name)
+    target = _target_from_runs(name, runs) if runs else None
+    return target or _target_generated(name, known, options, labels, kinds)
+
+
+def match_group(known: dict[str, Any], target: Target) -> tuple[str | None, str]:
+    """The one group whose parameters agree with every known one: (group, '') or
+    (None, why not)."""
+    hits = [g for g, c in target.groups.items()
+            if all(c["params"].get(k) == v for k, v in known.items())]
+    if len(hits) == 1:
+        return hits[0], ""
+    stated = ", ".join(f"{k}={v}" for k, v in known.items()) or "no parameters"
+    if not hits:
+        def misses(group: str) -> list[str]:
+            params = target.groups[group]["params"]
+            return [f"{k}={params.get(k)}" for k, v in known.items() if params.get(k) != v]
+
+        near = min(target.groups, key=lambda g: len(misses(g)), default=None)
+        hint = f"; nearest: {near} (has {', '.join(misses(near))})" if near else ""
+        return None, (f"matches no configuration of matrix {target.name!r} ({stated}){hint}; "
+                      "--param KEY=VALUE states or corrects a parameter, --matrix FILE.toml "
+                      "brings configurations its runs do not have")
+    differ = sorted({k for k in PARAM_NAMES
+                     if len({repr(target.groups[g]["params"].get(k)) for g in hits}) > 1})
+    return None, (f"matches {len(hits)} configurations of matrix {target.name!r} "
+                  f"({', '.join(hits[:4])}{', ...' if len(hits) > 4 else ''}): give "
+                  f"--param for {', '.join(differ)}")
