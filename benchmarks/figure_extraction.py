@@ -6,7 +6,9 @@ When a cell ends, the sweep reads its figures from its log
 ``--sizes`` MiB (training lines ``step N loss L ips X``, a ``throughput`` line every 1000) is
 read by one ``[[figures.regex]]`` figure of each kind:
 
-* ``numeric``: ``ips (?P<value>[0-9.]+)``, a number on every line;
+* ``numeric``: ``ips (?P<value>[0-9.]+)``, a number on every line (``which = "median"``, as
+  every pattern here but the next);
+* ``numeric-all``: the same with ``which = "all"`` (every number kept in the result);
 * ``numeric-rare``: ``throughput (?P<value>[0-9.]+)``, a number every 1000 lines;
 * ``empty``: ``(?P<value>)``, an empty match at every position of the log;
 * ``non-numeric``: ``(?P<value>[a-z]+)``, a word (not a number) several times per line.
@@ -39,11 +41,12 @@ from tabulate import tabulate
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PATTERNS = {
-    "numeric": r"ips (?P<value>[0-9.]+)",
-    "numeric-rare": r"throughput (?P<value>[0-9.]+)",
-    "empty": r"(?P<value>)",
-    "non-numeric": r"(?P<value>[a-z]+)",
+PATTERNS = {  # name: (pattern, which)
+    "numeric": (r"ips (?P<value>[0-9.]+)", "median"),
+    "numeric-all": (r"ips (?P<value>[0-9.]+)", "all"),
+    "numeric-rare": (r"throughput (?P<value>[0-9.]+)", "median"),
+    "empty": (r"(?P<value>)", "median"),
+    "non-numeric": (r"(?P<value>[a-z]+)", "median"),
 }
 
 
@@ -63,7 +66,7 @@ def write_log(path: Path, size_mib: float) -> None:
             step += 1000
 
 
-def measure_one(cell_dir: Path, pattern: str) -> dict[str, Any]:
+def measure_one(cell_dir: Path, pattern: str, which: str) -> dict[str, Any]:
     """In this process: read the cell's figures with ``pattern``; seconds, peak memory."""
     from orchestrator.config.figures import FiguresConfig
     from orchestrator.results.figures.figure_parsers import CellOutput, evaluate
@@ -71,7 +74,7 @@ def measure_one(cell_dir: Path, pattern: str) -> dict[str, Any]:
 
     config = FiguresConfig.model_validate(
         {"parser": "regex", "require_end": False,
-         "regex": [{"name": "x", "pattern": pattern, "which": "median"}]})
+         "regex": [{"name": "x", "pattern": pattern, "which": which}]})
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     output = CellOutput.from_cell_dir(cell_dir, {"mode": "train"})
@@ -85,10 +88,10 @@ def measure_one(cell_dir: Path, pattern: str) -> dict[str, Any]:
             "result_kb": len(safejson.dumps(result)) / 1024}
 
 
-def measure(cell_dir: Path, pattern: str, limit_s: float) -> dict[str, Any]:
+def measure(cell_dir: Path, name: str, limit_s: float) -> dict[str, Any]:
     """:func:`measure_one` in a fresh process, stopped after ``limit_s`` seconds."""
     try:
-        proc = subprocess.run([sys.executable, __file__, "--one", str(cell_dir), pattern],
+        proc = subprocess.run([sys.executable, __file__, "--one", str(cell_dir), name],
                               capture_output=True, text=True, timeout=limit_s)
     except subprocess.TimeoutExpired:
         return {"seconds": None, "peak_mib": None, "verdict": f"still running at {limit_s:g} s",
@@ -111,11 +114,11 @@ def main() -> int:
     parser.add_argument("--limit-s", type=float, default=300.0,
                         help="seconds one measurement may take (default 300)")
     parser.add_argument("--dry", action="store_true", help="a 0.05 MiB log, a 20 s limit")
-    parser.add_argument("--one", nargs=2, metavar=("CELL_DIR", "PATTERN"),
+    parser.add_argument("--one", nargs=2, metavar=("CELL_DIR", "NAME"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure_one(Path(args.one[0]), args.one[1])))
+        print(json.dumps(measure_one(Path(args.one[0]), *PATTERNS[args.one[1]])))
         return 0
     sizes, limit_s = ([0.05], 20.0) if args.dry else (args.sizes, args.limit_s)
     rows = []
@@ -125,7 +128,7 @@ def main() -> int:
             cell_dir.mkdir()
             write_log(cell_dir / "log.txt", size)
             for name in args.patterns:
-                got = measure(cell_dir, PATTERNS[name], limit_s)
+                got = measure(cell_dir, name, limit_s)
                 rows.append([f"{size:g}", name, _shown(got["seconds"], ".2f", limit_s),
                              _shown(got["peak_mib"], ".0f", limit_s),
                              _shown(got["result_kb"], ".1f", limit_s), got["verdict"]])
