@@ -69,6 +69,7 @@ from orchestrator.results.folders.run_folder import (
     check_results_root,
     find_run,
     read_json,
+    write_file,
     write_json,
 )
 from orchestrator.results.reports.summary import GroupRow, render_table, summarize, write_summary
@@ -399,7 +400,7 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
     try:
         paths = RunPaths.create(results_root, matrix.name)
         lock = lock_run(paths)  # before plan.json: a --resume of the newest run waits its turn
-        paths.matrix_file.write_text(redact_toml(matrix.source_text), encoding="utf-8")
+        write_file(paths.matrix_file, redact_toml(matrix.source_text))
         write_json(paths.plan, plan_json(matrix, backend))
         meta: dict[str, Any] = {
             "run_id": paths.run_id, "matrix": matrix.name, "backend": backend,
@@ -633,7 +634,6 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
         cell_dir = paths.cell_dir(cell.id)
         if cell_dir.exists():
             archive = paths.superseded(cell.id)
-            archive.parent.mkdir(exist_ok=True)
             cell_dir.rename(archive)
     return todo
 
@@ -992,7 +992,6 @@ def supersede(paths: RunPaths, cell_id: str, why: str) -> str | None:
         if not cell_dir.exists():
             return ""
         archive = paths.superseded(cell_id, why)
-        archive.parent.mkdir(exist_ok=True)
         cell_dir.rename(archive)
     except OSError as exc:
         log.warning("%s: its folder cannot be moved to superseded/ (%s); keeping its result",

@@ -569,10 +569,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         runs.sort(key=lambda r: (r.started_at or 0, r.run_id))
         write = export.write_csv if args.format == "csv" else export.write_json
         if args.out:
-            with writing("--out", args.out):
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                with args.out.open("w", encoding="utf-8", newline="") as fh:
-                    n = write(store, runs, selection, fh)
+            from orchestrator.results.folders.run_folder import replacing
+
+            with writing("--out", args.out), replacing(args.out) as fh:
+                n = write(store, runs, selection, fh)
             print(f"{n} rows from {len(runs)} run(s): {args.out}", file=sys.stderr)
         else:
             n = write(store, runs, selection, sys.stdout)

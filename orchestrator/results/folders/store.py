@@ -974,7 +974,15 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
 
 def _usable_file(index: Path) -> bool:
     """Whether ``index`` can be the index file: missing (it is made), or a writable regular
-    file. Anything else in its place (a folder, a FIFO, a link) is set aside first."""
+    file. Anything else in its place (a folder, a FIFO, a link) is set aside first, and so is
+    anything but a regular file where SQLite keeps its write-ahead log and shared memory
+    (``-wal``, ``-shm``: SQLite would write through a link there)."""
+    for companion in ("-wal", "-shm"):
+        side = index.with_name(index.name + companion)
+        with contextlib.suppress(OSError):
+            if not stat.S_ISREG(side.lstat().st_mode):
+                os.replace(side, side.with_name(f"{side.name}.damaged-{int(time.time())}"))
+                log.warning("%s was not a regular file: moved aside", side)
     try:
         mode = index.lstat().st_mode
     except FileNotFoundError:
@@ -997,10 +1005,12 @@ def _refuse_if_busy(location: str, exc: BaseException, busy: float) -> None:
 
 
 def _damaged(exc: sqlite3.DatabaseError) -> bool:
-    """Whether ``exc`` says the index file is damaged (not merely locked by another process)."""
+    """Whether ``exc`` says the index file is damaged: not merely locked by another process,
+    read-only, or on a full disk (SQLite's "database or disk is full", "disk I/O error": a
+    healthy index is never set aside for them)."""
     text = str(exc).lower()
     return not any(word in text for word in ("locked", "busy", "readonly", "read-only",
-                                             "unable to open"))
+                                             "unable to open", "full", "disk i/o"))
 
 
 def _set_aside(location: str, why: object) -> bool:

@@ -70,7 +70,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.results.folders import folder_lock
-from orchestrator.results.folders.run_folder import ResultsRoot, RunPaths, write_json
+from orchestrator.results.folders.run_folder import ResultsRoot, RunPaths, write_file, write_json
 from orchestrator.results.importer.common import (
     IMPORTER_VERSION,
     ImportOptions,
@@ -191,14 +191,14 @@ def _write_locked(plan: ImportPlan, options: ImportOptions, where: ResultsRoot, 
     try:
         paths = RunPaths(tmp)
         paths.cells_dir.mkdir()
-        paths.matrix_file.write_text(plan.target.matrix_text, encoding="utf-8")
+        write_file(paths.matrix_file, plan.target.matrix_text)
         if plan.run_folder is not None:
             plan_data = _write_run_folder(paths, plan, options)
         else:
             plan_data = _write_entries(paths, plan, options)
         write_json(paths.plan, plan_data)
         write_summary(paths)
-        if final.exists():
+        if final.exists() or final.is_symlink():
             raise ConfigError(f"{final} appeared while importing; give another --run-id",
                               field="--run-id")
         os.rename(tmp, final)

@@ -41,7 +41,13 @@ from tabulate import tabulate
 from orchestrator.config.matrix_file import RELEASE_PARAM
 from orchestrator.config.syntax import param_matches, parse_baseline
 from orchestrator.results.figures.rerun import THROTTLED
-from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, throughput_key
+from orchestrator.results.folders.run_folder import (
+    CellResult,
+    RunPaths,
+    Status,
+    throughput_key,
+    write_file,
+)
 from orchestrator.results.reports import table_rules
 from orchestrator.results.reports.table_rules import Column, TableRule
 from orchestrator.results.statistics import stats
@@ -577,5 +583,5 @@ def summarize_run(
 
 def write_summary_files(paths: RunPaths, rows: Sequence[GroupRow], table: str) -> None:
     """summary.csv and summary.txt of a run folder (an OSError when they cannot be written)."""
-    paths.summary_csv.write_text(render_csv(rows), encoding="utf-8")
-    paths.summary_txt.write_text(table + "\n", encoding="utf-8")
+    write_file(paths.summary_csv, render_csv(rows))
+    write_file(paths.summary_txt, table + "\n")
