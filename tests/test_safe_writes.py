@@ -424,3 +424,22 @@ def test_a_resumed_sweep_writes_through_nothing_planted_in_its_run(kind: str, tm
             assert stat.S_ISREG(where.lstat().st_mode), where  # (the others: not rewritten)
     meta = json.loads((run / RunPaths.RUN_META).read_text())
     assert meta["finished_at"] and len(meta["resumed"]) == 1
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_clean_resolving_a_run_writes_through_nothing_planted(kind: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]
+                                                              ) -> None:
+    """``clean --run MATRIX:RUN`` resolves the run in the results index (which it brings up to
+    date: the one file it writes there); then asks the Docker engine for the run's
+    containers (none)."""
+    results = _results(tmp_path)
+    victim = _victim(tmp_path)
+    plant(results / INDEX, kind, victim)
+    code, out, err = run_cli(["clean", "--run", f"m:{RUN_B}", "--dry-run", "--results",
+                              str(results)], capsys)
+    assert code == 0 and "Traceback" not in err, (out, err)
+    assert "nothing to remove" in out
+    assert victim.read_text() == VICTIM_TEXT
+    assert stat.S_ISREG((results / INDEX).lstat().st_mode)
