@@ -28,7 +28,6 @@ with 3 or more ok repeats.
 
 from __future__ import annotations
 
-import csv
 import io
 import re
 import statistics
@@ -49,6 +48,7 @@ from orchestrator.results.folders.run_folder import (
     write_file,
 )
 from orchestrator.results.reports import table_rules
+from orchestrator.results.reports.csv_out import RowWriter
 from orchestrator.results.reports.table_rules import Column, TableRule
 from orchestrator.results.statistics import stats
 
@@ -538,7 +538,7 @@ def render_csv(rows: Sequence[GroupRow]) -> str:
     fields: list[str] = []
     for d in dicts:
         fields += [k for k in d if k not in fields]
-    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer = RowWriter(out, fields)
     writer.writeheader()
     for d in dicts:
         writer.writerow({k: "" if v is None else v for k, v in d.items()})
