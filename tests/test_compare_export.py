@@ -102,6 +102,18 @@ def test_compare_cli(tmp_path, capsys):
     assert "throughput" in capsys.readouterr().err
 
 
+def test_compare_refuses_a_run_with_itself_unless_asked(tmp_path, capsys):
+    """Issue 34, item 6: two names of one run compared it with itself (every change 0)."""
+    two_runs(tmp_path)
+    base = ["compare", "--results", str(tmp_path)]
+    for a, b in [("m:latest", "m:latest"), (run_id(2), "m:latest"), (run_id(1), run_id(1)[:15])]:
+        assert main([*base, a, b]) == 2, (a, b)
+        err = capsys.readouterr().err
+        assert "RUN_B" in err and "a run compared with itself" in err and "--allow-same" in err
+    assert main([*base, "m:latest", "m:latest", "--allow-same"]) == 0
+    assert "no significant change" in capsys.readouterr().out
+
+
 def test_runs_cli_lists_and_filters(tmp_path, capsys):
     two_runs(tmp_path)
     write_run(tmp_path, "other", run_id(3, "cccc"), [Config(G1, [1.0])], started=day(3))
