@@ -943,11 +943,13 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
     if _writable(root) and _usable_file(index):
         candidates.append((str(index), None))
     cache = _cache_index_path(root)
-    candidates.append((str(cache), f"{root} is read-only: index kept in {cache}"))
-    candidates.append((":memory:", f"{root} is read-only and {cache.parent} cannot be "
+    candidates.append((str(cache), f"{root} <why>: index kept in {cache}"))
+    candidates.append((":memory:", f"{root} <why> and {cache.parent} cannot be "
                        "written: index built in memory for this command"))
     errors = []
-    for location, note in candidates:
+    why = "is read-only"  # or what the index there met (a full disk is never called damaged)
+    for location, template in candidates:
+        note = template.replace("<why>", why, 1) if template else None
         for attempt in (1, 2):
             try:
                 if location != ":memory:":
@@ -957,6 +959,7 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
                 _refuse_if_busy(location, exc, busy)
                 errors.append(f"{location}: {exc}")
                 log.debug("index at %s not usable: %s", location, exc)
+                why = f"cannot hold the index ({exc})"
                 break
             try:
                 if refresh:
@@ -967,6 +970,7 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
                 if attempt == 1 and _damaged(exc) and _set_aside(location, exc):
                     continue  # a damaged index, found only when read: rebuilt
                 errors.append(f"{location}: {exc}")
+                why = f"cannot hold the index ({exc})"
                 break
             return store
     raise OrchestratorError("no usable results index: " + "; ".join(errors))

@@ -177,7 +177,20 @@ def write_import(plan: ImportPlan, options: ImportOptions) -> RunPaths:
         if problems:
             raise ConfigError(problems)
         _check_run_id(plan.run_id, where, plan.target.name)
-        return _write_locked(plan, options, where, final, write_summary)
+        try:
+            return _write_locked(plan, options, where, final, write_summary)
+        except OSError as exc:  # a full disk, a folder gone read-only: nothing was left
+            raise ConfigError([Problem("--results", str(options.results_root),
+                                       f"cannot write the run folder {final}: "
+                                       f"{_reason(exc)}; nothing was imported")]) from None
+
+
+def _reason(exc: OSError) -> str:
+    """An OSError in words; a copy's (``shutil.Error``: a list of failed files) by its first."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) \
+            and exc.args[0] and len(exc.args[0][0]) == 3:
+        return str(exc.args[0][0][2])
+    return str(exc.strerror or exc)
 
 
 def _write_locked(plan: ImportPlan, options: ImportOptions, where: ResultsRoot, final: Path,
