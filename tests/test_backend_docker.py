@@ -278,10 +278,11 @@ def test_dry_run_shows_images_and_resolves_files_next_to_the_matrix(write_matrix
         wrapper = "bitfusion"
         image_vars = { client_deb = "bf/client.deb", ca_cert = "bf/ca.crt" }
     """)
-    assert main(["matrix", str(path), "--dry-run"]) == 2
-    err = capsys.readouterr().err
-    assert f"{path}: hardware.v100-bf.image_vars.client_deb: file " in err
-    assert str(tmp_path / "bf" / "client.deb") in err
+    assert main(["matrix", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 3
+    out = capsys.readouterr().out  # the plan, then what this machine lacks
+    assert "image for v100-bf: not planned here" in out
+    assert f"{path}: hardware.v100-bf.image_vars.client_deb: file " in out
+    assert str(tmp_path / "bf" / "client.deb") in out
 
     (tmp_path / "bf").mkdir()
     (tmp_path / "bf" / "client.deb").write_bytes(b"deb")

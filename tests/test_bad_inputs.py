@@ -2,14 +2,16 @@
 
 Every case runs through the real entry point, :func:`orchestrator.cli.main`, in-process (stdout
 and stderr captured), and a sample of them as real ``python -m orchestrator.cli`` processes. A
-case either is refused (exit 2, the field named on stderr) or is legitimately accepted and runs
-correctly (exit 0, its output checked). For every case: no traceback, nothing blocks, and no file
-is written outside the case's results folder (the case folder and the repository are compared
-before and after).
+case either is refused (exit 2, the field named on stderr), or needs what this machine lacks
+(exit 3: refused by validate and the sweep, shown by plan and --dry-run with the requirement
+after the plan), or is legitimately accepted and runs correctly (exit 0, its output checked).
+For every case: no traceback, nothing blocks, and no file is written outside the case's results
+folder (the case folder and the repository are compared before and after).
 
 The table is data: add a case with :func:`case` (any command line), :func:`bad_matrix` /
-:func:`good_matrix` (a matrix file), :func:`bad_hosts` (a hosts file). ``{dir}`` in an argument is
-the case's folder (also the working directory), ``{results}`` its results folder.
+:func:`lacks` / :func:`good_matrix` (a matrix file), :func:`bad_hosts` (a hosts file). ``{dir}``
+in an argument is the case's folder (also the working directory), ``{results}`` its results
+folder.
 ``python tests/test_bad_inputs.py`` prints the number of cases per category.
 """
 
@@ -113,6 +115,19 @@ def bad_matrix(category: str, name: str, text: str | bytes, fld: str, *,
     more = tuple(kwargs.pop("err", ()))
     case(category, name, [*command, f"{{dir}}/{file}"], files={file: text}, err=(where, *more),
          **kwargs)
+
+
+def lacks(category: str, name: str, text: str | bytes, fld: str, *,
+          command: tuple[str, ...] = ("validate",), file: str = "m.toml",
+          **kwargs: Any) -> None:
+    """A valid matrix whose cells need what the target lacks (exit 3, naming ``fld``):
+    ``validate`` and the sweep refuse it (the field on stderr); ``plan`` and ``--dry-run``
+    show the plan and then the requirement (on stdout; ``plan --json``: on stderr)."""
+    where = f"{file}: {fld}" if fld else file
+    shows = command[0] == "plan" or "--dry-run" in command
+    stream = "out" if shows and "--json" not in command else "err"
+    kwargs[stream] = (where, *kwargs.pop("err", ()), *kwargs.pop(stream, ()))
+    case(category, name, [*command, f"{{dir}}/{file}"], files={file: text}, expect=3, **kwargs)
 
 
 def good_matrix(category: str, name: str, text: str, cells: int, **kwargs: Any) -> None:
@@ -1309,13 +1324,14 @@ _BF = gx(axes='hardware = ["v100", "bf"]', hw=None,
          after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
                'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3", client_deb = '
                '"client.deb", ca_cert = "ca.crt" }\n')
-bad_matrix("can-it-run", "missing-build-file-is-refused", _BF, "hardware.bf.image_vars.client_deb",
-           err=("file or folder", "m.toml: hardware.bf.image_vars.ca_cert"), gpu="V100")
-bad_matrix("can-it-run", "missing-build-file-strict", _BF, "hardware.bf.image_vars.client_deb",
-           command=("validate", "--strict"), err=("hardware.bf.image_vars.ca_cert",), gpu="V100")
-bad_matrix("can-it-run", "missing-build-file-dry-run", _BF, "hardware.bf.image_vars.client_deb",
-           command=("matrix", "--dry-run", "--results", "{dir}/results"), check=_NO_RUN_FOLDER,
-           gpu="V100")
+lacks("can-it-run", "missing-build-file-is-refused", _BF, "hardware.bf.image_vars.client_deb",
+      err=("file or folder", "m.toml: hardware.bf.image_vars.ca_cert"), gpu="V100")
+lacks("can-it-run", "missing-build-file-strict", _BF, "hardware.bf.image_vars.client_deb",
+      command=("validate", "--strict"), err=("hardware.bf.image_vars.ca_cert",), gpu="V100")
+lacks("can-it-run", "missing-build-file-dry-run", _BF, "hardware.bf.image_vars.client_deb",
+      command=("matrix", "--dry-run", "--results", "{dir}/results"), check=_NO_RUN_FOLDER,
+      gpu="V100", out=("image for bf: not planned here", "v100-g1-bs64-fp32-r1:",
+                       "would not start here"))
 good_run("cross-stack-baseline-warns",
          gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
             after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
@@ -1412,10 +1428,10 @@ for _name, _text, _field, _more in [
     bad_matrix("commands", _name, _text, _field, err=_more,
                subprocess=_name in ("placeholder-typo", "unmapped-value"))
 
-bad_matrix("commands", "workdir-variable-not-set",
-           cx(lines='workdir = "$env:ORCHESTRATE_TEST_UNSET_DLE_DIR"'), "commands.lab.workdir",
-           command=("matrix", "--results", "{dir}/results"), check=_NO_RUN_FOLDER,
-           err=("ORCHESTRATE_TEST_UNSET_DLE_DIR", "not set"))
+lacks("commands", "workdir-variable-not-set",
+      cx(lines='workdir = "$env:ORCHESTRATE_TEST_UNSET_DLE_DIR"'), "commands.lab.workdir",
+      command=("matrix", "--results", "{dir}/results"), check=_NO_RUN_FOLDER,
+      err=("ORCHESTRATE_TEST_UNSET_DLE_DIR", "not set"))
 # hostile values are one argv item each: accepted, and the plan shows them unharmed
 good_matrix("commands", "hostile-values-are-plain-text",
             cx("--data={data} {data}", workload="program = \"lab\"",
@@ -1476,14 +1492,14 @@ for _name, _text, _field, _more in [
                subprocess=_name == "runtime-on-the-docker-backend")
 
 # what must exist where the cells run: refused at the sweep's start, every problem at once
-bad_matrix("apptainer", "binary-and-bind-source-missing-at-start",
-           mx(hardware='runtime = "apptainer"\n[hardware.cpu.apptainer]\n'
-                       'binary = "/no/such/apptainer"\nsif = "/no/such/image.sif"\n'
-                       'binds = [{ source = "/no/such/data", target = "/data" }]'),
-           "hardware.cpu.apptainer.binary", command=("matrix", "--results", "{dir}/results"),
-           check=_NO_RUN_FOLDER, err=("not on PATH on localhost",
-                                      "m.toml: hardware.cpu.apptainer.binds[0].source",
-                                      "/no/such/data does not exist on localhost"))
+lacks("apptainer", "binary-and-bind-source-missing-at-start",
+      mx(hardware='runtime = "apptainer"\n[hardware.cpu.apptainer]\n'
+                  'binary = "/no/such/apptainer"\nsif = "/no/such/image.sif"\n'
+                  'binds = [{ source = "/no/such/data", target = "/data" }]'),
+      "hardware.cpu.apptainer.binary", command=("matrix", "--results", "{dir}/results"),
+      check=_NO_RUN_FOLDER, err=("not on PATH on localhost",
+                                 "m.toml: hardware.cpu.apptainer.binds[0].source",
+                                 "/no/such/data does not exist on localhost"))
 
 
 # --- imports: hostile logs and run folders -----------------------------------------------------
@@ -1755,15 +1771,17 @@ _DRY = ("matrix", "--dry-run", "--results", "{dir}/results")
 # the case gives it one)
 for _name, _text, _field, _command, _gpu, _more in [
     ("cuda-cell-without-a-gpu", gm("process", _CUDA), "hardware.g.device", ("validate",), None,
-     ("this machine has none", "--backend slurm or ssh")),
+     ("this machine has none", "--backend ssh with a hosts inventory, --backend slurm")),
     ("cuda-cell-without-a-gpu-sweep", gm("process", _CUDA), "hardware.g.device", _RUN, None,
      ("this machine has none",)),
     ("cuda-cell-without-a-gpu-dry-run", gm("process", _CUDA), "hardware.g.device", _DRY, None,
      ("this machine has none",)),
     ("cuda-cell-without-a-gpu-plan", gm("process", _CUDA), "hardware.g.device", ("plan",), None,
-     ()),
+     ("g-g1-bs", "would not start here")),
+    ("cuda-cell-without-a-gpu-plan-json", gm("process", _CUDA), "hardware.g.device",
+     ("plan", "--json"), None, ("would not start here",)),
     ("docker-cuda-cell-without-a-gpu", gm("docker", _NGC), "hardware.g.device", ("validate",),
-     None, ("the docker backend runs them here",)),
+     None, ("where the docker backend runs them",)),
     ("v100-under-a-cuda-13-torch-on-slurm", gm("slurm", _CUDA + '\ngpu = "V100"'),
      "hardware.g.gpu", ("validate",), None, ("no sm_70", "whl/cu126")),
     ("v100-under-a-cuda-13-torch-here", gm("process", _CUDA), "hardware.g", ("validate",), "V100",
@@ -1780,8 +1798,8 @@ for _name, _text, _field, _command, _gpu, _more in [
                                       'hpu_mode = "lazy"\n'), "hardware.g.device",
      ("validate",), "H100", ("a Gaudi card (device", "hl-smi found no card")),
 ]:
-    bad_matrix("say-no", _name, _text, _field, command=_command, gpu=_gpu, err=_more,
-               check=_NO_RUN_FOLDER, subprocess=_name == "cuda-cell-without-a-gpu-sweep")
+    lacks("say-no", _name, _text, _field, command=_command, gpu=_gpu, err=_more,
+          check=_NO_RUN_FOLDER, subprocess=_name == "cuda-cell-without-a-gpu-sweep")
 case("say-no", "cuda-cell-on-its-gpu", ["validate", "{dir}/m.toml"],
      files={"m.toml": gm("process", _CUDA + '\ngpu = "H100"')}, expect=0, gpu="H100",
      out=("ok (1 cell)", "on this machine's NVIDIA H100 80GB HBM3 (compute capability 9.0), "
@@ -1802,12 +1820,11 @@ for _name, _text, _field, _command, _more in [
      ("validate",), ("m.toml: hardware.g.apptainer.sif", "/no/such/image.sif does not exist")),
     ("ssh-without-an-inventory", gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"'),
      "matrix.hosts", ("validate",), ("needs a hosts inventory",)),
-    ("ssh-inventory-invalid", gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"',
-                                 matrix='hosts = "m.toml"\n'), "",
-     ("validate",), ("this is a matrix file, not a hosts inventory",)),
 ]:
-    bad_matrix("say-no", _name, _text, _field, command=_command, err=_more,
-               check=_NO_RUN_FOLDER)
+    lacks("say-no", _name, _text, _field, command=_command, err=_more, check=_NO_RUN_FOLDER)
+bad_matrix("say-no", "ssh-inventory-invalid",
+           gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"', matrix='hosts = "m.toml"\n'), "",
+           err=("this is a matrix file, not a hosts inventory",), check=_NO_RUN_FOLDER)
 case("say-no", "ssh-profile-host-not-in-the-inventory", ["validate", "{dir}/m.toml"],
      files={"m.toml": gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"\nhosts = ["gpu9"]',
                          matrix='hosts = "h.toml"\n'), "h.toml": _INVENTORY},

@@ -102,7 +102,7 @@ from orchestrator.backends.slurm_jobs import (
 )
 from orchestrator.config.matrix_file import HardwareProfile
 from orchestrator.config.redact import Scrubber, public_env, secret_env
-from orchestrator.errors import BackendUnavailable, LaunchError, Problem
+from orchestrator.errors import BackendUnavailable, LaunchError, Problem, Requirement
 from orchestrator.images.sif import LocalMachine
 from orchestrator.plan.launch import LaunchSpec, ScheduledNodes
 from orchestrator.plan.matrix import Cell, Matrix
@@ -156,6 +156,16 @@ def _slurm(args: Sequence[str], timeout: float = COMMAND_TIMEOUT_S,
                               env={**os.environ, **env} if env else None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return subprocess.CompletedProcess(list(args), 255, "", str(exc))
+
+
+def _silent(conf: str | None) -> str:
+    """Why the cluster of ``conf`` (None: this environment's) does not answer ``squeue``, in
+    words ('' : it answers)."""
+    proc = _slurm(["squeue", "-h", "-o", "%i"], timeout=15.0, env=conf_env(conf))
+    if proc.returncode == 0:
+        return ""
+    lines = proc.stderr.strip().splitlines()
+    return f"squeue: {lines[-1] if lines else 'no output'}"
 
 
 def conf_env(conf: str | None) -> dict[str, str] | None:
@@ -488,33 +498,34 @@ class SlurmBackend(Backend):
                 "PATH): install them (Debian: apt-get install -y slurm-client) with your "
                 "cluster's slurm.conf, or choose --backend process"
             )
-        proc = _slurm(["squeue", "-h", "-o", "%i"], timeout=15.0)
-        if proc.returncode != 0:
-            detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"
+        silent = _silent(None)
+        if silent:
             raise BackendUnavailable(
-                f"Slurm does not answer (squeue: {detail}): start slurmctld/slurmd and munge "
+                f"Slurm does not answer ({silent}): start slurmctld/slurmd and munge "
                 "(a single-node test cluster: bash tests/infra/start-slurm.sh), point "
                 "SLURM_CONF at your cluster's slurm.conf, or choose --backend process"
             )
 
     @classmethod
     def runtime_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
-        """Every other cluster a profile names (``slurm.conf``) answers (else
-        BackendUnavailable, as for this environment's cluster), then the base's problems
+        """Every other cluster a profile names (``slurm.conf``) answers (else a requirement of
+        kind ``scheduler``, as for this environment's cluster), then the base's problems
         (Apptainer profiles), before a run folder exists."""
         cells = list(cells)
+        problems: list[Problem] = []
+        asked: dict[str, str] = {}  # conf -> why it does not answer ("" : it does)
         for hw in sorted({c.hardware for c in cells}):
             conf = matrix.profiles[hw].slurm.conf
             if conf is None:
                 continue  # this environment's cluster: check_available asked it
-            proc = _slurm(["squeue", "-h", "-o", "%i"], timeout=15.0, env=conf_env(conf))
-            if proc.returncode != 0:
-                lines = proc.stderr.strip().splitlines()
-                raise BackendUnavailable(
-                    f"the Slurm cluster of hardware.{hw}.slurm.conf ({conf}) does not answer "
-                    f"(squeue: {lines[-1] if lines else 'no output'}): check the path and that "
-                    "its slurmctld runs, or remove conf to use this environment's cluster")
-        return super().runtime_problems(matrix, cells)
+            if conf not in asked:
+                asked[conf] = _silent(conf)
+            if asked[conf]:
+                problems.append(Requirement(str(matrix.path), f"hardware.{hw}.slurm.conf", (
+                    f"the Slurm cluster of {conf} does not answer ({asked[conf]}): check the "
+                    "path and that its slurmctld runs, or remove conf to use this "
+                    "environment's cluster"), kind="scheduler"))
+        return problems + super().runtime_problems(matrix, cells)
 
     # --- placement: Slurm's job ----------------------------------------------------------------
 

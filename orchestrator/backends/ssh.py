@@ -69,9 +69,23 @@ from orchestrator.backends.remote_executions import (
     remote_run_dir,
     remove_remote_dir,
 )
+from orchestrator.backends.target import HERE, Target
 from orchestrator.catalog import gpus
-from orchestrator.config.inventory import ConnectTarget, Inventory, load_hosts, resolve_hosts
-from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError, Problem
+from orchestrator.config.inventory import (
+    ConnectTarget,
+    HostOptions,
+    Inventory,
+    load_hosts,
+    resolve_hosts,
+)
+from orchestrator.errors import (
+    ConfigError,
+    HostError,
+    HostUnreachable,
+    LaunchError,
+    Problem,
+    Requirement,
+)
 from orchestrator.images import build, sif
 from orchestrator.images.prepare import (
     Engine,
@@ -151,7 +165,8 @@ def load_inventory(matrix: Matrix, hosts_file: Path | None
     config read once): no host is contacted. No inventory, or an invalid one, is a
     :class:`ConfigError` naming the file and field."""
     if hosts_file is None:
-        raise ConfigError(NO_INVENTORY_HINT, file=str(matrix.path), field="matrix.hosts")
+        raise ConfigError([Requirement(str(matrix.path), "matrix.hosts", NO_INVENTORY_HINT,
+                                       kind="inventory")])
     inventory = load_hosts(hosts_file)
     return inventory, resolve_hosts(inventory)
 
@@ -181,7 +196,12 @@ class SshDockerBackend(Backend):
 
     def __init__(self, matrix: Matrix, paths: RunPaths, options: RunOptions):
         super().__init__(matrix, paths, options)
-        self.inventory, self.targets = load_inventory(matrix, self.options.hosts_file)
+        self.inventory: Inventory
+        self.targets: dict[str, ConnectTarget]
+        if options.dry_run and options.hosts_file is None:  # shown with no host to go to
+            self.inventory, self.targets = Inventory(matrix.path, HostOptions(), ()), {}
+        else:
+            self.inventory, self.targets = load_inventory(matrix, self.options.hosts_file)
         self.placement_tags = self._placement_tags()
         self.hosts: dict[str, RemoteHost] = {}
         #: every image prepared, by (host, key)
@@ -209,7 +229,8 @@ class SshDockerBackend(Backend):
 
     @classmethod
     def prepare_problems(cls, matrix: Matrix, cells: Iterable[Cell],
-                         hosts_file: Path | None = None) -> list[Problem]:
+                         hosts_file: Path | None = None, *, target: Target = HERE
+                         ) -> list[Problem]:
         """The hosts inventory (there, read and resolved, no host contacted:
         :func:`load_inventory`; every host a profile names in it), the Docker images' plans
         (:func:`orchestrator.images.prepare.plan_problems`) and the Apptainer images' (the base's).
@@ -223,7 +244,7 @@ class SshDockerBackend(Backend):
         except ConfigError as exc:
             problems += exc.problems
         return (problems + plan_problems(matrix, cells, cls.name)
-                + super().prepare_problems(matrix, cells))
+                + super().prepare_problems(matrix, cells, target=target))
 
     # --- hosts and placement ---------------------------------------------------------------
 
@@ -519,10 +540,11 @@ class SshDockerBackend(Backend):
                         output_dir: str) -> LaunchSpec:
         """An Apptainer cell on its host: ``apptainer exec ... IMAGE.sif <argv>`` writing into
         its remote folder, its GPUs pinned by an ``--env`` argument (one host per cell)."""
-        if allocation.multi_node or allocation.host is None:
+        if allocation.multi_node or (allocation.host is None and not self.options.dry_run):
             raise LaunchError(f"{cell.id}: Apptainer cells run on one host each")
         # prepared on the host; a dry run: where it would be (~ left for the host to expand)
-        image = apptainer.image_path(self.matrix, cell, self.host_sifs.get(allocation.host, {}))
+        image = self._dry_image(lambda: apptainer.image_path(
+            self.matrix, cell, self.host_sifs.get(allocation.host or "", {})))
         return apptainer.launch_spec(cell, self.matrix.profile(cell), self.matrix.program(cell),
                                      image=image, output_dir=output_dir,
                                      gpu_ids=allocation.gpu_ids, attempt=attempt,
