@@ -34,6 +34,9 @@ class Problem:
 
 #: A requirement checked where the cells would run and not found there.
 MISSING = "missing"
+#: A requirement known to fall short for some cells (more GPUs than the target has): those
+#: cells would be recorded ``unplaceable``, the others run; the sweep starts (a warning).
+SHORT = "short"
 #: A requirement that only the machine the cells run on can tell (a lab host's driver, a
 #: declared target's files): listed, not checked.
 UNCHECKED = "unchecked"
@@ -48,7 +51,8 @@ class Requirement(Problem):
 
     ``state`` :data:`MISSING`: checked, and not there (the sweep would not start: the one
     decision refuses it, exit 3, while ``plan`` and ``--dry-run`` still show the plan);
-    :data:`UNCHECKED`: only that machine can tell (shown, never refused). ``cells``: the ids of
+    :data:`SHORT`: not enough for some cells (a warning); :data:`UNCHECKED`: only that machine
+    can tell (shown, never refused). ``cells``: the ids of
     the cells that need it (empty: the decision fills them in from the field)."""
 
     kind: str = ""

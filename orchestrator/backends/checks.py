@@ -110,7 +110,7 @@ from orchestrator.config.matrix_file import (
 )
 from orchestrator.config.redact import missing_references
 from orchestrator.config.syntax import param_matches
-from orchestrator.errors import ConfigError, Problem, Requirement
+from orchestrator.errors import SHORT, ConfigError, Problem, Requirement
 from orchestrator.plan import profilers, selection, software
 from orchestrator.plan.launch import hpu_mode
 from orchestrator.plan.matrix import Cell, Matrix
@@ -252,6 +252,18 @@ class Decision:
         """Whether the sweep would start on the target (nothing unmet)."""
         return not self.unmet
 
+    @property
+    def where(self) -> str:
+        """Where the cells would run, in words (the requirements' heading)."""
+        if self.target.declared:
+            return self.target.name
+        if self.record.here:
+            return "this machine"
+        if self.record.inventory:
+            return (f"the hosts of {self.hosts_file}" if self.hosts_file
+                    else "the hosts of an inventory (none given)") + ", from this machine"
+        return f"where the {self.backend} backend runs the cells, from this machine"
+
 
 def preflight(
     matrix: Matrix, override: str | None = None, *, hosts_file: Path | None = None,
@@ -291,17 +303,20 @@ def preflight(
     found = check_matrix(matrix, name, comparisons=comparisons,
                          machine=target.facts or machine, anywhere=target.declared)
     cells = matrix.checked_cells
-    problems = found.errors + (found.warnings if strict else [])
+    problems = list(found.errors)
     problems += machine_problems(matrix, cls)
     problems += cls.prepare_problems(matrix, cells, hosts_file, target=target)
     if not target.declared:  # what only this machine can say (its engine, its scheduler)
         problems += cls.target_problems(matrix, cells)
-    problems = _unique(problems)
+    for short in [p for p in problems if isinstance(p, Requirement) and p.state == SHORT]:
+        problems.remove(short)  # not enough for some cells: a warning (the others run)
+        found.warning(short)
+    problems = _unique(problems + (found.warnings if strict else []))
     requirements = target_module.listed(
         matrix, [*problems, *found.warnings, *found.notes], record, target)
     missing = {(r.file, r.field, r.message) for r in target_module.unmet(requirements)}
     errors = [p for p in problems  # what the file gets wrong (strict: what falls short too)
-              if not isinstance(p, Requirement) or p.state == target_module.SHORT]
+              if not isinstance(p, Requirement) or p.state == SHORT]
     if errors or (refuse and missing):
         refused = [p for p in problems  # in the order found
                    if p in errors or (p.file, p.field, p.message) in missing]

@@ -35,7 +35,7 @@ from typing import Protocol
 
 from orchestrator.catalog import gpus, releases, torch_builds
 from orchestrator.config.matrix_file import HardwareProfile
-from orchestrator.errors import MISSING, UNCHECKED, Problem, Requirement
+from orchestrator.errors import MISSING, SHORT, UNCHECKED, Problem, Requirement
 from orchestrator.plan import software
 from orchestrator.plan.matrix import Cell
 from orchestrator.plan.placement import holds_local_gpus
@@ -191,7 +191,28 @@ class GpuCheck:
                 f"{', '.join(str(g.index) for g in self.facts.gpus)})"))
             return None
         self._named_gpu(found)
+        self._count(len(self._usable()))
         return found, self.facts.driver
+
+    def _usable(self) -> list[int]:
+        """The ids of the facts' accelerators these cells may get (the profile's gpu_ids)."""
+        assert self.facts is not None
+        ids = self.facts.gpu_ids
+        return [i for i in ids if self.profile.gpu_ids is None or i in self.profile.gpu_ids]
+
+    def _count(self, have: int) -> None:
+        """Cells that need more GPUs than the machine has for them: a requirement that falls
+        short (those cells are recorded unplaceable when the sweep reaches them; the others
+        run): a warning, which ``--strict`` refuses."""
+        over = [c for c in self.cells if c.params.gpus_per_node > have]
+        if not over:
+            return
+        counts = sorted({c.params.gpus_per_node for c in over})
+        many = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+        self.report.warning(Requirement(self.file, f"{self.where}.device", (
+            f"{who(over)} {_need(over)} {many} GPUs each, and {self.machine} has {have} "
+            "for them: they would be recorded unplaceable (the other cells run)"),
+            kind="GPUs", cells=tuple(c.id for c in over), state=SHORT))
 
     def wanted(self) -> str:
         """The GPUs these cells need, in words: ``an NVIDIA GPU (V100, compute capability
@@ -233,6 +254,7 @@ class GpuCheck:
                 f"the {self.backend} backend runs them: not checked here"))
             return
         if self.facts.accelerator == "gaudi":
+            self._count(len(self._usable()))
             return
         self.lacks(f"{self.where}.device", "GPUs", (
             f"{who(self.cells)} {_need(self.cells)} a Gaudi card (device = \"hpu\"), and "

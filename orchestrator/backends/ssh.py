@@ -79,6 +79,7 @@ from orchestrator.config.inventory import (
     resolve_hosts,
 )
 from orchestrator.errors import (
+    SHORT,
     ConfigError,
     HostError,
     HostUnreachable,
@@ -171,6 +172,41 @@ def load_inventory(matrix: Matrix, hosts_file: Path | None
     return inventory, resolve_hosts(inventory)
 
 
+def inventory_shortfalls(matrix: Matrix, cells: list[Cell], inventory: Inventory,
+                         tags: dict[str, set[str]]) -> list[Requirement]:
+    """What the inventory says, without contacting a host, of cells it cannot place (the sweep
+    records them unplaceable; the others run): a profile no host may run, and cells that need
+    more GPUs than any of its hosts lists (where every such host lists its ``gpus``)."""
+    file = str(matrix.path)
+    found: list[Requirement] = []
+    by_hw: dict[str, list[Cell]] = {}
+    for cell in cells:
+        by_hw.setdefault(cell.hardware, []).append(cell)
+    for hw, group in sorted(by_hw.items()):
+        profile = matrix.profiles[hw]
+        hosts = [h for h in inventory.hosts if hw in tags.get(h.name, set())]
+        ids = tuple(c.id for c in group)
+        if not hosts:
+            found.append(Requirement(file, f"hardware.{hw}", (
+                f"no host of {inventory.source} may run hardware {hw!r} (none carries the tag "
+                f"{hw!r}, and the profile lists no hosts): its {len(group)} cells would be "
+                "recorded unplaceable"), kind="inventory", cells=ids, state=SHORT))
+            continue
+        if profile.multi_node or not placement.holds_local_gpus(profile) or \
+                any(h.gpus is None for h in hosts):
+            continue  # spans hosts, needs none of theirs, or some host's GPUs are discovered
+        most = max(len(h.gpus or ()) for h in hosts)
+        over = [c for c in group if c.params.gpus > most]
+        if over:
+            found.append(Requirement(file, f"hardware.{hw}", (
+                f"{len(over)} cells ({', '.join(c.id for c in over[:2])}"
+                f"{', ...' if len(over) > 2 else ''}) need more GPUs than any host of "
+                f"{inventory.source} that may run them lists (at most {most}): they would be "
+                "recorded unplaceable"), kind="GPUs", cells=tuple(c.id for c in over),
+                state=SHORT))
+    return found
+
+
 def _make_output_dir(ssh: SshHost, spec: LaunchSpec) -> None:
     """Make the cell attempt's folder on its host, writable by whoever the cell runs as."""
     assert spec.output_dir is not None
@@ -240,7 +276,8 @@ class SshDockerBackend(Backend):
         problems: list[Problem] = []
         try:
             inventory, _ = load_inventory(matrix, hosts_file)
-            selection.host_profiles(matrix, inventory)
+            problems += inventory_shortfalls(matrix, cells, inventory,
+                                             selection.host_profiles(matrix, inventory))
         except ConfigError as exc:
             problems += exc.problems
         return (problems + plan_problems(matrix, cells, cls.name)

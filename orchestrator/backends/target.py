@@ -34,12 +34,16 @@ from typing import Any
 from orchestrator.backends.registry import BackendRecord
 from orchestrator.catalog import gpus
 from orchestrator.config.syntax import plural
-from orchestrator.errors import MISSING, UNCHECKED, ConfigError, Problem, Requirement
+from orchestrator.errors import (
+    MISSING,
+    SHORT,
+    UNCHECKED,
+    ConfigError,
+    Problem,
+    Requirement,
+    RequirementsUnmet,
+)
 from orchestrator.plan.matrix import Cell, Matrix
-
-#: A requirement known to fall short for some cells (more GPUs than the target has): those
-#: cells would be recorded ``unplaceable``, the others run; the sweep starts.
-SHORT = "short"
 
 #: Every kind of requirement, in the order they are listed, with what each is in words.
 KINDS: dict[str, str] = {
@@ -80,7 +84,7 @@ class Target:
 
     @property
     def name(self) -> str:
-        return f"the target ({self.spec})" if self.declared else "this machine"
+        return f"declared: --target {self.spec}" if self.declared else "this machine"
 
 
 #: This machine.
@@ -154,7 +158,7 @@ def listed(matrix: Matrix, problems: Iterable[Problem], record: BackendRecord,
             continue
         if target.declared and problem.state == MISSING and problem.kind not in DECLARED_KINDS:
             problem = dataclasses.replace(problem, state=UNCHECKED, message=(
-                f"on this machine: {problem.message} (the target is not checked from here)"))
+                f"{problem.message} (whether the target has it is not checked from here)"))
         found.append(problem)
     for need in record.needs:
         if target.declared or need.on == "cells":
@@ -198,8 +202,6 @@ def unmet(found: Iterable[Requirement]) -> list[Requirement]:
 def refusal(problems: Sequence[Problem]) -> ConfigError:
     """The error of a refusal: :class:`~orchestrator.errors.RequirementsUnmet` (exit 3) when
     every problem is a requirement of the target, else a :class:`ConfigError` (exit 2)."""
-    from orchestrator.errors import RequirementsUnmet
-
     if problems and all(isinstance(p, Requirement) for p in problems):
         return RequirementsUnmet(list(problems))
     return ConfigError(list(problems))
@@ -234,11 +236,11 @@ def verdict(found: Sequence[Requirement], target: Target) -> str:
     return f"the sweep would start {where}{tail}"
 
 
-def lines(found: Sequence[Requirement], target: Target) -> list[str]:
+def lines(found: Sequence[Requirement], target: Target, where: str = "") -> list[str]:
     """The requirements for people, grouped by state (not met, falls short, to check there),
     each with its kind, the field that asks for it, the cells and what to do; then the
-    verdict."""
-    out = [f"requirements of the target ({target.name}):"]
+    verdict. ``where``: where the cells run, in words (default: the target's name)."""
+    out = [f"requirements of the target ({where or target.name}):"]
     if not found:
         out.append("  none beyond what this machine has")
     for state, title in _STATES.items():

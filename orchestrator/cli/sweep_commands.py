@@ -194,7 +194,7 @@ def requirement_lines(decision: Decision) -> list[str]:
     """What the target needs (:func:`orchestrator.backends.target.lines`), after a plan."""
     from orchestrator.backends.target import lines
 
-    return lines(decision.requirements, decision.target)
+    return lines(decision.requirements, decision.target, decision.where)
 
 
 def plan_exit(decision: Decision) -> int:
