@@ -236,6 +236,11 @@ def verdict(found: Sequence[Requirement], target: Target) -> str:
     return f"the sweep would start {where}{tail}"
 
 
+def _names(message: str, cell_id: str) -> bool:
+    """Whether ``message`` names cell ``cell_id`` (as a word of its own)."""
+    return re.search(rf"(?<![\w.-]){re.escape(cell_id)}(?![\w.-])", message) is not None
+
+
 def lines(found: Sequence[Requirement], target: Target, where: str = "") -> list[str]:
     """The requirements for people, grouped by state (not met, falls short, to check there),
     each with its kind, the field that asks for it, the cells and what to do; then the
@@ -249,7 +254,7 @@ def lines(found: Sequence[Requirement], target: Target, where: str = "") -> list
             continue
         out.append(f"  {title}:")
         for req in group:
-            named = req.cells and req.cells[0] not in req.message  # else the message names them
+            named = req.cells and not _names(req.message, req.cells[0])  # else the message does
             out.append(f"    - {req.kind or 'other'}" + (f" ({who(req.cells)})" if named else ""))
             out.append(f"        {req}")  # file: field: message, as validate's refusal says it
     out.append(verdict(found, target))

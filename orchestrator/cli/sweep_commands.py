@@ -687,9 +687,25 @@ def dry_run_lines(matrix: Matrix, decision: Decision, results: Path,
     seed = f"seed {order_seed}" if order_seed is not None else "a fresh seed, recorded in plan.json"
     out.append(f"order: rounds of repeats, each in a random order ({seed}); longest expected "
                "first when the backend runs several cells at once")
+    out.append(f"where: {placement_words(record)}")
     out.append(f"dry run: would run {_cells(len(matrix.cells))} with backend {backend} into "
                f"{results}/{matrix.name}/<run id>/")
     return out
+
+
+def placement_words(record: BackendRecord) -> str:
+    """What the target decides of each cell's launch, as its backend's record says: the GPU
+    ids shown are an idle machine's (the sweep takes the free ones), an ssh cell's host the
+    first that may run it, a scheduler's nodes its own choice."""
+    if record.here:
+        return ("the GPU ids shown are the first of each profile's gpu_ids (else 0, 1, ...), as "
+                "on an idle machine; the sweep gives a cell those free when it starts")
+    if record.inventory:
+        return ("each cell is shown on the first host that may run it, with its first GPUs; the "
+                "sweep places it on whichever such host is free (release = 'auto': that host's "
+                "driver picks the image)")
+    return (f"the {record.name} backend's scheduler picks the nodes and GPUs when each job "
+            "starts (CUDA_VISIBLE_DEVICES is the job's)")
 
 
 def _cells(n: int) -> str:
