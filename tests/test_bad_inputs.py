@@ -1851,6 +1851,58 @@ case("say-no", "plan-json-carries-each-launch",
      files={"m.toml": mx()}, expect=0, out=('"launch": {', '"argv": [', '"backend": "process"'),
      check=_NO_RUN_FOLDER)
 
+# --- plan anywhere (issue 31): what the target lacks, refused by validate and the sweep alike,
+# shown after the plan by plan and --dry-run (exit 3); a declared target ---------------------
+_LOCAL_BASE = gm("docker", 'device = "cpu"\nimage = "ngc-pytorch"\nimage_vars = { base_image = '
+                 '"orchestrate-test/never-built:1", install_nvml = false }')
+for _name, _command, _more in [
+    ("local-base-image-not-here", ("validate",), ("it is not a registry reference to pull",)),
+    ("local-base-image-not-here-sweep", _RUN, ("it is not a registry reference to pull",)),
+    ("local-base-image-not-here-dry-run", _DRY,
+     ("image for g: orchestrate/ngc-pytorch:", "container of image", "would not start here")),
+]:
+    lacks("say-no", _name, _LOCAL_BASE, "hardware.g.image_vars.base_image", command=_command,
+          err=_more if _command[0] != "matrix" or "--dry-run" not in _command else (),
+          out=_more if "--dry-run" in _command else (), check=_NO_RUN_FOLDER)
+_NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+case("say-no", "no-docker-engine", ["validate", "{dir}/m.toml"],
+     files={"m.toml": gm("docker", 'device = "cpu"\nimage = "ngc-pytorch"')}, expect=3,
+     env=_NO_ENGINE, err=("no Docker engine reachable",), check=_NO_RUN_FOLDER)
+case("say-no", "no-docker-engine-dry-run",
+     ["matrix", "{dir}/m.toml", "--dry-run", "--results", "{dir}/results"],
+     files={"m.toml": gm("docker", 'device = "cpu"\nimage = "ngc-pytorch"')}, expect=3,
+     env=_NO_ENGINE, out=("container of image orchestrate/ngc-pytorch:", "- engine",
+                          "no Docker engine reachable", "would not start here"),
+     check=_NO_RUN_FOLDER)
+case("say-no", "no-docker-engine-plan-json",
+     ["plan", "{dir}/m.toml", "--json", "--results", "{dir}/results"],
+     files={"m.toml": gm("docker", 'device = "cpu"\nimage = "ngc-pytorch"')}, expect=3,
+     env=_NO_ENGINE, out=('"docker_run": {',), err=("no Docker engine reachable",),
+     check=_NO_RUN_FOLDER)
+for _name, _spec, _says in [
+    ("target-unknown-gpu", "gpu=V1OO", "--target: unknown GPU 'V1OO'"),
+    ("target-not-key-value", "V100", "--target: 'V100' is not KEY=VALUE"),
+    ("target-bad-driver", "gpu=V100,driver=latest", "is not a driver version"),
+    ("target-gpus-without-a-gpu", "gpu=none,gpus=4", "give 1..256 with a gpu model"),
+]:
+    case("cli", _name, ["plan", "{dir}/m.toml", "--target", _spec], files={"m.toml": mx()},
+         err=(_says,))
+case("cli", "target-for-a-sweep", ["matrix", "{dir}/m.toml", "--target", "gpu=V100",
+                                   "--results", "{dir}/results"],
+     files={"m.toml": mx()}, err=("--target: a sweep runs on this machine",),
+     check=_NO_RUN_FOLDER)
+case("say-no", "target-without-the-gpu-the-cells-need",
+     ["validate", "{dir}/m.toml", "--target", "gpu=none"], files={"m.toml": gm("process", _CUDA)},
+     expect=3, err=("m.toml: hardware.g.device", "and the target has none"))
+case("say-no", "target-with-too-few-gpus-falls-short",
+     ["plan", "{dir}/m.toml", "--target", "gpu=H100,gpus=2"],
+     files={"m.toml": gm("process", _CUDA, workload="gpus = 4\n")}, expect=0,
+     out=("falls short", "needs 4 GPUs, and the target has 2", "would start on the target"))
+case("say-no", "target-with-too-few-gpus-strict",
+     ["validate", "{dir}/m.toml", "--strict", "--target", "gpu=H100,gpus=2"],
+     files={"m.toml": gm("process", _CUDA, workload="gpus = 4\n")}, expect=3,
+     err=("m.toml: hardware.g.device", "needs 4 GPUs, and the target has 2"))
+
 
 # --- the runner ------------------------------------------------------------------------------
 

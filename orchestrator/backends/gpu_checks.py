@@ -210,7 +210,8 @@ class GpuCheck:
         counts = sorted({c.params.gpus_per_node for c in over})
         many = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
         self.report.warning(Requirement(self.file, f"{self.where}.device", (
-            f"{who(over)} {_need(over)} {many} GPUs each, and {self.machine} has {have} "
+            f"{who(over)} {_need(over)} {many} GPUs{' each' if len(over) > 1 else ''}, and "
+            f"{self.machine} has {have} "
             "for them: they would be recorded unplaceable (the other cells run)"),
             kind="GPUs", cells=tuple(c.id for c in over), state=SHORT))
 
