@@ -11,8 +11,11 @@ sweep call), or is listed in :data:`FOUND_BY_DOING` with the reason no command c
 before. A new refusal on the sweep's path that is neither fails here.
 
 The scenarios then run the issue's cases (and more) through all three commands for real (in
-process, the real CLI) and compare what each refuses. ``docs/refusals.md`` is generated from
-this module (``UPDATE_GOLDEN=1`` rewrites it; ``python tests/test_one_decision.py`` prints it).
+process, the real CLI) and compare what each refuses: a problem of the file is refused by all
+three (exit 2); what the machine lacks (issue 31) is refused by validate and the sweep (exit 3)
+and named by the dry run after the plan, among the requirements it lists as not met.
+``docs/refusals.md`` is generated from this module (``UPDATE_GOLDEN=1`` rewrites it; ``python
+tests/test_one_decision.py`` prints it).
 """
 
 from __future__ import annotations
@@ -339,7 +342,12 @@ def refusal_table() -> str:
         "would refuse), and `--dry-run` and the sweep one check of the run's own options "
         "(`sweep.check_run`: `--results`, `--resume`), so a row never differs between the "
         "commands that take the same options (`validate` takes neither `--results` nor "
-        "`--resume`). A new refusal on the sweep's path that is in neither fails the test.",
+        "`--resume`). A new refusal on the sweep's path that is in neither fails the test. "
+        "What the machine the cells run on lacks (a GPU, the Docker engine, a local base "
+        "image, Slurm, a program, a checkout, a data path: an `errors.Requirement`) is refused "
+        "by `validate` and the sweep with exit 3, while `plan` and `--dry-run` print the plan "
+        "and every launch first and list the same requirements after it (exit 3): the one "
+        "decision's refusal below carries them.",
         "",
         f"## Decided before the run ({len(rows)} refusals)",
         "",

@@ -25,11 +25,9 @@ Pure but for the facts it is handed: no probe of its own.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.backends.registry import BackendRecord
 from orchestrator.catalog import gpus
@@ -43,7 +41,7 @@ from orchestrator.errors import (
     Requirement,
     RequirementsUnmet,
 )
-from orchestrator.plan.matrix import Cell, Matrix
+from orchestrator.plan.matrix import Matrix
 
 #: Every kind of requirement, in the order they are listed, with what each is in words.
 KINDS: dict[str, str] = {
@@ -259,31 +257,3 @@ def lines(found: Sequence[Requirement], target: Target, where: str = "") -> list
             out.append(f"        {req}")  # file: field: message, as validate's refusal says it
     out.append(verdict(found, target))
     return out
-
-
-def to_json(found: Sequence[Requirement], target: Target) -> dict[str, Any]:
-    """The requirements as one JSON value (what ``plan --json`` writes to stderr's last
-    line is :func:`lines`; this is for programs that ask :func:`orchestrator.backends.checks.
-    preflight` themselves)."""
-    return {
-        "target": target.spec or "here",
-        "starts": not unmet(found),
-        "requirements": [
-            {"kind": r.kind, "state": r.state, "file": r.file, "field": r.field,
-             "message": r.message, "cells": list(r.cells)} for r in found],
-    }
-
-
-def dumps(found: Sequence[Requirement], target: Target) -> str:
-    return json.dumps(to_json(found, target), indent=2)
-
-
-def cells_needing(found: Sequence[Requirement], cells: Sequence[Cell]) -> dict[str, list[str]]:
-    """cell id -> the kinds of the unmet requirements it has (for a per-cell view)."""
-    need: dict[str, list[str]] = {}
-    ids = {c.id for c in cells}
-    for req in unmet(found):
-        for cell_id in req.cells:
-            if cell_id in ids and req.kind not in need.setdefault(cell_id, []):
-                need[cell_id].append(req.kind)
-    return need
