@@ -113,8 +113,10 @@ def test_no_engine_gives_one_clear_message(monkeypatch, tmp_path, orchestrate_cl
         DockerBackend.check_available()
     proc = orchestrate_cli("matrix", "matrices/docker_smoke.toml", "--results", str(tmp_path),
                            timeout=60, env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    # what this machine lacks (exit 3), refused before a run folder exists
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr
     assert "no Docker engine reachable" in proc.stderr and "--backend process" in proc.stderr
+    assert not any(tmp_path.rglob("run.json"))
 
 
 # --- real engine --------------------------------------------------------------------------------
