@@ -704,6 +704,9 @@ for _name, _text, _field in [
     ("address-space", '[[hosts]]\nname = "a"\naddress = "x; id"\n', "hosts[0] (a).address"),
     ("tag-blank", _HOST + 'tags = [" "]\n', "hosts[0] (a).tags"),
     ("user-newline", _HOST + 'user = "a\\nb"\n', "hosts[0] (a).user"),
+    ("driver-word", _HOST + 'driver = "latest"\n', "hosts[0] (a).driver"),
+    ("driver-number", _HOST + "driver = 535\n", "hosts[0] (a).driver"),
+    ("gpu-newline", _HOST + 'gpu = "V100\\nx"\n', "hosts[0] (a).gpu"),
 ]:
     bad_hosts(_name, _text, _field, subprocess=_name == "connect_timeout-inf")
 

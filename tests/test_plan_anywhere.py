@@ -164,7 +164,7 @@ def test_the_text_groups_by_state_and_ends_with_the_verdict() -> None:
         "  not met:\n"
         "    - GPUs\n"
         "        m.toml: hardware.g.device: cell a needs an NVIDIA GPU\n"
-        "  falls short (those cells would be recorded unplaceable; the others run):\n"
+        "  falls short for some cells (the sweep starts; those cells cannot run as planned):\n"
         "    - GPUs (3 cells: b, c, ...)\n"
         "        m.toml: hardware.g.device: 8 GPUs, 1 here\n"
         "  to check on the target (this machine cannot tell):\n"
@@ -307,6 +307,53 @@ def test_an_inventory_is_planned_without_contacting_a_host(
     assert "orchestrate hosts check HOSTS.toml asks each host" in out
     assert main(["plan", "matrices/v100_scaling.toml", "--backend", "ssh"]) == 3
     assert "matrix.hosts: the ssh backend needs a hosts inventory" in capsys.readouterr().out
+
+
+AUTO = """
+[matrix]
+name = "auto"
+backend = "ssh"
+[workload]
+hardware = "h100"
+[axes]
+precision = ["amp", "bf16"]
+[hardware.h100]
+device = "cuda"
+gpu = "H100"
+image = "ngc-pytorch"
+release = "auto"
+"""
+
+
+def test_an_inventorys_declared_drivers_pick_the_image_and_say_who_runs_none(
+        bare_machine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Hosts that declare their driver: an auto release is planned on the first host whose
+    driver runs one (a host whose driver runs none is passed over, as the sweep skips it); when
+    none does, the cells fall short; a pinned release older hosts cannot run is said too."""
+    matrix = tmp_path / "auto.toml"
+    matrix.write_text(AUTO)
+    hosts = tmp_path / "hosts.toml"
+    entry = '[[hosts]]\nname = "{}"\naddress = "192.0.2.{}"\nuser = "lab"\ntags = ["h100"]\n' \
+            'gpu = "{}"\ndriver = "{}"\n'
+    hosts.write_text(entry.format("old", 1, "V100", "470.57.02")
+                     + entry.format("new", 2, "H100", "550.54.15"))
+    args = ["matrix", str(matrix), "--dry-run", "--hosts", str(hosts), "--results",
+            str(bare_machine)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("on host new (lab@192.0.2.2:22") == 2 and "on host old" not in out
+    assert out.count("container of image orchestrate/ngc-pytorch:") == 2  # 24.05's, planned
+    hosts.write_text(entry.format("old", 1, "V100", "470.57.02"))
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "on no host: the inventory names none that may run it" in out
+    assert "auto.toml: hardware.h100.release: no host of" in out
+    assert "old: driver 470.57.02 runs NGC PyTorch 21.03 at the newest" in out
+    assert "its 2 cells would be recorded unplaceable" in out
+    pinned = AUTO.replace('release = "auto"', 'image_vars = { base_tag = "24.05-py3" }')
+    matrix.write_text(pinned)
+    assert main(args) == 0
+    assert "host old of " in capsys.readouterr().out  # its declared driver is older
 
 
 # --- every shipped matrix, for real ----------------------------------------------------------

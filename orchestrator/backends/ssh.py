@@ -73,6 +73,7 @@ from orchestrator.backends.target import HERE, Target
 from orchestrator.catalog import gpus
 from orchestrator.config.inventory import (
     ConnectTarget,
+    HostEntry,
     HostOptions,
     Inventory,
     load_hosts,
@@ -91,6 +92,7 @@ from orchestrator.images import build, sif
 from orchestrator.images.prepare import (
     Engine,
     Ledger,
+    driver_too_old,
     plan_problems,
     planned_tag,
     prepare_images,
@@ -172,11 +174,27 @@ def load_inventory(matrix: Matrix, hosts_file: Path | None
     return inventory, resolve_hosts(inventory)
 
 
+def declared_driver(host: HostEntry, device: str) -> selection.HostDriver | None:
+    """The driver an inventory declares for ``host`` (``driver``, and ``gpu`` for its
+    accelerator and compute capability; else the profile's ``device``), None where it declares
+    none: what picks an auto release there, before the sweep probes the host."""
+    if host.driver is None:
+        return None
+    accelerator: str | None = {"cuda": "nvidia", "hpu": "gaudi"}.get(device)
+    if host.gpu is not None:
+        accelerator = "gaudi" if gpus.gaudi_generation(host.gpu) else "nvidia"
+    cc = gpus.compute_capability(host.gpu) if host.gpu else None
+    return selection.HostDriver(host.name, host.driver, accelerator, cc)
+
+
 def inventory_shortfalls(matrix: Matrix, cells: list[Cell], inventory: Inventory,
                          tags: dict[str, set[str]]) -> list[Requirement]:
-    """What the inventory says, without contacting a host, of cells it cannot place (the sweep
-    records them unplaceable; the others run): a profile no host may run, and cells that need
-    more GPUs than any of its hosts lists (where every such host lists its ``gpus``)."""
+    """What the inventory says, without contacting a host, of cells it cannot place as planned
+    (the sweep starts; the others run): a profile no host may run, cells that need more GPUs
+    than any of its hosts lists (where every such host lists its ``gpus``), and, where hosts
+    declare their ``driver``, a profile whose release none of them runs (an auto release: the
+    driver picks none; its cells would be recorded unplaceable) or a pinned release a host's
+    driver is older than (its cells may fail to start there)."""
     file = str(matrix.path)
     found: list[Requirement] = []
     by_hw: dict[str, list[Cell]] = {}
@@ -192,6 +210,8 @@ def inventory_shortfalls(matrix: Matrix, cells: list[Cell], inventory: Inventory
                 f"{hw!r}, and the profile lists no hosts): its {len(group)} cells would be "
                 "recorded unplaceable"), kind="inventory", cells=ids, state=SHORT))
             continue
+        if profile.image is not None and not profile.apptainer_runtime:
+            found += _declared_drivers(matrix, hw, group, hosts, inventory)
         if profile.multi_node or not placement.holds_local_gpus(profile) or \
                 any(h.gpus is None for h in hosts):
             continue  # spans hosts, needs none of theirs, or some host's GPUs are discovered
@@ -204,6 +224,40 @@ def inventory_shortfalls(matrix: Matrix, cells: list[Cell], inventory: Inventory
                 f"{inventory.source} that may run them lists (at most {most}): they would be "
                 "recorded unplaceable"), kind="GPUs", cells=tuple(c.id for c in over),
                 state=SHORT))
+    return found
+
+
+def _declared_drivers(matrix: Matrix, hw: str, group: list[Cell], hosts: list[HostEntry],
+                      inventory: Inventory) -> list[Requirement]:
+    """A profile's image on the hosts that declare a driver (:func:`inventory_shortfalls`)."""
+    file = str(matrix.path)
+    device = matrix.profiles[hw].device
+    declared = {h.name: d for h in hosts if (d := declared_driver(h, device)) is not None}
+    if not declared:
+        return []
+    found: list[Requirement] = []
+    excluded: dict[str, str] = {}
+    for key in selection.needed_keys(matrix, group):
+        for name, driver in declared.items():
+            try:
+                choice = selection.choose(matrix, key, driver)
+            except selection.NoRelease as exc:
+                excluded[name] = exc.why
+                continue
+            except ConfigError:
+                continue  # the image's own problems: plan_problems says them
+            old = driver_too_old(choice, driver)
+            if old:
+                cells = tuple(c.id for c in group if selection.image_key(matrix, c) == key)
+                found.append(Requirement(file, f"hardware.{hw}", (
+                    f"host {name} of {inventory.source}: its declared {old}"), kind="driver",
+                    cells=cells, state=SHORT))
+    if excluded and len(excluded) == len(hosts):
+        why = "; ".join(f"{name}: {text}" for name, text in sorted(excluded.items()))
+        found.append(Requirement(file, f"hardware.{hw}.release", (
+            f"no host of {inventory.source} that may run hardware {hw!r} has a driver that "
+            f"runs a release of its image ({why}): its {len(group)} cells would be recorded "
+            "unplaceable"), kind="driver", cells=tuple(c.id for c in group), state=SHORT))
     return found
 
 
@@ -564,14 +618,34 @@ class SshDockerBackend(Backend):
         them; the sweep places it on whichever such host is free), its image as planned
         (:func:`orchestrator.images.prepare.planned_tag`; ``release = "auto"``: each host's);
         no host is contacted."""
-        hosts = [h for h in self.inventory.names if cell.hardware in self.placement_tags[h]]
+        hosts = [h for h in self.inventory.names if cell.hardware in self.placement_tags[h]
+                 and self._runs_release(cell, h)]
         local = self.dry_allocation(cell)
         allocation = Allocation(cell.id, (placement.Slot(hosts[0] if hosts else None,
                                                           local.gpu_ids),))
         spec = self.spec(cell, allocation)
-        if self.matrix.profile(cell).apptainer_runtime:
+        profile = self.matrix.profile(cell)
+        if profile.apptainer_runtime:
             return spec
-        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell))
+        driver = declared_driver(self.inventory.get(hosts[0]), profile.device) if hosts else None
+        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell, driver))
+
+    def _runs_release(self, cell: Cell, host: str) -> bool:
+        """Whether ``host`` may run ``cell``'s image as far as the inventory tells: an auto
+        release on a host whose declared driver runs none of it is not (the sweep skips it);
+        anything else is, until the sweep probes the host."""
+        if not selection.is_auto(self.matrix, cell.hardware) or cell.params.ngc_release:
+            return True
+        driver = declared_driver(self.inventory.get(host), self.matrix.profile(cell).device)
+        if driver is None:
+            return True
+        try:
+            selection.choose(self.matrix, selection.image_key(self.matrix, cell), driver)
+        except selection.NoRelease:
+            return False
+        except ConfigError:
+            return True  # the image's own problem: the decision says it
+        return True
 
     def _apptainer_spec(self, cell: Cell, allocation: Allocation, attempt: int,
                         output_dir: str) -> LaunchSpec:

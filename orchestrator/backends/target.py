@@ -209,7 +209,7 @@ def refusal(problems: Sequence[Problem]) -> ConfigError:
 
 _STATES = {
     MISSING: "not met",
-    SHORT: "falls short (those cells would be recorded unplaceable; the others run)",
+    SHORT: "falls short for some cells (the sweep starts; those cells cannot run as planned)",
     UNCHECKED: "to check on the target (this machine cannot tell)",
 }
 
