@@ -173,8 +173,7 @@ def test_the_text_groups_by_state_and_ends_with_the_verdict() -> None:
         "the sweep would not start here: 1 requirement not met (exit 3)")
     assert verdict(found[1:], HERE) == ("the sweep would start here (1 requirement to check "
                                         "on the target)")
-    assert lines([], HERE) == ["requirements of the target (this machine):",
-                               "  none beyond what this machine has",
+    assert lines([], HERE) == ["requirements of the target (this machine): all met",
                                "the sweep would start here"]
     assert unmet(found) == found[:1]
 

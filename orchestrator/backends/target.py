@@ -243,9 +243,8 @@ def lines(found: Sequence[Requirement], target: Target, where: str = "") -> list
     """The requirements for people, grouped by state (not met, falls short, to check there),
     each with its kind, the field that asks for it, the cells and what to do; then the
     verdict. ``where``: where the cells run, in words (default: the target's name)."""
-    out = [f"requirements of the target ({where or target.name}):"]
-    if not found:
-        out.append("  none beyond what this machine has")
+    out = [f"requirements of the target ({where or target.name}):" if found else
+           f"requirements of the target ({where or target.name}): all met"]
     for state, title in _STATES.items():
         group = [r for r in found if r.state == state]
         if not group:
