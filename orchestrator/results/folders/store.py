@@ -307,6 +307,7 @@ class RunRecord:
             "planned": self.planned, "cells": self.cells, "ok": self.ok, "failed": self.failed,
             "missing": self.missing,
             **({"slurm_jobs": list(self.slurm_jobs)} if self.slurm_jobs else {}),
+            **({"live": self.live} if self.live else {}),
         }
 
 
