@@ -23,6 +23,7 @@ option they name.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
@@ -123,6 +124,25 @@ def commands(block: Block) -> list[Command]:
 
 def page_commands(path: Path) -> list[Command]:
     return [c for b in blocks(path) if b.runs for c in commands(b)]
+
+
+def cli_parsers() -> dict[str, argparse.ArgumentParser]:
+    """The real parser of every command, keyed ``""`` (the top), ``report``, ``images build``."""
+    from orchestrator.cli.app import build_parser
+
+    def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+    top = build_parser()
+    found = {"": top}
+    for name, sub in subparsers(top).items():
+        nested = subparsers(sub)
+        found[name] = sub
+        found.update({f"{name} {n}": p for n, p in nested.items()})
+    return found
 
 
 # --- running -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from docs_support import ROOT, blocks, commands, page_commands, pages, run_page
+from docs_support import ROOT, blocks, cli_parsers, commands, page_commands, pages, run_page
 
 RUN_PAGES = [p for p in pages() if page_commands(p)]
 
@@ -78,24 +78,6 @@ def test_matrix_files_shows_a_regex_figures_example_that_is_a_shipped_matrix() -
 # --- inline commands ---------------------------------------------------------------------------
 
 
-def _parsers() -> dict[str, argparse.ArgumentParser]:
-    from orchestrator.cli.app import build_parser
-
-    def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                return dict(action.choices)
-        return {}
-
-    top = build_parser()
-    found = {"": top}
-    for name, sub in subparsers(top).items():
-        found[name] = sub
-        for nested, p in subparsers(sub).items():
-            found[f"{name} {nested}"] = p
-    return found
-
-
 INLINE = re.compile(r"`(orchestrate [^`]+)`")
 PROMPT = re.compile(r"^\$ (orchestrate .+)$")
 
@@ -135,7 +117,7 @@ def problems_of(text: str, parsers: dict[str, argparse.ArgumentParser]) -> list[
 
 
 def test_every_inline_command_names_a_real_command_and_real_options() -> None:
-    parsers = _parsers()
+    parsers = cli_parsers()
     found = inline_commands()
     assert len(found) > 40
     wrong = [f"{page}:{line}: `{text}`: {problem}" for page, line, text in found
@@ -144,7 +126,7 @@ def test_every_inline_command_names_a_real_command_and_real_options() -> None:
 
 
 def test_the_inline_check_finds_a_wrong_command_and_a_wrong_option() -> None:
-    parsers = _parsers()
+    parsers = cli_parsers()
     assert problems_of("orchestrate run M.toml", parsers) == ["no command 'run'"]
     assert problems_of("orchestrate matrix M.toml --dryrun", parsers) == [
         "orchestrate matrix has no option --dryrun"]
