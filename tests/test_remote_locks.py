@@ -341,6 +341,10 @@ class Said:
     def log(self, message: str) -> None:
         self.messages.append(message)
 
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        if waited_s is None:  # the wait begins (SweepEvents.lock_wait)
+            self.messages.append(f"{cell_id}: {message}")
+
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: None
 
