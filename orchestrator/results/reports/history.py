@@ -640,6 +640,14 @@ def _fmt(value: float | None) -> str:
     return "" if value is None else f"{value:,.1f}"
 
 
+def run_headers(run_ids: Sequence[str]) -> list[str]:
+    """The column header of each run: its date and time (``20261127-154102``), or its whole id
+    where another run shown has the same date and time (two runs, or imports, of one second)."""
+    short = [run_id[:15] for run_id in run_ids]
+    return [s if short.count(s) == 1 else run_id for s, run_id in zip(short, run_ids,
+                                                                      strict=True)]
+
+
 def _verdict_text(line: Line) -> str:
     text = line.verdict.upper() if line.verdict in FAILING and not line.excused else (
         line.verdict)
@@ -671,7 +679,7 @@ def render_history(report: HistoryReport) -> str:
         return f"(no cells in run {report.newest.run_id})"
     keys = varying_keys([ln.params for ln in report.lines], always=("hardware",))
     normalised = any(ln.basis == NORMALISED for ln in report.lines)
-    headers = [*keys, *[r.run_id[:15] for r in report.shown], "reference", "change",
+    headers = [*keys, *run_headers([r.run_id for r in report.shown]), "reference", "change",
                *(["raw change", "basis"] if normalised else []),
                "noise ±", "detects", "p", "verdict"]
     rows = []
@@ -709,7 +717,7 @@ def render_history(report: HistoryReport) -> str:
 
 def render_controls(report: HistoryReport) -> str:
     """The control's own figures across the shown runs: the machine's drift, not judged."""
-    headers = ["control", *[r.run_id[:15] for r in report.shown], "reference", "change",
+    headers = ["control", *run_headers([r.run_id for r in report.shown]), "reference", "change",
                "first -> last (newest run)", "measurements"]
     rows = []
     for c in report.controls:
