@@ -198,9 +198,36 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+#: The width of ``images list`` piped (a terminal gets rich tables of its own width).
+PIPED_WIDTH = 100
+
+
+def piped_lines(title: str, rows: list[tuple[str, str, str, str]], local: str,
+                width: int = PIPED_WIDTH) -> list[str]:
+    """One template as ``images list`` prints it into a pipe, no line wider than ``width``: its
+    title, then per variable a line that starts with its name (name, type, default in
+    columns: ``grep`` finds it) and its description wrapped under it, then the local tags."""
+    import textwrap
+
+    def wrap(text: str, indent: str, first: str | None = None) -> list[str]:
+        first = indent if first is None else first
+        return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent,
+                             break_on_hyphens=False) or [first.rstrip()]
+
+    name_w = max((len(r[0]) for r in rows), default=0)
+    type_w = max((len(r[1]) for r in rows), default=0)
+    out = wrap(title, "    ", "")
+    for name, kind, default, description in rows:
+        head = f"  {name:<{name_w}}  {kind:<{type_w}}  "
+        out += wrap(default, " " * min(len(head), width // 2), head)
+        out += wrap(description, "      ")
+    return [*out, *wrap(local.strip(), "      ", "  "), ""]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """Print every template with its variables, and local content-hash tags if an engine answers.
-    On a terminal: rich tables; piped: plain tables that do not wrap (one line per variable)."""
+    On a terminal: rich tables; piped: :func:`piped_lines` (at most 100 columns, a line per
+    variable that starts with its name, its description under it)."""
     console = _Console()
     try:
         tags = build.local_tags()
@@ -231,9 +258,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             console.print(local)
             console.print()
         else:
-            from tabulate import tabulate
-
-            print(f"{title}\n{tabulate(rows, headers=columns, tablefmt='github')}\n{local}\n")
+            print("\n".join(piped_lines(title, rows, local)))
     return 0
 
 

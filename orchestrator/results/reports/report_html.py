@@ -224,7 +224,7 @@ def compare_report(comp: Any) -> str:
         f"ok repeats; interval: {comp.confidence:.0%} percentile interval of the exact bootstrap "
         f"over repeats; significant when it excludes 0 and the change is beyond "
         f"{comp.threshold:.1%}." + "".join(f" {n}" for n in compare_notes(comp))))
-    svg = _svg(plot_compare, comp, f"{b.label} vs {a.label}") if any(
+    svg = _svg(plot_compare, comp, compare_title(comp)) if any(
         r.change is not None for r in comp.rows) else None
     if svg:
         sections.append(Section("plot", "Plot", image=Image(
@@ -238,7 +238,13 @@ def compare_report(comp: Any) -> str:
                             if stack_rows else None))
     sections.append(Section("json", "Data", pre=json.dumps(comp.to_json(), indent=1,
                                                            default=str), pre_label="JSON"))
-    return render_page(f"{b.label} vs {a.label}", "orchestrate compare", sections)
+    return render_page(compare_title(comp), "orchestrate compare", sections)
+
+
+def compare_title(comp: Any) -> str:
+    """``A: RUN vs B: RUN``: the runs in the order the page and the text show them (change is
+    B/A - 1)."""
+    return f"A: {comp.a.label} vs B: {comp.b.label}"
 
 
 def write(path: Path, html: str) -> Path:
