@@ -21,6 +21,7 @@ from rich.table import Table
 from orchestrator.catalog import templates
 from orchestrator.catalog.releases import Release, resolve_habana, resolve_release
 from orchestrator.cli import options
+from orchestrator.cli.pull_bars import PullBars
 from orchestrator.config.syntax import plural
 from orchestrator.errors import BackendUnavailable, ConfigError, cannot_write
 from orchestrator.images import build
@@ -298,12 +299,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     with console.status(f"building {plan.tag}") as status:
-
-        def on_log(line: str) -> None:
-            console.print(line, style="dim", markup=False, highlight=False, soft_wrap=True)
-            status.update(f"building {plan.template}: {line[:80]}")
-
-        outcome = build.ensure_image(plan, on_log=on_log)
+        outcome = build.ensure_image(plan, on_log=_BuildLog(console, status, plan.template))
     step: build.BuildOutcome | None = outcome
     while step is not None:
         pinned = step.plan.base_pin if step.plan is not None else None
@@ -312,6 +308,20 @@ def cmd_build(args: argparse.Namespace) -> int:
                       soft_wrap=True)
         step = step.parent
     return 0
+
+
+class _BuildLog(PullBars):
+    """What ``images build`` shows of a build: each line of its log, the last one in the
+    spinner's text; a base image's pull as a bar on a terminal, else a line every few seconds
+    (:class:`~orchestrator.cli.pull_bars.PullBars`)."""
+
+    def __init__(self, console: Console, status: Any, template: str) -> None:
+        super().__init__(console, pause=status)
+        self.status, self.template = status, template
+
+    def __call__(self, line: str) -> None:
+        self.console.print(line, style="dim", markup=False, highlight=False, soft_wrap=True)
+        self.status.update(f"building {self.template}: {line[:80]}")
 
 
 def _build_sif(args: argparse.Namespace, plan: build.ImagePlan, console: Console) -> int:

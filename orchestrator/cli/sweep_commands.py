@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from orchestrator.backends import BackendRecord
     from orchestrator.backends.checks import Decision
+    from orchestrator.images.pulls import PullProgress
     from orchestrator.plan.placement import Allocation
 
 log = logging.getLogger(__name__)
@@ -354,6 +355,9 @@ class RichEvents:
             console=self.console, transient=True,
         )
         self.task: TaskID | None = None
+        from orchestrator.cli.pull_bars import PullBars
+
+        self.pulls = PullBars(self.console)
         self.verbose = verbose
         self.running: dict[str, str] = {}
         self.eta: Eta | None = None
@@ -389,6 +393,14 @@ class RichEvents:
 
     def log(self, message: str) -> None:
         self.console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
+
+    def pull_progress(self, progress: PullProgress) -> None:
+        """A base image's pull while the backend prepares (before the sweep's bar): a bar of
+        its own; once the sweep's bar is drawn, a line every few seconds beside it."""
+        if self.task is None:
+            self.pulls.pull_progress(progress)
+        elif self.pulls.due(progress):
+            self.log(progress.line())
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         if cell.is_control:
