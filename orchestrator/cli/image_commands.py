@@ -109,7 +109,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "nothing. Without MATRIX files: the images the state records for these hosts.",
     )
     p_refresh.add_argument("matrices", nargs="*", type=Path, metavar="MATRIX",
-                           help="matrix files whose images to keep fresh (default: recorded)")
+                           help="matrix files whose images to keep fresh (default: recorded, "
+                           "each with the --set its build had)")
+    options.set_fields(p_refresh, "set a field of each MATRIX file, as `matrix --set` does "
+                       "(repeatable)")
     options.hosts(p_refresh, "the inventory (default: $ORCHESTRATE_HOSTS or the user config)")
     options.host(p_refresh, "only this host (repeat)")
     options.results(p_refresh, "results folder holding the image state (default as `matrix`)")
@@ -365,7 +368,10 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         raise ConfigError("give the inventory: --hosts HOSTS.toml (or $ORCHESTRATE_HOSTS, or "
                           "hosts in the user config)", file="--hosts")
     inventory = load_hosts(inventory_file)
-    matrices = [load_matrix(path) for path in args.matrices]
+    if args.overrides and not args.matrices:
+        raise ConfigError("--set sets a field of the MATRIX files named; without them the "
+                          "recorded builds' own --set are used", field="--set")
+    matrices = [load_matrix(path, overrides=args.overrides) for path in args.matrices]
     if args.jobs < 1:
         raise ConfigError("must be at least 1", field="--jobs")
     if args.dry_run:
