@@ -228,6 +228,10 @@ def test_the_report_shows_the_options_under_the_table(tmp_path: Path, capsys) ->
     assert capsys.readouterr().out.rstrip().endswith("--exclude gpus=8")
     plain = write_run(tmp_path, "p", run_id(1), [Config(params(), [100.0])])
     assert "run with" not in summarize_run(plain)[1]
+    html = tmp_path / "r.html"
+    assert main(["report", "m", "--results", str(tmp_path), "--html", str(html)]) == 0
+    assert "run with --set workload.iterations=20 --set &#39;workload.data=/srv/a b&#39; " \
+        "--exclude gpus=8" in html.read_text()
 
 
 def test_resume_says_which_overrides_the_run_had(write_matrix, tmp_path: Path) -> None:
