@@ -150,10 +150,11 @@ def test_images_list_into_head_exits_141_and_a_pipe_gets_plain_tables(tmp_path: 
                          env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}).stdout
     lines = out.splitlines()
     assert max(map(len, lines)) <= 100
+    blocks = {block.split(" ", 1)[0]: block.splitlines() for block in out.split("\n\n") if block}
     for name in templates.template_names():
         template = templates.load_template(name)
-        assert [ln for ln in lines if ln.startswith(f"{name} ({template.kind}): ")], name
+        assert blocks[name][0].startswith(f"{name} ({template.kind}): "), name
         for variable, spec in template.variables.items():  # a line per variable, its name first
-            (line,) = [ln for ln in lines if ln.startswith(f"  {variable} ")]
+            (line,) = [ln for ln in blocks[name] if ln.startswith(f"  {variable} ")]
             assert line.split()[1] == spec.type, line
     assert not any("│" in ln or "┃" in ln for ln in lines)  # no rich box drawing in a pipe
