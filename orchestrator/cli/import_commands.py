@@ -33,8 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("sources", nargs="+", type=Path, metavar="SOURCE",
                    help="log or raport files, a folder of logs, or one run folder")
-    options.matrix(p, "the matrix whose history the run joins (default for a run folder: its "
-                   "own)", metavar="NAME|MATRIX.toml")
+    options.matrix(p, "the matrix whose history the run joins: a matrix file, or a name (its "
+                   "file under ./matrices/ where there is one, else its runs' configurations); "
+                   "default for a run folder: its own", metavar="NAME|MATRIX.toml")
+    options.set_fields(p, "set a field of the --matrix file, as `matrix --set` does "
+                       "(repeatable; KEY=VALUE as there): join the configuration a sweep with "
+                       "these --set runs")
     options.results(p)
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a cell parameter of every imported log, e.g. hardware=v100 "
@@ -66,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from orchestrator.config.overrides import redact_argv
     from orchestrator.errors import ConfigError
     from orchestrator.results.importer import ImportOptions, plan_import, write_import
 
@@ -82,8 +87,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     options = ImportOptions(
         matrix=args.matrix, results_root=args.results, params=args.param, pattern=args.pattern,
         figures=figures, warmup=args.warmup, run_id=args.run_id,
-        allow_partial=args.allow_partial, device=args.device, argv=sys.argv,
-        table_rule=args.table_rule, stack=args.stack,
+        allow_partial=args.allow_partial, device=args.device, argv=redact_argv(sys.argv),
+        table_rule=args.table_rule, stack=args.stack, overrides=args.overrides,
     )
     plan = plan_import(args.sources, options)
     for line in _mapping_lines(plan):
