@@ -91,17 +91,40 @@ def cmd_import(args: argparse.Namespace) -> int:
         table_rule=args.table_rule, stack=args.stack, overrides=args.overrides,
     )
     plan = plan_import(args.sources, options)
+    out = _Lines()
     for line in _mapping_lines(plan):
-        print(line)
+        out.say(line)
     if args.dry_run:
-        print(f"dry run: would write {args.results}/{plan.target.name}/{plan.run_id}/")
-        return 0
+        out.say(f"dry run: would write {args.results}/{plan.target.name}/{plan.run_id}/")
+        return out.status()
     paths = write_import(plan, options)
-    print(f"{paths.root}\n{paths.summary_txt.read_text(encoding='utf-8').rstrip()}")
+    out.say(f"{paths.root}\n{paths.summary_txt.read_text(encoding='utf-8').rstrip()}")
     from orchestrator.cli.publish_commands import after_run
 
     after_run(paths, explicit_results, skip=args.no_publish)
-    return 0
+    return out.status()
+
+
+class _Lines:
+    """The import's own output. A reader that stops reading (``| head -1``) must not stop the
+    import half way: what cannot be written goes unsaid, the import is written whole, and the
+    command then ends with the broken pipe's status (141), as every command."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def say(self, text: str) -> None:
+        if self.broken:
+            return
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:
+            self.broken = True
+
+    def status(self) -> int:
+        if self.broken:
+            raise BrokenPipeError  # the CLI's answer to a closed pipe: quiet, exit 141
+        return 0
 
 
 def _mapping_lines(plan: ImportPlan) -> list[str]:
