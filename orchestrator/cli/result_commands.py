@@ -164,8 +164,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="exit 1 on a regression, failure, missing or dropped configuration or "
                    "missed reference (for nightly jobs)")
     p.add_argument("--allow-dropped", action="store_true",
-                   help="a configuration the newest run left out of its plan (--only, or taken "
-                   "out of the matrix) does not fail --fail-on-regression")
+                   help="a configuration the newest run left out of its plan (--only, "
+                   "--exclude, or taken out of the matrix) does not fail --fail-on-regression")
     options.plot(p, "also draw the trend (png/svg/pdf)")
     options.json(p, "JSON instead of the table")
     p.set_defaults(handler=cmd_history)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.cli import options
 from orchestrator.config.defaults import RESULTS_HELP, results_root
+from orchestrator.errors import ConfigError
 from orchestrator.plan.eta import Eta, format_duration
 from orchestrator.plan.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results.folders.run_folder import (
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
     from orchestrator.backends import BackendRecord
     from orchestrator.backends.checks import Decision
+    from orchestrator.images.pulls import PullProgress
     from orchestrator.plan.placement import Allocation
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.backend(p)
     options.results(p)
     options.only(p, "run " + options.ONLY_HELP)
+    options.exclude(p)
+    options.set_fields(p)
     options.hosts(p)
     p.add_argument("--resume", nargs="?", const="", metavar="RUN_ID",
                    help="re-run, in an earlier run's folder (default: the newest), only the "
@@ -102,6 +106,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "content hash), after the same checks as `validate`; builds and runs nothing.")
     options.matrix_file(p)
     options.only(p)
+    options.exclude(p)
+    options.set_fields(p)
     options.json(p, "a JSON list, one object per cell")
     options.backend(p, "plan for this backend: ")
     options.hosts(p)
@@ -118,6 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.matrix_file(p)
     options.backend(p, "check for this backend: ")
     options.hosts(p)
+    options.set_fields(p)
     p.add_argument("--strict", action="store_true",
                    help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
@@ -156,27 +163,31 @@ def _decide(args: argparse.Namespace, *, strict: bool = False) -> tuple[Matrix, 
     backend = getattr(args, "backend", None)
     if backend is not None:  # named before the matrix file is read
         backend_record(backend)
-    matrix = _load_matrix(args.matrix_file)
-    decision = preflight(matrix, backend, hosts_file=getattr(args, "hosts", None),
-                         comparisons=True, strict=strict)
+    matrix = _load_matrix(args.matrix_file, getattr(args, "overrides", []))
+    try:
+        decision = preflight(matrix, backend, hosts_file=getattr(args, "hosts", None),
+                             comparisons=True, strict=strict)
+    except ConfigError as exc:  # each problem a --set may have caused says so
+        raise ConfigError(matrix.attributed(exc.problems)) from None
     return matrix, decision
 
 
 def _load(args: argparse.Namespace) -> tuple[Matrix, Decision]:
     """:func:`_decide`, its warnings and notes logged, then the cells ``--only`` keeps."""
     matrix, decision = _decide(args)
-    for problem in decision.findings.warnings:
+    for problem in matrix.attributed(decision.findings.warnings):
         log.warning("%s", problem)
     for problem in decision.findings.notes:
         log.info("not checked: %s", problem)
-    return filter_cells(matrix, getattr(args, "only", [])), decision
+    return filter_cells(matrix, getattr(args, "only", []), getattr(args, "exclude", [])), decision
 
 
-def _load_matrix(path: Path) -> Matrix:
-    """The matrix file, validated; ``[matrix] backend`` must name a backend of this build."""
+def _load_matrix(path: Path, overrides: list[str]) -> Matrix:
+    """The matrix file, validated with ``--set``'s overrides; ``[matrix] backend`` must name a
+    backend of this build."""
     from orchestrator.backends import backend_names
 
-    return load_matrix(path, backends=backend_names())
+    return load_matrix(path, backends=backend_names(), overrides=overrides)
 
 
 def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
@@ -192,7 +203,17 @@ def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
     table = tabulate(rows, headers=["cell", *shown, "repeat", "hash"], tablefmt="simple",
                      disable_numparse=True)
     head = f"{matrix.name}: {cell_count(matrix)}, backend {backend or matrix.settings.backend}"
-    return [head, table, *control_lines(matrix)]
+    made = ([f"with {' '.join(shell_words(matrix.command_line))}"]  # the options that made
+            if matrix.command_line else [])                         # the cells from the file
+    return [head, *made, table, *control_lines(matrix)]
+
+
+def shell_words(flags: tuple[str, ...]) -> list[str]:
+    """``--set KEY=VALUE`` flags with each value quoted as a shell needs it."""
+    import shlex
+
+    return [f"{flag} {shlex.quote(value)}" for flag, _, value in
+            (text.partition(" ") for text in flags)]
 
 
 def cell_count(matrix: Matrix) -> str:
@@ -252,7 +273,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     matrix, decision = _decide(args, strict=args.strict)
     findings, backend = decision.findings, decision.backend
-    print(f"{args.matrix_file}: ok ({_cells(len(matrix.cells))})")
+    given = "".join(f" --set {o.shown}" for o in matrix.overrides)
+    print(f"{args.matrix_file}{given}: ok ({_cells(len(matrix.cells))})")
     pinned = {hw for hw, _ in findings.release_stacks}
     for hw, stack in findings.stacks.items():
         if hw in pinned and all(c.params.ngc_release for c in matrix.cells if c.hardware == hw):
@@ -262,7 +284,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"    on {findings.gpus[hw]}")
     for (hw, release), stack in findings.release_stacks.items():
         print(f"  hardware {hw}, ngc_release {release} ({backend} backend): {stack.label}")
-    for problem in findings.warnings:
+    for problem in matrix.attributed(findings.warnings):
         print(f"  warning: {problem}")
     for problem in findings.notes:
         print(f"  note: {problem}")
@@ -342,6 +364,9 @@ class RichEvents:
             console=self.console, transient=True,
         )
         self.task: TaskID | None = None
+        from orchestrator.cli.pull_bars import PullBars
+
+        self.pulls = PullBars(self.console)
         self.verbose = verbose
         self.running: dict[str, str] = {}
         self.eta: Eta | None = None
@@ -384,6 +409,14 @@ class RichEvents:
                 self.clock.restart(cell_id)
             self.console.print(escape(f"{time.strftime('%H:%M:%S')} {cell_id}: {message}"),
                                style="yellow" if waited_s is None else "dim", highlight=False)
+
+    def pull_progress(self, progress: PullProgress) -> None:
+        """A base image's pull while the backend prepares (before the sweep's bar): a bar of
+        its own; once the sweep's bar is drawn, a line every few seconds beside it."""
+        if self.task is None:
+            self.pulls.pull_progress(progress)
+        elif self.pulls.due(progress):
+            self.log(progress.line())
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         if cell.is_control:

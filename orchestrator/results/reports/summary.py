@@ -32,14 +32,13 @@ import csv
 import io
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tabulate import tabulate
 
-from orchestrator.config.matrix_file import RELEASE_PARAM
-from orchestrator.config.syntax import param_matches, parse_baseline
+from orchestrator.config.syntax import RELEASE_PARAM, param_matches, parse_baseline
 from orchestrator.results.figures.rerun import THROTTLED
 from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, throughput_key
 from orchestrator.results.reports import table_rules
@@ -572,7 +571,22 @@ def summarize_run(
     if base:
         add_ratios(rows, *base)
     table = render_table(rows, plan_varying, baseline=baseline, results=results)
-    return rows, table
+    made_with = options_line(plan)
+    return rows, f"{table}\n\n{made_with}" if made_with else table
+
+
+def options_line(plan: Mapping[str, Any]) -> str:
+    """``run with --set K=V --only K=V --exclude K=V``: the options of plan.json that made the
+    run's cells from its matrix file (each value shell-quoted, as it would be typed again);
+    "" for a run made with none."""
+    import shlex
+
+    flags = []
+    for key in ("set", "only", "exclude"):
+        values = plan.get(key)
+        flags += [f"--{key} {shlex.quote(value)}" for value in
+                  (values if isinstance(values, list) else []) if isinstance(value, str)]
+    return f"run with {' '.join(flags)}" if flags else ""
 
 
 def write_summary_files(paths: RunPaths, rows: Sequence[GroupRow], table: str) -> None:
