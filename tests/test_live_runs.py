@@ -173,7 +173,7 @@ class Sink:
 
 def follower(paths: RunPaths, cell: str, sink: Sink, live: threading.Event) -> Follower:
     return Follower(paths, cell, lambda b: setattr(sink, "data", sink.data + b),
-                    sink.said.append, poll_s=0.02, is_live=live.is_set)
+                    sink.said.append, poll_s=0.02, is_live=live.is_set, rerun_grace_s=0.5)
 
 
 def test_follow_prints_what_is_added_until_the_cell_ends(tmp_path) -> None:

@@ -112,6 +112,8 @@ class Follower:
     #: Whether a sweep works in the run now (default: the run folder's lock is held).
     is_live: Callable[[], bool] | None = None
     sleep: Callable[[float], None] = time.sleep
+    #: How long an ended attempt of a live run is watched for a re-run (:data:`RERUN_GRACE_S`).
+    rerun_grace_s: float = RERUN_GRACE_S
     _fd: int | None = field(default=None, init=False)
     _pos: int = field(default=0, init=False)
 
@@ -163,7 +165,7 @@ class Follower:
                 continue
             ended = self._ended()
             if ended is not None:
-                if self.live() and self._rerun_within(RERUN_GRACE_S):
+                if self.live() and self._rerun_within(self.rerun_grace_s):
                     continue
                 self._drain()
                 return ended
