@@ -69,6 +69,7 @@ from orchestrator.results.folders.run_folder import (
     Status,
     check_results_root,
     find_run,
+    lock_wait_of,
     read_json,
     write_json,
 )
@@ -84,6 +85,9 @@ class SweepEvents(Protocol):
     def sweep_started(self, paths: RunPaths, cells: list[Cell],
                       expected: Mapping[str, float]) -> None: ...
     def log(self, message: str) -> None: ...
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        """A cell waits for another sweep's locks (``waited_s`` None: the wait begins; the
+        message says for what and who holds it) or got them after ``waited_s`` seconds."""
     def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
     def cell_output(self, cell_id: str, line: str) -> None: ...
     def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
@@ -95,6 +99,7 @@ class NullEvents:
     def sweep_started(self, paths: RunPaths, cells: list[Cell],
                       expected: Mapping[str, float]) -> None: ...
     def log(self, message: str) -> None: ...
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None: ...
     def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
     def cell_output(self, cell_id: str, line: str) -> None: ...
     def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
@@ -226,6 +231,7 @@ def run_sweep(
             hosts_file=decision.hosts_file,
             lock_timeout_s=lock_timeout_s,
             on_log=events.log,
+            on_lock_wait=events.lock_wait,
         )
         backend = prepare_backend(cls, matrix, run, options, events)
         try:
@@ -534,7 +540,8 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
                              results=every)
     _plot_if_possible(paths, rows, matrix.name)
     outcome = SweepOutcome(paths, every, rows, table, interrupted, problems)
-    run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
+    run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted,
+                    lock_wait_s=lock_wait_of(r.to_json() for r in every))
     if outcome.control_counts:
         run.meta["control_counts"] = outcome.control_counts
     if problems:

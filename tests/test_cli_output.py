@@ -121,11 +121,15 @@ def test_terminal_progress_shows_brackets_as_they_are(tmp_path):
         events.sweep_started(RunPaths(tmp_path / "r[/x]"), [cell], {})
         events.log("waiting for [/dim] the CPU")
         events.cell_started(cell, Allocation.local(cell.id))
+        events.lock_wait(cell.id, "waiting for the CPU of localhost: held by run m/[/x]", None)
+        events.lock_wait(cell.id, "got the CPU of localhost after waiting 3 s", 3.0)
         events.cell_finished(cell, CellResult(cell.id, cell.group, 1, Status.FAILED,
                                               reason="[Errno 28] No space left on device [/x]"))
     out = buf.getvalue()
     assert f"run folder: {tmp_path / 'r[/x]'}" in out
     assert "waiting for [/dim] the CPU" in out
+    assert f"{cell.id}: waiting for the CPU of localhost: held by run m/[/x]" in out
+    assert f"{cell.id}: got the CPU of localhost after waiting 3 s" in out
     assert "[Errno 28] No space left on device [/x]" in out
 
 

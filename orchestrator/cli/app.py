@@ -37,7 +37,8 @@ COMMAND_MODULES = ("sweep", "result", "import", "publish", "image", "host", "mai
 #: `orchestrate plan` never imports paramiko; jinja2 only to resolve a profile's base image).
 COMMAND_OWNERS = {
     "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep",
-    "runs": "result", "report": "result", "compare": "result", "history": "result",
+    "runs": "result", "report": "result", "logs": "result", "compare": "result",
+    "history": "result",
     "export": "result", "import": "import", "publish": "publish",
     "images": "image", "hosts": "host", "clean": "maintenance", "backends": "maintenance",
 }

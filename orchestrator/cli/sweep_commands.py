@@ -3,8 +3,10 @@ are :mod:`orchestrator.cli.result_commands`).
 
 A sweep's progress goes to stderr: a progress bar in a terminal (:class:`RichEvents`), else
 (cron, CI, a pipe) one timestamped line when each cell starts and one when it ends, with
-``n/N``, the running counts and the ETA (:class:`LineEvents`). ``-q`` shows neither (errors
-and the final table only); ``-v`` adds every line the cells print. The results folder and the
+``n/N``, the running counts and the ETA (:class:`LineEvents`). ``-q`` shows neither (errors,
+the final table, and one line when a cell begins to wait for another sweep's GPUs or CPU:
+:class:`QuietEvents`); ``-v`` adds every line the cells print. A lock wait is shown as it
+begins (what, who holds it, since when) and when it ends. The results folder and the
 hosts inventory default from the environment and the user's config file
 (:mod:`orchestrator.config.defaults`).
 """
@@ -92,7 +94,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="never wait for GPUs another sweep holds (--lock-timeout 0)")
     options.no_publish(p, "this sweep")
     p.add_argument("-q", "--quiet", dest="matrix_quiet", action="count",
-                   default=argparse.SUPPRESS, help="no progress, only errors and the table")
+                   default=argparse.SUPPRESS, help="no progress, only errors, the table "
+                   "and a line when a cell waits for another sweep's locks")
     p.add_argument("-v", "--verbose", dest="matrix_verbose", action="count",
                    default=argparse.SUPPRESS, help="also every line the cells print")
     p.set_defaults(handler=cmd_matrix)
@@ -311,6 +314,12 @@ class SweepClock:
             eta.concurrency = max(eta.concurrency, float(running))
             eta.started(cell_id)
 
+    def restart(self, cell_id: str) -> None:
+        """A running cell's time starts again (it waited for another sweep's locks: the wait
+        is not its time)."""
+        if cell_id in self.since:
+            self.since[cell_id] = time.monotonic()
+
     def finished(self, eta: Eta | None, cell_id: str, duration_s: float | None) -> None:
         self.since.pop(cell_id, None)
         if eta is not None:
@@ -393,6 +402,13 @@ class RichEvents:
 
     def log(self, message: str) -> None:
         self.console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
+
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        with self._lock:
+            if waited_s is not None:  # its time runs from now on (the ETA's elapsed)
+                self.clock.restart(cell_id)
+            self.console.print(escape(f"{time.strftime('%H:%M:%S')} {cell_id}: {message}"),
+                               style="yellow" if waited_s is None else "dim", highlight=False)
 
     def pull_progress(self, progress: PullProgress) -> None:
         """A base image's pull while the backend prepares (before the sweep's bar): a bar of
@@ -497,6 +513,11 @@ class LineEvents:
     def log(self, message: str) -> None:
         self.say(message)
 
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        if waited_s is not None:
+            self.clock.restart(cell_id)
+        self.say(f"{cell_id}: {message}")
+
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         if cell.is_control:
             return
@@ -528,6 +549,25 @@ class LineEvents:
                  f"{_detail(cell, result)} | {counts} | ETA {self.clock.eta_text(self.eta)}")
 
 
+class QuietEvents:
+    """``-q``: no progress, but a cell that waits for another sweep's locks says so, one
+    timestamped line when the wait begins (a nightly's log must show why it took longer)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.lines = LineEvents(stream)
+
+    def sweep_started(self, paths: RunPaths, cells: list[Cell],
+                      expected: Mapping[str, float]) -> None: ...
+    def log(self, message: str) -> None: ...
+    def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
+    def cell_output(self, cell_id: str, line: str) -> None: ...
+    def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
+
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        if waited_s is None:
+            self.lines.say(f"{cell_id}: {message}")
+
+
 def _detail(cell: Cell, result: CellResult) -> str:
     """images/s of a cell that ended ok, else why it did not."""
     from orchestrator.results.reports.summary import throughput_key
@@ -544,18 +584,20 @@ def verbosity(args: argparse.Namespace) -> int:
     return max(-1, min(1, level))
 
 
-def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineEvents | None:
-    """How a sweep reports progress: nothing (quiet), a bar in a terminal, else lines."""
+def sweep_events(level: int, stream: TextIO | None = None
+                 ) -> RichEvents | LineEvents | QuietEvents:
+    """How a sweep reports progress: only lock waits (quiet), a bar in a terminal, else
+    lines."""
     stream = stream or sys.stderr
     if level < 0:
-        return None
+        return QuietEvents(stream)
     if stream.isatty():
         return RichEvents(verbose=level > 0)
     return LineEvents(stream, verbose=level > 0)
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from orchestrator.sweep import NullEvents, check_run, run_sweep
+    from orchestrator.sweep import check_run, run_sweep
 
     matrix, decision = _load(args)
     results = results_root(args.results)
@@ -575,7 +617,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     try:  # a progress bar is drawn while the sweep runs and cleared after
         with progress if isinstance(progress, RichEvents) else contextlib.nullcontext():
             outcome = run_sweep(matrix, decision=decision, results_root=results,
-                                events=progress or NullEvents(), cancel=cancel,
+                                events=progress, cancel=cancel,
                                 resume=args.resume, lock_timeout_s=args.lock_timeout,
                                 order_seed=args.order_seed)
     finally:

@@ -734,9 +734,12 @@ def render_controls(report: HistoryReport) -> str:
 
 def _notes(report: HistoryReport) -> list[str]:
     notes = []
-    if report.newest.status == "unfinished":
-        notes.append(f"run {report.newest.run_id} has not finished (still running, or its sweep "
-                     "died): configurations without a result count as missing")
+    if report.newest.status == "running":
+        notes.append(f"run {report.newest.run_id} is still running ({report.newest.live}): "
+                     "configurations without a result yet count as missing")
+    elif report.newest.status == "unfinished":
+        notes.append(f"run {report.newest.run_id} has not finished (its sweep died or was "
+                     "killed): configurations without a result count as missing")
     if any(ln.other_stack for ln in report.lines):
         notes.append("* measured on another stack: not part of the reference")
     for ln in report.lines:

@@ -225,8 +225,9 @@ def compare_report(comp: Any) -> str:
         "comparison", "Comparison", table=table,
         text=f"{len(comp.rows)} configurations: {counts}. Change = B/A - 1 of the medians over "
         f"ok repeats; interval: {comp.confidence:.0%} percentile interval of the exact bootstrap "
-        f"over repeats; significant when it excludes 0 and the change is beyond "
-        f"{comp.threshold:.1%}." + "".join(f" {n}" for n in compare_notes(comp))))
+        f"over repeats; significant when it excludes 0, the change is beyond "
+        f"{comp.threshold:.1%} and the exact rank-sum test of the repeats agrees."
+        + "".join(f" {n}" for n in compare_notes(comp))))
     svg = _svg(plot_compare, comp, compare_title(comp)) if any(
         r.change is not None for r in comp.rows) else None
     if svg:

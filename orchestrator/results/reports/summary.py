@@ -22,8 +22,8 @@ to summary.csv, when any row has them. A group with a repeat whose GPU throttled
 measured window (``telemetry.throttled``) gets ``!`` after its images/s and a footnote; the csv
 column ``throttled`` counts such repeats. A group whose ok repeats spread beyond the stated
 bound (:func:`orchestrator.results.statistics.stats.unstable`: (max - min) / median > 10 % over at
-least 3 ok repeats) gets ``?`` and a footnote; the csv column ``unstable`` says it for every group
-with 3 or more ok repeats.
+least 2 ok repeats) gets ``?`` and a footnote; the csv column ``unstable`` says it for every group
+with 2 or more ok repeats.
 """
 
 from __future__ import annotations
