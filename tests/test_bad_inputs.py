@@ -734,6 +734,82 @@ case("cli", "only-strings-accepted", [*_PLAN, "--only", "batch_size=8", "--only"
      subprocess=True)
 case("cli", "only-yes-accepted", [*_PLAN, "--only", "channels_last=yes", "--only", "repeat=1"],
      files=_TWO, expect=0, out=("m: 2 cells",))
+# --exclude: --only's grammar, each one dropping its cells; --set: a field of the file,
+# checked as the file's (the field named, and that --set set it)
+for _name, _option, _value, _err in [
+    ("exclude-not-a-number", "--exclude", "batch_size=abc", "--exclude: batch_size=abc"),
+    ("exclude-unknown-key", "--exclude", "nokey=1", "--exclude: nokey: unknown parameter"),
+    ("exclude-no-value", "--exclude", "gpus", "--exclude: gpus: expected KEY=VALUE"),
+    ("exclude-matches-nothing", "--exclude", "batch_size=32",
+     "--exclude: batch_size=32: matches no cell of m"),
+    ("exclude-comma-list", "--exclude", "batch_size=8,16",
+     "(several values: repeat --exclude, e.g. --exclude batch_size=8 --exclude batch_size=16)"),
+    *[(name, "--set", value, err) for name, value, err in [
+        ("set-range", "workload.iterations=0",
+         "m.toml: workload.iterations: Input should be greater than 0 (got 0) (from --set "
+         "workload.iterations=0)"),
+        ("set-type", "workload.batch_size=abc",
+         "m.toml: workload.batch_size: Input should be a valid integer (got 'abc') (from --set "
+         "workload.batch_size=abc)"),
+        ("set-unknown-key", "workload.iteratons=20",
+         "m.toml: workload.iteratons: unknown key (did you mean 'iterations'?"),
+        ("set-unknown-table", "workloads.iterations=20", "m.toml: workloads: unknown key"),
+        ("set-under-a-value", "workload.iterations.x=1",
+         "m.toml: workload.iterations: is a number here, not a table: 'x' cannot be a key under it "
+         "(from --set workload.iterations.x=1)"),
+        ("set-index-past-the-end", "hardware.cpu.container.mounts[2].source=/x",
+         "hardware.cpu.container.mounts[2]: past the end"),
+        ("set-index-on-a-table", "workload[0]=1",
+         "m.toml: workload: is a table here, not a list: [0] cannot index it"),
+        ("set-no-equals", "workload.iterations", "--set: workload.iterations: expected KEY=VALUE"),
+        ("set-no-key", "=3", "--set: =3: expected KEY=VALUE"),
+        ("set-bad-key", "work load=3", "--set: work load=3: expected '.' or the end after 'work'"),
+        ("set-unclosed-quote", 'hardware."cpu.device=cuda', "--set: hardware.\"cpu.device=cuda"),
+        ("set-enum", "hardware.cpu.device=gpu", "m.toml: hardware.cpu.device: Input should be "
+         "'cuda', 'hpu' or 'cpu' (got 'gpu') (from --set hardware.cpu.device=gpu)"),
+        ("set-list-not-toml", "axes.arch=[resnet50,resnet18]",
+         "VALUE is not valid TOML, so it was read as text"),
+        ("set-axis-item", "axes.batch_size=[8, 0]",
+         "m.toml: axes.batch_size[1]: Input should be greater than 0 (got 0) (from --set "
+         "axes.batch_size=[8, 0])"),
+        ("set-name-not-a-folder", "matrix.name=../x", "m.toml: matrix.name"),
+        ("set-unknown-profile", "workload.hardware=gpu",
+         "unknown hardware profile 'gpu'; defined profiles: cpu (from --set "
+         "workload.hardware=gpu)"),
+        ("set-profile-rule", "hardware.cpu.gpu=V100",
+         "m.toml: hardware.cpu: gpu names the accelerator of a cuda or hpu profile"),
+        ("set-key-too-deep", "a" + "[0]" * 20 + "=1", "a key of at most 16 parts"),
+        ("set-value-too-deep", "workload.data=" + "[" * 30 + "]" * 30,
+         "m.toml: workload.data[0]...: nested too deeply"),
+        ("set-value-recursion", "workload.data=" + "[" * 5000, "m.toml: workload.data: String "
+         "should have at most 4096 characters"),
+    ]],
+]:
+    case("cli", _name, [*_PLAN, _option, _value], files=_TWO, err=(_err,),
+         subprocess=_name in ("exclude-not-a-number", "set-range"))
+case("cli", "exclude-everything", [*_PLAN, "--exclude", "batch_size=8", "--exclude",
+                                   "batch_size=16"],
+     files=_TWO, err=("--exclude batch_size=8 --exclude batch_size=16 leaves no cell of m",))
+case("cli", "exclude-accepted", [*_PLAN, "--exclude", "batch_size=8", "--exclude",
+                                 "channels_last=no"],
+     files=_TWO, expect=0, out=("m: 1 cell (", "cpu-g1-bs16-fp32-channelslast-r1",
+                                "with --exclude batch_size=8 --exclude channels_last=no"),
+     subprocess=True)
+case("cli", "set-validate", ["validate", "{dir}/m.toml", "--set", "matrix.repeats=0"],
+     files=_TWO, err=("m.toml: matrix.repeats", "(from --set matrix.repeats=0)"))
+case("cli", "set-dry-run", ["matrix", "{dir}/m.toml", "--dry-run", "--results", "{results}",
+                            "--set", "workload.precision=fp8"],
+     files=_TWO, err=("m.toml: workload.precision", "(from --set workload.precision=fp8)"))
+case("cli", "set-accepted", [*_PLAN, "--set", "axes.batch_size=[4]", "--set",
+                             "axes.channels_last=[true]", "--set", "matrix.name=night",
+                             "--set", "workload.data=/srv/data set"],
+     files=_TWO, expect=0, out=("night: 1 cell (", "cpu-g1-bs4-fp32-r1",
+                                "with --set 'axes.batch_size=[4]' --set "
+                                "'axes.channels_last=[true]' --set matrix.name=night --set "
+                                "'workload.data=/srv/data set'"), subprocess=True)
+case("cli", "set-secret-masked", [*_PLAN, "--set", "hardware.cpu.env.HF_TOKEN=hf_abcdefgh123"],
+     files=_TWO, expect=0, out=("--set 'hardware.cpu.env.HF_TOKEN=***'",),
+     absent=("hf_abcdefgh123",))
 for _name, _argv, _err in [
     ("report-baseline-no-equals", ["report", "m", "--baseline", "hardware"], "--baseline"),
     ("report-results-file", ["report", "m", "--results", "{dir}/m.toml"], "--results"),
@@ -1028,7 +1104,7 @@ def _narrow_run(d: Path) -> None:
 case("old-runs", "resume-with-a-wider-only", ["matrix", "{dir}/m.toml", "--resume", "--results",
                                               "{results}"],
      setup=_narrow_run, err=("--resume: 1 of the selected cells are not in run",
-                             "resume with the --only it ran with"))
+                             "resume with the options it ran with (--only batch_size=8)"))
 
 def _stray_only_night(d: Path) -> None:
     """Three nights of two configurations, then one made with ``--only gpus=1``."""

@@ -54,8 +54,9 @@ def test_version_imports_no_command_module(orchestrate_cli):
 
 
 #: Flags that two commands use for options of different meaning (a default, a choice list or
-#: a kind of file of their own): each is declared where it means what it means.
-FLAGS_OF_TWO_MEANINGS = {"--threshold", "--status", "--out", "--last", "-q", "-v"}
+#: a kind of file of their own): each is declared where it means what it means. ``--set``: a
+#: template variable of ``images render|build``, a field of the matrix file elsewhere.
+FLAGS_OF_TWO_MEANINGS = {"--threshold", "--status", "--out", "--last", "-q", "-v", "--set"}
 
 
 def test_each_option_is_declared_once() -> None:

@@ -219,6 +219,17 @@ def _expected(exc: BaseException) -> bool:
     return isinstance(exc, OrchestratorError | OSError | ValueError | OverflowError)
 
 
+def lock_wait_record(held: HeldLocks) -> dict[str, Any]:
+    """What a cell's result records of its wait for another sweep's locks (its provenance):
+    ``lock_wait_s``, and ``lock_wait`` with when it began and ended (wall clock) and who held
+    the lock, so that the run's own time can leave the wait out
+    (:func:`orchestrator.results.folders.run_folder.lock_wait_of`)."""
+    began = held.waited_from if held.waited_from is not None else time.time() - held.waited_s
+    return {"lock_wait_s": held.waited_s,
+            "lock_wait": {"from": round(began, 3), "until": round(began + held.waited_s, 3),
+                          "held_by": held.held_by}}
+
+
 @dataclass
 class RunOptions:
     """Knobs of one sweep that every backend sees."""
@@ -234,6 +245,10 @@ class RunOptions:
     lock_timeout_s: float | None = None
     #: Told what the run loop has to say beyond a cell's output (e.g. a cell waits for GPUs).
     on_log: Callable[[str], None] | None = None
+    #: Told when a cell begins to wait for another sweep's locks (``cell id, message, None``:
+    #: what it waits for and who holds it) and when it got them (``cell id, message,
+    #: seconds waited``); None: the first goes to ``on_log``.
+    on_lock_wait: Callable[[str, str, float | None], None] | None = None
     #: A dry run's backend (``plan``, ``--dry-run``): constructed to show each cell's launch,
     #: never prepared; what the target lacks (an inventory) is shown as not there.
     dry_run: bool = False
@@ -493,7 +508,7 @@ class Backend(ABC):
                      else "launching")
         with self._hold(cell, requests) as held:
             if held is not None and held.waited_s:
-                result.provenance["lock_wait_s"] = held.waited_s
+                result.provenance.update(lock_wait_record(held))
             self._record_machine(result, "start")
             result.started_at = time.time()
             t0 = time.monotonic()
@@ -531,9 +546,20 @@ class Backend(ABC):
             yield None
             return
         holder = Holder(run=f"{self.matrix.name}/{self.paths.run_id}", cell=cell.id)
+        told = self.options.on_lock_wait
+
+        def waiting(message: str) -> None:
+            if told is not None:
+                told(cell.id, message.removeprefix(f"{cell.id}: "), None)
+            elif self.options.on_log is not None:
+                self.options.on_log(message)
+
         held = locks.hold(requests, holder, self.locker, timeout_s=self.options.lock_timeout_s,
-                          cancel=self.options.cancel, on_wait=self.options.on_log)
+                          cancel=self.options.cancel, on_wait=waiting)
         with held:
+            if held.waited_s and told is not None:
+                what = " and ".join(r.describe() for r in requests)
+                told(cell.id, f"got {what} after waiting {held.waited_s:.0f} s", held.waited_s)
             yield held
 
     def _execute(

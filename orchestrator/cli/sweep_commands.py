@@ -3,8 +3,10 @@ are :mod:`orchestrator.cli.result_commands`).
 
 A sweep's progress goes to stderr: a progress bar in a terminal (:class:`RichEvents`), else
 (cron, CI, a pipe) one timestamped line when each cell starts and one when it ends, with
-``n/N``, the running counts and the ETA (:class:`LineEvents`). ``-q`` shows neither (errors
-and the final table only); ``-v`` adds every line the cells print. The results folder and the
+``n/N``, the running counts and the ETA (:class:`LineEvents`). ``-q`` shows neither (errors,
+the final table, and one line when a cell begins to wait for another sweep's GPUs or CPU:
+:class:`QuietEvents`); ``-v`` adds every line the cells print. A lock wait is shown as it
+begins (what, who holds it, since when) and when it ends. The results folder and the
 hosts inventory default from the environment and the user's config file
 (:mod:`orchestrator.config.defaults`).
 """
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.cli import options
 from orchestrator.config.defaults import RESULTS_HELP, results_root
+from orchestrator.errors import ConfigError
 from orchestrator.plan.eta import Eta, format_duration
 from orchestrator.plan.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results.folders.run_folder import (
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 
     from orchestrator.backends import BackendRecord
     from orchestrator.backends.checks import Decision
+    from orchestrator.images.pulls import PullProgress
     from orchestrator.plan.placement import Allocation
     from orchestrator.plan.selection import HostDriver
 
@@ -73,6 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.backend(p)
     options.results(p)
     options.only(p, "run " + options.ONLY_HELP)
+    options.exclude(p)
+    options.set_fields(p)
     options.hosts(p)
     p.add_argument("--resume", nargs="?", const="", metavar="RUN_ID",
                    help="re-run, in an earlier run's folder (default: the newest), only the "
@@ -91,7 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="never wait for GPUs another sweep holds (--lock-timeout 0)")
     options.no_publish(p, "this sweep")
     p.add_argument("-q", "--quiet", dest="matrix_quiet", action="count",
-                   default=argparse.SUPPRESS, help="no progress, only errors and the table")
+                   default=argparse.SUPPRESS, help="no progress, only errors, the table "
+                   "and a line when a cell waits for another sweep's locks")
     p.add_argument("-v", "--verbose", dest="matrix_verbose", action="count",
                    default=argparse.SUPPRESS, help="also every line the cells print")
     p.set_defaults(handler=cmd_matrix)
@@ -105,6 +112,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the file is invalid.")
     options.matrix_file(p)
     options.only(p)
+    options.exclude(p)
+    options.set_fields(p)
     options.json(p, "a JSON list, one object per cell (the requirements go to stderr)")
     options.backend(p, "plan for this backend: ")
     options.hosts(p)
@@ -125,6 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.backend(p, "check for this backend: ")
     options.hosts(p)
     options.target(p)
+    options.set_fields(p)
     p.add_argument("--strict", action="store_true",
                    help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
@@ -162,39 +172,45 @@ def _decide(args: argparse.Namespace, *, strict: bool = False, refuse: bool = Tr
     after the plan. The command acts on the decision; nothing decides again."""
     from orchestrator.backends import backend_record
     from orchestrator.backends.checks import preflight
-    from orchestrator.backends.target import HERE, parse_target
+    from orchestrator.backends.target import HERE, parse_target, refusal
 
     backend = getattr(args, "backend", None)
     if backend is not None:  # named before the matrix file is read
         backend_record(backend)
     spec = getattr(args, "target", None)
     target = parse_target(spec) if spec is not None else HERE
-    matrix = _load_matrix(args.matrix_file)
-    decision = preflight(matrix, backend, hosts_file=getattr(args, "hosts", None),
-                         comparisons=True, strict=strict, target=target, refuse=refuse)
+    matrix = _load_matrix(args.matrix_file, getattr(args, "overrides", []))
+    try:
+        decision = preflight(matrix, backend, hosts_file=getattr(args, "hosts", None),
+                             comparisons=True, strict=strict, target=target, refuse=refuse)
+    except ConfigError as exc:  # each problem a --set may have caused says so (exit 3 kept)
+        raise refusal(matrix.attributed(exc.problems)) from None
     return matrix, decision
 
 
 def _load(args: argparse.Namespace, *, refuse: bool = True) -> tuple[Matrix, Decision]:
     """:func:`_decide`, its warnings and notes logged (but the requirements a plan shows),
-    then the cells ``--only`` keeps."""
+    then the cells ``--only`` keeps and ``--exclude`` leaves."""
     from orchestrator.errors import Requirement
 
     matrix, decision = _decide(args, refuse=refuse)
-    for problem in decision.findings.warnings:
+    for problem in matrix.attributed(decision.findings.warnings):
         if refuse or not isinstance(problem, Requirement):
             log.warning("%s", problem)
     for problem in decision.findings.notes:
         if refuse or not isinstance(problem, Requirement):
             log.info("not checked: %s", problem)
-    return filter_cells(matrix, getattr(args, "only", [])), decision
+    return filter_cells(matrix, getattr(args, "only", []), getattr(args, "exclude", [])), decision
 
 
-def requirement_lines(decision: Decision) -> list[str]:
-    """What the target needs (:func:`orchestrator.backends.target.lines`), after a plan."""
+def requirement_lines(matrix: Matrix, decision: Decision) -> list[str]:
+    """What the target needs (:func:`orchestrator.backends.target.lines`), after a plan; each
+    requirement a ``--set`` may have caused says so."""
     from orchestrator.backends.target import lines
+    from orchestrator.errors import Requirement
 
-    return lines(decision.requirements, decision.target, decision.where)
+    found = [r for r in matrix.attributed(decision.requirements) if isinstance(r, Requirement)]
+    return lines(found, decision.target, decision.where)
 
 
 def plan_exit(decision: Decision) -> int:
@@ -205,11 +221,12 @@ def plan_exit(decision: Decision) -> int:
     return 0 if decision.starts else RequirementsUnmet.exit_code
 
 
-def _load_matrix(path: Path) -> Matrix:
-    """The matrix file, validated; ``[matrix] backend`` must name a backend of this build."""
+def _load_matrix(path: Path, overrides: list[str]) -> Matrix:
+    """The matrix file, validated with ``--set``'s overrides; ``[matrix] backend`` must name a
+    backend of this build."""
     from orchestrator.backends import backend_names
 
-    return load_matrix(path, backends=backend_names())
+    return load_matrix(path, backends=backend_names(), overrides=overrides)
 
 
 def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
@@ -225,7 +242,17 @@ def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
     table = tabulate(rows, headers=["cell", *shown, "repeat", "hash"], tablefmt="simple",
                      disable_numparse=True)
     head = f"{matrix.name}: {cell_count(matrix)}, backend {backend or matrix.settings.backend}"
-    return [head, table, *control_lines(matrix)]
+    made = ([f"with {' '.join(shell_words(matrix.command_line))}"]  # the options that made
+            if matrix.command_line else [])                         # the cells from the file
+    return [head, *made, table, *control_lines(matrix)]
+
+
+def shell_words(flags: tuple[str, ...]) -> list[str]:
+    """``--set KEY=VALUE`` flags with each value quoted as a shell needs it."""
+    import shlex
+
+    return [f"{flag} {shlex.quote(value)}" for flag, _, value in
+            (text.partition(" ") for text in flags)]
 
 
 def cell_count(matrix: Matrix) -> str:
@@ -278,17 +305,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           for c, launch in zip(cells, launches_on(runner, cells), strict=True)],
                          indent=2))
         sys.stdout.flush()  # the plan first, then (stderr) what the target lacks
-        print("\n".join(requirement_lines(decision)), file=sys.stderr)
+        print("\n".join(requirement_lines(matrix, decision)), file=sys.stderr)
     else:
         print("\n".join([*plan_lines(matrix, decision.backend), "",
-                         *requirement_lines(decision)]))
+                         *requirement_lines(matrix, decision)]))
     return plan_exit(decision)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     matrix, decision = _decide(args, strict=args.strict)
     findings, backend = decision.findings, decision.backend
-    print(f"{args.matrix_file}: ok ({_cells(len(matrix.cells))})")
+    given = "".join(f" --set {o.shown}" for o in matrix.overrides)
+    print(f"{args.matrix_file}{given}: ok ({_cells(len(matrix.cells))})")
     pinned = {hw for hw, _ in findings.release_stacks}
     for hw, stack in findings.stacks.items():
         if hw in pinned and all(c.params.ngc_release for c in matrix.cells if c.hardware == hw):
@@ -298,12 +326,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"    on {findings.gpus[hw]}")
     for (hw, release), stack in findings.release_stacks.items():
         print(f"  hardware {hw}, ngc_release {release} ({backend} backend): {stack.label}")
-    for problem in findings.warnings:
+    for problem in matrix.attributed(findings.warnings):
         print(f"  warning: {problem}")
     for problem in findings.notes:
         print(f"  note: {problem}")
     if decision.target.declared:  # what the declared target must have, and what it does not
-        print("\n".join(f"  {line}" for line in requirement_lines(decision)))
+        print("\n".join(f"  {line}" for line in requirement_lines(matrix, decision)))
     return 0
 
 
@@ -329,6 +357,12 @@ class SweepClock:
         if eta is not None:
             eta.concurrency = max(eta.concurrency, float(running))
             eta.started(cell_id)
+
+    def restart(self, cell_id: str) -> None:
+        """A running cell's time starts again (it waited for another sweep's locks: the wait
+        is not its time)."""
+        if cell_id in self.since:
+            self.since[cell_id] = time.monotonic()
 
     def finished(self, eta: Eta | None, cell_id: str, duration_s: float | None) -> None:
         self.since.pop(cell_id, None)
@@ -374,6 +408,9 @@ class RichEvents:
             console=self.console, transient=True,
         )
         self.task: TaskID | None = None
+        from orchestrator.cli.pull_bars import PullBars
+
+        self.pulls = PullBars(self.console)
         self.verbose = verbose
         self.running: dict[str, str] = {}
         self.eta: Eta | None = None
@@ -409,6 +446,21 @@ class RichEvents:
 
     def log(self, message: str) -> None:
         self.console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
+
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        with self._lock:
+            if waited_s is not None:  # its time runs from now on (the ETA's elapsed)
+                self.clock.restart(cell_id)
+            self.console.print(escape(f"{time.strftime('%H:%M:%S')} {cell_id}: {message}"),
+                               style="yellow" if waited_s is None else "dim", highlight=False)
+
+    def pull_progress(self, progress: PullProgress) -> None:
+        """A base image's pull while the backend prepares (before the sweep's bar): a bar of
+        its own; once the sweep's bar is drawn, a line every few seconds beside it."""
+        if self.task is None:
+            self.pulls.pull_progress(progress)
+        elif self.pulls.due(progress):
+            self.log(progress.line())
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         if cell.is_control:
@@ -505,6 +557,11 @@ class LineEvents:
     def log(self, message: str) -> None:
         self.say(message)
 
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        if waited_s is not None:
+            self.clock.restart(cell_id)
+        self.say(f"{cell_id}: {message}")
+
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         if cell.is_control:
             return
@@ -536,6 +593,25 @@ class LineEvents:
                  f"{_detail(cell, result)} | {counts} | ETA {self.clock.eta_text(self.eta)}")
 
 
+class QuietEvents:
+    """``-q``: no progress, but a cell that waits for another sweep's locks says so, one
+    timestamped line when the wait begins (a nightly's log must show why it took longer)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.lines = LineEvents(stream)
+
+    def sweep_started(self, paths: RunPaths, cells: list[Cell],
+                      expected: Mapping[str, float]) -> None: ...
+    def log(self, message: str) -> None: ...
+    def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
+    def cell_output(self, cell_id: str, line: str) -> None: ...
+    def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
+
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        if waited_s is None:
+            self.lines.say(f"{cell_id}: {message}")
+
+
 def _detail(cell: Cell, result: CellResult) -> str:
     """images/s of a cell that ended ok, else why it did not."""
     from orchestrator.results.reports.summary import throughput_key
@@ -552,22 +628,22 @@ def verbosity(args: argparse.Namespace) -> int:
     return max(-1, min(1, level))
 
 
-def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineEvents | None:
-    """How a sweep reports progress: nothing (quiet), a bar in a terminal, else lines."""
+def sweep_events(level: int, stream: TextIO | None = None
+                 ) -> RichEvents | LineEvents | QuietEvents:
+    """How a sweep reports progress: only lock waits (quiet), a bar in a terminal, else
+    lines."""
     stream = stream or sys.stderr
     if level < 0:
-        return None
+        return QuietEvents(stream)
     if stream.isatty():
         return RichEvents(verbose=level > 0)
     return LineEvents(stream, verbose=level > 0)
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from orchestrator.sweep import NullEvents, check_run, run_sweep
+    from orchestrator.sweep import check_run, run_sweep
 
     if args.target is not None and not args.dry_run:
-        from orchestrator.errors import ConfigError
-
         raise ConfigError("a sweep runs on this machine: --target plans for another one, "
                           "with --dry-run", field="--target")
     matrix, decision = _load(args, refuse=not args.dry_run)
@@ -575,7 +651,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     if args.dry_run:  # the file's and the run options' refusals before the (long) plan
         check_run(matrix, results, args.resume)
         print("\n".join([*dry_run_lines(matrix, decision, results, args.order_seed), "",
-                         *requirement_lines(decision)]))
+                         *requirement_lines(matrix, decision)]))
         return plan_exit(decision)
     cancel = threading.Event()
     # SIGINT too, explicitly: a sweep started in the background of a script inherits SIGINT
@@ -589,7 +665,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     try:  # a progress bar is drawn while the sweep runs and cleared after
         with progress if isinstance(progress, RichEvents) else contextlib.nullcontext():
             outcome = run_sweep(matrix, decision=decision, results_root=results,
-                                events=progress or NullEvents(), cancel=cancel,
+                                events=progress, cancel=cancel,
                                 resume=args.resume, lock_timeout_s=args.lock_timeout,
                                 order_seed=args.order_seed)
     finally:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import templates
 from orchestrator.errors import BuildError, ConfigError, Problem, Requirement
+from orchestrator.images.pulls import PullReport
 from orchestrator.local.engine import docker_client
 from orchestrator.plan.selection import HostDriver, ImageChoice, ImageKey, choose
 
@@ -323,9 +324,10 @@ def engine_resolver(
     have, pulls it first (``pull``). A base it neither has nor can pull is a
     :class:`BuildError` naming the engine (``where``) and what to do.
 
-    The registry path (pull, RepoDigests) is written to docker-py's API but cannot run here:
-    there is no registry on the project's machines (every test base is local: the image ID
-    path)."""
+    A pull reports its progress (layers, bytes, rate) to ``on_log``
+    (:class:`~orchestrator.images.pulls.PullReport`). The project's machines reach no registry:
+    tests/test_image_pull.py pulls from a stand-in on loopback (the registry API's pull side),
+    through the real engine, to its RepoDigests."""
     import docker
 
     api = docker_api(client)
@@ -362,20 +364,28 @@ def engine_resolver(
 
 
 def _pull(api: Any, ref: str, where: str, on_log: Callable[[str], None] | None) -> None:
+    """Pull ``ref`` on the engine of ``api``, its progress (layers, bytes, rate) reported to
+    ``on_log`` as :class:`~orchestrator.images.pulls.PullReport` does: a bar where the listener
+    draws one, else a line every few seconds."""
     import docker
 
     repository, tag, digest = split_ref(ref)
-    if on_log:
-        on_log(f"pulling base image {ref}")
+    report = PullReport(ref, on_log)
+    failed = "interrupted"  # what the report says if anything else stops the pull (Ctrl-C)
     try:
         for chunk in api.pull(repository, tag=digest or tag or "latest", stream=True,
                               decode=True):
             if isinstance(chunk, dict) and chunk.get("error"):
-                raise BuildError(f"pulling base image {ref} on {where} failed: "
-                                 f"{chunk['error']}")
+                failed = str(chunk["error"])
+                raise BuildError(f"pulling base image {ref} on {where} failed: {failed}")
+            if isinstance(chunk, dict):
+                report.event(chunk)
+        failed = ""
     except docker.errors.APIError as exc:
-        raise BuildError(f"pulling base image {ref} on {where} failed: "
-                         f"{exc.explanation or exc}") from exc
+        failed = str(exc.explanation or exc)
+        raise BuildError(f"pulling base image {ref} on {where} failed: {failed}") from exc
+    finally:
+        report.finish(failed)
 
 
 def ensure_image(

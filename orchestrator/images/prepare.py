@@ -247,6 +247,7 @@ def record_of(host: str, matrix: Matrix, key: ImageKey, choice: ImageChoice,
         base_digest=pin_.digest if pin_ else None,
         base_image_id=pin_.image_id if pin_ else None,
         image_id=outcome.image_id, built=outcome.built,
+        overrides=tuple(o.shown for o in matrix.overrides),
     )
 
 
