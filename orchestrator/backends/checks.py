@@ -110,7 +110,7 @@ from orchestrator.config.matrix_file import (
 )
 from orchestrator.config.redact import missing_references
 from orchestrator.config.syntax import param_matches
-from orchestrator.errors import SHORT, ConfigError, Problem, Requirement
+from orchestrator.errors import SHORT, UNCHECKED, ConfigError, Problem, Requirement
 from orchestrator.plan import profilers, selection, software
 from orchestrator.plan.launch import hpu_mode
 from orchestrator.plan.matrix import Cell, Matrix
@@ -313,7 +313,8 @@ def preflight(
         found.warning(short)
     problems = _unique(problems + (found.warnings if strict else []))
     requirements = target_module.listed(
-        matrix, [*problems, *found.warnings, *found.notes], record, target)
+        matrix, [*problems, *found.warnings, *found.notes,
+                 *_declared_files(matrix, record, target, problems)], record, target)
     missing = {(r.file, r.field, r.message) for r in target_module.unmet(requirements)}
     errors = [p for p in problems  # what the file gets wrong (strict: what falls short too)
               if not isinstance(p, Requirement) or p.state == SHORT]
@@ -322,6 +323,22 @@ def preflight(
                    if p in errors or (p.file, p.field, p.message) in missing]
         raise target_module.refusal(refused)
     return Decision(name, cls, found, record, hosts_file, requirements, target)
+
+
+def _declared_files(matrix: Matrix, record: BackendRecord, target: Target,
+                    found: list[Problem]) -> list[Requirement]:
+    """For a declared target, every file the cells read where they run (what this machine
+    has of them says nothing of the target): each to check there, but those this machine
+    lacks (already said)."""
+    if not target.declared or not record.files_here:
+        return []
+    said = {p.field for p in found}
+    return [Requirement(str(matrix.path), req.field, (
+        f"{req.host_path} ({req.what}): {len(req.cells)} cell{'s' if len(req.cells) != 1 else ''}"
+        " need it where they run (whether the target has it is not checked from here)"),
+        kind="data", cells=req.cells, state=UNCHECKED)
+        for req in requirements(matrix, matrix.checked_cells, record)
+        if req.host_path is not None and req.field not in said]
 
 
 def inventory_file(matrix: Matrix, backend: BackendRecord, given: Path | None = None
