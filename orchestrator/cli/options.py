@@ -46,6 +46,16 @@ def backend(p: Adds, doing: str = "") -> None:
     p.add_argument("--backend", help=f"{doing}{backends_help()} (default: [matrix] backend)")
 
 
+TARGET_HELP = ("plan for another machine than this one, declared as gpu=MODEL[,gpus=N]"
+               "[,driver=VERSION] (gpu=none: no accelerator): its GPUs and driver are checked, "
+               "what only it can tell is listed to check there")
+
+
+def target(p: Adds, help: str = TARGET_HELP) -> None:
+    """``--target SPEC``: the machine a plan is for, declared (default: this machine)."""
+    p.add_argument("--target", metavar="gpu=MODEL,gpus=N,driver=VERSION", help=help)
+
+
 def only(p: Adds, help: str = ONLY_HELP) -> None:
     """``--only KEY=VALUE``, repeatable: a selection of the matrix's cells."""
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help=help)

@@ -27,6 +27,7 @@ or the value holds a secret-named key.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import json
 import re
@@ -252,8 +253,8 @@ def attribute(problems: Sequence[Problem], overrides: Sequence[Override]) -> lis
         words = _words(problem.field)
         causes = [o for o in overrides if words and _related(words, _words(o.field))
                   and OPTION not in problem.message]
-        out.append(Problem(problem.file, problem.field,
-                           f"{problem.message} {' '.join(origin(o) for o in causes)}")
+        out.append(dataclasses.replace(  # a requirement of the target stays one
+            problem, message=f"{problem.message} {' '.join(origin(o) for o in causes)}")
                    if causes else problem)
     return out
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import templates
-from orchestrator.errors import BuildError, ConfigError, Problem
+from orchestrator.errors import BuildError, ConfigError, Problem, Requirement
 from orchestrator.images.pulls import PullReport
 from orchestrator.local.engine import docker_client
 from orchestrator.plan.selection import HostDriver, ImageChoice, ImageKey, choose
@@ -198,9 +198,19 @@ def plan_key(
         return choice, plan_image(choice.template, choice.values)
     except ConfigError as exc:  # say where in the matrix the variable comes from
         raise ConfigError([
-            Problem(str(matrix.path), f"hardware.{key.hardware}.image_vars.{p.field}", p.message)
+            dataclasses.replace(p, file=str(matrix.path),
+                                field=f"hardware.{key.hardware}.image_vars.{p.field}",
+                                message=p.message + _revision(p, choice.values))
             for p in exc.problems
         ]) from None
+
+
+def _revision(problem: Problem, values: dict[str, Any]) -> str:
+    """For a program checkout that is not there: the revision it must be at."""
+    revision = values.get("program_revision")
+    if not isinstance(problem, Requirement) or problem.kind != "checkout" or not revision:
+        return ""
+    return f"; check it out there at revision {revision} (image_vars.program_revision)"
 
 
 def content_hash(template: str, files: dict[str, bytes], base: str | None = None) -> str:
@@ -297,7 +307,7 @@ def _repo_digest(ref: str, repo_digests: Iterable[str]) -> str | None:
     return None
 
 
-def _registry_ref(ref: str) -> bool:
+def registry_ref(ref: str) -> bool:
     """Whether ``ref`` names a registry to pull from (its first component has a dot or a port,
     or is localhost): a short name such as ``orchestrate-test/base:1`` would go to Docker Hub,
     which a lab's local stand-in never comes from."""
@@ -335,11 +345,11 @@ def engine_resolver(
             if ref in seen:
                 return seen[ref]
             info = inspect(ref)
-            if info is None and pull and _registry_ref(ref):
+            if info is None and pull and registry_ref(ref):
                 _pull(api, ref, where, on_log)
                 info = inspect(ref)
             if info is None:
-                how = ("pulling it failed" if pull and _registry_ref(ref) else
+                how = ("pulling it failed" if pull and registry_ref(ref) else
                        "it is not a registry reference to pull")
                 raise BuildError(
                     f"base image {ref} is not on {where} and {how}: pull it there, or `docker "
