@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import pytest
 from results_support import import_results
 
 from orchestrator.cli import main
+from orchestrator.cli.app import EXIT_BROKEN_PIPE
 from orchestrator.errors import ConfigError
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results import importer
@@ -375,7 +378,8 @@ def test_failure_while_writing_leaves_nothing(logs, results, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr("orchestrator.results.reports.summary.write_summary", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ConfigError, match="cannot write the run folder .*: disk full; nothing "
+                       "was imported"):
         import_results([logs["amp"][0]], options(results))
     assert entries_of(results) == before  # no run, no hidden temporary folder
 
@@ -611,3 +615,24 @@ def test_an_import_into_a_matrix_with_a_damaged_run_is_refused(tmp_path, capsys,
     assert main(["import", str(source), "--matrix", "m", "--results", str(results)]) == 2
     err = capsys.readouterr().err
     assert str(kept.plan) in err and "repair this run's plan" in err and "Traceback" not in err
+
+
+def test_an_import_whose_reader_is_gone_is_written_whole(logs, results):
+    """``orchestrate import ... | head -1``: the reader goes away while the import has more to
+    say. It printed before it wrote and stopped at the first line it could not write, so
+    nothing was imported. Now the import is written whole and the command ends as every command
+    whose reader left: quietly, status 141. (The read end is closed before the CLI has even
+    started, so no line can be written.)"""
+    raport, _ = logs["amp"]
+    before = set(entries_of(results))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "import", str(raport), "--matrix", "dle_cal",
+         "--results", str(results)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == EXIT_BROKEN_PIPE, err
+    assert err == "", err
+    (new,) = set(entries_of(results)) - before
+    (res,) = RunPaths(results / "dle_cal" / new).result_files()
+    assert json.loads(res.read_text())["status"] == "ok"
