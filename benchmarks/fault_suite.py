@@ -34,6 +34,13 @@ a result overwritten without its copy in ``superseded/``, a false failure: the n
 Mounting needs root.
 
     python benchmarks/fault_suite.py [--seed 1] [--kills 3] [--cells 4] [--host-lost]
+    python benchmarks/fault_suite.py --signals 50 [--cells 3] [--parallel 3] [--standin]
+
+``--signals N`` (issue 34): instead of the scenarios above, N sweeps each hit by a sequence of
+1 to 4 stop signals (SIGINT, SIGTERM, SIGHUP) at a moment drawn over an undisturbed sweep's
+length (``signal_campaign``): each must exit 130 (0 if the signals came after its end) with
+every planned cell recorded and run.json finished. ``--standin``: the cells run the stand-in
+program of tests/standin instead of the tiny CPU workload (seconds instead of minutes).
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ from tabulate import tabulate
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import cannot_run, dry_option  # noqa: E402
 from orchestrator.local import cell_processes  # noqa: E402
 
 MATRIX = """
@@ -694,6 +702,15 @@ def table(counts: list[Count]) -> str:
                                    "note"])
 
 
+def standin_tables() -> tuple[str, str]:
+    """The ``[workload]`` keys and the ``[commands.standin]`` table of cells that run the
+    stand-in program (tests/standin/, what the test suite runs), each iteration 0.1 s."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from standin_support import STANDIN_WORKLOAD, Standin  # type: ignore[import-not-found]
+
+    return STANDIN_WORKLOAD, Standin().command("--standin-step-s=0.1")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
@@ -706,11 +723,22 @@ def main() -> int:
                         help="instead: N sweeps hit by stop-signal sequences at random moments")
     parser.add_argument("--parallel", type=int, default=3,
                         help="--signals: sweeps at a time (default 3)")
+    parser.add_argument("--standin", action="store_true",
+                        help="the cells run the stand-in of tests/standin (no torch: a cell "
+                        "takes a fraction of a second) instead of the tiny CPU workload")
+    dry_option(parser, "3 stand-in sweeps of 1 cell hit by stop signals")
     args = parser.parse_args()
+    if args.dry:
+        args.signals, args.cells, args.standin, args.parallel = 3, 1, True, 3
+    workload, tables = standin_tables() if args.standin else (None, "")
+    if not args.signals and os.geteuid() != 0:
+        return cannot_run("the scenarios mount tmpfs file systems: run as root (--signals N "
+                          "needs no root)")
     if args.signals:
         with tempfile.TemporaryDirectory(prefix="fault-suite-") as tmp:
             counts, span = signal_campaign(Path(tmp), seed=args.seed, runs=args.signals,
-                                           cells=args.cells, parallel=args.parallel)
+                                           cells=args.cells, parallel=args.parallel,
+                                           workload=workload, tables=tables)
         print(signal_table(counts, span))
         if args.json:
             args.json.write_text(json.dumps([asdict(c) for c in counts], indent=2))
@@ -718,7 +746,7 @@ def main() -> int:
                         for c in counts) else 1
     with tempfile.TemporaryDirectory(prefix="fault-suite-") as tmp:
         counts = run_suite(Path(tmp), seed=args.seed, kills=args.kills, cells=args.cells,
-                           host_lost=args.host_lost)
+                           host_lost=args.host_lost, workload=workload, tables=tables)
     print(table(counts))
     if args.json:
         args.json.write_text(json.dumps([asdict(c) for c in counts], indent=2))
