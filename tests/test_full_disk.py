@@ -18,44 +18,28 @@ it opens and lists every run once the disk has room again.
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import ok_collector, run_cli
 from fs_support import fill
 from results_support import Config, params, run_id, write_run
 
-from orchestrator.cli import main
 from orchestrator.results.folders.run_folder import ResultsRoot
 from orchestrator.results.folders.store import open_store
 
 RUN_A, RUN_B, RUN_C = run_id(1), run_id(2), run_id(3)
 
 
-class _Collector(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # the stdlib's name
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
 
 @pytest.fixture(scope="module")
 def collector() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/ok"
-    server.shutdown()
+    with ok_collector() as url:
+        yield url
 
 
 #: name -> argv (``{R}``: the results folder, ``{src}``: a folder outside it with a DLLogger
@@ -82,20 +66,6 @@ def _tree(root: Path) -> dict[str, bytes]:
             and stat.S_ISREG(p.lstat().st_mode)}
 
 
-def _alarm(signum: int, frame: object) -> None:
-    raise TimeoutError("the command blocked for 60 s")
-
-
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(60)
-    try:
-        code = main(argv)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _prepare(results: Path, src: Path) -> None:
@@ -138,7 +108,7 @@ def test_a_full_or_read_only_results_folder(name: str, fault: str, tmp_path: Pat
                 os.truncate(filler, filler.stat().st_size - 8192)
         argv = [a.replace("{R}", str(results)).replace("{src}", str(src))
                 .replace("{url}", collector) for a in COMMANDS[name]]
-        code, out, err = _run([*argv, "--results", str(results)], capsys)
+        code, out, err = run_cli([*argv, "--results", str(results)], capsys, 60)
         shown = f"{name} on a {fault} results folder: exit {code}\n{out[-1500:]}\n{err}"
         assert "Traceback" not in out + err, shown
         assert code in (0, 2), shown
@@ -195,7 +165,7 @@ def test_clean_on_a_full_or_read_only_results_folder(fault: str, tmp_path: Path,
             filler = fill(results)
         else:
             subprocess.run(["mount", "-o", "remount,ro", str(results)], check=True)
-        code, out, err = _run(["clean", "--run", f"m:{RUN_B}", "--dry-run", "--results",
+        code, out, err = run_cli(["clean", "--run", f"m:{RUN_B}", "--dry-run", "--results",
                                str(results)], capsys)
         assert code == 0 and "Traceback" not in err and "nothing to remove" in out, (out, err)
         assert _tree(results) == before

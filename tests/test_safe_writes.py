@@ -20,20 +20,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import stat
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from cli_support import ok_collector, run_cli
 from results_support import Config, params, run_id, write_run
 
-from orchestrator.cli import main
 from orchestrator.results.folders import folder_lock
 from orchestrator.results.folders.run_folder import (
     ResultsRoot,
@@ -97,27 +94,11 @@ COMMANDS = [
 ]
 
 
-class _Collector(BaseHTTPRequestHandler):
-    """An HTTP collector that takes every document (200)."""
-
-    def do_POST(self) -> None:  # the stdlib's name
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
 
 @pytest.fixture(scope="module")
 def collector() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/ok"
-    server.shutdown()
+    with ok_collector() as url:
+        yield url
 
 
 def _results(tmp: Path) -> Path:
@@ -156,20 +137,6 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int, bytes]]:
     return out
 
 
-def _alarm(signum: int, frame: object) -> None:
-    raise TimeoutError("the command blocked for 30 s")
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(30)
-    try:
-        code = main(argv)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("kind", ["link", "fifo"])
