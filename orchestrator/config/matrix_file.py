@@ -484,8 +484,9 @@ class SlurmOptions(StrictModel):
     )
     extra_args: list[SbatchValue] = Field(
         [], max_length=64, description="More sbatch options, one per #SBATCH line, in "
-        "--name=value form, e.g. '--constraint=a100' (not --requeue: a preempted cell is run "
-        "again by the sweep, as a job of its own).",
+        "--name=value form, e.g. '--constraint=a100'; not one orchestrate sets itself "
+        "(--array, --job-name, --output, --dependency, --gres/--gpus, ...: SBATCH_OWN) nor "
+        "--requeue (a preempted cell is run again by the sweep, as a job of its own).",
     )
     conf: PathText | None = Field(
         None, description="The slurm.conf of the cluster these cells go to: SLURM_CONF of "
