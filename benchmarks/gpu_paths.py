@@ -21,8 +21,9 @@ runs each of them as ``python -m workload`` on the GPU(s) of this machine and pr
 
 The JPEG cases generate a dataset first (``workload.make_dataset``, real JPEGs, no download).
 DDP runs under torchrun on every visible GPU and is skipped with fewer than two (NCCL refuses
-two ranks on one GPU).  Without a GPU it exits 2 unless ``--allow-cpu``, which runs the cases
-that can run on a CPU (tiny model, fp32, gloo DDP) to check the script itself.
+two ranks on one GPU).  Without a GPU it exits 3 (``cannot run here``) unless ``--allow-cpu``,
+which runs the cases that can run on a CPU (tiny model, fp32, gloo DDP) to check the script
+itself.
 """
 
 from __future__ import annotations
@@ -329,11 +330,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "smoke of the script")
         print("would run the cases: " + " ".join(args.cases))
         return 0
-    stop_on_sigterm()
     gpus = gpu_count()
     if not gpus and not args.allow_cpu:
         return cannot_run("no CUDA GPU visible to torch: run this on a GPU machine, or pass "
                           "--allow-cpu for a CPU smoke of the script")
+    stop_on_sigterm()
     cases = [c for c in CASES if c.name in args.cases]
     with tempfile.TemporaryDirectory(prefix="gpu-paths-") as tmp:
         root = Path(tmp)

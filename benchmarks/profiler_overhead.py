@@ -28,8 +28,9 @@ drift of the machine spreads over all of them; the table shows medians.
     python benchmarks/profiler_overhead.py --allow-cpu          # plumbing smoke, no GPU
 
 A tool that is not on PATH is skipped with the reason (nvprof also on compute capability 8.0 and
-later). Without a GPU it exits 2 unless ``--allow-cpu`` (resnet18 at 32 px, the torch profiler
-only). NOT RUN YET: no GPU was lent when this was written; its figures are unmeasured.
+later). Without a GPU it exits 3 (``cannot run here``) unless ``--allow-cpu`` (resnet18 at 32
+px, the torch profiler only). NOT RUN YET: no GPU was lent when this was written; its figures
+are unmeasured.
 """
 
 from __future__ import annotations
@@ -227,7 +228,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "smoke with the torch profiler")
         print("would run the profilers: " + " ".join(args.profilers))
         return 0
-    stop_on_sigterm()
     if args.ncu_metrics:
         TOOLS["ncu"] = NcuOptions(metrics=args.ncu_metrics)
 
@@ -239,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         return cannot_run("no CUDA GPU visible to torch: run this on a GPU machine, or pass "
                           "--allow-cpu for a CPU smoke of the script")
+    stop_on_sigterm()
     if "none" not in args.profilers:
         args.profilers.insert(0, "none")
     active, skipped = [], {}

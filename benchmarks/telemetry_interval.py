@@ -18,7 +18,8 @@ sampler) and each given interval, and prints per run:
     python benchmarks/telemetry_interval.py --intervals 0.1 0.01 0.005 --keep DIR
 
 ``--keep`` keeps every run folder and the nvidia-smi files (the real samples the parsers are
-checked against). Needs a CUDA GPU, nvidia-smi and nvidia-ml-py; it exits 2 without them.
+checked against). Needs a CUDA GPU, nvidia-smi and nvidia-ml-py; it exits 3 without them
+(``cannot run here``).
 """
 
 from __future__ import annotations
@@ -235,7 +236,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "an earlier run's files without one")
         print("would run the intervals: " + " ".join(f"{i:g}" for i in args.intervals))
         return 0
-    stop_on_sigterm()
     if args.reanalyse:
         return report(reanalyse(Path(args.reanalyse), args.batch_size), args,
                       "(reanalysed from the kept files)")
@@ -243,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not gpu_count() or exe is None:
         return cannot_run("needs a CUDA GPU and nvidia-smi (--reanalyse DIR reads an earlier "
                           "run's files without them)")
+    stop_on_sigterm()
     fields = smi_fields(exe)
     intervals = [0.0, *sorted((i for i in args.intervals if i > 0), reverse=True)]
     rows = []

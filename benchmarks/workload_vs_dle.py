@@ -348,12 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "GPU throughput; --allow-cpu runs a tiny CPU smoke of ours")
         print(f"would compare {' '.join(args.cases)} with DLE from {args.dle_dir or '(none)'}")
         return 0
-    stop_on_sigterm()
     gpu = gpu_count() > 0
     if not gpu and not args.allow_cpu:
         return cannot_run("no CUDA GPU visible to torch: this benchmark compares GPU "
                           "throughput. Run it on a GPU machine, or pass --allow-cpu for a tiny "
                           "CPU smoke of our workload.")
+    stop_on_sigterm()
     dle_dir = Path(args.dle_dir) if args.dle_dir else None
     if dle_dir is not None and not (dle_dir / "main.py").is_file():
         print(
