@@ -70,6 +70,7 @@ from orchestrator import REPO_ROOT, __version__
 from orchestrator.backends.registry import find_record
 from orchestrator.config.redact import Scrubber, secret_env
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
+from orchestrator.images import build
 from orchestrator.images.sif import LocalMachine
 from orchestrator.local import locks, machine_state
 from orchestrator.local.locks import (
@@ -253,6 +254,8 @@ class Backend(ABC):
         self._busy = False
         #: The image of each Apptainer profile where its cells run (set by ``prepare``).
         self.sif_paths: dict[ImageKey, str] = {}
+        #: The plans of the images the cells run, each made once (what a dry run shows).
+        self.image_plans = build.ImagePlans(matrix)
 
     # --- hooks ----------------------------------------------------------------------------
 
@@ -328,7 +331,8 @@ class Backend(ABC):
     def runtime_image(self, cell: Cell) -> str:
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
         where it would be on this machine (:func:`orchestrator.runtimes.apptainer.image_path`)."""
-        return apptainer.image_path(self.matrix, cell, self.sif_paths, LocalMachine())
+        return apptainer.image_path(self.matrix, cell, self.sif_paths, LocalMachine(),
+                                    self.image_plans)
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """What ran where, beyond what the workload reports itself."""

@@ -127,7 +127,7 @@ class DockerBackend(Backend):
         return container_spec(
             cell, self.matrix.profile(cell), self.matrix.program(cell),
             image=self.image_for(cell),
-            output_dir=str(self.paths.cell_dir(cell.id).resolve()),
+            output_dir=str(self.paths.absolute_cell_dir(cell.id)),
             labels=container_labels(self.matrix.name, self.paths.run_id, cell.id),
             attempt=attempt,
             gpu_ids=allocation.gpu_ids,
@@ -138,7 +138,8 @@ class DockerBackend(Backend):
         context; a build pins it to the base's bits), or, for ``release = "auto"``, the image
         of the release this machine's driver runs."""
         spec = super().dry_spec(cell)
-        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell, self._driver()))
+        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell, self._driver(),
+                                                           self.image_plans))
 
     def _driver(self) -> selection.HostDriver | None:
         if any(selection.is_auto(self.matrix, hw) for hw in self.matrix.profiles):

@@ -513,7 +513,8 @@ class SshDockerBackend(Backend):
         spec = self.spec(cell, allocation)
         if self.matrix.profile(cell).apptainer_runtime:
             return spec
-        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell))
+        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell,
+                                                           plans=self.image_plans))
 
     def _apptainer_spec(self, cell: Cell, allocation: Allocation, attempt: int,
                         output_dir: str) -> LaunchSpec:
@@ -522,7 +523,8 @@ class SshDockerBackend(Backend):
         if allocation.multi_node or allocation.host is None:
             raise LaunchError(f"{cell.id}: Apptainer cells run on one host each")
         # prepared on the host; a dry run: where it would be (~ left for the host to expand)
-        image = apptainer.image_path(self.matrix, cell, self.host_sifs.get(allocation.host, {}))
+        image = apptainer.image_path(self.matrix, cell, self.host_sifs.get(allocation.host, {}),
+                                     images=self.image_plans)
         return apptainer.launch_spec(cell, self.matrix.profile(cell), self.matrix.program(cell),
                                      image=image, output_dir=output_dir,
                                      gpu_ids=allocation.gpu_ids, attempt=attempt,

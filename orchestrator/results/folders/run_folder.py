@@ -49,6 +49,7 @@ Layout::
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import re
@@ -390,6 +391,16 @@ class RunPaths:
 
     def cell_dir(self, cell_id: str) -> Path:
         return self.cells_dir / cell_id
+
+    @functools.cached_property
+    def absolute_cells_dir(self) -> Path:
+        """The cells' folder as an absolute path without links on the way, resolved once (a
+        cell's program may run in another folder, or on a node that shares this one)."""
+        return self.cells_dir.resolve()
+
+    def absolute_cell_dir(self, cell_id: str) -> Path:
+        """A cell's folder as its program is told it (:attr:`absolute_cells_dir`)."""
+        return self.absolute_cells_dir / cell_id
 
     def cell_log(self, cell_id: str) -> Path:
         return self.cell_dir(cell_id) / self.CELL_LOG
