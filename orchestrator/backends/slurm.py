@@ -610,7 +610,7 @@ class SlurmBackend(Backend):
         Python, in this checkout or the command's ``workdir``
         (:func:`orchestrator.runtimes.none.command`)."""
         profile = self.matrix.profile(cell)
-        cell_dir = self.paths.cell_dir(cell.id).resolve()  # the job may run elsewhere
+        cell_dir = self.paths.absolute_cell_dir(cell.id)  # the job may run elsewhere
         if profile.apptainer_runtime:
             return self._apptainer_job(cell, cell_dir)
         node = self._multi_node(cell)
@@ -671,13 +671,16 @@ class SlurmBackend(Backend):
         the arrays (cells of one job shape, cluster and limit) and the jobs of their own, each
         with its shape. Nothing is submitted."""
         groups: dict[tuple[Any, ...], list[Cell]] = {}
+        shapes: dict[int, tuple[Any, ...]] = {}  # the repeats of a configuration share one
         for cell in cells:
             opts = self.matrix.profile(cell).slurm
-            job = self.sbatch_job(cell)
-            key = (shape_of(render_sbatch(job)), opts.conf, opts.array_limit,
-                   tuple(sorted(set(job.env) - set(public_env(job.env)))),
-                   None if opts.arrays else cell.id)
-            groups.setdefault(key, []).append(cell)
+            shape = shapes.get(id(cell.params))
+            if shape is None:
+                job = self.sbatch_job(cell)
+                shape = shapes[id(cell.params)] = (
+                    shape_of(render_sbatch(job)), opts.conf, opts.array_limit,
+                    tuple(sorted(set(job.env) - set(public_env(job.env)))))
+            groups.setdefault((*shape, None if opts.arrays else cell.id), []).append(cell)
         lines = ["slurm submissions (cells of one job shape placed together: one array):"]
         for (shape, conf, limit, *_), members in groups.items():
             options = " ".join(line.removeprefix("#SBATCH ") for line in shape)
