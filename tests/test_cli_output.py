@@ -78,7 +78,7 @@ def test_output_piped_into_head_ends_quietly(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
     )
     assert proc.stdout is not None and proc.stderr is not None
-    assert proc.stdout.read(10) == b'[\n  {\n    '
+    assert proc.stdout.read(10) == b'[\n  {"id":'  # one cell a line
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(60) == EXIT_BROKEN_PIPE

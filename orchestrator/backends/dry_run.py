@@ -23,7 +23,7 @@ backend is constructed (an ssh backend reads its inventory and ssh config), neve
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +49,13 @@ def dry_backend(matrix: Matrix, backend: str, results_root: Path,
 def launches(matrix: Matrix, backend: str, cells: Iterable[Cell], results_root: Path,
              hosts_file: Path | None = None) -> list[dict[str, Any]]:
     """Every cell's launch, as :func:`describe` says it."""
-    return launches_on(dry_backend(matrix, backend, results_root, hosts_file), cells)
+    return list(launches_on(dry_backend(matrix, backend, results_root, hosts_file), cells))
 
 
-def launches_on(runner: Backend, cells: Iterable[Cell]) -> list[dict[str, Any]]:
-    """Every cell's launch on ``runner`` (a :func:`dry_backend`), as :func:`describe` says it."""
-    return [describe(runner, runner.dry_spec(cell)) for cell in cells]
+def launches_on(runner: Backend, cells: Iterable[Cell]) -> Iterator[dict[str, Any]]:
+    """Every cell's launch on ``runner`` (a :func:`dry_backend`), as :func:`describe` says it,
+    one at a time (what is shown of one cell is dropped before the next is made)."""
+    return (describe(runner, runner.dry_spec(cell)) for cell in cells)
 
 
 def describe(backend: Backend, spec: LaunchSpec) -> dict[str, Any]:
@@ -93,11 +94,12 @@ def docker_run(spec: LaunchSpec) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """docker-py's argument types (dict subclasses) as plain JSON values."""
+    """docker-py's argument types (dict subclasses) as plain JSON values (strings, most of
+    them, taken as they are)."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): v if type(v) is str else _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [v if type(v) is str else _plain(v) for v in value]
     return value
 
 

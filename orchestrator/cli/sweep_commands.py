@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -184,7 +184,7 @@ def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
     from orchestrator.results.reports.summary import column_order
 
     shown = column_order(["hardware", *[k for k in matrix.varying if k != "hardware"]])
-    rows = [[c.id, *[c.params.model_dump()[k] for k in shown], c.repeat, c.hash]
+    rows = [[c.id, *[getattr(c.params, k) for k in shown], c.repeat, c.hash]
             for c in matrix.cells]
     table = tabulate(rows, headers=["cell", *shown, "repeat", "hash"], tablefmt="simple",
                      disable_numparse=True)
@@ -238,12 +238,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
         cells = matrix.checked_cells
         runner = dry_backend(matrix, decision.backend, results_root(args.results),
                              decision.hosts_file)
-        print(json.dumps([{**c.to_json(), "launch": launch}
-                          for c, launch in zip(cells, launches_on(runner, cells), strict=True)],
-                         indent=2))
+        write_json_array(sys.stdout, ({**c.to_json(), "launch": launch} for c, launch
+                                      in zip(cells, launches_on(runner, cells), strict=True)))
     else:
         print("\n".join(plan_lines(matrix, decision.backend)))
     return 0
+
+
+def write_json_array(out: TextIO, items: Iterable[Any]) -> None:
+    """``items`` as one JSON array, one item a line, each written as it is made (a plan of
+    10,000 cells never waits whole in memory; compact items are what the C encoder writes)."""
+    sep = "[\n  "
+    for item in items:
+        out.write(sep)
+        out.write(json.dumps(item))
+        sep = ",\n  "
+    out.write("[]\n" if sep == "[\n  " else "\n]\n")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -528,7 +538,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     results = results_root(args.results)
     if args.dry_run:  # every refusal before the (long) plan, as a real sweep would refuse
         check_run(matrix, results, args.resume)
-        print("\n".join(dry_run_lines(matrix, decision, results, args.order_seed)))
+        sys.stdout.writelines(f"{line}\n" for line in dry_run_lines(matrix, decision, results,
+                                                                    args.order_seed))
         return 0
     cancel = threading.Event()
     # SIGINT too, explicitly: a sweep started in the background of a script inherits SIGINT
@@ -604,32 +615,32 @@ def image_lines(matrix: Matrix, backend: BackendRecord) -> list[str]:
 
 
 def dry_run_lines(matrix: Matrix, decision: Decision, results: Path,
-                  order_seed: int | None = None) -> list[str]:
+                  order_seed: int | None = None) -> Iterator[str]:
     """What ``--dry-run`` prints, as the decision's backend record says: the plan, the Docker
     images (where it builds them), the inventory (where it reads one), every cell's exact
     launch (:mod:`orchestrator.backends.dry_run`), how they would be submitted (the backend's
     :meth:`~orchestrator.backends.base.Backend.submission_lines`: Slurm's arrays), and where
-    the run would go. Nothing is built, written, submitted or connected to."""
+    the run would go, line by line as each is made. Nothing is built, written, submitted or
+    connected to."""
     from orchestrator.backends.dry_run import dry_backend, launches_on, lines
 
     backend, record = decision.backend, decision.record
-    out = plan_lines(matrix, backend)
+    yield from plan_lines(matrix, backend)
     if record.images_on:
-        out += image_lines(matrix, record)
+        yield from image_lines(matrix, record)
     if record.inventory:
-        out += _inventory_line(decision.hosts_file)
-    out.append(f"commands ({backend} backend; cell folders under {results}/{matrix.name}/"
-               "<run id>/):")
+        yield from _inventory_line(decision.hosts_file)
+    yield (f"commands ({backend} backend; cell folders under {results}/{matrix.name}/"
+           "<run id>/):")
     runner = dry_backend(matrix, backend, results, decision.hosts_file)
     for launch in launches_on(runner, matrix.checked_cells):
-        out += [f"  {line}" for line in lines(launch)]
-    out += runner.submission_lines(list(matrix.cells))
+        yield from (f"  {line}" for line in lines(launch))
+    yield from runner.submission_lines(list(matrix.cells))
     seed = f"seed {order_seed}" if order_seed is not None else "a fresh seed, recorded in plan.json"
-    out.append(f"order: rounds of repeats, each in a random order ({seed}); longest expected "
-               "first when the backend runs several cells at once")
-    out.append(f"dry run: would run {_cells(len(matrix.cells))} with backend {backend} into "
-               f"{results}/{matrix.name}/<run id>/")
-    return out
+    yield (f"order: rounds of repeats, each in a random order ({seed}); longest expected "
+           "first when the backend runs several cells at once")
+    yield (f"dry run: would run {_cells(len(matrix.cells))} with backend {backend} into "
+           f"{results}/{matrix.name}/<run id>/")
 
 
 def _cells(n: int) -> str:
