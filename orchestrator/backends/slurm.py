@@ -707,10 +707,11 @@ class SlurmBackend(Backend):
         job = self.sbatch_job(cell)
         profile = self.matrix.profile(cell)
         env = {k: v for k, v in job.env.items() if k != "PYTHONPATH"}
+        cell_dir = str(self.paths.cell_dir(cell.id))
         return LaunchSpec(
             cell_id=cell.id, argv=job.argv, env=env, device=profile.device,
-            workdir=job.workdir, output_dir=str(self.paths.cell_dir(cell.id)),
-            labels={"slurm.script": str(self.paths.cell_dir(cell.id) / SCRIPT_NAME)},
+            workdir=job.workdir, output_dir=cell_dir,
+            labels={"slurm.script": f"{cell_dir}/{SCRIPT_NAME}"},
             attempt=attempt, script=render_sbatch(job), program=job.program,
             image=job.runtime.get("image"), runtime=job.runtime,
         )

@@ -379,7 +379,7 @@ class RunPaths:
     def published(self) -> Path:
         return self.root / self.PUBLISHED
 
-    @property
+    @functools.cached_property
     def cells_dir(self) -> Path:
         return self.root / self.CELLS
 
