@@ -152,8 +152,6 @@ WORKLOAD_PROGRAM = "workload"
 TableRuleName = Literal["median", "dlperf", "dle", "tbd", "per-gpu", "habana"]
 #: An NGC PyTorch release as a cell parameter: ``YY.MM`` (its image tag is ``YY.MM-py3``).
 NGC_RELEASE_PATTERN = r"^[0-9]{2}\.[0-9]{2}$"
-#: The cell parameter that pins a cell's NGC release (:attr:`CellParams.ngc_release`).
-RELEASE_PARAM = "ngc_release"
 
 
 def nodes_problem(gpus: int, nodes: int) -> str | None:

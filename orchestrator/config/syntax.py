@@ -20,6 +20,11 @@ from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
 
+#: The cell parameter that pins a cell's NGC release (``CellParams.ngc_release`` in
+#: :mod:`orchestrator.config.matrix_file`): here, where reports read it without loading the
+#: matrix models (the slowest import; ``runs``/``compare``/``export`` stay without them).
+RELEASE_PARAM = "ngc_release"
+
 #: Matrix names and run ids: they become folder names under the results root.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _NAME_RE = re.compile(NAME_PATTERN)

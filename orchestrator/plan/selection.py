@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import gpus, releases, templates
-from orchestrator.config.matrix_file import RELEASE_PARAM
+from orchestrator.config.syntax import RELEASE_PARAM
 from orchestrator.errors import ConfigError, Problem
 
 if TYPE_CHECKING:

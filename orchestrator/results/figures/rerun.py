@@ -12,8 +12,12 @@ table marks it.
 
 from __future__ import annotations
 
-from orchestrator.config.matrix_file import MatrixSettings
+from typing import TYPE_CHECKING
+
 from orchestrator.results.folders.run_folder import CellResult, Status
+
+if TYPE_CHECKING:  # reports read THROTTLED without loading the matrix models (slow to import)
+    from orchestrator.config.matrix_file import MatrixSettings
 
 #: The figure (from the workload's telemetry) that says the clocks were held down.
 THROTTLED = "telemetry.throttled"

@@ -38,8 +38,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from orchestrator.config.matrix_file import RELEASE_PARAM
-from orchestrator.config.syntax import param_matches, parse_baseline
+from orchestrator.config.syntax import RELEASE_PARAM, param_matches, parse_baseline
 from orchestrator.results.figures.rerun import THROTTLED
 from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, throughput_key
 from orchestrator.results.reports import table_rules
