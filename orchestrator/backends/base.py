@@ -53,6 +53,7 @@ import contextlib
 import io
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -141,6 +142,7 @@ class PopenExecution(Execution):
 
     def __init__(self, proc: subprocess.Popen[bytes]):
         self.proc = proc
+        self._pidfd: int | None = None
 
     def output(self) -> Iterator[bytes]:
         stdout = self.proc.stdout
@@ -149,11 +151,38 @@ class PopenExecution(Execution):
             yield chunk
 
     def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout``, woken the moment the process ends where Linux gives it a
+        pidfd (5.3+): :meth:`subprocess.Popen.wait` with a timeout polls, up to 50 ms late
+        per cell."""
+        if self.proc.returncode is None and timeout > 0:
+            fd = self._pid_fd()
+            if fd is not None:
+                poller = select.poll()  # no FD_SETSIZE limit, unlike select.select
+                poller.register(fd, select.POLLIN)
+                if not poller.poll(timeout * 1000):
+                    return False
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return False
+        self.close_pidfd()
         return True
+
+    def _pid_fd(self) -> int | None:
+        if self._pidfd is None and hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):  # an older kernel; the process reaped already
+                self._pidfd = os.pidfd_open(self.proc.pid)
+        return self._pidfd
+
+    def close_pidfd(self) -> None:
+        """Let go of the process's pidfd (once it ended, or when the execution closes)."""
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
+
+    def close(self) -> None:
+        self.close_pidfd()
 
     def exit_info(self) -> ExitInfo:
         return ExitInfo(code=self.proc.poll())

@@ -92,6 +92,7 @@ class ProcessExecution(PopenExecution):
             self.proc.wait()
         if self.proc.stdout:
             self.proc.stdout.close()
+        super().close()
 
 
 class ProcessBackend(Backend):
