@@ -189,8 +189,16 @@ def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (a crash never leaves half a file). The file follows the umask,
     like every other file of a run (``mkstemp`` would make it 0600: unreadable to colleagues).
     Standard JSON only: NaN and infinities are written as null (:mod:`safejson`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = safejson.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    write_bytes(path, (safejson.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+                       ).encode("utf-8"))
+
+
+def write_bytes(path: Path, data: bytes, *, make_folder: bool = True) -> None:
+    """Write ``data`` atomically (:func:`write_json`'s way: a temporary file beside it, renamed
+    over it; the umask's mode). ``make_folder``: make its folder where missing (else a
+    missing folder is an OSError: a run folder removed meanwhile stays removed)."""
+    if make_folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
         try:
@@ -200,8 +208,8 @@ def write_json(path: Path, data: Any) -> None:
         except FileExistsError:  # pragma: no cover - 32 random bits collided
             continue
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
