@@ -55,6 +55,7 @@ from orchestrator.config.matrix_file import WRAPPING_PROFILERS
 from orchestrator.config.redact import redact_toml
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.local.engine import controller_id
+from orchestrator.local.machine_state import load_average
 from orchestrator.plan import ordering, profilers
 from orchestrator.plan.controls import ControlSchedule, control_allocation, highest_numbers
 from orchestrator.plan.matrix import Cell, Matrix
@@ -112,6 +113,9 @@ class SweepOutcome:
     #: What the sweep could not write (a result, the summary, run.json), one line each: the
     #: results concerned are still counted, and the exit status is not 0.
     problems: list[str] = field(default_factory=list)
+    #: This machine's load averages (1, 5, 15 minutes) when the run started and ended
+    #: (run.json's ``load``): what else shared the machine while the cells measured.
+    load: dict[str, Any] = field(default_factory=dict)
     #: The process drawing summary.png when the sweep left it to one (None: drawn already, or
     #: nothing to draw); whoever needs the picture waits for it.
     plot: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
@@ -347,6 +351,7 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
             "orchestrate_version": __version__, "git_revision": git_revision(),
             "python": sys.version.split()[0], "controller_host": platform.node(),
             "controller": controller_id(), "argv": sys.argv,
+            "load": {"start": load_average()},
         }
         write_json(paths.run_meta, meta)
     except OSError as exc:
@@ -424,7 +429,7 @@ def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -
         cells = cells_to_resume(paths, matrix)
         meta.setdefault("resumed", []).append(
             {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend,
-             "controller": controller_id()})
+             "controller": controller_id(), "load": load_average()})
         write_json(paths.run_meta, meta)
     except OSError as exc:
         lock.release()
@@ -526,6 +531,9 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
         table = render_table(rows, list(matrix.varying), baseline=matrix.settings.baseline,
                              results=every)
     outcome = SweepOutcome(paths, every, rows, table, interrupted, problems)
+    load = run.meta.get("load")
+    run.meta["load"] = {**(load if isinstance(load, dict) else {}), "end": load_average()}
+    outcome.load = run.meta["load"]
     run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
     if outcome.control_counts:
         run.meta["control_counts"] = outcome.control_counts

@@ -580,6 +580,11 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         f"{v} {k}" for k, v in sorted(controls.items()))) if controls else ""
     print(f"\n{_cells(sum(outcome.counts.values()))}: {counts}{extra}")
     print(f"results: {outcome.paths.root}")
+    from orchestrator.results.reports.summary import load_line
+
+    load = load_line(outcome.load)
+    if load:
+        print(load)
     for problem in outcome.problems:
         print(f"error: {problem}", file=sys.stderr)
     if outcome.interrupted:
