@@ -27,7 +27,9 @@ rotating so that drift in the load spreads over every kind:
 Printed: the medians of both side by side, the difference in all and per cell, the ratio; and
 where the sweep's time went, from its run folder (``run.json``, each ``result.json``'s
 ``started_at`` / ``finished_at``): before its first cell started, in the cells, between them,
-after the last one ended. With ``--against`` a second checkout's sweep runs in each round too
+after the last one ended, and how long after the sweep's exit its ``summary.png`` was there
+(drawn by a process of its own: the next command waits for it, so that the drawing never
+overlaps a measurement). With ``--against`` a second checkout's sweep runs in each round too
 (e.g. the code before a change), beside the first. ``--keep`` keeps the run folders.
 """
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -72,6 +75,8 @@ iterations = 2
 workers = 0
 num_classes = 10
 """
+#: How long a sweep's summary.png may take to appear after its exit (seconds).
+PLOT_WAIT_S = 30.0
 STANDIN = 'program = "standin"\n' + TINY.replace("iterations = 2", "iterations = 20")
 #: The stand-in reaches a cell as any program does (tests/standin_support.py's table).
 STANDIN_COMMAND = f"""
@@ -96,6 +101,8 @@ class Sweep:
     between: float = 0.0
     after: float = 0.0
     ok: int = 0
+    #: After the sweep's exit, until its summary.png was there (0: there at the exit).
+    plot: float = 0.0
 
 
 def matrix_text(cells: int, workload: str) -> str:
@@ -127,6 +134,10 @@ def run_sweep(repo: Path, matrix: Path, results: Path, log: Path) -> Sweep:
     if code != 0:
         raise SystemExit(f"the sweep failed (exit {code}): {log.read_text()[-2000:]}")
     runs = sorted((results / "overhead").iterdir())
+    plot = runs[-1] / "summary.png"
+    while not plot.exists() and time.perf_counter() - t0 - took < PLOT_WAIT_S:
+        time.sleep(0.01)  # drawn by a process of its own: not overlapping the next command
+    drawn = time.perf_counter() - t0 - took
     cells = []
     for path in sorted((runs[-1] / "cells").glob("*/result.json")):
         result = json.loads(path.read_text())
@@ -135,7 +146,8 @@ def run_sweep(repo: Path, matrix: Path, results: Path, log: Path) -> Sweep:
     inside = sum(end - start for start, end, _ in cells)
     gaps = sum(cells[i + 1][0] - cells[i][1] for i in range(len(cells) - 1))
     return Sweep(took, before=cells[0][0] - started, cells=inside, between=gaps,
-                 after=ended - cells[-1][1], ok=sum(1 for *_, s in cells if s == "ok"))
+                 after=ended - cells[-1][1], ok=sum(1 for *_, s in cells if s == "ok"),
+                 plot=drawn if plot.exists() else math.inf)
 
 
 def bare_commands(repo: Path, matrix: Path, results: Path) -> list[dict[str, Any]]:
@@ -147,13 +159,14 @@ def bare_commands(repo: Path, matrix: Path, results: Path) -> list[dict[str, Any
     return [cell["launch"] for cell in json.loads(out)]
 
 
-def run_bare(launches: list[dict[str, Any]]) -> float:
-    """The cells' commands one after the other, each in its own output folder."""
+def run_bare(launches: list[dict[str, Any]], env: dict[str, str]) -> float:
+    """The cells' commands one after the other, each in its own output folder, in ``env`` (the
+    environment a sweep's cells inherit) with each launch's own variables."""
     t0 = time.perf_counter()
     for launch in launches:
         Path(launch["output_dir"]).mkdir(parents=True, exist_ok=True)
         subprocess.run(launch["argv"], cwd=launch["workdir"] or REPO,
-                       env={**os.environ, **launch["env"]}, stdout=subprocess.DEVNULL,
+                       env={**env, **launch["env"]}, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=True)
     return time.perf_counter() - t0
 
@@ -184,7 +197,7 @@ def main() -> int:
             shift = n % len(kinds)
             for kind in kinds[shift:] + kinds[:shift]:
                 if kind < 0:
-                    bare.append(run_bare(launches))
+                    bare.append(run_bare(launches, environment(args.repo, work)))
                 else:
                     sweeps[kind].append(run_sweep(repos[kind], matrix, work / f"results-{kind}",
                                                   work / f"sweep-{kind}-{n}.log"))
@@ -210,11 +223,12 @@ def main() -> int:
     for i, runs in enumerate(sweeps):
         parts.append([str(repos[i])] + [
             f"{statistics.median(getattr(r, name) for r in runs):.2f}"
-            for name in ("before", "cells", "between", "after")]
+            for name in ("before", "cells", "between", "after", "plot")]
             + [f"{min(r.ok for r in runs)}/{args.cells}"])
     print(tabulate(parts, headers=["the sweep's time (medians, s)", "before the first cell",
                                    "in the cells", "between cells", "after the last cell",
-                                   "cells ok"], disable_numparse=True))
+                                   "summary.png after the exit", "cells ok"],
+                   disable_numparse=True))
     return 0
 
 
