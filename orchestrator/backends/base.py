@@ -283,8 +283,10 @@ class Backend(ABC):
         self._busy = False
         #: The image of each Apptainer profile where its cells run (set by ``prepare``).
         self.sif_paths: dict[ImageKey, str] = {}
-        #: The plans of the images the cells run, each made once (what a dry run shows).
+        #: The plans of the images the cells run, each made once (what a dry run shows), and
+        #: where each Apptainer image would be (a dry run's; by host where it matters).
         self.image_plans = build.ImagePlans(matrix)
+        self.planned_sifs: dict[str | None, dict[ImageKey, str]] = {}
 
     # --- hooks ----------------------------------------------------------------------------
 
@@ -361,7 +363,7 @@ class Backend(ABC):
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
         where it would be on this machine (:func:`orchestrator.runtimes.apptainer.image_path`)."""
         return apptainer.image_path(self.matrix, cell, self.sif_paths, LocalMachine(),
-                                    self.image_plans)
+                                    self.image_plans, self.planned_sifs.setdefault(None, {}))
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """What ran where, beyond what the workload reports itself."""

@@ -94,13 +94,11 @@ def docker_run(spec: LaunchSpec) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """docker-py's argument types (dict subclasses) as plain JSON values (strings, most of
-    them, taken as they are)."""
-    if isinstance(value, dict):
-        return {str(k): v if type(v) is str else _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [v if type(v) is str else _plain(v) for v in value]
-    return value
+    """docker-py's argument types (``Mount``, ``Ulimit``, ``DeviceRequest``: dict subclasses of
+    plain values, alone or in a list) as plain dicts; the other values are plain already."""
+    if isinstance(value, list | tuple):  # the argument lists hold one kind each
+        return [dict(v) for v in value] if value and isinstance(value[0], dict) else list(value)
+    return dict(value) if isinstance(value, dict) and type(value) is not dict else value
 
 
 def lines(launch: dict[str, Any]) -> list[str]:

@@ -174,11 +174,12 @@ def render_sbatch(job: SbatchJob) -> str:
     ]
     for key in job.env:
         _check_name(job.cell_id, key)
-    secret = sorted(set(job.env) - set(public_env(job.env)))
+    public = public_env(job.env)
+    secret = sorted(set(job.env) - set(public))
     if secret:
         lines.append(f"# passed by sbatch from the submitting environment, not written here: "
                      f"{' '.join(secret)}")
-    for key, value in public_env(job.env).items():
+    for key, value in public.items():
         lines.append(f"export {key}={quote(value)}")
     if job.gpu_env:
         _check_name(job.cell_id, job.gpu_env)

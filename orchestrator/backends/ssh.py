@@ -524,7 +524,8 @@ class SshDockerBackend(Backend):
             raise LaunchError(f"{cell.id}: Apptainer cells run on one host each")
         # prepared on the host; a dry run: where it would be (~ left for the host to expand)
         image = apptainer.image_path(self.matrix, cell, self.host_sifs.get(allocation.host, {}),
-                                     images=self.image_plans)
+                                     images=self.image_plans,
+                                     planned=self.planned_sifs.setdefault(allocation.host, {}))
         return apptainer.launch_spec(cell, self.matrix.profile(cell), self.matrix.program(cell),
                                      image=image, output_dir=output_dir,
                                      gpu_ids=allocation.gpu_ids, attempt=attempt,

@@ -196,13 +196,13 @@ def text_table(headers: list[str], rows: list[list[Any]]) -> str:
     without trailing blanks. Where a value is not printable ASCII (several lines, an escape
     sequence, characters wider or narrower than one column), tabulate lays the table out."""
     text = [["" if v is None else str(v) for v in row] for row in rows]
-    if not all(s.isascii() and s.isprintable() for line in [headers, *text] for s in line):
+    every = "".join(s for line in [headers, *text] for s in line)
+    if not (every.isascii() and every.isprintable()):
         from tabulate import tabulate
 
         return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
-    widths = [len(h) + 2 for h in headers]
-    for line in text:
-        widths = [max(w, len(s)) for w, s in zip(widths, line, strict=True)]
+    widths = [max([len(h) + 2, *map(len, column)]) for h, column in
+              zip(headers, zip(*text, strict=True) if text else [()] * len(headers), strict=True)]
     return "\n".join("  ".join(s.ljust(w) for s, w in zip(line, widths, strict=True)).rstrip()
                      for line in [headers, ["-" * w for w in widths], *text])
 

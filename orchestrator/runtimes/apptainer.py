@@ -402,16 +402,22 @@ def prepare(
 
 
 def image_path(matrix: Matrix, cell: Cell, prepared: Mapping[ImageKey, str],
-               machine: Machine | None = None, images: build.ImagePlans | None = None) -> str:
+               machine: Machine | None = None, images: build.ImagePlans | None = None,
+               planned: dict[ImageKey, str] | None = None) -> str:
     """The ``.sif`` ``cell`` runs: the one :func:`prepare` made sure of (``prepared``), else (a
     dry run) where it would be, ``~`` expanded on ``machine`` (None: left for the host where
-    the cell runs); ``images``: the image plans made so far (:func:`plan_sifs`)."""
+    the cell runs); ``images``: the image plans made so far (:func:`plan_sifs`), ``planned``:
+    the paths found so far this way, by image key (a dry run asks cell by cell)."""
     key = selection.image_key(matrix, cell)
     path = prepared.get(key)
+    if path is None and planned is not None:
+        path = planned.get(key)
     if path is None:
         path = plan_sifs(matrix, [cell], images)[key].path
         if machine is not None:
             path = machine.expand(path)
+        if planned is not None:
+            planned[key] = path
     return path
 
 
