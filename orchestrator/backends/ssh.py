@@ -476,9 +476,11 @@ class SshDockerBackend(Backend):
 
     # --- cells --------------------------------------------------------------------------------
 
-    def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
+    def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1,
+             planned: str | None = None) -> LaunchSpec:
         """The cell's container on its host; a multi-node cell's spec is node 0's, with one peer
-        spec per other host (each with its :class:`~orchestrator.plan.launch.NodeRole`)."""
+        spec per other host (each with its :class:`~orchestrator.plan.launch.NodeRole`).
+        ``planned``: the image of a one-host cell as a dry run plans it (none is prepared)."""
         profile = self.matrix.profile(cell)
         program = self.matrix.program(cell)
         output_dir = remote_dir(self.paths.run_id, cell.id, attempt)
@@ -487,7 +489,7 @@ class SshDockerBackend(Backend):
         labels = container_labels(self.matrix.name, self.paths.run_id, cell.id)
         if not allocation.multi_node:
             return container_spec(cell, profile, program,
-                                  image=self._image_tag(cell, allocation.host),
+                                  image=planned or self._image_tag(cell, allocation.host),
                                   output_dir=output_dir, labels=labels, attempt=attempt,
                                   host=allocation.host, gpu_ids=allocation.gpu_ids)
         assert allocation.host is not None  # a pool's allocation names its hosts
@@ -510,11 +512,10 @@ class SshDockerBackend(Backend):
         local = self.dry_allocation(cell)
         allocation = Allocation(cell.id, (placement.Slot(hosts[0] if hosts else None,
                                                           local.gpu_ids),))
-        spec = self.spec(cell, allocation)
         if self.matrix.profile(cell).apptainer_runtime:
-            return spec
-        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell,
-                                                           plans=self.image_plans))
+            return self.spec(cell, allocation)
+        return self.spec(cell, allocation, planned=planned_tag(self.matrix, cell,
+                                                               plans=self.image_plans))
 
     def _apptainer_spec(self, cell: Cell, allocation: Allocation, attempt: int,
                         output_dir: str) -> LaunchSpec:
