@@ -50,7 +50,7 @@ test: venv
 	exit $$status
 
 lint: venv
-	$(BIN)/ruff check orchestrator workload tests benchmarks
+	$(BIN)/ruff check orchestrator workload tests benchmarks examples
 	$(BIN)/mypy
 
 clean-venv:

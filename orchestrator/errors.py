@@ -9,6 +9,7 @@ May import: nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -31,12 +32,40 @@ class Problem:
         return f"{where}: {self.message}" if where else self.message
 
 
+#: A requirement checked where the cells would run and not found there.
+MISSING = "missing"
+#: A requirement known to fall short for some cells (more GPUs than the target has): those
+#: cells would be recorded ``unplaceable``, the others run; the sweep starts (a warning).
+SHORT = "short"
+#: A requirement that only the machine the cells run on can tell (a lab host's driver, a
+#: declared target's files): listed, not checked.
+UNCHECKED = "unchecked"
+
+
+@dataclass(frozen=True)
+class Requirement(Problem):
+    """What the machine the cells run on must have, as a problem of that machine rather than of
+    the file: GPUs of a kind and count, a driver, a Docker engine, a scheduler, a program on
+    PATH, a checkout, an image, a data path, an environment variable, a hosts inventory (its
+    :attr:`kind`). A matrix that is right everywhere can still lack these here.
+
+    ``state`` :data:`MISSING`: checked, and not there (the sweep would not start: the one
+    decision refuses it, exit 3, while ``plan`` and ``--dry-run`` still show the plan);
+    :data:`SHORT`: not enough for some cells (a warning); :data:`UNCHECKED`: only that machine
+    can tell (shown, never refused). ``cells``: the ids of
+    the cells that need it (empty: the decision fills them in from the field)."""
+
+    kind: str = ""
+    cells: tuple[str, ...] = ()
+    state: str = MISSING
+
+
 class ConfigError(OrchestratorError):
     """A user file (matrix, hosts, template variables) is invalid. Lists every problem at once."""
 
     exit_code = 2
 
-    def __init__(self, problems: list[Problem] | str, *, file: str = "", field: str = ""):
+    def __init__(self, problems: Sequence[Problem] | str, *, file: str = "", field: str = ""):
         if isinstance(problems, str):
             problems = [Problem(file, field, problems)]
         self.problems = list(problems)
@@ -48,6 +77,13 @@ class ConfigError(OrchestratorError):
         lines = [f"{len(self.problems)} problems:"]
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
+
+
+class RequirementsUnmet(ConfigError):
+    """The matrix is valid, and the machine its cells would run on lacks what they need (every
+    :class:`Requirement` not met, listed at once): exit 3, apart from an invalid file's 2."""
+
+    exit_code = 3
 
 
 class LogFormatError(ConfigError):

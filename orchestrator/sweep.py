@@ -52,6 +52,7 @@ from orchestrator import REPO_ROOT, __version__
 from orchestrator.backends.base import Backend, RunOptions, git_revision
 from orchestrator.backends.checks import Decision, preflight
 from orchestrator.config.matrix_file import WRAPPING_PROFILERS
+from orchestrator.config.overrides import redact_argv
 from orchestrator.config.redact import redact_toml
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.local.engine import controller_id
@@ -70,6 +71,7 @@ from orchestrator.results.folders.run_folder import (
     Status,
     check_results_root,
     find_run,
+    lock_wait_of,
     read_json,
     write_json,
 )
@@ -85,6 +87,9 @@ class SweepEvents(Protocol):
     def sweep_started(self, paths: RunPaths, cells: list[Cell],
                       expected: Mapping[str, float]) -> None: ...
     def log(self, message: str) -> None: ...
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        """A cell waits for another sweep's locks (``waited_s`` None: the wait begins; the
+        message says for what and who holds it) or got them after ``waited_s`` seconds."""
     def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
     def cell_output(self, cell_id: str, line: str) -> None: ...
     def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
@@ -96,6 +101,7 @@ class NullEvents:
     def sweep_started(self, paths: RunPaths, cells: list[Cell],
                       expected: Mapping[str, float]) -> None: ...
     def log(self, message: str) -> None: ...
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None: ...
     def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
     def cell_output(self, cell_id: str, line: str) -> None: ...
     def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
@@ -159,6 +165,10 @@ def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
     }
     if matrix.selection:  # history tells a configuration left out by --only from a removed one
         out["only"] = list(matrix.selection)
+    if matrix.excluded:  # ... or by --exclude
+        out["exclude"] = list(matrix.excluded)
+    if matrix.overrides:  # the fields --set changed (secrets masked): a --resume compares them
+        out["set"] = [o.shown for o in matrix.overrides]
     if matrix.controls:
         out["control"] = {
             "every": matrix.control_every,
@@ -166,6 +176,14 @@ def plan_json(matrix: Matrix, backend: str) -> dict[str, Any]:
             "cells": [c.to_json() for c in matrix.controls.values()],
         }
     return out
+
+
+def selection_record(matrix: Matrix) -> dict[str, list[str]]:
+    """What run.json records of the options that made ``matrix`` from its file: ``set`` (the
+    ``--set`` overrides, secrets masked), ``only`` and ``exclude``; each only when given."""
+    found = {"set": [o.shown for o in matrix.overrides], "only": list(matrix.selection),
+             "exclude": list(matrix.excluded)}
+    return {key: values for key, values in found.items() if values}
 
 
 #: How the sweep interleaves the control, in words (plan.json's ``control.rule``).
@@ -223,6 +241,7 @@ def run_sweep(
             hosts_file=decision.hosts_file,
             lock_timeout_s=lock_timeout_s,
             on_log=events.log,
+            on_lock_wait=events.lock_wait,
         )
         backend = prepare_backend(cls, matrix, run, options, events)
         try:
@@ -350,9 +369,10 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
             "started_at": time.time(), "finished_at": None,
             "orchestrate_version": __version__, "git_revision": git_revision(),
             "python": sys.version.split()[0], "controller_host": platform.node(),
-            "controller": controller_id(), "argv": sys.argv,
+            "controller": controller_id(), "argv": redact_argv(sys.argv),
             "load": {"start": load_average()},
         }
+        meta.update(selection_record(matrix))
         write_json(paths.run_meta, meta)
     except OSError as exc:
         if lock is not None:
@@ -428,8 +448,9 @@ def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -
         meta = _run_meta(paths)
         cells = cells_to_resume(paths, matrix)
         meta.setdefault("resumed", []).append(
-            {"at": time.time(), "cells": len(cells), "argv": sys.argv, "backend": backend,
-             "controller": controller_id(), "load": load_average()})
+            {"at": time.time(), "cells": len(cells), "argv": redact_argv(sys.argv),
+             "backend": backend, "controller": controller_id(), "load": load_average(),
+             **selection_record(matrix)})
         write_json(paths.run_meta, meta)
     except OSError as exc:
         lock.release()
@@ -534,7 +555,8 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
     load = run.meta.get("load")
     run.meta["load"] = {**(load if isinstance(load, dict) else {}), "end": load_average()}
     outcome.load = run.meta["load"]
-    run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted)
+    run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted,
+                    lock_wait_s=lock_wait_of(r.to_json() for r in every))
     if outcome.control_counts:
         run.meta["control_counts"] = outcome.control_counts
     if problems:
@@ -604,7 +626,8 @@ def resume_selection(paths: RunPaths, matrix: Matrix) -> list[Cell]:
     would mix numbers from two different experiments in one table.
     """
     try:
-        planned = {c["id"]: c["hash"] for c in read_json(paths.plan)["cells"]}
+        plan = read_json(paths.plan)
+        planned = {c["id"]: c["hash"] for c in plan["cells"]}
     except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
         raise ConfigError(f"the plan of run {paths.run_id} cannot be read ({exc}); start a new "
                           "run instead of --resume", file=str(paths.plan)) from None
@@ -613,14 +636,27 @@ def resume_selection(paths: RunPaths, matrix: Matrix) -> list[Cell]:
     if unplanned and not changed:  # the same matrix, a wider selection than the run had
         raise ConfigError(
             f"{len(unplanned)} of the selected cells are not in run {paths.run_id} (e.g. "
-            f"{unplanned[0]}): it ran fewer cells; resume with the --only it ran with, or start "
-            "a new run", field="--resume")
+            f"{unplanned[0]}): it ran fewer cells; resume with the options it ran with "
+            f"({_ran_with(plan, ('only', 'exclude'))}), or start a new run",
+            field="--resume")
     changed += unplanned
     if changed:
+        ran = [o.shown for o in matrix.overrides]
+        sets = (f"; it ran with {_ran_with(plan, ('set',))}, this sweep with "
+                f"{' '.join(f'--set {o}' for o in ran) or 'no --set'}"
+                if plan.get("set", []) != ran else "")
         raise ConfigError(
             f"the matrix changed since run {paths.run_id} ({len(changed)} cells differ, e.g. "
-            f"{changed[0]}); start a new run instead of --resume", file=str(matrix.path))
+            f"{changed[0]}{sets}); start a new run instead of --resume", file=str(matrix.path))
     return [cell for cell in matrix.cells if not _ended_ok(paths.cell_result(cell.id))]
+
+
+def _ran_with(plan: dict[str, Any], keys: tuple[str, ...]) -> str:
+    """``--set A --only B``: the options of a run's plan.json among ``keys`` (``set``,
+    ``only``, ``exclude``), or ``no --set`` where it had none."""
+    given = [f"--{key} {value}" for key in keys for value in plan.get(key) or []
+             if isinstance(value, str)]
+    return " ".join(given) or f"no {' or '.join(f'--{k}' for k in keys)}"
 
 
 def _ended_ok(result: Path) -> bool:

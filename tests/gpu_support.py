@@ -9,6 +9,7 @@ formats of ``tests/data/nvidia-smi-*``), for tests that go through the CLI or a 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -90,11 +91,13 @@ def gpu_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
 
 def shipped_machine(matrix: str) -> gpus.HostFacts:
     """The machine a shipped matrix (``matrices/NAME.toml``) is meant to run on with its own
-    backend, as far as the backends that run cells here ask: its GPUs and driver."""
+    backend, as far as the backends that run cells here ask: its GPUs (eight, as the matrices'
+    largest cells need) and driver."""
     if "h100" in matrix or matrix in ("dle_vs_workload", "ngc_releases"):
-        return facts("H100")
+        return facts("H100", count=8)
     if matrix.startswith("v100") or matrix in ("dle_vs_workload_v100", "bitfusion_vs_native"):
-        return facts("V100")
+        return facts("V100", count=8)
     if matrix == "gaudi":
-        return GAUDI
+        return dataclasses.replace(GAUDI, gpus=tuple(gpus.GpuInfo(i, "HL-225", 98304)
+                                                     for i in range(8)))
     return NO_GPU

@@ -61,9 +61,10 @@ def write_run(root: Path, matrix: str, run_id: str, configs: Sequence[Config],
               started: float | None = None, source: str | None = None,
               finished: bool = True, plan_extra: Sequence[Config] = (),
               only: Sequence[str] | None = None,
-              argv: Sequence[str] = ("orchestrate",)) -> RunPaths:
-    """A run folder with one cell per repeat of each configuration (``only``: plan.json's
-    ``--only`` filters; ``argv``: run.json's command line)."""
+              argv: Sequence[str] = ("orchestrate",),
+              exclude: Sequence[str] | None = None) -> RunPaths:
+    """A run folder with one cell per repeat of each configuration (``only``, ``exclude``:
+    plan.json's ``--only`` and ``--exclude`` filters; ``argv``: run.json's command line)."""
     paths = RunPaths.create(root, matrix, run_id)
     started = started if started is not None else time.time()
     repeats = max((len(c.values) for c in configs), default=1)
@@ -77,6 +78,8 @@ def write_run(root: Path, matrix: str, run_id: str, configs: Sequence[Config],
                             "baseline": None, "cells": cells}
     if only is not None:
         plan["only"] = list(only)
+    if exclude is not None:
+        plan["exclude"] = list(exclude)
     write_json(paths.plan, plan)
     counts: dict[str, int] = {}
     for cfg in configs:

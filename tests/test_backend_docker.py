@@ -113,8 +113,10 @@ def test_no_engine_gives_one_clear_message(monkeypatch, tmp_path, orchestrate_cl
         DockerBackend.check_available()
     proc = orchestrate_cli("matrix", "matrices/docker_smoke.toml", "--results", str(tmp_path),
                            timeout=60, env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    # what this machine lacks (exit 3), refused before a run folder exists
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr
     assert "no Docker engine reachable" in proc.stderr and "--backend process" in proc.stderr
+    assert not any(tmp_path.rglob("run.json"))
 
 
 # --- real engine --------------------------------------------------------------------------------
@@ -278,10 +280,11 @@ def test_dry_run_shows_images_and_resolves_files_next_to_the_matrix(write_matrix
         wrapper = "bitfusion"
         image_vars = { client_deb = "bf/client.deb", ca_cert = "bf/ca.crt" }
     """)
-    assert main(["matrix", str(path), "--dry-run"]) == 2
-    err = capsys.readouterr().err
-    assert f"{path}: hardware.v100-bf.image_vars.client_deb: file " in err
-    assert str(tmp_path / "bf" / "client.deb") in err
+    assert main(["matrix", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 3
+    out = capsys.readouterr().out  # the plan, then what this machine lacks
+    assert "image for v100-bf: not planned here" in out
+    assert f"{path}: hardware.v100-bf.image_vars.client_deb: file " in out
+    assert str(tmp_path / "bf" / "client.deb") in out
 
     (tmp_path / "bf").mkdir()
     (tmp_path / "bf" / "client.deb").write_bytes(b"deb")

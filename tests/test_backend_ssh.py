@@ -67,6 +67,9 @@ class Recorder:
     def log(self, message: str) -> None:
         self.messages.append(message)
 
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        self.messages.append(f"{cell_id}: {message}")
+
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         self.started.append((cell.id, allocation, time.monotonic()))
         if self.on_started:

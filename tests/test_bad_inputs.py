@@ -2,14 +2,16 @@
 
 Every case runs through the real entry point, :func:`orchestrator.cli.main`, in-process (stdout
 and stderr captured), and a sample of them as real ``python -m orchestrator.cli`` processes. A
-case either is refused (exit 2, the field named on stderr) or is legitimately accepted and runs
-correctly (exit 0, its output checked). For every case: no traceback, nothing blocks, and no file
-is written outside the case's results folder (the case folder and the repository are compared
-before and after).
+case either is refused (exit 2, the field named on stderr), or needs what this machine lacks
+(exit 3: refused by validate and the sweep, shown by plan and --dry-run with the requirement
+after the plan), or is legitimately accepted and runs correctly (exit 0, its output checked).
+For every case: no traceback, nothing blocks, and no file is written outside the case's results
+folder (the case folder and the repository are compared before and after).
 
 The table is data: add a case with :func:`case` (any command line), :func:`bad_matrix` /
-:func:`good_matrix` (a matrix file), :func:`bad_hosts` (a hosts file). ``{dir}`` in an argument is
-the case's folder (also the working directory), ``{results}`` its results folder.
+:func:`lacks` / :func:`good_matrix` (a matrix file), :func:`bad_hosts` (a hosts file). ``{dir}``
+in an argument is the case's folder (also the working directory), ``{results}`` its results
+folder.
 ``python tests/test_bad_inputs.py`` prints the number of cases per category.
 """
 
@@ -113,6 +115,19 @@ def bad_matrix(category: str, name: str, text: str | bytes, fld: str, *,
     more = tuple(kwargs.pop("err", ()))
     case(category, name, [*command, f"{{dir}}/{file}"], files={file: text}, err=(where, *more),
          **kwargs)
+
+
+def lacks(category: str, name: str, text: str | bytes, fld: str, *,
+          command: tuple[str, ...] = ("validate",), file: str = "m.toml",
+          **kwargs: Any) -> None:
+    """A valid matrix whose cells need what the target lacks (exit 3, naming ``fld``):
+    ``validate`` and the sweep refuse it (the field on stderr); ``plan`` and ``--dry-run``
+    show the plan and then the requirement (on stdout; ``plan --json``: on stderr)."""
+    where = f"{file}: {fld}" if fld else file
+    shows = command[0] == "plan" or "--dry-run" in command
+    stream = "out" if shows and "--json" not in command else "err"
+    kwargs[stream] = (where, *kwargs.pop("err", ()), *kwargs.pop(stream, ()))
+    case(category, name, [*command, f"{{dir}}/{file}"], files={file: text}, expect=3, **kwargs)
 
 
 def good_matrix(category: str, name: str, text: str, cells: int, **kwargs: Any) -> None:
@@ -689,6 +704,9 @@ for _name, _text, _field in [
     ("address-space", '[[hosts]]\nname = "a"\naddress = "x; id"\n', "hosts[0] (a).address"),
     ("tag-blank", _HOST + 'tags = [" "]\n', "hosts[0] (a).tags"),
     ("user-newline", _HOST + 'user = "a\\nb"\n', "hosts[0] (a).user"),
+    ("driver-word", _HOST + 'driver = "latest"\n', "hosts[0] (a).driver"),
+    ("driver-number", _HOST + "driver = 535\n", "hosts[0] (a).driver"),
+    ("gpu-newline", _HOST + 'gpu = "V100\\nx"\n', "hosts[0] (a).gpu"),
 ]:
     bad_hosts(_name, _text, _field, subprocess=_name == "connect_timeout-inf")
 
@@ -716,6 +734,82 @@ case("cli", "only-strings-accepted", [*_PLAN, "--only", "batch_size=8", "--only"
      subprocess=True)
 case("cli", "only-yes-accepted", [*_PLAN, "--only", "channels_last=yes", "--only", "repeat=1"],
      files=_TWO, expect=0, out=("m: 2 cells",))
+# --exclude: --only's grammar, each one dropping its cells; --set: a field of the file,
+# checked as the file's (the field named, and that --set set it)
+for _name, _option, _value, _err in [
+    ("exclude-not-a-number", "--exclude", "batch_size=abc", "--exclude: batch_size=abc"),
+    ("exclude-unknown-key", "--exclude", "nokey=1", "--exclude: nokey: unknown parameter"),
+    ("exclude-no-value", "--exclude", "gpus", "--exclude: gpus: expected KEY=VALUE"),
+    ("exclude-matches-nothing", "--exclude", "batch_size=32",
+     "--exclude: batch_size=32: matches no cell of m"),
+    ("exclude-comma-list", "--exclude", "batch_size=8,16",
+     "(several values: repeat --exclude, e.g. --exclude batch_size=8 --exclude batch_size=16)"),
+    *[(name, "--set", value, err) for name, value, err in [
+        ("set-range", "workload.iterations=0",
+         "m.toml: workload.iterations: Input should be greater than 0 (got 0) (from --set "
+         "workload.iterations=0)"),
+        ("set-type", "workload.batch_size=abc",
+         "m.toml: workload.batch_size: Input should be a valid integer (got 'abc') (from --set "
+         "workload.batch_size=abc)"),
+        ("set-unknown-key", "workload.iteratons=20",
+         "m.toml: workload.iteratons: unknown key (did you mean 'iterations'?"),
+        ("set-unknown-table", "workloads.iterations=20", "m.toml: workloads: unknown key"),
+        ("set-under-a-value", "workload.iterations.x=1",
+         "m.toml: workload.iterations: is a number here, not a table: 'x' cannot be a key under it "
+         "(from --set workload.iterations.x=1)"),
+        ("set-index-past-the-end", "hardware.cpu.container.mounts[2].source=/x",
+         "hardware.cpu.container.mounts[2]: past the end"),
+        ("set-index-on-a-table", "workload[0]=1",
+         "m.toml: workload: is a table here, not a list: [0] cannot index it"),
+        ("set-no-equals", "workload.iterations", "--set: workload.iterations: expected KEY=VALUE"),
+        ("set-no-key", "=3", "--set: =3: expected KEY=VALUE"),
+        ("set-bad-key", "work load=3", "--set: work load=3: expected '.' or the end after 'work'"),
+        ("set-unclosed-quote", 'hardware."cpu.device=cuda', "--set: hardware.\"cpu.device=cuda"),
+        ("set-enum", "hardware.cpu.device=gpu", "m.toml: hardware.cpu.device: Input should be "
+         "'cuda', 'hpu' or 'cpu' (got 'gpu') (from --set hardware.cpu.device=gpu)"),
+        ("set-list-not-toml", "axes.arch=[resnet50,resnet18]",
+         "VALUE is not valid TOML, so it was read as text"),
+        ("set-axis-item", "axes.batch_size=[8, 0]",
+         "m.toml: axes.batch_size[1]: Input should be greater than 0 (got 0) (from --set "
+         "axes.batch_size=[8, 0])"),
+        ("set-name-not-a-folder", "matrix.name=../x", "m.toml: matrix.name"),
+        ("set-unknown-profile", "workload.hardware=gpu",
+         "unknown hardware profile 'gpu'; defined profiles: cpu (from --set "
+         "workload.hardware=gpu)"),
+        ("set-profile-rule", "hardware.cpu.gpu=V100",
+         "m.toml: hardware.cpu: gpu names the accelerator of a cuda or hpu profile"),
+        ("set-key-too-deep", "a" + "[0]" * 20 + "=1", "a key of at most 16 parts"),
+        ("set-value-too-deep", "workload.data=" + "[" * 30 + "]" * 30,
+         "m.toml: workload.data[0]...: nested too deeply"),
+        ("set-value-recursion", "workload.data=" + "[" * 5000, "m.toml: workload.data: String "
+         "should have at most 4096 characters"),
+    ]],
+]:
+    case("cli", _name, [*_PLAN, _option, _value], files=_TWO, err=(_err,),
+         subprocess=_name in ("exclude-not-a-number", "set-range"))
+case("cli", "exclude-everything", [*_PLAN, "--exclude", "batch_size=8", "--exclude",
+                                   "batch_size=16"],
+     files=_TWO, err=("--exclude batch_size=8 --exclude batch_size=16 leaves no cell of m",))
+case("cli", "exclude-accepted", [*_PLAN, "--exclude", "batch_size=8", "--exclude",
+                                 "channels_last=no"],
+     files=_TWO, expect=0, out=("m: 1 cell (", "cpu-g1-bs16-fp32-channelslast-r1",
+                                "with --exclude batch_size=8 --exclude channels_last=no"),
+     subprocess=True)
+case("cli", "set-validate", ["validate", "{dir}/m.toml", "--set", "matrix.repeats=0"],
+     files=_TWO, err=("m.toml: matrix.repeats", "(from --set matrix.repeats=0)"))
+case("cli", "set-dry-run", ["matrix", "{dir}/m.toml", "--dry-run", "--results", "{results}",
+                            "--set", "workload.precision=fp8"],
+     files=_TWO, err=("m.toml: workload.precision", "(from --set workload.precision=fp8)"))
+case("cli", "set-accepted", [*_PLAN, "--set", "axes.batch_size=[4]", "--set",
+                             "axes.channels_last=[true]", "--set", "matrix.name=night",
+                             "--set", "workload.data=/srv/data set"],
+     files=_TWO, expect=0, out=("night: 1 cell (", "cpu-g1-bs4-fp32-r1",
+                                "with --set 'axes.batch_size=[4]' --set "
+                                "'axes.channels_last=[true]' --set matrix.name=night --set "
+                                "'workload.data=/srv/data set'"), subprocess=True)
+case("cli", "set-secret-masked", [*_PLAN, "--set", "hardware.cpu.env.HF_TOKEN=hf_abcdefgh123"],
+     files=_TWO, expect=0, out=("--set 'hardware.cpu.env.HF_TOKEN=***'",),
+     absent=("hf_abcdefgh123",))
 for _name, _argv, _err in [
     ("report-baseline-no-equals", ["report", "m", "--baseline", "hardware"], "--baseline"),
     ("report-results-file", ["report", "m", "--results", "{dir}/m.toml"], "--results"),
@@ -1010,7 +1104,7 @@ def _narrow_run(d: Path) -> None:
 case("old-runs", "resume-with-a-wider-only", ["matrix", "{dir}/m.toml", "--resume", "--results",
                                               "{results}"],
      setup=_narrow_run, err=("--resume: 1 of the selected cells are not in run",
-                             "resume with the --only it ran with"))
+                             "resume with the options it ran with (--only batch_size=8)"))
 
 def _stray_only_night(d: Path) -> None:
     """Three nights of two configurations, then one made with ``--only gpus=1``."""
@@ -1309,13 +1403,14 @@ _BF = gx(axes='hardware = ["v100", "bf"]', hw=None,
          after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
                'wrapper = "bitfusion"\nimage_vars = { base_tag = "23.10-py3", client_deb = '
                '"client.deb", ca_cert = "ca.crt" }\n')
-bad_matrix("can-it-run", "missing-build-file-is-refused", _BF, "hardware.bf.image_vars.client_deb",
-           err=("file or folder", "m.toml: hardware.bf.image_vars.ca_cert"), gpu="V100")
-bad_matrix("can-it-run", "missing-build-file-strict", _BF, "hardware.bf.image_vars.client_deb",
-           command=("validate", "--strict"), err=("hardware.bf.image_vars.ca_cert",), gpu="V100")
-bad_matrix("can-it-run", "missing-build-file-dry-run", _BF, "hardware.bf.image_vars.client_deb",
-           command=("matrix", "--dry-run", "--results", "{dir}/results"), check=_NO_RUN_FOLDER,
-           gpu="V100")
+lacks("can-it-run", "missing-build-file-is-refused", _BF, "hardware.bf.image_vars.client_deb",
+      err=("file or folder", "m.toml: hardware.bf.image_vars.ca_cert"), gpu="V100")
+lacks("can-it-run", "missing-build-file-strict", _BF, "hardware.bf.image_vars.client_deb",
+      command=("validate", "--strict"), err=("hardware.bf.image_vars.ca_cert",), gpu="V100")
+lacks("can-it-run", "missing-build-file-dry-run", _BF, "hardware.bf.image_vars.client_deb",
+      command=("matrix", "--dry-run", "--results", "{dir}/results"), check=_NO_RUN_FOLDER,
+      gpu="V100", out=("image for bf: not planned here", "v100-g1-bs64-fp32-r1:",
+                       "would not start here"))
 good_run("cross-stack-baseline-warns",
          gx(matrix='baseline = "hardware=v100"', axes='hardware = ["v100", "bf"]', hw=None,
             after='[hardware.bf]\ndevice = "cuda"\ngpu = "V100"\nimage = "bitfusion"\n'
@@ -1412,10 +1507,10 @@ for _name, _text, _field, _more in [
     bad_matrix("commands", _name, _text, _field, err=_more,
                subprocess=_name in ("placeholder-typo", "unmapped-value"))
 
-bad_matrix("commands", "workdir-variable-not-set",
-           cx(lines='workdir = "$env:ORCHESTRATE_TEST_UNSET_DLE_DIR"'), "commands.lab.workdir",
-           command=("matrix", "--results", "{dir}/results"), check=_NO_RUN_FOLDER,
-           err=("ORCHESTRATE_TEST_UNSET_DLE_DIR", "not set"))
+lacks("commands", "workdir-variable-not-set",
+      cx(lines='workdir = "$env:ORCHESTRATE_TEST_UNSET_DLE_DIR"'), "commands.lab.workdir",
+      command=("matrix", "--results", "{dir}/results"), check=_NO_RUN_FOLDER,
+      err=("ORCHESTRATE_TEST_UNSET_DLE_DIR", "not set"))
 # hostile values are one argv item each: accepted, and the plan shows them unharmed
 good_matrix("commands", "hostile-values-are-plain-text",
             cx("--data={data} {data}", workload="program = \"lab\"",
@@ -1476,14 +1571,14 @@ for _name, _text, _field, _more in [
                subprocess=_name == "runtime-on-the-docker-backend")
 
 # what must exist where the cells run: refused at the sweep's start, every problem at once
-bad_matrix("apptainer", "binary-and-bind-source-missing-at-start",
-           mx(hardware='runtime = "apptainer"\n[hardware.cpu.apptainer]\n'
-                       'binary = "/no/such/apptainer"\nsif = "/no/such/image.sif"\n'
-                       'binds = [{ source = "/no/such/data", target = "/data" }]'),
-           "hardware.cpu.apptainer.binary", command=("matrix", "--results", "{dir}/results"),
-           check=_NO_RUN_FOLDER, err=("not on PATH on localhost",
-                                      "m.toml: hardware.cpu.apptainer.binds[0].source",
-                                      "/no/such/data does not exist on localhost"))
+lacks("apptainer", "binary-and-bind-source-missing-at-start",
+      mx(hardware='runtime = "apptainer"\n[hardware.cpu.apptainer]\n'
+                  'binary = "/no/such/apptainer"\nsif = "/no/such/image.sif"\n'
+                  'binds = [{ source = "/no/such/data", target = "/data" }]'),
+      "hardware.cpu.apptainer.binary", command=("matrix", "--results", "{dir}/results"),
+      check=_NO_RUN_FOLDER, err=("not on PATH on localhost",
+                                 "m.toml: hardware.cpu.apptainer.binds[0].source",
+                                 "/no/such/data does not exist on localhost"))
 
 
 # --- imports: hostile logs and run folders -----------------------------------------------------
@@ -1755,15 +1850,17 @@ _DRY = ("matrix", "--dry-run", "--results", "{dir}/results")
 # the case gives it one)
 for _name, _text, _field, _command, _gpu, _more in [
     ("cuda-cell-without-a-gpu", gm("process", _CUDA), "hardware.g.device", ("validate",), None,
-     ("this machine has none", "--backend slurm or ssh")),
+     ("this machine has none", "--backend ssh with a hosts inventory, --backend slurm")),
     ("cuda-cell-without-a-gpu-sweep", gm("process", _CUDA), "hardware.g.device", _RUN, None,
      ("this machine has none",)),
     ("cuda-cell-without-a-gpu-dry-run", gm("process", _CUDA), "hardware.g.device", _DRY, None,
      ("this machine has none",)),
     ("cuda-cell-without-a-gpu-plan", gm("process", _CUDA), "hardware.g.device", ("plan",), None,
-     ()),
+     ("g-g1-bs", "would not start here")),
+    ("cuda-cell-without-a-gpu-plan-json", gm("process", _CUDA), "hardware.g.device",
+     ("plan", "--json"), None, ("would not start here",)),
     ("docker-cuda-cell-without-a-gpu", gm("docker", _NGC), "hardware.g.device", ("validate",),
-     None, ("the docker backend runs them here",)),
+     None, ("where the docker backend runs them",)),
     ("v100-under-a-cuda-13-torch-on-slurm", gm("slurm", _CUDA + '\ngpu = "V100"'),
      "hardware.g.gpu", ("validate",), None, ("no sm_70", "whl/cu126")),
     ("v100-under-a-cuda-13-torch-here", gm("process", _CUDA), "hardware.g", ("validate",), "V100",
@@ -1780,8 +1877,8 @@ for _name, _text, _field, _command, _gpu, _more in [
                                       'hpu_mode = "lazy"\n'), "hardware.g.device",
      ("validate",), "H100", ("a Gaudi card (device", "hl-smi found no card")),
 ]:
-    bad_matrix("say-no", _name, _text, _field, command=_command, gpu=_gpu, err=_more,
-               check=_NO_RUN_FOLDER, subprocess=_name == "cuda-cell-without-a-gpu-sweep")
+    lacks("say-no", _name, _text, _field, command=_command, gpu=_gpu, err=_more,
+          check=_NO_RUN_FOLDER, subprocess=_name == "cuda-cell-without-a-gpu-sweep")
 case("say-no", "cuda-cell-on-its-gpu", ["validate", "{dir}/m.toml"],
      files={"m.toml": gm("process", _CUDA + '\ngpu = "H100"')}, expect=0, gpu="H100",
      out=("ok (1 cell)", "on this machine's NVIDIA H100 80GB HBM3 (compute capability 9.0), "
@@ -1802,12 +1899,11 @@ for _name, _text, _field, _command, _more in [
      ("validate",), ("m.toml: hardware.g.apptainer.sif", "/no/such/image.sif does not exist")),
     ("ssh-without-an-inventory", gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"'),
      "matrix.hosts", ("validate",), ("needs a hosts inventory",)),
-    ("ssh-inventory-invalid", gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"',
-                                 matrix='hosts = "m.toml"\n'), "",
-     ("validate",), ("this is a matrix file, not a hosts inventory",)),
 ]:
-    bad_matrix("say-no", _name, _text, _field, command=_command, err=_more,
-               check=_NO_RUN_FOLDER)
+    lacks("say-no", _name, _text, _field, command=_command, err=_more, check=_NO_RUN_FOLDER)
+bad_matrix("say-no", "ssh-inventory-invalid",
+           gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"', matrix='hosts = "m.toml"\n'), "",
+           err=("this is a matrix file, not a hosts inventory",), check=_NO_RUN_FOLDER)
 case("say-no", "ssh-profile-host-not-in-the-inventory", ["validate", "{dir}/m.toml"],
      files={"m.toml": gm("ssh", 'device = "cpu"\nimage = "ngc-pytorch"\nhosts = ["gpu9"]',
                          matrix='hosts = "h.toml"\n'), "h.toml": _INVENTORY},
@@ -1833,6 +1929,58 @@ case("say-no", "plan-json-carries-each-launch",
      ["plan", "{dir}/m.toml", "--json", "--results", "{dir}/results"],
      files={"m.toml": mx()}, expect=0, out=('"launch": {', '"argv": [', '"backend": "process"'),
      check=_NO_RUN_FOLDER)
+
+# --- plan anywhere (issue 31): what the target lacks, refused by validate and the sweep alike,
+# shown after the plan by plan and --dry-run (exit 3); a declared target ---------------------
+_LOCAL_BASE = gm("docker", 'device = "cpu"\nimage = "ngc-pytorch"\nimage_vars = { base_image = '
+                 '"orchestrate-test/never-built:1", install_nvml = false }')
+for _name, _command, _more in [
+    ("local-base-image-not-here", ("validate",), ("it is not a registry reference to pull",)),
+    ("local-base-image-not-here-sweep", _RUN, ("it is not a registry reference to pull",)),
+    ("local-base-image-not-here-dry-run", _DRY,
+     ("image for g: orchestrate/ngc-pytorch:", "container of image", "would not start here")),
+]:
+    lacks("say-no", _name, _LOCAL_BASE, "hardware.g.image_vars.base_image", command=_command,
+          err=_more if _command[0] != "matrix" or "--dry-run" not in _command else (),
+          out=_more if "--dry-run" in _command else (), check=_NO_RUN_FOLDER)
+_NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+case("say-no", "no-docker-engine", ["validate", "{dir}/m.toml"],
+     files={"m.toml": gm("docker", 'device = "cpu"\nimage = "ngc-pytorch"')}, expect=3,
+     env=_NO_ENGINE, err=("no Docker engine reachable",), check=_NO_RUN_FOLDER)
+case("say-no", "no-docker-engine-dry-run",
+     ["matrix", "{dir}/m.toml", "--dry-run", "--results", "{dir}/results"],
+     files={"m.toml": gm("docker", 'device = "cpu"\nimage = "ngc-pytorch"')}, expect=3,
+     env=_NO_ENGINE, out=("container of image orchestrate/ngc-pytorch:", "- engine",
+                          "no Docker engine reachable", "would not start here"),
+     check=_NO_RUN_FOLDER)
+case("say-no", "no-docker-engine-plan-json",
+     ["plan", "{dir}/m.toml", "--json", "--results", "{dir}/results"],
+     files={"m.toml": gm("docker", 'device = "cpu"\nimage = "ngc-pytorch"')}, expect=3,
+     env=_NO_ENGINE, out=('"docker_run": {',), err=("no Docker engine reachable",),
+     check=_NO_RUN_FOLDER)
+for _name, _spec, _says in [
+    ("target-unknown-gpu", "gpu=V1OO", "--target: unknown GPU 'V1OO'"),
+    ("target-not-key-value", "V100", "--target: 'V100' is not KEY=VALUE"),
+    ("target-bad-driver", "gpu=V100,driver=latest", "is not a driver version"),
+    ("target-gpus-without-a-gpu", "gpu=none,gpus=4", "give 1..256 with a gpu model"),
+]:
+    case("cli", _name, ["plan", "{dir}/m.toml", "--target", _spec], files={"m.toml": mx()},
+         err=(_says,))
+case("cli", "target-for-a-sweep", ["matrix", "{dir}/m.toml", "--target", "gpu=V100",
+                                   "--results", "{dir}/results"],
+     files={"m.toml": mx()}, err=("--target: a sweep runs on this machine",),
+     check=_NO_RUN_FOLDER)
+case("say-no", "target-without-the-gpu-the-cells-need",
+     ["validate", "{dir}/m.toml", "--target", "gpu=none"], files={"m.toml": gm("process", _CUDA)},
+     expect=3, err=("m.toml: hardware.g.device", "and the target has none"))
+case("say-no", "target-with-too-few-gpus-falls-short",
+     ["plan", "{dir}/m.toml", "--target", "gpu=H100,gpus=2"],
+     files={"m.toml": gm("process", _CUDA, workload="gpus = 4\n")}, expect=0,
+     out=("falls short", "needs 4 GPUs, and the target has 2", "would start on the target"))
+case("say-no", "target-with-too-few-gpus-strict",
+     ["validate", "{dir}/m.toml", "--strict", "--target", "gpu=H100,gpus=2"],
+     files={"m.toml": gm("process", _CUDA, workload="gpus = 4\n")}, expect=3,
+     err=("m.toml: hardware.g.device", "needs 4 GPUs, and the target has 2"))
 
 
 # --- the runner ------------------------------------------------------------------------------

@@ -434,9 +434,9 @@ def test_registry_digests_pin_registry_bases() -> None:
     assert build._repo_digest(pinned, []) == "nvcr.io/nvidia/pytorch@sha256:" + "c" * 64
     assert build.split_ref("registry:5000/a/b:1") == ("registry:5000/a/b", "1", None)
     assert build.split_ref("registry:5000/a/b") == ("registry:5000/a/b", None, None)
-    assert build._registry_ref("nvcr.io/nvidia/pytorch:24.05-py3")
-    assert build._registry_ref("localhost:5000/x:1") and build._registry_ref("localhost/x")
-    assert not build._registry_ref("orchestrate-test/base:1") and not build._registry_ref("ubuntu")
+    assert build.registry_ref("nvcr.io/nvidia/pytorch:24.05-py3")
+    assert build.registry_ref("localhost:5000/x:1") and build.registry_ref("localhost/x")
+    assert not build.registry_ref("orchestrate-test/base:1") and not build.registry_ref("ubuntu")
 
 
 def test_pinning_changes_the_tag_and_keeps_the_context(workload: Path) -> None:

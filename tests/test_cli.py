@@ -54,8 +54,9 @@ def test_version_imports_no_command_module(orchestrate_cli):
 
 
 #: Flags that two commands use for options of different meaning (a default, a choice list or
-#: a kind of file of their own): each is declared where it means what it means.
-FLAGS_OF_TWO_MEANINGS = {"--threshold", "--status", "--out", "--last", "-q", "-v"}
+#: a kind of file of their own): each is declared where it means what it means. ``--set``: a
+#: template variable of ``images render|build``, a field of the matrix file elsewhere.
+FLAGS_OF_TWO_MEANINGS = {"--threshold", "--status", "--out", "--last", "-q", "-v", "--set"}
 
 
 def test_each_option_is_declared_once() -> None:
@@ -109,23 +110,35 @@ def test_help_for_every_command(command, capsys):
 
 
 def test_plan_json_lists_every_cell(orchestrate_cli, gpu_machine):
+    """Every cell with its launch, whatever this machine lacks: the matrix mounts the lab's
+    /data/imagenet and /data/torch-hub, which this machine has not (if it had them, the plan
+    would say the sweep starts: exit 0), so the plan is printed and then those requirements
+    (stderr), exit 3."""
     gpu_machine("V100")  # the docker backend's cells run on this machine's GPUs
     proc = orchestrate_cli("plan", "matrices/v100_scaling.toml", "--json")
-    assert proc.returncode == 0, proc.stderr
+    lacking = [p for p in ("/data/imagenet", "/data/torch-hub") if not Path(p).exists()]
+    assert proc.returncode == (3 if lacking else 0), proc.stderr
     cells = json.loads(proc.stdout)
     assert len(cells) == 40
-    assert {"id", "params", "hash", "repeat", "group"} <= set(cells[0])
+    assert {"id", "params", "hash", "repeat", "group", "launch"} <= set(cells[0])
     assert cells[0]["params"]["batch_size"] == 128
     assert sorted({c["params"]["gpus"] for c in cells}) == [1, 2, 4, 8]
+    for path in lacking:
+        assert f"{path} does not exist on this machine" in proc.stderr
+    assert ("would not start here" if lacking else "would start here") in proc.stderr
 
 
 def test_plan_table_and_only(capsys, gpu_machine):
     gpu_machine("V100")
+    lacking = not Path("/data/imagenet").exists()
     assert main(["plan", "matrices/v100_scaling.toml", "--only", "gpus=8", "--only",
-                 "precision=amp"]) == 0
+                 "precision=amp"]) == (3 if lacking else 0)
     out = capsys.readouterr().out
     assert "v100_scaling: 5 cells" in out
-    assert "v100-g8-bs128-amp-r5" in out and "fp32" not in out.split("\n", 2)[2]
+    plan = out.partition("requirements of the target")[0]
+    assert "v100-g8-bs128-amp-r5" in plan and "fp32" not in plan.split("\n", 2)[2]
+    if lacking:
+        assert "hardware.v100.container.mounts[0].source: /data/imagenet" in out
 
 
 def test_validate_ok(capsys, gpu_machine):
@@ -207,21 +220,26 @@ def test_help_names_every_backend(capsys):
     assert all(word in out for word in ("locally", "docker", "ssh", "slurm")), out
 
 
-def test_dry_run_refuses_a_missing_build_file_before_printing_the_plan(tmp_path, capsys,
-                                                                       gpu_machine):
+def test_a_missing_build_file_is_refused_and_the_dry_run_still_shows_the_plan(
+        tmp_path, capsys, gpu_machine):
     """The Bitfusion client .deb is the lab's own: the sweep refuses a build that would miss it,
-    so validate and a dry run refuse it too, at once (one screen: no 36-row plan above the
-    error)."""
+    and so does validate (exit 3: a requirement of this machine, the file is right); a dry run
+    shows every cell's launch, then that requirement (the Bitfusion image is not planned here,
+    the native one is), exit 3."""
     gpu_machine("V100")  # the native profile's cells run on this machine's V100
     path = tmp_path / "bitfusion_vs_native.toml"
     path.write_text((ROOT / "matrices" / "bitfusion_vs_native.toml").read_text())
-    assert main(["validate", str(path)]) == 2
+    assert main(["validate", str(path)]) == 3
     captured = capsys.readouterr()
     assert captured.out == "" and "image_vars.client_deb: file or folder" in captured.err
-    assert main(["matrix", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert "hardware.v100-bitfusion.image_vars.client_deb: file or folder" in captured.err
+    assert main(["matrix", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 3
+    out = capsys.readouterr().out
+    plan, _, lacks = out.partition("requirements of the target (this machine):")
+    assert "image for v100-bitfusion: not planned here" in plan
+    assert "image for v100: orchestrate/ngc-pytorch:" in plan
+    assert plan.count("    command: ") == 36  # every cell's launch
+    assert "hardware.v100-bitfusion.image_vars.client_deb: file or folder" in lacks
+    assert "the sweep would not start here" in lacks
     (tmp_path / "bitfusion").mkdir()
     (tmp_path / "bitfusion" / "bitfusion-client-ubuntu2204_amd64.deb").write_bytes(b"x")
     for name in ("client.yaml", "servers.conf"):

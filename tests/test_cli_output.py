@@ -122,18 +122,24 @@ def test_terminal_progress_shows_brackets_as_they_are(tmp_path):
         events.sweep_started(RunPaths(tmp_path / "r[/x]"), [cell], {})
         events.log("waiting for [/dim] the CPU")
         events.cell_started(cell, Allocation.local(cell.id))
+        events.lock_wait(cell.id, "waiting for the CPU of localhost: held by run m/[/x]", None)
+        events.lock_wait(cell.id, "got the CPU of localhost after waiting 3 s", 3.0)
         events.cell_finished(cell, CellResult(cell.id, cell.group, 1, Status.FAILED,
                                               reason="[Errno 28] No space left on device [/x]"))
     out = buf.getvalue()
     assert f"run folder: {tmp_path / 'r[/x]'}" in out
     assert "waiting for [/dim] the CPU" in out
+    assert f"{cell.id}: waiting for the CPU of localhost: held by run m/[/x]" in out
+    assert f"{cell.id}: got the CPU of localhost after waiting 3 s" in out
     assert "[Errno 28] No space left on device [/x]" in out
 
 
 @pytest.mark.subprocess  # the CLI in a process, its pipe closed early
 def test_images_list_into_head_exits_141_and_a_pipe_gets_plain_tables(tmp_path: Path) -> None:
     """Issue 23: ``images list | head -2`` exited 1 without a word (rich's own answer to a closed
-    pipe), and piped, rich wrapped its tables to 80 columns (354 lines)."""
+    pipe), and piped, rich wrapped its tables to 80 columns (354 lines). Issue 31: the plain
+    tables that replaced them were 305 columns wide; piped it fits 100, each variable on a line
+    of its own that starts with its name."""
     cmd = [sys.executable, "-m", "orchestrator.cli", "images", "list"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     assert proc.stdout is not None and proc.stderr is not None
@@ -148,11 +154,14 @@ def test_images_list_into_head_exits_141_and_a_pipe_gets_plain_tables(tmp_path: 
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60,
                          env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}).stdout
     lines = out.splitlines()
+    assert max(map(len, lines)) <= 100
+    blocks = {block.split(" ", 1)[0]: block.splitlines() for block in out.split("\n\n") if block}
     for name in templates.template_names():
         template = templates.load_template(name)
-        assert f"{name} ({template.kind}): {template.description}" in lines
-        for variable in template.variables:  # one line per variable, never wrapped
-            assert [ln for ln in lines if ln.startswith(f"| {variable} ")], variable
+        assert blocks[name][0].startswith(f"{name} ({template.kind}): "), name
+        for variable, spec in template.variables.items():  # a line per variable, its name first
+            (line,) = [ln for ln in blocks[name] if ln.startswith(f"  {variable} ")]
+            assert line.split()[1] == spec.type, line
     assert not any("│" in ln or "┃" in ln for ln in lines)  # no rich box drawing in a pipe
 
 

@@ -19,7 +19,6 @@ matches the package docstrings, the CLI page matches the parser, the README stay
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import re
@@ -184,28 +183,15 @@ def cli_synopsis() -> dict[str, set[str]]:
 
 def parser_options() -> dict[str, list[tuple[str, ...]]]:
     """The options of the real parser per command (keyed as :func:`cli_synopsis` keys them):
-    each option's spellings (``("-v", "--verbose")``)."""
-    from orchestrator.cli.app import build_parser
+    each option's spellings (``("-v", "--verbose")``); a command with subcommands is keyed by
+    them alone."""
+    from docs_support import cli_parsers
 
-    def options(parser: argparse.ArgumentParser) -> list[tuple[str, ...]]:
-        return [tuple(action.option_strings) for action in parser._actions
-                if action.option_strings and "--help" not in action.option_strings]
-
-    def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                return dict(action.choices)
-        return {}
-
-    top = build_parser()
-    found = {"": options(top)}
-    for name, sub in subparsers(top).items():
-        nested = subparsers(sub)
-        if nested:
-            found.update({f"{name} {n}": options(p) for n, p in nested.items()})
-        else:
-            found[name] = options(sub)
-    return found
+    parsers = cli_parsers()
+    grouped = {name.split(" ")[0] for name in parsers if " " in name}
+    return {name: [tuple(action.option_strings) for action in parser._actions
+                   if action.option_strings and "--help" not in action.option_strings]
+            for name, parser in parsers.items() if name not in grouped}
 
 
 def test_the_cli_page_names_exactly_the_parsers_options() -> None:
@@ -253,11 +239,9 @@ def test_the_workload_page_states_the_floor_of_the_release_table() -> None:
 
 
 def nightly_script() -> str:
-    text = (DOCS / "operations.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"^```sh\n(.*?)^```", text, re.M | re.S)
-    scripts = [b for b in blocks if b.startswith("#!/bin/sh\n# nightly.sh")]
-    assert len(scripts) == 1, "docs/operations.md: one nightly.sh block"
-    return scripts[0]
+    """The shipped nightly script (docs/operations.md shows it as a ``# file:`` block, which
+    the docs-run test holds equal to the file)."""
+    return (ROOT / "examples" / "nightly.sh").read_text(encoding="utf-8")
 
 
 @pytest.mark.subprocess  # runs the script under sh (a stand-in orchestrate, no sweep)

@@ -22,6 +22,7 @@ from gpu_support import GAUDI, NO_GPU, facts
 from orchestrator.backends.checks import check_matrix
 from orchestrator.catalog import torch_builds
 from orchestrator.catalog.torch_builds import TorchBuild, arch_runs, read_build
+from orchestrator.errors import Requirement
 from orchestrator.plan import software
 from orchestrator.plan.matrix import load_matrix
 
@@ -138,14 +139,23 @@ def errors(path: Path, machine: object = None, backend: str | None = None) -> li
 
 
 def test_a_cuda_cell_on_a_machine_without_a_gpu_is_refused(tmp_path: Path) -> None:
+    """A requirement of the machine (GPUs), not a problem of the file: it names the GPU the
+    profile names and where such GPUs are, never "set device = cpu" for a named GPU."""
     path = matrix(tmp_path, "process", 'device = "cuda"\ngpu = "H100"')
     (problem,) = errors(path, NO_GPU)
     assert "m.toml: hardware.g.device: 2 cells (g-g1-bs64-fp32-r1, g-g1-bs64-amp-r1)" in problem
-    assert "this machine has none" in problem and "--backend slurm or ssh" in problem
+    assert "an NVIDIA GPU (H100, compute capability 9.0; 1 per cell" in problem
+    assert "this machine has none" in problem and "--backend ssh" in problem
+    assert "--backend slurm" in problem and "device = \"cpu\"" not in problem.split("none")[1]
+    found = check_matrix(load_matrix(path), machine=NO_GPU)
+    (requirement,) = found.errors
+    assert isinstance(requirement, Requirement) and requirement.kind == "GPUs"
+    assert requirement.cells == ("g-g1-bs64-fp32-r1", "g-g1-bs64-amp-r1")
     assert errors(path, facts("H100")) == []
     docker = matrix(tmp_path, "docker", 'device = "cuda"\nimage = "ngc-pytorch"')
     (problem,) = errors(docker, NO_GPU)
-    assert "the docker backend runs them here" in problem
+    assert "where the docker backend runs them" in problem
+    assert 'or set device = "cpu"' in problem  # the profile names no GPU: the CPU may do
     # a Bitfusion profile's GPUs are the servers': nothing of this machine is asked
     bitfusion = matrix(tmp_path, "docker", 'device = "cuda"\nimage = "bitfusion"\n'
                                            'wrapper = "bitfusion"')

@@ -229,6 +229,20 @@ def test_a_configuration_left_out_by_only_fails_the_gate(tmp_path, capsys, recor
     assert lines[8].verdict == "dropped" and not lines[8].failing
 
 
+def test_a_configuration_left_out_by_exclude_fails_the_gate_as_by_only(tmp_path, capsys):
+    """--exclude is a selection as --only is: what it left out is dropped by it, not by the
+    matrix, and fails the gate unless --allow-dropped."""
+    _stray_only(tmp_path, only=["precision=fp32"], exclude=["gpus=8"])
+    lines, report = check(tmp_path)
+    assert lines[8].verdict == "dropped" and lines[8].failing
+    assert lines[8].dropped_by == "--only precision=fp32 --exclude gpus=8"
+    text = render_history(report)
+    assert "DROPPED (--only/--exclude)" in text
+    assert "by --only precision=fp32 --exclude gpus=8: fails --fail-on-regression" in text
+    assert main(["history", "nightly", "--results", str(tmp_path), "--fail-on-regression",
+                 "--allow-dropped"]) == 0
+
+
 def test_missing_and_dropped_lines_show_their_earlier_figures(tmp_path, capsys):
     """history hid the earlier values of a configuration the newest run lacks."""
     _stray_only(tmp_path, only=["gpus=1"])

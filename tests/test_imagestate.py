@@ -243,3 +243,48 @@ def test_refresh_needs_an_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("ORCHESTRATE_CONFIG", str(tmp_path / "none.toml"))
     assert cli.main(["images", "refresh", "--results", str(tmp_path)]) == 2
     assert "--hosts: give the inventory" in capsys.readouterr().err
+
+
+def test_a_build_made_with_set_is_refreshed_with_it(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31: a sweep run with --set builds the images of the overridden file; its record
+    keeps the overrides (a secret's masked), and a refresh without matrices reads the file with
+    them again (a masked one is not replayed: said)."""
+    from orchestrator.images.prepare import record_of
+    from orchestrator.images.refresh import _recorded_matrices
+
+    matrix = tmp_path / "nightly.toml"
+    matrix.write_text(MATRIX)
+    overridden = load_matrix(matrix, overrides=[
+        "hardware.gpu.image_vars.base_repository=mirror.lab:5000/nvidia/pytorch",
+        "hardware.gpu.env.HF_TOKEN=hf_abcdefgh"])
+    path = state_path(tmp_path)
+    built = record(matrix_file=str(matrix.resolve()), hardware="gpu",
+                   overrides=tuple(o.shown for o in overridden.overrides))
+    update_state(path, lambda state: state.put(built))
+    text = path.read_text()
+    assert '"hardware.gpu.env.HF_TOKEN=***"' in text and "hf_abcdefgh" not in text
+    state = load_state(path)
+    assert state.images[built.key].overrides == built.overrides
+    (again,), notes = _recorded_matrices(state, ["a"])
+    assert again.profiles["gpu"].image_vars == {
+        "base_repository": "mirror.lab:5000/nvidia/pytorch"}
+    assert "HF_TOKEN" not in again.profiles["gpu"].env
+    assert notes == [f"{matrix.resolve()}: a --set of a secret is not replayed (recorded as ***)"]
+    from orchestrator.images.build import BuildOutcome
+    from orchestrator.plan.selection import ImageChoice
+
+    made = record_of("a", overridden, selection.ImageKey("gpu"),
+                     ImageChoice("gpu", "ngc-pytorch", {}, "24.05", "ngc", "auto"),
+                     BuildOutcome("orchestrate/ngc-pytorch:x", True, 1.0))
+    assert made.overrides == built.overrides  # what a sweep's build records
+    # `images refresh MATRIX --set ...` reads the named files with them; --set alone is refused
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text('[options]\nssh_config = ""\n[[hosts]]\nname = "a"\n'
+                     'address = "127.0.0.1"\ntags = ["gpu"]\n')
+    assert cli.main(["images", "refresh", "--hosts", str(hosts), "--results", str(tmp_path),
+                     "--set", "workload.iterations=3"]) == 2
+    assert "--set: --set sets a field of the MATRIX files named" in capsys.readouterr().err
+    assert cli.main(["images", "refresh", str(matrix), "--hosts", str(hosts), "--results",
+                     str(tmp_path), "--dry-run", "--set", "hardware.gpu.device=gpu"]) == 2
+    assert "(from --set hardware.gpu.device=gpu)" in capsys.readouterr().err

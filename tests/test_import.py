@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import pytest
 from results_support import import_results
 
 from orchestrator.cli import main
+from orchestrator.cli.app import EXIT_BROKEN_PIPE
 from orchestrator.errors import ConfigError
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results import importer
@@ -554,3 +557,24 @@ def test_an_import_records_only_what_the_log_and_param_state(logs, tmp_path):
     assert configuration["iterations"] == 100 and configuration["batch_size"] == 32
     planned = read_json(paths.plan)["cells"][0]["params"]
     assert planned == configuration  # the configuration it joins is unchanged
+
+
+def test_an_import_whose_reader_is_gone_is_written_whole(logs, results):
+    """``orchestrate import ... | head -1``: the reader goes away while the import has more to
+    say. It printed before it wrote and stopped at the first line it could not write, so
+    nothing was imported. Now the import is written whole and the command ends as every command
+    whose reader left: quietly, status 141. (The read end is closed before the CLI has even
+    started, so no line can be written.)"""
+    raport, _ = logs["amp"]
+    before = set(entries_of(results))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "import", str(raport), "--matrix", "dle_cal",
+         "--results", str(results)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == EXIT_BROKEN_PIPE, err
+    assert err == "", err
+    (new,) = set(entries_of(results)) - before
+    (res,) = RunPaths(results / "dle_cal" / new).result_files()
+    assert json.loads(res.read_text())["status"] == "ok"

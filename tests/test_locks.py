@@ -24,7 +24,13 @@ from lock_support import acquire
 from standin_support import Standin
 
 from orchestrator.local import cell_processes
-from orchestrator.local.locks import Holder, LockBusy, LockRequest, LockWaitCancelled
+from orchestrator.local.locks import (
+    Holder,
+    LockBusy,
+    LockRequest,
+    LockWaitCancelled,
+    user_name,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +53,8 @@ def test_a_held_gpu_makes_another_request_wait_and_say_who_holds_it(tmp_path: Pa
         acquire(LockRequest("h", (1, 0)), Holder("m/run-b", "cell-b"), timeout_s=0.6,
                 on_wait=heard.append, folder=tmp_path)
     assert "GPUs 0,1 on h held by run m/run-a" in str(err.value)
-    assert f"(pid {os.getpid()} on " in str(err.value) and "cell cell-a" in str(err.value)
+    assert f"(user {user_name()}, pid {os.getpid()} on " in str(err.value)
+    assert "cell cell-a" in str(err.value)
     (said,) = heard
     assert said.startswith("cell-b: waiting for GPUs 0,1 on h: held by run m/run-a")
     # other GPUs are free, and the whole host is not
@@ -117,16 +124,30 @@ def test_two_sweeps_on_one_gpu_run_one_after_the_other(tmp_path, standin):
     locks, results = tmp_path / "locks", tmp_path / "results"
     first = start(matrix_file(standin, tmp_path, "first", [0], iterations=30), results, locks)
     wait_until_held(locks, 0, first.pid)
-    second = start(matrix_file(standin, tmp_path, "second", [0]), results, locks)
+    second = start(matrix_file(standin, tmp_path, "second", [0]), results, locks, "-q")
     other = start(matrix_file(standin, tmp_path, "other", [1]), results, locks)
     outs = [p.communicate(timeout=600) for p in (first, second, other)]
     assert [p.returncode for p in (first, second, other)] == [0, 0, 0], outs
     a, b = result_of(results, "first"), result_of(results, "second")
     assert b["started_at"] >= a["finished_at"], "the second sweep ran on a GPU in use"
     assert b["provenance"]["lock_wait_s"] > 0
-    waited = [ln for ln in outs[1][1].splitlines() if "waiting for GPU 0 on localhost" in ln]
-    assert waited and "held by run first/" in waited[0] and f"(pid {first.pid} on " in waited[0]
+    # -q: the wait is the one line on stderr, timestamped, naming who held the GPU
+    (waited,) = outs[1][1].splitlines()
+    assert "waiting for GPU 0 on localhost" in waited and waited[:4].isdigit()
+    assert "held by run first/" in waited and f"(user {user_name()}, pid {first.pid} on " in waited
     assert "waiting for" not in outs[2][1], "a sweep on another GPU does not wait"
+    # the wait is the run's own field, kept out of its duration
+    (run_json,) = results.glob("second/*/run.json")
+    meta = json.loads(run_json.read_text())
+    waited_s = b["provenance"]["lock_wait_s"]
+    assert meta["lock_wait_s"] == pytest.approx(waited_s, abs=0.01)
+    listed = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "second", "--json",
+                             "--results", str(results)], cwd=ROOT, capture_output=True,
+                            text=True, check=True)
+    (record,) = json.loads(listed.stdout)
+    assert record["lock_wait_s"] == meta["lock_wait_s"]
+    assert record["duration_s"] == pytest.approx(record["elapsed_s"] - waited_s, abs=0.01)
+    assert record["duration_s"] < b["finished_at"] - b["started_at"] + 30  # the cell, not the wait
 
 
 def test_no_wait_fails_the_cell_saying_who_holds_the_gpu(tmp_path, standin):

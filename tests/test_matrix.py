@@ -453,7 +453,7 @@ def test_the_docs_example_matrix_is_valid(tmp_path):
     assert len(m.cells) == (16 - 4 + 1) * 5
     from orchestrator.backends.checks import check_matrix
 
-    found = check_matrix(m, machine=facts("V100"))  # every cell runs on a V100 in NGC 23.10
+    found = check_matrix(m, machine=facts("V100", count=8))  # every cell: a V100 of 8, NGC 23.10
     assert found.errors == [] and found.warnings == [], found
 
 

@@ -11,8 +11,11 @@ sweep call), or is listed in :data:`FOUND_BY_DOING` with the reason no command c
 before. A new refusal on the sweep's path that is neither fails here.
 
 The scenarios then run the issue's cases (and more) through all three commands for real (in
-process, the real CLI) and compare what each refuses. ``docs/refusals.md`` is generated from
-this module (``UPDATE_GOLDEN=1`` rewrites it; ``python tests/test_one_decision.py`` prints it).
+process, the real CLI) and compare what each refuses: a problem of the file is refused by all
+three (exit 2); what the machine lacks (issue 31) is refused by validate and the sweep (exit 3)
+and named by the dry run after the plan, among the requirements it lists as not met.
+``docs/refusals.md`` is generated from this module (``UPDATE_GOLDEN=1`` rewrites it; ``python
+tests/test_one_decision.py`` prints it).
 """
 
 from __future__ import annotations
@@ -185,7 +188,9 @@ class Scenario:
     env: dict[str, str] = field(default_factory=dict)
     unset: tuple[str, ...] = ()
     gpu: str | None = None
-    code: int = 2
+    #: 3: what the machine lacks (validate and the sweep refuse it; the dry run shows the plan
+    #: and names the same requirements after it); 2: a problem of the file or the options
+    code: int = 3
     #: a run option (--resume): validate takes none, so only --dry-run and the sweep refuse
     run_option: bool = False
 
@@ -214,12 +219,18 @@ SCENARIOS = [
              text='[matrix]\nbackend = "docker"\n[workload]\nhardware = "v100"\n'
                   '[hardware.v100]\ndevice = "cuda"\nimage = "ngc-pytorch"\n'
                   'image_vars = { base_tag = "25.01-py3" }\n'),
-    Scenario("unknown-backend", ("--backend",), text=CPU, args=("--backend", "kubernetes")),
+    Scenario("unknown-backend", ("--backend",), text=CPU, args=("--backend", "kubernetes"),
+             code=2),
     Scenario("profile-host-not-in-the-inventory", ("hardware.cpu.hosts",),
              text='[matrix]\nbackend = "ssh"\nhosts = "h.toml"\n[workload]\nhardware = "cpu"\n'
-                  '[hardware.cpu]\ndevice = "cpu"\nimage = "ngc-pytorch"\nhosts = ["gpu9"]\n'),
+                  '[hardware.cpu]\ndevice = "cpu"\nimage = "ngc-pytorch"\nhosts = ["gpu9"]\n',
+             code=2),
     Scenario("resume-of-no-run", ("--resume",), text=CPU, args=("--resume", "20200101-000000-"
-                                                                 "aaaa"), run_option=True),
+                                                                 "aaaa"), run_option=True, code=2),
+    Scenario("local-base-image-not-here (docker_smoke)", ("hardware.cpu-container.image_vars."
+                                                          "base_image",),
+             text=(ROOT / "matrices" / "docker_smoke.toml").read_text().replace(
+                 "orchestrate-test/base:bookworm-torch2.14.1", "orchestrate-test/not-built:1")),
 ]
 
 HOSTS = ('[[hosts]]\nname = "gpu1"\naddress = "127.0.0.1"\nport = 1\nuser = "lab"\n'
@@ -233,13 +244,24 @@ def _fields(text: str, file: str) -> set[str]:
     return names
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def _not_met(out: str) -> str:
+    """The requirements a plan lists as not met (what the run refuses), without the plan and
+    without what is only to check on the target."""
+    kept = []
+    for line in out.partition("\n  not met:\n")[2].splitlines():
+        if not line.startswith("    "):  # the next group, or the verdict
+            break
+        kept.append(line + "\n")
+    return "".join(kept)
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     from orchestrator.cli import main
 
     code = main(argv)
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err
-    return code, captured.err
+    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
@@ -275,11 +297,15 @@ def test_validate_the_dry_run_and_the_sweep_refuse_alike(
         del commands["validate"]  # validate has no --resume
     seen = {}
     for what, argv in commands.items():
-        code, err = _run(argv, capsys)
-        seen[what] = (code, frozenset(_fields(err, str(path))))
+        code, out, err = _run(argv, capsys)
+        # what the machine lacks: the dry run shows the plan (stdout), then the requirements
+        said = _not_met(out) + err if what == "dry run" and code == 3 else err
+        seen[what] = (code, frozenset(_fields(said, str(path))))
         assert code == scenario.code, f"{what}: exit {code}\n{err}"
         for name in scenario.fields:
-            assert name in seen[what][1], f"{what} does not name {name}:\n{err}"
+            assert name in seen[what][1], f"{what} does not name {name}:\n{said}"
+        if what == "dry run" and code == 3:
+            assert "commands (" in out and "would not start here" in out, out[-2000:]
     assert len({fields for _, fields in seen.values()}) == 1, seen  # the very same problems
     assert not results.exists() or not any(results.rglob("run.json"))  # nothing ran
 
@@ -316,7 +342,12 @@ def refusal_table() -> str:
         "would refuse), and `--dry-run` and the sweep one check of the run's own options "
         "(`sweep.check_run`: `--results`, `--resume`), so a row never differs between the "
         "commands that take the same options (`validate` takes neither `--results` nor "
-        "`--resume`). A new refusal on the sweep's path that is in neither fails the test.",
+        "`--resume`). A new refusal on the sweep's path that is in neither fails the test. "
+        "What the machine the cells run on lacks (a GPU, the Docker engine, a local base "
+        "image, Slurm, a program, a checkout, a data path: an `errors.Requirement`) is refused "
+        "by `validate` and the sweep with exit 3, while `plan` and `--dry-run` print the plan "
+        "and every launch first and list the same requirements after it (exit 3): the one "
+        "decision's refusal below carries them.",
         "",
         f"## Decided before the run ({len(rows)} refusals)",
         "",

@@ -120,3 +120,66 @@ def test_the_subtitle_counts_the_repeats_that_ran(tmp_path):
     assert repeats_of([*one, CellResult(cell_id="c0-r2", group="c0", repeat=2,
                                         status=Status.OK)]) == 2
     assert repeats_of([]) is None
+
+
+def history_axes(tmp_path: Path, configs: list[dict], monkeypatch) -> tuple[object, list[str]]:
+    """The axes plot_history draws for 4 runs of ``configs`` (captured before saving), and the
+    runs' ids."""
+    from results_support import Config, day, write_run
+
+    from orchestrator.results.folders.store import open_store
+    from orchestrator.results.reports import plots
+    from orchestrator.results.reports.history import Options, analyze
+
+    ids = [f"20261127-1541{n:02d}-ab{n:02d}" for n in range(1, 5)]  # one minute: issue 31
+    for n, run in enumerate(ids, start=1):
+        write_run(tmp_path, "m", run, [Config(p, [100.0 * (i + 1)] * 3)
+                                       for i, p in enumerate(configs)], started=day(n))
+    seen = {}
+
+    def keep(plt, fig, ax, out, fmt):
+        seen["ax"] = ax
+        plt.close(fig)
+        return out
+
+    monkeypatch.setattr(plots, "_save", keep)
+    with open_store(tmp_path) as store:
+        report = analyze(store, "m", Options())
+    plots.plot_history(report, tmp_path / "h.png", "m")
+    return seen["ax"], ids
+
+
+def test_history_lines_that_differ_only_in_batch_size_look_different(tmp_path, monkeypatch):
+    """Issue 31: lines that differed only in batch size shared one colour and marker, and the
+    x labels were cut to the minute (20261127-1541 four times)."""
+    from results_support import params
+
+    batches = [params(batch_size=b) for b in (64, 128, 256)]
+    ax, ids = history_axes(tmp_path / "a", batches, monkeypatch)
+    looks = [(ln.get_color(), ln.get_marker(), ln.get_linestyle()) for ln in ax.get_lines()
+             if ln.get_label() and not ln.get_label().startswith("_")]
+    assert len(looks) == 3 and len(set(looks)) == 3
+    assert len({c for c, _, _ in looks}) == 3  # nothing else varies: a colour each
+    assert [t.get_text() for t in ax.get_xticklabels()] == ids  # whole run ids, all different
+
+
+def test_history_lines_of_one_colour_differ_by_marker(tmp_path, monkeypatch):
+    from results_support import params
+
+    configs = [params(batch_size=b, precision=p) for p in ("amp", "fp32") for b in (64, 128, 256)]
+    ax, _ = history_axes(tmp_path / "b", configs, monkeypatch)
+    lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+    looks = {(ln.get_color(), ln.get_marker(), ln.get_linestyle()) for ln in lines}
+    assert len(lines) == 6 and len(looks) == 6
+    assert len({ln.get_color() for ln in lines}) == 2  # colour still says precision
+
+
+def test_line_styles_stay_distinct_beyond_the_colour_cycle():
+    import matplotlib.pyplot as plt
+
+    from orchestrator.results.reports.plots import line_styles
+
+    many = [{"batch_size": b} for b in range(1, 26)]
+    assert len(set(line_styles(many, plt))) == 25
+    one_colour = [{"precision": "amp" if b else "fp32", "batch_size": b} for b in range(41)]
+    assert len(set(line_styles(one_colour, plt))) == 41  # 40 of one colour: 10 markers x 4

@@ -307,7 +307,8 @@ def test_round_trip_through_mlflow_has_no_difference(mlflow_server, sweep_folder
     child = next(r for r in runs if r["tags"].get("orchestrate.cell_id", "").endswith("-r1"))
     assert child["tags"]["mlflow.parentRunId"] == parent["id"]
     assert child["params"]["stack.torch"] == "0.0.0+standin"
-    assert child["tags"]["orchestrate.unstable"] == "unknown"  # 2 repeats: too few to judge
+    # 2 repeats are judged (issue 31): stable or not, as the stand-in's timing went
+    assert child["tags"]["orchestrate.unstable"] in ("false", "true")
     assert mlflow_server.rest.artifact(child["id"], "log_tail.txt").decode().strip()
 
 

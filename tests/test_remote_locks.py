@@ -32,7 +32,14 @@ from standin_support import Standin
 
 from orchestrator.config.inventory import load_hosts, parse_hosts
 from orchestrator.errors import ConfigError, LaunchError
-from orchestrator.local.locks import Holder, LockBusy, LockRequest, LockWaitCancelled, hold
+from orchestrator.local.locks import (
+    Holder,
+    LockBusy,
+    LockRequest,
+    LockWaitCancelled,
+    hold,
+    user_name,
+)
 from orchestrator.remote.connection import SshHost
 from orchestrator.remote.ssh_locker import LOCK_SCRIPT, SshLocker, lock_argv, remote_lock_dir
 
@@ -182,8 +189,8 @@ def test_a_remote_lock_makes_others_wait_naming_the_holder(lab) -> None:
     with pytest.raises(LockBusy) as err:
         hold([LockRequest(server.name, (1, 0))], Holder("manual/r2", "g2-r1"), on_host,
              timeout_s=1.2, on_wait=heard.append)
-    assert f"GPUs 0,1 on {server.name} held by run nightly/r1 (pid {os.getpid()} on " in str(
-        err.value)
+    assert (f"GPUs 0,1 on {server.name} held by run nightly/r1 (user {user_name()}, "
+            f"pid {os.getpid()} on ") in str(err.value)
     assert "cell g1-r1) since" in str(err.value) and "(--lock-timeout 1.2)" in str(err.value)
     assert heard == [f"g2-r1: waiting for GPUs 0,1 on {server.name}: "
                      + str(err.value).split(f"{server.name} ", 1)[1].split("; gave up")[0]]
@@ -281,7 +288,8 @@ def test_the_remote_lock_of_a_controller_killed_with_sigkill_is_released(lab) ->
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "held\n"
         on_host = remote(hosts, server.name)
-        with pytest.raises(LockBusy, match=f"held by run killed/r1 \\(pid {proc.pid} on "):
+        with pytest.raises(LockBusy, match=f"held by run killed/r1 \\(user {user_name()}, "
+                           f"pid {proc.pid} on "):
             hold([LockRequest(server.name, (0,))], Holder("m/b", "c"), on_host, timeout_s=0)
         proc.send_signal(signal.SIGKILL)  # no cleanup of any kind
         proc.wait(10)
@@ -333,6 +341,10 @@ class Said:
     def log(self, message: str) -> None:
         self.messages.append(message)
 
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        if waited_s is None:  # the wait begins (SweepEvents.lock_wait)
+            self.messages.append(f"{cell_id}: {message}")
+
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: None
 
@@ -382,7 +394,7 @@ def test_an_ssh_sweep_waits_for_its_gpu_held_on_the_host_and_not_for_another(
     assert "lock_wait_s" not in free.provenance and free.started_at < released["at"]
     (message,) = [m for m in said.messages if "waiting for" in m]
     assert message.startswith(f"{waited.cell_id}: waiting for GPU 0 on {server.name}: held by "
-                              f"run nightly/r0 (pid {os.getpid()} on ")
+                              f"run nightly/r0 (user {user_name()}, pid {os.getpid()} on ")
     assert lock_processes(folder) == []  # every cell's locks went when it ended
 
 
@@ -407,7 +419,8 @@ def test_no_wait_fails_the_ssh_cell_saying_who_holds_the_gpu(
     (result,) = outcome.results
     assert result.status is Status.FAILED
     assert result.reason.startswith(f"waiting for GPU 0 on {server.name}: GPU 0 on "
-                                    f"{server.name} held by run nightly/r0 (pid {os.getpid()}")
+                                    f"{server.name} held by run nightly/r0 (user "
+                                    f"{user_name()}, pid {os.getpid()}")
     assert result.reason.endswith("(--lock-timeout 0)")
     assert lock_processes(folder) == []
 
@@ -507,7 +520,7 @@ def test_two_ssh_sweeps_on_one_gpu_and_the_first_killed_with_sigkill(
         for line in second.stderr:
             if "waiting for GPU 0 on" in line:
                 break
-        assert "held by run first/" in line and f"(pid {first.pid} on " in line, line
+        assert "held by run first/" in line and f"pid {first.pid} on " in line, line
         first.kill()  # SIGKILL: no cleanup of any kind
         first.wait(30)
         rest = second.stderr.read()

@@ -142,12 +142,12 @@ def test_run_report_renders_in_chromium_with_the_runs_numbers(chromium, tmp_path
 
 def test_compare_report_renders_in_chromium(chromium, tmp_path):
     results = tmp_path / "results"
-    write_run(results, "lab", run_id(1), [Config(params(gpus=g), [100.0 * g, 101.0 * g,
-                                                                   99.0 * g]) for g in (1, 2)],
+    write_run(results, "lab", run_id(1), [  # 4 repeats: the fewest for a verdict at 95 %
+        Config(params(gpus=g), [100.0 * g, 101.0 * g, 99.0 * g, 100.0 * g]) for g in (1, 2)],
               started=day(1))
-    write_run(results, "lab", run_id(2), [Config(params(gpus=g), [90.0 * g, 91.0 * g, 89.0 * g],
-                                                 env={"driver_version": "555.1"})
-                                          for g in (1, 2)], started=day(2))
+    write_run(results, "lab", run_id(2), [
+        Config(params(gpus=g), [90.0 * g, 91.0 * g, 89.0 * g, 90.0 * g],
+               env={"driver_version": "555.1"}) for g in (1, 2)], started=day(2))
     out = tmp_path / "compare.html"
     assert main(["compare", "lab:latest~1", "lab:latest", "--results", str(results),
                  "--html", str(out)]) == 0

@@ -268,8 +268,9 @@ def test_validate_refuses_a_seed_cell_whose_weights_are_missing_and_names_the_ce
 
 @pytest.mark.subprocess  # the CLI in a process
 def test_validate_and_the_dry_run_refuse_a_missing_dataset_alike(tmp_path: Path) -> None:
-    """One decision: `validate` and `matrix --dry-run` both refuse seed 003's cells when the
-    dataset's train/ folder is not under the mount's source."""
+    """One decision: `validate` refuses seed 003's cells when the dataset's train/ folder is not
+    under the mount's source, and `matrix --dry-run` shows the plan, then the same requirement
+    (exit 3: what this machine lacks)."""
     import subprocess
     import sys
 
@@ -282,6 +283,6 @@ def test_validate_and_the_dry_run_refuse_a_missing_dataset_alike(tmp_path: Path)
                            capture_output=True, text=True, timeout=120)
             for args in (["validate"], ["matrix", "--dry-run"])]
     for done in outs:
-        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.returncode == 3, done.stdout + done.stderr
         assert (f"commands.dle-dlperf.requires[0]: {data}/train does not exist on this machine"
-                in done.stderr), done.stderr
+                in done.stderr + done.stdout), done.stderr

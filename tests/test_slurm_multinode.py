@@ -40,7 +40,7 @@ from workload_support import TINY_WORKLOAD
 import orchestrator.backends.slurm as slurm
 from orchestrator.backends.base import RunOptions
 from orchestrator.cli import main as cli_main
-from orchestrator.errors import BackendUnavailable
+from orchestrator.errors import RequirementsUnmet
 from orchestrator.plan.matrix import load_matrix
 from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status
 from orchestrator.sweep import SweepOutcome, run_sweep
@@ -277,7 +277,8 @@ def test_a_profile_names_its_cluster_and_a_wrong_one_is_refused_first(
     bad.write_text("ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\n"
                    "SlurmctldPort=1\n")
     path = task_matrix(tmp_path, dataclasses.replace(cluster, conf=str(bad)))
-    with pytest.raises(BackendUnavailable, match=r"hardware.cpu.slurm.conf .*does not answer"):
+    with pytest.raises(RequirementsUnmet, match=r"hardware.cpu.slurm.conf: the Slurm cluster "
+                       r".*does not answer"):
         run_sweep(load_matrix(path), results_root=tmp_path / "results2")
     assert not (tmp_path / "results2").exists()
 

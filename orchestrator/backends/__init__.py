@@ -18,7 +18,9 @@ backend's text (its scripts, Slurm's answers: pure). The backends themselves (pr
 ssh, slurm) never import each other. :mod:`~orchestrator.backends.checks` decides, before
 anything is built, whether each cell can run on its backend, its runtime and its stack
 (``validate``, ``--dry-run`` and the sweep's :func:`~orchestrator.backends.checks.preflight`
-take that one decision).
+take that one decision); :mod:`~orchestrator.backends.target` tells what the target lacks
+(requirements: refused by ``validate`` and the sweep, listed by ``plan`` and ``--dry-run`` after
+the plan) from what the file gets wrong.
 
 May import: errors, config, catalog, plan, results, local, remote, images, runtimes.
 """
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING
 from orchestrator.backends.registry import (
     BackendRecord,
     MultiNode,
+    Need,
     backend_names,
     backend_record,
     find_record,
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
     from orchestrator.plan.matrix import Matrix
 
 __all__ = [
-    "BackendRecord", "MultiNode", "backend_class", "backend_for", "backend_names",
+    "BackendRecord", "MultiNode", "Need", "backend_class", "backend_for", "backend_names",
     "backend_record", "find_record", "records", "register", "runs", "unregister",
 ]
 

@@ -69,8 +69,15 @@ from typing import Any, BinaryIO, ClassVar
 
 from orchestrator import REPO_ROOT, __version__
 from orchestrator.backends.registry import find_record
+from orchestrator.backends.target import HERE, Target
 from orchestrator.config.redact import Scrubber, secret_env
-from orchestrator.errors import ConfigError, OrchestratorError, Problem
+from orchestrator.errors import (
+    BackendUnavailable,
+    ConfigError,
+    OrchestratorError,
+    Problem,
+    Requirement,
+)
 from orchestrator.images import build
 from orchestrator.images.sif import LocalMachine
 from orchestrator.local import locks, machine_state
@@ -242,6 +249,17 @@ def _expected(exc: BaseException) -> bool:
     return isinstance(exc, OrchestratorError | OSError | ValueError | OverflowError)
 
 
+def lock_wait_record(held: HeldLocks) -> dict[str, Any]:
+    """What a cell's result records of its wait for another sweep's locks (its provenance):
+    ``lock_wait_s``, and ``lock_wait`` with when it began and ended (wall clock) and who held
+    the lock, so that the run's own time can leave the wait out
+    (:func:`orchestrator.results.folders.run_folder.lock_wait_of`)."""
+    began = held.waited_from if held.waited_from is not None else time.time() - held.waited_s
+    return {"lock_wait_s": held.waited_s,
+            "lock_wait": {"from": round(began, 3), "until": round(began + held.waited_s, 3),
+                          "held_by": held.held_by}}
+
+
 @dataclass
 class RunOptions:
     """Knobs of one sweep that every backend sees."""
@@ -257,6 +275,15 @@ class RunOptions:
     lock_timeout_s: float | None = None
     #: Told what the run loop has to say beyond a cell's output (e.g. a cell waits for GPUs).
     on_log: Callable[[str], None] | None = None
+    #: Told when a cell begins to wait for another sweep's locks (``cell id, message, None``:
+    #: what it waits for and who holds it) and when it got them (``cell id, message,
+    #: seconds waited``); None: the first goes to ``on_log``.
+    on_lock_wait: Callable[[str, str, float | None], None] | None = None
+    #: A dry run's backend (``plan``, ``--dry-run``): constructed to show each cell's launch,
+    #: never prepared; what the target lacks (an inventory) is shown as not there.
+    dry_run: bool = False
+    #: The machine the cells run on (a dry run may plan for a declared one).
+    target: Target = HERE
 
 
 class Backend(ABC):
@@ -295,6 +322,20 @@ class Backend(ABC):
         """Raise :class:`~orchestrator.errors.BackendUnavailable` if this backend can't run here."""
 
     @classmethod
+    def target_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
+        """Before a run folder exists (:func:`orchestrator.backends.checks.preflight`), when the
+        target is this machine: what it lacks for this backend, each fact probed once.
+        Default: :meth:`check_available`'s refusal, as a requirement of the kind the record's
+        first need here names (``engine``, ``scheduler``, ``python``)."""
+        try:
+            cls.check_available()
+        except BackendUnavailable as exc:
+            record = find_record(cls.name)
+            kinds = [n.kind for n in (record.needs if record else ()) if n.on == "here"]
+            return [Requirement("", "", str(exc), kind=kinds[0] if kinds else "engine")]
+        return []
+
+    @classmethod
     def runtime_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
         """Before a run folder exists (:func:`orchestrator.backends.checks.preflight`): what
         the runtime of ``cells`` lacks on this machine. Default: every Apptainer profile whose
@@ -303,16 +344,18 @@ class Backend(ABC):
         backend runs the cells here, the slurm backend on nodes that share this filesystem)."""
         profiles = sorted({c.hardware for c in cells
                            if matrix.profiles[c.hardware].apptainer_runtime})
-        return apptainer.host_problems(matrix, profiles, LocalMachine())
+        return list[Problem](apptainer.host_problems(matrix, profiles, LocalMachine()))
 
     @classmethod
     def prepare_problems(cls, matrix: Matrix, cells: Iterable[Cell],
-                         hosts_file: Path | None = None) -> list[Problem]:
+                         hosts_file: Path | None = None, *, target: Target = HERE
+                         ) -> list[Problem]:
         """Before a run folder exists (:func:`orchestrator.backends.checks.preflight`): what
         :meth:`prepare` would refuse, decided without building, connecting or writing.
         Default: the plans of the Apptainer images the cells need
         (:func:`orchestrator.runtimes.apptainer.plan_sifs`). ``hosts_file``: the inventory a
-        remote backend reads."""
+        remote backend reads; ``target``: the machine the cells run on (a declared one's
+        driver picks an auto release)."""
         try:
             apptainer.plan_sifs(matrix, cells)
         except ConfigError as exc:
@@ -361,9 +404,21 @@ class Backend(ABC):
 
     def runtime_image(self, cell: Cell) -> str:
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
-        where it would be on this machine (:func:`orchestrator.runtimes.apptainer.image_path`)."""
-        return apptainer.image_path(self.matrix, cell, self.sif_paths, LocalMachine(),
-                                    self.image_plans, self.planned_sifs.setdefault(None, {}))
+        where it would be on this machine (:func:`orchestrator.runtimes.apptainer.image_path`;
+        one whose build input is not here: said so, in a dry run)."""
+        return self._dry_image(lambda: apptainer.image_path(
+            self.matrix, cell, self.sif_paths, LocalMachine(), self.image_plans,
+            self.planned_sifs.setdefault(None, {})))
+
+    def _dry_image(self, find: Callable[[], str]) -> str:
+        """``find()``; in a dry run, an image that cannot be planned here (its checkout is not
+        on this machine: a requirement the decision lists) is shown as that."""
+        try:
+            return find()
+        except ConfigError as exc:
+            if not self.options.dry_run:
+                raise
+            return f"<image not planned here: {exc.problems[0].message}>"
 
     def provenance(self, spec: LaunchSpec) -> dict[str, Any]:
         """What ran where, beyond what the workload reports itself."""
@@ -488,7 +543,7 @@ class Backend(ABC):
                      else "launching")
         with self._hold(cell, requests) as held:
             if held is not None and held.waited_s:
-                result.provenance["lock_wait_s"] = held.waited_s
+                result.provenance.update(lock_wait_record(held))
             self._record_machine(result, "start")
             result.started_at = time.time()
             t0 = time.monotonic()
@@ -526,9 +581,20 @@ class Backend(ABC):
             yield None
             return
         holder = Holder(run=f"{self.matrix.name}/{self.paths.run_id}", cell=cell.id)
+        told = self.options.on_lock_wait
+
+        def waiting(message: str) -> None:
+            if told is not None:
+                told(cell.id, message.removeprefix(f"{cell.id}: "), None)
+            elif self.options.on_log is not None:
+                self.options.on_log(message)
+
         held = locks.hold(requests, holder, self.locker, timeout_s=self.options.lock_timeout_s,
-                          cancel=self.options.cancel, on_wait=self.options.on_log)
+                          cancel=self.options.cancel, on_wait=waiting)
         with held:
+            if held.waited_s and told is not None:
+                what = " and ".join(r.describe() for r in requests)
+                told(cell.id, f"got {what} after waiting {held.waited_s:.0f} s", held.waited_s)
             yield held
 
     def _execute(

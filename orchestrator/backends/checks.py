@@ -93,6 +93,8 @@ from orchestrator.backends import (
     gpu_checks,
     runs,
 )
+from orchestrator.backends import target as target_module
+from orchestrator.backends.target import HERE, Target
 from orchestrator.catalog import checkouts, debs, gpus, releases, stacks, templates
 from orchestrator.config.defaults import hosts_file
 from orchestrator.config.matrix_file import (
@@ -108,7 +110,7 @@ from orchestrator.config.matrix_file import (
 )
 from orchestrator.config.redact import missing_references
 from orchestrator.config.syntax import param_matches
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.errors import SHORT, UNCHECKED, ConfigError, Problem, Requirement
 from orchestrator.plan import profilers, selection, software
 from orchestrator.plan.launch import hpu_mode
 from orchestrator.plan.matrix import Cell, Matrix
@@ -158,10 +160,11 @@ class Findings:
             self.notes.append(problem)
 
     def refuse(self, *, strict: bool = False) -> None:
-        """Raise a :class:`ConfigError` listing every error (and, ``strict``, every warning)."""
+        """Raise a :class:`ConfigError` listing every error (and, ``strict``, every warning);
+        :class:`~orchestrator.errors.RequirementsUnmet` where each is the machine's."""
         problems = self.errors + (self.warnings if strict else [])
         if problems:
-            raise ConfigError(problems)
+            raise target_module.refusal(problems)
 
 
 # --- entry points ------------------------------------------------------------------------------
@@ -169,13 +172,14 @@ class Findings:
 
 def check_matrix(
     matrix: Matrix, backend: str | None = None, *, comparisons: bool = True,
-    machine: gpus.HostFacts | None = None,
+    machine: gpus.HostFacts | None = None, anywhere: bool = False,
 ) -> Findings:
     """Check every cell of ``matrix`` against the stack it will run on with ``backend`` (default
     ``[matrix] backend``) and the GPU it will get (:mod:`orchestrator.backends.gpu_checks`),
     and, with ``comparisons``, the matrix's baseline. Pure apart from reading the template,
     release and model tables, this interpreter's torch files and, for the backends that run
-    cells here, this machine's GPUs (``machine``: those facts given instead, e.g. by a test)."""
+    cells here, this machine's GPUs (``machine``: those facts given instead, e.g. by a test;
+    ``anywhere``: they are a declared target's, where every backend's cells run)."""
     backend = backend or matrix.settings.backend
     on = find_record(backend)  # None: a backend these checks do not know (notes say so)
     file = str(matrix.path)
@@ -198,7 +202,7 @@ def check_matrix(
             _CellCheck(found, file, places, cell.params, profile, stack, program).run()
     _program_checks(found, file, matrix, configurations)
     _node_checks(found, file, places, configurations, on)
-    _gpu_checks(found, file, places, matrix, on, machine)
+    _gpu_checks(found, file, places, matrix, on, machine, anywhere)
     if comparisons and matrix.settings.baseline:
         _baseline_checks(found, file, matrix)
     return found
@@ -221,9 +225,11 @@ def refuse_unrunnable(
 @dataclass
 class Decision:
     """What :func:`preflight` decided, for the command that asked to act on without deciding
-    again (the sweep: :func:`orchestrator.sweep.run_sweep`; the dry run; ``plan --json``): the
-    backend the cells run on (its name, class and record), the hosts inventory it reads, and
-    the checks' findings (their warnings and notes, for the command to show)."""
+    again (the sweep: :func:`orchestrator.sweep.run_sweep`; the dry run; ``plan``): the
+    backend the cells run on (its name, class and record), the hosts inventory it reads, the
+    checks' findings (their warnings and notes, for the command to show), and what the cells
+    need on the target (:mod:`orchestrator.backends.target`: not met, falling short, or to
+    check there)."""
 
     backend: str
     cls: type[Backend]
@@ -231,11 +237,38 @@ class Decision:
     record: BackendRecord
     #: The inventory the backend reads (:func:`inventory_file`); None: none.
     hosts_file: Path | None = None
+    #: Every requirement of the target, with its state and cells.
+    requirements: list[Requirement] = field(default_factory=list)
+    #: The machine the decision is for (this one, or one declared with ``--target``).
+    target: Target = HERE
+
+    @property
+    def unmet(self) -> list[Requirement]:
+        """What the target lacks: the sweep would not start (exit 3)."""
+        return target_module.unmet(self.requirements)
+
+    @property
+    def starts(self) -> bool:
+        """Whether the sweep would start on the target (nothing unmet)."""
+        return not self.unmet
+
+    @property
+    def where(self) -> str:
+        """Where the cells would run, in words (the requirements' heading)."""
+        if self.target.declared:
+            return self.target.name
+        if self.record.here:
+            return "this machine"
+        if self.record.inventory:
+            return (f"the hosts of {self.hosts_file}" if self.hosts_file
+                    else "the hosts of an inventory (none given)") + ", from this machine"
+        return f"where the {self.backend} backend runs the cells, from this machine"
 
 
 def preflight(
     matrix: Matrix, override: str | None = None, *, hosts_file: Path | None = None,
     comparisons: bool = False, strict: bool = False, machine: gpus.HostFacts | None = None,
+    target: Target = HERE, refuse: bool = True,
 ) -> Decision:
     """Everything a sweep refuses before its run folder exists: **the one decision** that
     ``validate``, ``plan``, ``matrix --dry-run`` and the sweep
@@ -249,23 +282,63 @@ def preflight(
     what this machine lacks for the run (:func:`machine_problems`); what preparing the backend
     would refuse, decided without building, connecting or writing
     (:meth:`~orchestrator.backends.base.Backend.prepare_problems`: image templates and their
-    variables, the hosts inventory, memory limits, Apptainer images). Then whether the backend
-    can run here at all (:class:`~orchestrator.errors.BackendUnavailable`: no engine, no Slurm).
+    variables, the hosts inventory, memory limits, Apptainer images); whether the backend can
+    run here at all and what it finds there (:meth:`~orchestrator.backends.base.Backend.
+    target_problems`: no engine, no Slurm, a local base image that is not there).
     ``hosts_file``: ``--hosts``, the first place the inventory is looked for where the backend
-    reads one (:func:`inventory_file`)."""
+    reads one (:func:`inventory_file`).
+
+    A problem of the file is a :class:`ConfigError` (exit 2), always raised. What the target
+    lacks (:class:`~orchestrator.errors.Requirement`) is a
+    :class:`~orchestrator.errors.RequirementsUnmet` (exit 3), raised with ``refuse``; without
+    it (``plan``, ``--dry-run``) the decision carries the requirements for the command to show
+    after the plan. ``target``: the machine the decision is for (:func:`~orchestrator.backends.
+    target.parse_target`; declared: its GPUs and driver are checked, nothing of this machine
+    stands for it)."""
     name = backend_for(matrix, override)
     where = {} if override else {"file": str(matrix.path), "field": "matrix.backend"}
     record = backend_record(name, **where)
     cls = backend_class(name, **where)
     hosts_file = inventory_file(matrix, record, hosts_file)
-    found = check_matrix(matrix, name, comparisons=comparisons, machine=machine)
-    problems = found.errors + (found.warnings if strict else [])
+    found = check_matrix(matrix, name, comparisons=comparisons,
+                         machine=target.facts or machine, anywhere=target.declared)
+    cells = matrix.checked_cells
+    problems = list(found.errors)
     problems += machine_problems(matrix, cls)
-    problems += cls.prepare_problems(matrix, matrix.checked_cells, hosts_file)
-    if problems:
-        raise ConfigError(_unique(problems))
-    cls.check_available()
-    return Decision(name, cls, found, record, hosts_file)
+    problems += cls.prepare_problems(matrix, cells, hosts_file, target=target)
+    if not target.declared:  # what only this machine can say (its engine, its scheduler)
+        problems += cls.target_problems(matrix, cells)
+    for short in [p for p in problems if isinstance(p, Requirement) and p.state == SHORT]:
+        problems.remove(short)  # not enough for some cells: a warning (the others run)
+        found.warning(short)
+    problems = _unique(problems + (found.warnings if strict else []))
+    requirements = target_module.listed(
+        matrix, [*problems, *found.warnings, *found.notes,
+                 *_declared_files(matrix, record, target, problems)], record, target)
+    missing = {(r.file, r.field, r.message) for r in target_module.unmet(requirements)}
+    errors = [p for p in problems  # what the file gets wrong (strict: what falls short too)
+              if not isinstance(p, Requirement) or p.state == SHORT]
+    if errors or (refuse and missing):
+        refused = [p for p in problems  # in the order found
+                   if p in errors or (p.file, p.field, p.message) in missing]
+        raise target_module.refusal(refused)
+    return Decision(name, cls, found, record, hosts_file, requirements, target)
+
+
+def _declared_files(matrix: Matrix, record: BackendRecord, target: Target,
+                    found: list[Problem]) -> list[Requirement]:
+    """For a declared target, every file the cells read where they run (what this machine
+    has of them says nothing of the target): each to check there, but those this machine
+    lacks (already said)."""
+    if not target.declared or not record.files_here:
+        return []
+    said = {p.field for p in found}
+    return [Requirement(str(matrix.path), req.field, (
+        f"{req.host_path} ({req.what}): {len(req.cells)} cell{'s' if len(req.cells) != 1 else ''}"
+        " need it where they run (whether the target has it is not checked from here)"),
+        kind="data", cells=req.cells, state=UNCHECKED)
+        for req in requirements(matrix, matrix.checked_cells, record)
+        if req.host_path is not None and req.field not in said]
 
 
 def inventory_file(matrix: Matrix, backend: BackendRecord, given: Path | None = None
@@ -297,10 +370,10 @@ def machine_problems(matrix: Matrix, backend: type[Backend]) -> list[Problem]:
         refs.append((f"commands.{name}.env", command.env))
         if command.workdir is not None:
             refs.append((f"commands.{name}", {"workdir": command.workdir}))
-    problems = [
-        Problem(str(matrix.path), f"{where}.{name}",
-                f"takes its value from ${source} of this environment (\"$env:{source}\"), "
-                f"which is not set: export {source} before the sweep")
+    problems: list[Problem] = [
+        Requirement(str(matrix.path), f"{where}.{name}",
+                    f"takes its value from ${source} of this environment (\"$env:{source}\"), "
+                    f"which is not set: export {source} before the sweep", kind="environment")
         for where, env in refs
         for name, source in missing_references(env)
     ]
@@ -312,7 +385,7 @@ def machine_problems(matrix: Matrix, backend: type[Backend]) -> list[Problem]:
 
 
 @dataclass(frozen=True)
-class Requirement:
+class RequiredFile:
     """A file or folder some cells need when they run (a command's ``requires``, a Docker bind
     mount's source): where the program reads it, where that is on the machine the cells run
     on (``host_path``; None: inside the image), and which cells need it."""
@@ -325,7 +398,7 @@ class Requirement:
 
 
 def requirements(matrix: Matrix, cells: Iterable[Cell], backend: BackendRecord | None = None
-                 ) -> list[Requirement]:
+                 ) -> list[RequiredFile]:
     """Every file the cells need where they run on ``backend`` (default ``[matrix] backend``),
     each once with the cells that need it: each Docker profile's bind-mount sources (Docker
     refuses a missing one), then each command's ``requires`` entries as the cells render them
@@ -360,7 +433,7 @@ def requirements(matrix: Matrix, cells: Iterable[Cell], backend: BackendRecord |
                    _host_path(profile, runtime, path))
             found.setdefault(key, []).append(cell.id)
             whats[key] = program.command.requires[i].what
-    return [Requirement(field, path, host, whats[(field, path, host)], tuple(ids))
+    return [RequiredFile(field, path, host, whats[(field, path, host)], tuple(ids))
             for (field, path, host), ids in found.items()]
 
 
@@ -388,13 +461,13 @@ def _host_path(profile: HardwareProfile, runtime: str, path: str) -> str | None:
 
 
 def requirement_problems(matrix: Matrix, cells: Iterable[Cell], backend: BackendRecord
-                         ) -> list[Problem]:
+                         ) -> list[Requirement]:
     """The files of :func:`requirements` missing on this machine, where ``backend`` runs its
     cells on this machine's filesystem (its record's ``files_here``); one problem per
     file, naming the field that declares it and the cells that need it."""
     if not backend.files_here:
         return []
-    problems = []
+    problems: list[Requirement] = []
     missing: list[str] = []  # mount sources: what is under one is not said again
     for req in requirements(matrix, cells, backend):
         if req.host_path is None or Path(req.host_path).exists():
@@ -405,10 +478,10 @@ def requirement_problems(matrix: Matrix, cells: Iterable[Cell], backend: Backend
             missing.append(req.host_path)
         shown = ", ".join(req.cells[:2]) + (", ..." if len(req.cells) > 2 else "")
         what = f" ({req.what})" if req.what else ""
-        problems.append(Problem(str(matrix.path), req.field, (
+        problems.append(Requirement(str(matrix.path), req.field, (
             f"{req.host_path} does not exist on this machine{what}; "
             f"{len(req.cells)} cell{'s' if len(req.cells) != 1 else ''} ({shown}) need it "
-            "when they run: put it there, or fix the path")))
+            "when they run: put it there, or fix the path"), kind="data", cells=req.cells))
     return problems
 
 
@@ -991,10 +1064,12 @@ class _CellCheck:
 
 
 def _gpu_checks(found: Findings, file: str, places: _Places, matrix: Matrix,
-                on: BackendRecord | None, machine: gpus.HostFacts | None) -> None:
+                on: BackendRecord | None, machine: gpus.HostFacts | None,
+                anywhere: bool = False) -> None:
     """:class:`~orchestrator.backends.gpu_checks.GpuCheck` for every profile's cells (one
     group per pinned release); this machine's GPUs are probed once, only when asked (a backend
-    whose cells run here, a profile whose cells compute on this machine's GPUs)."""
+    whose cells run here, a profile whose cells compute on this machine's GPUs).
+    ``anywhere``: ``machine`` is the declared target the cells run on, whatever the backend."""
     if on is None:
         return
     profiles: dict[str, dict[str | None, list[Cell]]] = {}
@@ -1002,7 +1077,7 @@ def _gpu_checks(found: Findings, file: str, places: _Places, matrix: Matrix,
         profiles.setdefault(cell.hardware, {}).setdefault(cell.params.ngc_release, []).append(cell)
     for hw, groups in sorted(profiles.items()):
         profile = matrix.profiles[hw]
-        local = on.here and holds_local_gpus(profile)
+        local = (on.here or anywhere) and holds_local_gpus(profile)
         facts = (machine or gpus.local_facts()) if local else None
         cells = [c for group in groups.values() for c in group]
         found_gpus = gpu_checks.GpuCheck(found, file, hw, profile, found.stacks[hw], cells,

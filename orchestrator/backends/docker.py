@@ -17,6 +17,7 @@ run's leftovers, and ``orchestrate clean`` those of a sweep that crashed.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,12 +25,14 @@ from typing import Any
 
 from orchestrator.backends.base import Backend, Execution, RunOptions
 from orchestrator.backends.containers import DockerExecution
+from orchestrator.backends.target import HERE, Target
 from orchestrator.catalog import gpus
-from orchestrator.errors import LaunchError, Problem
+from orchestrator.errors import BackendUnavailable, LaunchError, Problem, Requirement
 from orchestrator.images import build
 from orchestrator.images.prepare import (
     Engine,
     Ledger,
+    base_problems,
     plan_problems,
     planned_tag,
     prepare_images,
@@ -77,14 +80,37 @@ class DockerBackend(Backend):
         docker_client().close()
 
     @classmethod
+    def target_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
+        """This machine's engine, asked once: no engine is a requirement of kind ``engine``;
+        one that answers is asked for the images' base images
+        (:func:`orchestrator.images.prepare.base_problems`: a local base that is not there
+        stops the sweep's build, so the decision refuses it first)."""
+        try:
+            client = docker_client()
+        except BackendUnavailable as exc:
+            return [Requirement("", "", str(exc), kind="engine")]
+        try:
+            cells = list(cells)
+            return list(base_problems(matrix, cells, client, cls._host_driver(matrix, cells)))
+        finally:
+            client.close()
+
+    @classmethod
     def prepare_problems(cls, matrix: Matrix, cells: Iterable[Cell],
-                         hosts_file: Path | None = None) -> list[Problem]:
+                         hosts_file: Path | None = None, *, target: Target = HERE
+                         ) -> list[Problem]:
         """The images' plans (:func:`orchestrator.images.prepare.plan_problems`; a release
-        chosen per driver: this machine's)."""
+        chosen per driver: the target's, this machine's unless one is declared)."""
         cells = list(cells)
-        auto = any(selection.is_auto(matrix, c.hardware) for c in cells)
-        host = selection.HostDriver.from_facts(gpus.local_facts()) if auto else None
-        return plan_problems(matrix, cells, cls.name, host)
+        return plan_problems(matrix, cells, cls.name, cls._host_driver(matrix, cells, target))
+
+    @staticmethod
+    def _host_driver(matrix: Matrix, cells: list[Cell], target: Target = HERE
+                     ) -> selection.HostDriver | None:
+        """The driver that picks an auto release (None: no cell's profile has one)."""
+        if not any(selection.is_auto(matrix, hw) for hw in {c.hardware for c in cells}):
+            return None
+        return selection.HostDriver.from_facts(target.facts or gpus.local_facts())
 
     def prepare(self, cells: list[Cell], on_log: Callable[[str], None] | None = None) -> None:
         """Build (or find) every image the cells need, once per distinct image, each pinned to
@@ -143,10 +169,15 @@ class DockerBackend(Backend):
         return self._container(cell, self.dry_allocation(cell), planned_tag(
             self.matrix, cell, self._driver(), self.image_plans))
 
+    @functools.cached_property
+    def _planned_driver(self) -> selection.HostDriver | None:
+        """The driver an auto release is planned for, found once (the target's)."""
+        if not any(selection.is_auto(self.matrix, hw) for hw in self.matrix.profiles):
+            return None
+        return selection.HostDriver.from_facts(self.options.target.facts or gpus.local_facts())
+
     def _driver(self) -> selection.HostDriver | None:
-        if any(selection.is_auto(self.matrix, hw) for hw in self.matrix.profiles):
-            return selection.HostDriver.from_facts(gpus.local_facts())
-        return None
+        return self._planned_driver
 
     def launch(self, spec: LaunchSpec) -> Execution:
         import docker

@@ -29,6 +29,8 @@ from typing import Any
 
 from orchestrator.backends import backend_class
 from orchestrator.backends.base import Backend, RunOptions
+from orchestrator.backends.registry import find_record
+from orchestrator.backends.target import HERE, Target
 from orchestrator.config.redact import redact_env
 from orchestrator.plan.launch import LaunchSpec
 from orchestrator.plan.matrix import Cell, Matrix
@@ -39,29 +41,34 @@ RUN_ID = "<run id>"
 
 
 def dry_backend(matrix: Matrix, backend: str, results_root: Path,
-                hosts_file: Path | None = None) -> Backend:
-    """The backend a sweep would use, constructed (not prepared) over a ``<run id>`` folder."""
+                hosts_file: Path | None = None, target: Target = HERE) -> Backend:
+    """The backend a sweep would use, constructed (not prepared) over a ``<run id>`` folder,
+    for ``target`` (this machine, or a declared one whose driver picks an auto release)."""
     paths = RunPaths(Path(results_root).resolve() / matrix.name / RUN_ID)
-    options = RunOptions(timeout_s=matrix.settings.timeout_s, hosts_file=hosts_file)
+    options = RunOptions(timeout_s=matrix.settings.timeout_s, hosts_file=hosts_file,
+                         dry_run=True, target=target)
     return backend_class(backend)(matrix, paths, options)
 
 
 def launches(matrix: Matrix, backend: str, cells: Iterable[Cell], results_root: Path,
-             hosts_file: Path | None = None) -> list[dict[str, Any]]:
+             hosts_file: Path | None = None, target: Target = HERE) -> list[dict[str, Any]]:
     """Every cell's launch, as :func:`describe` says it."""
-    return list(launches_on(dry_backend(matrix, backend, results_root, hosts_file), cells))
+    return list(launches_on(dry_backend(matrix, backend, results_root, hosts_file, target),
+                            cells))
 
 
 def launches_on(runner: Backend, cells: Iterable[Cell]) -> Iterator[dict[str, Any]]:
     """Every cell's launch on ``runner`` (a :func:`dry_backend`), as :func:`describe` says it,
     one at a time (what is shown of one cell is dropped before the next is made)."""
-    return (describe(runner, runner.dry_spec(cell)) for cell in cells)
+    inventory = getattr(find_record(runner.name), "inventory", False)
+    return (describe(runner, runner.dry_spec(cell), inventory) for cell in cells)
 
 
-def describe(backend: Backend, spec: LaunchSpec) -> dict[str, Any]:
+def describe(backend: Backend, spec: LaunchSpec, inventory: bool = False) -> dict[str, Any]:
     """One cell's launch as JSON: ``command.json``'s fields (:meth:`LaunchSpec.to_json`), the
-    backend, and what it adds: the ``containers.run`` arguments, the SSH target, the batch
-    script, the other nodes of a multi-node cell."""
+    backend, and what it adds: the ``containers.run`` arguments, the SSH target (``inventory``:
+    the backend reads one; ``null`` when no host of it may run the cell), the batch script,
+    the other nodes of a multi-node cell."""
     out: dict[str, Any] = {"backend": backend.name, **spec.to_json()}
     if spec.container is not None and spec.image is not None:
         out["docker_run"] = docker_run(spec)
@@ -70,10 +77,12 @@ def describe(backend: Backend, spec: LaunchSpec) -> dict[str, Any]:
         if target is not None:
             out["ssh"] = {"host": spec.host, "hostname": target.hostname, "port": target.port,
                           "user": target.user}
+    elif inventory:  # no host of the inventory (or none given) may run it
+        out["ssh"] = None
     if spec.script is not None:
         out["script"] = spec.script
     if spec.peers:
-        out["nodes"] = [describe(backend, node) for node in spec.peers]
+        out["nodes"] = [describe(backend, node, inventory) for node in spec.peers]
     return out
 
 
@@ -113,10 +122,13 @@ def lines(launch: dict[str, Any]) -> list[str]:
 
 def _command_lines(launch: dict[str, Any], pad: str) -> list[str]:
     out = []
-    if "ssh" in launch:
+    if launch.get("ssh"):
         ssh = launch["ssh"]
         out.append(f"{pad}on host {ssh['host']} ({ssh['user']}@{ssh['hostname']}:{ssh['port']}, "
                    "the first host that may run it)")
+    elif "ssh" in launch:
+        out.append(f"{pad}on no host: the inventory names none that may run it (the "
+                   "requirements say what is missing)")
     env = launch.get("env") or {}
     if "docker_run" in launch:
         run = launch["docker_run"]

@@ -35,7 +35,7 @@ from typing import Protocol
 
 from orchestrator.catalog import gpus, releases, torch_builds
 from orchestrator.config.matrix_file import HardwareProfile
-from orchestrator.errors import Problem
+from orchestrator.errors import MISSING, SHORT, UNCHECKED, Problem, Requirement
 from orchestrator.plan import software
 from orchestrator.plan.matrix import Cell
 from orchestrator.plan.placement import holds_local_gpus
@@ -95,7 +95,7 @@ def describe(found: tuple[list[Gpu], str | None], facts: gpus.HostFacts | None) 
     if not targets:
         return ""
     shown = ", ".join(g.label for g in targets)
-    where = "this machine's" if facts is not None else "the profile's"
+    where = f"{_machine(facts)}'s" if facts is not None else "the profile's"
     return f"{where} {shown}" + (f", driver {driver}" if driver else "")
 
 
@@ -122,6 +122,23 @@ class GpuCheck:
 
     def error(self, fld: str, message: str) -> None:
         self.report.error(Problem(self.file, fld, message))
+
+    def lacks(self, fld: str, kind: str, message: str) -> None:
+        """What the machine the cells run on lacks (a :class:`~orchestrator.errors.Requirement`
+        of ``kind``, for these cells): a fact of that machine, not of the file."""
+        self.report.error(Requirement(self.file, fld, message, kind=kind,
+                                      cells=tuple(c.id for c in self.cells), state=MISSING))
+
+    def unchecked(self, fld: str, kind: str, message: str) -> None:
+        """What only the machine the cells run on can tell (a note, listed as a requirement to
+        check there)."""
+        self.report.note(Requirement(self.file, fld, message, kind=kind,
+                                     cells=tuple(c.id for c in self.cells), state=UNCHECKED))
+
+    @property
+    def machine(self) -> str:
+        """``this machine``, or the declared target the facts describe (``--target``)."""
+        return _machine(self.facts)
 
     def run(self) -> None:
         """Every rule for these cells (:meth:`targets`, then :meth:`software`)."""
@@ -155,23 +172,67 @@ class GpuCheck:
         if self.facts is None:
             cc = software.capability(self.profile)
             model = self.profile.gpu or "the profile's GPU"
+            self.unchecked(f"{self.where}.device", "GPUs", (
+                f"{who(self.cells)} {_need(self.cells)} {self.wanted()} where the "
+                f"{self.backend} backend runs them: not checked here (a dry run and validate "
+                "contact no node or host)"))
             return ([Gpu(model, cc)] if cc else []), None
         if self.facts.accelerator != "nvidia":
-            self.error(f"{self.where}.device", (
-                f"{who(self.cells)} {_need(self.cells)} an NVIDIA GPU (device = \"cuda\"), and "
-                f"this machine has none ({_why_none(self.facts)}): the {self.backend} backend "
-                "runs them here. Run them where the GPUs are (--backend slurm or ssh), or set "
-                "device = \"cpu\""))
+            self.lacks(f"{self.where}.device", "GPUs", (
+                f"{who(self.cells)} {_need(self.cells)} {self.wanted()}, and "
+                f"{self.machine} has none ({_why_none(self.facts)}), where the {self.backend} "
+                f"backend runs them. {self._elsewhere()}"))
             return None
         found = local_gpus(self.facts, self.profile)
         if not found:
             listed = ", ".join(map(str, self.profile.gpu_ids or ()))
-            self.error(f"{self.where}.gpu_ids", (
-                f"{who(self.cells)}: this machine has no GPU with index {listed} (it has "
+            self.lacks(f"{self.where}.gpu_ids", "GPUs", (
+                f"{who(self.cells)}: {self.machine} has no GPU with index {listed} (it has "
                 f"{', '.join(str(g.index) for g in self.facts.gpus)})"))
             return None
         self._named_gpu(found)
+        self._count(len(self._usable()))
         return found, self.facts.driver
+
+    def _usable(self) -> list[int]:
+        """The ids of the facts' accelerators these cells may get (the profile's gpu_ids)."""
+        assert self.facts is not None
+        ids = self.facts.gpu_ids
+        return [i for i in ids if self.profile.gpu_ids is None or i in self.profile.gpu_ids]
+
+    def _count(self, have: int) -> None:
+        """Cells that need more GPUs than the machine has for them: a requirement that falls
+        short (those cells are recorded unplaceable when the sweep reaches them; the others
+        run): a warning, which ``--strict`` refuses."""
+        over = [c for c in self.cells if c.params.gpus_per_node > have]
+        if not over:
+            return
+        counts = sorted({c.params.gpus_per_node for c in over})
+        many = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+        self.report.warning(Requirement(self.file, f"{self.where}.device", (
+            f"{who(over)} {_need(over)} {many} GPUs{' each' if len(over) > 1 else ''}, and "
+            f"{self.machine} has {have} "
+            "for them: they would be recorded unplaceable (the other cells run)"),
+            kind="GPUs", cells=tuple(c.id for c in over), state=SHORT))
+
+    def wanted(self) -> str:
+        """The GPUs these cells need, in words: ``an NVIDIA GPU (V100, compute capability
+        7.0), 1 to 8 per cell``."""
+        cc = software.capability(self.profile)
+        named = ", ".join(p for p in (self.profile.gpu or "",
+                                      f"compute capability {cc[0]}.{cc[1]}" if cc else "") if p)
+        counts = sorted({c.params.gpus_per_node for c in self.cells})
+        per = (f"{counts[0]} per cell" if len(counts) == 1
+               else f"{counts[0]} to {counts[-1]} per cell")
+        return f"an NVIDIA GPU ({named}{'; ' if named else ''}{per}; device = \"cuda\")"
+
+    def _elsewhere(self) -> str:
+        """How to meet a missing accelerator: a machine that has it, or the backends that run
+        the cells where it is; a profile that names no GPU may also run on the CPU."""
+        gpu = self.profile.gpu or ("a Gaudi card" if self.profile.device == "hpu" else "GPUs")
+        cpu = "" if self.profile.gpu else ", or set device = \"cpu\""
+        return (f"Run them on a machine with {gpu} (plan for one with --target), or where the "
+                f"GPUs are: --backend ssh with a hosts inventory, --backend slurm{cpu}")
 
     def _named_gpu(self, found: list[Gpu]) -> None:
         """A profile that names another GPU than this machine's: its cells run on this one."""
@@ -184,23 +245,30 @@ class GpuCheck:
             return
         models = ", ".join(g.label for g in found)
         self.report.warning(Problem(self.file, f"{self.where}.gpu", (
-            f"names {named!r}, but the {self.backend} backend runs {who(self.cells)} on this "
-            f"machine's {models}: the results will say {models.split(' (')[0]}")))
+            f"names {named!r}, but the {self.backend} backend runs {who(self.cells)} on "
+            f"{self.machine}'s {models}: the results will say {models.split(' (')[0]}")))
 
     def _gaudi_present(self) -> None:
-        if self.facts is None or self.facts.accelerator == "gaudi":
+        if self.facts is None:
+            self.unchecked(f"{self.where}.device", "GPUs", (
+                f"{who(self.cells)} {_need(self.cells)} a Gaudi card (device = \"hpu\") where "
+                f"the {self.backend} backend runs them: not checked here"))
             return
-        self.error(f"{self.where}.device", (
-            f"{who(self.cells)} {_need(self.cells)} a Gaudi card (device = \"hpu\"), and this "
-            f"machine has none (hl-smi found no card): the {self.backend} backend runs them "
-            "here. Run them on a Gaudi host (--backend ssh), or set device = \"cpu\""))
+        if self.facts.accelerator == "gaudi":
+            self._count(len(self._usable()))
+            return
+        self.lacks(f"{self.where}.device", "GPUs", (
+            f"{who(self.cells)} {_need(self.cells)} a Gaudi card (device = \"hpu\"), and "
+            f"{self.machine} has none (hl-smi found no card), where the {self.backend} backend "
+            "runs them. Run them on a Gaudi host (--backend ssh with a hosts inventory, or "
+            "plan for one with --target gpu=Gaudi2)"))
 
     # --- this machine's torch (process, slurm) ---------------------------------------------
 
     def _host_torch(self, targets: list[Gpu], driver: str | None) -> None:
         stack = self.stack
         if stack.cuda is None:
-            self.error(f"{self.where}.device", (
+            self.lacks(f"{self.where}.device", "python", (
                 f"{who(self.cells)} {_need(self.cells)} CUDA, and this Python's torch "
                 f"{stack.torch} is not a CUDA build: {torch_builds.cpu_build_advice()}"))
             return
@@ -228,7 +296,7 @@ class GpuCheck:
         if torch_builds.arch_runs(stack.cuda_archs, gpu.capability):
             return
         fld = f"{self.where}.gpu" if self.profile.gpu and self.facts is None else self.where
-        self.error(fld, (
+        self.lacks(fld, "python", (
             f"{who(self.cells)} run on {gpu.label} with this Python's torch {stack.torch}, "
             f"which carries kernels for {' '.join(stack.cuda_archs)} only (no "
             f"{torch_builds.sm(gpu.capability)}): {torch_builds.gpu_advice(gpu.capability)}"))
@@ -239,15 +307,15 @@ class GpuCheck:
         need = torch_builds.min_driver(stack.cuda)
         if driver is None:
             if need and self.facts is None:
-                self.report.note(Problem(self.file, self.where, (
+                self.unchecked(self.where, "driver", (
                     f"the driver where the {self.backend} backend runs the cells is not known "
                     f"here: torch {stack.torch} (CUDA {stack.cuda}) needs driver {need} or "
-                    "newer there")))
+                    "newer there"))
             return
         if torch_builds.driver_runs(driver, stack.cuda) is False:
             cc = next((g.capability for g in targets if g.capability), None)
-            self.error(self.where, (
-                f"{who(self.cells)}: this machine's driver {driver} is older than torch "
+            self.lacks(self.where, "driver", (
+                f"{who(self.cells)}: {self.machine}'s driver {driver} is older than torch "
                 f"{stack.torch} (CUDA {stack.cuda}) needs ({need} or newer): "
                 f"{torch_builds.driver_advice(driver, cc)}"))
 
@@ -267,13 +335,13 @@ class GpuCheck:
             self._release_error(
                 f"{who(self.cells)} run NGC PyTorch {release.name}, which supports compute "
                 f"capability {release.min_compute_capability} and newer; {gpu.label} is "
-                f"older: {pick}")
+                f"older: {pick}", kind="GPUs" if self.facts is not None else "")
         if driver is None:
             if self.facts is None:
-                self.report.note(Problem(self.file, self.where, (
-                    f"the driver of the hosts is not known here: NGC PyTorch {release.name} "
-                    f"needs {release.min_driver} or newer (checked on each host when the sweep "
-                    "reaches it)")))
+                self.unchecked(self.where, "driver", (
+                    f"the driver where the {self.backend} backend runs the cells is not known "
+                    f"here: NGC PyTorch {release.name} needs {release.min_driver} or newer "
+                    "there"))
             return
         try:
             runs = release.driver_runs(driver, datacenter=self.profile.forward_compat)
@@ -281,14 +349,24 @@ class GpuCheck:
             return
         if not runs:
             self._release_error(
-                f"{who(self.cells)}: this machine's driver {driver} is older than NGC PyTorch "
+                f"{who(self.cells)}: {self.machine}'s driver {driver} is older than NGC PyTorch "
                 f"{release.name} needs ({release.min_driver} or newer): upgrade the driver, "
                 f"pick an older base_tag, or set release = \"auto\" (the newest release the "
-                "driver runs)")
+                "driver runs)", kind="driver")
 
-    def _release_error(self, message: str) -> None:
+    def _release_error(self, message: str, kind: str = "") -> None:
+        """An error at each field that sets the release; ``kind``: a fact of the machine the
+        cells run on (this machine's GPU or driver), a requirement of that kind."""
         for fld in self.release_fields or (f"{self.where}.image",):
-            self.error(fld, message)
+            if kind:
+                self.lacks(fld, kind, message)
+            else:
+                self.error(fld, message)
+
+
+def _machine(facts: gpus.HostFacts | None) -> str:
+    """Who the facts are of: ``this machine`` (probed), else the declared target's name."""
+    return "this machine" if facts is None or facts.name == "localhost" else facts.name
 
 
 def _need(cells: Sequence[Cell]) -> str:

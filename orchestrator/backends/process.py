@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import Backend, Execution, ExitInfo, PopenExecution
+from orchestrator.backends.target import HERE, Target
 from orchestrator.config.redact import resolve_env
-from orchestrator.errors import BackendUnavailable, LaunchError, Problem
+from orchestrator.errors import BackendUnavailable, LaunchError, Problem, Requirement
 from orchestrator.images.sif import LocalMachine
 from orchestrator.local import cell_processes
 from orchestrator.local.cell_processes import CellProcesses
@@ -153,7 +154,8 @@ class ProcessBackend(Backend):
 
     @classmethod
     def prepare_problems(cls, matrix: Matrix, cells: Iterable[Cell],
-                         hosts_file: Path | None = None) -> list[Problem]:
+                         hosts_file: Path | None = None, *, target: Target = HERE
+                         ) -> list[Problem]:
         """A memory limit this machine cannot apply (no memory cgroup can be made), then the
         base's problems (Apptainer images)."""
         cells = list(cells)
@@ -221,6 +223,7 @@ def memory_limit_problems(matrix: Matrix, cells: Iterable[Cell]) -> list[Problem
         except ValueError as exc:
             problems.append(Problem(str(matrix.path), where, str(exc)))
         except cell_processes.MemoryLimitUnavailable as exc:
-            problems.append(Problem(str(matrix.path), where, (
-                f"the process backend limits a cell's memory with a memory cgroup, and {exc}")))
+            problems.append(Requirement(str(matrix.path), where, (
+                f"the process backend limits a cell's memory with a memory cgroup, and {exc}"),
+                kind="memory"))
     return problems

@@ -24,13 +24,28 @@ MultiNode = Literal["", "nodes", "hosts"]
 
 
 @dataclass(frozen=True)
+class Need:
+    """One thing a backend needs on its target, in words: what (``kind``: ``engine``,
+    ``scheduler``, ``python``, ...) and how to meet it. ``on``: ``here`` (the machine the sweep
+    runs from: checked there by the backend's ``check_available``), or ``cells`` (where the
+    cells run, when that is not the sweep's machine: a lab host, a Slurm node; never contacted
+    by ``plan``, ``validate`` or a dry run)."""
+
+    kind: str
+    what: str
+    how: str = ""
+    on: Literal["here", "cells"] = "here"
+
+
+@dataclass(frozen=True)
 class BackendRecord:
     """What a backend is, known without importing its module: every fact of a backend that
     another layer needs is a field here, read instead of comparing names.
 
     What it needs on its target is said by these fields (a Docker engine where ``images_on``
-    says, a hosts inventory, this machine's GPUs where ``here``) and, in detail, by the
-    backend class's ``check_available``, ``runtime_problems`` and ``prepare_problems``."""
+    says, a hosts inventory, this machine's GPUs where ``here``; ``needs``: the rest, in
+    words, for ``plan`` and ``--dry-run`` to list) and, in detail, by the backend class's
+    ``check_available``, ``target_problems``, ``runtime_problems`` and ``prepare_problems``."""
 
     #: ``[matrix] backend`` / ``--backend``, and the class's ``name``.
     name: str
@@ -58,6 +73,11 @@ class BackendRecord:
     #: (:func:`orchestrator.backends.checks.requirement_problems`).
     #: The ssh backend's cells run on lab hosts, which ``validate`` does not contact.
     files_here: bool = False
+    #: What it needs on its target beyond the cells' own requirements (:class:`Need`): checked
+    #: on this machine where ``on = "here"``; listed for ``plan`` and ``--dry-run`` to say
+    #: what a target they do not probe (a declared ``--target``, lab hosts, Slurm nodes) must
+    #: have.
+    needs: tuple[Need, ...] = ()
 
     @property
     def module(self) -> str:
@@ -80,17 +100,38 @@ def unregister(name: str) -> None:
 
 register(BackendRecord(
     "process", "orchestrator.backends.process:ProcessBackend", runtime="none",
-    runtimes=("none", "apptainer"), here=True, files_here=True))
+    runtimes=("none", "apptainer"), here=True, files_here=True, needs=(
+        Need("python", "this Python with torch and torchvision (the workload's dependencies)",
+             "pip install -e '.[workload]' (or make venv)"),
+    )))
 register(BackendRecord(
     "docker", "orchestrator.backends.docker:DockerBackend", runtime="docker",
-    runtimes=("docker",), here=True, images_on="this machine", files_here=True))
+    runtimes=("docker",), here=True, images_on="this machine", files_here=True, needs=(
+        Need("engine", "a Docker engine this user may use (DOCKER_HOST, else "
+             "/var/run/docker.sock) with the images' base images, and NVIDIA's container "
+             "toolkit for GPU cells", "start dockerd, or point DOCKER_HOST at an engine"),
+    )))
 register(BackendRecord(
     "ssh", "orchestrator.backends.ssh:SshDockerBackend", runtime="docker",
     runtimes=("docker", "apptainer"), multi_node="hosts", inventory=True,
-    images_on="each host"))
+    images_on="each host", needs=(
+        Need("python", "the Docker SDK and paramiko in this Python",
+             "pip install -e . (they are orchestrate's dependencies)"),
+        Need("engine", "on each host of the inventory: SSH access as the inventory says, a "
+             "Docker engine, NVIDIA's container toolkit for GPU cells, the images' base "
+             "images or a registry", "orchestrate hosts check HOSTS.toml asks each host",
+             on="cells"),
+    )))
 register(BackendRecord(
     "slurm", "orchestrator.backends.slurm:SlurmBackend", runtime="none",
-    runtimes=("none", "apptainer"), multi_node="nodes", files_here=True))
+    runtimes=("none", "apptainer"), multi_node="nodes", files_here=True, needs=(
+        Need("scheduler", "the Slurm client tools (sbatch, squeue, scancel, scontrol) and a "
+             "controller that answers", "run from a login node of the cluster (slurm-client "
+             "with its slurm.conf, or SLURM_CONF)"),
+        Need("data", "nodes that share this machine's filesystem: this checkout, this Python, "
+             "the results folder, the files the cells need",
+             "run from a login node whose home or project folder the nodes mount", on="cells"),
+    )))
 
 
 def records() -> list[BackendRecord]:

@@ -102,7 +102,7 @@ from orchestrator.backends.slurm_jobs import (
 )
 from orchestrator.config.matrix_file import HardwareProfile
 from orchestrator.config.redact import Scrubber, public_env, secret_env
-from orchestrator.errors import BackendUnavailable, LaunchError, Problem
+from orchestrator.errors import SHORT, BackendUnavailable, LaunchError, Problem, Requirement
 from orchestrator.images.sif import LocalMachine
 from orchestrator.plan.launch import LaunchSpec, ScheduledNodes
 from orchestrator.plan.matrix import Cell, Matrix
@@ -156,6 +156,56 @@ def _slurm(args: Sequence[str], timeout: float = COMMAND_TIMEOUT_S,
                               env={**os.environ, **env} if env else None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return subprocess.CompletedProcess(list(args), 255, "", str(exc))
+
+
+def _silent(conf: str | None) -> str:
+    """Why the cluster of ``conf`` (None: this environment's) does not answer ``squeue``, in
+    words ('' : it answers)."""
+    proc = _slurm(["squeue", "-h", "-o", "%i"], timeout=15.0, env=conf_env(conf))
+    if proc.returncode == 0:
+        return ""
+    lines = proc.stderr.strip().splitlines()
+    return f"squeue: {lines[-1] if lines else 'no output'}"
+
+
+def gpus_requested(cell: Cell, profile: HardwareProfile) -> int:
+    """GPUs to ask Slurm for on each node: CUDA cells only (Bitfusion's GPUs are remote)."""
+    if profile.device == "cuda" and holds_local_gpus(profile):
+        return cell.params.gpus_per_node
+    return 0
+
+
+def partition_nodes(conf: str | None, partition: str | None) -> dict[str, int] | None:
+    """The nodes of ``partition`` (None: the default) of the cluster of ``conf`` and the GPUs
+    of each (``sinfo``), or None when sinfo can't tell."""
+    args = ["sinfo", "-h", "-N", "-o", "%N|%G"] + (["-p", partition] if partition else [])
+    proc = _slurm(args, timeout=15.0, env=conf_env(conf))
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    found: dict[str, int] = {}
+    for line in proc.stdout.splitlines():
+        node, _, gres = line.strip().partition("|")
+        if node:
+            found[node] = max(found.get(node, 0), gpus_of_gres(gres))
+    return found
+
+
+def shortfall(gpus: int, nodes: int, found: dict[str, int], partition: str | None
+              ) -> str | None:
+    """Why a cell of ``nodes`` nodes with ``gpus`` GPUs each never fits the partition's nodes
+    (``found``: node -> GPUs), or None."""
+    where = f"partition {partition}" if partition else "the default partition"
+    if nodes > len(found):
+        return f"needs {nodes} nodes but {where} has {len(found)}"
+    most = max(found.values(), default=0)
+    if gpus > most:
+        each = " on each of its nodes" if nodes > 1 else " on one node"
+        return f"needs {gpus} GPUs{each} but the nodes of {where} have at most {most}"
+    if nodes > 1 and gpus:
+        enough = sum(1 for n in found.values() if n >= gpus)
+        if enough < nodes:
+            return f"needs {nodes} nodes with {gpus} GPUs each but {where} has {enough} such nodes"
+    return None
 
 
 def conf_env(conf: str | None) -> dict[str, str] | None:
@@ -488,41 +538,37 @@ class SlurmBackend(Backend):
                 "PATH): install them (Debian: apt-get install -y slurm-client) with your "
                 "cluster's slurm.conf, or choose --backend process"
             )
-        proc = _slurm(["squeue", "-h", "-o", "%i"], timeout=15.0)
-        if proc.returncode != 0:
-            detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"
+        silent = _silent(None)
+        if silent:
             raise BackendUnavailable(
-                f"Slurm does not answer (squeue: {detail}): start slurmctld/slurmd and munge "
+                f"Slurm does not answer ({silent}): start slurmctld/slurmd and munge "
                 "(a single-node test cluster: bash tests/infra/start-slurm.sh), point "
                 "SLURM_CONF at your cluster's slurm.conf, or choose --backend process"
             )
 
     @classmethod
     def runtime_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
-        """Every other cluster a profile names (``slurm.conf``) answers (else
-        BackendUnavailable, as for this environment's cluster), then the base's problems
+        """Every other cluster a profile names (``slurm.conf``) answers (else a requirement of
+        kind ``scheduler``, as for this environment's cluster), then the base's problems
         (Apptainer profiles), before a run folder exists."""
         cells = list(cells)
+        problems: list[Problem] = []
+        asked: dict[str, str] = {}  # conf -> why it does not answer ("" : it does)
         for hw in sorted({c.hardware for c in cells}):
             conf = matrix.profiles[hw].slurm.conf
             if conf is None:
                 continue  # this environment's cluster: check_available asked it
-            proc = _slurm(["squeue", "-h", "-o", "%i"], timeout=15.0, env=conf_env(conf))
-            if proc.returncode != 0:
-                lines = proc.stderr.strip().splitlines()
-                raise BackendUnavailable(
-                    f"the Slurm cluster of hardware.{hw}.slurm.conf ({conf}) does not answer "
-                    f"(squeue: {lines[-1] if lines else 'no output'}): check the path and that "
-                    "its slurmctld runs, or remove conf to use this environment's cluster")
-        return super().runtime_problems(matrix, cells)
+            if conf not in asked:
+                asked[conf] = _silent(conf)
+            if asked[conf]:
+                problems.append(Requirement(str(matrix.path), f"hardware.{hw}.slurm.conf", (
+                    f"the Slurm cluster of {conf} does not answer ({asked[conf]}): check the "
+                    "path and that its slurmctld runs, or remove conf to use this "
+                    "environment's cluster"), kind="scheduler"))
+        return problems + super().runtime_problems(matrix, cells)
 
     # --- placement: Slurm's job ----------------------------------------------------------------
 
-    def _gpus_requested(self, cell: Cell, profile: HardwareProfile) -> int:
-        """GPUs to ask Slurm for on each node: CUDA cells only (Bitfusion's GPUs are remote)."""
-        if profile.device == "cuda" and holds_local_gpus(profile):
-            return cell.params.gpus_per_node
-        return 0
 
     def _partition_nodes(self, profile: HardwareProfile) -> dict[str, int] | None:
         """The nodes of the profile's partition and the GPUs of each (sinfo), or None when sinfo
@@ -532,43 +578,48 @@ class SlurmBackend(Backend):
         with self._lock:
             if key in self._nodes:
                 return self._nodes[key]
-        args = ["sinfo", "-h", "-N", "-o", "%N|%G"] + (
-            ["-p", opts.partition] if opts.partition else [])
-        proc = _slurm(args, timeout=15.0, env=conf_env(opts.conf))
-        found: dict[str, int] | None = None
-        if proc.returncode == 0 and proc.stdout.strip():
-            found = {}
-            for line in proc.stdout.splitlines():
-                node, _, gres = line.strip().partition("|")
-                if node:
-                    found[node] = max(found.get(node, 0), gpus_of_gres(gres))
+        found = partition_nodes(opts.conf, opts.partition)
         with self._lock:
             self._nodes[key] = found
         return found
 
     def unplaceable(self, cell: Cell) -> str | None:
         profile = self.matrix.profile(cell)
-        gpus = self._gpus_requested(cell, profile)
+        gpus = gpus_requested(cell, profile)
         nodes = cell.params.nodes
         if not gpus and nodes == 1:
             return None
         found = self._partition_nodes(profile)
-        if found is None:
-            return None
-        partition = profile.slurm.partition
-        where = f"partition {partition}" if partition else "the default partition"
-        if nodes > len(found):
-            return f"needs {nodes} nodes but {where} has {len(found)}"
-        most = max(found.values(), default=0)
-        if gpus > most:
-            each = " on each of its nodes" if nodes > 1 else " on one node"
-            return f"needs {gpus} GPUs{each} but the nodes of {where} have at most {most}"
-        if nodes > 1 and gpus:
-            enough = sum(1 for n in found.values() if n >= gpus)
-            if enough < nodes:
-                return (f"needs {nodes} nodes with {gpus} GPUs each but {where} has {enough} "
-                        "such nodes")
-        return None
+        return None if found is None else shortfall(gpus, nodes, found, profile.slurm.partition)
+
+    @classmethod
+    def target_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
+        """The cluster answers (:meth:`check_available`), then what its partitions say of the
+        cells, each partition asked once (``sinfo``): cells that need more nodes or GPUs than
+        a partition has would be recorded unplaceable (a requirement that falls short)."""
+        problems = super().target_problems(matrix, cells)
+        if problems:
+            return problems
+        by_shape: dict[tuple[str, int, int], list[Cell]] = {}
+        for cell in cells:
+            gpus = gpus_requested(cell, matrix.profile(cell))
+            if gpus or cell.params.nodes > 1:
+                by_shape.setdefault((cell.hardware, gpus, cell.params.nodes), []).append(cell)
+        asked: dict[tuple[str | None, str | None], dict[str, int] | None] = {}
+        found: list[Problem] = []
+        for (hw, gpus, nodes), group in sorted(by_shape.items()):
+            opts = matrix.profiles[hw].slurm
+            if (opts.conf, opts.partition) not in asked:
+                asked[(opts.conf, opts.partition)] = partition_nodes(opts.conf, opts.partition)
+            known = asked[(opts.conf, opts.partition)]
+            why = None if known is None else shortfall(gpus, nodes, known, opts.partition)
+            if why:
+                found.append(Requirement(str(matrix.path), f"hardware.{hw}.slurm", (
+                    f"{len(group)} cells ({', '.join(c.id for c in group[:2])}"
+                    f"{', ...' if len(group) > 2 else ''}): each {why}: they would be recorded "
+                    "unplaceable"), kind="GPUs" if gpus else "scheduler",
+                    cells=tuple(c.id for c in group), state=SHORT))
+        return found
 
     def allocate(self, cell: Cell) -> Allocation | None:
         profile = self.matrix.profile(cell)
@@ -626,7 +677,7 @@ class SlurmBackend(Backend):
             output=output_pattern(cell_dir),
             workdir=command.workdir,
             time_limit=self._time_limit(profile),
-            gpus=self._gpus_requested(cell, profile),
+            gpus=gpus_requested(cell, profile),
             options=profile.slurm,
             program=command.program,
             nodes=cell.params.nodes,
@@ -642,7 +693,7 @@ class SlurmBackend(Backend):
         multi-node ``srun`` runs ``apptainer exec`` on each."""
         profile = self.matrix.profile(cell)
         node = self._multi_node(cell)
-        gpus = self._gpus_requested(cell, profile)
+        gpus = gpus_requested(cell, profile)
         command = apptainer.batch_command(cell, profile, self.matrix.program(cell),
                                           image=self.runtime_image(cell),
                                           output_dir=str(cell_dir), gpus=bool(gpus), node=node)

@@ -69,13 +69,30 @@ from orchestrator.backends.remote_executions import (
     remote_run_dir,
     remove_remote_dir,
 )
+from orchestrator.backends.target import HERE, Target
 from orchestrator.catalog import gpus
-from orchestrator.config.inventory import ConnectTarget, Inventory, load_hosts, resolve_hosts
-from orchestrator.errors import ConfigError, HostError, HostUnreachable, LaunchError, Problem
+from orchestrator.config.inventory import (
+    ConnectTarget,
+    HostEntry,
+    HostOptions,
+    Inventory,
+    load_hosts,
+    resolve_hosts,
+)
+from orchestrator.errors import (
+    SHORT,
+    ConfigError,
+    HostError,
+    HostUnreachable,
+    LaunchError,
+    Problem,
+    Requirement,
+)
 from orchestrator.images import build, sif
 from orchestrator.images.prepare import (
     Engine,
     Ledger,
+    driver_too_old,
     plan_problems,
     planned_tag,
     prepare_images,
@@ -151,9 +168,97 @@ def load_inventory(matrix: Matrix, hosts_file: Path | None
     config read once): no host is contacted. No inventory, or an invalid one, is a
     :class:`ConfigError` naming the file and field."""
     if hosts_file is None:
-        raise ConfigError(NO_INVENTORY_HINT, file=str(matrix.path), field="matrix.hosts")
+        raise ConfigError([Requirement(str(matrix.path), "matrix.hosts", NO_INVENTORY_HINT,
+                                       kind="inventory")])
     inventory = load_hosts(hosts_file)
     return inventory, resolve_hosts(inventory)
+
+
+def declared_driver(host: HostEntry, device: str) -> selection.HostDriver | None:
+    """The driver an inventory declares for ``host`` (``driver``, and ``gpu`` for its
+    accelerator and compute capability; else the profile's ``device``), None where it declares
+    none: what picks an auto release there, before the sweep probes the host."""
+    if host.driver is None:
+        return None
+    accelerator: str | None = {"cuda": "nvidia", "hpu": "gaudi"}.get(device)
+    if host.gpu is not None:
+        accelerator = "gaudi" if gpus.gaudi_generation(host.gpu) else "nvidia"
+    cc = gpus.compute_capability(host.gpu) if host.gpu else None
+    return selection.HostDriver(host.name, host.driver, accelerator, cc)
+
+
+def inventory_shortfalls(matrix: Matrix, cells: list[Cell], inventory: Inventory,
+                         tags: dict[str, set[str]]) -> list[Requirement]:
+    """What the inventory says, without contacting a host, of cells it cannot place as planned
+    (the sweep starts; the others run): a profile no host may run, cells that need more GPUs
+    than any of its hosts lists (where every such host lists its ``gpus``), and, where hosts
+    declare their ``driver``, a profile whose release none of them runs (an auto release: the
+    driver picks none; its cells would be recorded unplaceable) or a pinned release a host's
+    driver is older than (its cells may fail to start there)."""
+    file = str(matrix.path)
+    found: list[Requirement] = []
+    by_hw: dict[str, list[Cell]] = {}
+    for cell in cells:
+        by_hw.setdefault(cell.hardware, []).append(cell)
+    for hw, group in sorted(by_hw.items()):
+        profile = matrix.profiles[hw]
+        hosts = [h for h in inventory.hosts if hw in tags.get(h.name, set())]
+        ids = tuple(c.id for c in group)
+        if not hosts:
+            found.append(Requirement(file, f"hardware.{hw}", (
+                f"no host of {inventory.source} may run hardware {hw!r} (none carries the tag "
+                f"{hw!r}, and the profile lists no hosts): its {len(group)} cells would be "
+                "recorded unplaceable"), kind="inventory", cells=ids, state=SHORT))
+            continue
+        if profile.image is not None and not profile.apptainer_runtime:
+            found += _declared_drivers(matrix, hw, group, hosts, inventory)
+        if profile.multi_node or not placement.holds_local_gpus(profile) or \
+                any(h.gpus is None for h in hosts):
+            continue  # spans hosts, needs none of theirs, or some host's GPUs are discovered
+        most = max(len(h.gpus or ()) for h in hosts)
+        over = [c for c in group if c.params.gpus > most]
+        if over:
+            found.append(Requirement(file, f"hardware.{hw}", (
+                f"{len(over)} cells ({', '.join(c.id for c in over[:2])}"
+                f"{', ...' if len(over) > 2 else ''}) need more GPUs than any host of "
+                f"{inventory.source} that may run them lists (at most {most}): they would be "
+                "recorded unplaceable"), kind="GPUs", cells=tuple(c.id for c in over),
+                state=SHORT))
+    return found
+
+
+def _declared_drivers(matrix: Matrix, hw: str, group: list[Cell], hosts: list[HostEntry],
+                      inventory: Inventory) -> list[Requirement]:
+    """A profile's image on the hosts that declare a driver (:func:`inventory_shortfalls`)."""
+    file = str(matrix.path)
+    device = matrix.profiles[hw].device
+    declared = {h.name: d for h in hosts if (d := declared_driver(h, device)) is not None}
+    if not declared:
+        return []
+    found: list[Requirement] = []
+    excluded: dict[str, str] = {}
+    for key in selection.needed_keys(matrix, group):
+        for name, driver in declared.items():
+            try:
+                choice = selection.choose(matrix, key, driver)
+            except selection.NoRelease as exc:
+                excluded[name] = exc.why
+                continue
+            except ConfigError:
+                continue  # the image's own problems: plan_problems says them
+            old = driver_too_old(choice, driver)
+            if old:
+                cells = tuple(c.id for c in group if selection.image_key(matrix, c) == key)
+                found.append(Requirement(file, f"hardware.{hw}", (
+                    f"host {name} of {inventory.source}: its declared {old}"), kind="driver",
+                    cells=cells, state=SHORT))
+    if excluded and len(excluded) == len(hosts):
+        why = "; ".join(f"{name}: {text}" for name, text in sorted(excluded.items()))
+        found.append(Requirement(file, f"hardware.{hw}.release", (
+            f"no host of {inventory.source} that may run hardware {hw!r} has a driver that "
+            f"runs a release of its image ({why}): its {len(group)} cells would be recorded "
+            "unplaceable"), kind="driver", cells=tuple(c.id for c in group), state=SHORT))
+    return found
 
 
 def _make_output_dir(ssh: SshHost, spec: LaunchSpec) -> None:
@@ -181,7 +286,12 @@ class SshDockerBackend(Backend):
 
     def __init__(self, matrix: Matrix, paths: RunPaths, options: RunOptions):
         super().__init__(matrix, paths, options)
-        self.inventory, self.targets = load_inventory(matrix, self.options.hosts_file)
+        self.inventory: Inventory
+        self.targets: dict[str, ConnectTarget]
+        if options.dry_run and options.hosts_file is None:  # shown with no host to go to
+            self.inventory, self.targets = Inventory(matrix.path, HostOptions(), ()), {}
+        else:
+            self.inventory, self.targets = load_inventory(matrix, self.options.hosts_file)
         self.placement_tags = self._placement_tags()
         self.hosts: dict[str, RemoteHost] = {}
         #: every image prepared, by (host, key)
@@ -209,7 +319,8 @@ class SshDockerBackend(Backend):
 
     @classmethod
     def prepare_problems(cls, matrix: Matrix, cells: Iterable[Cell],
-                         hosts_file: Path | None = None) -> list[Problem]:
+                         hosts_file: Path | None = None, *, target: Target = HERE
+                         ) -> list[Problem]:
         """The hosts inventory (there, read and resolved, no host contacted:
         :func:`load_inventory`; every host a profile names in it), the Docker images' plans
         (:func:`orchestrator.images.prepare.plan_problems`) and the Apptainer images' (the base's).
@@ -219,11 +330,12 @@ class SshDockerBackend(Backend):
         problems: list[Problem] = []
         try:
             inventory, _ = load_inventory(matrix, hosts_file)
-            selection.host_profiles(matrix, inventory)
+            problems += inventory_shortfalls(matrix, cells, inventory,
+                                             selection.host_profiles(matrix, inventory))
         except ConfigError as exc:
             problems += exc.problems
         return (problems + plan_problems(matrix, cells, cls.name)
-                + super().prepare_problems(matrix, cells))
+                + super().prepare_problems(matrix, cells, target=target))
 
     # --- hosts and placement ---------------------------------------------------------------
 
@@ -508,25 +620,45 @@ class SshDockerBackend(Backend):
         them; the sweep places it on whichever such host is free), its image as planned
         (:func:`orchestrator.images.prepare.planned_tag`; ``release = "auto"``: each host's);
         no host is contacted."""
-        hosts = [h for h in self.inventory.names if cell.hardware in self.placement_tags[h]]
+        hosts = [h for h in self.inventory.names if cell.hardware in self.placement_tags[h]
+                 and self._runs_release(cell, h)]
         local = self.dry_allocation(cell)
         allocation = Allocation(cell.id, (placement.Slot(hosts[0] if hosts else None,
                                                           local.gpu_ids),))
-        if self.matrix.profile(cell).apptainer_runtime:
+        profile = self.matrix.profile(cell)
+        if profile.apptainer_runtime:
             return self.spec(cell, allocation)
-        return self.spec(cell, allocation, planned=planned_tag(self.matrix, cell,
-                                                               plans=self.image_plans))
+        driver = declared_driver(self.inventory.get(hosts[0]), profile.device) if hosts else None
+        return self.spec(cell, allocation, planned=planned_tag(self.matrix, cell, driver,
+                                                               self.image_plans))
+
+    def _runs_release(self, cell: Cell, host: str) -> bool:
+        """Whether ``host`` may run ``cell``'s image as far as the inventory tells: an auto
+        release on a host whose declared driver runs none of it is not (the sweep skips it);
+        anything else is, until the sweep probes the host."""
+        if not selection.is_auto(self.matrix, cell.hardware) or cell.params.ngc_release:
+            return True
+        driver = declared_driver(self.inventory.get(host), self.matrix.profile(cell).device)
+        if driver is None:
+            return True
+        try:
+            selection.choose(self.matrix, selection.image_key(self.matrix, cell), driver)
+        except selection.NoRelease:
+            return False
+        except ConfigError:
+            return True  # the image's own problem: the decision says it
+        return True
 
     def _apptainer_spec(self, cell: Cell, allocation: Allocation, attempt: int,
                         output_dir: str) -> LaunchSpec:
         """An Apptainer cell on its host: ``apptainer exec ... IMAGE.sif <argv>`` writing into
         its remote folder, its GPUs pinned by an ``--env`` argument (one host per cell)."""
-        if allocation.multi_node or allocation.host is None:
+        if allocation.multi_node or (allocation.host is None and not self.options.dry_run):
             raise LaunchError(f"{cell.id}: Apptainer cells run on one host each")
         # prepared on the host; a dry run: where it would be (~ left for the host to expand)
-        image = apptainer.image_path(self.matrix, cell, self.host_sifs.get(allocation.host, {}),
-                                     images=self.image_plans,
-                                     planned=self.planned_sifs.setdefault(allocation.host, {}))
+        image = self._dry_image(lambda: apptainer.image_path(
+            self.matrix, cell, self.host_sifs.get(allocation.host or "", {}),
+            images=self.image_plans, planned=self.planned_sifs.setdefault(allocation.host, {})))
         return apptainer.launch_spec(cell, self.matrix.profile(cell), self.matrix.program(cell),
                                      image=image, output_dir=output_dir,
                                      gpu_ids=allocation.gpu_ids, attempt=attempt,

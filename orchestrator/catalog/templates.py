@@ -81,7 +81,7 @@ from orchestrator.config.files import (
     read_config_text,
     read_toml,
 )
-from orchestrator.errors import BuildError, ConfigError, Problem
+from orchestrator.errors import BuildError, ConfigError, Problem, Requirement
 
 if TYPE_CHECKING:
     import jinja2
@@ -475,9 +475,11 @@ class Template:
                 for path in _iter_tree(source):
                     files[f"{name}/{path.relative_to(source).as_posix()}"] = _read_file(path)
                 continue
-            if not source.is_file():
-                problems.append(Problem("--set", vname, f"file or folder {str(source)!r} not "
-                                                        f"found ({var.description})"))
+            if not source.is_file():  # a fact of this machine (the build's), not of the file
+                kind = "checkout" if "checkout" in var.description else "build file"
+                problems.append(Requirement("--set", vname, f"file or folder {str(source)!r} not "
+                                                            f"found ({var.description})",
+                                            kind=kind))
                 continue
             files[name] = _read_file(source)
         if problems:

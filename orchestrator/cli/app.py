@@ -37,7 +37,8 @@ COMMAND_MODULES = ("sweep", "result", "import", "publish", "image", "host", "mai
 #: `orchestrate plan` never imports paramiko; jinja2 only to resolve a profile's base image).
 COMMAND_OWNERS = {
     "matrix": "sweep", "plan": "sweep", "validate": "sweep", "schema": "sweep",
-    "runs": "result", "report": "result", "compare": "result", "history": "result",
+    "runs": "result", "report": "result", "logs": "result", "compare": "result",
+    "history": "result",
     "export": "result", "import": "import", "publish": "publish",
     "images": "image", "hosts": "host", "clean": "maintenance", "backends": "maintenance",
 }
@@ -45,21 +46,96 @@ COMMAND_OWNERS = {
 EXIT_BROKEN_PIPE = 141
 
 
+#: Words a user types for what a command does, that name no command: ``run`` (which
+#: ``runs`` is nearest to) most likely means a sweep.
+COMMAND_WORDS = {word: "matrix" for word in (
+    "run", "sweep", "start", "launch", "exec", "execute", "submit", "bench", "benchmark")}
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with the nearest name for a misspelt command (``mtrix``: did you mean
-    ``matrix``?), as git does; the subcommands' own parsers are of this class too."""
+    ``matrix``?) and option (``--dryrun``: did you mean ``--dry-run``?), as git does, and the
+    command a word for what it does means (``run``: ``matrix``, which runs a sweep, or ``runs``,
+    which lists them); the subcommands' own parsers are of this class too."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        self._words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        import difflib
         import re
 
         found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if found:
-            choices = re.findall(r"'([^']*)'", found.group(2))
-            close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
-            if close:
-                message += f"; did you mean {close[0]!r}?"
+            message += self._command_hint(found.group(1), re.findall(r"'([^']*)'",
+                                                                      found.group(2)))
+        unknown = re.search(r"unrecognized arguments: (.*)$", message)
+        if unknown:
+            message += self._option_hint(unknown.group(1).split())
         super().error(message)
+
+    def _command_hint(self, word: str, choices: list[str]) -> str:
+        import difflib
+
+        meant = [c for c in (COMMAND_WORDS.get(word.lower()),) if c in choices]
+        meant += [c for c in difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+                  if c not in meant]
+        if not meant:
+            return ""
+        if len(meant) == 1 and word.lower() not in COMMAND_WORDS:
+            return f"; did you mean {meant[0]!r}?"
+        helps = _choice_helps(self)
+        return "; did you mean " + " or ".join(
+            f"{c!r} ({helps[c]})" if helps.get(c) else repr(c) for c in meant) + "?"
+
+    def _option_hint(self, words: list[str]) -> str:
+        """``; did you mean --dry-run?`` for each unknown ``--option`` near one of the
+        command's (the parser of the command ``_words`` names, and this one's)."""
+        import difflib
+
+        parser = _command_parser(self, getattr(self, "_words", []))
+        known = sorted({o for p in {parser, self} for a in p._actions for o in a.option_strings
+                        if o.startswith("--")})
+        plain = {_squashed(o): o for o in known}
+        hints = []
+        for word in words:
+            flag = word.partition("=")[0]
+            if not flag.startswith("--"):
+                continue
+            close = ([plain[_squashed(flag)]] if _squashed(flag) in plain else
+                     difflib.get_close_matches(flag, known, n=1, cutoff=0.75))
+            if close:
+                hints.append(close[0] + (f" (for {flag})" if len(words) > 1 else ""))
+        return f"; did you mean {', '.join(hints)}?" if hints else ""
+
+
+def _squashed(flag: str) -> str:
+    """An option without its dashes and underscores (``--dryrun``, ``--dry_run``: ``dryrun``)."""
+    return flag.lstrip("-").replace("-", "").replace("_", "").lower()
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def _choice_helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each subcommand's one-line help (``runs``: list runs ...)."""
+    sub = _subcommands(parser)
+    return {a.dest: str(a.help or "") for a in sub._choices_actions} if sub else {}
+
+
+def _command_parser(parser: argparse.ArgumentParser, words: Sequence[str]
+                    ) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``words`` name (``images build ...``: ``build``'s)."""
+    for word in words:
+        sub = _subcommands(parser)
+        if sub is None:
+            break
+        if word in sub.choices:
+            parser = sub.choices[word]
+    return parser
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ from rich.table import Table
 from orchestrator.catalog import templates
 from orchestrator.catalog.releases import Release, resolve_habana, resolve_release
 from orchestrator.cli import options
+from orchestrator.cli.pull_bars import PullBars
 from orchestrator.config.syntax import plural
 from orchestrator.errors import BackendUnavailable, ConfigError, cannot_write
 from orchestrator.images import build
@@ -108,7 +109,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "nothing. Without MATRIX files: the images the state records for these hosts.",
     )
     p_refresh.add_argument("matrices", nargs="*", type=Path, metavar="MATRIX",
-                           help="matrix files whose images to keep fresh (default: recorded)")
+                           help="matrix files whose images to keep fresh (default: recorded, "
+                           "each with the --set its build had)")
+    options.set_fields(p_refresh, "set a field of each MATRIX file, as `matrix --set` does "
+                       "(repeatable)")
     options.hosts(p_refresh, "the inventory (default: $ORCHESTRATE_HOSTS or the user config)")
     options.host(p_refresh, "only this host (repeat)")
     options.results(p_refresh, "results folder holding the image state (default as `matrix`)")
@@ -198,9 +202,36 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+#: The width of ``images list`` piped (a terminal gets rich tables of its own width).
+PIPED_WIDTH = 100
+
+
+def piped_lines(title: str, rows: list[tuple[str, str, str, str]], local: str,
+                width: int = PIPED_WIDTH) -> list[str]:
+    """One template as ``images list`` prints it into a pipe, no line wider than ``width``: its
+    title, then per variable a line that starts with its name (name, type, default in
+    columns: ``grep`` finds it) and its description wrapped under it, then the local tags."""
+    import textwrap
+
+    def wrap(text: str, indent: str, first: str | None = None) -> list[str]:
+        first = indent if first is None else first
+        return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent,
+                             break_on_hyphens=False) or [first.rstrip()]
+
+    name_w = max((len(r[0]) for r in rows), default=0)
+    type_w = max((len(r[1]) for r in rows), default=0)
+    out = wrap(title, "    ", "")
+    for name, kind, default, description in rows:
+        head = f"  {name:<{name_w}}  {kind:<{type_w}}  "
+        out += wrap(default, " " * min(len(head), width // 2), head)
+        out += wrap(description, "      ")
+    return [*out, *wrap(local.strip(), "      ", "  "), ""]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """Print every template with its variables, and local content-hash tags if an engine answers.
-    On a terminal: rich tables; piped: plain tables that do not wrap (one line per variable)."""
+    On a terminal: rich tables; piped: :func:`piped_lines` (at most 100 columns, a line per
+    variable that starts with its name, its description under it)."""
     console = _Console()
     try:
         tags = build.local_tags()
@@ -231,9 +262,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             console.print(local)
             console.print()
         else:
-            from tabulate import tabulate
-
-            print(f"{title}\n{tabulate(rows, headers=columns, tablefmt='github')}\n{local}\n")
+            print("\n".join(piped_lines(title, rows, local)))
     return 0
 
 
@@ -273,12 +302,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     with console.status(f"building {plan.tag}") as status:
-
-        def on_log(line: str) -> None:
-            console.print(line, style="dim", markup=False, highlight=False, soft_wrap=True)
-            status.update(f"building {plan.template}: {line[:80]}")
-
-        outcome = build.ensure_image(plan, on_log=on_log)
+        outcome = build.ensure_image(plan, on_log=_BuildLog(console, status, plan.template))
     step: build.BuildOutcome | None = outcome
     while step is not None:
         pinned = step.plan.base_pin if step.plan is not None else None
@@ -287,6 +311,20 @@ def cmd_build(args: argparse.Namespace) -> int:
                       soft_wrap=True)
         step = step.parent
     return 0
+
+
+class _BuildLog(PullBars):
+    """What ``images build`` shows of a build: each line of its log, the last one in the
+    spinner's text; a base image's pull as a bar on a terminal, else a line every few seconds
+    (:class:`~orchestrator.cli.pull_bars.PullBars`)."""
+
+    def __init__(self, console: Console, status: Any, template: str) -> None:
+        super().__init__(console, pause=status)
+        self.status, self.template = status, template
+
+    def __call__(self, line: str) -> None:
+        self.console.print(line, style="dim", markup=False, highlight=False, soft_wrap=True)
+        self.status.update(f"building {self.template}: {line[:80]}")
 
 
 def _build_sif(args: argparse.Namespace, plan: build.ImagePlan, console: Console) -> int:
@@ -330,7 +368,10 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         raise ConfigError("give the inventory: --hosts HOSTS.toml (or $ORCHESTRATE_HOSTS, or "
                           "hosts in the user config)", file="--hosts")
     inventory = load_hosts(inventory_file)
-    matrices = [load_matrix(path) for path in args.matrices]
+    if args.overrides and not args.matrices:
+        raise ConfigError("--set sets a field of the MATRIX files named; without them the "
+                          "recorded builds' own --set are used", field="--set")
+    matrices = [load_matrix(path, overrides=args.overrides) for path in args.matrices]
     if args.jobs < 1:
         raise ConfigError("must be at least 1", field="--jobs")
     if args.dry_run:

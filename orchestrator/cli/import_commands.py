@@ -33,8 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("sources", nargs="+", type=Path, metavar="SOURCE",
                    help="log or raport files, a folder of logs, or one run folder")
-    options.matrix(p, "the matrix whose history the run joins (default for a run folder: its "
-                   "own)", metavar="NAME|MATRIX.toml")
+    options.matrix(p, "the matrix whose history the run joins: a matrix file, or a name (its "
+                   "file under ./matrices/ where there is one, else its runs' configurations); "
+                   "default for a run folder: its own", metavar="NAME|MATRIX.toml")
+    options.set_fields(p, "set a field of the --matrix file, as `matrix --set` does "
+                       "(repeatable; KEY=VALUE as there): join the configuration a sweep with "
+                       "these --set runs")
     options.results(p)
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a cell parameter of every imported log, e.g. hardware=v100 "
@@ -66,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from orchestrator.config.overrides import redact_argv
     from orchestrator.errors import ConfigError
     from orchestrator.results.importer import ImportOptions, plan_import, write_import
 
@@ -82,21 +87,44 @@ def cmd_import(args: argparse.Namespace) -> int:
     options = ImportOptions(
         matrix=args.matrix, results_root=args.results, params=args.param, pattern=args.pattern,
         figures=figures, warmup=args.warmup, run_id=args.run_id,
-        allow_partial=args.allow_partial, device=args.device, argv=sys.argv,
-        table_rule=args.table_rule, stack=args.stack,
+        allow_partial=args.allow_partial, device=args.device, argv=redact_argv(sys.argv),
+        table_rule=args.table_rule, stack=args.stack, overrides=args.overrides,
     )
     plan = plan_import(args.sources, options)
+    out = _Lines()
     for line in _mapping_lines(plan):
-        print(line)
+        out.say(line)
     if args.dry_run:
-        print(f"dry run: would write {args.results}/{plan.target.name}/{plan.run_id}/")
-        return 0
+        out.say(f"dry run: would write {args.results}/{plan.target.name}/{plan.run_id}/")
+        return out.status()
     paths = write_import(plan, options)
-    print(f"{paths.root}\n{paths.summary_txt.read_text(encoding='utf-8').rstrip()}")
+    out.say(f"{paths.root}\n{paths.summary_txt.read_text(encoding='utf-8').rstrip()}")
     from orchestrator.cli.publish_commands import after_run
 
     after_run(paths, explicit_results, skip=args.no_publish)
-    return 0
+    return out.status()
+
+
+class _Lines:
+    """The import's own output. A reader that stops reading (``| head -1``) must not stop the
+    import half way: what cannot be written goes unsaid, the import is written whole, and the
+    command then ends with the broken pipe's status (141), as every command."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def say(self, text: str) -> None:
+        if self.broken:
+            return
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:
+            self.broken = True
+
+    def status(self) -> int:
+        if self.broken:
+            raise BrokenPipeError  # the CLI's answer to a closed pipe: quiet, exit 141
+        return 0
 
 
 def _mapping_lines(plan: ImportPlan) -> list[str]:

@@ -18,6 +18,10 @@ Adds = argparse.ArgumentParser | argparse._ArgumentGroup
 
 HOSTS_HELP = "hosts inventory for --backend ssh (default: [matrix] hosts)"
 ONLY_HELP = "only matching cells (repeatable; same key: any value)"
+EXCLUDE_HELP = "leave out the cells with this value (repeatable: each one leaves its cells out)"
+SET_HELP = ("set a field of the matrix file, as if the file said it (repeatable; KEY: its dotted "
+            "path, e.g. workload.iterations=20 or hardware.v100.container.mounts[0].source=/x; "
+            "VALUE: TOML where it parses, else text)")
 
 
 def matrix_file(p: Adds) -> None:
@@ -42,9 +46,32 @@ def backend(p: Adds, doing: str = "") -> None:
     p.add_argument("--backend", help=f"{doing}{backends_help()} (default: [matrix] backend)")
 
 
+TARGET_HELP = ("plan for another machine than this one, declared as gpu=MODEL[,gpus=N]"
+               "[,driver=VERSION] (gpu=none: no accelerator): its GPUs and driver are checked, "
+               "what only it can tell is listed to check there")
+
+
+def target(p: Adds, help: str = TARGET_HELP) -> None:
+    """``--target SPEC``: the machine a plan is for, declared (default: this machine)."""
+    p.add_argument("--target", metavar="gpu=MODEL,gpus=N,driver=VERSION", help=help)
+
+
 def only(p: Adds, help: str = ONLY_HELP) -> None:
     """``--only KEY=VALUE``, repeatable: a selection of the matrix's cells."""
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def exclude(p: Adds, help: str = EXCLUDE_HELP) -> None:
+    """``--exclude KEY=VALUE``, repeatable: the negative of ``--only`` (its grammar)."""
+    p.add_argument("--exclude", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def set_fields(p: Adds, help: str = SET_HELP) -> None:
+    """``--set KEY=VALUE``, repeatable: a field of the matrix file overridden
+    (:mod:`orchestrator.config.overrides`). ``images render|build --set`` is another option
+    (a template variable), declared there."""
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help=help)
 
 
 def run(p: Adds, help: str, **kwargs: Any) -> None:

@@ -1,4 +1,4 @@
-"""``orchestrate runs | report | compare | history | export``: reading results across runs.
+"""``orchestrate runs | report | logs | compare | history | export``: reading results across runs.
 
 ``report`` works on one run folder (and still rewrites its summary files; in a read-only
 archive it prints the table and a note instead); the others query the results store
@@ -32,7 +32,9 @@ if TYPE_CHECKING:
     from orchestrator.results.folders.run_folder import RunPaths
     from orchestrator.results.folders.store import Store
 
-RUN_STATUSES = ("ok", "failed", "interrupted", "unfinished", "empty")
+#: A run's status (orchestrator.results.folders.store.RunRecord.status): how it ended,
+#: ``unfinished`` (a sweep that crashed or was killed) or ``running`` (a sweep works in it now).
+RUN_STATUSES = ("ok", "failed", "interrupted", "unfinished", "empty", "running")
 #: A cell result's status (orchestrator.results.folders.run_folder.Status), for export --status.
 CELL_STATUSES = ("ok", "failed", "timeout", "oom", "host_lost", "cancelled", "unplaceable")
 #: What ``--plot FILE`` can write, by the file's suffix.
@@ -63,7 +65,9 @@ def writing(option: str, path: Path) -> Iterator[None]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "runs", help="list runs: date, matrix, backend, cells ok/failed, duration, revision",
-        description="List the runs under the results folder, oldest first.")
+        description="List the runs under the results folder, oldest first. A run a sweep "
+        "works in now is 'running', one whose sweep died 'unfinished'; 'duration' leaves out "
+        "the time its cells waited for another sweep's locks ('lock wait').")
     p.add_argument("matrix", nargs="?", help="only this matrix (name or path to its .toml)")
     options.results(p)
     _date_args(p)
@@ -93,6 +97,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.plot(p, "also draw it (png/svg/pdf): scaling vs GPUs, or bars per configuration")
     options.html(p, "also write a self-contained HTML report (tables, plot, provenance)")
     p.set_defaults(handler=cmd_report)
+
+    p = sub.add_parser(
+        "logs", help="print a cell's log; --follow it while the cell runs",
+        description="Print the log of one cell of a run (what its program printed, after the "
+        "command line it ran). --follow prints what is added until the cell ends, as "
+        "`tail -f` does; a cell not started yet is waited for while its sweep runs.")
+    p.add_argument("run", metavar="MATRIX[:RUN]",
+                   help="the run: MATRIX (its newest run), MATRIX:RUN_ID (or a unique prefix), "
+                   "MATRIX:latest~N")
+    p.add_argument("cell", metavar="CELL", help="cell id, or a unique prefix of one")
+    options.results(p)
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="keep printing what the cell writes until it ends")
+    p.add_argument("-n", "--tail", type=int, metavar="N",
+                   help="start with the last N lines (default: the whole log)")
+    p.set_defaults(handler=cmd_logs)
 
     p = sub.add_parser(
         "compare", help="two runs side by side: change per configuration, interval, verdict",
@@ -145,8 +165,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="exit 1 on a regression, failure, missing or dropped configuration or "
                    "missed reference (for nightly jobs)")
     p.add_argument("--allow-dropped", action="store_true",
-                   help="a configuration the newest run left out of its plan (--only, or taken "
-                   "out of the matrix) does not fail --fail-on-regression")
+                   help="a configuration the newest run left out of its plan (--only, "
+                   "--exclude, or taken out of the matrix) does not fail --fail-on-regression")
     options.plot(p, "also draw the trend (png/svg/pdf)")
     options.json(p, "JSON instead of the table")
     p.set_defaults(handler=cmd_history)
@@ -321,11 +341,22 @@ def cmd_runs(args: argparse.Namespace) -> int:
              (r.git_revision or "")[:10]] for r in runs]
     headers = ["started (UTC)", "matrix", "run", "backend", "status", "ok", "failed",
                "missing", "duration", "revision"]
+    if any(r.lock_wait_s for r in runs):  # kept out of the duration: the cells' own time
+        headers.insert(headers.index("duration") + 1, "lock wait")
+        for row, run in zip(rows, runs, strict=True):
+            row.insert(headers.index("lock wait"),
+                       _duration(run.lock_wait_s) if run.lock_wait_s else "")
     if any(r.slurm_jobs for r in runs):  # where to look with sacct -j
         headers.append("slurm jobs")
         for row, run in zip(rows, runs, strict=True):
             row.append(_job_ids(run.slurm_jobs))
     print(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+    if any(r.lock_wait_s for r in runs):
+        print("\nduration: the run's time without its lock waits (waiting for another sweep's "
+              "GPUs or CPU), shown apart")
+    for run in runs:
+        if run.status == "running":
+            print(f"running: {run.label} ({run.live})")
     return 0
 
 
@@ -346,20 +377,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     name, run = report_run(args.results, args.matrix, args.run)
     plot_file(args.plot)
     paths = find_run(args.results, name, run)
+    live = live_run(paths)
     results = paths.results()
     rows, table = summarize_run(paths, baseline=args.baseline, results=results)
     if args.baseline:
         _check_baseline(args.baseline, rows)
+    if live and not rows:
+        table = "(no cell has ended yet)"
     print(f"{paths.root}\n{table}")
     load = load_line(_run_meta(paths).get("load"))
     if load:
         print(load)
-    try:
-        write_summary_files(paths, rows, table)
-    except OSError as exc:  # a read-only archive: the table above is all we can give
-        sys.stdout.flush()
-        print(f"note: {paths.summary_csv.name} and {paths.summary_txt.name} not refreshed in "
-              f"{paths.root}: {exc.strerror or exc}", file=sys.stderr)
+    if live:  # the sweep writes the summary files when it ends
+        for line in live_lines(paths, name, live, results):
+            print(line)
+    else:
+        try:
+            write_summary_files(paths, rows, table)
+        except OSError as exc:  # a read-only archive: the table above is all we can give
+            sys.stdout.flush()
+            print(f"note: {paths.summary_csv.name} and {paths.summary_txt.name} not refreshed "
+                  f"in {paths.root}: {exc.strerror or exc}", file=sys.stderr)
     if args.plot:
         from orchestrator.results.folders.run_folder import read_json
         from orchestrator.results.reports.plots import plot_run, stack_line
@@ -390,6 +428,69 @@ def _run_meta(paths: RunPaths) -> dict[str, Any]:
     except (OSError, OrchestratorError):
         return {}
     return meta if isinstance(meta, dict) else {}
+
+
+def live_run(paths: Any) -> str:
+    """Who works in run ``paths`` now, in words ('' when nobody: it has ended or died)."""
+    from orchestrator.results.folders.store import live_holder
+
+    return live_holder(paths.root)
+
+
+def live_lines(paths: Any, matrix: str, holder: str, results: Sequence[Any]) -> list[str]:
+    """What ``report`` says under the table of a run a sweep works in now: that it is live,
+    how many cells have ended, which run now and how to follow one."""
+    from orchestrator.results.folders.cell_logs import cell_ids
+
+    plan = paths.plan_data() or {}
+    planned = [c.get("id") for c in plan.get("cells") or [] if isinstance(c, dict)]
+    ended = {r.cell_id for r in results}
+    running = [c for c in cell_ids(paths)
+               if paths.cell_log(c).exists() and c not in ended]
+    lines = [f"\nlive: run {paths.run_id} is still running ({holder}): "
+             f"{len(ended & set(planned))} of {len(planned)} cells ended so far; the table "
+             "shows those"]
+    if running:
+        shown = ", ".join(running[:6]) + (" ..." if len(running) > 6 else "")
+        lines.append(f"running now: {shown} (follow one: orchestrate logs "
+                     f"{matrix}:{paths.run_id} {running[0]} --follow)")
+    return lines
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    args.results = results_root(args.results)
+    from orchestrator.results.folders.cell_logs import Follower, resolve_cell
+    from orchestrator.results.folders.run_folder import find_run
+
+    if args.tail is not None and args.tail < 0:
+        raise ConfigError("must be 0 or more", field="--tail")
+    spec = args.run
+    name, run = report_run(args.results, None, spec) if ":" in spec else (
+        matrix_name(spec), None)
+    paths = find_run(args.results, name, run)
+    cell = resolve_cell(paths, args.cell)
+    out = sys.stdout.buffer
+
+    def write(data: bytes) -> None:
+        out.write(data)
+        out.flush()
+
+    def say(text: str) -> None:
+        sys.stdout.flush()
+        print(text, file=sys.stderr, flush=True)
+
+    follower = Follower(paths, cell, write, say)
+    try:
+        if not args.follow:
+            if not follower.show(args.tail):
+                raise ConfigError(f"cell {cell} of run {name}:{paths.run_id} has no log yet "
+                                  "(not started; --follow waits for it)", field="CELL")
+            return 0
+        ended = follower.follow(args.tail)
+    finally:
+        follower.close()
+    say(f"cell {cell}: {ended}")
+    return 0
 
 
 def _unknown_parameter(source: str, key: str) -> Problem | None:

@@ -3,8 +3,10 @@ are :mod:`orchestrator.cli.result_commands`).
 
 A sweep's progress goes to stderr: a progress bar in a terminal (:class:`RichEvents`), else
 (cron, CI, a pipe) one timestamped line when each cell starts and one when it ends, with
-``n/N``, the running counts and the ETA (:class:`LineEvents`). ``-q`` shows neither (errors
-and the final table only); ``-v`` adds every line the cells print. The results folder and the
+``n/N``, the running counts and the ETA (:class:`LineEvents`). ``-q`` shows neither (errors,
+the final table, and one line when a cell begins to wait for another sweep's GPUs or CPU:
+:class:`QuietEvents`); ``-v`` adds every line the cells print. A lock wait is shown as it
+begins (what, who holds it, since when) and when it ends. The results folder and the
 hosts inventory default from the environment and the user's config file
 (:mod:`orchestrator.config.defaults`).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.cli import options
 from orchestrator.config.defaults import RESULTS_HELP, results_root
+from orchestrator.errors import ConfigError
 from orchestrator.plan.eta import Eta, format_duration
 from orchestrator.plan.matrix import Cell, Matrix, filter_cells, load_matrix
 from orchestrator.results.folders.run_folder import (
@@ -41,7 +45,9 @@ if TYPE_CHECKING:
 
     from orchestrator.backends import BackendRecord
     from orchestrator.backends.checks import Decision
+    from orchestrator.images.pulls import PullProgress
     from orchestrator.plan.placement import Allocation
+    from orchestrator.plan.selection import HostDriver
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +78,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.backend(p)
     options.results(p)
     options.only(p, "run " + options.ONLY_HELP)
+    options.exclude(p)
+    options.set_fields(p)
     options.hosts(p)
     p.add_argument("--resume", nargs="?", const="", metavar="RUN_ID",
                    help="re-run, in an earlier run's folder (default: the newest), only the "
                    "cells that did not end ok")
-    options.dry_run(p, "print the plan, run nothing")
+    options.dry_run(p, "print the plan, every cell's launch and what the target lacks; run "
+                    "nothing (exit 0: the sweep would start here, 3: it would not)")
+    options.target(p, options.TARGET_HELP + " (with --dry-run)")
     p.add_argument("--order-seed", type=_order_seed, metavar="N",
                    help="seed of the cells' random order within each round of repeats "
                    "(default: a fresh one, recorded in plan.json and run.json; give a run's "
@@ -88,7 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="never wait for GPUs another sweep holds (--lock-timeout 0)")
     options.no_publish(p, "this sweep")
     p.add_argument("-q", "--quiet", dest="matrix_quiet", action="count",
-                   default=argparse.SUPPRESS, help="no progress, only errors and the table")
+                   default=argparse.SUPPRESS, help="no progress, only errors, the table "
+                   "and a line when a cell waits for another sweep's locks")
     p.add_argument("-v", "--verbose", dest="matrix_verbose", action="count",
                    default=argparse.SUPPRESS, help="also every line the cells print")
     p.set_defaults(handler=cmd_matrix)
@@ -96,25 +107,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan", help="print the expanded cells of a matrix",
         description="Print the cells MATRIX.toml expands to (id, varying parameters, repeat, "
-        "content hash), after the same checks as `validate`; builds and runs nothing.")
+        "content hash), after the same checks as `validate`, then what the target lacks "
+        "(GPUs, engine, programs, checkouts, images, data, inventory); builds and runs nothing. "
+        "Exit 0: the sweep would start here; 3: it would not (the plan is still printed); 2: "
+        "the file is invalid.")
     options.matrix_file(p)
     options.only(p)
-    options.json(p, "a JSON list, one object per cell")
+    options.exclude(p)
+    options.set_fields(p)
+    options.json(p, "a JSON list, one object per cell (the requirements go to stderr)")
     options.backend(p, "plan for this backend: ")
     options.hosts(p)
+    options.target(p)
     options.results(p, "where the run would go, for --json's cell folders; " + RESULTS_HELP)
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser(
-        "validate", help="check a matrix file; exit 2 listing every problem",
+        "validate", help="check a matrix file; exit 2 listing every problem (3: what the "
+        "target lacks)",
         description="Check MATRIX.toml: its structure and types, then whether every cell can "
         "run where it is planned (model, torch features, precision and profiler on the "
-        "hardware, image kind for the backend, the baseline). Prints each profile's software "
-        "stack, warnings and what could not be checked.",
+        "hardware, image kind for the backend, the baseline), then what the target lacks. "
+        "Prints each profile's software stack, warnings and what could not be checked. Exit 2: "
+        "the file is invalid; 3: it is valid and the target lacks what the cells need.",
     )
     options.matrix_file(p)
     options.backend(p, "check for this backend: ")
     options.hosts(p)
+    options.target(p)
+    options.set_fields(p)
     p.add_argument("--strict", action="store_true",
                    help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
@@ -141,39 +162,72 @@ def _order_seed(text: str) -> int:
 # --- plan / validate / schema ----------------------------------------------------------------
 
 
-def _decide(args: argparse.Namespace, *, strict: bool = False) -> tuple[Matrix, Decision]:
+def _decide(args: argparse.Namespace, *, strict: bool = False, refuse: bool = True
+            ) -> tuple[Matrix, Decision]:
     """The matrix file, validated, and the one decision a sweep of it takes before its run
-    folder exists (:func:`orchestrator.backends.checks.preflight`: a ConfigError, or
-    BackendUnavailable, with every problem; the baseline included), for the backend the
-    command names (``--backend``, else the matrix's) and the hosts inventory it reads
-    (``--hosts`` first). The command acts on the decision; nothing decides again."""
+    folder exists (:func:`orchestrator.backends.checks.preflight`: a ConfigError with every
+    problem; the baseline included), for the backend the command names (``--backend``, else
+    the matrix's), the hosts inventory it reads (``--hosts`` first) and the target
+    (``--target``, else this machine). ``refuse``: what the target lacks is refused too
+    (exit 3); else (``plan``, ``--dry-run``) it is in the decision, for the command to show
+    after the plan. The command acts on the decision; nothing decides again."""
     from orchestrator.backends import backend_record
     from orchestrator.backends.checks import preflight
+    from orchestrator.backends.target import HERE, parse_target, refusal
 
     backend = getattr(args, "backend", None)
     if backend is not None:  # named before the matrix file is read
         backend_record(backend)
-    matrix = _load_matrix(args.matrix_file)
-    decision = preflight(matrix, backend, hosts_file=getattr(args, "hosts", None),
-                         comparisons=True, strict=strict)
+    spec = getattr(args, "target", None)
+    target = parse_target(spec) if spec is not None else HERE
+    matrix = _load_matrix(args.matrix_file, getattr(args, "overrides", []))
+    try:
+        decision = preflight(matrix, backend, hosts_file=getattr(args, "hosts", None),
+                             comparisons=True, strict=strict, target=target, refuse=refuse)
+    except ConfigError as exc:  # each problem a --set may have caused says so (exit 3 kept)
+        raise refusal(matrix.attributed(exc.problems)) from None
     return matrix, decision
 
 
-def _load(args: argparse.Namespace) -> tuple[Matrix, Decision]:
-    """:func:`_decide`, its warnings and notes logged, then the cells ``--only`` keeps."""
-    matrix, decision = _decide(args)
-    for problem in decision.findings.warnings:
-        log.warning("%s", problem)
+def _load(args: argparse.Namespace, *, refuse: bool = True) -> tuple[Matrix, Decision]:
+    """:func:`_decide`, its warnings and notes logged (but the requirements a plan shows),
+    then the cells ``--only`` keeps and ``--exclude`` leaves."""
+    from orchestrator.errors import Requirement
+
+    matrix, decision = _decide(args, refuse=refuse)
+    for problem in matrix.attributed(decision.findings.warnings):
+        if refuse or not isinstance(problem, Requirement):
+            log.warning("%s", problem)
     for problem in decision.findings.notes:
-        log.info("not checked: %s", problem)
-    return filter_cells(matrix, getattr(args, "only", [])), decision
+        if refuse or not isinstance(problem, Requirement):
+            log.info("not checked: %s", problem)
+    return filter_cells(matrix, getattr(args, "only", []), getattr(args, "exclude", [])), decision
 
 
-def _load_matrix(path: Path) -> Matrix:
-    """The matrix file, validated; ``[matrix] backend`` must name a backend of this build."""
+def requirement_lines(matrix: Matrix, decision: Decision) -> list[str]:
+    """What the target needs (:func:`orchestrator.backends.target.lines`), after a plan; each
+    requirement a ``--set`` may have caused says so."""
+    from orchestrator.backends.target import lines
+    from orchestrator.errors import Requirement
+
+    found = [r for r in matrix.attributed(decision.requirements) if isinstance(r, Requirement)]
+    return lines(found, decision.target, decision.where)
+
+
+def plan_exit(decision: Decision) -> int:
+    """``plan`` and ``--dry-run``: 0 when the sweep would start on the target, else 3 (the
+    code of the sweep's own refusal: :class:`~orchestrator.errors.RequirementsUnmet`)."""
+    from orchestrator.errors import RequirementsUnmet
+
+    return 0 if decision.starts else RequirementsUnmet.exit_code
+
+
+def _load_matrix(path: Path, overrides: list[str]) -> Matrix:
+    """The matrix file, validated with ``--set``'s overrides; ``[matrix] backend`` must name a
+    backend of this build."""
     from orchestrator.backends import backend_names
 
-    return load_matrix(path, backends=backend_names())
+    return load_matrix(path, backends=backend_names(), overrides=overrides)
 
 
 def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
@@ -186,7 +240,17 @@ def plan_lines(matrix: Matrix, backend: str | None = None) -> list[str]:
             for c in matrix.cells]
     table = text_table(["cell", *shown, "repeat", "hash"], rows)
     head = f"{matrix.name}: {cell_count(matrix)}, backend {backend or matrix.settings.backend}"
-    return [head, table, *control_lines(matrix)]
+    made = ([f"with {' '.join(shell_words(matrix.command_line))}"]  # the options that made
+            if matrix.command_line else [])                         # the cells from the file
+    return [head, *made, table, *control_lines(matrix)]
+
+
+def shell_words(flags: tuple[str, ...]) -> list[str]:
+    """``--set KEY=VALUE`` flags with each value quoted as a shell needs it."""
+    import shlex
+
+    return [f"{flag} {shlex.quote(value)}" for flag, _, value in
+            (text.partition(" ") for text in flags)]
 
 
 def text_table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -246,18 +310,21 @@ def control_lines(matrix: Matrix) -> list[str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    matrix, decision = _load(args)
+    matrix, decision = _load(args, refuse=False)
     if args.json:  # each cell with the launch a sweep would give it (matrix --dry-run's)
         from orchestrator.backends.dry_run import dry_backend, launches_on
 
         cells = matrix.checked_cells
         runner = dry_backend(matrix, decision.backend, results_root(args.results),
-                             decision.hosts_file)
+                             decision.hosts_file, decision.target)
         write_json_array(sys.stdout, ({**c.to_json(), "launch": launch} for c, launch
                                       in zip(cells, launches_on(runner, cells), strict=True)))
+        sys.stdout.flush()  # the plan first, then (stderr) what the target lacks
+        print("\n".join(requirement_lines(matrix, decision)), file=sys.stderr)
     else:
-        print("\n".join(plan_lines(matrix, decision.backend)))
-    return 0
+        print("\n".join([*plan_lines(matrix, decision.backend), "",
+                         *requirement_lines(matrix, decision)]))
+    return plan_exit(decision)
 
 
 def write_json_array(out: TextIO, items: Iterable[Any]) -> None:
@@ -274,7 +341,8 @@ def write_json_array(out: TextIO, items: Iterable[Any]) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     matrix, decision = _decide(args, strict=args.strict)
     findings, backend = decision.findings, decision.backend
-    print(f"{args.matrix_file}: ok ({_cells(len(matrix.cells))})")
+    given = "".join(f" --set {o.shown}" for o in matrix.overrides)
+    print(f"{args.matrix_file}{given}: ok ({_cells(len(matrix.cells))})")
     pinned = {hw for hw, _ in findings.release_stacks}
     for hw, stack in findings.stacks.items():
         if hw in pinned and all(c.params.ngc_release for c in matrix.cells if c.hardware == hw):
@@ -284,10 +352,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"    on {findings.gpus[hw]}")
     for (hw, release), stack in findings.release_stacks.items():
         print(f"  hardware {hw}, ngc_release {release} ({backend} backend): {stack.label}")
-    for problem in findings.warnings:
+    for problem in matrix.attributed(findings.warnings):
         print(f"  warning: {problem}")
     for problem in findings.notes:
         print(f"  note: {problem}")
+    if decision.target.declared:  # what the declared target must have, and what it does not
+        print("\n".join(f"  {line}" for line in requirement_lines(matrix, decision)))
     return 0
 
 
@@ -313,6 +383,12 @@ class SweepClock:
         if eta is not None:
             eta.concurrency = max(eta.concurrency, float(running))
             eta.started(cell_id)
+
+    def restart(self, cell_id: str) -> None:
+        """A running cell's time starts again (it waited for another sweep's locks: the wait
+        is not its time)."""
+        if cell_id in self.since:
+            self.since[cell_id] = time.monotonic()
 
     def finished(self, eta: Eta | None, cell_id: str, duration_s: float | None) -> None:
         self.since.pop(cell_id, None)
@@ -358,6 +434,9 @@ class RichEvents:
             console=self.console, transient=True,
         )
         self.task: TaskID | None = None
+        from orchestrator.cli.pull_bars import PullBars
+
+        self.pulls = PullBars(self.console)
         self.verbose = verbose
         self.running: dict[str, str] = {}
         self.eta: Eta | None = None
@@ -393,6 +472,21 @@ class RichEvents:
 
     def log(self, message: str) -> None:
         self.console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
+
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        with self._lock:
+            if waited_s is not None:  # its time runs from now on (the ETA's elapsed)
+                self.clock.restart(cell_id)
+            self.console.print(escape(f"{time.strftime('%H:%M:%S')} {cell_id}: {message}"),
+                               style="yellow" if waited_s is None else "dim", highlight=False)
+
+    def pull_progress(self, progress: PullProgress) -> None:
+        """A base image's pull while the backend prepares (before the sweep's bar): a bar of
+        its own; once the sweep's bar is drawn, a line every few seconds beside it."""
+        if self.task is None:
+            self.pulls.pull_progress(progress)
+        elif self.pulls.due(progress):
+            self.log(progress.line())
 
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         if cell.is_control:
@@ -489,6 +583,11 @@ class LineEvents:
     def log(self, message: str) -> None:
         self.say(message)
 
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        if waited_s is not None:
+            self.clock.restart(cell_id)
+        self.say(f"{cell_id}: {message}")
+
     def cell_started(self, cell: Cell, allocation: Allocation) -> None:
         if cell.is_control:
             return
@@ -520,6 +619,25 @@ class LineEvents:
                  f"{_detail(cell, result)} | {counts} | ETA {self.clock.eta_text(self.eta)}")
 
 
+class QuietEvents:
+    """``-q``: no progress, but a cell that waits for another sweep's locks says so, one
+    timestamped line when the wait begins (a nightly's log must show why it took longer)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.lines = LineEvents(stream)
+
+    def sweep_started(self, paths: RunPaths, cells: list[Cell],
+                      expected: Mapping[str, float]) -> None: ...
+    def log(self, message: str) -> None: ...
+    def cell_started(self, cell: Cell, allocation: Allocation) -> None: ...
+    def cell_output(self, cell_id: str, line: str) -> None: ...
+    def cell_finished(self, cell: Cell, result: CellResult) -> None: ...
+
+    def lock_wait(self, cell_id: str, message: str, waited_s: float | None) -> None:
+        if waited_s is None:
+            self.lines.say(f"{cell_id}: {message}")
+
+
 def _detail(cell: Cell, result: CellResult) -> str:
     """images/s of a cell that ended ok, else why it did not."""
     from orchestrator.results.reports.summary import throughput_key
@@ -536,26 +654,32 @@ def verbosity(args: argparse.Namespace) -> int:
     return max(-1, min(1, level))
 
 
-def sweep_events(level: int, stream: TextIO | None = None) -> RichEvents | LineEvents | None:
-    """How a sweep reports progress: nothing (quiet), a bar in a terminal, else lines."""
+def sweep_events(level: int, stream: TextIO | None = None
+                 ) -> RichEvents | LineEvents | QuietEvents:
+    """How a sweep reports progress: only lock waits (quiet), a bar in a terminal, else
+    lines."""
     stream = stream or sys.stderr
     if level < 0:
-        return None
+        return QuietEvents(stream)
     if stream.isatty():
         return RichEvents(verbose=level > 0)
     return LineEvents(stream, verbose=level > 0)
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from orchestrator.sweep import NullEvents, check_run, run_sweep
+    from orchestrator.sweep import check_run, run_sweep
 
-    matrix, decision = _load(args)
+    if args.target is not None and not args.dry_run:
+        raise ConfigError("a sweep runs on this machine: --target plans for another one, "
+                          "with --dry-run", field="--target")
+    matrix, decision = _load(args, refuse=not args.dry_run)
     results = results_root(args.results)
-    if args.dry_run:  # every refusal before the (long) plan, as a real sweep would refuse
+    if args.dry_run:  # the file's and the run options' refusals before the (long) plan
         check_run(matrix, results, args.resume)
-        sys.stdout.writelines(f"{line}\n" for line in dry_run_lines(matrix, decision, results,
-                                                                    args.order_seed))
-        return 0
+        sys.stdout.writelines(f"{line}\n" for line in itertools.chain(
+            dry_run_lines(matrix, decision, results, args.order_seed), [""],
+            requirement_lines(matrix, decision)))
+        return plan_exit(decision)
     cancel = threading.Event()
     # SIGINT too, explicitly: a sweep started in the background of a script inherits SIGINT
     # ignored from the shell, and `kill -INT` must still stop it the one way it stops. SIGHUP
@@ -568,7 +692,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     try:  # a progress bar is drawn while the sweep runs and cleared after
         with progress if isinstance(progress, RichEvents) else contextlib.nullcontext():
             outcome = run_sweep(matrix, decision=decision, results_root=results,
-                                events=progress or NullEvents(), cancel=cancel,
+                                events=progress, cancel=cancel,
                                 resume=args.resume, lock_timeout_s=args.lock_timeout,
                                 order_seed=args.order_seed, plot_in_background=True)
     finally:
@@ -602,18 +726,23 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _inventory_line(hosts: Path | None) -> list[str]:
-    """What ``--dry-run`` says of the inventory a sweep reads (the decision refused a missing
-    or invalid one); no host is contacted."""
+    """What ``--dry-run`` says of the inventory a sweep reads (the decision refused an invalid
+    one; a missing one is a requirement); no host is contacted."""
     from orchestrator.config.inventory import load_hosts
 
-    assert hosts is not None  # the decision refused none
+    if hosts is None:
+        return ["hosts: no inventory (the requirements say where to give one); the cells are "
+                "shown on no host"]
     return [f"hosts: {hosts} ({len(load_hosts(hosts).hosts)} hosts; not contacted by a dry run)"]
 
 
-def image_lines(matrix: Matrix, backend: BackendRecord) -> list[str]:
+def image_lines(matrix: Matrix, backend: BackendRecord, driver: HostDriver | None = None
+                ) -> list[str]:
     """What ``--dry-run`` says of the Docker images the cells need, built where ``backend``
     builds them (no engine: the tags shown cover the build context; the build's also cover
-    the base image's digest or ID)."""
+    the base image's digest or ID). ``driver``: a declared target's, for an auto release. An
+    image whose build input is not on this machine is said so (the requirements list it)."""
+    from orchestrator.errors import ConfigError
     from orchestrator.images import build
     from orchestrator.plan import selection
 
@@ -622,12 +751,18 @@ def image_lines(matrix: Matrix, backend: BackendRecord) -> list[str]:
     lines = []
     for key in selection.needed_keys(matrix, cells):
         name = key.hardware + (f" (ngc_release {key.ngc_release})" if key.ngc_release else "")
-        if key.ngc_release is None and selection.is_auto(matrix, key.hardware):
+        auto = key.ngc_release is None and selection.is_auto(matrix, key.hardware)
+        if auto and driver is None:
             lines.append(f"image for {name}: release chosen from {backend.images_on}'s driver "
                          "when the sweep runs (release = 'auto', template "
                          f"{matrix.profiles[key.hardware].image})")
             continue
-        choice, plan = build.plan_key(matrix, key)
+        try:
+            choice, plan = build.plan_key(matrix, key, driver if auto else None)
+        except ConfigError as exc:
+            lines.append(f"image for {name}: not planned here (template "
+                         f"{matrix.profiles[key.hardware].image}): {exc.problems[0].message}")
+            continue
         lines.append(f"image for {name}: {plan.tag} (template {plan.template}, base "
                      f"{plan.base_image}; {choice.label}; the tag is pinned to the base's "
                      "digest or ID when built)")
@@ -643,24 +778,42 @@ def dry_run_lines(matrix: Matrix, decision: Decision, results: Path,
     the run would go, line by line as each is made. Nothing is built, written, submitted or
     connected to."""
     from orchestrator.backends.dry_run import dry_backend, launches_on, lines
+    from orchestrator.plan.selection import HostDriver
 
-    backend, record = decision.backend, decision.record
+    backend, record, target = decision.backend, decision.record, decision.target
     yield from plan_lines(matrix, backend)
     if record.images_on:
-        yield from image_lines(matrix, record)
+        declared = HostDriver.from_facts(target.facts) if target.facts else None
+        yield from image_lines(matrix, record, declared)
     if record.inventory:
         yield from _inventory_line(decision.hosts_file)
     yield (f"commands ({backend} backend; cell folders under {results}/{matrix.name}/"
            "<run id>/):")
-    runner = dry_backend(matrix, backend, results, decision.hosts_file)
+    runner = dry_backend(matrix, backend, results, decision.hosts_file, target)
     for launch in launches_on(runner, matrix.checked_cells):
         yield from (f"  {line}" for line in lines(launch))
     yield from runner.submission_lines(list(matrix.cells))
     seed = f"seed {order_seed}" if order_seed is not None else "a fresh seed, recorded in plan.json"
     yield (f"order: rounds of repeats, each in a random order ({seed}); longest expected "
            "first when the backend runs several cells at once")
+    yield f"where: {placement_words(record)}"
     yield (f"dry run: would run {_cells(len(matrix.cells))} with backend {backend} into "
            f"{results}/{matrix.name}/<run id>/")
+
+
+def placement_words(record: BackendRecord) -> str:
+    """What the target decides of each cell's launch, as its backend's record says: the GPU
+    ids shown are an idle machine's (the sweep takes the free ones), an ssh cell's host the
+    first that may run it, a scheduler's nodes its own choice."""
+    if record.here:
+        return ("the GPU ids shown are the first of each profile's gpu_ids (else 0, 1, ...), as "
+                "on an idle machine; the sweep gives a cell those free when it starts")
+    if record.inventory:
+        return ("each cell is shown on the first host that may run it, with its first GPUs; the "
+                "sweep places it on whichever such host is free (release = 'auto': that host's "
+                "driver picks the image)")
+    return (f"the {record.name} backend's scheduler picks the nodes and GPUs when each job "
+            "starts (CUDA_VISIBLE_DEVICES is the job's)")
 
 
 def _cells(n: int) -> str:

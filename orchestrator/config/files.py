@@ -211,19 +211,19 @@ def parse_toml(text: str, file: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"malformed TOML: {exc}", file=file) from None
     except RecursionError:  # tomllib recurses into nested arrays and inline tables
-        raise ConfigError(_too_deep(), file=file, field=_deep_line(text)) from None
-    deep = _too_deep_at(data)
+        raise ConfigError(too_deep(), file=file, field=_deep_line(text)) from None
+    deep = too_deep_at(data)
     if deep is not None:  # nested [a.b.c...] headers do not recurse while parsing
-        raise ConfigError(_too_deep(), file=file, field=deep)
+        raise ConfigError(too_deep(), file=file, field=deep)
     return data
 
 
-def _too_deep() -> str:
+def too_deep() -> str:
     return (f"nested too deeply (at most {MAX_NESTING} levels of tables and lists; a matrix "
             "file needs 6)")
 
 
-def _too_deep_at(data: Any) -> str | None:
+def too_deep_at(data: Any) -> str | None:
     """The field where ``data`` nests deeper than :data:`MAX_NESTING` (``a.b[0]...``; its first
     three steps), None where it does not."""
     stack: list[tuple[Any, int, list[str]]] = [(data, 1, [])]

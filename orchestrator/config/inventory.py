@@ -120,6 +120,18 @@ class HostEntry(StrictModel):
         None, ge=1, le=MAX_HOST_GPUS,
         description=f"most cells at once on this host, 1..{MAX_HOST_GPUS}",
     )
+    gpu: str | None = Field(
+        None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$",
+        description="the model of its accelerators (e.g. V100, Gaudi2), declared: plan and "
+        "validate check the cells against it without contacting the host (the sweep asks the "
+        "host itself)",
+    )
+    driver: str | None = Field(
+        None, pattern=r"^\d+(\.\d+){1,3}(-\d+)?$",
+        description="its accelerator driver (e.g. 535.104.05), declared: plan shows the image an "
+        "auto release picks there and whether a pinned release runs on it, without contacting "
+        "the host (the sweep reads the host's own)",
+    )
 
     @field_validator("tags")
     @classmethod

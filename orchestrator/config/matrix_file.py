@@ -48,7 +48,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -75,6 +75,7 @@ from orchestrator.config.files import (
     problems_from_validation,
     read_config_text,
 )
+from orchestrator.config.overrides import Override, apply_overrides, attribute, read_overrides
 from orchestrator.config.publish import PublishSettings
 from orchestrator.config.syntax import NAME_PATTERN
 from orchestrator.errors import ConfigError, Problem
@@ -1236,21 +1237,37 @@ def json_schema() -> dict[str, Any]:
 
 
 
-def parse_matrix_file(path: Path) -> tuple[MatrixFile, dict[str, Any], str]:
-    """Validate a matrix file's structure and types. Returns the model, the raw TOML and the
-    text it was parsed from (saved with each run)."""
+def parse_matrix_file(path: Path, overrides: Sequence[Override] = ()
+                      ) -> tuple[MatrixFile, dict[str, Any], str]:
+    """Validate a matrix file's structure and types, with ``overrides`` (``--set``,
+    :mod:`orchestrator.config.overrides`) applied to its TOML first: each problem they cause
+    says so. Returns the model, the raw TOML (overridden) and the text it was parsed from
+    (saved with each run, as written)."""
     text = read_config_text(path)
     raw = parse_toml(text, str(path))
     if raw and set(raw) <= {"hosts", "options"}:  # a mix-up, not a matrix with a typo
         raise ConfigError("this is a hosts inventory, not a matrix file (`orchestrate hosts "
                           "check FILE` reads it; a matrix names it with --hosts or [matrix] "
                           "hosts)", file=str(path))
+    if overrides:
+        raw, problems = apply_overrides(raw, overrides, str(path))
+        if problems:
+            raise ConfigError(problems)
     try:
         return MatrixFile.model_validate(raw), raw, text
     except ValidationError as exc:
         problems = problems_from_validation(str(path), exc, model=MatrixFile)
         problems += hardware_reference_problems(raw, str(path), problems)
-        raise ConfigError(problems) from None
+        raise ConfigError(attribute(problems, overrides)) from None
+
+
+def parse_overrides(items: Sequence[str]) -> list[Override]:
+    """``--set KEY=VALUE`` texts as overrides of a matrix file (its field types direct how a
+    VALUE is read); a ConfigError listing every one that is no ``KEY=VALUE``."""
+    found, problems = read_overrides(items, MatrixFile)
+    if problems:
+        raise ConfigError(problems)
+    return found
 
 
 def hardware_reference_problems(

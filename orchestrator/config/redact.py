@@ -150,6 +150,16 @@ def _secret_entries(data: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[s
     return out
 
 
+def masked_values(data: Any) -> Any:
+    """Parsed TOML (a table, a list, a value) with every secret-named string masked."""
+    return _masked(data)
+
+
+def toml_value(value: Any) -> str:
+    """A parsed TOML value written as TOML (an inline table for a table)."""
+    return _value(value)
+
+
 def _masked(data: Any) -> Any:
     if isinstance(data, dict):
         return {k: MASK if isinstance(v, str) and looks_secret(k) and not is_reference(v)

@@ -8,6 +8,9 @@ a cell needs is :mod:`orchestrator.plan.selection`. Here:
 * :mod:`~orchestrator.images.prepare` — "make sure this engine has the images these cells
   need", the one way the docker and ssh backends and ``images refresh`` do it: the release per
   host driver, the base pinned on that engine, the build, the record of what was built;
+* :mod:`~orchestrator.images.pulls` — how far a base-image pull has come (layers, bytes,
+  rate), from the engine's events: a bar where the listener draws one, else a line every few
+  seconds;
 * :mod:`~orchestrator.images.sif` — Apptainer / Singularity ``.sif`` files, cached by hash;
 * :mod:`~orchestrator.images.state` — what was built for which host and driver, kept beside the
   results;

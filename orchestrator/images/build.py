@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import templates
-from orchestrator.errors import BuildError, ConfigError, Problem
+from orchestrator.errors import BuildError, ConfigError, Problem, Requirement
+from orchestrator.images.pulls import PullReport
 from orchestrator.local.engine import docker_client
 from orchestrator.plan.selection import HostDriver, ImageChoice, ImageKey, choose
 
@@ -197,9 +198,19 @@ def plan_key(
         return choice, plan_image(choice.template, choice.values)
     except ConfigError as exc:  # say where in the matrix the variable comes from
         raise ConfigError([
-            Problem(str(matrix.path), f"hardware.{key.hardware}.image_vars.{p.field}", p.message)
+            dataclasses.replace(p, file=str(matrix.path),
+                                field=f"hardware.{key.hardware}.image_vars.{p.field}",
+                                message=p.message + _revision(p, choice.values))
             for p in exc.problems
         ]) from None
+
+
+def _revision(problem: Problem, values: dict[str, Any]) -> str:
+    """For a program checkout that is not there: the revision it must be at."""
+    revision = values.get("program_revision")
+    if not isinstance(problem, Requirement) or problem.kind != "checkout" or not revision:
+        return ""
+    return f"; check it out there at revision {revision} (image_vars.program_revision)"
 
 
 class ImagePlans:
@@ -325,7 +336,7 @@ def _repo_digest(ref: str, repo_digests: Iterable[str]) -> str | None:
     return None
 
 
-def _registry_ref(ref: str) -> bool:
+def registry_ref(ref: str) -> bool:
     """Whether ``ref`` names a registry to pull from (its first component has a dot or a port,
     or is localhost): a short name such as ``orchestrate-test/base:1`` would go to Docker Hub,
     which a lab's local stand-in never comes from."""
@@ -342,9 +353,10 @@ def engine_resolver(
     have, pulls it first (``pull``). A base it neither has nor can pull is a
     :class:`BuildError` naming the engine (``where``) and what to do.
 
-    The registry path (pull, RepoDigests) is written to docker-py's API but cannot run here:
-    there is no registry on the project's machines (every test base is local: the image ID
-    path)."""
+    A pull reports its progress (layers, bytes, rate) to ``on_log``
+    (:class:`~orchestrator.images.pulls.PullReport`). The project's machines reach no registry:
+    tests/test_image_pull.py pulls from a stand-in on loopback (the registry API's pull side),
+    through the real engine, to its RepoDigests."""
     import docker
 
     api = docker_api(client)
@@ -362,11 +374,11 @@ def engine_resolver(
             if ref in seen:
                 return seen[ref]
             info = inspect(ref)
-            if info is None and pull and _registry_ref(ref):
+            if info is None and pull and registry_ref(ref):
                 _pull(api, ref, where, on_log)
                 info = inspect(ref)
             if info is None:
-                how = ("pulling it failed" if pull and _registry_ref(ref) else
+                how = ("pulling it failed" if pull and registry_ref(ref) else
                        "it is not a registry reference to pull")
                 raise BuildError(
                     f"base image {ref} is not on {where} and {how}: pull it there, or `docker "
@@ -381,20 +393,28 @@ def engine_resolver(
 
 
 def _pull(api: Any, ref: str, where: str, on_log: Callable[[str], None] | None) -> None:
+    """Pull ``ref`` on the engine of ``api``, its progress (layers, bytes, rate) reported to
+    ``on_log`` as :class:`~orchestrator.images.pulls.PullReport` does: a bar where the listener
+    draws one, else a line every few seconds."""
     import docker
 
     repository, tag, digest = split_ref(ref)
-    if on_log:
-        on_log(f"pulling base image {ref}")
+    report = PullReport(ref, on_log)
+    failed = "interrupted"  # what the report says if anything else stops the pull (Ctrl-C)
     try:
         for chunk in api.pull(repository, tag=digest or tag or "latest", stream=True,
                               decode=True):
             if isinstance(chunk, dict) and chunk.get("error"):
-                raise BuildError(f"pulling base image {ref} on {where} failed: "
-                                 f"{chunk['error']}")
+                failed = str(chunk["error"])
+                raise BuildError(f"pulling base image {ref} on {where} failed: {failed}")
+            if isinstance(chunk, dict):
+                report.event(chunk)
+        failed = ""
     except docker.errors.APIError as exc:
-        raise BuildError(f"pulling base image {ref} on {where} failed: "
-                         f"{exc.explanation or exc}") from exc
+        failed = str(exc.explanation or exc)
+        raise BuildError(f"pulling base image {ref} on {where} failed: {failed}") from exc
+    finally:
+        report.finish(failed)
 
 
 def ensure_image(

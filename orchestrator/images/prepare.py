@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import releases
-from orchestrator.errors import BuildError, ConfigError, Problem
+from orchestrator.errors import UNCHECKED, BuildError, ConfigError, Problem, Requirement
 from orchestrator.images import build
 from orchestrator.images.state import ImageRecord, ImageState, state_path, update_state
 from orchestrator.plan import selection
@@ -247,6 +247,7 @@ def record_of(host: str, matrix: Matrix, key: ImageKey, choice: ImageChoice,
         base_digest=pin_.digest if pin_ else None,
         base_image_id=pin_.image_id if pin_ else None,
         image_id=outcome.image_id, built=outcome.built,
+        overrides=tuple(o.shown for o in matrix.overrides),
     )
 
 
@@ -287,6 +288,47 @@ def plan_problems(matrix: Matrix, cells: Iterable[Cell], backend: str,
         except ConfigError as exc:
             problems += [p for p in exc.problems if p not in problems]
     return problems
+
+
+def base_problems(matrix: Matrix, cells: Iterable[Cell], client: Any,
+                  host: HostDriver | None = None, where: str = "this machine"
+                  ) -> list[Requirement]:
+    """The base images of the Docker images ``cells`` need, against the engine of ``client``
+    (each base inspected once): one it does not have and cannot pull (built or imported
+    locally: no registry in its name) is a requirement of kind ``image`` that is not met (the
+    sweep's build would stop on it: :func:`orchestrator.images.build.engine_resolver`); a
+    registry base it does not have is pulled when the sweep prepares, a requirement to check
+    there (registry access). Images whose plan fails are :func:`plan_problems`' to report."""
+    cells = [c for c in cells if not matrix.profile(c).apptainer_runtime]
+    api = build.docker_api(client)
+    have: dict[str, bool] = {}
+    problems: list[Requirement] = []
+    for key in selection.needed_keys(matrix, cells):
+        if key.ngc_release is None and selection.is_auto(matrix, key.hardware) and host is None:
+            continue
+        try:
+            ref = build.plan_key(matrix, key, host)[1].root.base_image
+        except ConfigError:
+            continue
+        if ref not in have:
+            have[ref] = build.image_exists(api, ref)
+        if have[ref]:
+            continue
+        profile = matrix.profiles[key.hardware]
+        fld = (f"hardware.{key.hardware}.image_vars.base_image"
+               if "base_image" in profile.image_vars else f"hardware.{key.hardware}.image")
+        if build.registry_ref(ref):
+            problems.append(Requirement(str(matrix.path), fld, (
+                f"base image {ref} is not on {where}'s Docker engine: the sweep pulls it "
+                "first (registry access; NGC images are 10-20 GB)"), kind="image",
+                state=UNCHECKED))
+        else:
+            problems.append(Requirement(str(matrix.path), fld, (
+                f"base image {ref} is not on {where} and it is not a registry reference to "
+                "pull: build or load it there (`docker load`, `docker tag`; the test stand-ins: "
+                "tests/infra/make-base-image.sh), or set base_image to one the engine has"),
+                kind="image"))
+    return list(dict.fromkeys(problems))
 
 
 def planned_tag(matrix: Matrix, cell: Cell, host: HostDriver | None = None,

@@ -7,8 +7,9 @@ The steps, each a plain function over plain values:
    profile and pinned ``ngc_release`` their cells use, on every inventory host that may run the
    profile: :func:`orchestrator.plan.selection.host_profiles`; Docker images only, as the ssh
    backend builds them: a ``runtime = "apptainer"`` profile's .sif is its sweep's to make), else
-   those the image state recorded for the inventory's hosts (their matrix files read again: a
-   sweep's builds are kept fresh without naming its matrix).
+   those the image state recorded for the inventory's hosts (their matrix files read again,
+   with the ``--set`` overrides each build had: a sweep's builds are kept fresh without naming
+   its matrix).
 2. :func:`refresh_host` — per host, over a verified SSH connection: probe its GPUs and driver
    (:func:`orchestrator.catalog.gpus.probe`), then prepare each image on the host's engine as a
    sweep does (:func:`orchestrator.images.prepare.prepare_image`: the release the driver runs
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from orchestrator.catalog import gpus
 from orchestrator.config.inventory import Inventory, resolve_hosts
+from orchestrator.config.redact import MASK
 from orchestrator.errors import ConfigError, HostError, OrchestratorError
 from orchestrator.images import build
 from orchestrator.images.prepare import Engine, Ledger, Prepared, prepare_image
@@ -130,11 +132,16 @@ def wanted_images(inventory: Inventory, matrices: Sequence[Matrix], state: Image
 
 
 def _recorded_matrices(state: ImageState, hosts: Iterable[str]) -> tuple[list[Matrix], list[str]]:
-    files = sorted({r.matrix_file for h in hosts for r in state.of_host(h)})
+    """The matrix files the state's records name, each read with the ``--set`` overrides its
+    build had (one a secret was set by is read without it: the record masks the value)."""
+    files = sorted({(r.matrix_file, r.overrides) for h in hosts for r in state.of_host(h)})
     matrices, notes = [], []
-    for file in files:
+    for file, overrides in files:
+        replayed = [o for o in overrides if MASK not in o]
+        if len(replayed) < len(overrides):
+            notes.append(f"{file}: a --set of a secret is not replayed (recorded as {MASK})")
         try:
-            matrices.append(load_matrix(Path(file)))
+            matrices.append(load_matrix(Path(file), overrides=replayed))
         except ConfigError as exc:
             notes.append(f"{file}: not refreshed, the matrix recorded by an earlier build "
                          f"cannot be read: {exc}")

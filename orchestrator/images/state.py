@@ -75,6 +75,9 @@ class ImageRecord:
     image_id: str | None = None
     built: bool = False
     updated_at: float = field(default_factory=time.time)
+    #: The ``--set`` overrides the matrix file was read with (as recorded, secrets masked): a
+    #: refresh without matrices reads the file with them again.
+    overrides: tuple[str, ...] = ()
 
     @property
     def key(self) -> RecordKey:
@@ -109,7 +112,10 @@ class ImageRecord:
                    if not isinstance(known.get(k), str)]
         if missing:
             raise ValueError(f"missing {', '.join(missing)}")
-        return cls(**known)
+        overrides = known.get("overrides", [])
+        if not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
+            raise ValueError("overrides: expected a list of KEY=VALUE texts")
+        return cls(**{**known, "overrides": tuple(overrides)})
 
 
 @dataclass

@@ -13,8 +13,11 @@ sweeps meet there):
 They are always taken in that order (host, then CPU or GPUs by number; a cell on several
 machines: machine after machine, in name order), so two sweeps waiting for each other's GPUs
 cannot deadlock. A cell that has to wait says once what it waits for and who holds it
-("waiting for GPUs 0,1 on localhost: held by run nightly/20261122-031500-ab12 (pid 4242 on
-node1, cell v100-g2-r1) since 03:15:02"): each holder writes that line into the files it holds.
+("waiting for GPUs 0,1 on localhost: held by run nightly/20261122-031500-ab12 (user ana, pid
+4242 on node1, cell v100-g2-r1) since 2026-11-22 03:15:02"): each holder writes that line into
+the files it holds (a holder of an older version wrote no user: it is left out). The wait is
+measured (:attr:`HeldLocks.waited_s`, from :attr:`HeldLocks.waited_from`) so that the sweep can
+keep it out of the cell's and the run's time.
 ``--lock-timeout S`` gives up after S seconds of waiting (``--no-wait``: at once), the cell then
 failing with that message. ``flock`` locks belong to the open file: when a sweep dies, even by
 ``kill -9``, the kernel releases them; no stale lock outlives its process.
@@ -36,6 +39,7 @@ import json
 import logging
 import os
 import platform
+import pwd
 import stat
 import threading
 import time
@@ -86,6 +90,14 @@ class LockRequest:
         return f"the CPU of {self.host}"
 
 
+def user_name() -> str:
+    """The name of the user this process runs as (its uid when it has none)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (containers)
+        return os.environ.get("USER") or str(os.getuid())
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lock (written into the lock file, read by whoever waits for it)."""
@@ -95,10 +107,11 @@ class Holder:
     pid: int = field(default_factory=os.getpid)
     host: str = field(default_factory=platform.node)
     since: float = field(default_factory=time.time)
+    user: str = field(default_factory=user_name)
 
     def to_json(self) -> str:
         return json.dumps({"run": self.run, "cell": self.cell, "pid": self.pid,
-                           "host": self.host, "since": self.since})
+                           "host": self.host, "since": self.since, "user": self.user})
 
 
 class LockBusy(LaunchError):
@@ -166,7 +179,11 @@ class HeldLocks:
 
     requests: tuple[LockRequest, ...]
     lockers: list[Locker] = field(default_factory=list)
+    #: Seconds waited for another sweep's locks (0: none was held).
     waited_s: float = 0.0
+    #: When the wait began (wall clock; None: no wait) and who held the lock found first.
+    waited_from: float | None = None
+    held_by: str = ""
 
     def release(self) -> None:
         for locker in reversed(self.lockers):
@@ -205,13 +222,16 @@ def _open(path: Path) -> int:
 
 
 def describe_holder(record: str) -> str:
-    """Who holds a lock, in words, from the line its holder wrote (:meth:`Holder.to_json`)."""
+    """Who holds a lock, in words, from the line its holder wrote (:meth:`Holder.to_json`):
+    ``held by run nightly/20261122-031500-ab12 (user ana, pid 4242 on node1, cell
+    v100-g2-r1) since 2026-11-22 03:15:02`` (no user where an older holder wrote none)."""
     try:
         data = json.loads(record or "{}")
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(data["since"])))
-        return (f"held by run {data['run']} (pid {data['pid']} on {data['host']}, cell "
+        user = f"user {data['user']}, " if isinstance(data.get("user"), str) else ""
+        return (f"held by run {data['run']} ({user}pid {data['pid']} on {data['host']}, cell "
                 f"{data['cell']}) since {since}")
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError, OSError):
         return "held by another sweep"
 
 
@@ -238,7 +258,8 @@ def hold(
     ``cancel`` set while waiting: :class:`LockWaitCancelled`. ``on_wait`` hears once what the
     cell waits for and who holds it. On any error every lock taken so far is released.
     The result's ``waited_s`` counts from the first lock found held (0: none was), not the time
-    it takes to reach the machine."""
+    it takes to reach the machine; ``waited_from`` is that moment on the wall clock and
+    ``held_by`` who held that lock."""
     held = HeldLocks(tuple(requests))
     started: float | None = None  # when a lock was first found held by someone else
     try:
@@ -255,6 +276,7 @@ def hold(
                                        f"{waited:.0f} s (--lock-timeout {timeout_s:g})")
                     if started is None:
                         started = now
+                        held.waited_from, held.held_by = time.time(), who
                         message = f"waiting for {request.describe()}: {who}"
                         log.info("%s: %s", holder.cell, message)
                         if on_wait:

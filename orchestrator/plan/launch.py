@@ -288,8 +288,8 @@ def cell_command(
     program sees it; ``gpu_ids``: local GPUs to pin with the environment (none where a device
     request or Slurm picks them); ``node``: this node's role in a multi-node cell;
     ``environ``: where ``$env:NAME`` in a command's ``workdir`` is read (default: this
-    process's environment). A ``workdir`` whose variable is not set is a
-    :class:`~orchestrator.errors.LaunchError` (the sweep checks them all before it starts).
+    process's environment; one that is not set leaves the reference as written:
+    :func:`resolve_workdir`).
     """
     env = workload_env(cell, profile, gpu_ids)
     command = program.command
@@ -325,13 +325,15 @@ def command_launcher(command: CommandTemplate, python: str, gpus: int,
 def resolve_workdir(workdir: str | None, environ: Mapping[str, str] | None = None
                     ) -> str | None:
     """A command's ``workdir``: ``$env:NAME`` read from ``environ`` (default: this process's
-    environment), which must hold an absolute path."""
+    environment), which must hold an absolute path. Not set: the reference as written (the
+    one decision refuses a sweep whose variable is not set, before any cell's command is made;
+    a dry run shows where the program would run)."""
     if workdir is None or not workdir.startswith("$env:"):
         return workdir
     name = workdir[len("$env:"):]
     value = (os.environ if environ is None else environ).get(name)
     if not value:
-        raise LaunchError(f"workdir {workdir!r}: ${name} is not set in this environment")
+        return workdir
     if not value.startswith("/"):
         raise LaunchError(f"workdir {workdir!r}: ${name} is {value!r}, not an absolute path")
     return value

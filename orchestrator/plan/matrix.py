@@ -67,8 +67,10 @@ from orchestrator.config.matrix_file import (
     nodes_problem,
     param_type,
     parse_matrix_file,
+    parse_overrides,
     program_of,
 )
+from orchestrator.config.overrides import Override, attribute
 from orchestrator.config.syntax import name_problem
 from orchestrator.errors import ConfigError, Problem
 
@@ -143,6 +145,11 @@ class Matrix:
     control_every: int = 0
     #: The ``--only`` filters that selected ``cells`` (empty: every cell of the matrix).
     selection: tuple[str, ...] = ()
+    #: The ``--exclude`` filters that took cells out of ``cells``.
+    excluded: tuple[str, ...] = ()
+    #: The ``--set KEY=VALUE`` overrides applied to the file (:mod:`orchestrator.config.overrides`;
+    #: recorded as each one's ``shown``, secrets masked).
+    overrides: tuple[Override, ...] = ()
 
     def profile(self, cell: Cell) -> HardwareProfile:
         return self.profiles[cell.hardware]
@@ -153,11 +160,20 @@ class Matrix:
         return program_of(cell.params, self.profile(cell), self.commands, self.figures)
 
     def with_cells(self, cells: Iterable[Cell]) -> Matrix:
-        return Matrix(
-            self.name, self.path, self.settings, self.profiles, tuple(cells), self.varying,
-            self.source_text, self.commands, self.figures, self.raw, self.controls,
-            self.control_every, self.selection,
-        )
+        return dataclasses.replace(self, cells=tuple(cells))
+
+    @property
+    def command_line(self) -> tuple[str, ...]:
+        """The options that made this matrix from its file: ``--set``, ``--only`` and
+        ``--exclude``, each with its value, as the report's line shows them."""
+        return tuple(f"{option} {value}" for option, values in (
+            ("--set", [o.shown for o in self.overrides]), ("--only", self.selection),
+            ("--exclude", self.excluded)) for value in values)
+
+    def attributed(self, problems: Sequence[Problem]) -> list[Problem]:
+        """``problems`` found in this matrix, each that an override may have caused saying
+        ``(from --set KEY=VALUE)`` (:func:`orchestrator.config.overrides.attribute`)."""
+        return attribute(problems, self.overrides)
 
     def control_for(self, cell: Cell) -> Cell | None:
         """The control template that calibrates ``cell`` (None: the matrix has no control)."""
@@ -615,16 +631,31 @@ def _check_nodes(assignments: list[dict[str, Any]], file: str) -> list[Problem]:
 # --- entry points ----------------------------------------------------------------------------
 
 
-def load_matrix(path: str | Path, *, backends: Collection[str] | None = None) -> Matrix:
+def load_matrix(path: str | Path, *, backends: Collection[str] | None = None,
+                overrides: Sequence[str] = ()) -> Matrix:
     """Load, validate and expand a matrix file. Raises :class:`ConfigError` with every problem.
 
     ``backends``: the backend names ``[matrix] backend`` may take (the CLI passes the registry's,
     :func:`orchestrator.backends.backend_names`); None leaves the name to whoever picks the
-    backend (:func:`orchestrator.sweep.run_sweep`).
+    backend (:func:`orchestrator.sweep.run_sweep`). ``overrides``: ``--set KEY=VALUE`` texts,
+    applied to the file before it is validated (:mod:`orchestrator.config.overrides`); every
+    problem they cause says so.
     """
     path = Path(path)
+    found = parse_overrides(overrides)
+    try:
+        matrix = _load(path, backends, found)
+    except ConfigError as exc:
+        if not found:
+            raise
+        raise ConfigError(attribute(exc.problems, found)) from None
+    return dataclasses.replace(matrix, overrides=tuple(found))
+
+
+def _load(path: Path, backends: Collection[str] | None, overrides: Sequence[Override]
+          ) -> Matrix:
     file = str(path)
-    mf, raw, text = parse_matrix_file(path)
+    mf, raw, text = parse_matrix_file(path, overrides)
     problems = _check_backend(mf, file, backends)
     problems += _check_profiles(mf, file)
     problems += _check_commands(mf, file)
@@ -733,15 +764,16 @@ def make_controls(mf: MatrixFile, file: str, cells: list[Cell]
     return cells, out, problems
 
 
-def parse_only(only: Sequence[str]) -> dict[str, list[Any]]:
-    """Parse ``--only KEY=VALUE`` filters (a key repeated means any of its values)."""
+def parse_only(only: Sequence[str], option: str = "--only") -> dict[str, list[Any]]:
+    """Parse ``--only KEY=VALUE`` filters (a key repeated means any of its values); ``option``:
+    the option the texts came from (``--exclude`` has the same grammar)."""
     wanted: dict[str, list[Any]] = {}
     problems = []
     for item in only:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
-            problems.append(Problem("--only", item, "expected KEY=VALUE, e.g. --only gpus=1"))
+            problems.append(Problem(option, item, f"expected KEY=VALUE, e.g. {option} gpus=1"))
             continue
         if key == "repeat":
             value: Any = text
@@ -749,7 +781,7 @@ def parse_only(only: Sequence[str]) -> dict[str, list[Any]]:
             close = difflib.get_close_matches(key, ["repeat", *PARAM_NAMES], n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}? " if close else ""
             problems.append(Problem(
-                "--only", key,
+                option, key,
                 f"unknown parameter; {hint}known: repeat, {', '.join(PARAM_NAMES)}"))
             continue
         else:
@@ -759,9 +791,9 @@ def parse_only(only: Sequence[str]) -> dict[str, list[Any]]:
                 msg = exc.errors(include_url=False)[0]["msg"]
                 if "," in text:  # a list, as a shell user would write it
                     first, second = (v.strip() for v in text.split(",")[:2])
-                    msg += (f" (several values: repeat --only, e.g. --only {key}={first} "
-                            f"--only {key}={second})")
-                problems.append(Problem("--only", item, msg))
+                    msg += (f" (several values: repeat {option}, e.g. {option} {key}={first} "
+                            f"{option} {key}={second})")
+                problems.append(Problem(option, item, msg))
                 continue
         wanted.setdefault(key, []).append(value)
     if problems:
@@ -769,22 +801,36 @@ def parse_only(only: Sequence[str]) -> dict[str, list[Any]]:
     return wanted
 
 
-def filter_cells(matrix: Matrix, only: Sequence[str]) -> Matrix:
-    """Keep the cells matching every ``--only`` filter. Matching nothing is an error."""
-    if not only:
+def filter_cells(matrix: Matrix, only: Sequence[str], exclude: Sequence[str] = ()) -> Matrix:
+    """Keep the cells matching every ``--only`` filter (a key repeated: any of its values), then
+    drop those matching any ``--exclude`` filter (the same grammar; each one drops the cells
+    with its value). An ``--exclude`` that matches no cell of the matrix is an error (almost
+    always a typo, as an ``[[exclude]]`` rule that matches nothing), and so is a selection
+    that keeps no cell."""
+    if not only and not exclude:
         return matrix
-    wanted = parse_only(only)
-
-    def keep(cell: Cell) -> bool:
-        values = {**cell.params.model_dump(), "repeat": str(cell.repeat)}
-        return all(str(values[k]) in map(str, vs) for k, vs in wanted.items())
-
-    cells = [c for c in matrix.cells if keep(c)]
+    wanted = parse_only(only) if only else {}
+    parse_only(exclude, "--exclude")  # every malformed one at once
+    rules = [parse_only([item], "--exclude") for item in exclude]
+    unused = [Problem("--exclude", item, f"matches no cell of {matrix.name}; `orchestrate "
+                      "plan` lists the cells")
+              for item, rule in zip(exclude, rules, strict=True)
+              if not any(_matches_all(c, rule) for c in matrix.cells)]
+    if unused:
+        raise ConfigError(unused)
+    cells = [c for c in matrix.cells if _matches_all(c, wanted)
+             and not any(_matches_all(c, rule) for rule in rules)]
     if not cells:
-        raise ConfigError(
-            f"--only {' '.join(only)} matches no cell of {matrix.name}; "
-            "`orchestrate plan` lists the cells",
-            file=str(matrix.path),
-        )
+        flags = " ".join([*(f"--only {o}" for o in only), *(f"--exclude {e}" for e in exclude)])
+        verb = "matches" if not exclude else "leaves"
+        raise ConfigError(f"{flags} {verb} no cell of {matrix.name}; `orchestrate plan` lists "
+                          "the cells", file=str(matrix.path))
     return dataclasses.replace(matrix.with_cells(cells),
-                               selection=matrix.selection + tuple(only))
+                               selection=matrix.selection + tuple(only),
+                               excluded=matrix.excluded + tuple(exclude))
+
+
+def _matches_all(cell: Cell, wanted: dict[str, list[Any]]) -> bool:
+    """Whether ``cell`` has, for every key of ``wanted``, one of its values."""
+    values = {**cell.params.model_dump(), "repeat": str(cell.repeat)}
+    return all(str(values[k]) in map(str, vs) for k, vs in wanted.items())

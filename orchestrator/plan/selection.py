@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import gpus, releases, templates
 from orchestrator.config.syntax import RELEASE_PARAM
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.errors import ConfigError, Problem, Requirement
 
 if TYPE_CHECKING:
     from orchestrator.config.inventory import Inventory
@@ -51,8 +51,8 @@ class NoRelease(ConfigError):
         self.host = host
         self.hardware = hardware
         self.why = why
-        super().__init__([Problem(file, f"hardware.{hardware}.release",
-                                  f"host {host}: {why}")])
+        super().__init__([Requirement(file, f"hardware.{hardware}.release",
+                                      f"host {host}: {why}", kind="driver")])
 
 
 @dataclass(frozen=True)

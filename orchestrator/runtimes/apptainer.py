@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.matrix_file import HardwareProfile, Program
 from orchestrator.config.redact import is_secret, resolve_env
 from orchestrator.config.syntax import words
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.errors import ConfigError, Problem, Requirement
 from orchestrator.images import build
 from orchestrator.images.sif import Machine, SifPlan, ensure_sif, plan_sif
 from orchestrator.plan import selection
@@ -334,35 +334,36 @@ def plan_sifs(matrix: Matrix, cells: Iterable[Cell], images: build.ImagePlans | 
     return plans
 
 
-def host_problems(matrix: Matrix, profiles: Iterable[str], machine: Machine) -> list[Problem]:
-    """What stops the profiles' cells on ``machine``: a runtime binary that is not there, a
-    ready ``.sif`` that is not there, a bind source that does not exist there (apptainer
-    refuses to bind a missing path)."""
+def host_problems(matrix: Matrix, profiles: Iterable[str], machine: Machine
+                  ) -> list[Requirement]:
+    """What stops the profiles' cells on ``machine`` (requirements of the machine, not of the
+    file): a runtime binary that is not there, a ready ``.sif`` that is not there, a bind
+    source that does not exist there (apptainer refuses to bind a missing path)."""
     file = str(matrix.path)
-    problems: list[Problem] = []
+    problems: list[Requirement] = []
     for hw in profiles:
         profile = matrix.profiles[hw]
         where = f"hardware.{hw}"
         binary = binary_of(profile)
         if machine.which(binary) is None:
-            problems.append(Problem(file, f"{where}.apptainer.binary", (
+            problems.append(Requirement(file, f"{where}.apptainer.binary", (
                 f"{binary!r} is not on PATH on {machine.name}: install Apptainer (or "
                 f"SingularityCE), or name its program in [hardware.{hw}.apptainer] binary "
-                "(an absolute path, or 'singularity')")))
+                "(an absolute path, or 'singularity')"), kind="binary"))
         given = profile.apptainer.sif
         if given and not machine.exists(machine.expand(given)):
-            problems.append(Problem(file, f"{where}.apptainer.sif", (
+            problems.append(Requirement(file, f"{where}.apptainer.sif", (
                 f"{machine.expand(given)} does not exist on {machine.name}: give the path of a "
-                "ready .sif there, or leave sif out to build the profile's image")))
+                "ready .sif there, or leave sif out to build the profile's image"), kind="image"))
         mounts = [("container.mounts", profile.container.mounts),
                   ("apptainer.binds", profile.apptainer.binds)]
         for table, entries in mounts:
             for i, mount in enumerate(entries):
                 source = machine.expand(mount.source)
                 if not bind_problem(source) and not machine.exists(source):
-                    problems.append(Problem(file, f"{where}.{table}[{i}].source", (
+                    problems.append(Requirement(file, f"{where}.{table}[{i}].source", (
                         f"{source} does not exist on {machine.name}: apptainer refuses to bind "
-                        "a missing path (create it, or fix the path)")))
+                        "a missing path (create it, or fix the path)"), kind="data"))
     return problems
 
 

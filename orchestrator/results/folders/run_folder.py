@@ -57,7 +57,7 @@ import secrets
 import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -183,6 +183,64 @@ def gpus_of(params: Mapping[str, Any]) -> int | None:
     here."""
     value = params.get("gpus", 1)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def lock_wait_of(results: Iterable[Mapping[str, Any]]) -> float:
+    """Seconds of a run's wall time spent only waiting for another sweep's locks: the union of
+    its cells' lock waits less the time some cell of it ran meanwhile (so two cells waiting at
+    once count once, and a wait beside a running cell costs the run nothing). From each
+    result's ``provenance.lock_wait`` (``from``, ``until``), or, as results recorded before it
+    was written, ``lock_wait_s`` ending at the cell's start; a run's time less this is the time
+    its cells took (``runs``' duration)."""
+    waits: list[tuple[float, float]] = []
+    running: list[tuple[float, float]] = []
+    for result in results:
+        started, finished = _seconds(result.get("started_at")), _seconds(result.get("finished_at"))
+        if started is not None and finished is not None:
+            running.append((started, finished))
+        provenance = result.get("provenance")
+        if not isinstance(provenance, Mapping):
+            continue
+        recorded, seconds = provenance.get("lock_wait"), _seconds(provenance.get("lock_wait_s"))
+        begin, end = (_seconds(recorded.get("from")), _seconds(recorded.get("until"))) if (
+            isinstance(recorded, Mapping)) else (None, None)
+        if begin is not None and end is not None:
+            waits.append((begin, end))
+        elif seconds and started is not None:
+            waits.append((started - seconds, started))
+    return round(_covered(waits) - _overlap(_merged(waits), _merged(running)), 3)
+
+
+def _seconds(value: Any) -> float | None:
+    """A recorded number of seconds (or a timestamp) as a float; None for anything else."""
+    return float(value) if _is(value, _NUMBER) else None
+
+
+def _merged(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of time spans, as disjoint spans in order."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(s for s in spans if s[1] > s[0]):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _covered(spans: Iterable[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in _merged(spans))
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """The time two sets of disjoint, ordered spans share."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -67,10 +67,12 @@ from typing import Any
 
 from orchestrator.config.syntax import check_name
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.results.folders import folder_lock
 from orchestrator.results.folders.run_folder import (
     CellResult,
     ResultsRoot,
     RunPaths,
+    lock_wait_of,
     read_json,
     throughput_key,
 )
@@ -83,7 +85,8 @@ INDEX_NAME = ResultsRoot.INDEX
 #: Bump when the tables or what goes into them change: older indexes are rebuilt.
 #: 2: cells' role (config / control) and normalised figures (``norm.*``, issue 25); cells'
 #: Slurm accounting and runs' Slurm jobs (issue 26). 3: both (either 2 lacks the other's).
-SCHEMA_VERSION = 3
+#: 4: runs' lock waits (``lock_wait_s``, issue 31).
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -106,6 +109,7 @@ CREATE TABLE runs (
     n_ok INTEGER NOT NULL,
     status TEXT NOT NULL,
     slurm_jobs TEXT,
+    lock_wait_s REAL NOT NULL DEFAULT 0,
     UNIQUE (matrix, run_id)
 );
 CREATE INDEX runs_by_matrix ON runs (matrix, started_at);
@@ -253,9 +257,17 @@ class RunRecord:
     planned: int
     cells: int
     ok: int
-    status: str  # ok | failed | interrupted | unfinished | empty
+    #: ok | failed | interrupted | empty: how it ended; unfinished: no end recorded and nobody
+    #: works in it (the sweep crashed or was killed); running: a sweep works in it now.
+    status: str
     #: The Slurm jobs (and arrays, by their id) its cells ran as, in submission order.
     slurm_jobs: tuple[str, ...] = ()
+    #: Seconds of its wall time spent only waiting for another sweep's locks
+    #: (:func:`~orchestrator.results.folders.run_folder.lock_wait_of`).
+    lock_wait_s: float = 0.0
+    #: Who works in it now (a sweep or ``--resume`` holds its folder's lock), in words; '' when
+    #: nobody does. Looked up by :meth:`Store.runs`, never indexed.
+    live: str = ""
 
     @property
     def failed(self) -> int:
@@ -268,10 +280,17 @@ class RunRecord:
         return max(0, self.planned - self.cells)
 
     @property
-    def duration_s(self) -> float | None:
+    def elapsed_s(self) -> float | None:
+        """Its wall time, start to end (None: not ended)."""
         if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at
+
+    @property
+    def duration_s(self) -> float | None:
+        """Its time without the lock waits: what its cells took (None: not ended)."""
+        elapsed = self.elapsed_s
+        return None if elapsed is None else max(0.0, elapsed - self.lock_wait_s)
 
     @property
     def label(self) -> str:
@@ -282,11 +301,13 @@ class RunRecord:
             "matrix": self.matrix, "run_id": self.run_id, "path": self.path,
             "status": self.status, "backend": self.backend, "started_at": self.started_at,
             "finished_at": self.finished_at, "duration_s": self.duration_s,
+            "lock_wait_s": self.lock_wait_s, "elapsed_s": self.elapsed_s,
             "git_revision": self.git_revision, "orchestrate_version": self.orchestrate_version,
             "controller_host": self.controller_host, "repeats": self.repeats,
             "planned": self.planned, "cells": self.cells, "ok": self.ok, "failed": self.failed,
             "missing": self.missing,
             **({"slurm_jobs": list(self.slurm_jobs)} if self.slurm_jobs else {}),
+            **({"live": self.live} if self.live else {}),
         }
 
 
@@ -482,6 +503,14 @@ def read_run_folder(run_dir: Path) -> ParsedRun:
     return ParsedRun(run_dir.parent.name, run_dir.name, str(run_dir), shallow if ended else deep,
                      meta,
                      plan if isinstance(plan, dict) else {}, results)
+
+
+def live_holder(run_dir: Path) -> str:
+    """Who works in a run folder now (a sweep or ``--resume``: it holds the folder's lock
+    until it ends), in words; '' when nobody does. A lock belongs to a live process: the kernel
+    drops it when the process ends, even by ``kill -9``, so a crashed sweep, or another
+    process that reuses its pid, never reads as running. Only looks."""
+    return folder_lock.holder(RunPaths(run_dir).lock) or ""
 
 
 def _run_status(meta: dict[str, Any], planned: int, n_cells: int, n_ok: int,
@@ -682,13 +711,15 @@ class Store:
         cur = conn.execute(
             "INSERT INTO runs (matrix, run_id, path, signature, backend, started_at, "
             "finished_at, git_revision, orchestrate_version, controller_host, repeats, planned, "
-            "n_cells, n_ok, status, slurm_jobs) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "n_cells, n_ok, status, slurm_jobs, lock_wait_s) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (run.matrix, run.run_id, run.path, run.signature,
              meta.get("backend") or plan.get("backend"), _run_started(run_dir, meta),
              meta.get("finished_at"), meta.get("git_revision"), meta.get("orchestrate_version"),
              meta.get("controller_host"), plan.get("repeats"), planned, n_cells, n_ok,
              _run_status(meta, planned, n_cells, n_ok, controls_failed),
-             json.dumps(_slurm_job_ids(run.results)) if _slurm_job_ids(run.results) else None),
+             json.dumps(_slurm_job_ids(run.results)) if _slurm_job_ids(run.results) else None,
+             _lock_wait(meta, run.results)),
         )
         run_pk = cur.lastrowid
         param_rows: list[tuple[int, str, str]] = []
@@ -746,7 +777,11 @@ class Store:
         status: Sequence[str] = (),
         run_ids: Sequence[str] = (),
     ) -> list[RunRecord]:
-        """Indexed runs, oldest first, filtered by matrix, start time range, status, run ids."""
+        """Indexed runs, oldest first, filtered by matrix, start time range, status, run ids.
+
+        A run a sweep works in now (its folder's lock held: :func:`live_holder`) has status
+        ``running``, whatever its run.json says (a run being resumed has the end of its first
+        sweep), and says who in ``live``."""
         where: list[str] = []
         args: list[Any] = []
         if matrix:
@@ -758,19 +793,17 @@ class Store:
         if until is not None:
             where.append("started_at < ?")
             args.append(until)
-        if status:
-            where.append(f"status IN ({','.join('?' * len(status))})")
-            args += list(status)
         if run_ids:
             where.append(f"run_id IN ({','.join('?' * len(run_ids))})")
             args += list(run_ids)
         sql = ("SELECT run_pk, matrix, run_id, path, backend, started_at, finished_at, "
                "git_revision, orchestrate_version, controller_host, repeats, planned, n_cells, "
-               "n_ok, status, slurm_jobs FROM runs")
+               "n_ok, status, slurm_jobs, lock_wait_s FROM runs")
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY started_at, run_id"
-        return [_run_record(row) for row in self.conn.execute(sql, args)]
+        found = [_live(_run_record(row)) for row in self.conn.execute(sql, args)]
+        return [r for r in found if r.status in status] if status else found
 
     def resolve(self, spec: str, matrix: str | None = None) -> RunRecord:
         """A run from ``RUN_ID`` (or a unique prefix of one), ``MATRIX:RUN_ID``,
@@ -872,9 +905,29 @@ class Store:
 
 
 def _run_record(row: Sequence[Any]) -> RunRecord:
-    """A run from its row of ``runs`` (the columns of :meth:`Store.runs`, slurm_jobs last)."""
-    jobs = tuple(json.loads(row[-1])) if row[-1] else ()
-    return dataclasses.replace(RunRecord(*row[:-1]), slurm_jobs=jobs)
+    """A run from its row of ``runs`` (the columns of :meth:`Store.runs`, slurm_jobs and
+    lock_wait_s last)."""
+    jobs = tuple(json.loads(row[-2])) if row[-2] else ()
+    return dataclasses.replace(RunRecord(*row[:-2]), slurm_jobs=jobs,
+                               lock_wait_s=float(row[-1] or 0.0))
+
+
+def _live(run: RunRecord) -> RunRecord:
+    """``run`` as ``running`` when a sweep works in its folder now (:func:`live_holder`; an
+    ended run too: a ``--resume`` may work in it). Costs one failed ``open`` of the lock file
+    for a run nobody works in (the file goes when its holder lets go)."""
+    holder = live_holder(Path(run.path))
+    return dataclasses.replace(run, status="running", live=holder) if holder else run
+
+
+def _lock_wait(meta: dict[str, Any], results: list[dict[str, Any]]) -> float:
+    """A run's lock waits: run.json's ``lock_wait_s`` (a sweep writes it when it ends), else
+    counted from its results (a run that has not ended, or one recorded before it was
+    written)."""
+    recorded = meta.get("lock_wait_s")
+    if isinstance(recorded, int | float) and not isinstance(recorded, bool):
+        return float(recorded)
+    return lock_wait_of(results)
 
 
 def _figures(res: dict[str, Any]) -> dict[str, float]:

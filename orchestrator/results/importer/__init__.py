@@ -23,10 +23,13 @@ line), the file name (the naming rule; a value contradicting the log is an error
 ``--param KEY=VALUE``. The known parameters pick the cell group of the target matrix
 (``--matrix``) the log joins, so ``history`` lines it up with the matrix's other runs:
 
-1. ``--matrix PATH.toml``: the groups of that matrix file (expanded as
-   :mod:`orchestrator.plan.matrix` does);
-2. ``--matrix NAME`` with runs under ``<results>/NAME``: every group those runs planned;
-3. ``--matrix NAME`` without runs: a matrix is written from the logs' parameters (one
+1. ``--matrix PATH.toml``, or ``--matrix NAME`` where ``./matrices/`` has NAME's matrix file:
+   the groups of that matrix file (with ``--set``'s overrides; expanded as
+   :mod:`orchestrator.plan.matrix` does): a matrix file's configuration is used whenever
+   there is one (:mod:`~orchestrator.results.importer.target`);
+2. ``--matrix NAME`` without a file, with runs under ``<results>/NAME``: every group those runs
+   planned;
+3. ``--matrix NAME`` without either: a matrix is written from the logs' parameters (one
    ``[[include]]`` per configuration, hardware from the parameters with ``--device``) and
    expanded by the same rules, so ids are what a sweep of it would give.
 
@@ -88,7 +91,12 @@ from orchestrator.results.importer.logs import (
     parse_stack,
 )
 from orchestrator.results.importer.run_folders import _write_run_folder, plan_run_folder
-from orchestrator.results.importer.target import match_group, resolve_target
+from orchestrator.results.importer.target import (
+    match_group,
+    matrix_file_of,
+    resolve_target,
+    unplanned_warnings,
+)
 
 __all__ = ["IMPORTER_VERSION", "IMPORT_LOCK", "ImportOptions", "ImportPlan", "plan_import",
            "write_import"]
@@ -122,6 +130,10 @@ def plan_import(sources: Sequence[Path], options: ImportOptions) -> ImportPlan:
             entry.group, entry.params = group, dict(target.groups[group]["params"])
     if problems:
         raise ConfigError(problems)
+    if matrix_file_of(options) is not None:
+        for line in unplanned_warnings(target, [e.group for e in entries if e.group],
+                                       options.results_root):
+            log.warning("%s", line)
     _assign_repeats(entries, problems)
     for entry in entries:
         _judge_entry(entry, options, problems)

@@ -57,6 +57,8 @@ class ImportOptions:
     #: ``--stack KEY=VALUE``: the software and hardware the logs ran on, as the user declares
     #: it (the fields of :class:`orchestrator.results.folders.store.RecordedStack`).
     stack: Sequence[str] = ()
+    #: ``--set KEY=VALUE``: overrides of the matrix file the import joins.
+    overrides: Sequence[str] = ()
 
 
 @dataclass
@@ -70,6 +72,8 @@ class Target:
     matrix_text: str
     source: str
     table_rule: str = "median"
+    #: The ``--set`` overrides of its matrix file, as recorded (secrets masked).
+    overrides: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -270,4 +274,5 @@ def _plan_json(plan: ImportPlan, cells: list[dict[str, Any]]) -> dict[str, Any]:
         "varying": plan.target.varying, "baseline": plan.target.baseline,
         "table_rule": plan.target.table_rule,
         "imported": True, "cells": cells,
+        **({"set": plan.target.overrides} if plan.target.overrides else {}),
     }

@@ -40,7 +40,12 @@ from orchestrator.results.importer.common import (
     run_identity,
     source_digests,
 )
-from orchestrator.results.importer.target import _checked_name, match_group, resolve_target
+from orchestrator.results.importer.target import (
+    _checked_name,
+    match_group,
+    matrix_file_of,
+    resolve_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +146,7 @@ def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
     problems: list[Problem] = []
     planned = {c["id"]: c for c in folder.plan["cells"]}
     matrix = options.matrix
-    if matrix and (matrix.endswith(".toml")
+    if matrix and (matrix_file_of(options) is not None
                    or runs_of(options.results_root, _checked_name(matrix))):
         target = resolve_target(options, [], [])
         seen: dict[str, str] = {}

@@ -1,6 +1,20 @@
-"""The matrix an import joins: a matrix file, the groups the matrix's runs planned, or a matrix
-written from the logs' parameters; and the one group each imported cell matches. The one module
-of the results that expands a matrix (:mod:`orchestrator.plan.matrix`)."""
+"""The matrix an import joins, and the one group each imported cell matches. The one module of
+the results that expands a matrix (:mod:`orchestrator.plan.matrix`).
+
+One rule for ``--matrix NAME`` and ``--matrix FILE``: **a matrix file's configuration is used
+whenever there is one** (so an import joins the configuration a sweep of that file runs, and
+``history`` lines them up):
+
+1. ``--matrix FILE.toml``: that file (with ``--set``'s overrides);
+2. ``--matrix NAME``: the matrix file of that name under ``./matrices/`` (any depth: a file
+   whose ``[matrix] name``, else whose file name, is NAME; :func:`matrix_file_named`), as 1;
+3. no such file: the groups NAME's runs under the results folder planned (the newest run's
+   definition of a group wins);
+4. no runs either: a matrix written from the logs' parameters.
+
+An import whose configuration the matrix's runs never planned (the file changed since they ran,
+or they ran with ``--set``) is said in a warning: ``history`` shows it apart from them.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.files import parse_toml, read_config_text
 from orchestrator.config.matrix_file import PARAM_NAMES, CellParams
 from orchestrator.config.syntax import name_problem
 from orchestrator.errors import ConfigError, Problem
@@ -22,13 +37,42 @@ from orchestrator.results.importer.common import ImportOptions, Target
 log = logging.getLogger(__name__)
 
 
-def _target_from_matrix_file(path: Path) -> Target:
+#: Where ``--matrix NAME`` looks for NAME's matrix file (relative: to the working folder).
+MATRICES = Path("matrices")
+
+
+def _target_from_matrix_file(path: Path, overrides: Sequence[str] = ()) -> Target:
     from orchestrator.plan.matrix import load_matrix
 
-    matrix = load_matrix(path)
+    matrix = load_matrix(path, overrides=overrides)
     groups = {c.group: {"params": c.params.model_dump(), "hash": c.hash} for c in matrix.cells}
     return Target(matrix.name, groups, list(matrix.varying), matrix.settings.baseline,
-                  matrix.source_text, str(path), matrix.settings.table_rule)
+                  matrix.source_text, str(path), matrix.settings.table_rule,
+                  [o.shown for o in matrix.overrides])
+
+
+def matrix_file_named(name: str, folder: Path = MATRICES) -> Path | None:
+    """The matrix file of matrix ``name`` under ``folder`` (any depth): a TOML file with a
+    matrix's tables whose ``[matrix] name`` is ``name``, or, without a name, whose file name is
+    ``name.toml``. None where there is none; a ConfigError naming them where several are."""
+    if not folder.is_dir():
+        return None
+    found = []
+    for path in sorted(folder.rglob("*.toml")):
+        try:
+            raw = parse_toml(read_config_text(path), str(path))
+        except ConfigError:  # not ours to judge here: a file that is no matrix
+            continue
+        if not raw.keys() & {"matrix", "workload", "axes"}:
+            continue  # a references file, a seed's translation: no matrix
+        settings = raw.get("matrix")
+        if (settings.get("name", path.stem) if isinstance(settings, dict) else path.stem) == name:
+            found.append(path)
+    if len(found) > 1:
+        raise ConfigError(f"{len(found)} matrix files under {folder}/ are matrix {name!r} "
+                          f"({', '.join(map(str, found))}): give the one to join, --matrix "
+                          "FILE.toml", field="--matrix")
+    return found[0] if found else None
 
 
 def _planned_groups(run: RunPaths) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -156,12 +200,49 @@ def resolve_target(options: ImportOptions, known: list[dict[str, Any]], labels: 
     if not options.matrix:
         raise ConfigError("give --matrix NAME (or a matrix .toml): the matrix whose history "
                           "the imported run joins", field="--matrix")
-    if options.matrix.endswith(".toml"):
-        return _target_from_matrix_file(Path(options.matrix))
+    file = matrix_file_of(options)
+    if file is not None:
+        return _target_from_matrix_file(file, options.overrides)
     name = _checked_name(options.matrix)
+    if options.overrides:
+        raise ConfigError(f"--set sets a field of a matrix file, and matrix {name!r} has none "
+                          f"under {MATRICES}/: give --matrix FILE.toml", field="--set")
     runs = runs_of(options.results_root, name)
     target = _target_from_runs(name, runs) if runs else None
     return target or _target_generated(name, known, options, labels, kinds)
+
+
+def matrix_file_of(options: ImportOptions) -> Path | None:
+    """The matrix file an import joins (the module docstring's rules 1 and 2), None where
+    ``--matrix`` names a matrix without one."""
+    if not options.matrix:
+        return None
+    if options.matrix.endswith(".toml"):
+        return Path(options.matrix)
+    return matrix_file_named(_checked_name(options.matrix))
+
+
+def unplanned_warnings(target: Target, groups: Sequence[str], results_root: Path) -> list[str]:
+    """For each of ``groups`` (the target's groups an import fills) that the target's runs
+    under ``results_root`` planned with another content hash and never with the target's: a
+    line saying the import lands beside them, in a configuration of its own."""
+    runs = runs_of(results_root, target.name)
+    planned = _target_from_runs(target.name, runs) if runs else None
+    if planned is None:
+        return []
+    hashes = {data["hash"] for data in planned.groups.values()}
+    out = []
+    for group in dict.fromkeys(groups):
+        theirs = planned.groups.get(group, {}).get("hash")
+        mine = target.groups[group]["hash"]
+        if theirs and theirs != mine and mine not in hashes:
+            made = "" if not target.overrides else " with " + " ".join(
+                f"--set {o}" for o in target.overrides)
+            out.append(f"{group}: {target.source}{made} makes it configuration {mine}, which "
+                       f"no run of {target.name} under {results_root} planned (they planned "
+                       f"{theirs}: the matrix file changed since, or they ran with other "
+                       "--set): `history` shows this import apart from them")
+    return out
 
 
 def match_group(known: dict[str, Any], target: Target) -> tuple[str | None, str]:

@@ -6,7 +6,7 @@ the runs (another image tag in ``image_vars``, another wrapper) is matched by it
 marked ``profile changed``. The figure is the headline images/s; each side's value is the
 median over its ok repeats, and :func:`orchestrator.results.statistics.stats.compare_samples` gives
 the change (B / A - 1), its bootstrap interval over the repeats and the verdict (faster / slower /
-no significant change / no repeats). ``missing``: the configuration is in one run only;
+no significant change / too few repeats). ``missing``: the configuration is in one run only;
 ``failed``: a run has it but no ok repeat; ``no value``: ok repeats without the figure. The
 runs' stacks are compared field by field.
 
@@ -40,7 +40,14 @@ from orchestrator.results.folders.store import (
     stack_field_values,
 )
 from orchestrator.results.reports.summary import varying_keys
-from orchestrator.results.statistics.stats import UNSTABLE_RULE, Change, compare_samples, unstable
+from orchestrator.results.statistics.stats import (
+    TOO_FEW_REPEATS,
+    UNSTABLE_RULE,
+    Change,
+    compare_samples,
+    repeats_needed,
+    unstable,
+)
 
 
 @dataclass
@@ -104,8 +111,8 @@ class Row:
             "a_unstable": self.a.unstable, "b_unstable": self.b.unstable,
             "basis": self.basis,
             "change": ch.change if ch else None, "ci_low": ch.low if ch else None,
-            "ci_high": ch.high if ch else None, "verdict": self.verdict,
-            "raw": _change_json(self.raw_change),
+            "ci_high": ch.high if ch else None, "p": ch.p if ch else None,
+            "verdict": self.verdict, "raw": _change_json(self.raw_change),
             "normalised": None if self.norm_change is None else {
                 "a_median": self.a.norm_median, "b_median": self.b.norm_median,
                 "a_values": self.a.norms, "b_values": self.b.norms,
@@ -116,7 +123,8 @@ class Row:
 
 def _change_json(ch: Change | None) -> dict[str, Any]:
     return {"change": ch.change if ch else None, "ci_low": ch.low if ch else None,
-            "ci_high": ch.high if ch else None, "verdict": ch.verdict if ch else None}
+            "ci_high": ch.high if ch else None, "p": ch.p if ch else None,
+            "verdict": ch.verdict if ch else None}
 
 
 @dataclass
@@ -172,12 +180,19 @@ class Comparison:
             "a": self.a.to_json(), "b": self.b.to_json(),
             "confidence": self.confidence, "threshold": self.threshold,
             "metric": self.metric or "headline images/s (train.total_ips / val.total_ips)",
-            "method": "change = median(B)/median(A) - 1; percentile interval of the exact "
-                      "bootstrap of both medians over their repeats",
+            "method": METHOD,
             "stack_differences": {k: {"a": a, "b": b} for k, (a, b) in self.stacks.items()},
             "counts": self.counts(), "rows": [row.to_json() for row in self.rows],
             "controls": [c.to_json() for c in self.controls],
         }
+
+
+#: How compare judges, in words (``--json``'s ``method``; the text's last line says the same).
+METHOD = ("change = median(B)/median(A) - 1; percentile interval of the exact bootstrap of both "
+          "medians over their repeats; faster/slower when the interval excludes 0, the change "
+          "is beyond the threshold and the exact two-sided rank-sum (permutation) test of the "
+          "repeats has p at most 1 - confidence; too few repeats when no outcome of that many "
+          "repeats could reach it")
 
 
 def stack_values(cells: Sequence[CellRecord]) -> dict[str, list[str]]:
@@ -316,9 +331,28 @@ UNSTABLE_NOTE = (f"? unstable: that run's ok repeats spread too far ({UNSTABLE_R
                  "change and its interval are less to be trusted")
 
 
+def too_few_note(comp: Comparison) -> str:
+    """What a ``too few repeats`` verdict means and what to do about it."""
+    need = repeats_needed(comp.confidence)
+    fewest = min((min(len(r.a.values), len(r.b.values)) for r in comp.rows
+                  if r.verdict == TOO_FEW_REPEATS), default=1)
+    lower = next((c for c in (0.90, 0.80) if c < comp.confidence and fewest >= 2
+                  and repeats_needed(c) <= fewest), None)
+    ask_less = f", or --confidence {lower:.0%}" if lower else ""
+    return (f"too few repeats: those rows' ok repeats (n A/B) cannot show a change at "
+            f"{comp.confidence:.0%} whatever their values (a verdict needs the exact rank-sum "
+            f"test of the repeats as well as the interval, and with so few its smallest "
+            f"possible p is above {1 - comp.confidence:.0%}): run {need} repeats a side "
+            f"([matrix] repeats){ask_less}")
+
+
 def compare_notes(comp: Comparison) -> list[str]:
-    """The footnotes of the marks :func:`table_rows` puts after a side's images/s."""
-    return [UNSTABLE_NOTE] if any(r.a.unstable or r.b.unstable for r in comp.rows) else []
+    """The footnotes of the marks :func:`table_rows` puts after a side's images/s, and of a
+    ``too few repeats`` verdict."""
+    notes = [UNSTABLE_NOTE] if any(r.a.unstable or r.b.unstable for r in comp.rows) else []
+    if any(r.verdict == TOO_FEW_REPEATS for r in comp.rows):
+        notes.append(too_few_note(comp))
+    return notes
 
 
 def _ratio(value: float | None) -> str:
@@ -356,7 +390,8 @@ def render_compare(comp: Comparison) -> str:
     counts = ", ".join(f"{n} {v}" for v, n in sorted(comp.counts().items()))
     note = (f"{len(comp.rows)} configurations: {counts}. change = B/A - 1 of the medians "
             f"over ok repeats; interval: exact bootstrap over repeats; significant when it "
-            f"excludes 0 and the change is beyond {comp.threshold:.1%}")
+            f"excludes 0, the change is beyond {comp.threshold:.1%} and the exact rank-sum "
+            f"test of the repeats agrees (p <= {1 - comp.confidence:.0%})")
     if comp.normalised:
         note += ("; ÷control: each cell's figure / the control measured just before and after "
                  "it on the same host and GPUs (the machine's drift cancels); --raw judges "

@@ -19,11 +19,12 @@ counts.
   has no ok repeat of a configuration it ran (repeats that failed beside ok ones are counted
   too). ``missing``: a configuration of the earlier runs that the newest run planned but has no
   result for (a sweep that died leaves its run unfinished: it is judged all the same).
-  ``dropped``: one the newest run's plan no longer has (a stray ``--only``, or taken out of the
-  matrix). Missing and dropped lines show their earlier runs' figures too.
+  ``dropped``: one the newest run's plan no longer has (a stray ``--only`` or ``--exclude``, or
+  taken out of the matrix). Missing and dropped lines show their earlier runs' figures too.
 * **Failing lines** (``--fail-on-regression``): regression, failed (any failed repeat),
-  missing, dropped by the run's ``--only`` (unless ``allow_dropped``: a nightly run that left
-  configurations out on purpose; one taken out of the matrix is reported, not failed), and any
+  missing, dropped by the run's ``--only`` or ``--exclude`` (unless ``allow_dropped``: a nightly
+  run that left configurations out on purpose; one taken out of the matrix is reported, not
+  failed), and any
   absolute reference (:mod:`orchestrator.config.references`) not met. A gate
   cannot go green because configurations were not run.
 """
@@ -139,7 +140,8 @@ class Line:
     #: A verdict in FAILING that does not fail (a dropped line under ``allow_dropped``, or one
     #: the matrix no longer has).
     excused: bool = False
-    #: What left a ``dropped`` line out of the newest run: ``--only K=V ...`` or ``the matrix``.
+    #: What left a ``dropped`` line out of the newest run: ``--only K=V --exclude K=V ...`` or
+    #: ``the matrix``.
     dropped_by: str = ""
 
     @property
@@ -506,9 +508,9 @@ def _missing(run: RunRecord, by_run: dict[int, list[CellRecord]], earlier_newest
              lines: list[Line], options: Options) -> list[Line]:
     """Configurations of the earlier runs with no result in the newest run (``missing``: it
     planned them; ``dropped``: it did not), each with its figures in the earlier runs (on its
-    newest stack; another stack's marked as such). A configuration the run's ``--only`` left
-    out fails unless ``allow_dropped``; one the matrix no longer has is reported, not failed
-    (the matrix was edited: a new content hash starts its own history)."""
+    newest stack; another stack's marked as such). A configuration the run's ``--only`` or
+    ``--exclude`` left out fails unless ``allow_dropped``; one the matrix no longer has is
+    reported, not failed (the matrix was edited: a new content hash starts its own history)."""
     present = {line.config for line in lines}
     planned, only = _plan_of(run)
     out: dict[str, Line] = {}
@@ -517,7 +519,7 @@ def _missing(run: RunRecord, by_run: dict[int, list[CellRecord]], earlier_newest
             if cell.config in present or cell.config in out:
                 continue
             dropped = planned is not None and cell.config not in planned
-            by = ("--only " + " ".join(only) if only else "the matrix") if dropped else ""
+            by = (" ".join(only) if only else "the matrix") if dropped else ""
             out[cell.config] = Line(
                 cell.config, cell.group, cell.params, cell.stack,
                 verdict="dropped" if dropped else "missing", dropped_by=by,
@@ -543,10 +545,16 @@ def _earlier_figures(line: Line, by_run: dict[int, list[CellRecord]], options: O
             line.other_stack[pk] = statistics.median(v for v in values if v is not None)
 
 
+#: The options that select a run's cells from its matrix (a configuration they leave out is
+#: ``dropped`` by them, not by the matrix).
+SELECTING = ("--only", "--exclude")
+
+
 def _plan_of(run: RunRecord) -> tuple[set[str] | None, tuple[str, ...]]:
     """Content hashes the run's plan lists (None: the plan lists none, e.g. a hand-made run)
-    and the ``--only`` filters it was made with (plan.json's ``only``; a run written before
-    that field: the ``--only`` arguments of run.json's argv)."""
+    and the selection it was made with, as options (``--only K=V``, ``--exclude K=V``:
+    plan.json's ``only`` and ``exclude``; a run written before those fields: the ``--only``
+    arguments of run.json's argv)."""
     try:
         plan = read_json(RunPaths(Path(run.path)).plan)
     except ConfigError:
@@ -556,10 +564,12 @@ def _plan_of(run: RunRecord) -> tuple[set[str] | None, tuple[str, ...]]:
     cells = plan.get("cells")
     hashes = {c["hash"] for c in (cells if isinstance(cells, list) else [])
               if isinstance(c, dict) and isinstance(c.get("hash"), str)}
-    only = plan.get("only")
-    if isinstance(only, list):
-        return hashes or None, tuple(str(o) for o in only)
-    return hashes or None, _only_in_argv(run)
+    only, exclude = plan.get("only"), plan.get("exclude")
+    if isinstance(only, list) or isinstance(exclude, list):
+        return hashes or None, tuple(
+            f"{option} {value}" for option, values in (("--only", only), ("--exclude", exclude))
+            if isinstance(values, list) for value in values)
+    return hashes or None, tuple(f"--only {value}" for value in _only_in_argv(run))
 
 
 def _only_in_argv(run: RunRecord) -> tuple[str, ...]:
@@ -630,11 +640,20 @@ def _fmt(value: float | None) -> str:
     return "" if value is None else f"{value:,.1f}"
 
 
+def run_headers(run_ids: Sequence[str]) -> list[str]:
+    """The column header of each run: its date and time (``20261127-154102``), or its whole id
+    where another run shown has the same date and time (two runs, or imports, of one second)."""
+    short = [run_id[:15] for run_id in run_ids]
+    return [s if short.count(s) == 1 else run_id for s, run_id in zip(short, run_ids,
+                                                                      strict=True)]
+
+
 def _verdict_text(line: Line) -> str:
     text = line.verdict.upper() if line.verdict in FAILING and not line.excused else (
         line.verdict)
     if line.verdict == "dropped":
-        text += " (--only)" if line.dropped_by.startswith("--only") else " (not in the matrix)"
+        options = dict.fromkeys(w for w in line.dropped_by.split() if w in SELECTING)
+        text += f" ({'/'.join(options)})" if options else " (not in the matrix)"
     if line.failed_cells and line.verdict != "failed":
         text += f"; {len(line.failed_cells)} repeat(s) FAILED"
     if line.verdict == "insufficient history":
@@ -660,7 +679,7 @@ def render_history(report: HistoryReport) -> str:
         return f"(no cells in run {report.newest.run_id})"
     keys = varying_keys([ln.params for ln in report.lines], always=("hardware",))
     normalised = any(ln.basis == NORMALISED for ln in report.lines)
-    headers = [*keys, *[r.run_id[:15] for r in report.shown], "reference", "change",
+    headers = [*keys, *run_headers([r.run_id for r in report.shown]), "reference", "change",
                *(["raw change", "basis"] if normalised else []),
                "noise ±", "detects", "p", "verdict"]
     rows = []
@@ -698,7 +717,7 @@ def render_history(report: HistoryReport) -> str:
 
 def render_controls(report: HistoryReport) -> str:
     """The control's own figures across the shown runs: the machine's drift, not judged."""
-    headers = ["control", *[r.run_id[:15] for r in report.shown], "reference", "change",
+    headers = ["control", *run_headers([r.run_id for r in report.shown]), "reference", "change",
                "first -> last (newest run)", "measurements"]
     rows = []
     for c in report.controls:
@@ -715,9 +734,12 @@ def render_controls(report: HistoryReport) -> str:
 
 def _notes(report: HistoryReport) -> list[str]:
     notes = []
-    if report.newest.status == "unfinished":
-        notes.append(f"run {report.newest.run_id} has not finished (still running, or its sweep "
-                     "died): configurations without a result count as missing")
+    if report.newest.status == "running":
+        notes.append(f"run {report.newest.run_id} is still running ({report.newest.live}): "
+                     "configurations without a result yet count as missing")
+    elif report.newest.status == "unfinished":
+        notes.append(f"run {report.newest.run_id} has not finished (its sweep died or was "
+                     "killed): configurations without a result count as missing")
     if any(ln.other_stack for ln in report.lines):
         notes.append("* measured on another stack: not part of the reference")
     for ln in report.lines:

@@ -3,7 +3,9 @@
 Like the tables, every plot is built only from what is on disk. Rules they share:
 
 * **Colour** says precision where precision varies, else hardware where it varies (one legend
-  entry per colour); the other varying parameters are in the labels.
+  entry per colour); the other varying parameters are in the labels. Where each line is a
+  configuration (history), the lines of one colour differ by marker and dash
+  (:func:`line_styles`): no two configurations look alike.
 * **Subtitle**: the stack the numbers come from and the repeat count (:func:`stack_line`).
 * **Error bars** (min..max over repeats) only where a configuration has 2 or more ok repeats:
   a single measurement has no spread to show.
@@ -87,6 +89,37 @@ def _colours(params: Sequence[Mapping[str, Any]], key: str | None, plt: Any) -> 
         if str(p.get(key)) not in values:
             values.append(str(p.get(key)))
     return [cycle[values.index(str(p.get(key))) % len(cycle)] for p in params]
+
+
+#: Markers and dashes that tell apart the lines of one colour.
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+_DASHES: tuple[Any, ...] = ("-", "--", "-.", ":")
+
+
+def line_styles(params: Sequence[Mapping[str, Any]], plt: Any) -> list[tuple[str, str, Any]]:
+    """A (colour, marker, dash) per line, each line its own: the colour from the colour key
+    (:func:`colour_key`; none varying: a colour per line), the marker and dash numbering the
+    lines that share a colour (10 markers, then the next dash)."""
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    key = colour_key(params)
+    out: list[tuple[str, str, Any]] = []
+    if key is None:
+        for i in range(len(params)):
+            nth = i // len(cycle)
+            out.append((cycle[i % len(cycle)], _MARKERS[nth % len(_MARKERS)],
+                        _DASHES[nth // len(_MARKERS) % len(_DASHES)]))
+        return out
+    groups: list[str] = []
+    members: dict[str, int] = {}
+    for p in params:
+        value = str(p.get(key))
+        if value not in groups:
+            groups.append(value)
+        nth = members.get(value, 0)
+        members[value] = nth + 1
+        out.append((cycle[groups.index(value) % len(cycle)], _MARKERS[nth % len(_MARKERS)],
+                    _DASHES[nth // len(_MARKERS) % len(_DASHES)]))
+    return out
 
 
 def spans_decades(values: Sequence[float | None]) -> bool:
@@ -211,18 +244,18 @@ def _titles(ax: Any, title: str, subtitle: str) -> None:
 
 def plot_history(report: HistoryReport, out: Target, title: str, fmt: str | None = None
                  ) -> Target:
-    """Median images/s per configuration across the shown runs (the ratio to the control, dashed,
-    where a line is judged on it); regressions circled in red."""
+    """Median images/s per configuration across the shown runs, each configuration its own
+    colour, marker and dash (:func:`line_styles`; the ratio to the control, thin dashed, where a
+    line is judged on it); regressions circled in red; the runs by their whole ids."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 5), dpi=120)
+    runs = report.shown
+    fig, ax = plt.subplots(figsize=(max(9.0, 3.5 + 0.55 * len(runs)), 5.5), dpi=120)
     lines = [ln for ln in report.lines if ln.newest or ln.medians]
     keys = varying_keys([ln.params for ln in lines]) or ["hardware"]
-    runs = report.shown
     xs = list(range(len(runs)))
-    key = colour_key([ln.params for ln in lines])
-    colours = _colours([ln.params for ln in lines], key, plt)
+    styles = line_styles([ln.params for ln in lines], plt)
     values: list[float] = []
-    for ln, colour in zip(lines, colours, strict=True):
+    for ln, (colour, marker, dash) in zip(lines, styles, strict=True):
         ys = [statistics.median(ln.newest) if r.pk == report.newest.pk and ln.newest
               else ln.medians.get(r.pk) for r in runs]
         points = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
@@ -230,19 +263,19 @@ def plot_history(report: HistoryReport, out: Target, title: str, fmt: str | None
             continue
         values += [p[1] for p in points]
         ratio = ln.basis == "normalised"
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colour,
-                linestyle="--" if ratio else "-",
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, color=colour,
+                linestyle=dash, linewidth=0.9 if ratio else 1.5,
                 label=_label(ln.params, keys) + (" (÷control)" if ratio else ""))
         if ln.verdict == "regression" and ys[-1] is not None:
             ax.plot([xs[-1]], [ys[-1]], marker="o", markersize=14, fillstyle="none",
                     color="red", markeredgewidth=2)
     if spans_decades(values):
         ax.set_yscale("log")
-    ax.set_xticks(xs, [r.run_id[:13] for r in runs], rotation=30, ha="right", fontsize=7)
+    ax.set_xticks(xs, [r.run_id for r in runs], rotation=30, ha="right", fontsize=7)
     bases = {ln.basis for ln in lines}
     ax.set_ylabel("ratio to the control (median over repeats)" if bases == {"normalised"}
                   else "images/s (median over repeats)" if "normalised" not in bases
-                  else "images/s; dashed: ratio to the control")
+                  else "images/s; thin lines (÷control): ratio to the control")
     _titles(ax, title + " (red circle: regression)", "")
     if lines:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

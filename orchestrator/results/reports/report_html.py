@@ -28,6 +28,7 @@ from orchestrator.results.folders.run_folder import CellResult, RunPaths, read_j
 from orchestrator.results.folders.store import RecordedStack, stack_field_values
 from orchestrator.results.reports.summary import (
     GroupRow,
+    options_line,
     rule_line,
     table_cells,
     table_notes,
@@ -157,8 +158,9 @@ def run_report(paths: RunPaths, rows: Sequence[GroupRow], results: Sequence[Cell
              "One row per configuration: the median over the repeats that ended ok, and their "
              "min..max.")
     notes = table_notes(rows, mixed_releases="release" in headers)
+    made_with = options_line(plan)  # --set / --only / --exclude, as under the text table
     sections.append(Section(
-        "summary", "Summary", text=" ".join([intro, *notes]),
+        "summary", "Summary", text=" ".join([intro, *notes, *([made_with] if made_with else [])]),
         table=_plain(headers, table, first_number, "summary")))
     svg = _svg(plot_run, [r for r in rows if r.ips is not None], f"{matrix} {paths.run_id}",
                subtitle) if any(r.ips is not None for r in rows) else None
@@ -171,8 +173,9 @@ def run_report(paths: RunPaths, rows: Sequence[GroupRow], results: Sequence[Cell
         ["field", "values"], [[k, ", ".join(v)] for k, v in stacks.items() if v], 99)))
     sections.append(_cells_section(results))
     if paths.matrix_file.exists():
+        label = "matrix.toml as run" + (f", {made_with}" if made_with else "")
         sections.append(Section("matrix", "Matrix file", pre=paths.matrix_file.read_text(
-            encoding="utf-8"), pre_label="matrix.toml as run"))
+            encoding="utf-8"), pre_label=label))
     return render_page(f"{matrix} — run {paths.run_id}", subtitle, sections)
 
 
@@ -222,9 +225,10 @@ def compare_report(comp: Any) -> str:
         "comparison", "Comparison", table=table,
         text=f"{len(comp.rows)} configurations: {counts}. Change = B/A - 1 of the medians over "
         f"ok repeats; interval: {comp.confidence:.0%} percentile interval of the exact bootstrap "
-        f"over repeats; significant when it excludes 0 and the change is beyond "
-        f"{comp.threshold:.1%}." + "".join(f" {n}" for n in compare_notes(comp))))
-    svg = _svg(plot_compare, comp, f"{b.label} vs {a.label}") if any(
+        f"over repeats; significant when it excludes 0, the change is beyond "
+        f"{comp.threshold:.1%} and the exact rank-sum test of the repeats agrees."
+        + "".join(f" {n}" for n in compare_notes(comp))))
+    svg = _svg(plot_compare, comp, compare_title(comp)) if any(
         r.change is not None for r in comp.rows) else None
     if svg:
         sections.append(Section("plot", "Plot", image=Image(
@@ -238,7 +242,13 @@ def compare_report(comp: Any) -> str:
                             if stack_rows else None))
     sections.append(Section("json", "Data", pre=json.dumps(comp.to_json(), indent=1,
                                                            default=str), pre_label="JSON"))
-    return render_page(f"{b.label} vs {a.label}", "orchestrate compare", sections)
+    return render_page(compare_title(comp), "orchestrate compare", sections)
+
+
+def compare_title(comp: Any) -> str:
+    """``A: RUN vs B: RUN``: the runs in the order the page and the text show them (change is
+    B/A - 1)."""
+    return f"A: {comp.a.label} vs B: {comp.b.label}"
 
 
 def write(path: Path, html: str) -> Path:

@@ -22,8 +22,8 @@ to summary.csv, when any row has them. A group with a repeat whose GPU throttled
 measured window (``telemetry.throttled``) gets ``!`` after its images/s and a footnote; the csv
 column ``throttled`` counts such repeats. A group whose ok repeats spread beyond the stated
 bound (:func:`orchestrator.results.statistics.stats.unstable`: (max - min) / median > 10 % over at
-least 3 ok repeats) gets ``?`` and a footnote; the csv column ``unstable`` says it for every group
-with 3 or more ok repeats.
+least 2 ok repeats) gets ``?`` and a footnote; the csv column ``unstable`` says it for every group
+with 2 or more ok repeats.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import csv
 import io
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -585,7 +585,22 @@ def summarize_run(
     if base:
         add_ratios(rows, *base)
     table = render_table(rows, plan_varying, baseline=baseline, results=results)
-    return rows, table
+    made_with = options_line(plan)
+    return rows, f"{table}\n\n{made_with}" if made_with else table
+
+
+def options_line(plan: Mapping[str, Any]) -> str:
+    """``run with --set K=V --only K=V --exclude K=V``: the options of plan.json that made the
+    run's cells from its matrix file (each value shell-quoted, as it would be typed again);
+    "" for a run made with none."""
+    import shlex
+
+    flags = []
+    for key in ("set", "only", "exclude"):
+        values = plan.get(key)
+        flags += [f"--{key} {shlex.quote(value)}" for value in
+                  (values if isinstance(values, list) else []) if isinstance(value, str)]
+    return f"run with {' '.join(flags)}" if flags else ""
 
 
 def write_summary_files(paths: RunPaths, rows: Sequence[GroupRow], table: str) -> None:

@@ -11,9 +11,19 @@ distribution of a median (:func:`median_bootstrap`) is exact with no resampling 
 **Compare two runs** (:func:`compare_samples`): change = median(B) / median(A) - 1; its
 confidence interval is the percentile interval of the exact bootstrap distribution of
 median(B*) / median(A*) - 1, each run's repeats resampled independently. Verdict: ``faster`` /
-``slower`` when the interval excludes 0 *and* the change is beyond the threshold, else
-``no significant change``; with fewer than 2 repeats on a side there is no interval and the
-verdict is ``no repeats``.
+``slower`` when the interval excludes 0, the change is beyond the threshold *and* the exact
+permutation test rejects "no change" at the same level (:func:`permutation_test`, the rank-sum
+test: every way of splitting the pooled repeats into two sets of the runs' sizes is equally
+likely when nothing changed); else ``no significant change``. With few repeats
+no split can reach the level (2 a side: the most extreme of the 6 splits has p = 2/6; 3 a side:
+2/20 = 0.10): the verdict is then ``too few repeats``, as it is with a single repeat on a side
+(no interval). Why the second test: the bootstrap interval of a median is too narrow for small
+samples (with 2 repeats a side it is the range of the ratios of single values, and it excludes
+0 whenever the two pairs do not overlap, which two runs of the same code do one time in three),
+while the permutation test's level holds for any number of repeats and any distribution
+(benchmarks/compare_false_alarms.py measures both). The permutation test is exact up to
+:data:`PERMUTATION_MAX_SPLITS` splits (8 repeats a side); beyond, the bootstrap interval alone
+decides, its false-alarm rate being near its level there.
 
 **Regression check** (:func:`regression_test`), per configuration: the newest run's median
 against the reference, the median of the earlier runs' medians, in a random-effects model on
@@ -33,12 +43,16 @@ number of configurations.
 
 **Unstable repeat sets** (:func:`unstable`): a configuration whose ok repeats spread more than
 :data:`UNSTABLE_SPREAD` of their median ((max - min) / median, at least
-:data:`UNSTABLE_MIN_REPEATS` repeats) measured an unsteady machine; the tables mark it, as
-hyperfine warns on outliers.
+:data:`UNSTABLE_MIN_REPEATS` repeats: two) measured an unsteady machine; the tables mark it, as
+hyperfine warns on outliers. The range of two values is the rule's most cautious case, not a
+weaker one: steady noise spreads two values less than three (the expected range of n normal
+values is 1.13 sd for n = 2, 1.69 sd for n = 3), so a bound a steady machine stays within at
+three repeats it stays within at two.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -139,6 +153,14 @@ def quantile(dist: Dist, q: float) -> float:
 # --- compare two runs ------------------------------------------------------------------------
 
 
+#: The verdict of a comparison whose repeats cannot show a change at the level asked
+#: (:func:`compare_samples`).
+TOO_FEW_REPEATS = "too few repeats"
+#: Up to this many splits of the pooled repeats the permutation test is exact (8 + 8 repeats:
+#: 12,870 splits, about 0.1 s); beyond, the bootstrap interval decides alone.
+PERMUTATION_MAX_SPLITS = 13_000
+
+
 @dataclass(frozen=True)
 class Change:
     """Run B against run A for one configuration."""
@@ -146,28 +168,93 @@ class Change:
     change: float  # median(B) / median(A) - 1
     low: float | None  # confidence interval of the change (None: fewer than 2 repeats a side)
     high: float | None
-    verdict: str  # faster | slower | no significant change | no repeats
+    verdict: str  # faster | slower | no significant change | too few repeats
+    #: The permutation test's two-sided p-value (None: not computed: a side with one repeat,
+    #: or more splits than PERMUTATION_MAX_SPLITS).
+    p: float | None = None
+
+
+@dataclass(frozen=True)
+class Permutation:
+    """The exact permutation test of "no change" (the rank-sum test: Wilcoxon, Mann-Whitney)."""
+
+    p: float  # two-sided: the share of splits at least as far from the middle as the observed
+    smallest: float  # the smallest p any split of these repeats could give
+    splits: int
+
+
+def _midranks(values: Sequence[float]) -> list[float]:
+    """Each value's rank among ``values`` (1-based; tied values share their mean rank)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def permutation_test(a: Sequence[float], b: Sequence[float]) -> Permutation | None:
+    """The exact two-sided rank-sum test of B against A: every split of the pooled repeats into
+    sets of the runs' sizes is equally likely when nothing changed, and the statistic is how
+    far B's rank sum lies from its middle. Ranks make it robust to the one wild repeat a shared
+    machine gives, as the medians are. Also the smallest p-value any split could give (2 / C(n,
+    k) without ties). None when there are more than :data:`PERMUTATION_MAX_SPLITS` splits."""
+    ranks = _midranks([float(v) for v in (*a, *b)])
+    n, k = len(ranks), len(b)
+    splits = math.comb(n, k)
+    if splits > PERMUTATION_MAX_SPLITS:
+        return None
+    middle = k * (n + 1) / 2
+    tolerance = 1e-9
+    observed = abs(sum(ranks[len(a):]) - middle)
+    far = [abs(sum(ranks[i] for i in chosen) - middle)
+           for chosen in itertools.combinations(range(n), k)]
+    top = max(far)
+    at_least = sum(1 for d in far if d >= observed - tolerance)
+    extreme = sum(1 for d in far if d >= top - tolerance)
+    return Permutation(at_least / splits, extreme / splits, splits)
 
 
 def compare_samples(a: Sequence[float], b: Sequence[float], confidence: float = 0.95,
                     threshold: float = 0.0) -> Change:
-    """Compare B's repeats with A's (both non-empty): change, bootstrap interval, verdict."""
+    """Compare B's repeats with A's (both non-empty): change, bootstrap interval, verdict
+    (``faster`` / ``slower`` needs both the interval and the permutation test,
+    ``too few repeats`` when no outcome of these repeats could show a change)."""
     if not a or not b:
         raise ValueError("both samples need values")
     change = statistics.median(b) / statistics.median(a) - 1.0
     if len(a) < 2 or len(b) < 2:
-        return Change(change, None, None, "no repeats")
+        return Change(change, None, None, TOO_FEW_REPEATS)
     dist_a, dist_b = median_bootstrap(a), median_bootstrap(b)
     ratio = _merge([(vb / va - 1.0, pa * pb) for va, pa in dist_a for vb, pb in dist_b])
     tail = (1.0 - confidence) / 2.0
     low, high = quantile(ratio, tail), quantile(ratio, 1.0 - tail)
-    if low > 0 and change > threshold:
+    level = 1.0 - confidence + 1e-9
+    perm = permutation_test(a, b)
+    if perm is not None and perm.smallest > level:
+        return Change(change, low, high, TOO_FEW_REPEATS, perm.p)
+    significant = perm is None or perm.p <= level
+    if low > 0 and change > threshold and significant:
         verdict = "faster"
-    elif high < 0 and change < -threshold:
+    elif high < 0 and change < -threshold and significant:
         verdict = "slower"
     else:
         verdict = "no significant change"
-    return Change(change, low, high, verdict)
+    return Change(change, low, high, verdict, perm.p if perm else None)
+
+
+def repeats_needed(confidence: float) -> int:
+    """The fewest repeats a side (the same on both) with which some outcome can show a change
+    at ``confidence`` (:func:`permutation_test`: 2 / C(2n, n) at most 1 - confidence)."""
+    n = 2
+    while 2 / math.comb(2 * n, n) > 1.0 - confidence + 1e-9:
+        n += 1
+    return n
 
 
 # --- the regression test ---------------------------------------------------------------------
@@ -341,8 +428,9 @@ def verdict(change: float, p_slower: float, p_faster: float, alpha: float, thres
 #: is beyond what a steady machine produces and flags sets like 8 -> 37 images/s (a CPU shared
 #: with another job, clocks held down) without flagging ordinary noise.
 UNSTABLE_SPREAD = 0.10
-#: Fewer ok repeats than this are never judged: two values have no outlier to speak of.
-UNSTABLE_MIN_REPEATS = 3
+#: Fewer ok repeats than this are never judged (one value has no spread). Two are: their range
+#: is the rule's most cautious case (steady noise spreads two values less than three).
+UNSTABLE_MIN_REPEATS = 2
 #: The rule as the tables' footnotes state it.
 UNSTABLE_RULE = (f"(max - min) / median > {UNSTABLE_SPREAD * 100:.0f} % over at least "
                  f"{UNSTABLE_MIN_REPEATS} ok repeats")
