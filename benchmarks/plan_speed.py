@@ -16,8 +16,9 @@ fresh interpreter as a user runs it (start-up and imports included):
 * ``table``: ``orchestrate plan M`` (the plan's table);
 * ``dry-run``: ``orchestrate matrix M --dry-run`` (every cell's command).
 
-Each checkout runs each command once first, not counted (its bytecode caches written, in a
-folder of this run: ``PYTHONPYCACHEPREFIX``), then ``--runs`` times. Printed per command,
+Each checkout runs each command once first on a 10-cell matrix of the same kind, not counted
+(its bytecode caches written, in a folder of this run: ``PYTHONPYCACHEPREFIX``), then
+``--runs`` times on the big one. Printed per command,
 medians over the runs: wall time, CPU time (user + system: what it cost on a machine others
 share) and peak resident memory (the child's own ``ru_maxrss`` from ``wait4``, not a running
 maximum over this process's children; this process stays small, as a child's count starts
@@ -209,9 +210,11 @@ def main() -> int:
                 matrix = root / f"{backend}-{runtime}.toml"
                 matrix.write_text(matrix_text(backend, runtime, args.cells, inventory),
                                   encoding="utf-8")
+                small = root / f"{backend}-{runtime}-small.toml"
+                small.write_text(matrix_text(backend, runtime, 10, inventory), encoding="utf-8")
                 for command in args.commands:
                     for repo in repos:  # not counted: the bytecode caches written
-                        run_once(repo, argv(command, matrix), env, root / "out")
+                        run_once(repo, argv(command, small), env, root / "out")
                     runs: list[list[Run]] = [[] for _ in repos]
                     for _ in range(args.runs):  # the checkouts alternate: the same load
                         for i, repo in enumerate(repos):

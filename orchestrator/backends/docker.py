@@ -156,7 +156,7 @@ class DockerBackend(Backend):
         return container_spec(
             cell, self.matrix.profile(cell), self.matrix.program(cell),
             image=image,
-            output_dir=str(self.paths.absolute_cell_dir(cell.id)),
+            output_dir=self.paths.absolute_cell_dir(cell.id),
             labels=container_labels(self.matrix.name, self.paths.run_id, cell.id),
             attempt=attempt,
             gpu_ids=allocation.gpu_ids,

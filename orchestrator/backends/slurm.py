@@ -666,7 +666,7 @@ class SlurmBackend(Backend):
             return self._apptainer_job(cell, cell_dir)
         node = self._multi_node(cell)
         command = none.command(cell, profile, self.matrix.program(cell),
-                               output_dir=str(cell_dir), node=node)  # GPUs: Slurm's
+                               output_dir=cell_dir, node=node)  # GPUs: Slurm's
         env = dict(command.env)
         env["PYTHONPATH"] = none.python_path()
         assert command.workdir is not None  # none.command's: the command's, else this checkout
@@ -685,7 +685,7 @@ class SlurmBackend(Backend):
             tasks_per_node=1 if node is not None else cell.params.gpus_per_node,
         )
 
-    def _apptainer_job(self, cell: Cell, cell_dir: Path) -> SbatchJob:
+    def _apptainer_job(self, cell: Cell, cell_dir: str) -> SbatchJob:
         """The batch script of an Apptainer cell: ``srun apptainer exec ... IMAGE.sif <argv>``
         in the cell folder (the nodes need the image and that folder, not this checkout); the
         variables ``--env`` cannot carry exported with the runtime's prefix (secrets: passed by
@@ -696,7 +696,7 @@ class SlurmBackend(Backend):
         gpus = gpus_requested(cell, profile)
         command = apptainer.batch_command(cell, profile, self.matrix.program(cell),
                                           image=self.runtime_image(cell),
-                                          output_dir=str(cell_dir), gpus=bool(gpus), node=node)
+                                          output_dir=cell_dir, gpus=bool(gpus), node=node)
         prefix = apptainer.env_prefix(apptainer.binary_of(profile))
         nodes = cell.params.nodes
         return SbatchJob(

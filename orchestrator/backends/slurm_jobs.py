@@ -240,7 +240,7 @@ def slurm_time(seconds: float) -> str:
     return f"{days}-{text}" if days else text
 
 
-def output_pattern(cell_dir: Path) -> str:
+def output_pattern(cell_dir: Path | str) -> str:
     """``--output`` for a cell folder: ``%`` in the folder escaped for Slurm's filename patterns."""
     return str(cell_dir).replace("%", "%%") + "/" + OUTPUT_PATTERN
 

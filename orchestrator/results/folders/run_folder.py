@@ -459,14 +459,15 @@ class RunPaths:
         return self.cells_dir / cell_id
 
     @functools.cached_property
-    def absolute_cells_dir(self) -> Path:
+    def absolute_cells_dir(self) -> str:
         """The cells' folder as an absolute path without links on the way, resolved once (a
         cell's program may run in another folder, or on a node that shares this one)."""
-        return self.cells_dir.resolve()
+        return str(self.cells_dir.resolve())
 
-    def absolute_cell_dir(self, cell_id: str) -> Path:
-        """A cell's folder as its program is told it (:attr:`absolute_cells_dir`)."""
-        return self.absolute_cells_dir / cell_id
+    def absolute_cell_dir(self, cell_id: str) -> str:
+        """A cell's folder as its program is told it (:attr:`absolute_cells_dir`), as text: what
+        an argv, an environment or a batch script carries."""
+        return f"{self.absolute_cells_dir}/{cell_id}"
 
     def cell_log(self, cell_id: str) -> Path:
         return self.cell_dir(cell_id) / self.CELL_LOG
