@@ -51,30 +51,14 @@ from typing import Any
 from tabulate import tabulate
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-MATRIX = """\
-[matrix]
-name = "overhead"
-timeout_s = 600
-[workload]
-hardware = "cpu"
-{workload}
-[axes]
-seed = {seeds}
-[hardware.cpu]
-device = "cpu"
-{tables}
-"""
-#: The real workload's smallest honest cell (the fault suite's).
-TINY = """\
-arch = "resnet18"
-image_size = 32
-batch_size = 2
-warmup = 1
-iterations = 2
-workers = 0
-num_classes = 10
-"""
+from benchmarks import fault_suite  # noqa: E402
+
+#: The fault suite's matrix of ``seed`` cells on this machine's CPU, named for this benchmark.
+MATRIX = fault_suite.MATRIX.replace('name = "faults"', 'name = "overhead"', 1)
+#: The real workload's smallest honest cell: resnet18, 32 px, batch 2, 1 warmup + 2 steps.
+TINY = fault_suite.WORKLOAD.format(iterations=2)
 #: How long a sweep's summary.png may take to appear after its exit (seconds).
 PLOT_WAIT_S = 30.0
 STANDIN = 'program = "standin"\n' + TINY.replace("iterations = 2", "iterations = 20")

@@ -7,11 +7,9 @@ never here: these tests check that the scripts measure what they say they do."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -21,18 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("cells", [2_000, 35, 7])
 def test_plan_speed_matrices_have_the_cells_asked_for_on_every_backend(tmp_path, cells):
-    bench = _load("plan_speed")
+    from benchmarks import plan_speed as bench
+
     inventory = tmp_path / "hosts.toml"
     inventory.write_text(bench.INVENTORY)
     for backend in bench.BACKENDS:
