@@ -29,11 +29,13 @@ Layout::
     <results>/<matrix>/<run id>/
         matrix.toml        the matrix file as it was (secrets masked)
         plan.json          the expanded cells
-        run.json           backend, start/end, provenance, status counts
+        run.json           backend, start/end, provenance, status counts, this machine's
+                           load averages at the start and end (``load``)
         .lock              there while a sweep or --resume works in the run (flock)
         summary.csv        one row per cell group (medians over repeats)
         summary.txt        the same table as printed
-        summary.png        the same as a plot (with the plots extra)
+        summary.png        the same as a plot (with the plots extra; the CLI's sweep leaves it
+                           to a process of its own, there a moment after the sweep ends)
         superseded/<cell id>-[<why>-]<ms>/   an attempt that is not its cell's result
         slurm/             the Slurm backend's array scripts (its own)
         cells/<cell id>/
