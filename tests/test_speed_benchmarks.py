@@ -61,3 +61,6 @@ def test_sweep_overhead_runs_in_a_small_dry_mode():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "bare (the commands one after the other)" in proc.stdout
     assert "2/2" in proc.stdout  # both cells of the sweep ended ok
+    # the CLI's sweep left summary.png to a process of its own, which drew it (not "inf")
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith(str(ROOT))]
+    assert "inf" not in row.split()
