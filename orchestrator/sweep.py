@@ -37,6 +37,7 @@ import logging
 import platform
 import secrets
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator import __version__
+from orchestrator import REPO_ROOT, __version__
 from orchestrator.backends.base import Backend, RunOptions, git_revision
 from orchestrator.backends.checks import Decision, preflight
 from orchestrator.config.matrix_file import WRAPPING_PROFILERS
@@ -55,6 +56,7 @@ from orchestrator.config.overrides import redact_argv
 from orchestrator.config.redact import redact_toml
 from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.local.engine import controller_id
+from orchestrator.local.machine_state import load_average
 from orchestrator.plan import ordering, profilers
 from orchestrator.plan.controls import ControlSchedule, control_allocation, highest_numbers
 from orchestrator.plan.matrix import Cell, Matrix
@@ -117,6 +119,12 @@ class SweepOutcome:
     #: What the sweep could not write (a result, the summary, run.json), one line each: the
     #: results concerned are still counted, and the exit status is not 0.
     problems: list[str] = field(default_factory=list)
+    #: This machine's load averages (1, 5, 15 minutes) when the run started and ended
+    #: (run.json's ``load``): what else shared the machine while the cells measured.
+    load: dict[str, Any] = field(default_factory=dict)
+    #: The process drawing summary.png when the sweep left it to one (None: drawn already, or
+    #: nothing to draw); whoever needs the picture waits for it.
+    plot: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -196,6 +204,7 @@ def run_sweep(
     resume: str | None = None,
     lock_timeout_s: float | None = None,
     order_seed: int | None = None,
+    plot_in_background: bool = False,
 ) -> SweepOutcome:
     """Run every cell of ``matrix`` and write the run folder. Returns the outcome.
 
@@ -211,7 +220,8 @@ def run_sweep(
     ``resume``: a run id, or ``""`` for the newest run of the matrix: run again, in that run's
     folder, only the cells that did not end ok (the matrix must not have changed since).
     ``lock_timeout_s``: how long a cell waits for GPUs another sweep holds (None: as long as it
-    takes; :mod:`orchestrator.local.locks`).
+    takes; :mod:`orchestrator.local.locks`). ``plot_in_background``: summary.png is drawn by a
+    process of its own that the sweep does not wait for (the CLI's choice).
 
     The steps: refuse what cannot run and pick the backend
     (:func:`orchestrator.backends.checks.preflight`) -> open the run -> prepare the backend ->
@@ -244,7 +254,7 @@ def run_sweep(
                                       highest_numbers(run.existing, matrix.controls))
         results, interrupted = run_all(backend, run.cells, events,
                                        retries=matrix.settings.retries, controls=controls)
-        return finish_run(matrix, run, results, interrupted)
+        return finish_run(matrix, run, results, interrupted, plot_in_background)
     finally:
         run.release()
 
@@ -360,6 +370,7 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
             "orchestrate_version": __version__, "git_revision": git_revision(),
             "python": sys.version.split()[0], "controller_host": platform.node(),
             "controller": controller_id(), "argv": redact_argv(sys.argv),
+            "load": {"start": load_average()},
         }
         meta.update(selection_record(matrix))
         write_json(paths.run_meta, meta)
@@ -438,7 +449,8 @@ def _reopen_run(matrix: Matrix, backend: str, results_root: Path, resume: str) -
         cells = cells_to_resume(paths, matrix)
         meta.setdefault("resumed", []).append(
             {"at": time.time(), "cells": len(cells), "argv": redact_argv(sys.argv),
-             "backend": backend, "controller": controller_id(), **selection_record(matrix)})
+             "backend": backend, "controller": controller_id(), "load": load_average(),
+             **selection_record(matrix)})
         write_json(paths.run_meta, meta)
     except OSError as exc:
         lock.release()
@@ -504,10 +516,11 @@ def run_all(backend: Backend, cells: list[Cell], events: SweepEvents, retries: i
     return results, interrupted or backend.options.cancel.is_set()
 
 
-def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrupted: bool
-               ) -> SweepOutcome:
-    """Record the cells that never ran, write the tables (and plot) from what is on disk, and
-    close run.json with the counts.
+def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrupted: bool,
+               plot_in_background: bool = False) -> SweepOutcome:
+    """Record the cells that never ran, write the tables from what is on disk, close run.json
+    with the counts, and draw the plot (``plot_in_background``: by a process of its own,
+    :attr:`SweepOutcome.plot`).
 
     Every result of this sweep is on disk when this returns, or named in the outcome's
     ``problems``: a result that could not be written when its cell ended (a full disk) is
@@ -538,8 +551,10 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
         rows = summarize(every, table_rule(matrix.settings.table_rule))
         table = render_table(rows, list(matrix.varying), baseline=matrix.settings.baseline,
                              results=every)
-    _plot_if_possible(paths, rows, matrix.name)
     outcome = SweepOutcome(paths, every, rows, table, interrupted, problems)
+    load = run.meta.get("load")
+    run.meta["load"] = {**(load if isinstance(load, dict) else {}), "end": load_average()}
+    outcome.load = run.meta["load"]
     run.meta.update(finished_at=time.time(), counts=outcome.counts, interrupted=interrupted,
                     lock_wait_s=lock_wait_of(r.to_json() for r in every))
     if outcome.control_counts:
@@ -550,6 +565,7 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
         write_json(paths.run_meta, run.meta)
     except OSError as exc:
         problems.append(f"run.json not written: {_os_error(exc)}")
+    outcome.plot = _plot_if_possible(paths, rows, matrix.name, background=plot_in_background)
     return outcome
 
 
@@ -562,16 +578,31 @@ def save_result(paths: RunPaths, result: CellResult) -> str | None:
     return None
 
 
-def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
-    """summary.png in the run folder when matplotlib is installed (the ``plots`` extra)."""
+def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str,
+                      background: bool = False) -> subprocess.Popen[bytes] | None:
+    """summary.png in the run folder when matplotlib is installed (the ``plots`` extra), drawn
+    last, from the results on disk: here, or with ``background`` by a process of its own that
+    the sweep does not wait for (:func:`orchestrator.results.reports.plots.draw_summary`:
+    matplotlib's import and the drawing take about half a second of CPU); that process."""
     if importlib.util.find_spec("matplotlib") is None or not any(r.ips for r in rows):
-        return
-    from orchestrator.results.reports.plots import plot_run
+        return None
+    title = f"{name} {paths.run_id}"
+    if background:
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.results.reports.plots",
+                 str(paths.root.resolve()), title], cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            log.warning("summary.png not drawn: %s", exc)
+            return None
+    from orchestrator.results.reports.plots import draw_summary
 
     try:
-        plot_run(rows, paths.summary_png, f"{name} {paths.run_id}")
+        draw_summary(paths.root, title)
     except Exception as exc:  # a plot must never cost the results
         log.warning("summary.png not drawn: %s", exc)
+    return None
 
 
 def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:

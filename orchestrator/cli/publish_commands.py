@@ -11,8 +11,10 @@ and the command's exit status is the sweep's own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,16 +109,22 @@ def again_command(paths: RunPaths, results: Path | None = None) -> str:
     return shlex.join(words)
 
 
-def after_run(paths: RunPaths, results: Path | None = None, *, skip: bool = False) -> None:
+#: How long the publish after a sweep waits for its summary.png to be drawn (seconds).
+PLOT_WAIT_S = 60.0
+
+
+def after_run(paths: RunPaths, results: Path | None = None, *, skip: bool = False,
+              plot: subprocess.Popen[bytes] | None = None) -> None:
     """The publish that ends a sweep or an import, when ``[publish] after_sweep`` (the run's
     matrix, else the user's config file) says so: one line per target; nothing it meets
     (a target down, an invalid setting, a bug) changes the caller's exit status. ``results``:
-    the ``--results`` the command was given (for the line saying how to publish later)."""
+    the ``--results`` the command was given (for the line saying how to publish later);
+    ``plot``: the process drawing the run's summary.png, waited for before anything is sent."""
     if skip:
         return
     again = again_command(paths, results)
     try:
-        _after_run(paths, again)
+        _after_run(paths, again, plot)
     except Exception as exc:  # the sweep's results and status come first
         from orchestrator.errors import OrchestratorError
 
@@ -127,20 +135,25 @@ def after_run(paths: RunPaths, results: Path | None = None, *, skip: bool = Fals
               "them later", file=sys.stderr)
 
 
-def _after_run(paths: RunPaths, again: str) -> None:
+def _after_run(paths: RunPaths, again: str, plot: subprocess.Popen[bytes] | None = None
+               ) -> None:
     from orchestrator.config.defaults import load_user_config
     from orchestrator.config.publish import after_sweep, resolve, run_settings
-    from orchestrator.publish.publisher import publish_run
 
     user, _ = load_user_config()
     mine = run_settings(paths.matrix_file)
     if not after_sweep(mine, user.publish):
         return
+    from orchestrator.publish.publisher import publish_run  # only when it publishes (~35 ms)
+
     targets = resolve(mine, user.publish)
     if not targets:
         print("warning: [publish] after_sweep is set but names no target (mlflow, http); "
               "nothing published", file=sys.stderr)
         return
+    if plot is not None:  # the picture goes with the run
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            plot.wait(PLOT_WAIT_S)
     for outcome in publish_run(paths, targets):
         if outcome.ok:
             print(outcome.line())

@@ -29,11 +29,13 @@ Layout::
     <results>/<matrix>/<run id>/
         matrix.toml        the matrix file as it was (secrets masked)
         plan.json          the expanded cells
-        run.json           backend, start/end, provenance, status counts
+        run.json           backend, start/end, provenance, status counts, this machine's
+                           load averages at the start and end (``load``)
         .lock              there while a sweep or --resume works in the run (flock)
         summary.csv        one row per cell group (medians over repeats)
         summary.txt        the same table as printed
-        summary.png        the same as a plot (with the plots extra)
+        summary.png        the same as a plot (with the plots extra; the CLI's sweep leaves it
+                           to a process of its own, there a moment after the sweep ends)
         superseded/<cell id>-[<why>-]<ms>/   an attempt that is not its cell's result
         slurm/             the Slurm backend's array scripts (its own)
         cells/<cell id>/
@@ -49,6 +51,7 @@ Layout::
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import re
@@ -246,8 +249,16 @@ def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (a crash never leaves half a file). The file follows the umask,
     like every other file of a run (``mkstemp`` would make it 0600: unreadable to colleagues).
     Standard JSON only: NaN and infinities are written as null (:mod:`safejson`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = safejson.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    write_bytes(path, (safejson.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+                       ).encode("utf-8"))
+
+
+def write_bytes(path: Path, data: bytes, *, make_folder: bool = True) -> None:
+    """Write ``data`` atomically (:func:`write_json`'s way: a temporary file beside it, renamed
+    over it; the umask's mode). ``make_folder``: make its folder where missing (else a
+    missing folder is an OSError: a run folder removed meanwhile stays removed)."""
+    if make_folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
         try:
@@ -257,8 +268,8 @@ def write_json(path: Path, data: Any) -> None:
         except FileExistsError:  # pragma: no cover - 32 random bits collided
             continue
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -436,7 +447,7 @@ class RunPaths:
     def published(self) -> Path:
         return self.root / self.PUBLISHED
 
-    @property
+    @functools.cached_property
     def cells_dir(self) -> Path:
         return self.root / self.CELLS
 
@@ -448,6 +459,17 @@ class RunPaths:
 
     def cell_dir(self, cell_id: str) -> Path:
         return self.cells_dir / cell_id
+
+    @functools.cached_property
+    def absolute_cells_dir(self) -> str:
+        """The cells' folder as an absolute path without links on the way, resolved once (a
+        cell's program may run in another folder, or on a node that shares this one)."""
+        return str(self.cells_dir.resolve())
+
+    def absolute_cell_dir(self, cell_id: str) -> str:
+        """A cell's folder as its program is told it (:attr:`absolute_cells_dir`), as text: what
+        an argv, an environment or a batch script carries."""
+        return f"{self.absolute_cells_dir}/{cell_id}"
 
     def cell_log(self, cell_id: str) -> Path:
         return self.cell_dir(cell_id) / self.CELL_LOG

@@ -17,6 +17,11 @@ ideal linear-scaling line from its 1-GPU point; otherwise one horizontal bar per
 regression circled. :func:`plot_compare`: the change of each configuration with its interval.
 Every function writes ``out``: a path (format from its suffix) or a binary file object
 (``fmt``: ``svg`` or ``png``), so reports can inline the picture.
+
+:func:`draw_summary` draws a run folder's ``summary.png`` from its results on disk; a sweep runs
+it in a process of its own once its tables are written (``python -m
+orchestrator.results.reports.plots RUN_FOLDER TITLE``): importing matplotlib and drawing take
+about half a second of CPU that the sweep's end need not wait for.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.results.reports.summary import GroupRow, varying_keys
+from orchestrator.results.folders.run_folder import RunPaths, write_bytes
+from orchestrator.results.reports.summary import GroupRow, summarize_run, varying_keys
 
 if TYPE_CHECKING:
     from orchestrator.results.reports.compare import Comparison
@@ -325,3 +331,37 @@ def _metadata(fmt: str | None) -> dict[str, Any] | None:
     if fmt in ("pdf",):
         return {"CreationDate": None}
     return None
+
+
+def draw_summary(root: Path, title: str) -> Path | None:
+    """``summary.png`` of the run folder ``root``, drawn from its results on disk (the rows of
+    its table: :func:`~orchestrator.results.reports.summary.summarize_run`) and written
+    atomically; None when no row has a figure to draw."""
+    import io
+
+    paths = RunPaths(root)
+    rows, _ = summarize_run(paths)
+    if not any(r.ips for r in rows):
+        return None
+    png = io.BytesIO()
+    plot_run(rows, png, title, fmt="png")
+    write_bytes(paths.summary_png, png.getvalue(), make_folder=False)
+    return paths.summary_png
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m orchestrator.results.reports.plots RUN_FOLDER TITLE``: :func:`draw_summary`;
+    exit 1 with the reason on stderr when it cannot be drawn (the run's results are untouched)."""
+    import sys
+
+    root, title = (sys.argv[1:] if argv is None else list(argv))[:2]
+    try:
+        draw_summary(Path(root), title)
+    except Exception as exc:  # a plot must never cost the results
+        print(f"summary.png not drawn: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
