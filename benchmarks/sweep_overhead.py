@@ -120,7 +120,7 @@ def run_sweep(repo: Path, matrix: Path, results: Path, log: Path) -> Sweep:
     runs = sorted((results / "overhead").iterdir())
     plot = runs[-1] / "summary.png"
     while not plot.exists() and time.perf_counter() - t0 - took < PLOT_WAIT_S:
-        time.sleep(0.01)  # drawn by a process of its own: not overlapping the next command
+        time.sleep(0.01)  # (an older checkout may draw it after its exit: not overlapping)
     drawn = time.perf_counter() - t0 - took
     cells = []
     for path in sorted((runs[-1] / "cells").glob("*/result.json")):

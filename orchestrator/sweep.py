@@ -37,7 +37,6 @@ import logging
 import platform
 import secrets
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -48,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator import REPO_ROOT, __version__
+from orchestrator import __version__
 from orchestrator.backends.base import Backend, RunOptions, git_revision
 from orchestrator.backends.checks import Decision, preflight
 from orchestrator.config.matrix_file import WRAPPING_PROFILERS
@@ -122,9 +121,6 @@ class SweepOutcome:
     #: This machine's load averages (1, 5, 15 minutes) when the run started and ended
     #: (run.json's ``load``): what else shared the machine while the cells measured.
     load: dict[str, Any] = field(default_factory=dict)
-    #: The process drawing summary.png when the sweep left it to one (None: drawn already, or
-    #: nothing to draw); whoever needs the picture waits for it.
-    plot: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -204,7 +200,6 @@ def run_sweep(
     resume: str | None = None,
     lock_timeout_s: float | None = None,
     order_seed: int | None = None,
-    plot_in_background: bool = False,
 ) -> SweepOutcome:
     """Run every cell of ``matrix`` and write the run folder. Returns the outcome.
 
@@ -220,8 +215,7 @@ def run_sweep(
     ``resume``: a run id, or ``""`` for the newest run of the matrix: run again, in that run's
     folder, only the cells that did not end ok (the matrix must not have changed since).
     ``lock_timeout_s``: how long a cell waits for GPUs another sweep holds (None: as long as it
-    takes; :mod:`orchestrator.local.locks`). ``plot_in_background``: summary.png is drawn by a
-    process of its own that the sweep does not wait for (the CLI's choice).
+    takes; :mod:`orchestrator.local.locks`).
 
     The steps: refuse what cannot run and pick the backend
     (:func:`orchestrator.backends.checks.preflight`) -> open the run -> prepare the backend ->
@@ -230,6 +224,7 @@ def run_sweep(
     events = events or NullEvents()
     decision = decision or preflight(matrix, backend_name, hosts_file=hosts_file)  # no folder yet
     check_run(matrix, results_root, resume)
+    warm_plots()  # matplotlib's import overlaps the cells: the plot at the end takes ~0.06 s
     name, cls = decision.backend, decision.cls
     run = open_run(matrix, name, results_root, resume)
     try:  # the run folder is locked until its run.json is finished (or the sweep failed)
@@ -254,7 +249,7 @@ def run_sweep(
                                       highest_numbers(run.existing, matrix.controls))
         results, interrupted = run_all(backend, run.cells, events,
                                        retries=matrix.settings.retries, controls=controls)
-        return finish_run(matrix, run, results, interrupted, plot_in_background)
+        return finish_run(matrix, run, results, interrupted)
     finally:
         run.release()
 
@@ -516,11 +511,10 @@ def run_all(backend: Backend, cells: list[Cell], events: SweepEvents, retries: i
     return results, interrupted or backend.options.cancel.is_set()
 
 
-def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrupted: bool,
-               plot_in_background: bool = False) -> SweepOutcome:
+def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrupted: bool
+               ) -> SweepOutcome:
     """Record the cells that never ran, write the tables from what is on disk, close run.json
-    with the counts, and draw the plot (``plot_in_background``: by a process of its own,
-    :attr:`SweepOutcome.plot`).
+    with the counts, and draw the plot: every file of the run is there when this returns.
 
     Every result of this sweep is on disk when this returns, or named in the outcome's
     ``problems``: a result that could not be written when its cell ended (a full disk) is
@@ -565,7 +559,7 @@ def finish_run(matrix: Matrix, run: OpenRun, results: list[CellResult], interrup
         write_json(paths.run_meta, run.meta)
     except OSError as exc:
         problems.append(f"run.json not written: {_os_error(exc)}")
-    outcome.plot = _plot_if_possible(paths, rows, matrix.name, background=plot_in_background)
+    _plot_if_possible(paths, rows, matrix.name)
     return outcome
 
 
@@ -578,31 +572,32 @@ def save_result(paths: RunPaths, result: CellResult) -> str | None:
     return None
 
 
-def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str,
-                      background: bool = False) -> subprocess.Popen[bytes] | None:
-    """summary.png in the run folder when matplotlib is installed (the ``plots`` extra), drawn
-    last, from the results on disk: here, or with ``background`` by a process of its own that
-    the sweep does not wait for (:func:`orchestrator.results.reports.plots.draw_summary`:
-    matplotlib's import and the drawing take about half a second of CPU); that process."""
-    if importlib.util.find_spec("matplotlib") is None or not any(r.ips for r in rows):
+def warm_plots() -> threading.Thread | None:
+    """Import matplotlib (the ``plots`` extra) in a thread of its own while the cells run:
+    its import costs about 0.3-0.5 s of CPU, the summary plot itself about 0.06 s, and the
+    plot is drawn before the sweep returns (:func:`_plot_if_possible`, which waits for the
+    import where it is not done yet). None where matplotlib is not installed."""
+    if importlib.util.find_spec("matplotlib") is None:
         return None
-    title = f"{name} {paths.run_id}"
-    if background:
-        try:
-            return subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.results.reports.plots",
-                 str(paths.root.resolve()), title], cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        except OSError as exc:
-            log.warning("summary.png not drawn: %s", exc)
-            return None
+    from orchestrator.results.reports import plots
+
+    thread = threading.Thread(target=plots.warm, name="import-matplotlib", daemon=True)
+    thread.start()
+    return thread
+
+
+def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:
+    """summary.png in the run folder when matplotlib is installed (the ``plots`` extra), drawn
+    last, from the results on disk (:func:`orchestrator.results.reports.plots.draw_summary`);
+    a plot that cannot be drawn costs the run nothing but a warning."""
+    if importlib.util.find_spec("matplotlib") is None or not any(r.ips for r in rows):
+        return
     from orchestrator.results.reports.plots import draw_summary
 
     try:
-        draw_summary(paths.root, title)
+        draw_summary(paths.root, f"{name} {paths.run_id}")
     except Exception as exc:  # a plot must never cost the results
         log.warning("summary.png not drawn: %s", exc)
-    return None
 
 
 def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:

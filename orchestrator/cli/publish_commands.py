@@ -11,10 +11,8 @@ and the command's exit status is the sweep's own.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -109,22 +107,16 @@ def again_command(paths: RunPaths, results: Path | None = None) -> str:
     return shlex.join(words)
 
 
-#: How long the publish after a sweep waits for its summary.png to be drawn (seconds).
-PLOT_WAIT_S = 60.0
-
-
-def after_run(paths: RunPaths, results: Path | None = None, *, skip: bool = False,
-              plot: subprocess.Popen[bytes] | None = None) -> None:
+def after_run(paths: RunPaths, results: Path | None = None, *, skip: bool = False) -> None:
     """The publish that ends a sweep or an import, when ``[publish] after_sweep`` (the run's
     matrix, else the user's config file) says so: one line per target; nothing it meets
     (a target down, an invalid setting, a bug) changes the caller's exit status. ``results``:
-    the ``--results`` the command was given (for the line saying how to publish later);
-    ``plot``: the process drawing the run's summary.png, waited for before anything is sent."""
+    the ``--results`` the command was given (for the line saying how to publish later)."""
     if skip:
         return
     again = again_command(paths, results)
     try:
-        _after_run(paths, again, plot)
+        _after_run(paths, again)
     except Exception as exc:  # the sweep's results and status come first
         from orchestrator.errors import OrchestratorError
 
@@ -135,8 +127,7 @@ def after_run(paths: RunPaths, results: Path | None = None, *, skip: bool = Fals
               "them later", file=sys.stderr)
 
 
-def _after_run(paths: RunPaths, again: str, plot: subprocess.Popen[bytes] | None = None
-               ) -> None:
+def _after_run(paths: RunPaths, again: str) -> None:
     from orchestrator.config.defaults import load_user_config
     from orchestrator.config.publish import after_sweep, resolve, run_settings
 
@@ -151,9 +142,6 @@ def _after_run(paths: RunPaths, again: str, plot: subprocess.Popen[bytes] | None
         print("warning: [publish] after_sweep is set but names no target (mlflow, http); "
               "nothing published", file=sys.stderr)
         return
-    if plot is not None:  # the picture goes with the run
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            plot.wait(PLOT_WAIT_S)
     for outcome in publish_run(paths, targets):
         if outcome.ok:
             print(outcome.line())

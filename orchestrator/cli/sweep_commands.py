@@ -694,7 +694,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             outcome = run_sweep(matrix, decision=decision, results_root=results,
                                 events=progress, cancel=cancel,
                                 resume=args.resume, lock_timeout_s=args.lock_timeout,
-                                order_seed=args.order_seed, plot_in_background=True)
+                                order_seed=args.order_seed)
     finally:
         stopper.restore(previous)
     print(outcome.table)
@@ -721,7 +721,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     if not outcome.interrupted:  # a Ctrl-C means stop now, not publish
         from orchestrator.cli.publish_commands import after_run
 
-        after_run(outcome.paths, args.results, skip=args.no_publish, plot=outcome.plot)
+        after_run(outcome.paths, args.results, skip=args.no_publish)
     return outcome.exit_code
 
 

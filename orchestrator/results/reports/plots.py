@@ -18,14 +18,14 @@ regression circled. :func:`plot_compare`: the change of each configuration with 
 Every function writes ``out``: a path (format from its suffix) or a binary file object
 (``fmt``: ``svg`` or ``png``), so reports can inline the picture.
 
-:func:`draw_summary` draws a run folder's ``summary.png`` from its results on disk; a sweep runs
-it in a process of its own once its tables are written (``python -m
-orchestrator.results.reports.plots RUN_FOLDER TITLE``): importing matplotlib and drawing take
-about half a second of CPU that the sweep's end need not wait for.
+:func:`draw_summary` draws a run folder's ``summary.png`` from its results on disk, the last
+thing a sweep writes; :func:`warm` imports matplotlib ahead (a sweep calls it in a thread while
+its cells run: the import is most of a plot's cost).
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,6 +40,13 @@ if TYPE_CHECKING:
     from orchestrator.results.reports.history import HistoryReport
 
 Target = Path | str | IO[bytes]
+
+
+def warm() -> None:
+    """Import matplotlib and pyplot now (a sweep does it in a thread while its cells run), so
+    that a later plot starts drawing at once; nothing where matplotlib is not installed."""
+    with contextlib.suppress(OrchestratorError):
+        _pyplot()
 
 
 def _pyplot() -> Any:
@@ -347,21 +354,3 @@ def draw_summary(root: Path, title: str) -> Path | None:
     plot_run(rows, png, title, fmt="png")
     write_bytes(paths.summary_png, png.getvalue(), make_folder=False)
     return paths.summary_png
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m orchestrator.results.reports.plots RUN_FOLDER TITLE``: :func:`draw_summary`;
-    exit 1 with the reason on stderr when it cannot be drawn (the run's results are untouched)."""
-    import sys
-
-    root, title = (sys.argv[1:] if argv is None else list(argv))[:2]
-    try:
-        draw_summary(Path(root), title)
-    except Exception as exc:  # a plot must never cost the results
-        print(f"summary.png not drawn: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
