@@ -3,6 +3,7 @@ user's way, and a quiet end when the reader of its output goes away (``| head``)
 
 from __future__ import annotations
 
+import io
 import logging
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def test_output_piped_into_head_ends_quietly(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
     )
     assert proc.stdout is not None and proc.stderr is not None
-    assert proc.stdout.read(10) == b'[\n  {\n    '
+    assert proc.stdout.read(10) == b'[\n  {"id":'  # one cell a line
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(60) == EXIT_BROKEN_PIPE
@@ -162,3 +163,44 @@ def test_images_list_into_head_exits_141_and_a_pipe_gets_plain_tables(tmp_path: 
             (line,) = [ln for ln in blocks[name] if ln.startswith(f"  {variable} ")]
             assert line.split()[1] == spec.type, line
     assert not any("│" in ln or "┃" in ln for ln in lines)  # no rich box drawing in a pipe
+
+
+def test_plan_table_is_tabulates_simple_table() -> None:
+    """The plan's table (:func:`text_table`, written without tabulate for speed) is byte for
+    byte what tabulate's "simple" table with disable_numparse gives, for every kind of value a
+    cell parameter takes; values tabulate lays out otherwise (several lines, escapes, non-ASCII)
+    are laid out by tabulate itself."""
+    import random
+
+    from tabulate import tabulate
+
+    values = [None, True, False, 0, 7, 123456, 1.5, 0.25, 1e-7, "", "x", "resnet18", "a b",
+              "wide_resnet50_2", "/data/x y", "é", "a\nb", "\x1b[1mB\x1b[0m", "tab\tx"]
+    rng = random.Random(7)
+    for _ in range(400):
+        width = rng.randint(1, 6)
+        headers = [rng.choice(["cell", "n", "hash", "x", "precision", "é"]) for _ in range(width)]
+        rows = [[rng.choice(values) for _ in range(width)] for _ in range(rng.randint(0, 5))]
+        assert sweep_command.text_table(headers, rows) == tabulate(
+            rows, headers=headers, tablefmt="simple", disable_numparse=True), (headers, rows)
+
+
+def test_plan_json_is_one_cell_a_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """plan --json is one JSON array, each cell (with its launch) compact on a line of its own:
+    written as it is made, greppable, parsed back whole."""
+    import json
+
+    matrix = tmp_path / "m.toml"
+    matrix.write_text('[workload]\nhardware = "cpu"\n[axes]\nbatch_size = [1, 2, 3]\n'
+                      '[hardware.cpu]\ndevice = "cpu"\n')
+    assert main(["plan", str(matrix), "--json", "--results", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "[" and lines[-1] == "]" and len(lines) == 5
+    cells = json.loads(out)
+    assert [json.loads(line.rstrip(",")) for line in lines[1:-1]] == cells
+    assert [c["params"]["batch_size"] for c in cells] == [1, 2, 3]
+    assert all(c["launch"]["cell_id"] == c["id"] for c in cells)
+    empty = io.StringIO()
+    sweep_command.write_json_array(empty, [])
+    assert json.loads(empty.getvalue()) == []

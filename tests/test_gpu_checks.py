@@ -49,6 +49,23 @@ def fake_torch(root: Path, version: str, cuda: str | None, flags: bytes | None) 
     return pkg
 
 
+@pytest.mark.parametrize("start", [0, 100, (1 << 20) - 30, (1 << 20) - 3, 1 << 20,
+                                   (1 << 20) + 7, 2 * (1 << 20) - 5])
+def test_an_arch_list_is_read_whole_wherever_the_chunks_cut_the_library(tmp_path: Path,
+                                                                       start: int) -> None:
+    """The library is read a chunk (1 MiB) at a time, not mapped (a mapping of its tens of MB
+    counted in the planning process's resident memory): a list that starts near a chunk's end,
+    or runs over into the next, is read whole, after a word that starts no list."""
+    flags = b"sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90 compute_90"
+    body = bytearray(b"\x00" * (start + len(flags) + 3 * (1 << 20)))
+    body[1:6] = b"sm_8\x00"  # not a list: one word
+    body[start + 8:start + 8 + len(flags)] = flags
+    pkg = tmp_path / "torch"
+    (pkg / "lib").mkdir(parents=True)
+    (pkg / "lib" / "libtorch_python.so").write_bytes(bytes(body))
+    assert torch_builds.read_archs(pkg) == tuple(flags.decode().split())
+
+
 def test_a_build_is_read_from_its_files(tmp_path: Path) -> None:
     pkg = fake_torch(tmp_path, "2.5.1+cu121", "12.1", b"sm_50 sm_60 sm_70 sm_75 sm_80 compute_90")
     assert read_build(pkg) == TorchBuild("2.5.1+cu121", "12.1", None,

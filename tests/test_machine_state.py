@@ -190,6 +190,33 @@ def test_backends_running_cells_elsewhere_record_no_machine(write_matrix, tmp_pa
     assert not SshDockerBackend.records_machine and not SlurmBackend.records_machine
 
 
+def test_run_json_records_the_load_at_start_and_end_and_report_says_it(write_matrix, tmp_path,
+                                                                       monkeypatch, capsys):
+    """A run says what else shared its machine: the load averages when it started and ended
+    (run.json's ``load``), printed under the table by the sweep and by ``report``."""
+    from orchestrator import sweep
+    from orchestrator.cli import main
+    from orchestrator.results.reports.summary import load_line
+
+    loads = iter([[0.5, 0.42, 0.3], [2.0, 1.0, 0.55]])
+    monkeypatch.setattr(sweep, "load_average", lambda: next(loads))
+    monkeypatch.setattr(sweep, "git_revision", lambda: "0" * 40)  # no git process here
+    matrix = load_matrix(write_matrix(tiny_matrix("machine", timeout_s=60)))
+    run = sweep.open_run(matrix, "process", tmp_path / "results", None)
+    try:
+        outcome = sweep.finish_run(matrix, run, [], interrupted=True)
+    finally:
+        run.release()
+    meta = json.loads(run.paths.run_meta.read_text())
+    assert meta["load"] == outcome.load == {"start": [0.5, 0.42, 0.3], "end": [2.0, 1.0, 0.55]}
+    line_ = ("load of the machine the sweep ran on (1, 5, 15 min averages): 0.50 0.42 0.30 at "
+             "start, 2.00 1.00 0.55 at end")
+    assert load_line(meta["load"]) == line_
+    assert load_line(None) is None and load_line({"start": "x"}) is None  # older runs
+    assert main(["report", "machine", "--results", str(tmp_path / "results")]) == 0
+    assert line_ in capsys.readouterr().out
+
+
 def test_result_json_machine_is_read_back_and_checked():
     base = {"cell_id": "c", "group": "g", "repeat": 1, "status": "ok"}
     assert CellResult.from_json(base).machine == {}  # written before it was recorded

@@ -53,6 +53,7 @@ import contextlib
 import io
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -77,6 +78,7 @@ from orchestrator.errors import (
     Problem,
     Requirement,
 )
+from orchestrator.images import build
 from orchestrator.images.sif import LocalMachine
 from orchestrator.local import locks, machine_state
 from orchestrator.local.locks import (
@@ -155,6 +157,7 @@ class PopenExecution(Execution):
 
     def __init__(self, proc: subprocess.Popen[bytes]):
         self.proc = proc
+        self._pidfd: int | None = None
 
     def output(self) -> Iterator[bytes]:
         stdout = self.proc.stdout
@@ -163,11 +166,38 @@ class PopenExecution(Execution):
             yield chunk
 
     def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout``, woken the moment the process ends where Linux gives it a
+        pidfd (5.3+): :meth:`subprocess.Popen.wait` with a timeout polls, up to 50 ms late
+        per cell."""
+        if self.proc.returncode is None and timeout > 0:
+            fd = self._pid_fd()
+            if fd is not None:
+                poller = select.poll()  # no FD_SETSIZE limit, unlike select.select
+                poller.register(fd, select.POLLIN)
+                if not poller.poll(timeout * 1000):
+                    return False
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return False
+        self.close_pidfd()
         return True
+
+    def _pid_fd(self) -> int | None:
+        if self._pidfd is None and hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):  # an older kernel; the process reaped already
+                self._pidfd = os.pidfd_open(self.proc.pid)
+        return self._pidfd
+
+    def close_pidfd(self) -> None:
+        """Let go of the process's pidfd (once it ended, or when the execution closes)."""
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
+
+    def close(self) -> None:
+        self.close_pidfd()
 
     def exit_info(self) -> ExitInfo:
         return ExitInfo(code=self.proc.poll())
@@ -288,6 +318,10 @@ class Backend(ABC):
         self._busy = False
         #: The image of each Apptainer profile where its cells run (set by ``prepare``).
         self.sif_paths: dict[ImageKey, str] = {}
+        #: The plans of the images the cells run, each made once (what a dry run shows), and
+        #: where each Apptainer image would be (a dry run's; by host where it matters).
+        self.image_plans = build.ImagePlans(matrix)
+        self.planned_sifs: dict[str | None, dict[ImageKey, str]] = {}
 
     # --- hooks ----------------------------------------------------------------------------
 
@@ -380,8 +414,9 @@ class Backend(ABC):
         """The .sif an Apptainer cell runs: the one ``prepare`` made sure of, else (a dry run)
         where it would be on this machine (:func:`orchestrator.runtimes.apptainer.image_path`;
         one whose build input is not here: said so, in a dry run)."""
-        return self._dry_image(lambda: apptainer.image_path(self.matrix, cell, self.sif_paths,
-                                                            LocalMachine()))
+        return self._dry_image(lambda: apptainer.image_path(
+            self.matrix, cell, self.sif_paths, LocalMachine(), self.image_plans,
+            self.planned_sifs.setdefault(None, {})))
 
     def _dry_image(self, find: Callable[[], str]) -> str:
         """``find()``; in a dry run, an image that cannot be planned here (its checkout is not

@@ -17,7 +17,6 @@ run's leftovers, and ``orchestrate clean`` those of a sweep that crashed.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterable
@@ -150,10 +149,14 @@ class DockerBackend(Backend):
         return info
 
     def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
+        return self._container(cell, allocation, self.image_for(cell), attempt)
+
+    def _container(self, cell: Cell, allocation: Allocation, image: str | None,
+                   attempt: int = 1) -> LaunchSpec:
         return container_spec(
             cell, self.matrix.profile(cell), self.matrix.program(cell),
-            image=self.image_for(cell),
-            output_dir=str(self.paths.cell_dir(cell.id).resolve()),
+            image=image,
+            output_dir=self.paths.absolute_cell_dir(cell.id),
             labels=container_labels(self.matrix.name, self.paths.run_id, cell.id),
             attempt=attempt,
             gpu_ids=allocation.gpu_ids,
@@ -163,8 +166,8 @@ class DockerBackend(Backend):
         """The container ``cell`` would get: its image as planned (the tag covers the build
         context; a build pins it to the base's bits), or, for ``release = "auto"``, the image
         of the release this machine's driver runs."""
-        spec = super().dry_spec(cell)
-        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell, self._driver()))
+        return self._container(cell, self.dry_allocation(cell), planned_tag(
+            self.matrix, cell, self._driver(), self.image_plans))
 
     @functools.cached_property
     def _planned_driver(self) -> selection.HostDriver | None:

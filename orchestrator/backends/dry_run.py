@@ -23,7 +23,7 @@ backend is constructed (an ssh backend reads its inventory and ssh config), neve
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +53,15 @@ def dry_backend(matrix: Matrix, backend: str, results_root: Path,
 def launches(matrix: Matrix, backend: str, cells: Iterable[Cell], results_root: Path,
              hosts_file: Path | None = None, target: Target = HERE) -> list[dict[str, Any]]:
     """Every cell's launch, as :func:`describe` says it."""
-    return launches_on(dry_backend(matrix, backend, results_root, hosts_file, target), cells)
+    return list(launches_on(dry_backend(matrix, backend, results_root, hosts_file, target),
+                            cells))
 
 
-def launches_on(runner: Backend, cells: Iterable[Cell]) -> list[dict[str, Any]]:
-    """Every cell's launch on ``runner`` (a :func:`dry_backend`), as :func:`describe` says it."""
+def launches_on(runner: Backend, cells: Iterable[Cell]) -> Iterator[dict[str, Any]]:
+    """Every cell's launch on ``runner`` (a :func:`dry_backend`), as :func:`describe` says it,
+    one at a time (what is shown of one cell is dropped before the next is made)."""
     inventory = getattr(find_record(runner.name), "inventory", False)
-    return [describe(runner, runner.dry_spec(cell), inventory) for cell in cells]
+    return (describe(runner, runner.dry_spec(cell), inventory) for cell in cells)
 
 
 def describe(backend: Backend, spec: LaunchSpec, inventory: bool = False) -> dict[str, Any]:
@@ -101,12 +103,11 @@ def docker_run(spec: LaunchSpec) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """docker-py's argument types (dict subclasses) as plain JSON values."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+    """docker-py's argument types (``Mount``, ``Ulimit``, ``DeviceRequest``: dict subclasses of
+    plain values, alone or in a list) as plain dicts; the other values are plain already."""
+    if isinstance(value, list | tuple):  # the argument lists hold one kind each
+        return [dict(v) for v in value] if value and isinstance(value[0], dict) else list(value)
+    return dict(value) if isinstance(value, dict) and type(value) is not dict else value
 
 
 def lines(launch: dict[str, Any]) -> list[str]:

@@ -93,6 +93,7 @@ class ProcessExecution(PopenExecution):
             self.proc.wait()
         if self.proc.stdout:
             self.proc.stdout.close()
+        super().close()
 
 
 class ProcessBackend(Backend):
@@ -112,7 +113,7 @@ class ProcessBackend(Backend):
         Apptainer, the same program in the profile's image
         (:func:`orchestrator.runtimes.apptainer.launch_spec`)."""
         profile = self.matrix.profile(cell)
-        out = str(self.paths.cell_dir(cell.id).resolve())  # the program may run elsewhere
+        out = self.paths.absolute_cell_dir(cell.id)  # the program may run elsewhere
         if profile.apptainer_runtime:
             return self._apptainer_spec(cell, allocation, attempt, out)
         command = none.command(cell, profile, self.matrix.program(cell), output_dir=out,

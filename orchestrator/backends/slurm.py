@@ -676,12 +676,12 @@ class SlurmBackend(Backend):
         Python, in this checkout or the command's ``workdir``
         (:func:`orchestrator.runtimes.none.command`)."""
         profile = self.matrix.profile(cell)
-        cell_dir = self.paths.cell_dir(cell.id).resolve()  # the job may run elsewhere
+        cell_dir = self.paths.absolute_cell_dir(cell.id)  # the job may run elsewhere
         if profile.apptainer_runtime:
             return self._apptainer_job(cell, cell_dir)
         node = self._multi_node(cell)
         command = none.command(cell, profile, self.matrix.program(cell),
-                               output_dir=str(cell_dir), node=node)  # GPUs: Slurm's
+                               output_dir=cell_dir, node=node)  # GPUs: Slurm's
         env = dict(command.env)
         env["PYTHONPATH"] = none.python_path()
         assert command.workdir is not None  # none.command's: the command's, else this checkout
@@ -700,7 +700,7 @@ class SlurmBackend(Backend):
             tasks_per_node=1 if node is not None else cell.params.gpus_per_node,
         )
 
-    def _apptainer_job(self, cell: Cell, cell_dir: Path) -> SbatchJob:
+    def _apptainer_job(self, cell: Cell, cell_dir: str) -> SbatchJob:
         """The batch script of an Apptainer cell: ``srun apptainer exec ... IMAGE.sif <argv>``
         in the cell folder (the nodes need the image and that folder, not this checkout); the
         variables ``--env`` cannot carry exported with the runtime's prefix (secrets: passed by
@@ -711,7 +711,7 @@ class SlurmBackend(Backend):
         gpus = gpus_requested(cell, profile)
         command = apptainer.batch_command(cell, profile, self.matrix.program(cell),
                                           image=self.runtime_image(cell),
-                                          output_dir=str(cell_dir), gpus=bool(gpus), node=node)
+                                          output_dir=cell_dir, gpus=bool(gpus), node=node)
         prefix = apptainer.env_prefix(apptainer.binary_of(profile))
         nodes = cell.params.nodes
         return SbatchJob(
@@ -737,13 +737,16 @@ class SlurmBackend(Backend):
         the arrays (cells of one job shape, cluster and limit) and the jobs of their own, each
         with its shape. Nothing is submitted."""
         groups: dict[tuple[Any, ...], list[Cell]] = {}
+        shapes: dict[int, tuple[Any, ...]] = {}  # the repeats of a configuration share one
         for cell in cells:
             opts = self.matrix.profile(cell).slurm
-            job = self.sbatch_job(cell)
-            key = (shape_of(render_sbatch(job)), opts.conf, opts.array_limit,
-                   tuple(sorted(set(job.env) - set(public_env(job.env)))),
-                   None if opts.arrays else cell.id)
-            groups.setdefault(key, []).append(cell)
+            shape = shapes.get(id(cell.params))
+            if shape is None:
+                job = self.sbatch_job(cell)
+                shape = shapes[id(cell.params)] = (
+                    shape_of(render_sbatch(job)), opts.conf, opts.array_limit,
+                    tuple(sorted(set(job.env) - set(public_env(job.env)))))
+            groups.setdefault((*shape, None if opts.arrays else cell.id), []).append(cell)
         lines = ["slurm submissions (cells of one job shape placed together: one array):"]
         for (shape, conf, limit, *_), members in groups.items():
             options = " ".join(line.removeprefix("#SBATCH ") for line in shape)
@@ -770,10 +773,11 @@ class SlurmBackend(Backend):
         job = self.sbatch_job(cell)
         profile = self.matrix.profile(cell)
         env = {k: v for k, v in job.env.items() if k != "PYTHONPATH"}
+        cell_dir = str(self.paths.cell_dir(cell.id))
         return LaunchSpec(
             cell_id=cell.id, argv=job.argv, env=env, device=profile.device,
-            workdir=job.workdir, output_dir=str(self.paths.cell_dir(cell.id)),
-            labels={"slurm.script": str(self.paths.cell_dir(cell.id) / SCRIPT_NAME)},
+            workdir=job.workdir, output_dir=cell_dir,
+            labels={"slurm.script": f"{cell_dir}/{SCRIPT_NAME}"},
             attempt=attempt, script=render_sbatch(job), program=job.program,
             image=job.runtime.get("image"), runtime=job.runtime,
         )

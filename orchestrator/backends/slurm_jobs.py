@@ -45,7 +45,7 @@ from orchestrator.backends.base import ExitInfo
 from orchestrator.config.matrix_file import SlurmOptions
 from orchestrator.config.redact import public_env
 from orchestrator.errors import LaunchError
-from orchestrator.plan.launch import RDZV_PORT_BASE, RDZV_PORT_SPAN
+from orchestrator.plan.launch import RDZV_PORT_BASE, RDZV_PORT_SPAN, quote
 
 #: File names in the cell folder.
 OUTPUT_PATTERN = "slurm-%j.out"
@@ -71,6 +71,7 @@ _PER_CELL_OPTIONS = ("--job-name=", "--output=", "--chdir=")
 
 _SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 # --- one cell's batch script ----------------------------------------------------------------
@@ -142,7 +143,7 @@ class SbatchJob:
 
 def directive_line(option: str) -> str:
     """One ``#SBATCH`` line; values sbatch would split are double-quoted (sbatch's own rules)."""
-    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in option):
+    if _CONTROL.search(option):
         raise LaunchError(f"sbatch option {option!r} contains a control character")
     if _SAFE_DIRECTIVE.match(option):
         return f"#SBATCH {option}"
@@ -173,17 +174,18 @@ def render_sbatch(job: SbatchJob) -> str:
     ]
     for key in job.env:
         _check_name(job.cell_id, key)
-    secret = sorted(set(job.env) - set(public_env(job.env)))
+    public = public_env(job.env)
+    secret = sorted(set(job.env) - set(public))
     if secret:
         lines.append(f"# passed by sbatch from the submitting environment, not written here: "
                      f"{' '.join(secret)}")
-    for key, value in public_env(job.env).items():
-        lines.append(f"export {key}={shlex.quote(value)}")
+    for key, value in public.items():
+        lines.append(f"export {key}={quote(value)}")
     if job.gpu_env:
         _check_name(job.cell_id, job.gpu_env)
     if job.env_prefix:
         _check_name(job.cell_id, job.env_prefix)
-    command = " ".join(shlex.quote(arg) for arg in job.argv)
+    command = " ".join(map(quote, job.argv))
     if job.nodes > 1:
         return "\n".join(lines + _multi_node_lines(job, command)) + "\n"
     if job.gpu_env and job.gpus:
@@ -238,7 +240,7 @@ def slurm_time(seconds: float) -> str:
     return f"{days}-{text}" if days else text
 
 
-def output_pattern(cell_dir: Path) -> str:
+def output_pattern(cell_dir: Path | str) -> str:
     """``--output`` for a cell folder: ``%`` in the folder escaped for Slurm's filename patterns."""
     return str(cell_dir).replace("%", "%%") + "/" + OUTPUT_PATTERN
 

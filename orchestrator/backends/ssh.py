@@ -588,9 +588,11 @@ class SshDockerBackend(Backend):
 
     # --- cells --------------------------------------------------------------------------------
 
-    def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1) -> LaunchSpec:
+    def spec(self, cell: Cell, allocation: Allocation, attempt: int = 1,
+             planned: str | None = None) -> LaunchSpec:
         """The cell's container on its host; a multi-node cell's spec is node 0's, with one peer
-        spec per other host (each with its :class:`~orchestrator.plan.launch.NodeRole`)."""
+        spec per other host (each with its :class:`~orchestrator.plan.launch.NodeRole`).
+        ``planned``: the image of a one-host cell as a dry run plans it (none is prepared)."""
         profile = self.matrix.profile(cell)
         program = self.matrix.program(cell)
         output_dir = remote_dir(self.paths.run_id, cell.id, attempt)
@@ -599,7 +601,7 @@ class SshDockerBackend(Backend):
         labels = container_labels(self.matrix.name, self.paths.run_id, cell.id)
         if not allocation.multi_node:
             return container_spec(cell, profile, program,
-                                  image=self._image_tag(cell, allocation.host),
+                                  image=planned or self._image_tag(cell, allocation.host),
                                   output_dir=output_dir, labels=labels, attempt=attempt,
                                   host=allocation.host, gpu_ids=allocation.gpu_ids)
         assert allocation.host is not None  # a pool's allocation names its hosts
@@ -623,12 +625,12 @@ class SshDockerBackend(Backend):
         local = self.dry_allocation(cell)
         allocation = Allocation(cell.id, (placement.Slot(hosts[0] if hosts else None,
                                                           local.gpu_ids),))
-        spec = self.spec(cell, allocation)
         profile = self.matrix.profile(cell)
         if profile.apptainer_runtime:
-            return spec
+            return self.spec(cell, allocation)
         driver = declared_driver(self.inventory.get(hosts[0]), profile.device) if hosts else None
-        return dataclasses.replace(spec, image=planned_tag(self.matrix, cell, driver))
+        return self.spec(cell, allocation, planned=planned_tag(self.matrix, cell, driver,
+                                                               self.image_plans))
 
     def _runs_release(self, cell: Cell, host: str) -> bool:
         """Whether ``host`` may run ``cell``'s image as far as the inventory tells: an auto
@@ -655,7 +657,8 @@ class SshDockerBackend(Backend):
             raise LaunchError(f"{cell.id}: Apptainer cells run on one host each")
         # prepared on the host; a dry run: where it would be (~ left for the host to expand)
         image = self._dry_image(lambda: apptainer.image_path(
-            self.matrix, cell, self.host_sifs.get(allocation.host or "", {})))
+            self.matrix, cell, self.host_sifs.get(allocation.host or "", {}),
+            images=self.image_plans, planned=self.planned_sifs.setdefault(allocation.host, {})))
         return apptainer.launch_spec(cell, self.matrix.profile(cell), self.matrix.program(cell),
                                      image=image, output_dir=output_dir,
                                      gpu_ids=allocation.gpu_ids, attempt=attempt,

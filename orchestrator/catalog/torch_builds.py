@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
-import mmap
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,15 +128,31 @@ def read_archs(root: Path) -> tuple[str, ...] | None:
     return None
 
 
+#: How much of a library is read at a time, and longer than any arch list (which a match that
+#: ends this close to a chunk's end may go on past).
+_CHUNK = 1 << 20
+_LONGEST = 4096
+
+
 def _flags_in(path: Path) -> tuple[str, ...] | None:
+    """The first arch list in the library ``path``, read a chunk at a time: a library is tens
+    of MB, which a mapping of it would add to the planning process's resident memory."""
+    data = b""
     try:
-        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0,
-                                                  access=mmap.ACCESS_READ) as data:
-            match = _ARCH_FLAGS.search(data)
-            flags = bytes(match[0]) if match else b""
+        with path.open("rb") as handle:
+            while True:
+                chunk = handle.read(_CHUNK)
+                data += chunk
+                # the regex only where a word of one can start (a few places in 30 MB)
+                match = (_ARCH_FLAGS.search(data) if b"sm_" in data or b"compute_" in data
+                         else None)
+                if match and (not chunk or match.end() < len(data) - _LONGEST):
+                    return tuple(match[0].decode().split())
+                if not chunk:
+                    return None
+                data = data[match.start() if match else max(0, len(data) - _LONGEST):]
     except (OSError, ValueError):
         return None
-    return tuple(flags.decode().split()) or None
 
 
 def _arch_number(arch: str) -> tuple[str, int, int] | None:

@@ -130,12 +130,13 @@ def after_run(paths: RunPaths, results: Path | None = None, *, skip: bool = Fals
 def _after_run(paths: RunPaths, again: str) -> None:
     from orchestrator.config.defaults import load_user_config
     from orchestrator.config.publish import after_sweep, resolve, run_settings
-    from orchestrator.publish.publisher import publish_run
 
     user, _ = load_user_config()
     mine = run_settings(paths.matrix_file)
     if not after_sweep(mine, user.publish):
         return
+    from orchestrator.publish.publisher import publish_run  # only when it publishes (~35 ms)
+
     targets = resolve(mine, user.publish)
     if not targets:
         print("warning: [publish] after_sweep is set but names no target (mlflow, http); "

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli import options
 from orchestrator.config.defaults import results_root
-from orchestrator.errors import ConfigError, Problem, cannot_write
+from orchestrator.errors import ConfigError, OrchestratorError, Problem, cannot_write
 
 if TYPE_CHECKING:
+    from orchestrator.results.folders.run_folder import RunPaths
     from orchestrator.results.folders.store import Store
 
 #: A run's status (orchestrator.results.folders.store.RunRecord.status): how it ended,
@@ -374,7 +375,7 @@ def _job_ids(jobs: Sequence[str], shown: int = 3) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     args.results = results_root(args.results)
     from orchestrator.results.folders.run_folder import find_run
-    from orchestrator.results.reports.summary import summarize_run, write_summary_files
+    from orchestrator.results.reports.summary import load_line, summarize_run, write_summary_files
 
     name, run = report_run(args.results, args.matrix, args.run)
     plot_file(args.plot)
@@ -387,6 +388,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if live and not rows:
         table = "(no cell has ended yet)"
     print(f"{paths.root}\n{table}")
+    load = load_line(_run_meta(paths).get("load"))
+    if load:
+        print(load)
     if live:  # the sweep writes the summary files when it ends
         for line in live_lines(paths, name, live, results):
             print(line)
@@ -416,6 +420,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             out = report_html.write(args.html, html)
         print(f"html: {out}")
     return 0
+
+
+def _run_meta(paths: RunPaths) -> dict[str, Any]:
+    """A run's run.json as an object ({} where it is missing or damaged: the table stands)."""
+    from orchestrator.results.folders.run_folder import read_json
+
+    try:
+        meta = read_json(paths.run_meta)
+    except (OSError, OrchestratorError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def live_run(paths: Any) -> str:

@@ -27,6 +27,7 @@ transformed is not recognised.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -49,8 +50,10 @@ _SECRET_WORDS = frozenset({
 _SECRET_PARTS = ("TOKEN", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "APIKEY")
 
 
+@functools.lru_cache(maxsize=4096)
 def looks_secret(name: str) -> bool:
-    """Whether a variable or key named ``name`` holds a secret (see the module docstring)."""
+    """Whether a variable or key named ``name`` holds a secret (see the module docstring).
+    Asked once per name (every cell's environment names the same few)."""
     upper = name.upper()
     words = set(re.split(r"[^A-Z0-9]+", upper))
     return bool(words & _SECRET_WORDS) or any(part in upper for part in _SECRET_PARTS)

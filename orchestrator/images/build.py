@@ -58,8 +58,8 @@ LABEL_HASH = "org.orchestrate.content-hash"
 LABEL_BASE = "org.orchestrate.base-image"
 LABEL_BASE_PIN = "org.orchestrate.base-pin"
 
-__all__ = ["BasePin", "BuildOutcome", "ImagePlan", "content_hash", "ensure_image", "pin",
-           "plan_image", "plan_key"]
+__all__ = ["BasePin", "BuildOutcome", "ImagePlan", "ImagePlans", "content_hash", "ensure_image",
+           "pin", "plan_image", "plan_key"]
 LOG_TAIL_LINES = 20
 
 _STEP_RE = re.compile(r"^Step (\d+/\d+) : (.*)$")
@@ -211,6 +211,35 @@ def _revision(problem: Problem, values: dict[str, Any]) -> str:
     if not isinstance(problem, Requirement) or problem.kind != "checkout" or not revision:
         return ""
     return f"; check it out there at revision {revision} (image_vars.program_revision)"
+
+
+class ImagePlans:
+    """The plans of one matrix's images, each made once (:func:`plan_key` per image key and
+    host): a dry run asks for the image of every cell, and thousands of cells share a few
+    images (each plan renders its template and reads and hashes its whole build context).
+
+    A plan reads the files it copies when it is first asked for; a memo lives as long as the
+    command that plans with it (a dry run's backend), never across builds. A plan that is
+    refused (a :class:`ConfigError`) is refused again, without planning again."""
+
+    def __init__(self, matrix: Matrix) -> None:
+        self.matrix = matrix
+        self._made: dict[tuple[ImageKey, HostDriver | None],
+                         tuple[ImageChoice, ImagePlan] | ConfigError] = {}
+
+    def get(self, key: ImageKey, host: HostDriver | None = None
+            ) -> tuple[ImageChoice, ImagePlan]:
+        """:func:`plan_key` of ``key`` (on ``host``), made the first time it is asked for."""
+        made = self._made.get((key, host))
+        if made is None:
+            try:
+                made = plan_key(self.matrix, key, host)
+            except ConfigError as exc:
+                made = exc
+            self._made[(key, host)] = made
+        if isinstance(made, ConfigError):
+            raise made.with_traceback(None)
+        return made
 
 
 def content_hash(template: str, files: dict[str, bytes], base: str | None = None) -> str:

@@ -331,15 +331,17 @@ def base_problems(matrix: Matrix, cells: Iterable[Cell], client: Any,
     return list(dict.fromkeys(problems))
 
 
-def planned_tag(matrix: Matrix, cell: Cell, host: HostDriver | None = None) -> str:
+def planned_tag(matrix: Matrix, cell: Cell, host: HostDriver | None = None,
+                plans: build.ImagePlans | None = None) -> str:
     """The tag of the image ``cell`` runs, as planned without an engine (a dry run): it covers
     the build context; the build pins it to the base's digest or ID. A release chosen per
     host's driver (``release = "auto"``) is planned for ``host``'s, and is said to be chosen
-    so when no host is given (or the host's driver runs no release)."""
+    so when no host is given (or the host's driver runs no release). ``plans``: the matrix's
+    image plans made so far (each image planned once however many cells run it)."""
     key = selection.image_key(matrix, cell)
     if key.ngc_release is None and selection.is_auto(matrix, key.hardware) and host is None:
         return f"<release chosen from each host's driver: template {matrix.profile(cell).image}>"
     try:
-        return build.plan_key(matrix, key, host)[1].tag
+        return (plans or build.ImagePlans(matrix)).get(key, host)[1].tag
     except ConfigError as exc:  # e.g. this machine's driver runs no release of it
         return f"<no image: {exc.problems[0].message}>"

@@ -108,8 +108,8 @@ def sif_name(plan: build.ImagePlan) -> str:
 
 def image_dir(configured: str | None = None, environ: dict[str, str] | None = None) -> str:
     """The image dir as written (``~`` unexpanded: the machine that builds expands it)."""
-    environ = dict(os.environ) if environ is None else environ
-    return configured or environ.get(IMAGE_DIR_ENV) or DEFAULT_IMAGE_DIR
+    return configured or (os.environ if environ is None else environ).get(IMAGE_DIR_ENV) \
+        or DEFAULT_IMAGE_DIR
 
 
 def plan_sif(plan: build.ImagePlan, *, binary: str = "apptainer", directory: str | None = None,

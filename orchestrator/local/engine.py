@@ -17,6 +17,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import platform
@@ -87,7 +88,16 @@ def _start_ticks(pid: int) -> str | None:
 
 def controller_id(pid: int | None = None) -> str:
     """``host:pid:start`` of this orchestrator process (or of ``pid`` on this host)."""
-    pid = os.getpid() if pid is None else pid
+    own = os.getpid()
+    if pid is None or pid == own:
+        return _own_id(own)  # every container of a sweep carries it: read /proc once
+    return f"{platform.node()}:{pid}:{_start_ticks(pid) or '?'}"
+
+
+@functools.cache
+def _own_id(pid: int) -> str:
+    """:func:`controller_id` of this process, ``pid`` (a forked child is a process of its own,
+    with an id of its own)."""
     return f"{platform.node()}:{pid}:{_start_ticks(pid) or '?'}"
 
 

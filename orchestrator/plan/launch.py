@@ -33,6 +33,7 @@ Gaudi mode for every program; a command adds its own ``env``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shlex
@@ -108,7 +109,7 @@ class LaunchSpec:
 
     def shell_line(self) -> str:
         """The command as one safely quoted line (for logs and remote shells)."""
-        return shlex.join(self.argv)
+        return " ".join(map(quote, self.argv))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,16 +133,30 @@ class LaunchSpec:
         }
 
 
+@functools.lru_cache(maxsize=65536)
+def quote(word: str) -> str:
+    """``word`` as one shell word (:func:`shlex.quote`); each word quoted once (the cells of a
+    matrix share most of theirs: flags, values, the launcher)."""
+    return shlex.quote(word)
+
+
 def workload_flags(cell: Cell) -> list[str]:
     """``--key value`` for every workload parameter; booleans as ``--flag`` / ``--no-flag``."""
+    return list(_flags(cell.params))
+
+
+@functools.lru_cache(maxsize=8192)
+def _flags(params: CellParams) -> tuple[str, ...]:
+    """:func:`workload_flags` of ``params``, made once per configuration (its repeats share
+    their parameters)."""
     flags: list[str] = []
-    for key, value in cell.params.workload_params().items():
+    for key, value in params.workload_params().items():
         name = key.replace("_", "-")
         if isinstance(value, bool):
             flags.append(f"--{name}" if value else f"--no-{name}")
         else:
             flags += [f"--{name}", str(value)]
-    return flags
+    return tuple(flags)
 
 
 @dataclass(frozen=True)

@@ -406,28 +406,49 @@ def content_hash(params: CellParams, profile: HardwareProfile, program: Program 
     """A short hash of everything that defines a cell's run (not its repeat): its parameters,
     its hardware profile and, where it is not our workload's default, its ``program`` (the
     command template it runs, the figures parser that reads it)."""
-    dump = params.model_dump()
-    if program is not None and program.command is None:
-        dump["program"] = None  # our workload, however it was named: as before programs
+    return _hash(params, profile_content(profile), program_content(program), program)
+
+
+def profile_content(profile: HardwareProfile) -> str:
+    """What :func:`content_hash` covers of a profile, as JSON text (the same for every cell of
+    the profile: a matrix makes it once per profile)."""
     profile_dump = profile.model_dump()
     for table, neutral in HASH_NEUTRAL_PROFILE_TABLES.items():
         profile_dump[table] = _hashed(profile_dump[table], neutral)
     if isinstance(profile_dump.get("figures"), dict):
         profile_dump["figures"] = _hashed(profile_dump["figures"], HASH_NEUTRAL_FIGURES)
-    content: dict[str, Any] = {
-        "params": _hashed(dump, HASH_NEUTRAL_PARAMS),
-        "profile": {**_hashed(profile_dump, HASH_NEUTRAL_PROFILE),
-                    **HASH_RETIRED_PROFILE},
-    }
+    return json.dumps({**_hashed(profile_dump, HASH_NEUTRAL_PROFILE), **HASH_RETIRED_PROFILE},
+                      sort_keys=True)
+
+
+def program_content(program: Program | None) -> dict[str, str]:
+    """What :func:`content_hash` covers of a program where it is not our workload's default
+    (its command template, its figures parser), each part as JSON text, by key."""
+    parts: dict[str, str] = {}
     if program is not None and program.command is not None:
         command = program.command.model_dump()
         command.pop("requires", None)  # what the cell needs beforehand, not what it runs
         if isinstance(command.get("figures"), dict):
             command["figures"] = _hashed(command["figures"], HASH_NEUTRAL_FIGURES)
-        content["command"] = {"name": program.name, **command}
+        parts["command"] = json.dumps({"name": program.name, **command}, sort_keys=True)
     if program is not None and program.figures is not None:
-        content["figures"] = _hashed(program.figures.model_dump(), HASH_NEUTRAL_FIGURES)
-    blob = json.dumps(content, sort_keys=True)
+        parts["figures"] = json.dumps(_hashed(program.figures.model_dump(), HASH_NEUTRAL_FIGURES),
+                                      sort_keys=True)
+    return parts
+
+
+def _hash(params: CellParams, profile: str, program: dict[str, str],
+          program_of_cell: Program | None) -> str:
+    """:func:`content_hash` from the parts made once per profile and program: the JSON text of
+    ``{"command": ..., "figures": ..., "params": ..., "profile": ...}`` with sorted keys, as
+    ``json.dumps(content, sort_keys=True)`` writes it (a nested value is written the same
+    alone as inside)."""
+    dump = params.model_dump()
+    if program_of_cell is not None and program_of_cell.command is None:
+        dump["program"] = None  # our workload, however it was named: as before programs
+    parts = {**program, "params": json.dumps(_hashed(dump, HASH_NEUTRAL_PARAMS), sort_keys=True),
+             "profile": profile}
+    blob = "{" + ", ".join(f"{json.dumps(key)}: {parts[key]}" for key in sorted(parts)) + "}"
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -438,19 +459,35 @@ def _short(group: str, digest: str) -> str:
     return f"{group[:MAX_ID_LENGTH - 13].rstrip('-_.')}-{digest}"
 
 
+def _varies(values: list[Any]) -> bool:
+    """Whether ``values`` hold two that differ as JSON says (``1`` is neither ``1.0`` nor
+    ``true``); decided at the first difference."""
+    first = values[0] if values else None
+    kind = type(first)
+    if kind in (str, int, float, bool, type(None)):
+        return any(type(v) is not kind or v != first for v in values)
+    return len({json.dumps(v) for v in values}) > 1
+
+
 def make_cells(
     assignments: list[CellParams], profiles: dict[str, HardwareProfile], repeats: int,
     commands: dict[str, CommandTemplate] | None = None, figures: FiguresConfig | None = None,
 ) -> tuple[list[Cell], tuple[str, ...]]:
     """Give every assignment a stable id and hash, then copy it ``repeats`` times."""
     dumped = [a.model_dump() for a in assignments]
-    varying = tuple(k for k in PARAM_NAMES if len({json.dumps(d[k]) for d in dumped}) > 1)
+    varying = tuple(k for k in PARAM_NAMES if _varies([d[k] for d in dumped]))
     groups: list[tuple[str, CellParams, str]] = []
     seen: dict[str, int] = {}
+    profile_parts = {name: profile_content(profile) for name, profile in profiles.items()
+                     if any(a.hardware == name for a in assignments)}
+    program_parts: dict[str, dict[str, str]] = {}  # by program name and profile
     for params, d in zip(assignments, dumped, strict=True):
         profile = profiles[params.hardware]
         program = program_of(params, profile, commands or {}, figures)
-        digest = content_hash(params, profile, program)
+        key = f"{program.name}\0{params.hardware}"
+        if key not in program_parts:
+            program_parts[key] = program_content(program)
+        digest = _hash(params, profile_parts[params.hardware], program_parts[key], program)
         group = "-".join(_id_parts(d, varying, program.name))
         seen[group] = seen.get(group, 0) + 1
         groups.append((group, params, digest))

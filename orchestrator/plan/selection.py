@@ -164,7 +164,8 @@ def image_key(matrix: Matrix, cell: Cell, host: str | None = None) -> ImageKey:
 def needed_keys(matrix: Matrix, cells: Iterable[Cell]) -> list[ImageKey]:
     """The host-free keys of every image the cells need, sorted (auto keys get their host
     later)."""
-    keys = {image_key(matrix, cell) for cell in cells}
+    pinned = {(cell.hardware, cell.params.ngc_release) for cell in cells}  # a few, of many
+    keys = {host_key(matrix, ImageKey(hardware, release), None) for hardware, release in pinned}
     return sorted(keys, key=lambda k: (k.hardware, k.ngc_release or ""))
 
 

@@ -300,14 +300,17 @@ def batch_command(cell: Cell, profile: HardwareProfile, program: Program, *, ima
 # --- what it needs from the host -------------------------------------------------------------
 
 
-def plan_sifs(matrix: Matrix, cells: Iterable[Cell]) -> dict[ImageKey, SifPlan]:
+def plan_sifs(matrix: Matrix, cells: Iterable[Cell], images: build.ImagePlans | None = None
+              ) -> dict[ImageKey, SifPlan]:
     """The ``.sif`` of every image the Apptainer cells need, by image key (a profile, and the
     release a cell pins with ``ngc_release``); nothing built. A Docker conversion's name here
     is the unpinned plan's: :func:`orchestrator.images.sif.ensure_sif` names it by the pinned
-    Docker image's hash.
+    Docker image's hash. ``images``: the matrix's image plans made so far (a dry run asks
+    cell by cell; each image is planned once).
 
     A profile with neither an image template nor ``apptainer.sif`` is a :class:`ConfigError`.
     """
+    images = images or build.ImagePlans(matrix)
     problems: list[Problem] = []
     plans: dict[ImageKey, SifPlan] = {}
     for key in sorted({selection.image_key(matrix, c) for c in cells
@@ -320,7 +323,7 @@ def plan_sifs(matrix: Matrix, cells: Iterable[Cell]) -> dict[ImageKey, SifPlan]:
             plans[key] = SifPlan(opts.sif, "given", None, binary, opts.fakeroot)
             continue
         try:
-            image = build.plan_key(matrix, key)[1]
+            image = images.get(key)[1]
         except ConfigError as exc:
             problems += exc.problems
             continue
@@ -400,16 +403,22 @@ def prepare(
 
 
 def image_path(matrix: Matrix, cell: Cell, prepared: Mapping[ImageKey, str],
-               machine: Machine | None = None) -> str:
+               machine: Machine | None = None, images: build.ImagePlans | None = None,
+               planned: dict[ImageKey, str] | None = None) -> str:
     """The ``.sif`` ``cell`` runs: the one :func:`prepare` made sure of (``prepared``), else (a
     dry run) where it would be, ``~`` expanded on ``machine`` (None: left for the host where
-    the cell runs)."""
+    the cell runs); ``images``: the image plans made so far (:func:`plan_sifs`), ``planned``:
+    the paths found so far this way, by image key (a dry run asks cell by cell)."""
     key = selection.image_key(matrix, cell)
     path = prepared.get(key)
+    if path is None and planned is not None:
+        path = planned.get(key)
     if path is None:
-        path = plan_sifs(matrix, [cell])[key].path
+        path = plan_sifs(matrix, [cell], images)[key].path
         if machine is not None:
             path = machine.expand(path)
+        if planned is not None:
+            planned[key] = path
     return path
 
 

@@ -31,11 +31,13 @@ Layout::
     <results>/<matrix>/<run id>/
         matrix.toml        the matrix file as it was (secrets masked)
         plan.json          the expanded cells
-        run.json           backend, start/end, provenance, status counts
+        run.json           backend, start/end, provenance, status counts, this machine's
+                           load averages at the start and end (``load``)
         .lock              there while a sweep or --resume works in the run (flock)
         summary.csv        one row per cell group (medians over repeats)
         summary.txt        the same table as printed
-        summary.png        the same as a plot (with the plots extra)
+        summary.png        the same as a plot (with the plots extra; the CLI's sweep leaves it
+                           to a process of its own, there a moment after the sweep ends)
         superseded/<cell id>-[<why>-]<ms>/   an attempt that is not its cell's result
         slurm/             the Slurm backend's array scripts (its own)
         cells/<cell id>/
@@ -53,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import functools
 import logging
 import os
 import re
@@ -253,23 +256,33 @@ def write_json(path: Path, data: Any) -> None:
     write_file(path, text)
 
 
-def write_file(path: Path, data: str | bytes) -> None:
-    """Replace ``path`` with ``data`` (text is UTF-8) atomically (:func:`replacing`)."""
-    with replacing(path, "wb") as fh:
+def write_file(path: Path, data: str | bytes, *, make_folder: bool = True) -> None:
+    """Replace ``path`` with ``data`` (text is UTF-8) atomically (:func:`replacing`).
+    ``make_folder``: make its folder where missing (else a missing folder is an OSError: a run
+    folder removed meanwhile stays removed)."""
+    with replacing(path, "wb", make_folder=make_folder) as fh:
         fh.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
+def write_bytes(path: Path, data: bytes, *, make_folder: bool = True) -> None:
+    """:func:`write_file` of bytes."""
+    write_file(path, data, make_folder=make_folder)
+
+
 @overload
-def replacing(path: Path, mode: Literal["w"] = "w") -> contextlib.AbstractContextManager[TextIO]:
+def replacing(path: Path, mode: Literal["w"] = "w", *, make_folder: bool = True
+              ) -> contextlib.AbstractContextManager[TextIO]:
     ...
 
 
 @overload
-def replacing(path: Path, mode: Literal["wb"]) -> contextlib.AbstractContextManager[BinaryIO]:
+def replacing(path: Path, mode: Literal["wb"], *, make_folder: bool = True
+              ) -> contextlib.AbstractContextManager[BinaryIO]:
     ...
 
 
-def replacing(path: Path, mode: str = "w") -> contextlib.AbstractContextManager[IO[Any]]:
+def replacing(path: Path, mode: str = "w", *, make_folder: bool = True
+              ) -> contextlib.AbstractContextManager[IO[Any]]:
     """A file object (``mode`` ``w``: text, UTF-8; ``wb``: bytes) whose content replaces
     ``path`` when the block ends, atomically: a crash, a full disk or an interrupt leaves the
     old file whole and no temporary one behind.
@@ -277,18 +290,20 @@ def replacing(path: Path, mode: str = "w") -> contextlib.AbstractContextManager[
     What lies at ``path`` is never followed or opened: the data goes to a new temporary file
     beside it (made with ``O_EXCL | O_NOFOLLOW``: a symbolic link, a FIFO or a device planted in
     a shared results folder cannot receive it), which is renamed over ``path`` (replacing a
-    link or FIFO there, not what it points to). The folder is created if missing, and must not
-    be a symbolic link itself (an :class:`OSError` ``ELOOP`` otherwise). The file follows the
+    link or FIFO there, not what it points to). The folder is created if missing
+    (``make_folder``; else that is an OSError), and must not be a symbolic link itself (an
+    :class:`OSError` ``ELOOP`` otherwise). The file follows the
     umask like every other file of a run (``mkstemp`` would make it 0600: unreadable to
     colleagues)."""
-    return _replacing(path, mode)
+    return _replacing(path, mode, make_folder)
 
 
 @contextlib.contextmanager
-def _replacing(path: Path, mode: str) -> Iterator[IO[Any]]:
+def _replacing(path: Path, mode: str, make_folder: bool) -> Iterator[IO[Any]]:
     """The body of :func:`replacing`."""
     folder = path.parent
-    folder.mkdir(parents=True, exist_ok=True)
+    if make_folder:
+        folder.mkdir(parents=True, exist_ok=True)
     if folder.is_symlink():
         raise OSError(errno.ELOOP, "its folder is a symbolic link; not written through it",
                       str(path))
@@ -524,7 +539,7 @@ class RunPaths:
     def published(self) -> Path:
         return self.root / self.PUBLISHED
 
-    @property
+    @functools.cached_property
     def cells_dir(self) -> Path:
         return self.root / self.CELLS
 
@@ -537,6 +552,17 @@ class RunPaths:
 
     def cell_dir(self, cell_id: str) -> Path:
         return self.cells_dir / cell_id
+
+    @functools.cached_property
+    def absolute_cells_dir(self) -> str:
+        """The cells' folder as an absolute path without links on the way, resolved once (a
+        cell's program may run in another folder, or on a node that shares this one)."""
+        return str(self.cells_dir.resolve())
+
+    def absolute_cell_dir(self, cell_id: str) -> str:
+        """A cell's folder as its program is told it (:attr:`absolute_cells_dir`), as text: what
+        an argv, an environment or a batch script carries."""
+        return f"{self.absolute_cells_dir}/{cell_id}"
 
     def cell_log(self, cell_id: str) -> Path:
         return self.cell_dir(cell_id) / self.CELL_LOG

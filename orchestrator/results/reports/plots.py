@@ -17,24 +17,36 @@ ideal linear-scaling line from its 1-GPU point; otherwise one horizontal bar per
 regression circled. :func:`plot_compare`: the change of each configuration with its interval.
 Every function writes ``out``: a path (format from its suffix) or a binary file object
 (``fmt``: ``svg`` or ``png``), so reports can inline the picture.
+
+:func:`draw_summary` draws a run folder's ``summary.png`` from its results on disk, the last
+thing a sweep writes; :func:`warm` imports matplotlib ahead (a sweep calls it in a thread while
+its cells run: the import is most of a plot's cost).
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.results.folders.run_folder import replacing
-from orchestrator.results.reports.summary import GroupRow, varying_keys
+from orchestrator.results.folders.run_folder import RunPaths, replacing, write_bytes
+from orchestrator.results.reports.summary import GroupRow, summarize_run, varying_keys
 
 if TYPE_CHECKING:
     from orchestrator.results.reports.compare import Comparison
     from orchestrator.results.reports.history import HistoryReport
 
 Target = Path | str | IO[bytes]
+
+
+def warm() -> None:
+    """Import matplotlib and pyplot now (a sweep does it in a thread while its cells run), so
+    that a later plot starts drawing at once; nothing where matplotlib is not installed."""
+    with contextlib.suppress(OrchestratorError):
+        _pyplot()
 
 
 def _pyplot() -> Any:
@@ -327,3 +339,19 @@ def _metadata(fmt: str | None) -> dict[str, Any] | None:
     if fmt in ("pdf",):
         return {"CreationDate": None}
     return None
+
+
+def draw_summary(root: Path, title: str) -> Path | None:
+    """``summary.png`` of the run folder ``root``, drawn from its results on disk (the rows of
+    its table: :func:`~orchestrator.results.reports.summary.summarize_run`) and written
+    atomically; None when no row has a figure to draw."""
+    import io
+
+    paths = RunPaths(root)
+    rows, _ = summarize_run(paths)
+    if not any(r.ips for r in rows):
+        return None
+    png = io.BytesIO()
+    plot_run(rows, png, title, fmt="png")
+    write_bytes(paths.summary_png, png.getvalue(), make_folder=False)
+    return paths.summary_png

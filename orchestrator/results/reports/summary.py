@@ -544,6 +544,20 @@ def render_csv(rows: Sequence[GroupRow]) -> str:
     return out.getvalue()
 
 
+def load_line(load: Any) -> str | None:
+    """What run.json's ``load`` says, for people: ``load of the machine the sweep ran on (1, 5,
+    15 min averages): 0.12 0.30 0.41 at start, 1.90 1.20 0.85 at end``; None when the run
+    recorded none (an older or imported run)."""
+    if not isinstance(load, dict):
+        return None
+    parts = [f"{' '.join(f'{v:.2f}' for v in values)} at {when}" for when in ("start", "end")
+             if isinstance(values := load.get(when), list) and values
+             and all(isinstance(v, int | float) for v in values)]
+    if not parts:
+        return None
+    return f"load of the machine the sweep ran on (1, 5, 15 min averages): {', '.join(parts)}"
+
+
 def write_summary(
     paths: RunPaths, baseline: str | None = None, results: list[CellResult] | None = None
 ) -> tuple[list[GroupRow], str]:
