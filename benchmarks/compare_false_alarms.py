@@ -21,10 +21,15 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from tabulate import tabulate
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import dry_option
 from orchestrator.results.statistics.stats import (
     TOO_FEW_REPEATS,
     compare_samples,
@@ -79,7 +84,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--confidence", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=31)
+    dry_option(parser, "20 trials per line")
     args = parser.parse_args()
+    if args.dry:
+        args.trials = 20
     rows = []
     for name, machine in (("steady", steady), ("contended", contended)):
         for n in SIZES:

@@ -16,9 +16,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import docker
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (
+    cannot_run,
+    docker_problem,
+    dry_option,
+    stop_on_sigterm,
+)
 
 PROGRAM = """
 import time, torch, torchvision
@@ -34,14 +43,25 @@ print({batch} * ({iterations} - {warmup}) / (time.perf_counter() - t0))
 """
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--image", default="orchestrate-test/base:bookworm-torch2.14.1")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch", type=int, default=16)
+    dry_option(parser, "the engine and the image checked, nothing run")
     args = parser.parse_args()
+    problem = docker_problem(args.image)
+    if problem:
+        return cannot_run(f"{problem} (it runs a training step in containers of it)")
+    if args.dry:
+        print(f"would run {args.runs} x (a fresh container, an exec in a long-lived one) of "
+              f"{args.image}: {args.iterations} iterations, batch {args.batch}")
+        return 0
+    stop_on_sigterm()
+    import docker
+
     code = PROGRAM.format(batch=args.batch, iterations=args.iterations, warmup=args.warmup)
     argv = ["python3", "-c", code]
     client = docker.from_env()
@@ -68,7 +88,8 @@ def main() -> None:
           f"{med_f:.1f}, long-lived container {med_r:.1f} (long-lived / fresh = "
           f"{med_r / med_f:.3f}); spread of the fresh runs {min(fresh):.1f}..{max(fresh):.1f}, "
           f"of the long-lived {min(reused):.1f}..{max(reused):.1f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

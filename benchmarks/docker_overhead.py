@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import cannot_run, docker_problem, dry_option  # noqa: E402
 from orchestrator.backends.containers import DockerExecution  # noqa: E402
 from orchestrator.config.matrix_file import ContainerOptions  # noqa: E402
 from orchestrator.images import build  # noqa: E402
@@ -64,12 +65,23 @@ container = {{ ipc = "host", shm_size = "1g", ulimits = {{ stack = 67108864 }} }
 """
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2, help="bare/orchestrated alternations")
     ap.add_argument("--base-image", default="orchestrate-test/base:bookworm-torch2.14.1")
+    dry_option(ap, "the engine and the base image checked, the matrix planned, nothing run")
     args = ap.parse_args()
+    problem = docker_problem(args.base_image)
+    if problem:
+        return cannot_run(f"{problem} (its cells run in containers built on it)")
+    if args.dry:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "overhead.toml"
+            path.write_text(MATRIX.format(seeds=list(range(args.cells)), base=args.base_image))
+            cells = len(load_matrix(path).cells)
+        print(f"would run {cells} cells x {args.rounds} rounds, bare and through a sweep")
+        return 0
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "overhead.toml"
@@ -122,6 +134,7 @@ def main() -> None:
     print(f"{'once per sweep':44} {'seconds':>9}")
     print(f"{'load + validate + expand matrix':44} {plan_s:9.3f}")
     print(f"{'image up-to-date check (no build)':44} {check_s:9.3f}")
+    return 0
 
 
 def lifecycle(image: str, options: ContainerOptions, tmp: Path, n: int
@@ -152,4 +165,4 @@ def lifecycle(image: str, options: ContainerOptions, tmp: Path, n: int
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -34,11 +34,19 @@ a result overwritten without its copy in ``superseded/``, a false failure: the n
 Mounting needs root.
 
     python benchmarks/fault_suite.py [--seed 1] [--kills 3] [--cells 4] [--host-lost]
+    python benchmarks/fault_suite.py --signals 50 [--cells 3] [--parallel 3] [--standin]
+
+``--signals N`` (issue 34): instead of the scenarios above, N sweeps each hit by a sequence of
+1 to 4 stop signals (SIGINT, SIGTERM, SIGHUP) at a moment drawn over an undisturbed sweep's
+length (``signal_campaign``): each must exit 130 (0 if the signals came after its end) with
+every planned cell recorded and run.json finished. ``--standin``: the cells run the stand-in
+program of tests/standin instead of the tiny CPU workload (seconds instead of minutes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import fcntl
 import json
@@ -52,7 +60,8 @@ import tempfile
 import termios
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -63,6 +72,7 @@ from tabulate import tabulate
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import cannot_run, dry_option  # noqa: E402
 from orchestrator.local import cell_processes  # noqa: E402
 
 MATRIX = """
@@ -131,8 +141,9 @@ class Suite:
 
     # --- running the CLI ---------------------------------------------------------------------
 
-    def start(self, results: Path, *extra: str) -> subprocess.Popen[str]:
-        env = {**os.environ, "ORCHESTRATE_LOCK_DIR": str(self.locks),
+    def start(self, results: Path, *extra: str, locks: Path | None = None
+              ) -> subprocess.Popen[str]:
+        env = {**os.environ, "ORCHESTRATE_LOCK_DIR": str(locks or self.locks),
                "PYTHONPATH": str(REPO)}
         return subprocess.Popen(
             [sys.executable, "-m", "orchestrator", "matrix", str(self.matrix), "--results",
@@ -388,6 +399,88 @@ class Suite:
                       "as already imported" + (f"; left: {leftovers}" if leftovers else ""))
         return count
 
+    def stop_signals(self, index: int, anchor: str, offset_s: float,
+                     sequence: Sequence[tuple[float, int]]) -> Count:
+        """A sequence of stop signals (SIGINT, SIGTERM, SIGHUP in any order and number, a gap
+        before each) sent ``offset_s`` seconds after the ``anchor``: ``start`` (the
+        orchestrator's first line), ``run`` (its run folder's run.json exists): while it
+        starts, opens its run folder, runs or records a cell, stops, writes its table. It must
+        stop once:
+        exit 130, every planned cell with a readable result, ``run.json`` finished, no process
+        of it left, no traceback (or, with signals that came after its end, exit 0 with the
+        run complete). No ``--resume`` follows: ``recorded`` counts results of any status."""
+        shown = "+".join(f"{signal.Signals(sig).name[3:]}" for _, sig in sequence)
+        count = Count(f"signals#{index}")
+        results = self.work / f"signals-{index}"
+        proc = self.start(results, locks=self.work / f"signal-locks-{index}")
+        catches(proc.pid, signal.SIGTERM)  # the offset runs from the first line of ours
+        if anchor == "run":
+            with contextlib.suppress(RuntimeError):  # it ended first: signals after its end
+                wait_for(lambda: bool(list(results.glob("faults/*/run.json"))), proc, 120)
+        time.sleep(offset_s)
+        ended_first = proc.poll() is not None
+        for gap, sig in sequence:
+            time.sleep(gap)
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            count.broken += 1
+            count.note += " did not end within 120 s of the signals (a hang);"
+        count.exit_codes.append(proc.returncode)
+        count.tracebacks += (out + err).count("Traceback")
+        if "Traceback" in out + err:
+            (self.work / f"signals-{index}.err").write_text(out + err)
+        folders, root, planned = self.planned(results)
+        count.cells = len(planned)
+        found: dict[str, str] = {}
+        for path in (root / "cells").glob("*/result.json") if folders else []:
+            try:
+                found[path.parent.name] = json.loads(path.read_text())["status"]
+            except (OSError, ValueError, KeyError):
+                found[path.parent.name] = "unreadable"
+        count.recorded = sum(1 for c in planned if found.get(c, "unreadable") != "unreadable")
+        count.lost = sum(1 for c in planned if c not in found)
+        unreadable = sum(1 for c in planned if found.get(c) == "unreadable")
+        if unreadable:
+            count.broken += unreadable
+            count.note += f" {unreadable} unreadable results;"
+        complete = bool(folders) and count.recorded == count.cells
+        meta: dict[str, Any] = {}
+        if folders:
+            try:
+                meta = json.loads((root / "run.json").read_text())
+            except (OSError, ValueError):
+                meta = {}
+            if not meta.get("finished_at"):
+                count.broken += 1
+                count.note += " run.json not finished;"
+            summary = root / "summary.csv"
+            if summary.exists():
+                runs_in_table = sum(int(row["runs"]) for row in csv.DictReader(summary.open()))
+                count.duplicated += max(0, runs_in_table - len(found))
+            prefix = cell_processes.run_marker_prefix("faults", root.name)
+            orphans = cell_processes.alive(cell_processes.marked_pids(prefix, prefix=True))
+            if orphans:
+                count.left += len(orphans)
+                cell_processes.kill_marked(prefix, prefix=True)
+        after_end = (proc.returncode == 0 and complete and not meta.get("interrupted")
+                     and set(found.values()) == {"ok"})
+        if proc.returncode != 130 and not after_end:
+            count.broken += 1
+            last = (err.strip().splitlines() or [""])[-1][-120:]
+            count.note += f" exit {proc.returncode} ({last});"
+        where = ("after its end" if after_end or ended_first else
+                 "before its run folder existed" if not folders else
+                 f"{sum(1 for v in found.values() if v == 'ok')} ok")
+        count.note = f"{shown} at {anchor}+{offset_s:.2f} s: {where};{count.note}".rstrip(";")
+        if not folders:  # nothing was planned on disk: nothing could be lost
+            count.cells = count.recorded = 0
+        return count
+
     def planned_ids(self) -> list[str]:
         out = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(self.matrix),
                               "--json"], cwd=REPO, capture_output=True, text=True, check=True,
@@ -504,6 +597,82 @@ def kill_points(seed: int, kills: int, span_s: float) -> list[float]:
     return sorted(round(rng.uniform(0.5, span_s), 1) for _ in range(kills))
 
 
+#: The signals that stop a sweep, any of them, in any order and number.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def catches(pid: int, sig: int, timeout_s: float = 30.0) -> None:
+    """Wait until process ``pid`` has a handler of its own for ``sig`` (``SigCgt`` in its
+    /proc status): the orchestrator's first lines, after Python's own start-up (tens of ms,
+    seconds on a loaded machine), during which a signal takes its default action before any
+    code of ours runs or any file is written."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return
+        mask = re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.MULTILINE)
+        if mask and int(mask.group(1), 16) & (1 << (sig - 1)):
+            return
+        time.sleep(0.005)
+
+
+Sequence_ = tuple[str, float, tuple[tuple[float, int], ...]]
+
+
+def signal_sequences(seed: int, runs: int, start_s: float, run_s: float) -> list[Sequence_]:
+    """``runs`` stop-signal sequences drawn with ``seed``: when the first is sent, a third of
+    them over ``start_s`` after the orchestrator's own code started (:func:`catches`: loading,
+    checking, opening the run folder), the others over ``run_s`` after its run folder exists
+    (cells running, recorded, stopped; the table written); then 1 to 4 signals, each after a
+    gap of 0 to 0.3 s."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(runs):
+        anchor = "start" if rng.random() < 1 / 3 else "run"
+        offset = round(rng.uniform(0.0, start_s if anchor == "start" else run_s), 2)
+        signals = tuple((0.0 if i == 0 else round(rng.uniform(0.0, 0.3), 2),
+                         int(rng.choice(STOP_SIGNALS))) for i in range(rng.randint(1, 4)))
+        out.append((anchor, offset, signals))
+    return out
+
+
+def signal_campaign(work: Path, *, seed: int = 1, runs: int = 50, cells: int = 3,
+                    parallel: int = 3, workload: str | None = None, tables: str = ""
+                    ) -> tuple[list[Count], float]:
+    """``runs`` sweeps of ``cells`` cells, each hit by a stop-signal sequence
+    (:func:`signal_sequences`, over the length of an undisturbed sweep, measured first),
+    ``parallel`` at a time (each with its own GPU-lock folder); the counts and that length."""
+    suite = Suite(work, cells, workload=workload, tables=tables)
+    calm = Count("undisturbed")
+    proc = suite.start(work / "calm")
+    catches(proc.pid, signal.SIGTERM)
+    started = time.monotonic()
+    wait_for(lambda: bool(list((work / "calm").glob("faults/*/run.json"))), proc, 120)
+    opened = time.monotonic()
+    suite.wait(proc, calm)
+    ended = time.monotonic()
+    plan = signal_sequences(seed, runs, ended - started, ended - opened)
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        counts = list(pool.map(lambda item: suite.stop_signals(item[0], *item[1]),
+                               enumerate(plan, start=1)))
+    return counts, ended - started
+
+
+def signal_table(counts: list[Count], span_s: float) -> str:
+    """The campaign in one line per sweep, and its totals."""
+    rows = [[c.scenario, c.cells, c.recorded, c.lost, c.duplicated, c.tracebacks, c.left,
+             c.broken, " ".join(map(str, c.exit_codes)), c.note] for c in counts]
+    totals = [sum(getattr(c, k) for c in counts)
+              for k in ("cells", "recorded", "lost", "duplicated", "tracebacks", "left",
+                        "broken")]
+    rows.append(["total", *totals, "", f"{len(counts)} sweeps; an undisturbed one takes "
+                 f"{span_s:.1f} s"])
+    return tabulate(rows, headers=["sweep", "cells", "recorded", "lost", "duplicated",
+                                   "tracebacks", "left", "broken", "exit", "signals at"])
+
+
 def run_suite(work: Path, *, seed: int = 1, kills: int = 3, cells: int = 4,
               host_lost: bool = False, span_s: float | None = None,
               workload: str | None = None, tables: str = "") -> list[Count]:
@@ -533,6 +702,15 @@ def table(counts: list[Count]) -> str:
                                    "note"])
 
 
+def standin_tables() -> tuple[str, str]:
+    """The ``[workload]`` keys and the ``[commands.standin]`` table of cells that run the
+    stand-in program (tests/standin/, what the test suite runs), each iteration 0.1 s."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from standin_support import STANDIN_WORKLOAD, Standin  # type: ignore[import-not-found]
+
+    return STANDIN_WORKLOAD, Standin().command("--standin-step-s=0.1")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
@@ -541,10 +719,34 @@ def main() -> int:
     parser.add_argument("--host-lost", action="store_true",
                         help="also run the ssh backend's lost-host test (Docker, sshd)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--signals", type=int, default=0, metavar="N",
+                        help="instead: N sweeps hit by stop-signal sequences at random moments")
+    parser.add_argument("--parallel", type=int, default=3,
+                        help="--signals: sweeps at a time (default 3)")
+    parser.add_argument("--standin", action="store_true",
+                        help="the cells run the stand-in of tests/standin (no torch: a cell "
+                        "takes a fraction of a second) instead of the tiny CPU workload")
+    dry_option(parser, "3 stand-in sweeps of 1 cell hit by stop signals")
     args = parser.parse_args()
+    if args.dry:
+        args.signals, args.cells, args.standin, args.parallel = 3, 1, True, 3
+    workload, tables = standin_tables() if args.standin else (None, "")
+    if not args.signals and os.geteuid() != 0:
+        return cannot_run("the scenarios mount tmpfs file systems: run as root (--signals N "
+                          "needs no root)")
+    if args.signals:
+        with tempfile.TemporaryDirectory(prefix="fault-suite-") as tmp:
+            counts, span = signal_campaign(Path(tmp), seed=args.seed, runs=args.signals,
+                                           cells=args.cells, parallel=args.parallel,
+                                           workload=workload, tables=tables)
+        print(signal_table(counts, span))
+        if args.json:
+            args.json.write_text(json.dumps([asdict(c) for c in counts], indent=2))
+        return 0 if all(c.lost == c.duplicated == c.tracebacks == c.left == c.broken == 0
+                        for c in counts) else 1
     with tempfile.TemporaryDirectory(prefix="fault-suite-") as tmp:
         counts = run_suite(Path(tmp), seed=args.seed, kills=args.kills, cells=args.cells,
-                           host_lost=args.host_lost)
+                           host_lost=args.host_lost, workload=workload, tables=tables)
     print(table(counts))
     if args.json:
         args.json.write_text(json.dumps([asdict(c) for c in counts], indent=2))

@@ -21,8 +21,9 @@ runs each of them as ``python -m workload`` on the GPU(s) of this machine and pr
 
 The JPEG cases generate a dataset first (``workload.make_dataset``, real JPEGs, no download).
 DDP runs under torchrun on every visible GPU and is skipped with fewer than two (NCCL refuses
-two ranks on one GPU).  Without a GPU it exits 2 unless ``--allow-cpu``, which runs the cases
-that can run on a CPU (tiny model, fp32, gloo DDP) to check the script itself.
+two ranks on one GPU).  Without a GPU it exits 3 (``cannot run here``) unless ``--allow-cpu``,
+which runs the cases that can run on a CPU (tiny model, fp32, gloo DDP) to check the script
+itself.
 """
 
 from __future__ import annotations
@@ -39,7 +40,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
-from benchmarks.common import fmt, gpu_count, run_workload, table
+from benchmarks.common import (
+    cannot_run,
+    dry_option,
+    fmt,
+    gpu_count,
+    nvidia_gpus,
+    run_workload,
+    stop_on_sigterm,
+    table,
+)
 from workload.make_dataset import make_dataset
 
 
@@ -312,13 +322,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=900, help="seconds per case")
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--allow-cpu", action="store_true", help="without a GPU, a tiny CPU smoke")
+    dry_option(p, "the GPU looked for (no torch) and the cases listed, nothing run")
     args = p.parse_args(argv)
-
+    if args.dry:
+        if not nvidia_gpus():
+            return cannot_run("no NVIDIA GPU (nvidia-smi lists none); --allow-cpu runs a CPU "
+                              "smoke of the script")
+        print("would run the cases: " + " ".join(args.cases))
+        return 0
     gpus = gpu_count()
     if not gpus and not args.allow_cpu:
-        print("no CUDA GPU visible: run this on a GPU machine, or pass --allow-cpu for a "
-              "CPU smoke of the script", file=sys.stderr)  # fmt: skip
-        return 2
+        return cannot_run("no CUDA GPU visible to torch: run this on a GPU machine, or pass "
+                          "--allow-cpu for a CPU smoke of the script")
+    stop_on_sigterm()
     cases = [c for c in CASES if c.name in args.cases]
     with tempfile.TemporaryDirectory(prefix="gpu-paths-") as tmp:
         root = Path(tmp)

@@ -6,27 +6,59 @@
 # peers (DLE ConvNets, DLLogger) in .peers/ (see benchmarks/README.md, "GPU session").
 #
 #   bash benchmarks/gpu_session.sh [STEP...]    # default: every step, in priority order
+#   bash benchmarks/gpu_session.sh --dry [STEP...]   # what it would run, or why not here
+#   bash benchmarks/gpu_session.sh --help
 #
 # Steps: env dle prof sweep telemetry paths
+#
+# Each step runs in a session of its own; when it ends (or its time box does), what is left
+# of that session is stopped by process id, and nothing else: the benchmarks stop the runs
+# they started themselves (benchmarks/common.py, stop_on_sigterm), so no process of anyone
+# else on a shared GPU machine is touched.
 set -uo pipefail
+STEPS=(env dle prof sweep telemetry paths)
+DRY=
+case "${1:-}" in
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --dry) DRY=1; shift ;;
+esac
+if [ "${1:-}" != "--step" ]; then
+    for s in "$@"; do
+        case " ${STEPS[*]} " in *" $s "*) ;; *) echo "unknown step '$s' (steps: ${STEPS[*]})" >&2
+            exit 2 ;; esac
+    done
+fi
+if [ -n "$DRY" ]; then
+    steps=("$@")
+    [ ${#steps[@]} -eq 0 ] && steps=("${STEPS[@]}")
+    if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+    then
+        echo "cannot run here: no NVIDIA GPU (nvidia-smi lists none); would run the steps" \
+            "${steps[*]}" >&2
+        exit 3
+    fi
+    echo "would run the steps ${steps[*]} on: $(nvidia-smi -L | head -1)"
+    exit 0
+fi
 OUT=${OUT:-/tmp/gpu-session-out}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=/tmp/gpu-session
 mkdir -p "$WORK"
 cd "$ROOT" || exit 1
-exec > >(tee -a "$OUT/session.log") 2>&1
 export PYTHONUNBUFFERED=1
-
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
+if [ -z "${GPU_SESSION_STEP:-}" ]; then  # once, not again in each step's session
+    exec > >(tee -a "$OUT/session.log") 2>&1
+    if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl || exit 1
+    fi
+    export T0=$(date +%s)
 fi
 export PYTHONPATH=/tmp/site:$ROOT:$ROOT/.peers/dllogger
 export DLE_CONVNETS_DIR=$ROOT/.peers/dle-convnets
 PY=python3
 ORCH=("$PY" -m orchestrator)
-T0=$(date +%s)
 DEADLINE=${DEADLINE:-575}  # seconds after the start by which every step has ended and packed
 
 box() {  # box <seconds>: that time box, or less so the session ends by $DEADLINE
@@ -34,9 +66,25 @@ box() {  # box <seconds>: that time box, or less so the session ends by $DEADLIN
     [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"
 }
 
-pack() {  # pack <step>: the step's folder, compressed, into $OUT (after stopping what a
-          # time box left running: the benchmark's children outlive its SIGTERM)
-    pkill -f -- '-m workload' 2>/dev/null; pkill -f 'main.py' 2>/dev/null; pkill -x ncu 2>/dev/null
+in_session() {  # in_session <sid>: the ids of the processes still in that session
+    ps -e -o pid=,sid= | awk -v s="$1" '$2 == s { print $1 }'
+}
+
+stop_session() {  # stop_session <sid>: what is left of a step's session, by process id
+    local pids
+    [ -n "$1" ] || return 0
+    pids=$(in_session "$1")
+    [ -z "$pids" ] && return 0
+    kill -TERM $pids 2>/dev/null
+    sleep 3
+    pids=$(in_session "$1")
+    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+    return 0
+}
+
+pack() {  # pack <step>: the step's folder, compressed, into $OUT (after stopping what its
+          # session left running, by process id)
+    stop_session "$(cat "$WORK/.session-$1" 2>/dev/null)"
     tar -C "$WORK" -czf "$OUT/$1.tar.gz" "$1" 2>/dev/null
     echo "== $1 done at +$(( $(date +%s) - T0 )) s ($(du -h "$OUT/$1.tar.gz" | cut -f1))"
 }
@@ -121,10 +169,15 @@ step_paths() {
         | tee "$d/gpu_paths.txt"
 }
 
+if [ "${1:-}" = "--step" ]; then  # one step, in the session setsid made for it
+    ps -o sid= -p $$ | tr -d ' ' > "$WORK/.session-$2"
+    "step_$2"
+    exit $?
+fi
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(env dle prof sweep telemetry paths)
+[ ${#steps[@]} -eq 0 ] && steps=("${STEPS[@]}")
 for s in "${steps[@]}"; do
     echo "== $s starts at +$(( $(date +%s) - T0 )) s"
-    "step_$s"
+    GPU_SESSION_STEP=$s setsid -w bash "$0" --step "$s"
     pack "$s"
 done

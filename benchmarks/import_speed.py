@@ -27,6 +27,9 @@ from pathlib import Path
 from tabulate import tabulate
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import dry_option  # noqa: E402
 
 
 def write_raport(path: Path, megabytes: int) -> int:
@@ -83,7 +86,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--repo", type=Path, default=REPO)
     parser.add_argument("--keep", type=Path, help="write (or reuse) the raport here")
+    dry_option(parser, "a 1 MB raport imported once")
     args = parser.parse_args()
+    if args.dry:
+        args.mb, args.repeat, args.keep = 1, 1, None
     with tempfile.TemporaryDirectory(prefix="import-speed-") as tmp:
         raport = args.keep or Path(tmp) / "raport.json"
         if not raport.exists():

@@ -29,6 +29,7 @@ from tabulate import tabulate
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import dry_option  # noqa: E402
 from orchestrator.backends.base import Backend, _Capture  # noqa: E402
 from orchestrator.config.redact import Scrubber  # noqa: E402
 
@@ -81,7 +82,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64], metavar="MB")
     parser.add_argument("--repeat", type=int, default=1)
+    dry_option(parser, "1 MB without a newline")
     args = parser.parse_args()
+    if args.dry:
+        args.sizes, args.repeat = [1], 1
     rows = []
     with tempfile.TemporaryDirectory(prefix="log-pump-") as tmp:
         for secret in (False, True):

@@ -141,13 +141,14 @@ def measure(path: Path, results: Path) -> dict[str, Any]:
     }
 
 
-def inside(as_json: bool) -> None:
-    """Run on the simulated machine: every matrix, then the table (or JSON)."""
+def inside(as_json: bool, dry: bool = False) -> None:
+    """Run on the simulated machine: every matrix (``dry``: the first), then the table (or
+    JSON)."""
     machine = {"docker": shutil.which("docker"), "sbatch": shutil.which("sbatch"),
                "apptainer": shutil.which("apptainer"), "nvidia-smi": shutil.which("nvidia-smi"),
                "DOCKER_HOST": os.environ.get("DOCKER_HOST")}
     with tempfile.TemporaryDirectory(prefix="plan-anywhere-") as tmp:
-        rows = [measure(path, Path(tmp) / "results") for path in matrices()]
+        rows = [measure(path, Path(tmp) / "results") for path in matrices()[:1 if dry else None]]
     if as_json:
         print(json.dumps({"machine": machine, "rows": rows}, indent=2))
         return
@@ -173,13 +174,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="the rows as JSON")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dry", action="store_true",
+                        help="a few seconds' check: the first shipped matrix only")
     args = parser.parse_args()
     if args.inside:
-        inside(args.json)
+        inside(args.json, args.dry)
         return
     with tempfile.TemporaryDirectory(prefix="bare-machine-") as tmp:
         env = bare_environment(Path(tmp) / "bin")
-        argv = [sys.executable, __file__, "--inside"] + (["--json"] if args.json else [])
+        argv = [sys.executable, __file__, "--inside"] + (["--json"] if args.json else []) + (
+            ["--dry"] if args.dry else [])
         done = subprocess.run(argv, env=env, cwd=ROOT, check=False)
     raise SystemExit(done.returncode)
 

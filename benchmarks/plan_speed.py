@@ -52,6 +52,9 @@ from pathlib import Path
 from tabulate import tabulate
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import dry_option  # noqa: E402
 
 BACKENDS = ("process", "docker", "ssh", "slurm")
 RUNTIMES = ("none", "apptainer")
@@ -188,7 +191,11 @@ def main() -> int:
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
     parser.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS))
+    dry_option(parser, "100 cells on the process backend, plan --json once")
     args = parser.parse_args()
+    if args.dry:
+        args.cells, args.runs, args.against = 100, 1, None
+        args.backends, args.runtimes, args.commands = ["process"], ["none"], ["json"]
     repos = [args.repo] + ([args.against] if args.against else [])
     rows = []
     with tempfile.TemporaryDirectory(prefix="plan-speed-") as tmp:

@@ -28,8 +28,9 @@ drift of the machine spreads over all of them; the table shows medians.
     python benchmarks/profiler_overhead.py --allow-cpu          # plumbing smoke, no GPU
 
 A tool that is not on PATH is skipped with the reason (nvprof also on compute capability 8.0 and
-later). Without a GPU it exits 2 unless ``--allow-cpu`` (resnet18 at 32 px, the torch profiler
-only). NOT RUN YET: no GPU was lent when this was written; its figures are unmeasured.
+later). Without a GPU it exits 3 (``cannot run here``) unless ``--allow-cpu`` (resnet18 at 32
+px, the torch profiler only). NOT RUN YET: no GPU was lent when this was written; its figures
+are unmeasured.
 """
 
 from __future__ import annotations
@@ -48,7 +49,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
-from benchmarks.common import fmt, gpu_count, run_workload, table
+from benchmarks.common import (
+    cannot_run,
+    dry_option,
+    fmt,
+    gpu_count,
+    nvidia_gpus,
+    run_workload,
+    stop_on_sigterm,
+    table,
+)
 from orchestrator.config.matrix_file import NcuOptions, NsysOptions, NvprofOptions
 from orchestrator.plan import profilers
 from workload.metrics import images_per_second
@@ -210,7 +220,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "_active set and TBD's _elapsed set with gpc__cycles_elapsed.max)")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="keep every run's output folder (iterations.csv, ncu.csv, traces) here")
+    dry_option(p, "the GPU looked for (no torch) and the profilers listed, nothing run")
     args = p.parse_args(argv)
+    if args.dry:
+        if not nvidia_gpus():
+            return cannot_run("no NVIDIA GPU (nvidia-smi lists none); --allow-cpu runs a CPU "
+                              "smoke with the torch profiler")
+        print("would run the profilers: " + " ".join(args.profilers))
+        return 0
     if args.ncu_metrics:
         TOOLS["ncu"] = NcuOptions(metrics=args.ncu_metrics)
 
@@ -220,9 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.allow_cpu:
         setup = Setup(args.python, "cpu", "resnet18", 32, 4, "fp32", 1, 8, 3, 2)
     else:
-        print("no CUDA GPU visible: run this on a GPU machine, or pass --allow-cpu for a CPU "
-              "smoke of the script", file=sys.stderr)
-        return 2
+        return cannot_run("no CUDA GPU visible to torch: run this on a GPU machine, or pass "
+                          "--allow-cpu for a CPU smoke of the script")
+    stop_on_sigterm()
     if "none" not in args.profilers:
         args.profilers.insert(0, "none")
     active, skipped = [], {}

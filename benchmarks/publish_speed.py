@@ -44,6 +44,7 @@ import importlib  # noqa: E402
 
 from tabulate import tabulate  # noqa: E402
 
+from benchmarks.common import cannot_run, dry_option  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.results.folders.run_folder import RunPaths, find_run  # noqa: E402
 
@@ -148,11 +149,17 @@ def main_() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/publish-bench"))
     parser.add_argument("--repeat", type=int, default=3)
+    dry_option(parser, "the mlflow server looked for, nothing started")
     args = parser.parse_args()
     executable = os.environ.get("ORCHESTRATE_MLFLOW_SERVER")
-    if not executable:
-        raise SystemExit("set ORCHESTRATE_MLFLOW_SERVER to the mlflow executable of a venv with "
-                         "the full mlflow package (.ci/run makes one)")
+    if not executable or not Path(executable).is_file():
+        raise SystemExit(cannot_run(
+            "set ORCHESTRATE_MLFLOW_SERVER to the mlflow executable of a venv with the full "
+            "mlflow package (.ci/run makes one)"))
+    if args.dry:
+        print(f"would publish a 100-cell and a 1-cell run {args.repeat} times to an mlflow "
+              f"server ({executable}) and an HTTP collector")
+        return
     args.dir.mkdir(parents=True, exist_ok=True)
     os.environ["ORCHESTRATE_CONFIG"] = str(args.dir / "none.toml")
     big = make_run(args.dir, "hundred", 10, 10)

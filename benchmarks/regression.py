@@ -63,6 +63,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import dry_option  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 
 MATRIX_FILE = REPO / "benchmarks" / "regression_matrix.toml"
@@ -373,7 +374,8 @@ def evaluate_control(folder: Path, window: int, min_history: int, trials: int,
 
 def main_() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="step", required=True)
+    dry_option(parser, "both matrices validated and planned, nothing run")
+    sub = parser.add_subparsers(dest="step")
     p = sub.add_parser("collect", help="real runs of the matrix, some with the slowdown")
     p.add_argument("--dir", type=Path, required=True)
     p.add_argument("--runs", type=int, default=24)
@@ -392,6 +394,16 @@ def main_() -> None:
     p.add_argument("--threshold", help="as history --threshold (default: its default)")
     p.add_argument("--alpha", help="as history --alpha")
     args = parser.parse_args()
+    if args.dry:
+        from orchestrator.plan.matrix import load_matrix
+
+        for path in (MATRIX_FILE, CONTROL_MATRIX_FILE):
+            matrix = load_matrix(path)
+            print(f"would collect runs of {path.name}: {len(matrix.cells)} cells each "
+                  f"({len(matrix.controls)} control), then judge them")
+        return
+    if args.step is None:
+        parser.error("choose a step: collect or evaluate")
     if args.step == "collect":
         collect(args.dir, args.runs, args.inject_every, args.control)
         return

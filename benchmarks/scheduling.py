@@ -38,6 +38,7 @@ from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import dry_option
 from benchmarks.list_scheduling import lower_bound, schedule
 from orchestrator.config.matrix_file import CellParams
 from orchestrator.plan.matrix import Cell
@@ -144,7 +145,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=2, help="repeats per cell (default 2)")
     parser.add_argument("--seeds", type=int, default=20, help="seeds for the summary (default 20)")
+    dry_option(parser, "the summary over 2 seeds")
     args = parser.parse_args()
+    if args.dry:
+        args.seeds = 2
 
     requests, durations = make_sweep(args.seed, args.repeats)
     counts = {g: sum(r.gpus == g for r in requests) for g in GPUS}

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import orchestrator.backends.slurm as slurm  # noqa: E402
+from benchmarks.common import cannot_run, dry_option  # noqa: E402
 from orchestrator.plan.matrix import load_matrix  # noqa: E402
 from orchestrator.results.folders.run_folder import Status  # noqa: E402
 from orchestrator.sweep import run_sweep  # noqa: E402
@@ -128,6 +131,19 @@ def run_way(way: str, options: str, args: argparse.Namespace, root: Path) -> dic
     }
 
 
+def slurm_problem(conf: str) -> str | None:
+    """Why the cluster of ``conf`` cannot take the cells here; None when it answers."""
+    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+        return "no Slurm client tools (sbatch, squeue) on PATH"
+    if not Path(conf).is_file():
+        return f"no cluster configuration {conf} (tests/infra/start-slurm-multinode.sh makes it)"
+    probe = subprocess.run(["squeue", "--noheader"], capture_output=True, text=True,
+                           env={**os.environ, "SLURM_CONF": conf}, timeout=30)
+    if probe.returncode != 0:
+        return f"the cluster of {conf} does not answer: {probe.stderr.strip()[:200]}"
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", type=int, default=40)
@@ -135,7 +151,14 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=1.0, help="seconds each cell runs")
     parser.add_argument("--conf", default="/etc/orchestrate-slurm-mn/slurm.conf",
                         help="slurm.conf of the cluster (default: the two-node test cluster)")
+    dry_option(parser, "the cluster asked whether it answers, nothing submitted")
     args = parser.parse_args()
+    problem = slurm_problem(args.conf)
+    if problem:
+        return cannot_run(problem)
+    if args.dry:
+        print(f"would submit {args.cells} cells of {args.sleep:g} s three ways to {args.conf}")
+        return 0
     ways = [
         (f"array %{args.limit}", f"array_limit = {args.limit}"),
         (f"per cell, max_jobs {args.limit}", f"arrays = false\nmax_jobs = {args.limit}"),

@@ -37,6 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import dry_option  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.results.folders.store import INDEX_NAME, open_store  # noqa: E402
 
@@ -140,7 +141,12 @@ def main_() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/orchestrate-store-bench"))
     parser.add_argument("--repeat", type=int, default=5)
+    dry_option(parser, "the year of nightlies planned, its size said, nothing written")
     args = parser.parse_args()
+    if args.dry:
+        print(f"would write {RUNS} runs x {len(configs()) * REPEATS} cells into {args.dir} "
+              f"and time the index on them {args.repeat} times")
+        return
     root = args.dir
     if not (root / MATRIX).is_dir() or len(list((root / MATRIX).iterdir())) != RUNS:
         shutil.rmtree(root, ignore_errors=True)

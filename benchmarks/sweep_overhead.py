@@ -54,6 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import fault_suite  # noqa: E402
+from benchmarks.common import dry_option  # noqa: E402
 
 #: The fault suite's matrix of ``seed`` cells on this machine's CPU, named for this benchmark.
 MATRIX = fault_suite.MATRIX.replace('name = "faults"', 'name = "overhead"', 1)
@@ -163,7 +164,10 @@ def main() -> int:
     parser.add_argument("--repo", type=Path, default=REPO)
     parser.add_argument("--against", type=Path, help="another checkout's sweep beside it")
     parser.add_argument("--keep", type=Path, help="keep the run folders here")
+    dry_option(parser, "1 stand-in cell, 1 round")
     args = parser.parse_args()
+    if args.dry:
+        args.cells, args.pairs, args.workload, args.against = 1, 1, "standin", None
     repos = [args.repo] + ([args.against] if args.against else [])
     with tempfile.TemporaryDirectory(prefix="sweep-overhead-") as tmp:
         work = args.keep or Path(tmp)

@@ -18,7 +18,8 @@ sampler) and each given interval, and prints per run:
     python benchmarks/telemetry_interval.py --intervals 0.1 0.01 0.005 --keep DIR
 
 ``--keep`` keeps every run folder and the nvidia-smi files (the real samples the parsers are
-checked against). Needs a CUDA GPU, nvidia-smi and nvidia-ml-py; it exits 2 without them.
+checked against). Needs a CUDA GPU, nvidia-smi and nvidia-ml-py; it exits 3 without them
+(``cannot run here``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
-from benchmarks.common import fmt, gpu_count, run_workload, table
+from benchmarks.common import (
+    cannot_run,
+    dry_option,
+    fmt,
+    gpu_count,
+    nvidia_gpus,
+    run_workload,
+    stop_on_sigterm,
+    table,
+)
 
 #: What this script asks nvidia-smi for; fields an older driver does not know are dropped.
 SMI_FIELDS = ("timestamp", "index", "power.draw", "power.draw.instant", "temperature.gpu",
@@ -218,14 +228,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--reanalyse", default=None, metavar="DIR",
                    help="print the table of an earlier run's --keep DIR (no GPU needed)")
+    dry_option(p, "the GPU and nvidia-smi looked for (no torch), nothing run")
     args = p.parse_args(argv)
+    if args.dry:
+        if not nvidia_gpus():
+            return cannot_run("no NVIDIA GPU (nvidia-smi lists none); --reanalyse DIR reads "
+                              "an earlier run's files without one")
+        print("would run the intervals: " + " ".join(f"{i:g}" for i in args.intervals))
+        return 0
     if args.reanalyse:
         return report(reanalyse(Path(args.reanalyse), args.batch_size), args,
                       "(reanalysed from the kept files)")
     exe = shutil.which("nvidia-smi")
     if not gpu_count() or exe is None:
-        print("needs a CUDA GPU and nvidia-smi", file=sys.stderr)
-        return 2
+        return cannot_run("needs a CUDA GPU and nvidia-smi (--reanalyse DIR reads an earlier "
+                          "run's files without them)")
+    stop_on_sigterm()
     fields = smi_fields(exe)
     intervals = [0.0, *sorted((i for i in args.intervals if i > 0), reverse=True)]
     rows = []

@@ -48,7 +48,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an install
 
-from benchmarks.common import fmt, gpu_count, run_workload, table
+from benchmarks.common import (
+    cannot_run,
+    dry_option,
+    fmt,
+    gpu_count,
+    nvidia_gpus,
+    run_workload,
+    stop_on_sigterm,
+    table,
+)
 from orchestrator.results.folders.run_folder import parse_metric_lines
 
 # The rules of workload/metrics.py itself (stdlib only), so both sides are measured alike by
@@ -331,16 +340,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="without a GPU, run a tiny smoke of ours only (resnet18, 64 px, bs 8)",
     )
+    dry_option(p, "the GPU and DeepLearningExamples looked for (no torch), nothing run")
     args = p.parse_args(argv)
-
+    if args.dry:
+        if not nvidia_gpus():
+            return cannot_run("no NVIDIA GPU (nvidia-smi lists none): this benchmark compares "
+                              "GPU throughput; --allow-cpu runs a tiny CPU smoke of ours")
+        print(f"would compare {' '.join(args.cases)} with DLE from {args.dle_dir or '(none)'}")
+        return 0
     gpu = gpu_count() > 0
     if not gpu and not args.allow_cpu:
-        print(
-            "no CUDA GPU visible: this benchmark compares GPU throughput. Run it on a GPU "
-            "machine, or pass --allow-cpu for a tiny CPU smoke of our workload.",
-            file=sys.stderr,
-        )
-        return 2
+        return cannot_run("no CUDA GPU visible to torch: this benchmark compares GPU "
+                          "throughput. Run it on a GPU machine, or pass --allow-cpu for a tiny "
+                          "CPU smoke of our workload.")
+    stop_on_sigterm()
     dle_dir = Path(args.dle_dir) if args.dle_dir else None
     if dle_dir is not None and not (dle_dir / "main.py").is_file():
         print(

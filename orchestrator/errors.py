@@ -146,3 +146,11 @@ def cannot_write(option: str, path: object, exc: OSError, what: str = "file") ->
     hint = ("a writable folder (created if missing)" if what == "folder"
             else "a writable file (its folder is created if missing)")
     return ConfigError([Problem(option, str(path), f"cannot write it: {reason}; give {hint}")])
+
+
+class StopSignal(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) unwinding the main thread, raised by the CLI's
+    handlers: a KeyboardInterrupt, so every ``except KeyboardInterrupt`` takes it for the Ctrl-C
+    it stands for. A class of its own because CPython ends the process by SIGINT (exit -2, not
+    the 130 chosen) once a plain KeyboardInterrupt has left an ``exec`` of a string (a dataclass
+    or named tuple being made by an import), even when the exception was caught later."""

@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +53,7 @@ from orchestrator.backends.checks import Decision, preflight
 from orchestrator.config.matrix_file import WRAPPING_PROFILERS
 from orchestrator.config.overrides import redact_argv
 from orchestrator.config.redact import redact_toml
-from orchestrator.errors import ConfigError, OrchestratorError, Problem
+from orchestrator.errors import ConfigError, OrchestratorError, Problem, StopSignal
 from orchestrator.local.engine import controller_id
 from orchestrator.local.machine_state import load_average
 from orchestrator.plan import ordering, profilers
@@ -72,6 +72,7 @@ from orchestrator.results.folders.run_folder import (
     find_run,
     lock_wait_of,
     read_json,
+    write_file,
     write_json,
 )
 from orchestrator.results.reports.summary import GroupRow, render_table, summarize, write_summary
@@ -222,36 +223,102 @@ def run_sweep(
     run the cells -> finish the run (unrun cells recorded, tables and plot written).
     """
     events = events or NullEvents()
+    stop = cancel if cancel is not None else StopFlag()
+    held, unwinding = ((stop.held, stop.unwinding) if isinstance(stop, StopFlag)
+                       else (contextlib.nullcontext, contextlib.nullcontext))
     decision = decision or preflight(matrix, backend_name, hosts_file=hosts_file)  # no folder yet
     check_run(matrix, results_root, resume)
     warm_plots()  # matplotlib's import overlaps the cells: the plot at the end takes ~0.06 s
     name, cls = decision.backend, decision.cls
-    run = open_run(matrix, name, results_root, resume)
+    with held():
+        run = open_run(matrix, name, results_root, resume)
     try:  # the run folder is locked until its run.json is finished (or the sweep failed)
-        run = expect_durations(run, results_root)
+        with held():
+            run = expect_durations(run, results_root)
         options = RunOptions(
             timeout_s=matrix.settings.timeout_s,
             output_hook=events.cell_output,
-            cancel=cancel or threading.Event(),
+            cancel=stop,
             hosts_file=decision.hosts_file,
             lock_timeout_s=lock_timeout_s,
             on_log=events.log,
             on_lock_wait=events.lock_wait,
         )
-        backend = prepare_backend(cls, matrix, run, options, events)
         try:
-            order_run(run, order_seed, parallel=can_run_several(backend, run.cells))
-        except BaseException:
-            backend.close()
-            raise
-        events.sweep_started(run.paths, run.cells, run.expected)
-        controls = ControlSchedule.of(matrix.controls, matrix.control_every,
-                                      highest_numbers(run.existing, matrix.controls))
-        results, interrupted = run_all(backend, run.cells, events,
-                                       retries=matrix.settings.retries, controls=controls)
-        return finish_run(matrix, run, results, interrupted)
+            with unwinding():  # image builds, hosts reached: only an exception stops them
+                backend = prepare_backend(cls, matrix, run, options, events)
+        except KeyboardInterrupt:
+            with held():
+                if run.new:  # nothing ran: no run is left (prepare_backend may have removed it)
+                    discard_new_run(run)
+                    raise
+                # a resumed run: its cells to run again are recorded cancelled
+                return finish_run(matrix, run, [], interrupted=True)
+        with held():  # from here the flag alone stops the sweep: nothing unwinds it
+            try:
+                order_run(run, order_seed, parallel=can_run_several(backend, run.cells))
+            except BaseException:
+                backend.close()
+                raise
+            events.sweep_started(run.paths, run.cells, run.expected)
+            controls = ControlSchedule.of(matrix.controls, matrix.control_every,
+                                          highest_numbers(run.existing, matrix.controls))
+            results, interrupted = run_all(backend, run.cells, events,
+                                           retries=matrix.settings.retries, controls=controls)
+            return finish_run(matrix, run, results, interrupted)
     finally:
         run.release()
+
+
+class StopFlag(threading.Event):
+    """A sweep's stop request (the ``cancel`` flag every cell's watcher looks at), and whether
+    a stop may also unwind the main thread now.
+
+    A stop signal (the CLI's handler calls :meth:`stop`) sets the flag. Only before the run
+    folder exists and while the backend prepares (:meth:`unwinding`: image builds and hosts
+    reached, which only an exception stops) may it also raise
+    :class:`~orchestrator.errors.StopSignal` (a KeyboardInterrupt), and only the first stop
+    does. Everywhere else (:meth:`held`: the run folder opened, cells started,
+    settled and recorded, the run finished) the flag alone stops the sweep, which looks at it
+    where it waits: a second or third signal, at any moment, can no longer cut the recording
+    short (a lost cell, a ``run.json`` left unfinished). A caller that passes a plain Event
+    as ``cancel`` keeps Python's own rule (Ctrl-C raises wherever the main thread is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unwinds = True
+        #: The first stop signal (None: stopped by :meth:`set`, or not stopped).
+        self.signum: int | None = None
+
+    def stop(self, signum: int) -> None:
+        """A stop signal arrived: set the flag; raise KeyboardInterrupt if it is the first and
+        the sweep may unwind now."""
+        first = self.signum is None and not self.is_set()
+        if self.signum is None:
+            self.signum = signum
+        self.set()
+        if first and self.unwinds:
+            raise StopSignal
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """No stop unwinds the body (the flag is set, and looked at)."""
+        before, self.unwinds = self.unwinds, False
+        try:
+            yield
+        finally:
+            self.unwinds = before
+
+    @contextlib.contextmanager
+    def unwinding(self) -> Iterator[None]:
+        """The first stop unwinds the body (KeyboardInterrupt at once if it came already)."""
+        before, self.unwinds = self.unwinds, True
+        try:
+            if self.is_set():
+                raise StopSignal
+            yield
+        finally:
+            self.unwinds = before
 
 
 @dataclass
@@ -357,7 +424,7 @@ def open_run(matrix: Matrix, backend: str, results_root: Path, resume: str | Non
     try:
         paths = RunPaths.create(results_root, matrix.name)
         lock = lock_run(paths)  # before plan.json: a --resume of the newest run waits its turn
-        paths.matrix_file.write_text(redact_toml(matrix.source_text), encoding="utf-8")
+        write_file(paths.matrix_file, redact_toml(matrix.source_text))
         write_json(paths.plan, plan_json(matrix, backend))
         meta: dict[str, Any] = {
             "run_id": paths.run_id, "matrix": matrix.name, "backend": backend,
@@ -486,11 +553,17 @@ def prepare_backend(cls: type[Backend], matrix: Matrix, run: OpenRun, options: R
         if backend is not None:
             backend.close()
         if run.new:
-            shutil.rmtree(run.paths.root, ignore_errors=True)
-            with contextlib.suppress(OSError):  # the matrix's folder, if this run made it
-                run.paths.matrix_dir.rmdir()
+            discard_new_run(run)
         raise
     return backend
+
+
+def discard_new_run(run: OpenRun) -> None:
+    """Remove the folder of a new run in which no cell ran (and the matrix's folder, if this
+    run made it): it would only be an empty, unfinished run in ``history``."""
+    shutil.rmtree(run.paths.root, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run.paths.matrix_dir.rmdir()
 
 
 def run_all(backend: Backend, cells: list[Cell], events: SweepEvents, retries: int = 0,
@@ -608,7 +681,6 @@ def cells_to_resume(paths: RunPaths, matrix: Matrix) -> list[Cell]:
         cell_dir = paths.cell_dir(cell.id)
         if cell_dir.exists():
             archive = paths.superseded(cell.id)
-            archive.parent.mkdir(exist_ok=True)
             cell_dir.rename(archive)
     return todo
 
@@ -981,7 +1053,6 @@ def supersede(paths: RunPaths, cell_id: str, why: str) -> str | None:
         if not cell_dir.exists():
             return ""
         archive = paths.superseded(cell_id, why)
-        archive.parent.mkdir(exist_ok=True)
         cell_dir.rename(archive)
     except OSError as exc:
         log.warning("%s: its folder cannot be moved to superseded/ (%s); keeping its result",

@@ -268,6 +268,30 @@ def test_options_reject_multi_line_values() -> None:
         SlurmOptions(partition="gpu\n#SBATCH --qos=top")
 
 
+@pytest.mark.parametrize(("arg", "named"), [
+    ("--array=0-5%0", "--array"), ("--array 0-3", "--array"), ("-a0-5", "--array"),
+    ("--arr=1", "--array"), ("--job-name=x", "--job-name"), ("-J x", "--job-name"),
+    ("--output=/tmp/o", "--output"), ("-o/tmp/o", "--output"), ("--error=/tmp/e", "--error"),
+    ("--dependency=afterok:1", "--dependency"), ("--gres=gpu:8", "--gres"),
+    ("--gpus=8", "--gpus"), ("-G 8", "--gpus"), ("--gpus-per-node=2", "--gpus-per-node"),
+    ("--nodes=4", "--nodes"), ("--time=1:00:00", "--time"), ("--chdir=/", "--chdir"),
+    ("--export=NONE", "--export"), ("--partition=big", "--partition"), ("-p big", "--partition"),
+    ("--mem=1T", "--mem"), ("--wrap=hostname", "--wrap"),
+])
+def test_extra_args_cannot_set_an_option_orchestrate_sets(arg: str, named: str) -> None:
+    """Issue 34, item 5: ``extra_args = ["--array=0-5%0"]`` was rendered as a second #SBATCH
+    --array beside the project's own (sbatch takes the last). Refused, naming the option."""
+    with pytest.raises(ValueError, match=f"orchestrate sets {named} itself"):
+        SlurmOptions(extra_args=[arg])
+
+
+@pytest.mark.parametrize("arg", ["--constraint=a100", "--exclusive", "--mem-per-cpu=4G",
+                                 "--time-min=10", "--nodelist=n1", "--gres-flags=enforce-binding",
+                                 "--gpu-bind=closest", "-C a100", "--begin=now+1hour"])
+def test_extra_args_that_orchestrate_does_not_set_are_kept(arg: str) -> None:
+    assert SlurmOptions(extra_args=[arg]).extra_args == [arg]
+
+
 def test_time_limits() -> None:
     assert slurm_time(240 + 300) == "00:09:00"
     assert slurm_time(1) == "00:01:00"

@@ -926,7 +926,8 @@ for _name, _argv, _err in [
      ("--plot", "m.toml/x.png: cannot write it: a folder on its path is a file")),
     ("report-html-under-a-file", ["report", "m", *_RR, "--html", "{dir}/m.toml/x.html"],
      ("--html", "cannot write it: a folder on its path is a file")),
-    ("compare-html-under-a-file", ["compare", RUN, RUN, *_RR, "--html", "{dir}/m.toml/c.html"],
+    ("compare-html-under-a-file", ["compare", RUN, RUN, "--allow-same", *_RR, "--html",
+                                   "{dir}/m.toml/c.html"],
      ("--html", "cannot write it")),
     ("history-plot-under-a-file", ["history", "m", *_RR, "--plot", "{dir}/m.toml/x.png"],
      ("--plot", "cannot write it")),
@@ -1131,7 +1132,8 @@ for _name, _argv, _expect, _text in [
     ("report-run-latest-one-matrix", ["report", "--run", "latest"], 0, f"results/m/{RUN}"),
     ("report-run-other-matrix", ["report", "m", "--run", "x:latest"], 2,
      "--run: x:latest is a run of x, not of m"),
-    ("compare-latest-one-matrix", ["compare", "latest", f"m:{RUN}"], 0, f"A: m:{RUN}"),
+    ("compare-latest-one-matrix", ["compare", "latest", f"m:{RUN}", "--allow-same"], 0,
+     f"A: m:{RUN}"),
     ("export-run-latest-one-matrix", ["export", "--run", "latest"], 0, RUN),
     ("clean-run-unknown-matrix", ["clean", "--run", "nosuch:latest"], 2, "--run: "),
 ]:
@@ -1794,15 +1796,166 @@ case("imports", "log-folder-link-to-a-file-outside",
      err=("not followed",))
 
 
-# the matrix an import joins has a damaged run: skipped with a warning, the import goes on
+def _no_import(d: Path) -> None:
+    """The import wrote no run: the results hold the damaged run alone."""
+    runs = [p.name for p in (d / "results" / "imp").iterdir() if not p.name.startswith(".")]
+    assert runs == [RUN], runs
+
+
+_NO_IMPORT = _no_import
+
+
+# the matrix an import joins has a damaged run: refused naming its plan (issue 34, item 6;
+# it was skipped with a warning, the cells matched against the other runs only)
 for _name, _plan, _err in [
     ("target-run-plan-cells-not-a-list", '{"cells": {"a": 1}}', "plan.json: cells: no 'cells'"),
     ("target-run-plan-cell-without-group", '{"cells": [{"id": "a-r1"}]}',
      "plan.json: cells[0]: needs group (text) and params"),
 ]:
     case("imports", _name, [*_IMPORT, "--warmup", "2"], files={"raport.json": _raport()},
-         setup=lambda d, plan=_plan: _a_run(d, name="imp", plan=plan), expect=0,
-         out=("(dllogger-raport, ok)",), err=("warning: ", _err))
+         setup=lambda d, plan=_plan: _a_run(d, name="imp", plan=plan),
+         err=(_err, "repair this run's plan"), check=_NO_IMPORT)
+
+
+# --- issue 34: hardening round 4 --------------------------------------------------------------
+
+# the damaged run of the matrix an import joins (the cases above) and more of its plan
+for _name, _plan, _err in [
+    ("target-run-plan-not-an-object", "[1, 2]", "plan.json: cells: no 'cells'"),
+    ("target-run-plan-cell-params-a-list", '{"cells": [{"group": "a", "params": []}]}',
+     "plan.json: cells[0]: needs group (text) and params"),
+    ("target-run-plan-truncated", '{"cells": [{"group": "a", "par', "plan.json: unreadable"),
+]:
+    case("imports", _name, [*_IMPORT, "--warmup", "2"], files={"raport.json": _raport()},
+         setup=lambda d, plan=_plan: _a_run(d, name="imp", plan=plan), err=(_err,),
+         check=_NO_IMPORT)
+
+# a copied run folder whose plan.json does not describe it
+_PLANNED = {"id": "a-r1", "group": "a", "repeat": 1, "hash": "h",
+            "params": {"hardware": "cpu", "gpus": 1, "mode": "train"}}
+for _name, _cell, _err in [
+    ("run-folder-plan-gpus-3-nodes-2", {**_PLANNED, "params": {"hardware": "cpu", "gpus": 3,
+                                                               "nodes": 2}},
+     ("copy/plan.json: cells[0].params", "give a multiple of nodes")),
+    ("run-folder-plan-another-group", {**_PLANNED, "group": "b"},
+     ("result.json: group", "the plan says 'b'", "does not describe its cell a-r1")),
+    ("run-folder-plan-another-repeat", {**_PLANNED, "repeat": 3},
+     ("result.json: repeat", "the plan says 3")),
+    ("run-folder-plan-another-parameter", {**_PLANNED, "params": {"hardware": "cpu", "gpus": 2}},
+     ("result.json: params.gpus", "1, the plan says 2")),
+    ("run-folder-plan-cell-params-a-string", {**_PLANNED, "params": "cpu"},
+     ("copy/plan.json: cells[0]", "needs id, group (text) and params")),
+]:
+    case("imports", _name, ["import", "{dir}/copy", "--results", "{results}"],
+         setup=_copied_run({"matrix": "m", "cells": [_cell]}), err=_err, check=_NO_RUN_FOLDER)
+
+# a DLLogger stdout log with a huge step number (ValueError: int max str digits)
+for _name, _step, _err in [
+    ("dll-epoch-5000-digits", "Epoch: " + "9" * 5000 + " Iteration: 1",
+     "a step number of 5000 digits"),
+    ("dll-iteration-19-digits", "Epoch: 0 Iteration: " + "1" * 19, "a step number of 19 digits"),
+    ("dll-tuple-step-5000-digits", "(0, " + "7" * 5000 + ")", "a step number of 5000 digits"),
+]:
+    case("imports", _name, _IMPORT, files={"raport.json": _stdout_log("2026-01-01 00:00:00")
+                                           .replace("Epoch: 0 Iteration: 5", _step)},
+         err=("raport.json: line 6", _err))
+
+
+def _stack_in_export(d: Path) -> None:
+    """The --stack value with a carriage return reads back whole from every CSV export."""
+    import csv
+    import io
+
+    from orchestrator.results.folders.store import open_store
+    from orchestrator.results.reports import export
+
+    with open_store(d / "results") as store:
+        out = io.StringIO()
+        export.write_csv(store, store.runs(), export.Selection(), out)
+    rows = list(csv.DictReader(io.StringIO(out.getvalue(), newline="")))
+    assert {r["stack.gpu"] for r in rows} == {"Tesla\rV100 \x1b[31m"}, rows
+
+
+case("imports", "stack-value-with-a-carriage-return",
+     [*_IMPORT, "--warmup", "2", "--stack", "gpu=Tesla\rV100 \x1b[31m"],
+     files={"raport.json": _raport()}, expect=0, out=("(dllogger-raport, ok)",),
+     check=_stack_in_export)
+
+# regex figures that match everywhere, or no number, on a 1.2 MiB log: a clear refusal at once
+_BIG_LOG = "".join(f"step {i} loss 0.5 ips {1000 + i % 7}.5\n" for i in range(40000))
+for _name, _pattern, _err in [
+    ("figures-empty-match-everywhere", "(?P<value>)", "'' is not a number"),
+    ("figures-words-not-numbers", "(?P<value>[a-z]+)", "'step' is not a number"),
+    ("figures-optional-group-everywhere", r"(?P<value>\d*)", "'' is not a number"),
+    ("figures-any-line", "(?m)^(?P<value>.*)$", "is not a number"),
+    ("figures-star-of-nothing", "(?P<value>(?:)*)", "'' is not a number"),
+]:
+    case("figures", _name, ["import", "{dir}/log.txt", "--matrix", "imp", "--param",
+                            "hardware=v100", "--figures", "{dir}/f.toml", "--results",
+                            "{results}"],
+         files={"log.txt": _BIG_LOG,
+                "f.toml": f"[figures]\nparser = \"regex\"\n[[figures.regex]]\n"
+                          f"name = \"train.total_ips\"\npattern = '{_pattern}'\n"},
+         err=("log.txt: line 1", _err, "not read further"), check=_NO_RUN_FOLDER,
+         subprocess=_name == "figures-empty-match-everywhere")
+
+# Slurm extra_args that repeat an option orchestrate sets itself
+for _arg, _named in [("--array=0-5%0", "--array"), ("-J other", "--job-name"),
+                     ("--output=/tmp/x.out", "--output"), ("--dependency=afterok:1",
+                                                           "--dependency"),
+                     ("--gres=gpu:8", "--gres"), ("--gpus=2", "--gpus"),
+                     ("--arr=0-1", "--array"), ("--partition=big", "--partition")]:
+    bad_matrix("slurm-options", f"extra-args{_arg.split('=')[0].replace(' ', '-')}",
+               mx(hardware=f'slurm = {{ extra_args = ["{_arg}"] }}'),
+               "hardware.cpu.slurm.extra_args", err=(f"orchestrate sets {_named} itself",))
+
+# compare: a run with itself
+for _name, _a, _b in [("compare-latest-with-latest", "m:latest", "m:latest"),
+                      ("compare-a-run-with-its-prefix", f"m:{RUN}", f"m:{RUN[:15]}"),
+                      ("compare-latest-with-its-id", "m:latest", f"m:{RUN}")]:
+    case("old-runs", _name, ["compare", _a, _b, "--results", "{results}"], setup=_a_run,
+         err=("RUN_B", "a run compared with itself", "--allow-same"))
+case("old-runs", "compare-a-run-with-itself-when-asked",
+     ["compare", "m:latest", "m:latest", "--allow-same", "--results", "{results}"],
+     setup=_a_run, expect=0, out=("+0.0%",))
+
+
+# writes: a link (to {dir}/victim.txt, beside the results) or a FIFO where a command writes
+def _planted(rel: str, kind: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        _a_run(d)
+        (d / "victim.txt").write_text("precious\n")
+        path = d / "results" / rel.replace("{run}", f"m/{RUN}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        if kind == "link":
+            path.symlink_to(d / "victim.txt")
+        else:
+            os.mkfifo(path)
+
+    return setup
+
+
+def _replaced(rel: str) -> Callable[[Path], None]:
+    def check(d: Path) -> None:
+        assert (d / "victim.txt").read_text() == "precious\n"
+        path = d / "results" / rel.replace("{run}", f"m/{RUN}")
+        assert path.is_file() and not path.is_symlink(), path
+
+    return check
+
+
+for _kind in ("link", "fifo"):
+    for _name, _argv, _rel in [
+        ("report-summary-csv", ["report", "m"], "{run}/summary.csv"),
+        ("report-summary-txt", ["report", "m"], "{run}/summary.txt"),
+        ("report-html", ["report", "m", "--html", "{results}/r.html"], "r.html"),
+        ("export-out", ["export", "m", "--out", "{results}/e.csv"], "e.csv"),
+        ("runs-index", ["runs"], ".orchestrate-index.sqlite"),
+    ]:
+        case("special-files", f"{_name}-{_kind}", [*_argv, "--results", "{results}"],
+             setup=_planted(_rel, _kind), expect=0, check=_replaced(_rel),
+             subprocess=_name == "report-summary-csv" and _kind == "fifo")
 
 
 # --- the user's config file and environment (issue 24, item 9) -------------------------------

@@ -135,6 +135,18 @@ def test_compare_cli(tmp_path, capsys):
     assert "throughput" in capsys.readouterr().err
 
 
+def test_compare_refuses_a_run_with_itself_unless_asked(tmp_path, capsys):
+    """Issue 34, item 6: two names of one run compared it with itself (every change 0)."""
+    two_runs(tmp_path)
+    base = ["compare", "--results", str(tmp_path)]
+    for a, b in [("m:latest", "m:latest"), (run_id(2), "m:latest"), (run_id(1), run_id(1)[:15])]:
+        assert main([*base, a, b]) == 2, (a, b)
+        err = capsys.readouterr().err
+        assert "RUN_B" in err and "a run compared with itself" in err and "--allow-same" in err
+    assert main([*base, "m:latest", "m:latest", "--allow-same"]) == 0
+    assert "+0.0%" in capsys.readouterr().out
+
+
 def test_runs_cli_lists_and_filters(tmp_path, capsys):
     two_runs(tmp_path)
     write_run(tmp_path, "other", run_id(3, "cccc"), [Config(G1, [1.0])], started=day(3))
@@ -195,3 +207,54 @@ def test_export_long_format_csv_and_json(tmp_path, capsys):
         (1, 109.0), (1, 110.0), (1, 111.0), (2, 149.0), (2, 150.0), (2, 151.0)]
     assert "6 rows from 1 run(s)" in capsys.readouterr().err
     assert main(["export", "--results", str(tmp_path), "--where", "gpus"]) == 2
+
+
+GPU = "stack.gpu"
+CONTROLS = ["a\rb", "c\nd", "e\r\nf", "tab\there", "nul\x00x", "esc\x1b[31m", "ls\u2028x",
+            "nel\x85y", "plain"]
+
+
+def test_every_control_character_is_quoted_in_every_csv(tmp_path, capsys):
+    """Issue 34, item 5: Python's csv quoted a newline but wrote a carriage return (a --stack
+    value, a failure reason from a progress bar) bare, and CSV readers split the row there.
+    Every CSV the project writes (export, summary.csv, compare --csv) now reads back as the
+    rows it wrote, each value whole."""
+    configs = [Config(params(batch_size=8 * (i + 1)), [100.0 + i], env={"device_name": text})
+               for i, text in enumerate(CONTROLS)]
+    failed = Config(params(batch_size=999), [None])
+    paths = write_run(tmp_path, "m", run_id(1), [*configs, failed], started=day(1))
+    result = paths.cell_result(f"{failed.group}-r1")
+    data = json.loads(result.read_text())
+    data["reason"] = "exit code 1: 42%|####\r 43%|####\rKilled"
+    result.write_text(json.dumps(data))
+    write_run(tmp_path, "m", run_id(2), configs, started=day(2))
+
+    assert main(["export", "m", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = list(csv.DictReader(io.StringIO(out, newline="")))
+    assert {r[GPU] for r in rows if r[GPU]} == set(CONTROLS)
+    assert len(rows) == 2 * len(CONTROLS) * 3 + 1
+    (reason,) = {r["reason"] for r in rows if r["status"] == "failed"}
+    assert reason == data["reason"]
+    assert out.count("\n") == len(rows) + 1 + sum(t.count("\n") for t in CONTROLS) * 6
+
+    assert main(["report", "m", "--run", run_id(1), "--results", str(tmp_path)]) == 0
+    capsys.readouterr()
+    summary = list(csv.DictReader(paths.summary_csv.open(newline="")))
+    assert len(summary) == len(CONTROLS) + 1
+
+    assert main(["compare", f"m:{run_id(1)}", f"m:{run_id(2)}", "--csv", "--results",
+                 str(tmp_path)]) == 0
+    compared = list(csv.DictReader(io.StringIO(capsys.readouterr().out, newline="")))
+    assert len(compared) == len(CONTROLS) + 1
+
+
+def test_a_row_without_control_characters_stays_minimally_quoted():
+    from orchestrator.results.reports.csv_out import RowWriter
+
+    out = io.StringIO()
+    writer = RowWriter(out, ["a", "b"])
+    writer.writeheader()
+    writer.writerow({"a": "x,y", "b": 1})
+    writer.writerow({"a": "r\r", "b": 2})
+    assert out.getvalue() == 'a,b\n"x,y",1\n"r\r","2"\n'

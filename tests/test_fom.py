@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 
 from orchestrator.config.files import problems_from_validation
 from orchestrator.errors import ConfigError, LogFormatError
+from orchestrator.results.figures import figure_parsers as fp
 from orchestrator.results.figures.dllogger import read_dllogger
 from orchestrator.results.figures.figure_parsers import (
     CellOutput,
@@ -445,6 +447,87 @@ def test_a_backtracking_pattern_cannot_hang_the_parse():
     text = "1" + "a" * 40 + "b\n12aaa\n"
     ev = evaluate(CellOutput(text), regex(pattern=r"(?P<value>[0-9]+)(a+)+$"))
     assert ev.ok and ev.figures.metrics["train.total_ips"] == 12.0
+
+
+#: A training log of about 1 MiB: a number on every line, words around it.
+BIG_LOG = "".join(f"step {i} loss 0.{i % 97:02d} ips {1000 + i % 13}.5\n" for i in range(36000))
+#: Its first 600 lines.
+SMALL_LOG = "".join(BIG_LOG.splitlines(keepends=True)[:600])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pattern", [r"(?P<value>)", r"(?P<value>[a-z]+)", r"(?P<value>\w*)"])
+def test_a_pattern_matching_everywhere_but_no_number_stops_at_a_few_reports(pattern):
+    """Issue 34, item 1: each match that was not a number rescanned the whole log for its line
+    number (matches x log size: a 1 MiB log ran for more than 200 s, the sweep hung after the
+    cell had ended). Now the line numbers come from one pass and the figure is not read further
+    after NOT_NUMBERS_SHOWN such matches: the cell fails at once, naming the first lines."""
+    ev = evaluate(CellOutput(BIG_LOG), regex(pattern=pattern))
+    assert not ev.ok and {f.kind for f in ev.failures} == {"format"}
+    assert len(ev.failures) == fp.NOT_NUMBERS_SHOWN
+    assert ev.failures[0].problem.field == "line 1"
+    assert "not read further" in ev.failures[-1].message
+
+
+def test_line_numbers_of_matches_that_are_no_number_are_counted_in_one_pass():
+    text = "ips 1\nips 2\n\nips x\nips 3\n\n\nips y\n"
+    ev = evaluate(CellOutput(text), regex(pattern=r"ips (?P<value>\w+)"))
+    assert [f.problem.field for f in ev.failures] == ["line 4", "line 8"]
+
+
+def test_a_pattern_matching_more_than_the_limit_fails_its_figure_saying_so(monkeypatch):
+    monkeypatch.setattr(fp, "MATCHES_READ", 1000)
+    ev = evaluate(CellOutput(BIG_LOG), regex(pattern=r"ips (?P<value>[0-9.]+)"))
+    assert not ev.ok
+    assert ev.reason == ("the program exited 0 but produced no figure train.total_ips (its "
+                         "pattern matches more than 1,000 times in log.txt, the most a figure "
+                         "reads: make it match only the lines that state the figure)")
+    ev = evaluate(CellOutput(SMALL_LOG), regex(pattern=r"ips (?P<value>[0-9.]+)"))
+    assert ev.ok  # under the limit
+
+
+def test_a_result_keeps_at_most_values_kept_numbers_and_says_what_it_left_out(monkeypatch):
+    """``which = "all"`` on a pattern that matches every line kept every number: 4 million
+    matches made a 45 MB result.json. A cell's figures keep VALUES_KEPT numbers, in order; the
+    result says what was left out (provenance.figures: notes, values_left_out)."""
+    monkeypatch.setattr(fp, "VALUES_KEPT", 100)
+    config = FiguresConfig(parser="regex", regex=[
+        {"name": "a.first", "pattern": r"^step (?P<value>\d+) ", "which": "first"},
+        {"name": "b.all", "pattern": r"ips (?P<value>[0-9.]+)", "which": "all"},
+        {"name": "c.last", "pattern": r"loss (?P<value>[0-9.]+)"},
+    ], required=["a.first"])
+    ev = evaluate(CellOutput(SMALL_LOG), config)
+    assert ev.ok, ev.reason
+    metrics = ev.figures.metrics
+    assert metrics["a.first"] == 0 and len(metrics["b.all"]) == 99 and "c.last" not in metrics
+    info = ev.figures.info()
+    assert info["values_left_out"] == 600 - 99 + 1
+    assert any("b.all: its first 99 of" in n for n in info["notes"])
+    assert any("a result keeps at most 100" in n and "c.last" in n for n in info["notes"])
+
+
+def test_figures_are_read_from_the_end_of_a_log_longer_than_the_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(fp, "READ_BYTES", 1000)
+    (tmp_path / "log.txt").write_text("x" * 5000 + "\n" + workload_log({"train.total_ips": 5.0}))
+    output = CellOutput.from_cell_dir(tmp_path, {"mode": "train"})
+    assert len(output.log_text.encode()) == 1000 and output.log_cut > 0
+    ev = evaluate(output)
+    assert ev.ok, ev.reason
+    assert any("figures read from the last" in n for n in ev.figures.notes)
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_where_a_figure_file_should_be_fails_the_cell_without_blocking(tmp_path):
+    (tmp_path / "log.txt").write_text("")
+    os.mkfifo(tmp_path / "power.log")
+    config = FiguresConfig(parser="regex", regex=[
+        {"name": "gpu.power_w", "pattern": r"power (\d+) W", "file": "power.log"}])
+    ev = evaluate(CellOutput.from_cell_dir(tmp_path), config)
+    assert not ev.ok and "power.log: not a regular file" in ev.reason
+    os.remove(tmp_path / "log.txt")
+    os.mkfifo(tmp_path / "log.txt")
+    with pytest.raises(LogFormatError, match="log.txt: not a regular file"):
+        CellOutput.from_cell_dir(tmp_path)
 
 
 @pytest.mark.parametrize("pattern", [r"(?P<value>\d+) \1", r"(?<=ips )(?P<value>\d+)",

@@ -378,7 +378,8 @@ def test_failure_while_writing_leaves_nothing(logs, results, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr("orchestrator.results.reports.summary.write_summary", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ConfigError, match="cannot write the run folder .*: disk full; nothing "
+                       "was imported"):
         import_results([logs["amp"][0]], options(results))
     assert entries_of(results) == before  # no run, no hidden temporary folder
 
@@ -557,6 +558,63 @@ def test_an_import_records_only_what_the_log_and_param_state(logs, tmp_path):
     assert configuration["iterations"] == 100 and configuration["batch_size"] == 32
     planned = read_json(paths.plan)["cells"][0]["params"]
     assert planned == configuration  # the configuration it joins is unchanged
+
+
+# --- issue 34, item 6: a plan.json that does not describe its run -----------------------------
+
+
+def _copied_run(tmp_path: Path, change: Callable[[dict[str, Any]], Any]) -> Path:
+    """A run folder of two cells (tests/results_support.py), its plan.json changed."""
+    from results_support import Config, params, run_id, write_run
+
+    paths = write_run(tmp_path / "made", "m", run_id(1),
+                      [Config(params(batch_size=b), [100.0]) for b in (32, 64)])
+    plan = json.loads(paths.plan.read_text())
+    change(plan)
+    paths.plan.write_text(json.dumps(plan))
+    return paths.root
+
+
+@pytest.mark.parametrize(("change", "field", "says"), [
+    (lambda p: p["cells"][0].pop("group"), "cells[0]", "needs id, group (text) and params"),
+    (lambda p: p.update(cells={"0": p["cells"][0]}), "cells", "no 'cells' list"),
+    (lambda p: p["cells"][0]["params"].update(gpus=3, nodes=2), "cells[0].params",
+     "give a multiple of nodes"),
+    (lambda p: p["cells"][0].update(group="another"), "group", "the plan says 'another'"),
+    (lambda p: p["cells"][1].update(repeat=2), "repeat", "the plan says 2"),
+    (lambda p: p["cells"][0]["params"].update(batch_size=7), "params.batch_size",
+     "32, the plan says 7"),
+])
+def test_a_run_folder_whose_plan_does_not_describe_it_is_refused(tmp_path, capsys, change,
+                                                                  field, says):
+    """A copied run folder whose plan.json is damaged, or says other groups, repeats or
+    parameters than its cells' results, is refused naming the file and field (``gpus = 3,
+    nodes = 2`` crashed with an IndexError: its error has no field of its own)."""
+    source = _copied_run(tmp_path, change)
+    results = tmp_path / "results"
+    assert main(["import", str(source), "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert f": {field}: " in err and says in err and "Traceback" not in err, err
+    assert not results.exists() or not any((results / "m").glob("*/plan.json"))
+
+
+@pytest.mark.parametrize("damage", [lambda p: p["cells"][0].pop("group"),
+                                    lambda p: p.update(cells="x")])
+def test_an_import_into_a_matrix_with_a_damaged_run_is_refused(tmp_path, capsys, damage):
+    """The matrix an import joins is the groups of its runs: a run whose plan cannot be read
+    was skipped (the cells then matched the others only), and with no other run the import
+    crashed (IndexError). Now refused, naming that plan."""
+    from results_support import Config, params, run_id, write_run
+
+    results = tmp_path / "results"
+    kept = write_run(results, "m", run_id(2), [Config(params(), [1.0])])
+    plan = json.loads(kept.plan.read_text())
+    damage(plan)
+    kept.plan.write_text(json.dumps(plan))
+    source = _copied_run(tmp_path, lambda p: None)
+    assert main(["import", str(source), "--matrix", "m", "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert str(kept.plan) in err and "repair this run's plan" in err and "Traceback" not in err
 
 
 def test_an_import_whose_reader_is_gone_is_written_whole(logs, results):

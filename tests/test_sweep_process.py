@@ -119,6 +119,28 @@ def test_timeout_kills_the_cell_and_its_children(write_matrix, tmp_path, standin
     assert processes_mentioning(str(outcome.paths.root)) == []
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pattern", [r"(?P<value>)", r"(?P<value>[a-z]+)"])
+def test_a_figure_pattern_matching_everywhere_still_records_the_cell(write_matrix, tmp_path,
+                                                                    standin, pattern):
+    """Issue 34, item 1: a [figures] regex matching at every position (or every word) of a
+    cell's 1.3 MiB log held the sweep after the cell had ended, longer than its timeout, with
+    no result written. Now the cell is recorded failed within seconds, its reason naming the
+    first match that is no number, and the sweep ends."""
+    path = write_matrix(standin.matrix("tiny", timeout_s=60, knobs="--standin-lines=40000") + f"""
+        [[commands.standin.figures.regex]]
+        name = "x"
+        pattern = '{pattern}'
+    """)
+    started = time.monotonic()
+    outcome = run_sweep(load_matrix(path), results_root=tmp_path)
+    (res,) = outcome.results
+    assert res.status is Status.FAILED and "is not a number" in res.reason, res.reason
+    assert outcome.paths.cell_result(res.cell_id).is_file()
+    assert outcome.paths.cell_log(res.cell_id).stat().st_size > 2**20
+    assert time.monotonic() - started < 60
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_interrupt_records_every_cell_and_leaves_nothing_running(write_matrix, tmp_path, sig,
                                                                   standin):

@@ -109,8 +109,8 @@ def test_without_gpu_exits_with_message(
 ) -> None:
     # Pretend there is no GPU even on a GPU machine: this test must not run the benchmark.
     monkeypatch.setattr(bench, "gpu_count", lambda: 0)
-    assert bench.main([]) == 2
-    assert "no CUDA GPU" in capsys.readouterr().err
+    assert bench.main([]) == 3  # benchmarks/common.py: CANNOT_RUN
+    assert "cannot run here: no CUDA GPU" in capsys.readouterr().err
 
 
 # ---- gpu_paths.py -----------------------------------------------------------------------------
@@ -238,8 +238,8 @@ def test_gpu_paths_cpu_smoke(
     workload_python: str,
 ) -> None:
     monkeypatch.setattr(paths, "gpu_count", lambda: 0)  # the CPU path even on a GPU machine
-    assert paths.main(["--cases", "infer-amp-bs1"]) == 2
-    assert "no CUDA GPU" in capsys.readouterr().err
+    assert paths.main(["--cases", "infer-amp-bs1"]) == 3  # CANNOT_RUN
+    assert "cannot run here: no CUDA GPU" in capsys.readouterr().err
     status = paths.main(["--allow-cpu", "--cases", "infer-amp-bs1", "infer-amp-bs1-graphs"])
     out = capsys.readouterr().out
     assert status == 0, out

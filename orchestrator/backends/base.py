@@ -95,7 +95,15 @@ from orchestrator.plan.placement import Allocation, holds_local_gpus
 from orchestrator.plan.selection import ImageKey
 from orchestrator.results.figures.figure_parsers import CellOutput, evaluate
 from orchestrator.results.folders import safejson
-from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.results.folders.run_folder import (
+    CellResult,
+    RunPaths,
+    Status,
+    make_folder,
+    open_stream,
+    replacing,
+    write_json,
+)
 from orchestrator.runtimes import apptainer
 
 log = logging.getLogger(__name__)
@@ -527,7 +535,8 @@ class Backend(ABC):
              step: _Step) -> None:
         """The steps of :meth:`run_cell`; ``step`` names the one under way (for the reason)."""
         step.name = "making the cell folder"
-        self.paths.cell_dir(cell.id).mkdir(parents=True, exist_ok=True)
+        self.paths.cells_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(self.paths.cell_dir(cell.id))  # never a link planted out of the run
         step.name = "preparing the launch"
         spec = self.spec(cell, allocation, attempt)
         result.provenance = self.provenance(spec)
@@ -535,7 +544,7 @@ class Backend(ABC):
         write_json(self.paths.cell_command(cell.id), spec.to_json())
         step.name = "writing log.txt"
         log_path = self.paths.cell_log(cell.id)
-        with log_path.open("ab") as log_file:
+        with open_stream(log_path) as log_file:
             log_file.write(f"# {spec.shell_line()}\n".encode())
         log_offset = log_path.stat().st_size  # this attempt's output starts here
         requests = self.lock_requests(cell, allocation)
@@ -601,7 +610,7 @@ class Backend(ABC):
         self, cell: Cell, execution: Execution, log_path: Path, capture: _Capture
     ) -> tuple[Status | None, str, ExitInfo | None]:
         info: ExitInfo | None = None
-        with log_path.open("ab") as log_file:
+        with open_stream(log_path) as log_file:
             pump = threading.Thread(
                 target=self._pump, args=(cell.id, execution, log_file, capture), daemon=True,
                 name=f"log-{cell.id}",
@@ -711,7 +720,7 @@ class Backend(ABC):
         figures = evaluation.figures
         if figures.records:
             try:
-                with self.paths.cell_metrics(result.cell_id).open("w", encoding="utf-8") as fh:
+                with replacing(self.paths.cell_metrics(result.cell_id)) as fh:
                     fh.writelines(safejson.dumps(obj) + "\n" for obj in figures.records)
             except OSError as exc:
                 capture.file_errors[RunPaths.CELL_METRICS] = str(exc)

@@ -63,7 +63,6 @@ on this (submit) host and makes sure of the ``.sif`` here, in an image dir the n
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -102,12 +101,28 @@ from orchestrator.backends.slurm_jobs import (
 )
 from orchestrator.config.matrix_file import HardwareProfile
 from orchestrator.config.redact import Scrubber, public_env, secret_env
-from orchestrator.errors import SHORT, BackendUnavailable, LaunchError, Problem, Requirement
+from orchestrator.errors import (
+    SHORT,
+    BackendUnavailable,
+    ConfigError,
+    LaunchError,
+    Problem,
+    Requirement,
+)
 from orchestrator.images.sif import LocalMachine
 from orchestrator.plan.launch import LaunchSpec, ScheduledNodes
 from orchestrator.plan.matrix import Cell, Matrix
 from orchestrator.plan.placement import Allocation, holds_local_gpus
-from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, write_json
+from orchestrator.results.folders.run_folder import (
+    CellResult,
+    RunPaths,
+    Status,
+    make_folder,
+    read_json,
+    read_regular,
+    write_file,
+    write_json,
+)
 from orchestrator.runtimes import apptainer, none
 
 __all__ = [  # the pure half lives in slurm_jobs; these names stay importable from here
@@ -791,7 +806,7 @@ class SlurmBackend(Backend):
             raise LaunchError(f"{spec.cell_id}: no batch script was rendered for it")
         cell_dir = self.paths.cell_dir(spec.cell_id)
         script_path = cell_dir / SCRIPT_NAME
-        script_path.write_text(spec.script, encoding="utf-8")
+        write_file(script_path, spec.script)
         submission = self._submission(spec, script_path)
         with self._lock:
             batch = self._batches.get(submission.key)
@@ -882,8 +897,7 @@ class SlurmBackend(Backend):
 
     def _write_array(self, batch: Batch) -> Path:
         """The array script of ``batch`` in the run's ``slurm/`` folder."""
-        folder = self.paths.root / ARRAY_DIR
-        folder.mkdir(exist_ok=True)
+        folder = make_folder(self.paths.root / ARRAY_DIR)
         with self._lock:
             self._arrays += 1
             number = self._arrays
@@ -899,7 +913,7 @@ class SlurmBackend(Backend):
             limit=first.limit,
         )
         path = folder / f"array-{number}.sbatch"
-        path.write_text(render_array(job), encoding="utf-8")
+        write_file(path, render_array(job))
         return path
 
     def _record_job(self, cell_id: str, execution: SlurmExecution, script: Path,
@@ -907,8 +921,10 @@ class SlurmBackend(Backend):
         """Add the job id to command.json right away (an interrupted sweep keeps it too)."""
         path = self.paths.cell_command(cell_id)
         try:
-            command = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            command = read_json(path)
+            if not isinstance(command, dict):
+                raise ValueError("not an object")
+        except (ConfigError, ValueError):
             command = {"cell_id": cell_id}
         record: dict[str, Any] = {"job_id": execution.job_id, "cluster": execution.cluster,
                                   "script": str(script), "output": str(execution.output_path)}
@@ -956,8 +972,8 @@ class SlurmBackend(Backend):
             result.provenance["hosts"] = hosts
         if execution.scrub and execution.output_path.exists():
             # Slurm wrote what the workload printed, secrets too: mask them there as in log.txt
-            data = execution.output_path.read_bytes()
-            execution.output_path.write_bytes(execution.scrub(data))
+            data = read_regular(execution.output_path)
+            write_file(execution.output_path, execution.scrub(data))
         self._explain(result, execution)
 
     def _explain(self, result: CellResult, execution: SlurmExecution) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from orchestrator import __version__
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, StopSignal
 
 #: Modules of this package (``<name>_commands``), each adding its subcommands, in --help order.
 COMMAND_MODULES = ("sweep", "result", "import", "publish", "image", "host", "maintenance")
@@ -244,17 +244,32 @@ def _early_flags(argv: Sequence[str]) -> tuple[int, bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None:  # a process of its own (not a test calling main in-process)
-        _stacks_on_sigusr1()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    own_process = argv is None  # not a test calling main in-process
+    if not own_process:
+        return _run(list(argv or []), own_process)
+    _stacks_on_sigusr1()
+    _stop_signals_interrupt()
+    try:
+        return _run(sys.argv[1:], own_process)
+    except KeyboardInterrupt:  # the first stop signal, between the command's end and here
+        return 130
+    finally:  # the status is decided: a signal from here on must not kill the exiting process
+        STOPS.armed = False  # (Python resets its handlers to the default on the way out; an
+        _ignore_stop_signals()  # ignored signal stays ignored)
+
+
+def _run(argv: list[str], own_process: bool) -> int:
     logs = LogSetup(*_early_flags(argv))
     try:
-        parser = build_parser(argv)
+        parser = build_parser(argv)  # imports the command's module (a signal waits: see STOPS)
         args = parser.parse_args(argv)
+        args.own_process = own_process
         logs.set(args.verbose, args.quiet)
+        if own_process:
+            STOPS.arm()
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
-        return code
+        return 130 if own_process and STOPS.signum is not None else code
     except OrchestratorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -264,8 +279,72 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except BaseException:
+        if not own_process or STOPS.signum is None:
+            raise
+        # what a stop signal broke on its way (an import it cut short, a library's cleanup)
+        print("interrupted", file=sys.stderr)
+        return 130
     finally:
         logs.close()
+
+
+#: The signals that stop a command (a sweep: :data:`~orchestrator.cli.sweep_commands.
+#: STOP_SIGNALS`).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stops:
+    """What stop signals came to this process, and the handler that unwinds a command for the
+    first: :class:`~orchestrator.errors.StopSignal` (a KeyboardInterrupt), once, and only
+    while ``armed``, i.e. while the command runs: not while Python imports the command's
+    modules (an exception raised inside a compiled extension's start-up breaks it for good)
+    nor once the exit status is decided. A signal that came before the command started makes
+    it stop at once when it is armed; a sweep takes over with handlers of its own and notes
+    its signals here too (:meth:`note`), so any of them makes the exit status 130."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.armed = False
+
+    def note(self, signum: int) -> bool:
+        """Note a stop signal; whether it is the first."""
+        first = self.signum is None
+        if first:
+            self.signum = signum
+        return first
+
+    def arm(self) -> None:
+        """The command starts: from now on the first stop unwinds it (at once if it came)."""
+        self.armed = True
+        if self.signum is not None:
+            raise StopSignal
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.note(signum) and self.armed:
+            raise StopSignal
+
+
+#: This process's stop signals (:func:`main` installs it, in a process of its own).
+STOPS = _Stops()
+
+
+def _stop_signals_interrupt() -> None:
+    """SIGINT, SIGTERM and SIGHUP (each unless ignored: nohup, a script's background job)
+    stop every command as Ctrl-C does, once: one line, exit 130, files written atomically left
+    whole, instead of the default death; a sweep replaces these with its own
+    (:func:`orchestrator.cli.sweep_commands.cmd_matrix`)."""
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, STOPS)
+
+
+def _ignore_stop_signals() -> None:
+    """The process is exiting with its status: the stop signals are ignored from now on."""
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _stacks_on_sigusr1() -> None:

@@ -132,6 +132,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.json(fmt, "JSON instead of the table")
     fmt.add_argument("--csv", action="store_true", help="CSV, one row per configuration")
     options.html(p, "also write an HTML report")
+    p.add_argument("--allow-same", action="store_true",
+                   help="compare a run with itself when both name it (refused otherwise: a "
+                   "misspelt or too short run id, latest~N past the runs)")
     p.set_defaults(handler=cmd_compare)
 
     p = sub.add_parser(
@@ -547,6 +550,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         # an unqualified run (latest~1, a prefix) is one of the other run's matrix
         a = store.resolve(args.run_a, matrix or _matrix_of(args.run_b) or None)
         b = store.resolve(args.run_b, matrix or a.matrix)
+        if a.pk == b.pk and not args.allow_same:
+            raise ConfigError(f"{args.run_a!r} and {args.run_b!r} are both run {a.matrix}:"
+                              f"{a.run_id}: a run compared with itself shows no change; give "
+                              "two runs (`orchestrate runs` lists them), or --allow-same",
+                              field="RUN_B")
         from orchestrator.results.folders.store import is_throughput
 
         if args.metric and not is_throughput(args.metric):
@@ -685,10 +693,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         runs.sort(key=lambda r: (r.started_at or 0, r.run_id))
         write = export.write_csv if args.format == "csv" else export.write_json
         if args.out:
-            with writing("--out", args.out):
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                with args.out.open("w", encoding="utf-8", newline="") as fh:
-                    n = write(store, runs, selection, fh)
+            from orchestrator.results.folders.run_folder import replacing
+
+            with writing("--out", args.out), replacing(args.out) as fh:
+                n = write(store, runs, selection, fh)
             print(f"{n} rows from {len(runs)} run(s): {args.out}", file=sys.stderr)
         else:
             n = write(store, runs, selection, sys.stdout)

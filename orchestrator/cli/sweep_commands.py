@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from orchestrator.cli import options
+from orchestrator.cli import app, options
 from orchestrator.config.defaults import RESULTS_HELP, results_root
 from orchestrator.errors import ConfigError
 from orchestrator.plan.eta import Eta, format_duration
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from orchestrator.images.pulls import PullProgress
     from orchestrator.plan.placement import Allocation
     from orchestrator.plan.selection import HostDriver
+    from orchestrator.sweep import StopFlag, SweepOutcome
 
 log = logging.getLogger(__name__)
 
@@ -667,7 +668,7 @@ def sweep_events(level: int, stream: TextIO | None = None
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from orchestrator.sweep import check_run, run_sweep
+    from orchestrator.sweep import StopFlag, check_run, run_sweep
 
     if args.target is not None and not args.dry_run:
         raise ConfigError("a sweep runs on this machine: --target plans for another one, "
@@ -680,23 +681,38 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             dry_run_lines(matrix, decision, results, args.order_seed), [""],
             requirement_lines(matrix, decision)))
         return plan_exit(decision)
-    cancel = threading.Event()
     # SIGINT too, explicitly: a sweep started in the background of a script inherits SIGINT
     # ignored from the shell, and `kill -INT` must still stop it the one way it stops. SIGHUP
     # (its terminal or ssh session closed) stops it the same way: its cells stopped and
     # recorded, its locks released, run.json finished (the default would kill it at once and
-    # orphan the running cell).
-    stopper = _Stopper()
-    previous = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS}
-    progress = sweep_events(verbosity(args))
-    try:  # a progress bar is drawn while the sweep runs and cleared after
-        with progress if isinstance(progress, RichEvents) else contextlib.nullcontext():
-            outcome = run_sweep(matrix, decision=decision, results_root=results,
-                                events=progress, cancel=cancel,
-                                resume=args.resume, lock_timeout_s=args.lock_timeout,
-                                order_seed=args.order_seed)
+    # orphan the running cell); unless it was ignored from the start (nohup). Any number of
+    # them, at any moment, stop it once (StopFlag): exit 130.
+    own_process = getattr(args, "own_process", False)
+    stop = StopFlag()
+    stopper = _Stopper(stop)
+    previous = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS
+                if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN)}
+    try:
+        if own_process and app.STOPS.signum is not None:  # one came before these handlers
+            stop.stop(app.STOPS.signum)
+        progress = sweep_events(verbosity(args))
+        try:  # a progress bar is drawn while the sweep runs and cleared after
+            with progress if isinstance(progress, RichEvents) else contextlib.nullcontext():
+                outcome = run_sweep(matrix, decision=decision, results_root=results,
+                                    events=progress, cancel=stop,
+                                    resume=args.resume, lock_timeout_s=args.lock_timeout,
+                                    order_seed=args.order_seed)
+        finally:
+            stop.unwinds = False  # the run is on disk: a later signal only makes the exit 130
+        return _after_sweep(args, outcome, stop)
     finally:
-        stopper.restore(previous)
+        if not own_process:  # a process of its own keeps the handler
+            stopper.restore(previous)  # to its end: no signal kills it before it exits 130
+
+
+def _after_sweep(args: argparse.Namespace, outcome: SweepOutcome, stop: StopFlag) -> int:
+    """Print a finished sweep's table, counts and problems; publish it (not after a stop);
+    the exit status (130 once a stop signal came, even after the cells had ended)."""
     print(outcome.table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(outcome.counts.items()))
     controls = outcome.control_counts
@@ -718,11 +734,11 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         failed = [r for r in outcome.results if r.status is not Status.OK]
         for r in failed:
             print(f"  {r.cell_id}: {r.status.value}: {r.reason}", file=sys.stderr)
-    if not outcome.interrupted:  # a Ctrl-C means stop now, not publish
+    if not outcome.interrupted and not stop.is_set():  # a Ctrl-C means stop now, not publish
         from orchestrator.cli.publish_commands import after_run
 
         after_run(outcome.paths, args.results, skip=args.no_publish)
-    return outcome.exit_code
+    return 130 if stop.signum is not None else outcome.exit_code  # (also after the sweep)
 
 
 def _inventory_line(hosts: Path | None) -> list[str]:
@@ -821,27 +837,33 @@ def _cells(n: int) -> str:
 
 
 #: The signals that stop a sweep the one way it stops (see :func:`cmd_matrix`).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = app.STOP_SIGNALS
 
 
 class _Stopper:
-    """The handler of :data:`STOP_SIGNALS`: each raises KeyboardInterrupt in the main thread.
+    """The handler of :data:`STOP_SIGNALS`: each sets the sweep's :class:`~orchestrator.sweep.
+    StopFlag`, which raises KeyboardInterrupt in the main thread for the first one only, and only
+    where the sweep may unwind (before its run folder exists, while it prepares).
 
     SIGHUP means the terminal is gone: a closed terminal sends it twice (the kernel, then the
     shell), and writing to it fails (EIO). So the first SIGHUP also points stdout and stderr at
     /dev/null where they were that terminal (known from the start: a hung-up terminal no longer
     says it is one), and later ones are ignored: the sweep stops once, quietly."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop: StopFlag | None = None) -> None:
+        from orchestrator.sweep import StopFlag
+
+        self.stop = stop if stop is not None else StopFlag()
         self.terminal_fds = [fd for fd in (1, 2) if _isatty(fd)]
         self.hung_up = False
 
     def __call__(self, signum: int, frame: object) -> None:
-        if signum == signal.SIGHUP:
+        if signum == signal.SIGHUP and not self.hung_up:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
             self.hung_up = True
             _to_devnull(self.terminal_fds)
-        raise KeyboardInterrupt
+        app.STOPS.note(signum)  # the exit status is 130
+        self.stop.stop(signum)  # KeyboardInterrupt only where the sweep may unwind
 
     def restore(self, previous: Mapping[signal.Signals, Any]) -> None:
         """Put back the handlers the sweep replaced, except SIGHUP after a hang-up: it stays

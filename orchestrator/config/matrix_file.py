@@ -407,6 +407,55 @@ class BitfusionOptions(StrictModel):
 #: A value that ends up on an ``#SBATCH`` line: one line, no control characters.
 SbatchValue = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]+$", max_length=1024)]
 
+#: The sbatch options orchestrate sets itself (in every script, on the command line or through
+#: a field of [hardware.NAME.slurm]), and why: ``extra_args`` may not set them again (sbatch
+#: takes the last one given: ``--array=0-5%0`` beside the project's own array never ran).
+SBATCH_OWN = {
+    "--array": "the job arrays of the cells it places together (arrays, array_limit)",
+    "--job-name": "each job is named after its cell or matrix, which it finds it by",
+    "--output": "the job's output is the cell's log",
+    "--error": "the job's output (stdout and stderr) is the cell's log",
+    "--dependency": "jobs start as the sweep places them",
+    "--gres": "the cell's GPUs (its gpus parameter)",
+    "--gpus": "the cell's GPUs (its gpus parameter, as --gres)",
+    "--gpus-per-node": "the cell's GPUs (its gpus parameter, as --gres)",
+    "--gpus-per-task": "the cell's GPUs (its gpus parameter, as --gres)",
+    "--nodes": "the cell's nodes parameter",
+    "--ntasks": "one task per node",
+    "--ntasks-per-node": "one task per node",
+    "--time": "give it as time_limit of the slurm table (default: the cell's timeout plus 5 "
+              "minutes)",
+    "--chdir": "the cell's working directory",
+    "--export": "the cell's environment (secrets by --export=ALL)",
+    "--wrap": "the job runs the cell's script",
+    "--partition": "give it as partition of the slurm table",
+    "--account": "give it as account of the slurm table",
+    "--qos": "give it as qos of the slurm table",
+    "--cpus-per-task": "give it as cpus_per_task of the slurm table",
+    "--cpus-per-gpu": "give it as cpus_per_gpu of the slurm table",
+    "--mem": "give it as mem of the slurm table",
+}
+#: sbatch's one-letter forms of those options (``-a 0-5``, ``-J name``).
+SBATCH_SHORT = {"a": "--array", "J": "--job-name", "o": "--output", "e": "--error",
+                "d": "--dependency", "G": "--gpus", "N": "--nodes", "n": "--ntasks",
+                "t": "--time", "D": "--chdir", "p": "--partition", "A": "--account",
+                "q": "--qos", "c": "--cpus-per-task"}
+
+
+def sbatch_option(arg: str) -> str | None:
+    """The long name of the sbatch option ``arg`` sets (``--array=0-5``, ``--array 0-5``,
+    ``-a0-5``: ``--array``), an unambiguous abbreviation (sbatch accepts ``--arr``) taken for
+    the option of the project's it abbreviates; None: not an option."""
+    if arg.startswith("--"):
+        name = re.split(r"[=\s]", arg, maxsplit=1)[0]
+        if name in SBATCH_OWN or len(name) < 4:
+            return name
+        longer = [own for own in SBATCH_OWN if own.startswith(name)]
+        return longer[0] if len(longer) == 1 else name
+    if arg.startswith("-") and len(arg) > 1:
+        return SBATCH_SHORT.get(arg[1], arg[:2])
+    return None
+
 
 class SlurmOptions(StrictModel):
     """``sbatch`` options of a profile's cells (slurm backend)."""
@@ -435,8 +484,9 @@ class SlurmOptions(StrictModel):
     )
     extra_args: list[SbatchValue] = Field(
         [], max_length=64, description="More sbatch options, one per #SBATCH line, in "
-        "--name=value form, e.g. '--constraint=a100' (not --requeue: a preempted cell is run "
-        "again by the sweep, as a job of its own).",
+        "--name=value form, e.g. '--constraint=a100'; not one orchestrate sets itself "
+        "(--array, --job-name, --output, --dependency, --gres/--gpus, ...: SBATCH_OWN) nor "
+        "--requeue (a preempted cell is run again by the sweep, as a job of its own).",
     )
     conf: PathText | None = Field(
         None, description="The slurm.conf of the cluster these cells go to: SLURM_CONF of "
@@ -455,13 +505,18 @@ class SlurmOptions(StrictModel):
 
     @field_validator("extra_args")
     @classmethod
-    def _no_requeue(cls, args: list[str]) -> list[str]:
+    def _not_ours(cls, args: list[str]) -> list[str]:
         for arg in args:
-            if arg.split("=", 1)[0] in ("--requeue", "--no-requeue"):
+            name = sbatch_option(arg)
+            if name in ("--requeue", "--no-requeue"):
                 raise ValueError(
                     f"{arg!r}: orchestrate submits every job with --no-requeue and runs a "
                     "preempted or lost cell again itself, as a new job ([matrix] retries): a "
                     "job Slurm requeued would run the cell twice under one id, into one output")
+            ours = SBATCH_OWN.get(name or "")
+            if ours is not None:
+                raise ValueError(f"{arg!r}: orchestrate sets {name} itself ({ours}); a second "
+                                 f"{name} would override it")
         return args
 
     @field_validator("mem")

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
+from orchestrator.results.folders import folder_lock
 from orchestrator.results.folders.run_folder import ResultsRoot, read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ def load_state(path: Path) -> ImageState:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.parent / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = folder_lock.open_regular(path.parent / LOCK_NAME, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

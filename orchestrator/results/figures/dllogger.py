@@ -80,10 +80,14 @@ class DLLoggerLog:
 _DLLL = "DLLL "
 _DLL_LINE = re.compile(r"^DLL (\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?) - (.*)$")
 _DLL_KEY = re.compile(r"(?:^|(?<=\s))([^\s:]+) : ")
+#: A step's numbers (epoch, iteration) have at most 18 digits: longer is no step (and Python
+#: refuses to read an integer of more than 4300 digits at all).
+_STEP_DIGITS = 18
 _EPOCH_STEP = re.compile(
-    r"Epoch: (\d+)(?: Iteration: (\d+))?(?: Validation Iteration: (\d+))?")
-_TUPLE_STEP = re.compile(r"[(\[]\s*((?:-?\d+\s*,\s*)*-?\d+)?\s*,?\s*[)\]]")
-_NAMED_STEP = re.compile(r"(\S+) Iteration: (\d+)")
+    r"Epoch: (\d{1,18})(?: Iteration: (\d{1,18}))?(?: Validation Iteration: (\d{1,18}))?")
+_TUPLE_STEP = re.compile(r"[(\[]\s*((?:-?\d{1,18}\s*,\s*)*-?\d{1,18})?\s*,?\s*[)\]]")
+_NAMED_STEP = re.compile(r"(\S+) Iteration: (\d{1,18})")
+_LONG_NUMBER = re.compile(r"\d{19,}")
 
 
 #: Where a DLLogger line starts, in a whole text (after a newline or a ``\\r``).
@@ -240,8 +244,11 @@ def _read_stdout_lines(lines: Iterable[str], file: str) -> DLLoggerLog:
         head = body[: keys[0].start()] if keys else body
         step = _stdout_step(head)
         if step is None:
-            problems.append(Problem(file, f"line {number}", f"unrecognised DLLogger step "
-                                    f"{head.strip()!r}"))
+            long = _LONG_NUMBER.search(head)
+            problems.append(Problem(file, f"line {number}", (
+                f"a step number of {len(long.group())} digits (an epoch or iteration has at "
+                f"most {_STEP_DIGITS})" if long else
+                f"unrecognised DLLogger step {_short(head.strip())}")))
             continue
         values: dict[str, str] = {}
         for i, found in enumerate(keys):

@@ -62,12 +62,14 @@ command's, its hardware profile's, the matrix's; else our workload's JSON lines)
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
+import os
 import re
+import stat
 import statistics
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -123,6 +125,28 @@ def load_figures_file(path: Path) -> FiguresConfig:
 # --- what a cell left, what it says --------------------------------------------------------
 
 
+#: The most of a cell's log, or of a file of its folder, that its figures are read from: its
+#: last 256 MiB (where the program's summary is); what comes before is left out, with a note.
+READ_BYTES = 256 * 2**20
+
+
+def read_end(path: Path, start: int = 0, label: str | None = None) -> tuple[str, int]:
+    """The text of the regular file ``path`` from byte ``start`` on, at most its last
+    :data:`READ_BYTES`; and how many bytes were left out before them. A FIFO or a device
+    (a program's own file, a copied run) is a LogFormatError naming it, found without
+    blocking; OSError as ``open`` raises it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fh.fileno())
+        if not stat.S_ISREG(size.st_mode):
+            raise LogFormatError("not a regular file: figures are read from files only",
+                                 file=label or path.name)
+        begin = max(start, size.st_size - READ_BYTES)
+        fh.seek(begin)
+        data = fh.read(READ_BYTES)
+    return data.decode("utf-8", errors="replace"), begin - start
+
+
 @dataclass(frozen=True)
 class CellOutput:
     """A finished cell's captured output: its log text, its folder, its parameters."""
@@ -134,21 +158,21 @@ class CellOutput:
     #: The log already read as DLLogger output (an import streams a large raport once; its
     #: text is then not kept): the dllogger parser takes it instead of reading the text.
     dllogger: DLLoggerLog | None = None
+    #: Bytes of the log left out before ``log_text`` (:data:`READ_BYTES`).
+    log_cut: int = 0
 
     @classmethod
     def from_cell_dir(
         cls, cell_dir: Path, params: Mapping[str, Any] | None = None, log_offset: int = 0,
         log_name: str = RunPaths.CELL_LOG,
     ) -> CellOutput:
-        """The cell folder's log from byte ``log_offset`` (this attempt's output) on."""
-        path = Path(cell_dir) / log_name
+        """The cell folder's log from byte ``log_offset`` (this attempt's output) on (its last
+        :data:`READ_BYTES` at most)."""
         try:
-            with path.open("rb") as fh:
-                fh.seek(log_offset)
-                text = fh.read().decode("utf-8", errors="replace")
+            text, cut = read_end(Path(cell_dir) / log_name, log_offset, log_name)
         except FileNotFoundError:
-            text = ""
-        return cls(text, log_name, Path(cell_dir), dict(params or {}))
+            text, cut = "", 0
+        return cls(text, log_name, Path(cell_dir), dict(params or {}), log_cut=cut)
 
     @property
     def mode(self) -> str:
@@ -160,13 +184,17 @@ class CellOutput:
             return self.log_text, self.log_name
         if self.cell_dir is None:
             raise LogFormatError(f"no cell folder to read {name} from", file=name)
-        path = self.cell_dir / name
         try:
-            return path.read_text(encoding="utf-8", errors="replace"), name
+            text, cut = read_end(self.cell_dir / name, label=name)
         except FileNotFoundError:
             raise LogFormatError(
                 "not found in the cell folder (did the program write it there?)", file=name
             ) from None
+        except OSError as exc:
+            raise LogFormatError(f"cannot be read: {exc.strerror or exc}", file=name) from None
+        if cut:
+            log.info("%s: %d bytes left out before its last %d", name, cut, READ_BYTES)
+        return text, name
 
 
 @dataclass
@@ -373,9 +401,25 @@ def _series_figures(prefix: str, points: list[Point], warmup: int, batch: int | 
 # --- regular expressions ---------------------------------------------------------------------
 
 
-def _line_of(text: str, offset: int, starts: list[int] | None = None) -> int:
-    starts = starts if starts is not None else [0, *(m.end() for m in re.finditer("\n", text))]
-    return bisect.bisect_right(starts, offset)
+#: Matches one regex figure reads at most: a pattern that matches more fails its figure
+#: (missing, saying so) instead of holding the sweep. 1,000,000 matches take about 5 s.
+MATCHES_READ = 1_000_000
+#: Matches that are not numbers reported per figure; its log is not read further after them.
+NOT_NUMBERS_SHOWN = 5
+
+
+class _Lines:
+    """Line numbers of increasing offsets into a text, counted in one pass."""
+
+    def __init__(self, text: str):
+        self.text, self.offset, self.line = text, 0, 1
+
+    def at(self, offset: int) -> int:
+        if offset < self.offset:  # not increasing (never, for finditer): count from the start
+            self.offset, self.line = 0, 1
+        self.line += self.text.count("\n", self.offset, offset)
+        self.offset = offset
+        return self.line
 
 
 def _pick(which: str, values: list[float]) -> float | list[float]:
@@ -390,26 +434,48 @@ def _pick(which: str, values: list[float]) -> float | list[float]:
 
 
 def regex_figures(figs: Sequence[RegexFigure], output: CellOutput, figures: Figures) -> None:
-    """Add each regex figure's value to ``figures`` (or why it is missing)."""
+    """Add each regex figure's value to ``figures`` (or why it is missing).
+
+    Linear in the text whatever the pattern: RE2 finds the matches, line numbers come from
+    one pass, a figure reads at most :data:`MATCHES_READ` matches and stops at the
+    :data:`NOT_NUMBERS_SHOWN`-th match that is not a number (a pattern that also matches the
+    empty string, or words, would otherwise report every position of the log)."""
     problems: list[Problem] = []
     for fig in figs:
         text, label = output.text_of(fig.file)
         rx = compile_pattern(fig.pattern, multiline=True)  # RE2: linear in the text
-        values: list[float] = []
+        group = "value" if "value" in rx.groupindex else 1
+        values = array("d")
+        lines = _Lines(text)
+        matches = not_numbers = 0
         for match in rx.finditer(text):
-            raw = match.group("value") if "value" in rx.groupindex else match.group(1)
+            matches += 1
+            if matches > MATCHES_READ:
+                break
+            raw = match.group(group)
             if raw is None:
                 continue
             try:
                 values.append(float(raw))
             except ValueError:
+                not_numbers += 1
                 problems.append(Problem(
-                    label, f"line {_line_of(text, match.start())}",
-                    f"figure {fig.name}: {raw!r} is not a number (make the pattern's group "
-                    "capture only the number)"))
-        kept = values[fig.warmup:]
+                    label, f"line {lines.at(match.start())}",
+                    f"figure {fig.name}: {raw[:80]!r} is not a number (make the pattern's "
+                    "group capture only the number)"
+                    + (f"; {label} not read further for it" if not_numbers == NOT_NUMBERS_SHOWN
+                       else "")))
+                if not_numbers == NOT_NUMBERS_SHOWN:
+                    break
         if fig.unit:
             figures.units[fig.name] = fig.unit
+        if matches > MATCHES_READ:
+            why = (f"its pattern matches more than {MATCHES_READ:,} times in {label}, the most "
+                   "a figure reads: make it match only the lines that state the figure")
+            figures.missing[fig.name] = why
+            figures.notes.append(f"{fig.name}: {why}")
+            continue
+        kept = values[fig.warmup:]
         if not kept:
             figures.missing[fig.name] = (
                 f"{len(values)} matches of its pattern in {label}"
@@ -681,7 +747,54 @@ def parse_figures(output: CellOutput, config: FiguresConfig | None = None) -> Fi
     figures = parser.parse(output)
     if parser.config.regex and parser.name != "regex":
         regex_figures(parser.config.regex, output, figures)
+    if output.log_cut:
+        figures.notes.append(f"figures read from the last {READ_BYTES // 2**20} MiB of "
+                             f"{output.log_name}: {output.log_cut} bytes before them left out")
+    keep_values(figures)
     return figures
+
+
+#: Numbers a cell's result keeps of its figures (a list or table counts each number in it:
+#: ``which = "all"``, ``iteration_times``, ``per_gpu.iteration_times``): a pattern that
+#: matches every line of a long log must not make a result.json of tens of MB. What is left
+#: out is said in the result (``provenance.figures``: ``notes`` and ``values_left_out``).
+VALUES_KEPT = 100_000
+
+
+def _numbers(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_numbers(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_numbers(v) for v in value.values())
+    return 1
+
+
+def keep_values(figures: Figures) -> None:
+    """Bound ``figures.metrics`` to :data:`VALUES_KEPT` numbers, in their order: a list of
+    numbers is cut to the room left, any other figure beyond it is left out; what was left
+    out is noted."""
+    room, cut, dropped = VALUES_KEPT, 0, []
+    for name, value in list(figures.metrics.items()):
+        size = _numbers(value)
+        if size <= room:
+            room -= size
+            continue
+        if isinstance(value, list) and room > 0 and size == len(value):
+            figures.metrics[name] = value[:room]
+            figures.notes.append(f"{name}: its first {room:,} of {size:,} values kept")
+            cut += size - room
+        else:
+            del figures.metrics[name]
+            dropped.append(name)
+            cut += size
+        room = 0
+    if cut:
+        figures.details["values_left_out"] = cut
+        shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5
+                                          else "")
+        figures.notes.append(f"{cut:,} values left out (a result keeps at most "
+                             f"{VALUES_KEPT:,})" + (f"; figures left out: {shown}" if shown
+                                                    else ""))
 
 
 # --- success criteria ------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import logging
 import os
 import platform
 import shlex
+import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -78,7 +79,7 @@ def acquire(path: Path, wait_s: float = 0.0, argv: Sequence[str] | None = None) 
     when the file cannot be made (a read-only folder): the caller's to report."""
     deadline = time.monotonic() + wait_s
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        fd = _open_lock(path)
         try:
             if not _lock(fd, path, deadline):
                 return FolderLock(path, fd)  # no locks on this file system: warned
@@ -94,11 +95,40 @@ def acquire(path: Path, wait_s: float = 0.0, argv: Sequence[str] | None = None) 
     return FolderLock(path, fd)
 
 
+def _open_lock(path: Path) -> int:
+    """The lock file opened (made if missing). A symbolic link, FIFO or device in its place
+    (planted in a shared results folder) is removed first, never opened: the path is the
+    lock's own and holds nothing else."""
+    try:
+        return open_regular(path, os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EINVAL, errno.ENXIO):
+            raise
+    log.warning("%s was not a regular file: removed, the lock taken afresh", path)
+    os.unlink(path)
+    return open_regular(path, os.O_RDWR | os.O_CREAT)
+
+
+def open_regular(path: Path, flags: int) -> int:
+    """``os.open(path, flags)`` (mode 0o666: the umask applies) of a regular file only: never
+    through a symbolic link (``ELOOP``), and a FIFO or device planted there is an OSError
+    (``EINVAL``) found without blocking, never opened for use."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def holder(path: Path) -> str | None:
     """Who holds the lock file ``path`` now, in words; None when nobody does (or there is no
     such file). Only looks: nothing is made or written, the lock is not taken."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_regular(path, os.O_RDONLY)
     except OSError:
         return None
     try:

@@ -13,8 +13,10 @@ Rules:
   ``..``, a ``/`` or a hidden name). :func:`check_name` / :func:`check_run_id` are the one check,
   used wherever a name or run id becomes a path (:meth:`RunPaths.create`, :func:`find_run`,
   :func:`runs_of`, the matrix name, ``--run``, ``--resume``, ``clean``).
-* Every file a run writes follows the umask (a colleague's ``report`` can read it);
-  :func:`write_json` replaces files atomically.
+* Every file a run writes follows the umask (a colleague's ``report`` can read it) and is
+  written by :func:`replacing` (:func:`write_json`, :func:`write_file`): atomically, never
+  through a symbolic link, a FIFO or a device found at its path (a shared results folder may
+  hold anything); a cell's log, which grows while the cell runs, by :func:`open_stream`.
 * Reading an old run never crashes: an unreadable ``result.json`` (truncated, unknown status)
   is skipped with a warning; an unreadable ``plan.json`` only loses the plan order.
 
@@ -50,7 +52,9 @@ Layout::
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import errno
 import functools
 import logging
 import os
@@ -59,10 +63,10 @@ import secrets
 import stat
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import IO, Any, BinaryIO, ClassVar, Literal, TextIO, overload
 
 from orchestrator.config.syntax import check_name, check_run_id, name_problem
 from orchestrator.errors import ConfigError, Problem
@@ -246,33 +250,110 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (a crash never leaves half a file). The file follows the umask,
-    like every other file of a run (``mkstemp`` would make it 0600: unreadable to colleagues).
-    Standard JSON only: NaN and infinities are written as null (:mod:`safejson`)."""
-    write_bytes(path, (safejson.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
-                       ).encode("utf-8"))
+    """Write JSON atomically (:func:`replacing`). Standard JSON only: NaN and infinities are
+    written as null (:mod:`safejson`)."""
+    text = safejson.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    write_file(path, text)
+
+
+def write_file(path: Path, data: str | bytes, *, make_folder: bool = True) -> None:
+    """Replace ``path`` with ``data`` (text is UTF-8) atomically (:func:`replacing`).
+    ``make_folder``: make its folder where missing (else a missing folder is an OSError: a run
+    folder removed meanwhile stays removed)."""
+    with replacing(path, "wb", make_folder=make_folder) as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def write_bytes(path: Path, data: bytes, *, make_folder: bool = True) -> None:
-    """Write ``data`` atomically (:func:`write_json`'s way: a temporary file beside it, renamed
-    over it; the umask's mode). ``make_folder``: make its folder where missing (else a
-    missing folder is an OSError: a run folder removed meanwhile stays removed)."""
+    """:func:`write_file` of bytes."""
+    write_file(path, data, make_folder=make_folder)
+
+
+@overload
+def replacing(path: Path, mode: Literal["w"] = "w", *, make_folder: bool = True
+              ) -> contextlib.AbstractContextManager[TextIO]:
+    ...
+
+
+@overload
+def replacing(path: Path, mode: Literal["wb"], *, make_folder: bool = True
+              ) -> contextlib.AbstractContextManager[BinaryIO]:
+    ...
+
+
+def replacing(path: Path, mode: str = "w", *, make_folder: bool = True
+              ) -> contextlib.AbstractContextManager[IO[Any]]:
+    """A file object (``mode`` ``w``: text, UTF-8; ``wb``: bytes) whose content replaces
+    ``path`` when the block ends, atomically: a crash, a full disk or an interrupt leaves the
+    old file whole and no temporary one behind.
+
+    What lies at ``path`` is never followed or opened: the data goes to a new temporary file
+    beside it (made with ``O_EXCL | O_NOFOLLOW``: a symbolic link, a FIFO or a device planted in
+    a shared results folder cannot receive it), which is renamed over ``path`` (replacing a
+    link or FIFO there, not what it points to). The folder is created if missing
+    (``make_folder``; else that is an OSError), and must not be a symbolic link itself (an
+    :class:`OSError` ``ELOOP`` otherwise). The file follows the
+    umask like every other file of a run (``mkstemp`` would make it 0600: unreadable to
+    colleagues)."""
+    return _replacing(path, mode, make_folder)
+
+
+@contextlib.contextmanager
+def _replacing(path: Path, mode: str, make_folder: bool) -> Iterator[IO[Any]]:
+    """The body of :func:`replacing`."""
+    folder = path.parent
     if make_folder:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
+    if folder.is_symlink():
+        raise OSError(errno.ELOOP, "its folder is a symbolic link; not written through it",
+                      str(path))
     while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        tmp = folder / f".{path.name[:200]}.{secrets.token_hex(4)}.tmp"
         try:
             # mode 0o666: the kernel applies the umask, as for any file opened with open()
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | getattr(os, "O_CLOEXEC", 0), 0o666)
             break
         except FileExistsError:  # pragma: no cover - 32 random bits collided
             continue
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+        if "b" in mode:
+            with os.fdopen(fd, "wb") as fh:
+                yield fh
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+                yield fh
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+def make_folder(path: Path) -> Path:
+    """``path`` made if missing (its parent must exist) and found to be a real folder: a
+    symbolic link planted there (to a folder elsewhere) is an OSError (``ELOOP``), so nothing
+    is moved or written through it."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir()
+    if not stat.S_ISDIR(os.lstat(path).st_mode):
+        raise OSError(errno.ELOOP, "not a folder (a symbolic link?); not written into",
+                      str(path))
+    return path
+
+
+def open_stream(path: Path) -> IO[bytes]:
+    """``path`` opened for appending bytes (a cell's log while its program runs, which cannot be
+    replaced at the end), created if missing: never through a symbolic link (``ELOOP``), and a
+    FIFO or device there is an OSError too, found without blocking."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file; not written into", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
         raise
 
 
@@ -323,6 +404,10 @@ class ResultsRoot:
     #: In a matrix's folder: the lock imports into it take, and the prefix of one being written.
     IMPORT_LOCK: ClassVar[str] = ".import.lock"
     IMPORTING: ClassVar[str] = ".import-"
+    #: The files under the root the project writes (each never through a link or FIFO found
+    #: in its place: the index is set aside and rebuilt, the rest written by
+    #: :func:`replacing` or opened by ``folder_lock.open_regular``).
+    WRITTEN: ClassVar[tuple[str, ...]] = (INDEX, IMAGES_STATE, IMAGES_LOCK)
 
     @property
     def index(self) -> Path:
@@ -374,6 +459,13 @@ class RunPaths:
         {CELL_LOG, CELL_COMMAND, CELL_METRICS, CELL_RESULT})
     #: The workload's own summary of a cell, written by the program into its folder.
     CELL_SUMMARY: ClassVar[str] = "summary.json"
+    #: The files of a run the project writes (by :func:`replacing`; none through a link, a
+    #: FIFO or a device found in its place), and of each cell (the log by
+    #: :func:`open_stream`): ``tests/test_safe_writes.py`` plants a link and a FIFO at each.
+    WRITTEN: ClassVar[tuple[str, ...]] = (MATRIX_FILE, PLAN, RUN_META, SUMMARY_CSV, SUMMARY_TXT,
+                                          SUMMARY_PNG, PUBLISHED)
+    CELL_WRITTEN: ClassVar[tuple[str, ...]] = (CELL_LOG, CELL_COMMAND, CELL_METRICS,
+                                               CELL_RESULT)
 
     @classmethod
     def create(cls, results_root: Path, matrix_name: str, run_id: str | None = None) -> RunPaths:
@@ -453,8 +545,9 @@ class RunPaths:
 
     def superseded(self, cell_id: str, *why: str) -> Path:
         """Where an attempt of a cell that is not its result is kept:
-        ``superseded/<cell id>-<why...>-<ms>`` (the folder itself not made)."""
-        return self.root / self.SUPERSEDED / "-".join(
+        ``superseded/<cell id>-<why...>-<ms>``: ``superseded/`` made (never a link out of the
+        run: :func:`make_folder`), the attempt's folder not."""
+        return make_folder(self.root / self.SUPERSEDED) / "-".join(
             [cell_id, *why, str(int(time.time() * 1000))])
 
     def cell_dir(self, cell_id: str) -> Path:

@@ -996,11 +996,13 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
     if _writable(root) and _usable_file(index):
         candidates.append((str(index), None))
     cache = _cache_index_path(root)
-    candidates.append((str(cache), f"{root} is read-only: index kept in {cache}"))
-    candidates.append((":memory:", f"{root} is read-only and {cache.parent} cannot be "
+    candidates.append((str(cache), f"{root} <why>: index kept in {cache}"))
+    candidates.append((":memory:", f"{root} <why> and {cache.parent} cannot be "
                        "written: index built in memory for this command"))
     errors = []
-    for location, note in candidates:
+    why = "is read-only"  # or what the index there met (a full disk is never called damaged)
+    for location, template in candidates:
+        note = template.replace("<why>", why, 1) if template else None
         for attempt in (1, 2):
             try:
                 if location != ":memory:":
@@ -1010,6 +1012,7 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
                 _refuse_if_busy(location, exc, busy)
                 errors.append(f"{location}: {exc}")
                 log.debug("index at %s not usable: %s", location, exc)
+                why = f"cannot hold the index ({exc})"
                 break
             try:
                 if refresh:
@@ -1020,6 +1023,7 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
                 if attempt == 1 and _damaged(exc) and _set_aside(location, exc):
                     continue  # a damaged index, found only when read: rebuilt
                 errors.append(f"{location}: {exc}")
+                why = f"cannot hold the index ({exc})"
                 break
             return store
     raise OrchestratorError("no usable results index: " + "; ".join(errors))
@@ -1027,7 +1031,15 @@ def open_store(results_root: Path, matrices: Sequence[str] | None = None,
 
 def _usable_file(index: Path) -> bool:
     """Whether ``index`` can be the index file: missing (it is made), or a writable regular
-    file. Anything else in its place (a folder, a FIFO, a link) is set aside first."""
+    file. Anything else in its place (a folder, a FIFO, a link) is set aside first, and so is
+    anything but a regular file where SQLite keeps its write-ahead log and shared memory
+    (``-wal``, ``-shm``: SQLite would write through a link there)."""
+    for companion in ("-wal", "-shm"):
+        side = index.with_name(index.name + companion)
+        with contextlib.suppress(OSError):
+            if not stat.S_ISREG(side.lstat().st_mode):
+                os.replace(side, side.with_name(f"{side.name}.damaged-{int(time.time())}"))
+                log.warning("%s was not a regular file: moved aside", side)
     try:
         mode = index.lstat().st_mode
     except FileNotFoundError:
@@ -1050,10 +1062,12 @@ def _refuse_if_busy(location: str, exc: BaseException, busy: float) -> None:
 
 
 def _damaged(exc: sqlite3.DatabaseError) -> bool:
-    """Whether ``exc`` says the index file is damaged (not merely locked by another process)."""
+    """Whether ``exc`` says the index file is damaged: not merely locked by another process,
+    read-only, or on a full disk (SQLite's "database or disk is full", "disk I/O error": a
+    healthy index is never set aside for them)."""
     text = str(exc).lower()
     return not any(word in text for word in ("locked", "busy", "readonly", "read-only",
-                                             "unable to open"))
+                                             "unable to open", "full", "disk i/o"))
 
 
 def _set_aside(location: str, why: object) -> bool:

@@ -73,7 +73,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.results.folders import folder_lock
-from orchestrator.results.folders.run_folder import ResultsRoot, RunPaths, write_json
+from orchestrator.results.folders.run_folder import ResultsRoot, RunPaths, write_file, write_json
 from orchestrator.results.importer.common import (
     IMPORTER_VERSION,
     ImportOptions,
@@ -189,7 +189,20 @@ def write_import(plan: ImportPlan, options: ImportOptions) -> RunPaths:
         if problems:
             raise ConfigError(problems)
         _check_run_id(plan.run_id, where, plan.target.name)
-        return _write_locked(plan, options, where, final, write_summary)
+        try:
+            return _write_locked(plan, options, where, final, write_summary)
+        except OSError as exc:  # a full disk, a folder gone read-only: nothing was left
+            raise ConfigError([Problem("--results", str(options.results_root),
+                                       f"cannot write the run folder {final}: "
+                                       f"{_reason(exc)}; nothing was imported")]) from None
+
+
+def _reason(exc: OSError) -> str:
+    """An OSError in words; a copy's (``shutil.Error``: a list of failed files) by its first."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) \
+            and exc.args[0] and len(exc.args[0][0]) == 3:
+        return str(exc.args[0][0][2])
+    return str(exc.strerror or exc)
 
 
 def _write_locked(plan: ImportPlan, options: ImportOptions, where: ResultsRoot, final: Path,
@@ -203,14 +216,14 @@ def _write_locked(plan: ImportPlan, options: ImportOptions, where: ResultsRoot, 
     try:
         paths = RunPaths(tmp)
         paths.cells_dir.mkdir()
-        paths.matrix_file.write_text(plan.target.matrix_text, encoding="utf-8")
+        write_file(paths.matrix_file, plan.target.matrix_text)
         if plan.run_folder is not None:
             plan_data = _write_run_folder(paths, plan, options)
         else:
             plan_data = _write_entries(paths, plan, options)
         write_json(paths.plan, plan_data)
         write_summary(paths)
-        if final.exists():
+        if final.exists() or final.is_symlink():
             raise ConfigError(f"{final} appeared while importing; give another --run-id",
                               field="--run-id")
         os.rename(tmp, final)

@@ -183,7 +183,7 @@ def _check_run_id(run_id: str, where: ResultsRoot, matrix: str) -> None:
     if not _RUN_ID.match(run_id):
         raise ConfigError(f"{run_id!r}: letters, digits, _ . - only", field="--run-id")
     taken = where.run(matrix, run_id).root
-    if taken.exists():
+    if taken.exists() or taken.is_symlink():
         raise ConfigError(f"{taken} exists already; give another --run-id", field="--run-id")
 
 

@@ -50,6 +50,7 @@ from orchestrator.results.folders.run_folder import (
     Status,
     new_run_id,
     parse_metric_lines,
+    replacing,
     write_json,
 )
 from orchestrator.results.importer.common import (
@@ -557,7 +558,7 @@ def _write_entries(paths: RunPaths, plan: ImportPlan, options: ImportOptions) ->
             name = re.sub(r"[^A-Za-z0-9_.-]+", "_", extra.name)
             shutil.copyfile(extra, cell_dir / (f"source-{name}" if name in _RESERVED else name))
         if figures.records:
-            with paths.cell_metrics(entry.cell_id).open("w", encoding="utf-8") as fh:
+            with replacing(paths.cell_metrics(entry.cell_id)) as fh:
                 fh.writelines(safejson.dumps(o) + "\n" for o in figures.records)
         source = {"path": str(entry.path.resolve()), "sha256": entry.sha256,
                   "format": entry.kind, "cell": entry.cell_id}

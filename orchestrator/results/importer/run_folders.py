@@ -9,12 +9,14 @@ import json
 import logging
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from orchestrator import __version__
+from orchestrator.config.files import problems_from_validation
 from orchestrator.config.matrix_file import CellParams
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.results.folders import safejson
@@ -102,9 +104,9 @@ def _validate_run_folder(src: Path) -> RunFolder:
             continue
         try:
             CellParams.model_validate(cell["params"])
-        except ValidationError as exc:
-            err = exc.errors(include_url=False)[0]
-            problems.append(Problem(plan_file, f"{where}.params.{err['loc'][0]}", err["msg"]))
+        except ValidationError as exc:  # a field's error, or the whole cell's (gpus vs nodes)
+            problems += [replace(p, field=f"{where}.params.{p.field}".rstrip("."))
+                         for p in problems_from_validation(plan_file, exc)]
             continue
         planned[cell["id"]] = cell
     found: list[RunCell] = []
@@ -126,6 +128,11 @@ def _validate_run_folder(src: Path) -> RunFolder:
                                     f"{result.cell_id!r} is not a cell of the run's plan "
                                     f"(folder {cell_id})"))
             continue
+        differs = _not_as_planned(planned[cell_id], result)
+        if differs:
+            problems.append(Problem(str(result_file), differs[0], f"{differs[1]}: the run's "
+                                    f"plan.json does not describe its cell {cell_id}"))
+            continue
         digest = hashlib.sha256(result_file.read_bytes()).hexdigest()
         found.append(RunCell(cell_id, cell_id, planned[cell_id]["group"], result, digest))
     if not found and not problems:
@@ -137,6 +144,21 @@ def _validate_run_folder(src: Path) -> RunFolder:
         run.plan.read_bytes() + run.run_meta.read_bytes()).hexdigest()
     digests = source_digests(meta) or [hashlib.sha256(identity.encode()).hexdigest()]
     return RunFolder(src, plan, meta, found, digests, identity)
+
+
+def _not_as_planned(planned: dict[str, Any], result: CellResult) -> tuple[str, str] | None:
+    """Where a cell's result contradicts its plan.json entry (its group, repeat, or a
+    parameter both state: a log's import records only what the log stated), and how; None
+    where it does not."""
+    if result.group != planned["group"]:
+        return "group", f"{result.group!r}, the plan says {planned['group']!r}"
+    repeat = planned.get("repeat")
+    if isinstance(repeat, int) and result.repeat != repeat:
+        return "repeat", f"{result.repeat}, the plan says {repeat}"
+    for key, value in result.params.items():
+        if key in planned["params"] and planned["params"][key] != value:
+            return f"params.{key}", f"{value!r}, the plan says {planned['params'][key]!r}"
+    return None
 
 
 def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:

@@ -23,6 +23,7 @@ import logging
 import re
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +95,20 @@ def _planned_groups(run: RunPaths) -> tuple[dict[str, Any], dict[str, dict[str, 
 
 
 def _target_from_runs(name: str, runs: list[RunPaths]) -> Target | None:
-    """The groups of the runs of ``name`` (newest first: its definition of a group wins); a
-    run whose plan cannot be read is skipped with a warning (None: none could be)."""
+    """The groups of the runs of ``name`` (newest first: its definition of a group wins). A
+    run whose plan cannot be read refuses the import (a ConfigError naming it): matched against
+    the others only, its cells would be grouped apart from the same configurations of that
+    run (None: no runs)."""
     groups: dict[str, dict[str, Any]] = {}
     newest: tuple[RunPaths, dict[str, Any]] | None = None
     for run in reversed(runs):
         try:
             plan, found = _planned_groups(run)
         except ConfigError as exc:
-            log.warning("%s; its groups are not matched against", exc)
-            continue
+            raise ConfigError([replace(p, message=f"{p.message}: the import matches its cells "
+                                       f"against every run of {name!r}; repair this run's plan "
+                                       "or move the run out of the results folder")
+                               for p in exc.problems]) from None
         for group, data in found.items():
             groups.setdefault(group, data)
         newest = newest or (run, plan)

@@ -21,7 +21,6 @@ judges the raw figures.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import statistics
@@ -39,6 +38,7 @@ from orchestrator.results.folders.store import (
     Store,
     stack_field_values,
 )
+from orchestrator.results.reports.csv_out import RowWriter
 from orchestrator.results.reports.summary import varying_keys
 from orchestrator.results.statistics.stats import (
     TOO_FEW_REPEATS,
@@ -408,7 +408,7 @@ def render_compare_csv(comp: Comparison) -> str:
               "a_failed", "b_failed", "change", "ci_low", "ci_high", "verdict",
               "profile_changed", "role", "basis", "raw_change", "a_norm_median",
               "b_norm_median", "norm_change", "a_unstable", "b_unstable"]
-    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer = RowWriter(out, fields)
     writer.writeheader()
     for r in comp.rows:
         ch = r.change

@@ -15,7 +15,6 @@ the runs ran Slurm jobs, every row also carries Slurm's accounting of its cell's
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from orchestrator.results.folders.store import (
     RunRecord,
     Store,
 )
+from orchestrator.results.reports.csv_out import RowWriter
 
 RUN_COLUMNS = ("matrix", "run_id", "run_started", "run_status", "backend", "git_revision")
 CELL_COLUMNS = ("cell_id", "group", "config", "repeat", "status", "reason", "duration_s",
@@ -135,7 +135,7 @@ def write_csv(store: Store, runs: Sequence[RunRecord], selection: Selection, out
               ) -> int:
     """Write CSV to ``out``; returns the rows written."""
     names = _param_names(store, runs)  # one query for the header and the rows
-    writer = csv.DictWriter(out, fieldnames=columns(store, runs, names), lineterminator="\n")
+    writer = RowWriter(out, columns(store, runs, names))
     writer.writeheader()
     n = 0
     for row in rows(store, runs, selection, names):

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.results.folders.run_folder import RunPaths, write_bytes
+from orchestrator.results.folders.run_folder import RunPaths, replacing, write_bytes
 from orchestrator.results.reports.summary import GroupRow, summarize_run, varying_keys
 
 if TYPE_CHECKING:
@@ -322,9 +322,10 @@ def _save(plt: Any, fig: Any, ax: Any, out: Target, fmt: str | None) -> Target:
     fig.tight_layout()
     if isinstance(out, str):
         out = Path(out)
-    if isinstance(out, Path):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, format=fmt, metadata=_metadata(out.suffix.lstrip(".") or fmt))
+    if isinstance(out, Path):  # atomically, never through a link or FIFO found there
+        kind = fmt or out.suffix.lstrip(".").lower() or "png"
+        with replacing(out, "wb") as fh:
+            fig.savefig(fh, format=kind, metadata=_metadata(kind))
     else:
         fig.savefig(out, format=fmt or "svg", metadata=_metadata(fmt or "svg"))
     plt.close(fig)

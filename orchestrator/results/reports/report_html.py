@@ -24,7 +24,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from orchestrator import __version__
-from orchestrator.results.folders.run_folder import CellResult, RunPaths, read_json
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, read_json, write_file
 from orchestrator.results.folders.store import RecordedStack, stack_field_values
 from orchestrator.results.reports.summary import (
     GroupRow,
@@ -252,8 +252,7 @@ def compare_title(comp: Any) -> str:
 
 
 def write(path: Path, html: str) -> Path:
-    """Write a report file."""
+    """Write a report file (atomically, never through a link or FIFO found there)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html, encoding="utf-8")
+    write_file(path, html)
     return path

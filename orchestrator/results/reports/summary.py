@@ -28,7 +28,6 @@ with 2 or more ok repeats.
 
 from __future__ import annotations
 
-import csv
 import io
 import re
 import statistics
@@ -40,8 +39,15 @@ from tabulate import tabulate
 
 from orchestrator.config.syntax import RELEASE_PARAM, param_matches, parse_baseline
 from orchestrator.results.figures.rerun import THROTTLED
-from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, throughput_key
+from orchestrator.results.folders.run_folder import (
+    CellResult,
+    RunPaths,
+    Status,
+    throughput_key,
+    write_file,
+)
 from orchestrator.results.reports import table_rules
+from orchestrator.results.reports.csv_out import RowWriter
 from orchestrator.results.reports.table_rules import Column, TableRule
 from orchestrator.results.statistics import stats
 
@@ -531,7 +537,7 @@ def render_csv(rows: Sequence[GroupRow]) -> str:
     fields: list[str] = []
     for d in dicts:
         fields += [k for k in d if k not in fields]
-    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer = RowWriter(out, fields)
     writer.writeheader()
     for d in dicts:
         writer.writerow({k: "" if v is None else v for k, v in d.items()})
@@ -605,5 +611,5 @@ def options_line(plan: Mapping[str, Any]) -> str:
 
 def write_summary_files(paths: RunPaths, rows: Sequence[GroupRow], table: str) -> None:
     """summary.csv and summary.txt of a run folder (an OSError when they cannot be written)."""
-    paths.summary_csv.write_text(render_csv(rows), encoding="utf-8")
-    paths.summary_txt.write_text(table + "\n", encoding="utf-8")
+    write_file(paths.summary_csv, render_csv(rows))
+    write_file(paths.summary_txt, table + "\n")
