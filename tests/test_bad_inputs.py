@@ -725,6 +725,9 @@ for _name, _only, _err in [
     ("only-matches-nothing", "batch_size=32", "--only batch_size=32 matches no cell"),
     ("only-comma-list", "batch_size=8,16",
      "(several values: repeat --only, e.g. --only batch_size=8 --only batch_size=16)"),
+    ("only-comma-two-keys", "channels_last=true,batch_size=8",
+     "--only: channels_last=true,batch_size=8: several filters in one: one KEY=VALUE per "
+     "--only, e.g. --only channels_last=true --only batch_size=8"),
 ]:
     case("cli", _name, [*_PLAN, "--only", _only], files=_TWO, err=(_err,),
          subprocess=_name == "only-not-a-number")
