@@ -173,6 +173,25 @@ def test_the_text_groups_by_state_and_ends_with_the_verdict() -> None:
         "the sweep would not start here: 1 requirement not met (exit 3)")
     assert verdict(found[1:], HERE) == ("the sweep would start here (1 requirement to check "
                                         "on the target)")
+
+
+def test_on_a_terminal_each_requirement_is_wrapped_with_its_field_whole() -> None:
+    """A terminal gets each requirement wrapped to its width (they ran to 176-529 columns),
+    the ``file: field:`` kept whole on its first line; a pipe keeps one line each (grep)."""
+    message = ("40 cells (v100-g1-bs128-fp32-r1, v100-g1-bs128-amp-r1, ...) need an NVIDIA GPU "
+               "(V100, compute capability 7.0; 1 to 8 per cell; device = \"cuda\"), and this "
+               "machine has none, where the docker backend runs them: --backend slurm")
+    found = [Requirement("matrices/v100_scaling.toml", "hardware.v100.device", message,
+                         kind="GPUs", cells=("a",))]
+    piped = lines(found, HERE)
+    assert piped[3] == f"        matrices/v100_scaling.toml: hardware.v100.device: {message}"
+    wrapped = lines(found, HERE, width=80)
+    body = wrapped[3:-1]
+    assert len(body) > 1 and all(len(line) <= 80 for line in body), body
+    assert body[0].startswith("        matrices/v100_scaling.toml: hardware.v100.device: 40 ")
+    assert all(line.startswith(" " * 10) for line in body[1:])
+    assert " ".join(" ".join(line.split()) for line in body).endswith(
+        " ".join(message.split()))
     assert lines([], HERE) == ["requirements of the target (this machine): all met",
                                "the sweep would start here"]
     assert unmet(found) == found[:1]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import textwrap
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -254,10 +255,13 @@ def _names(message: str, cell_id: str) -> bool:
     return re.search(rf"(?<![\w.-]){re.escape(cell_id)}(?![\w.-])", message) is not None
 
 
-def lines(found: Sequence[Requirement], target: Target, where: str = "") -> list[str]:
+def lines(found: Sequence[Requirement], target: Target, where: str = "",
+          width: int | None = None) -> list[str]:
     """The requirements for people, grouped by state (not met, falls short, to check there),
     each with its kind, the field that asks for it, the cells and what to do; then the
-    verdict. ``where``: where the cells run, in words (default: the target's name)."""
+    verdict. ``where``: where the cells run, in words (default: the target's name).
+    ``width``: each requirement's text wrapped to it (a terminal's width), its ``file: field:``
+    kept whole on the first line; None: one line each (a pipe, ``grep``)."""
     out = [f"requirements of the target ({where or target.name}):" if found else
            f"requirements of the target ({where or target.name}): all met"]
     for state, title in _STATES.items():
@@ -268,6 +272,17 @@ def lines(found: Sequence[Requirement], target: Target, where: str = "") -> list
         for req in group:
             named = req.cells and not _names(req.message, req.cells[0])  # else the message does
             out.append(f"    - {req.kind or 'other'}" + (f" ({who(req.cells)})" if named else ""))
-            out.append(f"        {req}")  # file: field: message, as validate's refusal says it
+            out.extend(_wrapped(req, width))  # file: field: message, as validate's refusal
     out.append(verdict(found, target))
     return out
+
+
+def _wrapped(req: Requirement, width: int | None) -> list[str]:
+    """One requirement's ``file: field: message`` under its heading, wrapped to ``width``."""
+    if width is None:
+        return [f"        {req}"]
+    where = ": ".join(part for part in (req.file, req.field) if part)
+    return textwrap.wrap(req.message, width=max(width, 60), break_long_words=False,
+                         break_on_hyphens=False, subsequent_indent=" " * 10,
+                         initial_indent=" " * 8 + (f"{where}: " if where else "")) or [
+        f"        {req}"]

@@ -19,6 +19,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -213,14 +214,18 @@ def _load(args: argparse.Namespace, *, refuse: bool = True) -> tuple[Matrix, Dec
     return matrix, decision
 
 
-def requirement_lines(matrix: Matrix, decision: Decision) -> list[str]:
+def requirement_lines(matrix: Matrix, decision: Decision, stream: TextIO | None = None
+                      ) -> list[str]:
     """What the target needs (:func:`orchestrator.backends.target.lines`), after a plan; each
-    requirement a ``--set`` may have caused says so."""
+    requirement a ``--set`` may have caused says so. Wrapped to the terminal's width where
+    ``stream`` (default stdout) is one; a pipe gets one line per requirement."""
     from orchestrator.backends.target import lines
     from orchestrator.errors import Requirement
 
+    stream = stream or sys.stdout
+    width = shutil.get_terminal_size().columns - 1 if stream.isatty() else None
     found = [r for r in matrix.attributed(decision.requirements) if isinstance(r, Requirement)]
-    return lines(found, decision.target, decision.where)
+    return lines(found, decision.target, decision.where, width)
 
 
 def plan_exit(decision: Decision) -> int:
@@ -329,7 +334,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         write_json_array(sys.stdout, ({**c.to_json(), "launch": launch} for c, launch
                                       in zip(cells, launches_on(runner, cells), strict=True)))
         sys.stdout.flush()  # the plan first, then (stderr) what the target lacks
-        print("\n".join(requirement_lines(matrix, decision)), file=sys.stderr)
+        print("\n".join(requirement_lines(matrix, decision, sys.stderr)), file=sys.stderr)
     else:
         print("\n".join([*plan_lines(matrix, decision.backend), "",
                          *requirement_lines(matrix, decision)]))
