@@ -127,10 +127,12 @@ def test_a_cell_is_named_by_its_id_or_a_unique_prefix_and_a_typo_gets_suggestion
         resolve_cell(paths, "resnet50-")
     assert a in str(many.value)
     typo = a.replace("amp", "apm")
-    with pytest.raises(ConfigError, match=f"did you mean '{a}'"):
+    with pytest.raises(ConfigError, match=f": did you mean '{a}'\\? \\(its cells: "):
         resolve_cell(paths, typo)
-    with pytest.raises(ConfigError, match="its cells: "):
+    with pytest.raises(ConfigError) as none_close:
         resolve_cell(paths, "zzz")
+    assert f"no cell 'zzz' in run {paths.matrix_dir.name}:{paths.run_id} (its cells: {a}, " \
+        in str(none_close.value)
 
 
 def test_logs_of_a_misspelt_cell_exit_2_with_the_suggestion(tmp_path, capsys) -> None:

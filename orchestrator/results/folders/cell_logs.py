@@ -65,9 +65,9 @@ def resolve_cell(paths: RunPaths, spec: str) -> str:
         raise ConfigError(f"{spec!r} names {len(starting)} cells of {where} ({shown}); give "
                           "more of the id", field="CELL")
     close = difflib.get_close_matches(spec, known, n=3, cutoff=0.6)
-    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    hint = f": did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     listed = ", ".join(known[:12]) + (f" ... ({len(known)} cells)" if len(known) > 12 else "")
-    raise ConfigError(f"no cell {spec!r} in {where}; {hint}(its cells: {listed or 'none'})",
+    raise ConfigError(f"no cell {spec!r} in {where}{hint} (its cells: {listed or 'none'})",
                       field="CELL")
 
 
