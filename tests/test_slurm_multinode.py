@@ -248,7 +248,7 @@ regex = [{{ name = "probe.ips", pattern = 'probe images/s: (\\d+\\.\\d+)' }}]
     outcome = run_sweep(load_matrix(path), results_root=tmp_path / "results")
     (res,) = outcome.results
     assert res.status is Status.OK, (res.reason, res.log_tail)
-    assert res.provenance["hosts"] == ["mn1", "mn2"]
+    assert res.provenance.get("hosts") == ["mn1", "mn2"], res.provenance
     cell = outcome.paths.cell_dir(res.cell_id)
     ranks = [json.loads(p.read_text()) for p in sorted(cell.glob("probe-rank*.json"))]
     assert [r["env"]["RANK"] for r in ranks] == ["0", "1", "2", "3"]

@@ -305,6 +305,8 @@ class SlurmExecution(Execution):
         self.state = "PENDING"
         self.pending_reason = ""
         self.node: str | None = None
+        #: How many nodes the job asked for: accounting that names fewer has not caught up yet.
+        self.nodes = 1
         self.ran = False  # seen RUNNING (or later)
         self.killed = False
         self.outcome: JobOutcome | None = None
@@ -465,16 +467,27 @@ class SlurmExecution(Execution):
             return ExitInfo(code=None, host_lost=True, detail=self._lost_detail)
         if self.outcome is None and self._done.is_set():
             deadline = time.monotonic() + 10.0  # accounting may lag a moment behind the queue
-            while self.outcome is None:
-                self.outcome = self._query_outcome()
-                if self.outcome is not None or time.monotonic() > deadline:
+            while True:
+                found = self._query_outcome()
+                self.outcome = found or self.outcome
+                if (found is not None and self._covers(found.node)) \
+                        or time.monotonic() > deadline:
                     break
                 time.sleep(1.0)
         if self.outcome is None:
             return ExitInfo(code=None, detail=f"Slurm reported no final state for job "
                             f"{self.job_id} (last seen {self.state})")
-        self.node = self.outcome.node or self.node
+        if self.outcome.node and (not self.node or len(expand_hostlist(self.outcome.node))
+                                  >= len(expand_hostlist(self.node))):
+            self.node = self.outcome.node  # never narrowed: squeue may have seen them all
         return self.outcome.exit_info(self.job_id)
+
+    def _covers(self, node_list: str | None) -> bool:
+        """Whether accounting's ``node_list`` names every node the job asked for (slurmdbd
+        records a multi-node job's end before its node list: ``COMPLETED|mn1`` for a second,
+        then ``mn[1-2]``)."""
+        return self.nodes <= 1 or (node_list is not None
+                                   and len(expand_hostlist(node_list)) >= self.nodes)
 
     def close(self) -> None:
         self._closed.set()
@@ -830,6 +843,7 @@ class SlurmBackend(Backend):
                 QueueWatcher(batch.cluster, conf=submission.conf))
         execution = SlurmExecution(job_id, output, batch.cluster, watcher, cancel=self._cancel)
         execution.scrub = Scrubber(submission.secrets.values())
+        execution.nodes = self._cells[spec.cell_id].params.nodes
         with self._lock:
             self._live.add(execution)
         self._record_job(spec.cell_id, execution, script_path, batch)

@@ -20,10 +20,13 @@ marker="# written by orchestrate tests/infra/start-slurm.sh"
 
 say() { echo "start-slurm: $*"; }
 
-# A live (not zombie) process with exactly this name.
+# A live (not zombie) process with exactly this name, of this cluster: the two-node cluster's
+# daemons (start-slurm-multinode.sh) run with `-f its/slurm.conf` and are not this one's (taking
+# them for it left this cluster down and the script waiting for a node that never came).
 running() {
     local pid
     for pid in $(pgrep -x "$1" 2>/dev/null); do
+        case "$(ps -o args= -p "$pid" 2>/dev/null)" in *" -f "*) continue ;; esac
         case "$(ps -o stat= -p "$pid" 2>/dev/null)" in Z*|"") ;; *) return 0 ;; esac
     done
     return 1
