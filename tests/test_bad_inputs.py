@@ -282,6 +282,8 @@ for _name, _text, _field, _guess in [
     ("exclude-gpu", mx(axes="gpus = [1, 2]", extra="[[exclude]]\ngpu = 1"), "exclude[0].gpu",
      "gpus"),
     ("zip-precison", mx(extra='[[zip]]\nprecison = ["fp32"]'), "zip[0].precison", "precision"),
+    # a table's field at the top of the file: that table's key named
+    ("top-level-repeats", "repeats = 3\n" + mx(), "repeats", "matrix.repeats"),
 ]:
     bad_matrix("unknown-keys", _name, _text, f"{_field}: unknown key (did you mean {_guess!r}?")
 bad_matrix("unknown-keys", "nothing-near", mx(workload="zzzz = 1"),
@@ -725,6 +727,9 @@ for _name, _only, _err in [
     ("only-matches-nothing", "batch_size=32", "--only batch_size=32 matches no cell"),
     ("only-comma-list", "batch_size=8,16",
      "(several values: repeat --only, e.g. --only batch_size=8 --only batch_size=16)"),
+    ("only-comma-two-keys", "channels_last=true,batch_size=8",
+     "--only: channels_last=true,batch_size=8: several filters in one: one KEY=VALUE per "
+     "--only, e.g. --only channels_last=true --only batch_size=8"),
 ]:
     case("cli", _name, [*_PLAN, "--only", _only], files=_TWO, err=(_err,),
          subprocess=_name == "only-not-a-number")
@@ -754,6 +759,8 @@ for _name, _option, _value, _err in [
         ("set-unknown-key", "workload.iteratons=20",
          "m.toml: workload.iteratons: unknown key (did you mean 'iterations'?"),
         ("set-unknown-table", "workloads.iterations=20", "m.toml: workloads: unknown key"),
+        ("set-table-field-at-top", "repeats=2",
+         "m.toml: repeats: unknown key (did you mean 'matrix.repeats'?"),
         ("set-under-a-value", "workload.iterations.x=1",
          "m.toml: workload.iterations: is a number here, not a table: 'x' cannot be a key under it "
          "(from --set workload.iterations.x=1)"),

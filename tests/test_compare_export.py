@@ -258,3 +258,20 @@ def test_a_row_without_control_characters_stays_minimally_quoted():
     writer.writerow({"a": "x,y", "b": 1})
     writer.writerow({"a": "r\r", "b": 2})
     assert out.getvalue() == 'a,b\n"x,y",1\n"r\r","2"\n'
+
+
+def test_compare_history_and_export_list_configurations_in_plan_order(tmp_path, capsys):
+    """Batch 8 before 16, as the plan (and the report) has them: not the cell ids' text order,
+    in which 'bs16' comes first."""
+    for n in (1, 2, 3):
+        write_run(tmp_path, "m", run_id(n), [Config(params(batch_size=8), [100.0, 101.0]),
+                                            Config(params(batch_size=16), [200.0, 201.0])],
+                  started=day(n))
+    for command in (["compare", "latest~1", "latest"], ["history", "m"]):
+        assert main([*command, "--results", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert out.index("| 8 ") < out.index("| 16 "), out
+    assert main(["export", "--run", "latest", "--results", str(tmp_path)]) == 0
+    batches = [row["param.batch_size"] for row in csv.DictReader(io.StringIO(
+        capsys.readouterr().out))]
+    assert batches == sorted(batches, key=lambda b: int(b) != 8) and batches[0] == "8"

@@ -278,3 +278,13 @@ def test_the_nightly_cron_script(tmp_path: Path, sweep: int, gate: int, says: st
         assert done.stdout.splitlines()[0] == f"nightly matrices/nightly.toml: {says}"
         assert "output of -q matrix" in done.stdout and "output of history" in done.stdout
     assert list(scratch.iterdir()) == []
+
+
+def test_no_page_says_the_seeds_are_reproduced_as_written() -> None:
+    """docs/seeds.md, generated from the translation tables, says that none of the five seeds
+    is reproduced as written (each declares differences, issue 33): no other page may say they
+    are (the README's table and matrix-files.md's shipped matrices did)."""
+    assert "none of the five is" in (DOCS / "seeds.md").read_text(encoding="utf-8")
+    claims = [str(page.relative_to(ROOT)) for page in PAGES if page.name != "seeds.md"
+              and re.search(r"reproduced\s+\**as\s+written", page.read_text(encoding="utf-8"))]
+    assert claims == []

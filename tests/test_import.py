@@ -636,3 +636,21 @@ def test_an_import_whose_reader_is_gone_is_written_whole(logs, results):
     (new,) = set(entries_of(results)) - before
     (res,) = RunPaths(results / "dle_cal" / new).result_files()
     assert json.loads(res.read_text())["status"] == "ok"
+
+
+def test_a_copied_run_folder_keeps_its_plan_order_and_selection(tmp_path, capsys):
+    """The shipped copy of a `fake_bench --only repeat=1` run (examples/copied): imported, its
+    plan.json keeps the source's cell order (batch 8 before 16, not the ids' text order) and
+    the --only that made it, so report shows the rows and the line as the sweep's own report
+    did, and history knows a configuration left out by --only."""
+    source = Path(__file__).parent.parent / "examples/copied/fake_bench/20261127-183836-f024"
+    before = json.loads((source / "plan.json").read_text())
+    assert main(["import", str(source), "--results", str(tmp_path)]) == 0
+    after = json.loads((tmp_path / "fake_bench" / source.name / "plan.json").read_text())
+    assert [c["id"] for c in after["cells"]] == [c["id"] for c in before["cells"]]
+    assert after["only"] == before["only"] == ["repeat=1"]
+    capsys.readouterr()
+    assert main(["report", "fake_bench", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "run with --only repeat=1" in out
+    assert out.index("| 8 ") < out.index("| 16 ")

@@ -196,6 +196,8 @@ class Scenario:
 
 
 CPU = '[workload]\nhardware = "cpu"\n[hardware.cpu]\ndevice = "cpu"\n'
+#: examples/fake_bench.toml's CPU cells beside cells of a V100 profile (appended to the file).
+MIXED = '\n[hardware.v100]\ndevice = "cuda"\n'
 SCENARIOS = [
     Scenario("cuda-cells-without-a-gpu (h100_speed)", ("hardware.h100.device",),
              matrix="h100_speed"),
@@ -227,6 +229,10 @@ SCENARIOS = [
              code=2),
     Scenario("resume-of-no-run", ("--resume",), text=CPU, args=("--resume", "20200101-000000-"
                                                                  "aaaa"), run_option=True, code=2),
+    Scenario("gpu-cells-selected-by-only-without-a-gpu", ("hardware.v100.device",),
+             text=(ROOT / "examples" / "fake_bench.toml").read_text() + MIXED,
+             args=("--set", 'axes.hardware=["cpu", "v100"]', "--only", "hardware=v100",
+                   "--only", "batch_size=8")),
     Scenario("local-base-image-not-here (docker_smoke)", ("hardware.cpu-container.image_vars."
                                                           "base_image",),
              text=(ROOT / "matrices" / "docker_smoke.toml").read_text().replace(
@@ -308,6 +314,38 @@ def test_validate_the_dry_run_and_the_sweep_refuse_alike(
             assert "commands (" in out and "would not start here" in out, out[-2000:]
     assert len({fields for _, fields in seen.values()}) == 1, seen  # the very same problems
     assert not results.exists() or not any(results.rglob("run.json"))  # nothing ran
+
+
+@pytest.mark.subprocess  # the sweep of the selection runs examples/fake_bench.py
+def test_a_selection_is_decided_for_its_own_cells(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--only`` / ``--exclude`` leave out the cells that need a GPU: what the target lacks is
+    decided for the cells the command acts on, so the CPU cells of a mixed matrix start on a
+    machine without a GPU, alike for validate, plan, the dry run and the sweep (all of them
+    refused the whole matrix's GPU cells before). The file itself is still checked whole."""
+    from orchestrator.catalog import gpus
+
+    gpus.local_facts.cache_clear()
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.chdir(ROOT)  # the example's command runs examples/fake_bench.py
+    path = tmp_path / "m.toml"
+    path.write_text((ROOT / "examples" / "fake_bench.toml").read_text() + MIXED)
+    mixed = ("--set", 'axes.hardware=["cpu", "v100"]', "--set", "matrix.repeats=1")
+    results = tmp_path / "results"
+    for selection in (("--only", "hardware=cpu"), ("--exclude", "hardware=v100")):
+        for argv in (["validate", str(path)], ["plan", str(path)],
+                     ["matrix", str(path), "--dry-run", "--results", str(results)]):
+            code, out, err = _run([*argv, *mixed, *selection], capsys)
+            assert code == 0, f"{argv[0]} {selection}: exit {code}\n{err}"
+            assert "v100" not in out.partition("requirements")[2], out
+        code, out, err = _run([*argv, *mixed], capsys)  # the whole matrix: the GPU cells
+        assert code == 3 and "hardware.v100.device" in out + err
+    code, out, err = _run(["matrix", str(path), "--results", str(results), *mixed,
+                           "--only", "hardware=cpu"], capsys)
+    assert code == 0, err
+    assert "2 cells: 2 ok" in out, out
 
 
 # --- the table in the docs --------------------------------------------------------------------

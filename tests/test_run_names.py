@@ -101,3 +101,20 @@ def test_clean_resolves_run_names_in_the_results(tmp_path: Path,
         assert asked[0][engine.LABEL_RUN] == expected, spec
     with pytest.raises(ConfigError, match="--run"):
         maintenance_commands._run_label("nosuch:latest", None, tmp_path)
+
+
+def test_publish_without_a_matrix_says_how_publish_names_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """publish takes MATRIX[:RUN], not report's --run: its refusal says so."""
+    runs(tmp_path, ("nightly", "weekly"))
+    assert main(["publish", "--results", str(tmp_path), "--http", "http://127.0.0.1:9/x"]) == 2
+    err = capsys.readouterr().err
+    assert "say which matrix: orchestrate publish MATRIX[:RUN] (runs of nightly, weekly)" in err
+    assert "--run" not in err
+
+
+def test_runs_of_a_matrix_without_runs_says_so_in_one_phrase(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs(tmp_path)
+    assert main(["runs", "weekly", "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"(no runs of 'weekly' under {tmp_path})\n"

@@ -77,7 +77,7 @@ import difflib
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -268,7 +268,7 @@ class Decision:
 def preflight(
     matrix: Matrix, override: str | None = None, *, hosts_file: Path | None = None,
     comparisons: bool = False, strict: bool = False, machine: gpus.HostFacts | None = None,
-    target: Target = HERE, refuse: bool = True,
+    target: Target = HERE, refuse: bool = True, selected: Collection[str] | None = None,
 ) -> Decision:
     """Everything a sweep refuses before its run folder exists: **the one decision** that
     ``validate``, ``plan``, ``matrix --dry-run`` and the sweep
@@ -294,7 +294,10 @@ def preflight(
     it (``plan``, ``--dry-run``) the decision carries the requirements for the command to show
     after the plan. ``target``: the machine the decision is for (:func:`~orchestrator.backends.
     target.parse_target`; declared: its GPUs and driver are checked, nothing of this machine
-    stands for it)."""
+    stands for it). ``selected``: the ids of the cells the command acts on (``--only``,
+    ``--exclude``; None: all): the file is checked whole, what the target lacks only for those
+    cells and the controls of their hardware, so a selection that leaves out the cells needing
+    a GPU starts where there is none."""
     name = backend_for(matrix, override)
     where = {} if override else {"file": str(matrix.path), "field": "matrix.backend"}
     record = backend_record(name, **where)
@@ -315,6 +318,8 @@ def preflight(
     requirements = target_module.listed(
         matrix, [*problems, *found.warnings, *found.notes,
                  *_declared_files(matrix, record, target, problems)], record, target)
+    if selected is not None:
+        requirements = target_module.narrowed(requirements, matrix, selected)
     missing = {(r.file, r.field, r.message) for r in target_module.unmet(requirements)}
     errors = [p for p in problems  # what the file gets wrong (strict: what falls short too)
               if not isinstance(p, Requirement) or p.state == SHORT]

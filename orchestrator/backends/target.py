@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.backends.registry import BackendRecord
@@ -189,6 +189,21 @@ def with_cells(matrix: Matrix, found: Iterable[Requirement]) -> list[Requirement
                    by_program.get(name) if head == "commands" else None)
             req = dataclasses.replace(req, cells=tuple(ids) if ids else every)
         out.append(req)
+    return out
+
+
+def narrowed(found: Iterable[Requirement], matrix: Matrix, selected: Collection[str]
+             ) -> list[Requirement]:
+    """The requirements of the cells ``selected`` (``--only``, ``--exclude``) and of the
+    controls of their hardware, each with those of its cells only; a requirement no selected
+    cell needs is left out (what the sweep of the selection does not need, it does not lack)."""
+    hardware = {c.hardware for c in matrix.cells if c.id in selected}
+    keep = set(selected) | {c.id for hw, c in matrix.controls.items() if hw in hardware}
+    out = []
+    for req in found:
+        ids = tuple(i for i in req.cells if i in keep)
+        if ids:
+            out.append(dataclasses.replace(req, cells=ids))
     return out
 
 

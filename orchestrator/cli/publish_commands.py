@@ -72,8 +72,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     explicit_results = args.results is not None
     args.results = results_root(args.results)
     spec = args.run
-    name, run = (report_run(args.results, None, spec) if spec and ":" in spec
-                 else report_run(args.results, spec, None))
+    usage = "orchestrate publish MATRIX[:RUN]"
+    name, run = (report_run(args.results, None, spec, usage) if spec and ":" in spec
+                 else report_run(args.results, spec, None, usage))
     paths = find_run(args.results, name, run)
     user, _ = load_user_config()
     targets = resolve(run_settings(paths.matrix_file), user.publish, mlflow=args.mlflow,

@@ -226,11 +226,14 @@ def matrix_name(arg: str) -> str:
     return name
 
 
-def report_run(results: Path, matrix: str | None, spec: str | None) -> tuple[str, str | None]:
+def report_run(results: Path, matrix: str | None, spec: str | None,
+               usage: str = "orchestrate report MATRIX, or --run MATRIX:RUN"
+               ) -> tuple[str, str | None]:
     """The matrix and run id (None: the newest) that ``report [MATRIX] [--run SPEC]`` names:
     the run-name grammar of ``compare`` and ``history`` (``MATRIX:RUN``, ``latest~N``, a
     prefix), the matrix from the positional argument, else the run's ``MATRIX:``, else the one
-    matrix with runs under ``results``."""
+    matrix with runs under ``results``. ``usage``: how the command names a matrix, in the
+    message that asks for one."""
     from orchestrator.results.folders.run_folder import runs_of
 
     name = matrix_name(matrix) if matrix else None
@@ -247,8 +250,7 @@ def report_run(results: Path, matrix: str | None, spec: str | None) -> tuple[str
                        ) if root.is_dir() else []
         if len(names) != 1:
             which = f" (runs of {', '.join(names)})" if names else f" (no runs under {root})"
-            raise ConfigError(f"say which matrix: orchestrate report MATRIX, or --run "
-                              f"MATRIX:RUN{which}", field="matrix")
+            raise ConfigError(f"say which matrix: {usage}{which}", field="matrix")
         name = names[0]
     return name, spec
 
@@ -337,7 +339,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_json() for r in runs], indent=1))
         return 0
     if not runs:
-        print("(no runs)" + (f" of {name!r}" if name else "") + f" under {args.results}")
+        print("(no runs" + (f" of {name!r}" if name else "") + f" under {args.results})")
         return 0
     rows = [[iso(r.started_at).replace("T", " ").rstrip("Z"), r.matrix, r.run_id,
              r.backend or "", r.status, r.ok, r.failed, r.missing, _duration(r.duration_s),

@@ -138,6 +138,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.hosts(p)
     options.target(p)
     options.set_fields(p)
+    options.only(p, "what the target lacks, for matching cells only (the file is checked "
+                 "whole; as the sweep with --only): " + options.ONLY_HELP)
+    options.exclude(p)
     p.add_argument("--strict", action="store_true",
                    help="warnings are problems too (exit 2)")
     p.set_defaults(handler=cmd_validate)
@@ -164,15 +167,17 @@ def _order_seed(text: str) -> int:
 # --- plan / validate / schema ----------------------------------------------------------------
 
 
-def _decide(args: argparse.Namespace, *, strict: bool = False, refuse: bool = True
-            ) -> tuple[Matrix, Decision]:
+def _decide(args: argparse.Namespace, *, strict: bool = False, refuse: bool = True,
+            select: bool = False) -> tuple[Matrix, Decision]:
     """The matrix file, validated, and the one decision a sweep of it takes before its run
     folder exists (:func:`orchestrator.backends.checks.preflight`: a ConfigError with every
     problem; the baseline included), for the backend the command names (``--backend``, else
     the matrix's), the hosts inventory it reads (``--hosts`` first) and the target
     (``--target``, else this machine). ``refuse``: what the target lacks is refused too
     (exit 3); else (``plan``, ``--dry-run``) it is in the decision, for the command to show
-    after the plan. The command acts on the decision; nothing decides again."""
+    after the plan. ``select``: the matrix returned is the cells ``--only`` keeps and
+    ``--exclude`` leaves, and what the target lacks is decided for those cells alone (the file
+    is still checked whole). The command acts on the decision; nothing decides again."""
     from orchestrator.backends import backend_record
     from orchestrator.backends.checks import preflight
     from orchestrator.backends.target import HERE, parse_target, refusal
@@ -183,12 +188,15 @@ def _decide(args: argparse.Namespace, *, strict: bool = False, refuse: bool = Tr
     spec = getattr(args, "target", None)
     target = parse_target(spec) if spec is not None else HERE
     matrix = _load_matrix(args.matrix_file, getattr(args, "overrides", []))
+    chosen = (filter_cells(matrix, getattr(args, "only", []), getattr(args, "exclude", []))
+              if select else matrix)
     try:
         decision = preflight(matrix, backend, hosts_file=getattr(args, "hosts", None),
-                             comparisons=True, strict=strict, target=target, refuse=refuse)
+                             comparisons=True, strict=strict, target=target, refuse=refuse,
+                             selected={c.id for c in chosen.cells} if select else None)
     except ConfigError as exc:  # each problem a --set may have caused says so (exit 3 kept)
         raise refusal(matrix.attributed(exc.problems)) from None
-    return matrix, decision
+    return chosen, decision
 
 
 def _load(args: argparse.Namespace, *, refuse: bool = True) -> tuple[Matrix, Decision]:
@@ -196,14 +204,13 @@ def _load(args: argparse.Namespace, *, refuse: bool = True) -> tuple[Matrix, Dec
     then the cells ``--only`` keeps and ``--exclude`` leaves."""
     from orchestrator.errors import Requirement
 
-    matrix, decision = _decide(args, refuse=refuse)
+    matrix, decision = _decide(args, refuse=refuse, select=True)
     for problem in matrix.attributed(decision.findings.warnings):
         if refuse or not isinstance(problem, Requirement):
             log.warning("%s", problem)
     for problem in decision.findings.notes:
         if refuse or not isinstance(problem, Requirement):
             log.info("not checked: %s", problem)
-    matrix = filter_cells(matrix, getattr(args, "only", []), getattr(args, "exclude", []))
     # What exists now (modules, the matrix and its cells, the decision) lives as long as the
     # command: out of the collector's scans, which a plan's many short-lived objects set off
     # (0.05-0.1 s of a 10,000-cell plan)
@@ -353,9 +360,9 @@ WRITE_ITEMS = 128
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    matrix, decision = _decide(args, strict=args.strict)
+    matrix, decision = _decide(args, strict=args.strict, select=True)
     findings, backend = decision.findings, decision.backend
-    given = "".join(f" --set {o.shown}" for o in matrix.overrides)
+    given = "".join(f" {option}" for option in matrix.command_line)
     print(f"{args.matrix_file}{given}: ok ({_cells(len(matrix.cells))})")
     pinned = {hw for hw, _ in findings.release_stacks}
     for hw, stack in findings.stacks.items():

@@ -91,12 +91,18 @@ def problems_from_validation(
 
 
 def nearest_key(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
-    """The valid key nearest to ``loc[-1]`` among the fields of the model at ``loc[:-1]``."""
+    """The valid key nearest to ``loc[-1]`` among the fields of the model at ``loc[:-1]``;
+    else, where exactly one table there has a field of that name, its dotted path from there
+    (``repeats`` at the top of a matrix file: ``matrix.repeats``)."""
     fields = _fields_at(model, loc[:-1])
     if not fields or not isinstance(loc[-1], str):
         return None
     found = difflib.get_close_matches(loc[-1], fields, n=1, cutoff=0.75)
-    return found[0] if found else None
+    if found:
+        return found[0]
+    under = [f"{table}.{loc[-1]}" for table in fields
+             if loc[-1] in (_fields_at(model, (*loc[:-1], table)) or ())]
+    return under[0] if len(under) == 1 else None
 
 
 def _fields_at(annotation: Any, path: tuple[Any, ...]) -> list[str] | None:

@@ -791,8 +791,12 @@ def parse_only(only: Sequence[str], option: str = "--only") -> dict[str, list[An
                 msg = exc.errors(include_url=False)[0]["msg"]
                 if "," in text:  # a list, as a shell user would write it
                     first, second = (v.strip() for v in text.split(",")[:2])
-                    msg += (f" (several values: repeat {option}, e.g. {option} {key}={first} "
-                            f"{option} {key}={second})")
+                    if "=" in second:  # several filters in one: hardware=cpu,batch_size=8
+                        msg = (f"several filters in one: one KEY=VALUE per {option}, e.g. "
+                               f"{option} {key}={first} {option} {second}")
+                    else:
+                        msg += (f" (several values: repeat {option}, e.g. {option} "
+                                f"{key}={first} {option} {key}={second})")
                 problems.append(Problem(option, item, msg))
                 continue
         wanted.setdefault(key, []).append(value)

@@ -85,8 +85,9 @@ INDEX_NAME = ResultsRoot.INDEX
 #: Bump when the tables or what goes into them change: older indexes are rebuilt.
 #: 2: cells' role (config / control) and normalised figures (``norm.*``, issue 25); cells'
 #: Slurm accounting and runs' Slurm jobs (issue 26). 3: both (either 2 lacks the other's).
-#: 4: runs' lock waits (``lock_wait_s``, issue 31).
-SCHEMA_VERSION = 4
+#: 4: runs' lock waits (``lock_wait_s``, issue 31). 5: cells in plan order (their ``cell_pk``),
+#: as the report shows them, not in cell-id text order (batch 16 before 8).
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -498,11 +499,16 @@ def read_run_folder(run_dir: Path) -> ParsedRun:
                 log.warning("skipping cell %s: %s: %s", entry.name, path, exc)
                 continue
             results.append(data)
+    plan = plan if isinstance(plan, dict) else {}
+    listed = plan.get("cells")
+    position = {c["id"]: i for i, c in enumerate(listed if isinstance(listed, list) else [])
+                if isinstance(c, dict) and isinstance(c.get("id"), str)}
+    # plan order, as RunPaths.results and the report (a cell the plan does not list: last)
+    results.sort(key=lambda r: position.get(r.get("cell_id"), len(position)))
     meta = meta if isinstance(meta, dict) else {}
     ended = bool(meta.get("finished_at") or meta.get("interrupted"))
     return ParsedRun(run_dir.parent.name, run_dir.name, str(run_dir), shallow if ended else deep,
-                     meta,
-                     plan if isinstance(plan, dict) else {}, results)
+                     meta, plan, results)
 
 
 def live_holder(run_dir: Path) -> str:
@@ -856,7 +862,7 @@ class Store:
 
     def cells(self, run_pks: Sequence[int], figures: bool = False, metric: str | None = None
               ) -> list[CellRecord]:
-        """The cells of the given runs (in run order, then cell id), controls included (their
+        """The cells of the given runs (in run order, then plan order), controls included (their
         ``role``); ``figures``: with every numeric metric; ``metric``: ``value`` is this figure
         instead of the headline. ``norm`` is the same figure normalised (``norm.`` + its name;
         None where the run had no control)."""
@@ -870,11 +876,11 @@ class Store:
         if metric:
             sql = (f"SELECT {columns}, ?, f.value, params, slurm, role, n.value FROM cells c "
                    "LEFT JOIN figures f ON f.cell_pk = c.cell_pk AND f.name = ? "
-                   f"{norm_join} WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
+                   f"{norm_join} WHERE run_pk IN ({marks}) ORDER BY run_pk, c.cell_pk")
             args: list[Any] = [metric, metric, metric, *run_pks]
         else:
             sql = (f"SELECT {columns}, c.metric, c.value, params, slurm, role, n.value "
-                   f"FROM cells c {norm_join} WHERE run_pk IN ({marks}) ORDER BY run_pk, cell_id")
+                   f"FROM cells c {norm_join} WHERE run_pk IN ({marks}) ORDER BY run_pk, c.cell_pk")
             args = [None, *run_pks]
         rows = self.conn.execute(sql, args).fetchall()
         figs: dict[int, dict[str, float]] = {}

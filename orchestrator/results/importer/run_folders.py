@@ -194,7 +194,8 @@ def plan_run_folder(src: Path, options: ImportOptions) -> ImportPlan:
                         folder.plan.get("baseline"),
                         matrix_text.read_text(encoding="utf-8") if matrix_text.exists()
                         else f"# imported from {src}\n", f"the run folder {src}",
-                        str(folder.plan.get("table_rule") or "median"))
+                        str(folder.plan.get("table_rule") or "median"),
+                        overrides=_texts(folder.plan.get("set")))  # its matrix.toml's --set
     _check_not_imported(target.name, options.results_root, folder.digests,
                         [str(src)] * len(folder.digests), problems)
     if problems:
@@ -249,4 +250,14 @@ def _write_run_folder(paths: RunPaths, plan: ImportPlan, options: ImportOptions
     meta = {**folder.run_meta, "run_id": plan.run_id, "matrix": plan.target.name,
             "imported": _imported_block(options, sources, plan.target)}
     write_json(paths.run_meta, meta)
-    return _plan_json(plan, sorted(cells, key=lambda c: (c.get("repeat", 1), c["id"])))
+    position = {c["id"]: i for i, c in enumerate(folder.plan["cells"])}
+    order = {cell.new_id: position[cell.old_id] for cell in folder.cells}
+    selection = {key: _texts(folder.plan.get(key)) for key in ("only", "exclude")}
+    return {**_plan_json(plan, sorted(cells, key=lambda c: order[c["id"]])),  # the run's order
+            **{key: texts for key, texts in selection.items() if texts}}
+
+
+def _texts(value: Any) -> list[str]:
+    """A plan.json list of option texts (``set``, ``only``, ``exclude``); [] for anything
+    else."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
