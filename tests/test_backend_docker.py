@@ -121,6 +121,38 @@ def test_no_engine_gives_one_clear_message(monkeypatch, tmp_path, orchestrate_cl
 
 # --- real engine --------------------------------------------------------------------------------
 
+
+def test_the_probe_asks_the_engine_what_the_sdk_would(docker_client, base_image, monkeypatch):
+    """The one decision asks the local engine over its socket without the SDK
+    (``engine_probe``): it answers as docker-py's client does for an image the engine has, one
+    it lacks and one whose name needs quoting; an engine over TCP is asked through the SDK."""
+    import docker
+
+    from orchestrator.local.engine import engine_probe
+
+    host = str(docker_client.api.base_url)
+    if not host.startswith("http+docker://localhost"):
+        pytest.skip(f"this engine is not on a local socket ({host})")
+    refs = [base_image, "orchestrate-test/no-such-image:1",
+            "localhost:5000/a/b:c@sha256:" + "0" * 64]
+
+    def sdk_has(ref: str) -> bool:
+        try:
+            docker_client.api.inspect_image(ref)
+        except (docker.errors.ImageNotFound, docker.errors.NotFound):
+            return False
+        return True
+    probe = engine_probe()
+    try:
+        assert type(probe).__name__ == "_SocketProbe"
+        assert [probe.image_exists(r) for r in refs] == [sdk_has(r) for r in refs] == [
+            True, False, False]
+    finally:
+        probe.close()
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:9")  # nothing listens: the SDK says so
+    with pytest.raises(BackendUnavailable, match="no Docker engine reachable"):
+        engine_probe()
+
 CONTAINER_MATRIX = """
 [matrix]
 name = "dsmoke"

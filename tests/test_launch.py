@@ -162,3 +162,48 @@ def test_no_gaudi_mode_elsewhere(device: str) -> None:
     profile = HardwareProfile(device=device)  # type: ignore[arg-type]
     assert "PT_HPU_LAZY_MODE" not in workload_env(cell(), profile, (0,))
     assert "--hpu-mode" not in workload_argv(cell(), profile)
+
+
+def test_container_arguments_are_what_docker_py_makes(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """``container_kwargs`` writes the Engine API's dicts itself (a plan of many containers
+    imports no Docker SDK: it is made here with the SDK unimportable): key for key and in
+    docker-py's order they are what its ``Mount``, ``Ulimit`` and ``DeviceRequest`` make, and
+    the shared memory is what its ``parse_bytes`` reads, for every size a matrix may give."""
+    import sys
+
+    from orchestrator.config.matrix_file import MAX_MEMORY_BYTES, memory_bytes
+    from orchestrator.runtimes.docker import CONTAINER_OUT, container_kwargs, container_spec
+
+    profile = HardwareProfile(device="cuda", image="ngc-pytorch", container={  # type: ignore[arg-type]
+        "shm_size": "16g", "ulimits": {"memlock": -1, "stack": 67108864, "nofile": 0},
+        "mounts": [{"source": "/data/imagenet", "target": "/imagenet"},
+                   {"source": "/scratch", "target": "/scratch", "read_only": False}]})
+    spec = container_spec(cell(gpus=2), profile, Program("workload"), image="x:1",
+                          output_dir="/runs/cell", labels={}, gpu_ids=(3, 5))
+    with monkeypatch.context() as blocked:
+        for name in [m for m in sys.modules if m == "docker" or m.startswith("docker.")]:
+            blocked.delitem(sys.modules, name)
+        blocked.setitem(sys.modules, "docker", None)  # `import docker` raises ImportError
+        kw = container_kwargs(spec)
+    from docker.types import DeviceRequest, Mount, Ulimit
+    from docker.utils import parse_bytes
+
+    expected = {
+        "mounts": [Mount(target="/imagenet", source="/data/imagenet", type="bind",
+                         read_only=True),
+                   Mount(target="/scratch", source="/scratch", type="bind", read_only=False),
+                   Mount(target=CONTAINER_OUT, source="/runs/cell", type="bind",
+                         read_only=False)],
+        "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1),
+                    Ulimit(name="stack", soft=67108864, hard=67108864),
+                    Ulimit(name="nofile", soft=0, hard=0)],
+        "device_requests": [DeviceRequest(driver="nvidia", device_ids=["3", "5"],
+                                          capabilities=[["gpu"]])],
+    }
+    for key, made in expected.items():
+        assert [list(d.items()) for d in kw[key]] == [list(d.items()) for d in made], key
+    assert kw["shm_size"] == parse_bytes("16g")
+    sizes = ["0", "1", "512", "7b", "1k", "64K", "300m", "8g", "16G", "16384g",
+             str(MAX_MEMORY_BYTES), f"{MAX_MEMORY_BYTES >> 30}g", "0000000000000009m"]
+    assert [memory_bytes(s) for s in sizes] == [parse_bytes(s) for s in sizes]

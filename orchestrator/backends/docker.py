@@ -43,6 +43,7 @@ from orchestrator.local.engine import (
     LABEL_RUN,
     container_labels,
     docker_client,
+    engine_probe,
     remove_containers,
 )
 from orchestrator.plan import selection
@@ -81,19 +82,22 @@ class DockerBackend(Backend):
 
     @classmethod
     def target_problems(cls, matrix: Matrix, cells: Iterable[Cell]) -> list[Problem]:
-        """This machine's engine, asked once: no engine is a requirement of kind ``engine``;
+        """This machine's engine, asked once (:func:`orchestrator.local.engine.engine_probe`:
+        no Docker SDK for a local engine): no engine is a requirement of kind ``engine``;
         one that answers is asked for the images' base images
         (:func:`orchestrator.images.prepare.base_problems`: a local base that is not there
         stops the sweep's build, so the decision refuses it first)."""
         try:
-            client = docker_client()
+            engine = engine_probe()
         except BackendUnavailable as exc:
             return [Requirement("", "", str(exc), kind="engine")]
         try:
             cells = list(cells)
-            return list(base_problems(matrix, cells, client, cls._host_driver(matrix, cells)))
+            return list(base_problems(matrix, cells, engine, cls._host_driver(matrix, cells)))
+        except BackendUnavailable as exc:  # the engine failed a question after answering
+            return [Requirement("", "", str(exc), kind="engine")]
         finally:
-            client.close()
+            engine.close()
 
     @classmethod
     def prepare_problems(cls, matrix: Matrix, cells: Iterable[Cell],

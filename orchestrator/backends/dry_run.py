@@ -88,26 +88,15 @@ def describe(backend: Backend, spec: LaunchSpec, inventory: bool = False) -> dic
 
 def docker_run(spec: LaunchSpec) -> dict[str, Any]:
     """The arguments of ``client.containers.run`` (:func:`orchestrator.runtimes.docker.
-    container_kwargs`), as JSON, its environment as written in the spec (secrets masked,
-    references unresolved: a dry run resolves no secret)."""
+    container_kwargs`: plain values already), as JSON, its environment as written in the spec
+    (secrets masked, references unresolved: a dry run resolves no secret)."""
     from orchestrator.runtimes.docker import container_kwargs
 
     kwargs = container_kwargs(spec)
     resolved = kwargs.pop("environment")
     env = redact_env(spec.env)
     env.update({k: v for k, v in resolved.items() if k not in spec.env})  # added by the runtime
-    out: dict[str, Any] = {"environment": env}
-    for key, value in kwargs.items():
-        out[key] = _plain(value)
-    return out
-
-
-def _plain(value: Any) -> Any:
-    """docker-py's argument types (``Mount``, ``Ulimit``, ``DeviceRequest``: dict subclasses of
-    plain values, alone or in a list) as plain dicts; the other values are plain already."""
-    if isinstance(value, list | tuple):  # the argument lists hold one kind each
-        return [dict(v) for v in value] if value and isinstance(value[0], dict) else list(value)
-    return dict(value) if isinstance(value, dict) and type(value) is not dict else value
+    return {"environment": env, **kwargs}
 
 
 def lines(launch: dict[str, Any]) -> list[str]:

@@ -33,6 +33,7 @@ directory, its output into the cell folder (``slurm-<array id>_<i>.out``).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import shlex
@@ -141,8 +142,10 @@ class SbatchJob:
         return out + list(opts.extra_args)
 
 
+@functools.lru_cache(maxsize=4096)
 def directive_line(option: str) -> str:
-    """One ``#SBATCH`` line; values sbatch would split are double-quoted (sbatch's own rules)."""
+    """One ``#SBATCH`` line; values sbatch would split are double-quoted (sbatch's own rules).
+    Each option written once (the cells of a matrix share most of theirs)."""
     if _CONTROL.search(option):
         raise LaunchError(f"sbatch option {option!r} contains a control character")
     if _SAFE_DIRECTIVE.match(option):

@@ -343,9 +343,11 @@ UlimitName = Literal[
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def _memory_bytes(value: str, default_unit: str = "") -> int:
+def memory_bytes(value: str, default_unit: str = "") -> int:
     """``'16g'`` -> bytes (the unit is the last character when it is a letter, else
-    ``default_unit``: bytes for Docker, ``"m"`` for Slurm's --mem)."""
+    ``default_unit``: bytes for Docker, ``"m"`` for Slurm's --mem). For every
+    :data:`MemorySize` of at most :data:`MAX_MEMORY_BYTES` it is what docker-py's
+    ``parse_bytes`` gives (tests/test_launch.py compares them)."""
     unit = value[-1].lower() if value[-1].isalpha() else ""
     return int(value[: len(value) - len(unit)]) * _UNITS[unit or default_unit]
 
@@ -387,7 +389,7 @@ class ContainerOptions(StrictModel):
     @field_validator("shm_size", "mem_limit")
     @classmethod
     def _memory_in_range(cls, value: str | None) -> str | None:
-        if value is not None and _memory_bytes(value) > MAX_MEMORY_BYTES:
+        if value is not None and memory_bytes(value) > MAX_MEMORY_BYTES:
             raise ValueError(f"{value!r} is more than 16 TiB (more memory than any machine has)")
         return value
 
@@ -522,7 +524,7 @@ class SlurmOptions(StrictModel):
     @field_validator("mem")
     @classmethod
     def _mem_in_range(cls, value: str | None) -> str | None:
-        if value is not None and _memory_bytes(value, default_unit="m") > MAX_MEMORY_BYTES:
+        if value is not None and memory_bytes(value, default_unit="m") > MAX_MEMORY_BYTES:
             raise ValueError(f"{value!r} is more than 16 TiB (more than any node has)")
         return value
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.catalog import templates
 from orchestrator.errors import BuildError, ConfigError, Problem, Requirement
 from orchestrator.images.pulls import PullReport
-from orchestrator.local.engine import docker_client
+from orchestrator.local.engine import docker_client, image_exists
 from orchestrator.plan.selection import HostDriver, ImageChoice, ImageKey, choose
 
 if TYPE_CHECKING:
@@ -299,17 +299,6 @@ def docker_api(client: Any = None) -> Any:
     if client is not None:
         return getattr(client, "api", client)
     return docker_client().api
-
-
-def image_exists(api: Any, tag: str) -> bool:
-    """Whether ``tag`` exists in the engine behind ``api``."""
-    import docker
-
-    try:
-        api.inspect_image(tag)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
 
 
 def split_ref(ref: str) -> tuple[str, str | None, str | None]:

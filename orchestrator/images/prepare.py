@@ -43,6 +43,7 @@ from orchestrator.catalog import releases
 from orchestrator.errors import UNCHECKED, BuildError, ConfigError, Problem, Requirement
 from orchestrator.images import build
 from orchestrator.images.state import ImageRecord, ImageState, state_path, update_state
+from orchestrator.local.engine import EngineProbe
 from orchestrator.plan import selection
 from orchestrator.plan.selection import HostDriver, ImageChoice, ImageKey
 
@@ -290,17 +291,17 @@ def plan_problems(matrix: Matrix, cells: Iterable[Cell], backend: str,
     return problems
 
 
-def base_problems(matrix: Matrix, cells: Iterable[Cell], client: Any,
+def base_problems(matrix: Matrix, cells: Iterable[Cell], engine: EngineProbe,
                   host: HostDriver | None = None, where: str = "this machine"
                   ) -> list[Requirement]:
-    """The base images of the Docker images ``cells`` need, against the engine of ``client``
-    (each base inspected once): one it does not have and cannot pull (built or imported
-    locally: no registry in its name) is a requirement of kind ``image`` that is not met (the
-    sweep's build would stop on it: :func:`orchestrator.images.build.engine_resolver`); a
-    registry base it does not have is pulled when the sweep prepares, a requirement to check
-    there (registry access). Images whose plan fails are :func:`plan_problems`' to report."""
+    """The base images of the Docker images ``cells`` need, against ``engine``
+    (:func:`orchestrator.local.engine.engine_probe`; each base asked for once): one it does not
+    have and cannot pull (built or imported locally: no registry in its name) is a requirement
+    of kind ``image`` that is not met (the sweep's build would stop on it:
+    :func:`orchestrator.images.build.engine_resolver`); a registry base it does not have is
+    pulled when the sweep prepares, a requirement to check there (registry access). Images
+    whose plan fails are :func:`plan_problems`' to report."""
     cells = [c for c in cells if not matrix.profile(c).apptainer_runtime]
-    api = build.docker_api(client)
     have: dict[str, bool] = {}
     problems: list[Requirement] = []
     for key in selection.needed_keys(matrix, cells):
@@ -311,7 +312,7 @@ def base_problems(matrix: Matrix, cells: Iterable[Cell], client: Any,
         except ConfigError:
             continue
         if ref not in have:
-            have[ref] = build.image_exists(api, ref)
+            have[ref] = engine.image_exists(ref)
         if have[ref]:
             continue
         profile = matrix.profiles[key.hardware]

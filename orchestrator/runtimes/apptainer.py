@@ -53,6 +53,7 @@ sweep reaches it.
 from __future__ import annotations
 
 import base64
+import functools
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -100,9 +101,11 @@ def binary_of(profile: HardwareProfile) -> str:
     return profile.apptainer.binary or (profile.runtime or "apptainer")
 
 
+@functools.lru_cache(maxsize=256)
 def flavour(binary: str) -> str:
     """``apptainer`` or ``singularity``: what a binary is, by its name (Apptainer installs a
-    ``singularity`` link to itself, which reads ``SINGULARITYENV_`` too)."""
+    ``singularity`` link to itself, which reads ``SINGULARITYENV_`` too). Asked once per
+    binary (each cell asks it several times)."""
     name = posixpath.basename(binary)
     return "singularity" if name.startswith("singularity") else "apptainer"
 

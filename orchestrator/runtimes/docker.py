@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.catalog import templates
-from orchestrator.config.matrix_file import HardwareProfile, Program
+from orchestrator.config.matrix_file import HardwareProfile, Program, memory_bytes
 from orchestrator.config.redact import resolve_env
 from orchestrator.config.syntax import words
 from orchestrator.errors import ConfigError, Problem
@@ -89,10 +89,13 @@ def container_spec(
 
 
 def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
-    """Arguments of ``client.containers.run`` for a launch spec (pure; tested as built)."""
-    from docker.types import DeviceRequest, Mount, Ulimit
-    from docker.utils import parse_bytes
+    """Arguments of ``client.containers.run`` for a launch spec (pure; tested as built).
 
+    The mounts, ulimits and device requests are in the Engine API's own form, the dicts that
+    docker-py's ``Mount``, ``Ulimit`` and ``DeviceRequest`` are (docker-py takes such dicts as
+    they are; tests/test_launch.py compares them with its types), and the shared memory in
+    bytes as its ``parse_bytes`` reads it: making them imports no Docker SDK, so a plan or a
+    dry run of 10,000 containers never loads it (with requests and paramiko: 0.2 s)."""
     opts = spec.container
     assert opts is not None and spec.image is not None
     kwargs: dict[str, Any] = {
@@ -102,22 +105,17 @@ def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
         "labels": dict(spec.labels),
         "detach": True,
         "ipc_mode": opts.ipc,
-        "shm_size": parse_bytes(opts.shm_size),
-        "ulimits": [Ulimit(name=k, soft=v, hard=v) for k, v in opts.ulimits.items()],
+        "shm_size": memory_bytes(opts.shm_size),
+        "ulimits": [{"Name": k, "Soft": v, "Hard": v} for k, v in opts.ulimits.items()],
         "privileged": opts.privileged,
-        "mounts": [
-            Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
-            for m in opts.mounts
-        ],
+        "mounts": [bind_mount(m.target, m.source, m.read_only) for m in opts.mounts],
     }
     if spec.output_dir:
-        kwargs["mounts"].append(
-            Mount(target=CONTAINER_OUT, source=spec.output_dir, type="bind", read_only=False)
-        )
+        kwargs["mounts"].append(bind_mount(CONTAINER_OUT, spec.output_dir, False))
     if spec.device == "cuda" and spec.gpu_ids:
         kwargs["device_requests"] = [
-            DeviceRequest(driver="nvidia", device_ids=[str(i) for i in spec.gpu_ids],
-                          capabilities=[["gpu"]])
+            {"Driver": "nvidia", "Count": 0, "DeviceIDs": [str(i) for i in spec.gpu_ids],
+             "Capabilities": [["gpu"]], "Options": {}}
         ]
     if spec.device == "hpu" and spec.gpu_ids:
         kwargs["environment"]["HABANA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpu_ids))
@@ -137,6 +135,12 @@ def container_kwargs(spec: LaunchSpec) -> dict[str, Any]:
     if spec.workdir:
         kwargs["working_dir"] = spec.workdir
     return kwargs
+
+
+def bind_mount(target: str, source: str, read_only: bool) -> dict[str, Any]:
+    """A bind mount as the Engine API takes it (docker-py's ``Mount(target, source,
+    type="bind", read_only=...)``)."""
+    return {"Target": target, "Source": source, "Type": "bind", "ReadOnly": read_only}
 
 
 def refused_on(backend: BackendFacts, runs_on: Sequence[str]) -> str | None:
