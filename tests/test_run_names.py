@@ -117,4 +117,26 @@ def test_runs_of_a_matrix_without_runs_says_so_in_one_phrase(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     runs(tmp_path)
     assert main(["runs", "weekly", "--results", str(tmp_path)]) == 0
-    assert capsys.readouterr().out == f"(no runs of 'weekly' under {tmp_path})\n"
+    assert capsys.readouterr().out == (
+        f"(no runs of 'weekly' under {tmp_path} (runs of nightly))\n")
+
+
+@pytest.mark.parametrize(("command", "status"), [
+    (["runs", "{name}"], 0), (["export", "{name}"], 0),  # listings: an empty answer is an answer
+    (["report", "{name}"], 2), (["history", "{name}"], 2),  # these need a run
+    (["compare", "{name}:latest", "nightly:latest~1"], 2),
+    (["publish", "{name}", "--http", "http://127.0.0.1:9/x"], 2),
+])
+def test_a_matrix_without_runs_gets_one_wording_and_the_name_meant(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str],
+        status: int) -> None:
+    """Every command that takes a matrix name says of one without runs the same thing: the
+    matrix meant when the name looks misspelt, else the matrices that have runs (runs and
+    export said 'no runs of' and nothing else, compare 'no run 'latest' of ...')."""
+    runs(tmp_path, ("nightly", "weekly"))
+    for name, hint in (("nigthly", ": did you mean 'nightly'?"),
+                       ("zzz", " (runs of nightly, weekly)")):
+        args = [part.format(name=name) for part in command]
+        assert main([*args, "--results", str(tmp_path)]) == status, args
+        said = capsys.readouterr()
+        assert f"no runs of {name!r} under {tmp_path}{hint}" in said.out + said.err, (args, said)

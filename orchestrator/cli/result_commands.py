@@ -320,6 +320,8 @@ def _duration(seconds: float | None) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from orchestrator.results.folders.run_folder import no_runs
+
     args.results = results_root(args.results)
     from tabulate import tabulate
 
@@ -339,7 +341,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_json() for r in runs], indent=1))
         return 0
     if not runs:
-        print("(no runs" + (f" of {name!r}" if name else "") + f" under {args.results})")
+        print(f"({no_runs(args.results, name) if name else f'no runs under {args.results}'})")
         return 0
     rows = [[iso(r.started_at).replace("T", " ").rstrip("Z"), r.matrix, r.run_id,
              r.backend or "", r.status, r.ok, r.failed, r.missing, _duration(r.duration_s),
@@ -611,6 +613,8 @@ def _plan_source(run_path: str) -> str | None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    from orchestrator.results.folders.run_folder import no_runs
+
     args.results = results_root(args.results)
     from orchestrator.results.reports.history import Options, analyze, render_history
 
@@ -625,7 +629,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         raise ConfigError([Problem("", "--last", "must be at least 1")])
     with open_results(args.results, [name]) as store, store.snapshot():
         if not store.runs(matrix=name):
-            raise ConfigError(f"no runs of {name!r} under {args.results}", field="history")
+            raise ConfigError(no_runs(args.results, name), field="history")
         run = store.resolve(args.run, name) if args.run else None
         newest = run or store.runs(matrix=name)[-1]
         refs, ref_file = _references(args, _plan_source(newest.path))
@@ -675,6 +679,8 @@ def _where(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from orchestrator.results.folders.run_folder import no_runs
+
     args.results = results_root(args.results)
     from orchestrator.results.reports import export
 
@@ -704,8 +710,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             n = write(store, runs, selection, sys.stdout)
     if n == 0:  # say why on stderr (a misspelt matrix, figure or status gives no rows)
         sys.stdout.flush()
-        why = (f"no runs of {', '.join(repr(m) for m in names)}" if names else "no runs"
-               ) + f" under {args.results}" if not runs else (
+        why = ("; ".join(no_runs(args.results, m) for m in names) if names
+               else f"no runs under {args.results}") if not runs else (
             f"{len(runs)} run(s) selected, but no cell result matches --where/--figure/--status")
         print(f"note: nothing exported: {why} (`orchestrate runs` lists the runs)",
               file=sys.stderr)

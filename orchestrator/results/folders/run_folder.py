@@ -53,6 +53,7 @@ Layout::
 from __future__ import annotations
 
 import contextlib
+import difflib
 import enum
 import errno
 import functools
@@ -653,7 +654,7 @@ def find_run(results_root: Path, matrix_name: str, run_id: str | None = None) ->
                           f"{matrix_name}` lists them", field="run")
     runs = runs_of(results_root, matrix_name)
     if not runs:
-        raise ConfigError(f"no runs of {matrix_name!r} under {results_root}", field="run")
+        raise ConfigError(no_runs(results_root, matrix_name), field="run")
     back = int(latest.group(1) or 0) if latest else 0
     if back >= len(runs):
         raise ConfigError(f"{run_id!r}: {matrix_name!r} has {len(runs)} run(s) under "
@@ -686,3 +687,22 @@ def runs_of(results_root: Path, matrix_name: str) -> list[RunPaths]:
         RunPaths(p) for p in sorted(base.iterdir())
         if not name_problem(p.name) and p.is_dir() and RunPaths.is_run(p)
     ]
+
+
+def no_runs(results_root: Path, matrix_name: str) -> str:
+    """'no runs of NAME under ROOT', with the matrix meant when NAME looks misspelt (``did you
+    mean 'resnet_sweep'?``) or else the matrices that have runs there: the one wording of
+    ``runs``, ``export``, ``report``, ``history`` and ``compare`` for a name without runs."""
+    root = Path(results_root)
+    names: list[str] = []
+    with contextlib.suppress(OSError):
+        names = sorted(p.name for p in root.iterdir()
+                       if not name_problem(p.name) and p.is_dir() and runs_of(root, p.name))
+    said = f"no runs of {matrix_name!r} under {root}"
+    close = difflib.get_close_matches(matrix_name, names, n=1, cutoff=0.6)
+    if close:
+        return f"{said}: did you mean {close[0]!r}?"
+    if names:
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        return f"{said} (runs of {shown})"
+    return said

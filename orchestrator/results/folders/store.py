@@ -73,6 +73,7 @@ from orchestrator.results.folders.run_folder import (
     ResultsRoot,
     RunPaths,
     lock_wait_of,
+    no_runs,
     read_json,
     throughput_key,
 )
@@ -821,6 +822,8 @@ class Store:
         else:
             rest = spec
         candidates = self.runs(matrix=matrix)
+        if matrix and not candidates:  # no run of it at all: its name is the likely mistake
+            raise ConfigError(no_runs(self.root, matrix), field="run")
         if rest == "latest" or rest.startswith("latest~"):
             if not matrix:
                 matrices = sorted({r.matrix for r in candidates})

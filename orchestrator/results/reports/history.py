@@ -43,7 +43,7 @@ from tabulate import tabulate
 
 from orchestrator.config.references import ReferenceCheck, ReferenceEntry, check
 from orchestrator.errors import ConfigError
-from orchestrator.results.folders.run_folder import RunPaths, read_json
+from orchestrator.results.folders.run_folder import RunPaths, no_runs, read_json
 from orchestrator.results.folders.store import (
     CellRecord,
     RecordedStack,
@@ -343,7 +343,7 @@ def _analyze(store: Store, matrix: str, options: Options, run: RunRecord | None,
              ) -> HistoryReport:
     runs = store.runs(matrix=matrix)
     if not runs:
-        raise ConfigError(f"no runs of {matrix!r} under {store.root}", field="history")
+        raise ConfigError(no_runs(store.root, matrix), field="history")
     if run is None:
         run = runs[-1]  # even unfinished: a sweep that crashed must not pass as yesterday's
     idx = next(i for i, r in enumerate(runs) if r.pk == run.pk)
