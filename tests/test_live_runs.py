@@ -79,8 +79,10 @@ def test_an_ended_run_being_resumed_is_running_too(tmp_path) -> None:
 
 
 def test_runs_lists_a_live_run_as_running_saying_who(tmp_path, capsys) -> None:
+    """... and its cells without a result as to run, not missing (found by the review: a live
+    sweep's unstarted cells were counted as a dead one's)."""
     results = tmp_path / "results"
-    paths = unfinished_run(results, [100.0])
+    paths = unfinished_run(results, [100.0], started_but_not_ended=2)
     with folder_lock.acquire(paths.lock, argv=["orchestrate", "matrix", "m.toml"]):
         assert main(["runs", "--results", str(results)]) == 0
         out = capsys.readouterr().out
@@ -89,6 +91,13 @@ def test_runs_lists_a_live_run_as_running_saying_who(tmp_path, capsys) -> None:
     assert " running " in out.splitlines()[2]
     assert f"running: m:{paths.run_id} (held by pid {os.getpid()} on " in out
     assert listed["status"] == "running" and "orchestrate matrix m.toml" in listed["live"]
+    header, _, row = out.splitlines()[:3]
+    at = header.index("missing")
+    assert row[at:].split()[:3] == ["2", "to", "run"], (header, row)
+    assert (listed["missing"], listed["to_run"]) == (0, 2)
+    with open_store(results) as store:  # the sweep died: what it had left is missing
+        (dead,) = store.runs()
+        assert (dead.status, dead.missing, dead.to_run) == ("unfinished", 2, 0)
 
 
 def test_report_on_a_live_run_shows_the_cells_ended_so_far_and_says_it_is_live(

@@ -344,7 +344,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"({no_runs(args.results, name) if name else f'no runs under {args.results}'})")
         return 0
     rows = [[iso(r.started_at).replace("T", " ").rstrip("Z"), r.matrix, r.run_id,
-             r.backend or "", r.status, r.ok, r.failed, r.missing, _duration(r.duration_s),
+             r.backend or "", r.status, r.ok, r.failed,
+             f"{r.to_run} to run" if r.status == "running" and r.to_run else r.missing,
+             _duration(r.duration_s),
              (r.git_revision or "")[:10]] for r in runs]
     headers = ["started (UTC)", "matrix", "run", "backend", "status", "ok", "failed",
                "missing", "duration", "revision"]

@@ -278,8 +278,14 @@ class RunRecord:
 
     @property
     def missing(self) -> int:
-        """Planned cells with no result (a sweep that died or was stopped, a cell skipped)."""
-        return max(0, self.planned - self.cells)
+        """Planned cells with no result (a sweep that died or was stopped, a cell skipped); 0
+        while a sweep works in the run: its cells without a result are :attr:`to_run`."""
+        return 0 if self.status == "running" else max(0, self.planned - self.cells)
+
+    @property
+    def to_run(self) -> int:
+        """A live run's planned cells with no result yet (0 once nobody works in it)."""
+        return max(0, self.planned - self.cells) if self.status == "running" else 0
 
     @property
     def elapsed_s(self) -> float | None:
@@ -308,6 +314,7 @@ class RunRecord:
             "controller_host": self.controller_host, "repeats": self.repeats,
             "planned": self.planned, "cells": self.cells, "ok": self.ok, "failed": self.failed,
             "missing": self.missing,
+            **({"to_run": self.to_run} if self.status == "running" else {}),
             **({"slurm_jobs": list(self.slurm_jobs)} if self.slurm_jobs else {}),
             **({"live": self.live} if self.live else {}),
         }
