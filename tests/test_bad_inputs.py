@@ -761,6 +761,9 @@ for _name, _option, _value, _err in [
         ("set-unknown-table", "workloads.iterations=20", "m.toml: workloads: unknown key"),
         ("set-table-field-at-top", "repeats=2",
          "m.toml: repeats: unknown key (did you mean 'matrix.repeats'?"),
+        ("set-two-tables-field-at-top", "timeout_s=60",  # both named (was: no suggestion)
+         "m.toml: timeout_s: unknown key (did you mean 'matrix.timeout_s' or "
+         "'publish.timeout_s'?"),
         ("set-under-a-value", "workload.iterations.x=1",
          "m.toml: workload.iterations: is a number here, not a table: 'x' cannot be a key under it "
          "(from --set workload.iterations.x=1)"),

@@ -74,8 +74,9 @@ def problems_from_validation(
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            guess = nearest_key(model, loc) if model is not None else None
-            spelling = f"did you mean {guess!r}?" if guess else "check the spelling"
+            guesses = nearest_keys(model, loc) if model is not None else []
+            spelling = (f"did you mean {' or '.join(repr(g) for g in guesses)}?" if guesses
+                        else "check the spelling")
             msg = f"unknown key ({spelling}; {keys_hint})"
         elif (
             "input" in err
@@ -90,19 +91,19 @@ def problems_from_validation(
     return problems
 
 
-def nearest_key(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+def nearest_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The valid key nearest to ``loc[-1]`` among the fields of the model at ``loc[:-1]``;
-    else, where exactly one table there has a field of that name, its dotted path from there
-    (``repeats`` at the top of a matrix file: ``matrix.repeats``)."""
+    else the dotted path from there of each table there that has a field of that name
+    (``repeats`` at the top of a matrix file: ``matrix.repeats``; a key two tables have: both).
+    Empty when nothing is near."""
     fields = _fields_at(model, loc[:-1])
     if not fields or not isinstance(loc[-1], str):
-        return None
+        return []
     found = difflib.get_close_matches(loc[-1], fields, n=1, cutoff=0.75)
     if found:
-        return found[0]
-    under = [f"{table}.{loc[-1]}" for table in fields
-             if loc[-1] in (_fields_at(model, (*loc[:-1], table)) or ())]
-    return under[0] if len(under) == 1 else None
+        return found
+    return [f"{table}.{loc[-1]}" for table in fields
+            if loc[-1] in (_fields_at(model, (*loc[:-1], table)) or ())]
 
 
 def _fields_at(annotation: Any, path: tuple[Any, ...]) -> list[str] | None:
