@@ -140,3 +140,15 @@ def test_a_matrix_without_runs_gets_one_wording_and_the_name_meant(
         assert main([*args, "--results", str(tmp_path)]) == status, args
         said = capsys.readouterr()
         assert f"no runs of {name!r} under {tmp_path}{hint}" in said.out + said.err, (args, said)
+
+
+def test_report_takes_matrix_colon_run_as_publish_and_logs_do(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`report nightly:RUN` is the run (it was refused: "cannot be a folder name"); a run given
+    twice is refused naming both."""
+    runs(tmp_path)
+    assert main(["report", f"nightly:{run_id(2)}", "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path}/nightly/{run_id(2)}\n")
+    assert report_run(tmp_path, "nightly:latest~3", None) == ("nightly", "latest~3")
+    with pytest.raises(ConfigError, match="names a run and so does --run latest: give one"):
+        report_run(tmp_path, "nightly:latest", "latest")

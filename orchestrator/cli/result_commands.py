@@ -85,9 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "its cells' result.json files. --plot draws it, --html writes one self-contained report "
         "(tables, plots, provenance); --baseline adds a ratio column. Read-only archives are "
         "fine: the summary files are refreshed only where they can be written.")
-    p.add_argument("matrix", nargs="?",
-                   help="matrix name (or a path to its .toml; default: the one of --run "
-                   "MATRIX:RUN, else the one matrix under the results)")
+    p.add_argument("matrix", nargs="?", metavar="MATRIX[:RUN]",
+                   help="matrix name (or a path to its .toml), with :RUN for one of its runs "
+                   "as publish and logs take it (default: the one of --run MATRIX:RUN, else "
+                   "the one matrix under the results)")
     options.run(p, "run id, a unique prefix of one, latest or latest~N, each with MATRIX: "
                 "before it or not (default: the newest)")
     options.results(p)
@@ -227,7 +228,7 @@ def matrix_name(arg: str) -> str:
 
 
 def report_run(results: Path, matrix: str | None, spec: str | None,
-               usage: str = "orchestrate report MATRIX, or --run MATRIX:RUN"
+               usage: str = "orchestrate report MATRIX[:RUN], or --run MATRIX:RUN"
                ) -> tuple[str, str | None]:
     """The matrix and run id (None: the newest) that ``report [MATRIX] [--run SPEC]`` names:
     the run-name grammar of ``compare`` and ``history`` (``MATRIX:RUN``, ``latest~N``, a
@@ -236,6 +237,11 @@ def report_run(results: Path, matrix: str | None, spec: str | None,
     message that asks for one."""
     from orchestrator.results.folders.run_folder import runs_of
 
+    if matrix and ":" in matrix:  # report MATRIX:RUN, as publish, logs and compare name a run
+        if spec is not None:
+            raise ConfigError(f"{matrix} names a run and so does --run {spec}: give one of "
+                              "them", field="--run")
+        matrix, spec = None, matrix
     name = matrix_name(matrix) if matrix else None
     if spec is not None and ":" in spec:
         qualified = _matrix_of(spec)
