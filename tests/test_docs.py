@@ -231,6 +231,25 @@ def test_the_readme_example_is_the_matrix_it_names() -> None:
     assert sorted(rows) == sorted(cells)
 
 
+def test_the_readme_table_is_recomputed_from_its_kept_run_folder(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's table and load line are what `orchestrate report` prints from the run folder
+    kept in examples/readme-run/ (a figure nobody can recompute is not shown)."""
+    from orchestrator.cli import main
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    run = re.search(r"^results: results/cpu_smoke/(\S+)$", text, re.M)
+    assert run and (ROOT / "examples" / "readme-run" / "cpu_smoke" / run[1]).is_dir()
+    assert main(["report", f"cpu_smoke:{run[1]}", "--results",
+                 str(ROOT / "examples" / "readme-run")]) == 0
+    printed = [ln for ln in capsys.readouterr().out.splitlines()
+               if ln.startswith(("|", "load of"))]
+    start = text.index("\n```\n| hardware")
+    shown = [ln for ln in text[start:text.index("\n```", start + 4)].splitlines()
+             if ln.startswith(("|", "load of"))]
+    assert len(shown) == 11 and shown == printed
+
+
 def test_the_workload_page_states_the_floor_of_the_release_table() -> None:
     floor = tomllib.loads((ROOT / "orchestrator" / "data" / "ngc_releases.toml").read_text())[
         "floor"]
