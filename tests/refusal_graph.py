@@ -358,6 +358,8 @@ def _words(exc: ast.expr, limit: int = 60) -> str:
     if not isinstance(exc, ast.Call):
         return ast.unparse(exc)
     for arg in [*exc.args, *(k.value for k in exc.keywords)]:
+        if arg is (exc.args or [None])[0] and isinstance(arg, ast.Call):
+            break  # a message made by a function (no_runs(root, name)), not field="run"
         text = _text(arg)
         if text:
             text = " ".join(text.split())
