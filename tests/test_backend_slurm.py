@@ -465,6 +465,25 @@ def test_accounting_that_lags_does_not_narrow_a_jobs_nodes(
     assert execution.node == expected
 
 
+
+def test_a_multi_node_job_that_never_started_is_not_waited_for(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Cancelled while pending, a two-node job has no nodes in accounting ('None assigned'):
+    its end is taken at the first answer, not after 10 s of waiting for a node list."""
+    import orchestrator.backends.slurm as slurm_module
+    asked: list[list[str]] = []
+    clock = _Clock()
+    monkeypatch.setattr(slurm_module, "time", clock)
+    monkeypatch.setattr(slurm_module, "_slurm", lambda args, **_: asked.append(args) or (
+        subprocess.CompletedProcess(args, 0, "CANCELLED by 0|0:0|None assigned|00:00:00\n", "")))
+    execution = SlurmExecution("78", tmp_path / "out", None, QueueWatcher())
+    execution.nodes = 2
+    execution._done.set()
+    execution.exit_info()
+    assert len(asked) == 1 and clock.now == 0.0
+    assert execution.outcome is not None and execution.outcome.state == "CANCELLED"
+
+
 def test_host_lists_and_times() -> None:
     assert expand_hostlist("mn[1-2],gpu[08-10,12],login") == [
         "mn1", "mn2", "gpu08", "gpu09", "gpu10", "gpu12", "login"]

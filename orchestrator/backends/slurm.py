@@ -485,9 +485,11 @@ class SlurmExecution(Execution):
     def _covers(self, node_list: str | None) -> bool:
         """Whether accounting's ``node_list`` names every node the job asked for (slurmdbd
         records a multi-node job's end before its node list: ``COMPLETED|mn1`` for a second,
-        then ``mn[1-2]``)."""
-        return self.nodes <= 1 or (node_list is not None
-                                   and len(expand_hostlist(node_list)) >= self.nodes)
+        then ``mn[1-2]``). A job that never started (cancelled while pending: ``None
+        assigned``) or that the sweep cancelled has nothing more to wait for."""
+        if self.nodes <= 1 or self.killed or (node_list is None and not self.ran):
+            return True
+        return node_list is not None and len(expand_hostlist(node_list)) >= self.nodes
 
     def close(self) -> None:
         self._closed.set()
