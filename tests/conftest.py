@@ -122,6 +122,14 @@ def _own_lock_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ.setdefault("ORCHESTRATE_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The indexes of the read-only results folders the tests read go to a folder of this
+    session (and its subprocesses'), never to the user's ~/.cache/orchestrate (a fresh-HOME CI
+    run found 17 there)."""
+    os.environ["ORCHESTRATE_CACHE"] = str(tmp_path_factory.mktemp("orchestrate-cache"))
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Every sweep records the checkout's git revision (``git rev-parse``, cached per process):
     asked once here, before any test, so that in-process sweeps of the unit tier start no

@@ -281,14 +281,18 @@ def test_read_only_results_use_a_cache_index_then_memory(tmp_path, monkeypatch):
     three_runs(src)
     with read_only_copy(src, tmp_path / "archive") as archive:
         assert not os.access(archive, os.W_OK)
+        monkeypatch.delenv("ORCHESTRATE_CACHE", raising=False)  # the user's cache folder
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
         with open_store(archive) as store:
             assert len(store.runs()) == 3
-            assert store.location.startswith(str(tmp_path / "cache"))
+            assert store.location.startswith(str(tmp_path / "cache" / "orchestrate"))
             assert "read-only" in store.note and str(tmp_path / "cache") in store.note
         assert not (archive / INDEX_NAME).exists()
+        monkeypatch.setenv("ORCHESTRATE_CACHE", str(tmp_path / "own"))  # before XDG's
+        with open_store(archive) as store:
+            assert store.location.startswith(str(tmp_path / "own" / "index-"))
         # the cache cannot be written either: an index in memory, still answering
-        monkeypatch.setenv("XDG_CACHE_HOME", str(archive / "no-cache-here"))
+        monkeypatch.setenv("ORCHESTRATE_CACHE", str(archive / "no-cache-here"))
         with open_store(archive) as store:
             assert store.location == ":memory:" and "in memory" in store.note
             assert [len(store.cells([r.pk])) for r in store.runs()] == [6, 6, 6]

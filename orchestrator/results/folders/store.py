@@ -558,7 +558,11 @@ def _measured(index: int, res: dict[str, Any], figures: dict[str, float]) -> Mea
 
 
 def _cache_index_path(results_root: Path) -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchestrate"
+    """Where the index of a results folder that cannot hold its own lives: in orchestrate's
+    cache folder, ``$ORCHESTRATE_CACHE``, else ``$XDG_CACHE_HOME/orchestrate``, else
+    ``~/.cache/orchestrate``, one file per results folder."""
+    base = Path(os.environ.get("ORCHESTRATE_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchestrate")
     digest = hashlib.sha256(str(results_root.resolve()).encode()).hexdigest()[:16]
     return base / f"index-{digest}.sqlite"
 
