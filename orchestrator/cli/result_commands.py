@@ -235,7 +235,7 @@ def report_run(results: Path, matrix: str | None, spec: str | None,
     prefix), the matrix from the positional argument, else the run's ``MATRIX:``, else the one
     matrix with runs under ``results``. ``usage``: how the command names a matrix, in the
     message that asks for one."""
-    from orchestrator.results.folders.run_folder import runs_of
+    from orchestrator.results.folders.run_folder import matrices_with_runs
 
     if matrix and ":" in matrix:  # report MATRIX:RUN, as publish, logs and compare name a run
         if spec is not None:
@@ -251,11 +251,9 @@ def report_run(results: Path, matrix: str | None, spec: str | None,
                               f"{name}; give one of them", field="--run")
         name = name or qualified or None
     if name is None:
-        root = Path(results)
-        names = sorted(p.name for p in root.iterdir() if p.is_dir() and runs_of(root, p.name)
-                       ) if root.is_dir() else []
+        names = matrices_with_runs(results)
         if len(names) != 1:
-            which = f" (runs of {', '.join(names)})" if names else f" (no runs under {root})"
+            which = f" (runs of {', '.join(names)})" if names else f" (no runs under {results})"
             raise ConfigError(f"say which matrix: {usage}{which}", field="matrix")
         name = names[0]
     return name, spec

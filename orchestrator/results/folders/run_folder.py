@@ -689,6 +689,16 @@ def runs_of(results_root: Path, matrix_name: str) -> list[RunPaths]:
     ]
 
 
+def matrices_with_runs(results_root: Path) -> list[str]:
+    """The names of the matrices with at least one run under ``results_root``, sorted (none
+    when it is not a folder); a folder whose name no matrix can have is left out."""
+    root = Path(results_root)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir()
+                  if not name_problem(p.name) and p.is_dir() and runs_of(root, p.name))
+
+
 def no_runs(results_root: Path, matrix_name: str) -> str:
     """'no runs of NAME under ROOT', with the matrix meant when NAME looks misspelt (``did you
     mean 'resnet_sweep'?``) or else the matrices that have runs there: the one wording of
@@ -696,8 +706,7 @@ def no_runs(results_root: Path, matrix_name: str) -> str:
     root = Path(results_root)
     names: list[str] = []
     with contextlib.suppress(OSError):
-        names = sorted(p.name for p in root.iterdir()
-                       if not name_problem(p.name) and p.is_dir() and runs_of(root, p.name))
+        names = matrices_with_runs(root)
     said = f"no runs of {matrix_name!r} under {root}"
     close = difflib.get_close_matches(matrix_name, names, n=1, cutoff=0.6)
     if close:
