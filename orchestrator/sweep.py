@@ -645,18 +645,16 @@ def save_result(paths: RunPaths, result: CellResult) -> str | None:
     return None
 
 
-def warm_plots() -> threading.Thread | None:
+def warm_plots() -> None:
     """Import matplotlib (the ``plots`` extra) in a thread of its own while the cells run:
     its import costs about 0.3-0.5 s of CPU, the summary plot itself about 0.06 s, and the
-    plot is drawn before the sweep returns (:func:`_plot_if_possible`, which waits for the
-    import where it is not done yet). None where matplotlib is not installed."""
+    plot is drawn before the sweep returns (:func:`_plot_if_possible`; an import not done by
+    then is waited for by Python's import lock). Nothing where matplotlib is not installed."""
     if importlib.util.find_spec("matplotlib") is None:
-        return None
+        return
     from orchestrator.results.reports import plots
 
-    thread = threading.Thread(target=plots.warm, name="import-matplotlib", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=plots.warm, name="import-matplotlib", daemon=True).start()
 
 
 def _plot_if_possible(paths: RunPaths, rows: list[GroupRow], name: str) -> None:

@@ -171,7 +171,7 @@ class DockerBackend(Backend):
         context; a build pins it to the base's bits), or, for ``release = "auto"``, the image
         of the release this machine's driver runs."""
         return self._container(cell, self.dry_allocation(cell), planned_tag(
-            self.matrix, cell, self._driver(), self.image_plans))
+            self.matrix, cell, self._planned_driver, self.image_plans))
 
     @functools.cached_property
     def _planned_driver(self) -> selection.HostDriver | None:
@@ -179,9 +179,6 @@ class DockerBackend(Backend):
         if not any(selection.is_auto(self.matrix, hw) for hw in self.matrix.profiles):
             return None
         return selection.HostDriver.from_facts(self.options.target.facts or gpus.local_facts())
-
-    def _driver(self) -> selection.HostDriver | None:
-        return self._planned_driver
 
     def launch(self, spec: LaunchSpec) -> Execution:
         import docker

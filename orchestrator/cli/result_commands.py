@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli import options
 from orchestrator.config.defaults import results_root
-from orchestrator.errors import ConfigError, OrchestratorError, Problem, cannot_write
+from orchestrator.errors import ConfigError, Problem, cannot_write
 
 if TYPE_CHECKING:
-    from orchestrator.results.folders.run_folder import RunPaths
     from orchestrator.results.folders.store import Store
 
 #: A run's status (orchestrator.results.folders.store.RunRecord.status): how it ended,
@@ -385,12 +384,13 @@ def _job_ids(jobs: Sequence[str], shown: int = 3) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     args.results = results_root(args.results)
     from orchestrator.results.folders.run_folder import find_run
+    from orchestrator.results.folders.store import live_holder
     from orchestrator.results.reports.summary import load_line, summarize_run, write_summary_files
 
     name, run = report_run(args.results, args.matrix, args.run)
     plot_file(args.plot)
     paths = find_run(args.results, name, run)
-    live = live_run(paths)
+    live = live_holder(paths.root)
     results = paths.results()
     rows, table = summarize_run(paths, baseline=args.baseline, results=results)
     if args.baseline:
@@ -398,7 +398,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if live and not rows:
         table = "(no cell has ended yet)"
     print(f"{paths.root}\n{table}")
-    load = load_line(_run_meta(paths).get("load"))
+    load = load_line(paths.meta_data().get("load"))
     if load:
         print(load)
     if live:  # the sweep writes the summary files when it ends
@@ -432,22 +432,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_meta(paths: RunPaths) -> dict[str, Any]:
-    """A run's run.json as an object ({} where it is missing or damaged: the table stands)."""
-    from orchestrator.results.folders.run_folder import read_json
-
-    try:
-        meta = read_json(paths.run_meta)
-    except (OSError, OrchestratorError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-def live_run(paths: Any) -> str:
-    """Who works in run ``paths`` now, in words ('' when nobody: it has ended or died)."""
-    from orchestrator.results.folders.store import live_holder
-
-    return live_holder(paths.root)
 
 
 def live_lines(paths: Any, matrix: str, holder: str, results: Sequence[Any]) -> list[str]:

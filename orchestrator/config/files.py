@@ -23,6 +23,7 @@ import stat
 import tomllib
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,7 +49,8 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
+def field_path(loc: Iterable[Any]) -> str:
+    """A path of keys and list indexes as every message writes a field: ``a.b[2].c``."""
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -87,7 +89,7 @@ def problems_from_validation(
             and err["type"] != NOT_SHOWN
         ):
             msg = f"{msg} (got {err['input']!r})"
-        problems.append(Problem(file, _field_path(loc), msg))
+        problems.append(Problem(file, field_path(loc), msg))
     return problems
 
 

@@ -34,13 +34,13 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel
 
-from orchestrator.config.files import MAX_NESTING, too_deep, too_deep_at
+from orchestrator.config.files import MAX_NESTING, field_path, too_deep, too_deep_at
 from orchestrator.config.redact import MASK, looks_secret, masked_values, toml_value
 from orchestrator.errors import Problem
 
@@ -77,20 +77,12 @@ class Override:
     @property
     def field(self) -> str:
         """The path as problems name fields (``hardware.v100.container.mounts[0].source``)."""
-        return field_text(self.path)
+        return field_path(self.path)
 
     @property
     def shown(self) -> str:
         """``KEY=VALUE`` as records and messages show it: a secret's value masked."""
         return shown(self)
-
-
-def field_text(path: Iterable[str | int]) -> str:
-    """A path as :func:`orchestrator.config.files.problems_from_validation` writes fields."""
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
-    return out
 
 
 def parse_key(key: str) -> Path | str:
@@ -191,17 +183,17 @@ def _apply(raw: dict[str, Any], override: Override) -> tuple[str, str] | None:
     path = override.path
     for depth, part in enumerate(path):
         last = depth == len(path) - 1
-        where = field_text(path[:depth + 1])
+        where = field_path(path[:depth + 1])
         value: Any = copy.deepcopy(override.value) if last else (
             [] if isinstance(path[depth + 1], int) else {})
         if isinstance(part, int):
             if not isinstance(node, list):
-                return field_text(path[:depth]), _not_a("list", node, f"[{part}]")
+                return field_path(path[:depth]), _not_a("list", node, f"[{part}]")
             if part > len(node):
-                return where, (f"past the end: {field_text(path[:depth])} has "
+                return where, (f"past the end: {field_path(path[:depth])} has "
                                f"{len(node)} items ([0]..[{len(node) - 1}] set one, "
                                f"[{len(node)}] adds one)" if node else
-                               f"past the end: {field_text(path[:depth])} is empty ([0] adds "
+                               f"past the end: {field_path(path[:depth])} is empty ([0] adds "
                                "an item)")
             if part == len(node):
                 node.append(value)
@@ -209,7 +201,7 @@ def _apply(raw: dict[str, Any], override: Override) -> tuple[str, str] | None:
                 node[part] = value
         else:
             if not isinstance(node, dict):
-                return field_text(path[:depth]), _not_a("table", node, part)
+                return field_path(path[:depth]), _not_a("table", node, part)
             if last or part not in node:
                 node[part] = value
         node = node[part]

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status, read_json
+from orchestrator.results.folders.run_folder import CellResult, RunPaths, Status
 from orchestrator.results.folders.store import RecordedStack
 from orchestrator.results.reports.summary import summarize_run
 
@@ -162,7 +162,7 @@ def flatten_figures(metrics: Mapping[str, Any]) -> tuple[dict[str, float], dict[
 def read_run(paths: RunPaths) -> RunDoc:
     """Everything published of the run folder ``paths``: its cells in plan order (a result
     that cannot be read is skipped with a warning, as every reader of a run does)."""
-    meta = _run_meta(paths)
+    meta = paths.meta_data()
     results = paths.results()
     rows, table = summarize_run(paths, results=results)
     unstable = {row.group: row.unstable for row in rows}
@@ -356,14 +356,6 @@ def _sweep_status(meta: Mapping[str, Any], results: list[CellResult]) -> str:
     if not meta.get("finished_at"):
         return "RUNNING"
     return "FINISHED" if results and all(r.status is Status.OK for r in results) else "FAILED"
-
-
-def _run_meta(paths: RunPaths) -> dict[str, Any]:
-    try:
-        meta = read_json(paths.run_meta)
-    except ConfigError:
-        return {}
-    return meta if isinstance(meta, dict) else {}
 
 
 def _plots(folder: Path) -> dict[str, Path]:

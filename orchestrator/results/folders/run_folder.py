@@ -36,8 +36,8 @@ Layout::
         .lock              there while a sweep or --resume works in the run (flock)
         summary.csv        one row per cell group (medians over repeats)
         summary.txt        the same table as printed
-        summary.png        the same as a plot (with the plots extra; the CLI's sweep leaves it
-                           to a process of its own, there a moment after the sweep ends)
+        summary.png        the same as a plot (with the plots extra; the sweep draws it last,
+                           before it returns)
         superseded/<cell id>-[<why>-]<ms>/   an attempt that is not its cell's result
         slurm/             the Slurm backend's array scripts (its own)
         cells/<cell id>/
@@ -580,6 +580,15 @@ class RunPaths:
     def result_files(self) -> list[Path]:
         """Every cell's ``result.json`` on disk, by cell id."""
         return sorted(self.cells_dir.glob(f"*/{self.CELL_RESULT}"))
+
+    def meta_data(self) -> dict[str, Any]:
+        """``run.json``'s object; {} where it is missing, damaged or not an object (what reads
+        it for a table or a document goes on without it)."""
+        try:
+            meta = read_json(self.run_meta)
+        except ConfigError:
+            return {}
+        return meta if isinstance(meta, dict) else {}
 
     def plan_data(self) -> dict[str, Any] | None:
         """``plan.json``'s object; None (with a warning) when it is missing or unreadable."""
